@@ -1,0 +1,36 @@
+"""replay: a record-and-replay forensic debugger for PyTorch training.
+
+``import replay`` is cheap; torch is imported when ``replay.Recorder`` is first used, so the
+command line and the TUI start instantly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import (
+    EntryPointError,
+    NonFiniteLossError,
+    RecorderWarning,
+    RecordingError,
+    ReplayError,
+)
+
+__version__ = "0.1.0"
+__all__ = [
+    "Recorder",
+    "ReplayError",
+    "RecordingError",
+    "EntryPointError",
+    "NonFiniteLossError",
+    "RecorderWarning",
+    "__version__",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Recorder":
+        from .record import Recorder
+
+        return Recorder
+    raise AttributeError(f"module 'replay' has no attribute {name!r}")

@@ -1,0 +1,51 @@
+"""The ``replay`` command: thin click commands over the library; torch is imported only by the
+commands that replay (``bisect``, ``verify``...), so ``replay --help`` and ``replay info`` are instant.
+
+Exit codes: 0 success, 1 nothing found (bisect on a healthy window), 2 usage error,
+3 unusable recording, 4 unusable entry point, 5 replay failed. Errors are one line on stderr.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from ..errors import ReplayError
+from .info import info
+
+__all__ = ["cli", "main"]
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="torch-replay", prog_name="replay")
+def cli() -> None:
+    """Record-and-replay forensic debugger for PyTorch training.
+
+    \b
+    replay info RUN.h5      what a recording holds and which steps can be replayed
+    """
+
+
+cli.add_command(info)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: ReplayError -> one line on stderr and its exit code."""
+    try:
+        rv = cli.main(args=argv, prog_name="replay", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("replay: aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except ReplayError as e:
+        click.echo(f"replay: error: {e}", err=True)
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        click.echo("replay: interrupted", err=True)
+        sys.exit(130)
+    except BrokenPipeError:
+        sys.exit(0)
+    sys.exit(rv if isinstance(rv, int) else 0)

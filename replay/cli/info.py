@@ -1,0 +1,145 @@
+"""``replay info RUN.h5``: what a recording holds. Reads the store only (no torch)."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from typing import Any
+
+import click
+import numpy as np
+
+from ..store import open_recording
+
+__all__ = ["info", "describe"]
+
+
+def _steps_summary(rec: Any) -> dict[str, Any]:
+    steps = rec.steps()
+    h = rec.health()
+    window = rec.replayable_window()
+    status = rec.status()
+    losses = h["loss"][np.isfinite(h["loss"])]
+    return {
+        "steps_recorded": int(status["steps_total"])
+        if status["steps_total"]
+        else int(len(h["step"])),
+        "health_steps": [int(h["step"][0]), int(h["step"][-1])] if len(h["step"]) else None,
+        "batch_steps": [int(steps[0]), int(steps[-1])] if len(steps) else None,
+        "snapshots": [int(s) for s in rec.snapshot_steps()],
+        "replayable_window": [window.first, window.last] if window else None,
+        "first_bad": rec.first_bad(),
+        "last_loss": float(losses[-1]) if losses.size else None,
+        "closed_cleanly": bool(status["closed"]),
+    }
+
+
+def describe(path: str) -> dict[str, Any]:
+    """Everything ``replay info`` shows, as a JSON-able dict."""
+    with open_recording(path) as rec:
+        out = {
+            "path": path,
+            "format": "replay-recording",
+            "format_version": rec.format_version,
+            "run_id": rec.run_id,
+            "created": rec.created,
+            **_steps_summary(rec),
+            "config": rec.config,
+            "entry": rec.entry,
+            "env": rec.env,
+            "model": {
+                k: v for k, v in rec.meta.get("model", {}).items() if k in ("class", "param_bytes")
+            },
+            "optimizer": rec.meta.get("optimizer"),
+            "scheduler": rec.meta.get("scheduler"),
+            "scaler": rec.meta.get("scaler"),
+            "distributed": rec.meta.get("distributed"),
+        }
+        out["model"]["n_params"] = sum(
+            math.prod(p[1]) for p in rec.meta.get("model", {}).get("params", [])
+        )
+    return out
+
+
+def _fmt_range(r: list[int] | None) -> str:
+    return f"steps {r[0]}..{r[1]}" if r else "none"
+
+
+def render(d: dict[str, Any]) -> str:
+    lines = [
+        f"{d['path']}  (replay recording, format v{d['format_version']}, run {d['run_id'][:8]})"
+    ]
+    state = (
+        "closed cleanly"
+        if d["closed_cleanly"]
+        else "not closed (still being written, or its writer died)"
+    )
+    lines.append(f"  status          {state}")
+    lines.append(
+        f"  steps recorded  {d['steps_recorded']}  (health for {_fmt_range(d['health_steps'])})"
+    )
+    lines.append(f"  batches kept    {_fmt_range(d['batch_steps'])}")
+    snaps = d["snapshots"]
+    lines.append(f"  snapshots       {', '.join(map(str, snaps)) if snaps else 'none'}")
+    w = d["replayable_window"]
+    lines.append(
+        f"  replayable      {_fmt_range(w) if w else 'nothing (no kept snapshot with its batches)'}"
+    )
+    fb = d["first_bad"]
+    bad = []
+    if fb["nonfinite"] is not None:
+        bad.append(f"first non-finite at step {fb['nonfinite']}")
+    if fb["exception"] is not None:
+        bad.append(f"exception at step {fb['exception']}")
+    lines.append(
+        f"  health          {'; '.join(bad) if bad else 'no NaN/Inf or exception recorded'}"
+    )
+    if d["last_loss"] is not None:
+        lines.append(f"  last finite loss {d['last_loss']:.6g}")
+    m = d["model"]
+    lines.append(f"  model           {m.get('class')}  ({m.get('n_params', 0):,} parameters)")
+    opt = (d.get("optimizer") or {}).get("class")
+    sch = (d.get("scheduler") or {}) or {}
+    lines.append(
+        f"  optimizer       {opt}"
+        + (f", scheduler {sch.get('class')}" if sch else "")
+        + (", GradScaler" if d.get("scaler") else "")
+    )
+    for role, e in d["entry"].items():
+        lines.append(f"  {role:<15} {e['module']}:{e['qualname']}  ({e['path']})")
+    env = d["env"]
+    lines.append(
+        f"  environment     python {env.get('python')}, torch {env.get('torch')}, "
+        f"{'CUDA ' + str(env.get('cuda')) + ' on ' + ', '.join(env.get('devices') or []) if env.get('devices') else 'CPU'}, "
+        f"{env.get('num_threads')} threads, host {env.get('hostname')}"
+    )
+    if env.get("git_commit"):
+        lines.append(f"  git commit      {env['git_commit']}")
+    started = env.get("started")
+    if started:
+        lines.append(
+            f"  started         {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(started))}"
+        )
+    if d.get("distributed"):
+        dd = d["distributed"]
+        lines.append(
+            f"  distributed     rank {dd.get('rank')} of {dd.get('world_size')} ({dd.get('backend')})"
+        )
+    return "\n".join(lines)
+
+
+@click.command()
+@click.argument("run", type=click.Path(dir_okay=False, path_type=str))
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+def info(run: str, as_json: bool) -> int:
+    """What RUN holds: steps, the replayable window, snapshots, first failure, environment.
+
+    Works on a recording still being written and on one whose writer was killed.
+    """
+    d = describe(run)
+    if as_json:
+        click.echo(json.dumps(d, indent=2, default=str))
+    else:
+        click.echo(render(d))
+    return 0

@@ -1,0 +1,61 @@
+"""One exception hierarchy; every message says what to do next. No torch import here."""
+
+from __future__ import annotations
+
+__all__ = [
+    "ReplayError",
+    "RecordingError",
+    "EntryPointError",
+    "NonFiniteLossError",
+    "RecorderWarning",
+    "EXIT_OK",
+    "EXIT_HEALTHY",
+    "EXIT_USAGE",
+    "EXIT_BAD_RECORDING",
+    "EXIT_BAD_ENTRY",
+    "EXIT_REPLAY_FAILED",
+]
+
+# Exit codes shared by every command (documented in the README).
+EXIT_OK = 0
+EXIT_HEALTHY = 1  # bisect: the recorded window holds no failure
+EXIT_USAGE = 2  # click's own code for misuse
+EXIT_BAD_RECORDING = 3  # missing, unreadable, foreign, newer or empty recording
+EXIT_BAD_ENTRY = 4  # the recorded build_fn/step_fn cannot be imported
+EXIT_REPLAY_FAILED = 5  # replay itself failed (state cannot be restored, device missing)
+
+
+class ReplayError(Exception):
+    """Base of every error ``replay`` raises on purpose."""
+
+    exit_code = EXIT_REPLAY_FAILED
+
+
+class RecordingError(ReplayError):
+    """The file is not a usable recording (missing, not HDF5, foreign, too new, truncated)."""
+
+    exit_code = EXIT_BAD_RECORDING
+
+
+class EntryPointError(ReplayError):
+    """A recorded entry point (``build_fn``/``step_fn``) cannot be imported or is unusable."""
+
+    exit_code = EXIT_BAD_ENTRY
+
+
+class NonFiniteLossError(FloatingPointError):
+    """Raised by ``Recorder.step`` after recording a step whose loss is NaN or infinite.
+
+    The step is already on disk: run ``replay bisect RUN.h5`` to find where it started.
+    """
+
+    def __init__(self, step: int, loss: float, path: str) -> None:
+        self.step, self.loss, self.path = step, loss, path
+        super().__init__(
+            f"loss is {loss} at step {step}; the step is recorded in {path}. "
+            f"Run `replay bisect {path}` to find the first op that produced it."
+        )
+
+
+class RecorderWarning(UserWarning):
+    """The recorder degraded (stopped recording, throttled) but training goes on."""

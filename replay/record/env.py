@@ -1,0 +1,56 @@
+"""Run metadata: what replay needs to reproduce the numbers, and what a person asks first."""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["collect_env"]
+
+
+def _git_commit(cwd: str) -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=2
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def collect_env() -> dict[str, Any]:
+    cuda = torch.cuda.is_available()
+    devices = (
+        [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else []
+    )
+    cwd = os.getcwd()
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if cuda else None,
+        "devices": devices,
+        "num_threads": torch.get_num_threads(),
+        "num_interop_threads": torch.get_num_interop_threads(),
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+        "cudnn_deterministic": bool(torch.backends.cudnn.deterministic),
+        "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
+        "matmul_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "pid": os.getpid(),
+        "argv": list(sys.argv),
+        "cwd": cwd,
+        "sys_path0": sys.path[0] if sys.path else "",
+        "git_commit": _git_commit(cwd),
+        "started": time.time(),
+    }

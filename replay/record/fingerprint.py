@@ -1,0 +1,46 @@
+"""Cheap per-step numbers that replay recomputes the same way and compares bitwise.
+
+Both are kept on the device (no host sync); the writer thread reads them a step late.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+__all__ = ["param_fingerprint", "grad_norm", "group_by_dtype"]
+
+
+def group_by_dtype(tensors: Iterable[torch.Tensor]) -> list[list[torch.Tensor]]:
+    groups: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
+    for t in tensors:
+        groups.setdefault((t.dtype, t.device), []).append(t)
+    return list(groups.values())
+
+
+def _sum_of_norms(groups: list[list[torch.Tensor]]) -> torch.Tensor | None:
+    total = None
+    for g in groups:
+        s = torch.stack(torch._foreach_norm(g)).to(torch.float64).sum()
+        total = s if total is None else total + s.to(total.device)
+    return total
+
+
+def param_fingerprint(params: list[torch.Tensor]) -> torch.Tensor | None:
+    """Sum of per-parameter L2 norms in float64: changes with any update, NaN if any is NaN."""
+    with torch.no_grad():
+        return _sum_of_norms(group_by_dtype(p.detach() for p in params))
+
+
+def grad_norm(params: list[torch.Tensor]) -> torch.Tensor | None:
+    """Global L2 norm of the gradients present (float64 on the device), ``None`` if none."""
+    grads = [p.grad.detach() for p in params if p.grad is not None]
+    if not grads:
+        return None
+    with torch.no_grad():
+        total = None
+        for g in group_by_dtype(grads):
+            sq = torch.stack(torch._foreach_norm(g)).to(torch.float64).square().sum()
+            total = sq if total is None else total + sq.to(total.device)
+        return total.sqrt()  # type: ignore[union-attr]

@@ -1,0 +1,354 @@
+"""``replay.Recorder``: wraps the training loop and records what replay needs, at no visible cost.
+
+Per step, on the training thread: the RNG states (captured after the batch was fetched, right
+before the step), a copy of the batch, the param-group hyper-parameters and module modes; after
+the step, the loss, the gradient norm measured in an optimizer step pre-hook and a parameter
+fingerprint, all left as tensors where they are. Everything else (encoding, CUDA waits, HDF5)
+happens on the writer thread.
+"""
+
+from __future__ import annotations
+
+import atexit
+import math
+import os
+import signal
+import threading
+import time
+import traceback
+import uuid
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..errors import NonFiniteLossError, RecorderWarning
+from ..store.writer import RingSpec, StoreWriter
+from .entry import describe_entry, read_source
+from .env import collect_env
+from .fingerprint import grad_norm, param_fingerprint
+from .rng import capture_rng
+from .tensors import copy_tree, tree_nbytes
+from .writer_thread import BackgroundWriter, SnapshotJob, StepJob
+
+__all__ = ["Recorder"]
+
+
+def _loss_of(ret: Any) -> Any:
+    """The loss inside whatever ``step_fn`` returned: a tensor, a number, a dict or a tuple."""
+    if isinstance(ret, dict):
+        ret = ret.get("loss")
+    elif isinstance(ret, (tuple, list)) and ret:
+        ret = ret[0]
+    if isinstance(ret, torch.Tensor):
+        return ret.detach().reshape(-1)[0] if ret.numel() else None
+    if isinstance(ret, (int, float)):
+        return float(ret)
+    return None
+
+
+def _pow2(n: int, lo: int, hi: int) -> int:
+    p = lo
+    while p < n and p < hi:
+        p *= 2
+    return p
+
+
+class Recorder:
+    """Record a training run into ``path`` so that ``replay bisect`` can replay its last stretch.
+
+    Example::
+
+        with replay.Recorder("run.h5", model=model, optimizer=opt,
+                             step_fn=train_step, build_fn=build) as rec:
+            for batch in loader:
+                loss = rec.step(batch)
+
+    ``step_fn(model, optimizer, batch)`` is your whole training step (zero_grad, forward, backward,
+    optimizer step) and returns the loss; ``build_fn()`` returns ``(model, optimizer)`` or
+    ``(model, optimizer, scheduler[, scaler])``. Both must be module-level functions: replay
+    imports them again by name (a lambda or closure is refused here, with the reason).
+
+    Defaults: a snapshot of model/optimizer/scheduler/scaler state every ``snapshot_every=100``
+    steps and at the first step, the last ``keep_snapshots=3`` kept; the batch ring holds
+    ``keep_snapshots * snapshot_every`` steps, so every step after the oldest kept snapshot stays
+    replayable (at least the last 201 steps, at most 300). Health metrics are kept for the last
+    ``keep_health=100_000`` steps. The file stops growing once the rings are full.
+
+    A step whose loss is NaN/Inf is recorded and then :class:`replay.NonFiniteLossError` is raised
+    (``raise_on_nonfinite=False`` keeps training; on a GPU the check runs one step late so that it
+    never syncs). A step that raises is recorded with its exception, flushed, and the exception
+    re-raised unchanged. A write failure (disk full, permissions) stops recording with one
+    :class:`RecorderWarning`; training goes on.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        step_fn: Callable[..., Any],
+        build_fn: Callable[..., Any],
+        scheduler: Any = None,
+        scaler: Any = None,
+        snapshot_every: int = 100,
+        keep_snapshots: int = 3,
+        keep_health: int = 100_000,
+        raise_on_nonfinite: bool = True,
+        start_step: int = 0,
+        max_pending_bytes: int = 1 << 30,
+        handle_signals: bool = True,
+    ) -> None:
+        if snapshot_every < 1 or keep_snapshots < 2:
+            raise ValueError("snapshot_every must be >= 1 and keep_snapshots >= 2")
+        self.path = os.path.abspath(os.fspath(path))
+        self.model, self.optimizer = model, optimizer
+        self.scheduler, self.scaler = scheduler, scaler
+        self.step_fn = step_fn
+        self.entry = {
+            "step_fn": describe_entry(step_fn, "step_fn"),
+            "build_fn": describe_entry(build_fn, "build_fn"),
+        }
+        self.snapshot_every, self.keep_snapshots = snapshot_every, keep_snapshots
+        self.step_slots = snapshot_every * keep_snapshots
+        self.health_slots = max(keep_health, self.step_slots)
+        self.raise_on_nonfinite = raise_on_nonfinite
+        self.max_pending_bytes = max_pending_bytes
+        self.handle_signals = handle_signals
+        self.next_step = start_step
+        self._start_step = start_step
+        self._snapshots_taken = 0
+        self._modules = [m for _, m in model.named_modules()]
+        self._params = [p for p in model.parameters()]
+        self._opt_params = [p for g in optimizer.param_groups for p in g["params"]]
+        self._writer: BackgroundWriter | None = None
+        self._warned = False
+        self._closed = False
+        self._pending_check: tuple[int, torch.Tensor] | None = None
+        self._hook_grad_norm: torch.Tensor | None = None
+        self._hook_fired = False
+        self._hook = optimizer.register_step_pre_hook(self._pre_step)
+        self._prev_sigterm: Any = None
+        self.enabled = True
+
+    # -- context manager ----------------------------------------------------------------------
+
+    def __enter__(self) -> Recorder:
+        if self.handle_signals and threading.current_thread() is threading.main_thread():
+            if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+                self._prev_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
+        atexit.register(self.close)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        self.close()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    # -- the hot path -----------------------------------------------------------------------
+
+    def _pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._hook_fired = True
+        if self.enabled:
+            self._hook_grad_norm = grad_norm(self._opt_params)
+
+    def step(self, batch: Any) -> Any:
+        """Run ``step_fn(model, optimizer, batch)`` under recording; return what it returned."""
+        if not self.enabled:
+            return self.step_fn(self.model, self.optimizer, batch)
+        self._check_writer()
+        self._check_pending()
+        if not self.enabled:
+            return self.step_fn(self.model, self.optimizer, batch)
+        t = self.next_step
+        on_cuda = [False]
+        if (t - self._start_step) % self.snapshot_every == 0:
+            self._snapshot(t)
+        rng = capture_rng()
+        batch_copy = copy_tree(batch, on_cuda=on_cuda)
+        hparams = copy_tree(
+            [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups],
+            on_cuda=on_cuda,
+        )
+        modes = [m.training for m in self._modules]
+        health: dict[str, Any] = {"lr": hparams[0].get("lr") if hparams else None, "raised": 0.0}
+        scale = getattr(self.scaler, "_scale", None) if self.scaler is not None else None
+        if scale is not None:
+            health["scale"] = scale.detach().clone()
+        self._hook_grad_norm, self._hook_fired = None, False
+        t0 = time.perf_counter()
+        try:
+            ret = self.step_fn(self.model, self.optimizer, batch)
+        except Exception as e:
+            health.update(raised=1.0, wall_time=time.perf_counter() - t0, time=time.time())
+            exc = {
+                "type": type(e).__name__,
+                "module": type(e).__module__,
+                "message": str(e),
+                "traceback": traceback.format_exc(),
+            }
+            self._submit_step(t, rng, batch_copy, hparams, modes, health, on_cuda, exc)
+            self.next_step = t + 1
+            self.flush()
+            raise
+        health["wall_time"] = time.perf_counter() - t0
+        health["time"] = time.time()
+        loss = _loss_of(ret)
+        health["loss"] = loss
+        health["optimizer_stepped"] = float(self._hook_fired)
+        gn = self._hook_grad_norm
+        if gn is None and not self._hook_fired:
+            gn = grad_norm(self._opt_params)  # no optimizer step (AMP skip, accumulation)
+        health["grad_norm"] = gn
+        health["param_fingerprint"] = param_fingerprint(self._params)
+        if self.scaler is not None:
+            after = getattr(self.scaler, "_scale", None)
+            if scale is None and after is not None:
+                health["scale"] = math.nan
+            health["scale_after"] = after.detach().clone() if after is not None else None
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            health["cuda_allocated"] = float(torch.cuda.memory_allocated())
+            health["cuda_peak"] = float(torch.cuda.max_memory_allocated())
+        self._submit_step(t, rng, batch_copy, hparams, modes, health, on_cuda, None)
+        self.next_step = t + 1
+        if self.raise_on_nonfinite and isinstance(loss, torch.Tensor):
+            if loss.is_cuda:
+                self._pending_check = (t, loss)  # read one step late: no sync now
+            elif not bool(torch.isfinite(loss)):
+                self._raise_nonfinite(t, float(loss))
+        elif self.raise_on_nonfinite and isinstance(loss, float) and not math.isfinite(loss):
+            self._raise_nonfinite(t, loss)
+        return ret
+
+    def _submit_step(self, t, rng, batch, hparams, modes, health, on_cuda, exc) -> None:  # noqa: ANN001
+        event = None
+        if on_cuda[0] or any(isinstance(v, torch.Tensor) and v.is_cuda for v in health.values()):
+            event = torch.cuda.Event()
+            event.record()
+        job = StepJob(t, rng, batch, hparams, modes, health, exc, event, tree_nbytes(batch))
+        self._writer_or_start().submit(job)
+
+    def _snapshot(self, t: int) -> None:
+        on_cuda = [False]
+        state = {
+            "step": t,
+            "model": copy_tree(self.model.state_dict(), on_cuda=on_cuda),
+            "optimizer": copy_tree(self.optimizer.state_dict(), on_cuda=on_cuda),
+        }
+        if self.scheduler is not None:
+            state["scheduler"] = copy_tree(self.scheduler.state_dict(), on_cuda=on_cuda)
+        if self.scaler is not None:
+            state["scaler"] = copy_tree(self.scaler.state_dict(), on_cuda=on_cuda)
+        event = None
+        if on_cuda[0]:
+            event = torch.cuda.Event()
+            event.record()
+        slot = self._snapshots_taken % self.keep_snapshots
+        self._snapshots_taken += 1
+        self._writer_or_start().submit(SnapshotJob(t, slot, state, event, tree_nbytes(state)))
+
+    def _raise_nonfinite(self, t: int, loss: float) -> None:
+        self.flush()
+        raise NonFiniteLossError(t, loss, self.path)
+
+    def _check_pending(self) -> None:
+        if self._pending_check is None:
+            return
+        t, loss = self._pending_check
+        self._pending_check = None
+        if not bool(torch.isfinite(loss)):  # a step late: the value is long computed
+            self._raise_nonfinite(t, float(loss))
+
+    # -- the store --------------------------------------------------------------------------
+
+    def _writer_or_start(self) -> BackgroundWriter:
+        if self._writer is None:
+            self._writer = BackgroundWriter(
+                self._make_store, max_pending_bytes=self.max_pending_bytes
+            )
+        return self._writer
+
+    def _make_store(self) -> StoreWriter:
+        """Runs on the writer thread at the first commit, when sizes are known."""
+        model_bytes = sum(t.numel() * t.element_size() for t in self.model.state_dict().values())
+        meta = {
+            "config": {
+                "snapshot_every": self.snapshot_every,
+                "keep_snapshots": self.keep_snapshots,
+                "step_slots": self.step_slots,
+                "health_slots": self.health_slots,
+                "start_step": self._start_step,
+                "raise_on_nonfinite": self.raise_on_nonfinite,
+            },
+            "entry": self.entry,
+            "env": collect_env(),
+            "model": {
+                "class": f"{type(self.model).__module__}.{type(self.model).__qualname__}",
+                "modules": [[n, type(m).__name__] for n, m in self.model.named_modules()],
+                "params": [
+                    [n, list(p.shape), str(p.dtype).removeprefix("torch."), p.requires_grad]
+                    for n, p in self.model.named_parameters()
+                ],
+                "param_bytes": model_bytes,
+            },
+            "optimizer": {"class": type(self.optimizer).__name__},
+            "scheduler": {"class": type(self.scheduler).__name__} if self.scheduler else None,
+            "scaler": {"class": type(self.scaler).__name__} if self.scaler else None,
+            "distributed": None,
+        }
+        sources = {}
+        for e in self.entry.values():
+            text = read_source(e["path"])
+            if text is not None:
+                sources[e["path"]] = text
+        step_guess = 16 << 10
+        return StoreWriter(
+            self.path,
+            run_id=uuid.uuid4().hex,
+            meta=meta,
+            sources=sources,
+            steps=RingSpec(self.step_slots, _pow2(step_guess, 4096, 1 << 20), step_guess),
+            snapshots=RingSpec(self.keep_snapshots, 1 << 20, 3 * model_bytes + 4096),
+            health_slots=self.health_slots,
+        )
+
+    def flush(self, timeout: float | None = 60.0) -> None:
+        """Wait until every recorded step is on disk."""
+        if self._writer is not None:
+            self._writer.flush(timeout)
+            self._check_writer()
+
+    def _check_writer(self) -> None:
+        w = self._writer
+        if w is not None and w.error is not None and not self._warned:
+            self._warned = True
+            self.enabled = False
+            warnings.warn(
+                f"replay: recording to {self.path} stopped ({w.error}); training goes on, and "
+                "the steps flushed before the failure stay readable",
+                RecorderWarning,
+                stacklevel=3,
+            )
+
+    def close(self) -> None:
+        """Flush and close the file. Idempotent; called on exit, SIGTERM and interpreter exit."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._hook.remove()
+        finally:
+            if self._writer is not None:
+                self._writer.close()
+                self._check_writer()
+            if self._prev_sigterm is not None:
+                try:
+                    signal.signal(signal.SIGTERM, self._prev_sigterm)
+                except ValueError:
+                    pass
+            atexit.unregister(self.close)

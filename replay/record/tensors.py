@@ -1,0 +1,163 @@
+"""Moving trees of tensors between torch and the store's numpy leaves, bit for bit.
+
+``copy_tree`` runs on the training thread: it snapshots a structure (tensors cloned, CUDA tensors
+copied to pinned host memory asynchronously) so training can go on mutating the originals.
+``to_leaves`` runs on the writer thread and turns the copies into :class:`TensorLeaf`.
+``from_leaves`` rebuilds tensors for replay.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..store.tree import TensorLeaf
+
+__all__ = ["copy_tree", "to_leaves", "from_leaves", "tree_nbytes", "dtype_name"]
+
+# dtypes numpy cannot hold natively travel as a same-width integer view.
+_VIEW_AS: dict[torch.dtype, torch.dtype] = {torch.bfloat16: torch.int16}
+for _name in (
+    "float8_e4m3fn",
+    "float8_e5m2",
+    "float8_e4m3fnuz",
+    "float8_e5m2fnuz",
+    "float8_e8m0fnu",
+):
+    if hasattr(torch, _name):
+        _VIEW_AS[getattr(torch, _name)] = torch.uint8
+if hasattr(torch, "complex32"):
+    _VIEW_AS[torch.complex32] = torch.int32
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _is_namedtuple(obj: Any) -> bool:
+    return isinstance(obj, tuple) and hasattr(type(obj), "_fields")
+
+
+def copy_tree(obj: Any, *, on_cuda: list[bool] | None = None) -> Any:
+    """A structural copy whose tensors no longer alias the originals.
+
+    CPU tensors are cloned; CUDA tensors are copied into pinned host memory with
+    ``non_blocking=True`` (``on_cuda[0]`` is set so the caller records an event to wait on).
+    """
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach()
+        if t.is_cuda:
+            if on_cuda is not None:
+                on_cuda[0] = True
+            host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            host.copy_(t, non_blocking=True)
+            host._replay_device = str(t.device)  # type: ignore[attr-defined]
+            host._replay_grad = obj.requires_grad  # type: ignore[attr-defined]
+            return host
+        out = t.clone() if t.device.type == "cpu" else t.to("cpu")
+        if obj.requires_grad:
+            out._replay_grad = True  # type: ignore[attr-defined]
+        return out
+    if isinstance(obj, dict):
+        items = ((k, copy_tree(v, on_cuda=on_cuda)) for k, v in obj.items())
+        return (
+            collections.OrderedDict(items)
+            if isinstance(obj, collections.OrderedDict)
+            else dict(items)
+        )
+    if _is_namedtuple(obj):
+        return type(obj)(*(copy_tree(v, on_cuda=on_cuda) for v in obj))
+    if isinstance(obj, tuple):
+        return tuple(copy_tree(v, on_cuda=on_cuda) for v in obj)
+    if isinstance(obj, list):
+        return [copy_tree(v, on_cuda=on_cuda) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return obj.copy()
+    return obj
+
+
+def _tensor_leaf(t: torch.Tensor) -> TensorLeaf:
+    device = getattr(t, "_replay_device", str(t.device))
+    grad = bool(getattr(t, "_replay_grad", False))
+    t = t.detach().cpu()
+    if t.is_conj():
+        t = t.resolve_conj()
+    if t.is_neg():
+        t = t.resolve_neg()
+    view = _VIEW_AS.get(t.dtype)
+    data = (t.contiguous().view(view) if view is not None else t).numpy()
+    return TensorLeaf(dtype_name(t.dtype), data, device, grad)
+
+
+def to_leaves(obj: Any) -> Any:
+    """Replace tensors by :class:`TensorLeaf` (writer thread; no copy for CPU clones)."""
+    if isinstance(obj, torch.Tensor):
+        if obj.layout != torch.strided:
+            obj = obj.to_dense()
+        return _tensor_leaf(obj)
+    if isinstance(obj, torch.Size):
+        return tuple(obj)
+    if isinstance(obj, (torch.dtype, torch.device)):
+        return str(obj)
+    if isinstance(obj, dict):
+        items = ((k, to_leaves(v)) for k, v in obj.items())
+        return (
+            collections.OrderedDict(items)
+            if isinstance(obj, collections.OrderedDict)
+            else dict(items)
+        )
+    if _is_namedtuple(obj):
+        return type(obj)(*(to_leaves(v) for v in obj))
+    if isinstance(obj, tuple):
+        return tuple(to_leaves(v) for v in obj)
+    if isinstance(obj, list):
+        return [to_leaves(v) for v in obj]
+    return obj
+
+
+def leaf_to_tensor(leaf: TensorLeaf, device: str | torch.device | None = None) -> torch.Tensor:
+    t = torch.from_numpy(np.ascontiguousarray(leaf.data))
+    dtype = getattr(torch, leaf.dtype)
+    if t.dtype != dtype:
+        t = t.view(dtype)
+    target = leaf.device if device is None else device
+    if str(target) != "cpu":
+        t = t.to(target)
+    if leaf.requires_grad and (t.is_floating_point() or t.is_complex()):
+        t.requires_grad_(True)
+    return t
+
+
+def from_leaves(obj: Any, device: str | torch.device | None = None) -> Any:
+    """Rebuild tensors from :class:`TensorLeaf` leaves (on ``device``, else where recorded)."""
+    if isinstance(obj, TensorLeaf):
+        return leaf_to_tensor(obj, device)
+    if isinstance(obj, dict):
+        items = ((k, from_leaves(v, device)) for k, v in obj.items())
+        return (
+            collections.OrderedDict(items)
+            if isinstance(obj, collections.OrderedDict)
+            else dict(items)
+        )
+    if _is_namedtuple(obj):
+        return type(obj)(*(from_leaves(v, device) for v in obj))
+    if isinstance(obj, tuple):
+        return tuple(from_leaves(v, device) for v in obj)
+    if isinstance(obj, list):
+        return [from_leaves(v, device) for v in obj]
+    return obj
+
+
+def tree_nbytes(obj: Any) -> int:
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, np.ndarray):
+        return int(obj.nbytes)
+    if isinstance(obj, dict):
+        return sum(tree_nbytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(tree_nbytes(v) for v in obj)
+    return 0

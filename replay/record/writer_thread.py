@@ -1,0 +1,203 @@
+"""The background writer: encodes and commits what the training thread hands over.
+
+The training thread only copies (``copy_tree``) and enqueues; encoding, waiting for CUDA copies,
+reading health tensors (one step late, so no sync on the hot path) and HDF5 I/O all happen here.
+h5py releases the GIL while writing, so this overlaps with torch compute (FINDINGS.md).
+
+Failure policy (DESIGN principle 1): any error here stops recording, keeps what was flushed, and
+is reported once by the recorder as a warning; training is never interrupted.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..store.layout import COL, HEALTH_COLUMNS
+from ..store.writer import StoreWriter, pack_record
+from .rng import rng_to_tree
+from .tensors import to_leaves
+
+__all__ = ["BackgroundWriter", "StepJob", "SnapshotJob"]
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def _rss() -> float:
+    try:
+        with open("/proc/self/statm", "rb") as fh:
+            return float(int(fh.read().split()[1]) * _PAGE)
+    except (OSError, ValueError, IndexError):
+        return math.nan
+
+
+def _num(x: Any) -> float:
+    if x is None:
+        return math.nan
+    if isinstance(x, torch.Tensor):
+        return float(x.detach().to("cpu", torch.float64).reshape(-1)[0]) if x.numel() else math.nan
+    return float(x)
+
+
+@dataclass
+class StepJob:
+    step: int
+    rng: Any
+    batch: Any
+    hparams: list[dict[str, Any]]
+    modes: list[bool]
+    health: dict[str, Any]  # tensors (possibly on the GPU) or floats, keyed by health column
+    exception: dict[str, Any] | None = None
+    event: Any = None  # a CUDA event guarding async copies and health tensors
+    nbytes: int = 0
+
+
+@dataclass
+class SnapshotJob:
+    step: int
+    slot: int
+    state: dict[str, Any]
+    event: Any = None
+    nbytes: int = 0
+
+
+@dataclass
+class _Flush:
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+_STOP = object()
+
+
+class BackgroundWriter:
+    """One daemon thread owning one :class:`StoreWriter` (created lazily on the thread)."""
+
+    def __init__(self, make_store: Callable[[], StoreWriter], *, max_pending_bytes: int) -> None:
+        self._make_store = make_store
+        self._store: StoreWriter | None = None
+        self._q: queue.Queue[Any] = queue.Queue()
+        self._pending = 0
+        self._pending_lock = threading.Condition()
+        self.max_pending_bytes = max_pending_bytes
+        self.error: str | None = None
+        self.throttled = 0
+        self._thread = threading.Thread(target=self._run, name="replay-writer", daemon=True)
+        self._thread.start()
+
+    # -- training-thread side -------------------------------------------------------------------
+
+    def submit(self, job: StepJob | SnapshotJob) -> None:
+        if self.error is not None:
+            return
+        with self._pending_lock:
+            # Backpressure only when the disk cannot keep up: bounded memory beats an OOM.
+            while self._pending > self.max_pending_bytes and self.error is None:
+                self.throttled += 1
+                self._pending_lock.wait(timeout=1.0)
+            self._pending += job.nbytes
+        self._q.put(job)
+
+    def flush(self, timeout: float | None = 60.0) -> bool:
+        """Block until everything submitted so far is committed (or recording failed)."""
+        if not self._thread.is_alive():
+            return self.error is None
+        marker = _Flush()
+        self._q.put(marker)
+        return marker.done.wait(timeout)
+
+    def close(self, timeout: float | None = 60.0) -> None:
+        if self._thread.is_alive():
+            self._q.put(_STOP)
+            self._thread.join(timeout)
+
+    # -- writer-thread side -------------------------------------------------------------------
+
+    def _run(self) -> None:
+        stop = False
+        while not stop:
+            items = [self._q.get()]
+            while True:  # group commit: take whatever else is already waiting
+                try:
+                    items.append(self._q.get_nowait())
+                except queue.Empty:
+                    break
+            jobs = [j for j in items if isinstance(j, (StepJob, SnapshotJob))]
+            stop = any(j is _STOP for j in items)
+            if jobs and self.error is None:
+                try:
+                    self._commit(jobs)
+                except Exception as e:  # noqa: BLE001 - any failure must stop recording, not training
+                    self.error = f"{type(e).__name__}: {e}"
+                    self._abandon()
+            with self._pending_lock:
+                self._pending -= sum(j.nbytes for j in jobs)
+                self._pending_lock.notify_all()
+            for j in items:
+                if isinstance(j, _Flush):
+                    j.done.set()
+        if self._store is not None:
+            try:
+                self._store.close(clean=self.error is None)
+            except Exception as e:  # noqa: BLE001
+                self.error = self.error or f"{type(e).__name__}: {e}"
+
+    def _abandon(self) -> None:
+        if self._store is not None:
+            try:
+                self._store.close(clean=False)
+            except Exception:  # noqa: BLE001 - already failing; the first error is the one reported
+                pass
+            self._store = None
+
+    def _commit(self, jobs: list[StepJob | SnapshotJob]) -> None:
+        steps, snaps, health = [], [], []
+        last = None
+        for job in jobs:
+            if job.event is not None:
+                job.event.synchronize()
+            if isinstance(job, SnapshotJob):
+                payload, mlen = pack_record(to_leaves(job.state))
+                snaps.append((job.slot, job.step, payload, mlen))
+                continue
+            record = {
+                "step": job.step,
+                "rng": rng_to_tree(job.rng),
+                "hparams": to_leaves(job.hparams),
+                "modes": np.asarray(job.modes, dtype=bool),
+                "batch": to_leaves(job.batch),
+                "exception": job.exception,
+            }
+            payload, mlen = pack_record(record)
+            steps.append((job.step, payload, mlen))
+            health.append((job.step, self._health_row(job.health)))
+            last = job.step if last is None else max(last, job.step)
+        if self._store is None:
+            self._store = self._make_store()
+        self._store.commit(steps=steps, snapshots=snaps, health=health, last_step=last)
+
+    @staticmethod
+    def _health_row(h: dict[str, Any]) -> np.ndarray:
+        row = np.full(len(HEALTH_COLUMNS), np.nan)
+        for name, value in h.items():
+            if name in COL:
+                row[COL[name]] = _num(value)
+        loss, gn, fp = row[COL["loss"]], row[COL["grad_norm"]], row[COL["param_fingerprint"]]
+        if "loss" in h:
+            row[COL["loss_nonfinite"]] = float(not math.isfinite(loss))
+        if h.get("grad_norm") is not None:
+            row[COL["grad_nonfinite"]] = float(not math.isfinite(gn))
+        if "param_fingerprint" in h:
+            row[COL["param_nonfinite"]] = float(not math.isfinite(fp))
+        if "scale_after" in h:
+            before, after = row[COL["scale"]], _num(h["scale_after"])
+            row[COL["scaler_skipped"]] = float(after < before)
+        row[COL["rss"]] = _rss()
+        return row

@@ -1,0 +1,35 @@
+"""Names, versions and health columns of the recording format (see docs/format.md)."""
+
+from __future__ import annotations
+
+FORMAT_NAME = "replay-recording"
+FORMAT_VERSION = 1
+# Versions this reader understands. Older ones are listed here while they stay readable.
+READABLE_VERSIONS = (1,)
+
+RING_ENCODING = ("ring", 1)
+HEALTH_ENCODING = ("health-ring", 1)
+META_ENCODING = ("json-blobs", 1)
+
+# Health columns, one float64 each. NaN means "not measured at this step".
+HEALTH_COLUMNS = (
+    "loss",  # the value step_fn returned, as float64 (exact for float32/16)
+    "grad_norm",  # global L2 norm of gradients, measured in an optimizer step pre-hook
+    "param_fingerprint",  # sum of per-parameter L2 norms after the step (float64)
+    "loss_nonfinite",  # 1.0 when the loss is NaN/Inf
+    "grad_nonfinite",  # 1.0 when a gradient held NaN/Inf before the update
+    "param_nonfinite",  # 1.0 when a parameter held NaN/Inf after the update
+    "optimizer_stepped",  # 1.0 when optimizer.step ran inside the step
+    "scale",  # GradScaler scale before the step (NaN without a scaler)
+    "scaler_skipped",  # 1.0 when the GradScaler skipped the optimizer step (inf grads)
+    "lr",  # learning rate of param group 0
+    "raised",  # 1.0 when the step raised an exception
+    "wall_time",  # seconds spent in step_fn
+    "time",  # unix time at the end of the step
+    "cuda_allocated",  # bytes, torch.cuda.memory_allocated() (NaN on the CPU)
+    "cuda_peak",  # bytes, torch.cuda.max_memory_allocated()
+    "rss",  # bytes, resident set size of the process
+)
+COL = {name: i for i, name in enumerate(HEALTH_COLUMNS)}
+
+STATUS_FIELDS = ("closed", "last_step", "steps_total", "snapshots_total")

@@ -1,0 +1,295 @@
+"""Reading a recording, also one still being written or whose writer was killed (numpy + h5py).
+
+Readers of a live file follow FINDINGS.md: open with ``swmr=True``, ``refresh()`` every dataset
+before reading it, and read each ring slot under a seqlock (marker, payload, marker again) so a
+slot being rewritten is skipped, never returned torn.
+
+Example::
+
+    >>> rec = open_recording("run.h5")
+    >>> rec.replayable_window()
+    (0, 299)
+    >>> rec.read_step(42)["batch"]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import h5py
+import numpy as np
+
+from ..errors import RecordingError
+from .layout import COL, FORMAT_NAME, FORMAT_VERSION, HEALTH_COLUMNS, READABLE_VERSIONS
+from .tree import decode
+
+__all__ = ["Recording", "open_recording", "Window", "sidecar_path"]
+
+_HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+
+
+def sidecar_path(path: str) -> str:
+    """Where the forensics of a recording are written: ``run.h5`` -> ``run.forensics.h5``."""
+    root, ext = os.path.splitext(path)
+    return f"{root}.forensics{ext or '.h5'}"
+
+
+@dataclass(frozen=True)
+class Window:
+    """Steps ``first..last`` (inclusive) can be replayed from the snapshot at ``first``."""
+
+    first: int
+    last: int
+    snapshots: tuple[int, ...]
+
+    def __contains__(self, step: object) -> bool:
+        return isinstance(step, (int, np.integer)) and self.first <= step <= self.last
+
+    def snapshot_for(self, step: int) -> int:
+        """The newest snapshot at or before ``step`` inside this window."""
+        return max(s for s in self.snapshots if s <= step)
+
+
+def _check_signature(path: str) -> None:
+    if not os.path.exists(path):
+        raise RecordingError(f"{path}: no such file")
+    if os.path.isdir(path):
+        raise RecordingError(f"{path}: is a directory, not a recording")
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+    except OSError as e:
+        raise RecordingError(f"{path}: cannot be read ({e.strerror})") from None
+    if head != _HDF5_SIGNATURE:
+        raise RecordingError(
+            f"{path}: not an HDF5 file, so not a replay recording "
+            "(recordings are written by replay.Recorder)"
+        )
+
+
+def _open_h5(path: str) -> h5py.File:
+    _check_signature(path)
+    try:
+        return h5py.File(path, "r", swmr=True)
+    except OSError as e:
+        msg = str(e)
+        try:  # files not written in SWMR mode (e.g. foreign ones) open normally
+            return h5py.File(path, "r")
+        except OSError:
+            pass
+        if "truncated" in msg or "addr overflow" in msg or "eof" in msg.lower():
+            raise RecordingError(
+                f"{path}: the file is truncated (its writer died before the first flush, or "
+                "the copy is incomplete); nothing in it can be recovered"
+            ) from None
+        raise RecordingError(f"{path}: HDF5 cannot open it ({msg.splitlines()[0]})") from None
+
+
+class Recording:
+    """Read-only view of one recording. Cheap to open; reads on demand."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.f = _open_h5(path)
+        try:
+            self._validate()
+        except BaseException:
+            self.f.close()
+            raise
+        self.run_id = str(self.f.attrs["run_id"])
+        self.created = float(self.f.attrs["created"])
+        self.meta: dict[str, Any] = self._blob("meta/run")
+        self._sources: dict[str, str] | None = None
+
+    # -- validation --------------------------------------------------------------------------
+
+    def _validate(self) -> None:
+        attrs = self.f.attrs
+        name = attrs.get("format")
+        if isinstance(name, bytes):
+            name = name.decode()
+        if name != FORMAT_NAME:
+            raise RecordingError(
+                f"{self.path}: an HDF5 file, but not a replay recording "
+                f"(no format attribute {FORMAT_NAME!r})"
+            )
+        version = int(attrs.get("format_version", -1))
+        if version > FORMAT_VERSION:
+            raise RecordingError(
+                f"{self.path}: written by a newer replay (format version {version}; this replay "
+                f"reads up to {FORMAT_VERSION}). Upgrade: pip install -U torch-replay"
+            )
+        if version not in READABLE_VERSIONS:
+            raise RecordingError(
+                f"{self.path}: format version {version} is no longer readable; "
+                f"open it with the torch-replay release that wrote it"
+            )
+        self.format_version = version
+        for required in ("meta/run", "steps/step", "snapshots/step", "health/values", "status"):
+            if required not in self.f:
+                raise RecordingError(f"{self.path}: damaged recording (missing /{required})")
+
+    # -- small helpers ----------------------------------------------------------------------
+
+    def _ds(self, name: str) -> h5py.Dataset:
+        ds = self.f[name]
+        if self.f.mode == "r" and self.f.swmr_mode:
+            ds.refresh()
+        return ds
+
+    def _blob(self, name: str) -> Any:
+        return json.loads(self._ds(name)[()].tobytes().decode())
+
+    def close(self) -> None:
+        self.f.close()
+
+    def __enter__(self) -> Recording:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- metadata ----------------------------------------------------------------------------
+
+    @property
+    def sources(self) -> dict[str, str]:
+        """Source text of the entry points' files, as recorded (never read from disk)."""
+        if self._sources is None:
+            self._sources = self._blob("meta/sources")
+        return self._sources
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return self.meta.get("config", {})
+
+    @property
+    def entry(self) -> dict[str, Any]:
+        return self.meta.get("entry", {})
+
+    @property
+    def env(self) -> dict[str, Any]:
+        return self.meta.get("env", {})
+
+    def status(self) -> dict[str, int]:
+        fields = json.loads(self.f["status"].attrs["fields"])
+        return dict(zip(fields, (int(v) for v in self._ds("status")[()])))
+
+    @property
+    def closed_cleanly(self) -> bool:
+        return bool(self.status()["closed"])
+
+    # -- rings -----------------------------------------------------------------------------
+
+    def _markers(self, ring: str) -> np.ndarray:
+        return self._ds(f"{ring}/step")[()]
+
+    def _slot_of(self, ring: str, step: int) -> int | None:
+        hits = np.flatnonzero(self._markers(ring) == step)
+        return int(hits[0]) if hits.size else None
+
+    def _read_slot(self, ring: str, step: int, retries: int = 20) -> Any:
+        for _ in range(retries):
+            slot = self._slot_of(ring, step)
+            if slot is None:
+                raise KeyError(f"step {step} is not in the {ring} ring of {self.path}")
+            n = int(self._ds(f"{ring}/nbytes")[slot])
+            mlen = int(self._ds(f"{ring}/mlen")[slot])
+            payload = self._ds(f"{ring}/arena")[slot, :n]
+            if int(self._ds(f"{ring}/step")[slot]) != step:  # rewritten while we read: retry
+                continue
+            manifest = json.loads(payload[:mlen].tobytes().decode())
+            return decode(manifest, payload[mlen:].tobytes())
+        raise KeyError(f"step {step} of the {ring} ring kept changing while being read")
+
+    def steps(self) -> np.ndarray:
+        """Steps whose record (RNG states, batch, hyper-parameters) is in the ring, ascending."""
+        m = self._markers("steps")
+        return np.sort(m[m >= 0])
+
+    def snapshot_steps(self) -> np.ndarray:
+        """Steps before which a model/optimizer snapshot was taken, ascending."""
+        m = self._markers("snapshots")
+        return np.sort(m[m >= 0])
+
+    def read_step(self, step: int) -> dict[str, Any]:
+        """The record of ``step``: ``rng``, ``hparams``, ``modes``, ``batch``, ``exception``."""
+        return self._read_slot("steps", step)
+
+    def read_snapshot(self, step: int) -> dict[str, Any]:
+        """State before ``step``: ``model``, ``optimizer``, ``scheduler``, ``scaler`` trees."""
+        return self._read_slot("snapshots", step)
+
+    # -- health ----------------------------------------------------------------------------
+
+    def health(self) -> dict[str, np.ndarray]:
+        """Per-step metrics sorted by step: ``{"step": int64[n], column: float64[n], ...}``."""
+        steps = self._markers("health")
+        values = self._ds("health/values")[()]
+        again = self._markers("health")
+        ok = (steps >= 0) & (steps == again)  # seqlock: drop rows rewritten while we read
+        order = np.argsort(steps[ok], kind="stable")
+        out = {"step": steps[ok][order]}
+        vals = values[ok][order]
+        for name in HEALTH_COLUMNS:
+            out[name] = vals[:, COL[name]]
+        return out
+
+    def first_bad(self) -> dict[str, int | None]:
+        """First step whose health shows a failure, by kind (``None`` when there is none)."""
+        h = self.health()
+
+        def first(mask: np.ndarray) -> int | None:
+            idx = np.flatnonzero(mask)
+            return int(h["step"][idx[0]]) if idx.size else None
+
+        skipped = h["scaler_skipped"] == 1
+        nonfinite = (h["loss_nonfinite"] == 1) | (h["param_nonfinite"] == 1)
+        nonfinite |= (h["grad_nonfinite"] == 1) & ~skipped
+        return {"nonfinite": first(nonfinite), "exception": first(h["raised"] == 1)}
+
+    # -- replayability -------------------------------------------------------------------------
+
+    def replayable_window(self) -> Window | None:
+        """The widest run of consecutive recorded steps that starts at a kept snapshot.
+
+        Step ``t`` is replayable when a snapshot at ``s <= t`` is kept and every step of
+        ``[s, t]`` has its record. ``None`` when no step is replayable.
+        """
+        steps = self.steps()
+        snaps = [int(s) for s in self.snapshot_steps()]
+        if steps.size == 0 or not snaps:
+            return None
+        present = set(int(s) for s in steps)
+        best: Window | None = None
+        for s in snaps:
+            if s not in present:
+                continue
+            if best is not None and best.first <= s <= best.last:
+                continue
+            end = s
+            while end + 1 in present:
+                end += 1
+            inside = tuple(x for x in snaps if s <= x <= end)
+            if best is None or end > best.last or (end == best.last and s < best.first):
+                best = Window(s, end, inside)
+        return best
+
+    # -- forensics ---------------------------------------------------------------------------
+
+    @property
+    def forensics_path(self) -> str:
+        return sidecar_path(self.path)
+
+
+def open_recording(path: str | os.PathLike[str]) -> Recording:
+    """Open a recording for reading; raises :class:`RecordingError` with a one-line reason."""
+    path = os.fspath(path)
+    try:
+        return Recording(path)
+    except RecordingError:
+        raise
+    except (OSError, KeyError, ValueError) as e:
+        raise RecordingError(f"{path}: unreadable recording ({str(e).splitlines()[0]})") from None

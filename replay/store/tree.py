@@ -1,0 +1,217 @@
+"""Encoding nested Python structures into a JSON manifest plus one byte arena (numpy only).
+
+A *tree* is any nesting of dict / list / tuple / namedtuple whose leaves are numpy arrays,
+:class:`TensorLeaf` (a tensor as raw bytes, so bfloat16 round-trips), python scalars, strings,
+bytes and ``None``. ``encode`` returns the manifest (JSON-able) and the byte buffers to place in the
+arena; ``decode`` rebuilds the tree from the manifest and the arena bytes, bit for bit.
+
+No pickle: an object of any other type is stored as :class:`Opaque` (its type name and ``repr``)
+and comes back as such, never as the object.
+
+Example::
+
+    >>> manifest, bufs = encode({"x": np.arange(3, dtype=np.int16), "name": "a"})
+    >>> data = b"".join(bytes(b) for b in bufs)
+    >>> decode(manifest, data)["x"].tolist()
+    [0, 1, 2]
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+__all__ = ["TensorLeaf", "Opaque", "encode", "decode", "iter_leaves"]
+
+
+@dataclass
+class TensorLeaf:
+    """A tensor reduced to numpy: ``data`` holds its bytes (bfloat16 as a ``uint16`` view).
+
+    ``dtype`` is the torch dtype name without the ``torch.`` prefix (``"bfloat16"``).
+    """
+
+    dtype: str
+    data: np.ndarray
+    device: str = "cpu"
+    requires_grad: bool = False
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.data.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.data.nbytes)
+
+
+@dataclass
+class Opaque:
+    """Stand-in for a value the format cannot hold (a function, an arbitrary object)."""
+
+    type: str
+    repr: str = field(default="")
+
+
+def _is_namedtuple(obj: Any) -> bool:
+    return isinstance(obj, tuple) and hasattr(type(obj), "_fields")
+
+
+class _Encoder:
+    def __init__(self) -> None:
+        self.buffers: list[np.ndarray | bytes] = []
+        self.offset = 0
+
+    def _place(self, buf: np.ndarray | bytes) -> tuple[int, int]:
+        n = buf.nbytes if isinstance(buf, np.ndarray) else len(buf)
+        off = self.offset
+        self.buffers.append(buf)
+        self.offset += n
+        return off, n
+
+    def leaf_array(self, arr: np.ndarray) -> dict[str, Any]:
+        arr = np.ascontiguousarray(arr)
+        off, n = self._place(arr)
+        return {"dtype": arr.dtype.str, "shape": list(arr.shape), "off": off, "n": n}
+
+    def node(self, obj: Any) -> dict[str, Any]:
+        # Order matters: bool before int, namedtuple before tuple.
+        if obj is None:
+            return {"t": "none"}
+        if isinstance(obj, TensorLeaf):
+            d = self.leaf_array(obj.data)
+            d.update(t="tensor", tdtype=obj.dtype, device=obj.device, grad=obj.requires_grad)
+            return d
+        if isinstance(obj, np.ndarray):
+            if obj.dtype.hasobject:
+                return {"t": "opaque", "type": "numpy.ndarray[object]", "repr": repr(obj)[:200]}
+            d = self.leaf_array(obj)
+            d["t"] = "ndarray"
+            return d
+        if isinstance(obj, np.generic):
+            d = self.leaf_array(np.asarray(obj))
+            d["t"] = "npscalar"
+            return d
+        if isinstance(obj, bool):
+            return {"t": "bool", "v": obj}
+        if isinstance(obj, int):
+            return {"t": "int", "v": str(obj) if abs(obj) >= 2**53 else obj}
+        if isinstance(obj, float):
+            return {"t": "float", "v": obj.hex()}
+        if isinstance(obj, complex):
+            return {"t": "complex", "v": [obj.real.hex(), obj.imag.hex()]}
+        if isinstance(obj, str):
+            return {"t": "str", "v": obj}
+        if isinstance(obj, (bytes, bytearray)):
+            off, n = self._place(bytes(obj))
+            return {"t": "bytes", "off": off, "n": n}
+        if isinstance(obj, dict):
+            kind = "odict" if isinstance(obj, collections.OrderedDict) else "dict"
+            return {
+                "t": kind,
+                "k": [self.node(k) for k in obj],
+                "v": [self.node(v) for v in obj.values()],
+            }
+        if _is_namedtuple(obj):
+            cls = type(obj)
+            return {
+                "t": "ntuple",
+                "name": cls.__name__,
+                "module": getattr(cls, "__module__", ""),
+                "qualname": getattr(cls, "__qualname__", cls.__name__),
+                "fields": list(cls._fields),
+                "v": [self.node(v) for v in obj],
+            }
+        if isinstance(obj, tuple):
+            return {"t": "tuple", "v": [self.node(v) for v in obj]}
+        if isinstance(obj, list):
+            return {"t": "list", "v": [self.node(v) for v in obj]}
+        if isinstance(obj, Opaque):
+            return {"t": "opaque", "type": obj.type, "repr": obj.repr}
+        cls = type(obj)
+        return {
+            "t": "opaque",
+            "type": f"{cls.__module__}.{cls.__qualname__}",
+            "repr": repr(obj)[:200],
+        }
+
+
+def encode(tree: Any) -> tuple[dict[str, Any], list[np.ndarray | bytes]]:
+    """Return ``(manifest, buffers)``; buffer offsets in the manifest are relative to the first."""
+    enc = _Encoder()
+    manifest = enc.node(tree)
+    return manifest, enc.buffers
+
+
+_NT_CACHE: dict[tuple[str, tuple[str, ...]], type] = {}
+
+
+def _namedtuple_type(name: str, fields: list[str], module: str, qualname: str) -> type:
+    key = (f"{module}:{qualname}", tuple(fields))
+    cls = _NT_CACHE.get(key)
+    if cls is None:
+        cls = collections.namedtuple(name if name.isidentifier() else "Record", fields, rename=True)  # type: ignore[misc]
+        cls._replay_origin = (module, qualname)  # type: ignore[attr-defined]
+        _NT_CACHE[key] = cls
+    return cls
+
+
+def _array(node: dict[str, Any], data: memoryview | bytes) -> np.ndarray:
+    dtype = np.dtype(node["dtype"])
+    off, n = node["off"], node["n"]
+    raw = np.frombuffer(data, dtype=np.uint8, count=n, offset=off)
+    return raw.view(dtype).reshape(node["shape"]).copy()
+
+
+def decode(node: dict[str, Any], data: memoryview | bytes) -> Any:
+    """Rebuild the tree described by ``node`` from the arena bytes ``data``."""
+    t = node["t"]
+    if t == "none":
+        return None
+    if t == "tensor":
+        return TensorLeaf(node["tdtype"], _array(node, data), node["device"], node["grad"])
+    if t == "ndarray":
+        return _array(node, data)
+    if t == "npscalar":
+        return _array(node, data)[()]
+    if t in ("bool", "str"):
+        return node["v"]
+    if t == "int":
+        return int(node["v"])
+    if t == "float":
+        return float.fromhex(node["v"])
+    if t == "complex":
+        return complex(float.fromhex(node["v"][0]), float.fromhex(node["v"][1]))
+    if t == "bytes":
+        return bytes(np.frombuffer(data, dtype=np.uint8, count=node["n"], offset=node["off"]))
+    if t in ("dict", "odict"):
+        items = zip((decode(k, data) for k in node["k"]), (decode(v, data) for v in node["v"]))
+        return collections.OrderedDict(items) if t == "odict" else dict(items)
+    if t == "ntuple":
+        cls = _namedtuple_type(node["name"], node["fields"], node["module"], node["qualname"])
+        return cls(*(decode(v, data) for v in node["v"]))
+    if t == "tuple":
+        return tuple(decode(v, data) for v in node["v"])
+    if t == "list":
+        return [decode(v, data) for v in node["v"]]
+    if t == "opaque":
+        return Opaque(node["type"], node.get("repr", ""))
+    raise ValueError(f"unknown tree node type {t!r}")
+
+
+def iter_leaves(tree: Any, path: str = ""):
+    """Yield ``(path, leaf)`` for every array-like leaf (numpy array or TensorLeaf)."""
+    if isinstance(tree, (TensorLeaf, np.ndarray)):
+        yield path or "batch", tree
+    elif isinstance(tree, dict):
+        for k, v in tree.items():
+            yield from iter_leaves(v, f"{path}.{k}" if path else str(k))
+    elif isinstance(tree, (list, tuple)):
+        names = getattr(type(tree), "_fields", None)
+        for i, v in enumerate(tree):
+            key = names[i] if names else f"[{i}]"
+            sep = "." if names and path else ""
+            yield from iter_leaves(v, f"{path}{sep}{key}" if names else f"{path}{key}")

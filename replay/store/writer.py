@@ -1,0 +1,228 @@
+"""Writing a recording: preallocated ring buffers in one SWMR HDF5 file.
+
+Every dataset is created (and written once) before SWMR mode is switched on; nothing is created
+afterwards. A ring slot is committed with the protocol measured in FINDINGS.md to leave no torn
+slot after ``kill -9``: *invalidate markers + flush, payloads + flush, markers + flush*. Several
+queued items share one commit (group commit), so the flush cost is paid once per batch of steps.
+
+Not thread-safe: one writer thread owns a ``StoreWriter``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import h5py
+import numpy as np
+
+from .layout import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    HEALTH_COLUMNS,
+    HEALTH_ENCODING,
+    META_ENCODING,
+    RING_ENCODING,
+    STATUS_FIELDS,
+)
+from .tree import encode
+
+__all__ = ["StoreWriter", "RingSpec", "pack_record", "json_blob"]
+
+
+def json_blob(value: Any) -> np.ndarray:
+    """UTF-8 JSON as a uint8 array (the format's way to hold text: no vlen, no pickle)."""
+    return np.frombuffer(json.dumps(value, sort_keys=False).encode(), dtype=np.uint8)
+
+
+def pack_record(tree: Any) -> tuple[np.ndarray, int]:
+    """Encode a tree into one contiguous uint8 payload: manifest JSON, then the buffers.
+
+    Returns ``(payload, manifest_length)``.
+    """
+    manifest, buffers = encode(tree)
+    head = json.dumps(manifest, separators=(",", ":")).encode()
+    total = len(head) + sum(b.nbytes if isinstance(b, np.ndarray) else len(b) for b in buffers)
+    out = np.empty(total, dtype=np.uint8)
+    out[: len(head)] = np.frombuffer(head, dtype=np.uint8)
+    pos = len(head)
+    for b in buffers:
+        raw = (
+            b.reshape(-1).view(np.uint8)
+            if isinstance(b, np.ndarray)
+            else np.frombuffer(b, np.uint8)
+        )
+        out[pos : pos + raw.size] = raw
+        pos += raw.size
+    return out, len(head)
+
+
+@dataclass(frozen=True)
+class RingSpec:
+    slots: int
+    chunk: int  # bytes per arena chunk (one chunk row per slot)
+    capacity: int  # initial bytes per slot; grows on demand
+
+
+def _round_up(n: int, k: int) -> int:
+    return max(k, -(-n // k) * k)
+
+
+class StoreWriter:
+    """Owns the open HDF5 file of one recording."""
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        run_id: str,
+        meta: dict[str, Any],
+        sources: dict[str, str],
+        steps: RingSpec,
+        snapshots: RingSpec,
+        health_slots: int,
+    ) -> None:
+        self.path = path
+        tmp = f"{path}.creating"
+        f = h5py.File(tmp, "w", libver="latest")
+        try:
+            f.attrs["format"] = FORMAT_NAME
+            f.attrs["format_version"] = FORMAT_VERSION
+            f.attrs["run_id"] = run_id
+            f.attrs["created"] = time.time()
+            g = f.create_group("meta")
+            g.attrs["encoding-type"], g.attrs["encoding-version"] = META_ENCODING
+            g.create_dataset("run", data=json_blob(meta))
+            g.create_dataset("sources", data=json_blob(sources))
+            self._rings = {
+                "steps": self._create_ring(f, "steps", steps),
+                "snapshots": self._create_ring(f, "snapshots", snapshots),
+            }
+            h = f.create_group("health")
+            h.attrs["encoding-type"], h.attrs["encoding-version"] = HEALTH_ENCODING
+            h.attrs["columns"] = json.dumps(list(HEALTH_COLUMNS))
+            h.attrs["slots"] = health_slots
+            # Fill values instead of data: chunks are allocated as the ring fills, so a short run
+            # makes a small file; the bound is the same.
+            hs = h.create_dataset(
+                "step",
+                shape=(health_slots,),
+                dtype=np.int64,
+                fillvalue=-1,
+                chunks=(min(health_slots, 8192),),
+            )
+            hv = h.create_dataset(
+                "values",
+                shape=(health_slots, len(HEALTH_COLUMNS)),
+                dtype=np.float64,
+                fillvalue=np.nan,
+                chunks=(min(health_slots, 1024), len(HEALTH_COLUMNS)),
+            )
+            hs[0] = -1  # written once before SWMR starts
+            hv[0, 0] = np.nan
+            st = f.create_dataset("status", data=np.array([0, -1, 0, 0], np.int64))
+            st.attrs["fields"] = json.dumps(list(STATUS_FIELDS))
+            f.flush()
+        except BaseException:
+            f.close()
+            os.unlink(tmp)
+            raise
+        f.close()
+        os.replace(tmp, path)  # the file appears complete, never half-created
+        self.f = h5py.File(path, "r+", libver="latest")
+        self.f.swmr_mode = True
+        self._status = self.f["status"]
+        self._hstep = self.f["health/step"]
+        self._hvals = self.f["health/values"]
+        self.health_slots = health_slots
+        self.status = np.array([0, -1, 0, 0], np.int64)
+
+    @staticmethod
+    def _create_ring(f: h5py.File, name: str, spec: RingSpec) -> str:
+        g = f.create_group(name)
+        g.attrs["encoding-type"], g.attrs["encoding-version"] = RING_ENCODING
+        g.attrs["slots"] = spec.slots
+        g.create_dataset("step", data=np.full(spec.slots, -1, np.int64))
+        g.create_dataset("nbytes", data=np.zeros(spec.slots, np.int64))
+        g.create_dataset("mlen", data=np.zeros(spec.slots, np.int64))
+        cap = _round_up(spec.capacity, spec.chunk)
+        arena = g.create_dataset(
+            "arena",
+            shape=(spec.slots, cap),
+            maxshape=(spec.slots, None),
+            dtype=np.uint8,
+            chunks=(1, spec.chunk),
+            fillvalue=0,
+        )
+        arena[0, :1] = 0  # written once before SWMR starts (FINDINGS: early readers need it)
+        return name
+
+    # -- committing ---------------------------------------------------------------------------
+
+    def commit(
+        self,
+        *,
+        steps: list[tuple[int, np.ndarray, int]] = (),  # type: ignore[assignment]
+        snapshots: list[tuple[int, int, np.ndarray, int]] = (),  # type: ignore[assignment]
+        health: list[tuple[int, np.ndarray]] = (),  # type: ignore[assignment]
+        last_step: int | None = None,
+    ) -> None:
+        """Durably write a group of items.
+
+        ``steps``: ``(step, payload, mlen)``; ``snapshots``: ``(slot, step, payload, mlen)``;
+        ``health``: ``(step, row)`` with ``row`` a float64 vector in ``HEALTH_COLUMNS`` order.
+        """
+        f = self.f
+        ring_items = [("steps", s % self._slots("steps"), s, p, m) for s, p, m in steps]
+        ring_items += [("snapshots", slot, s, p, m) for slot, s, p, m in snapshots]
+        hslots = [(s % self.health_slots, s, row) for s, row in health]
+        # 1. invalidate
+        for ring, slot, *_ in ring_items:
+            f[ring]["step"][slot] = -1
+        for slot, _, _ in hslots:
+            self._hstep[slot] = -1
+        f.flush()
+        # 2. payloads
+        for ring, slot, _, payload, mlen in ring_items:
+            g = f[ring]
+            arena = g["arena"]
+            if payload.size > arena.shape[1]:
+                chunk = arena.chunks[1]
+                arena.resize(
+                    (arena.shape[0], _round_up(max(payload.size, 2 * arena.shape[1]), chunk))
+                )
+            arena[slot, : payload.size] = payload
+            g["nbytes"][slot] = payload.size
+            g["mlen"][slot] = mlen
+        for slot, _, row in hslots:
+            self._hvals[slot] = row
+        f.flush()
+        # 3. markers
+        for ring, slot, step, *_ in ring_items:
+            f[ring]["step"][slot] = step
+        for slot, step, _ in hslots:
+            self._hstep[slot] = step
+        if last_step is not None:
+            self.status[1] = max(self.status[1], last_step)
+        self.status[2] += len(steps)
+        self.status[3] += len(snapshots)
+        self._status[:] = self.status
+        f.flush()
+
+    def _slots(self, ring: str) -> int:
+        return int(self.f[ring].attrs["slots"])
+
+    def close(self, *, clean: bool = True) -> None:
+        if self.f is None:
+            return
+        try:
+            if clean:
+                self.status[0] = 1
+                self._status[:] = self.status
+                self.f.flush()
+        finally:
+            self.f.close()
+            self.f = None  # type: ignore[assignment]
