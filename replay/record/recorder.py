@@ -24,7 +24,8 @@ from typing import Any
 import torch
 
 from ..errors import NonFiniteLossError, RecorderWarning
-from ..store.writer import RingSpec, StoreWriter
+from ..store.writer import RingSpec
+from ..store.writer_process import WriterClient
 from .entry import describe_entry, read_source
 from .env import collect_env
 from .fingerprint import grad_norm, param_fingerprint
@@ -124,6 +125,7 @@ class Recorder:
         self._params = [p for p in model.parameters()]
         self._opt_params = [p for g in optimizer.param_groups for p in g["params"]]
         self._writer: BackgroundWriter | None = None
+        self._client = WriterClient()  # started early: its imports overlap the first steps
         self._warned = False
         self._closed = False
         self._pending_check: tuple[int, torch.Tensor] | None = None
@@ -216,6 +218,10 @@ class Recorder:
             health["cuda_peak"] = float(torch.cuda.max_memory_allocated())
         self._submit_step(t, rng, batch_copy, hparams, modes, health, on_cuda, None)
         self.next_step = t + 1
+        if t == self._start_step:
+            # Once, at the first step: wait until the file exists and holds it (the writer
+            # process starting up, about 0.3 s), so a crash right after still leaves a file.
+            self.flush()
         if self.raise_on_nonfinite and isinstance(loss, torch.Tensor):
             if loss.is_cuda:
                 self._pending_check = (t, loss)  # read one step late: no sync now
@@ -273,8 +279,9 @@ class Recorder:
             )
         return self._writer
 
-    def _make_store(self) -> StoreWriter:
+    def _make_store(self) -> WriterClient:
         """Runs on the writer thread at the first commit, when sizes are known."""
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
         model_bytes = sum(t.numel() * t.element_size() for t in self.model.state_dict().values())
         meta = {
             "config": {
@@ -307,7 +314,7 @@ class Recorder:
             if text is not None:
                 sources[e["path"]] = text
         step_guess = 16 << 10
-        return StoreWriter(
+        return self._client.create(
             self.path,
             run_id=uuid.uuid4().hex,
             meta=meta,

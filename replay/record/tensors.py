@@ -119,7 +119,8 @@ def to_leaves(obj: Any) -> Any:
 
 
 def leaf_to_tensor(leaf: TensorLeaf, device: str | torch.device | None = None) -> torch.Tensor:
-    t = torch.from_numpy(np.ascontiguousarray(leaf.data))
+    data = leaf.data if leaf.data.flags.c_contiguous else np.ascontiguousarray(leaf.data)
+    t = torch.from_numpy(data.reshape(leaf.data.shape))
     dtype = getattr(torch, leaf.dtype)
     if t.dtype != dtype:
         t = t.view(dtype)

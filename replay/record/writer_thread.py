@@ -22,7 +22,8 @@ import numpy as np
 import torch
 
 from ..store.layout import COL, HEALTH_COLUMNS
-from ..store.writer import StoreWriter, pack_record
+from ..store.writer import pack_record
+from ..store.writer_process import WriterClient, WriterError
 from .rng import rng_to_tree
 from .tensors import to_leaves
 
@@ -78,11 +79,11 @@ _STOP = object()
 
 
 class BackgroundWriter:
-    """One daemon thread owning one :class:`StoreWriter` (created lazily on the thread)."""
+    """One daemon thread owning one :class:`WriterClient` (created lazily on the thread)."""
 
-    def __init__(self, make_store: Callable[[], StoreWriter], *, max_pending_bytes: int) -> None:
+    def __init__(self, make_store: Callable[[], WriterClient], *, max_pending_bytes: int) -> None:
         self._make_store = make_store
-        self._store: StoreWriter | None = None
+        self._store: WriterClient | None = None
         self._q: queue.Queue[Any] = queue.Queue()
         self._pending = 0
         self._pending_lock = threading.Condition()
@@ -134,6 +135,9 @@ class BackgroundWriter:
             if jobs and self.error is None:
                 try:
                     self._commit(jobs)
+                except WriterError as e:
+                    self.error = str(e)
+                    self._abandon()
                 except Exception as e:  # noqa: BLE001 - any failure must stop recording, not training
                     self.error = f"{type(e).__name__}: {e}"
                     self._abandon()
@@ -150,10 +154,12 @@ class BackgroundWriter:
                 self.error = self.error or f"{type(e).__name__}: {e}"
 
     def _abandon(self) -> None:
+        # The store lives in a child process (see store/writer_process.py); after a failure
+        # there is nothing left to save in it, so it is only told to go.
         if self._store is not None:
             try:
                 self._store.close(clean=False)
-            except Exception:  # noqa: BLE001 - already failing; the first error is the one reported
+            except Exception:  # noqa: BLE001 - the first error is the one reported
                 pass
             self._store = None
 

@@ -73,7 +73,8 @@ class _Encoder:
         return off, n
 
     def leaf_array(self, arr: np.ndarray) -> dict[str, Any]:
-        arr = np.ascontiguousarray(arr)
+        if not arr.flags.c_contiguous:  # (np.ascontiguousarray would turn 0-d into 1-d)
+            arr = np.ascontiguousarray(arr).reshape(arr.shape)
         off, n = self._place(arr)
         return {"dtype": arr.dtype.str, "shape": list(arr.shape), "off": off, "n": n}
 

@@ -134,10 +134,18 @@ class StoreWriter:
         os.replace(tmp, path)  # the file appears complete, never half-created
         self.f = h5py.File(path, "r+", libver="latest")
         self.f.swmr_mode = True
+        # Handles are opened once: no temporaries are created (or released) during a commit,
+        # which matters when a commit fails half-way (see BackgroundWriter._abandon).
+        self._ring_ds = {
+            ring: {k: self.f[ring][k] for k in ("step", "nbytes", "mlen", "arena")}
+            for ring in ("steps", "snapshots")
+        }
+        self._ring_slots = {ring: int(self.f[ring].attrs["slots"]) for ring in self._ring_ds}
         self._status = self.f["status"]
         self._hstep = self.f["health/step"]
         self._hvals = self.f["health/values"]
         self.health_slots = health_slots
+        self.health_columns = HEALTH_COLUMNS
         self.status = np.array([0, -1, 0, 0], np.int64)
 
     @staticmethod
@@ -176,18 +184,19 @@ class StoreWriter:
         ``health``: ``(step, row)`` with ``row`` a float64 vector in ``HEALTH_COLUMNS`` order.
         """
         f = self.f
-        ring_items = [("steps", s % self._slots("steps"), s, p, m) for s, p, m in steps]
+        ds = self._ring_ds
+        ring_items = [("steps", s % self._ring_slots["steps"], s, p, m) for s, p, m in steps]
         ring_items += [("snapshots", slot, s, p, m) for slot, s, p, m in snapshots]
         hslots = [(s % self.health_slots, s, row) for s, row in health]
         # 1. invalidate
         for ring, slot, *_ in ring_items:
-            f[ring]["step"][slot] = -1
+            ds[ring]["step"][slot] = -1
         for slot, _, _ in hslots:
             self._hstep[slot] = -1
         f.flush()
         # 2. payloads
         for ring, slot, _, payload, mlen in ring_items:
-            g = f[ring]
+            g = ds[ring]
             arena = g["arena"]
             if payload.size > arena.shape[1]:
                 chunk = arena.chunks[1]
@@ -202,7 +211,7 @@ class StoreWriter:
         f.flush()
         # 3. markers
         for ring, slot, step, *_ in ring_items:
-            f[ring]["step"][slot] = step
+            ds[ring]["step"][slot] = step
         for slot, step, _ in hslots:
             self._hstep[slot] = step
         if last_step is not None:
@@ -211,9 +220,6 @@ class StoreWriter:
         self.status[3] += len(snapshots)
         self._status[:] = self.status
         f.flush()
-
-    def _slots(self, ring: str) -> int:
-        return int(self.f[ring].attrs["slots"])
 
     def close(self, *, clean: bool = True) -> None:
         if self.f is None:

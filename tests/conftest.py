@@ -1,0 +1,50 @@
+"""Shared fixtures: real training scripts run in real subprocesses."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = Path(__file__).resolve().parent / "integration" / "scripts"
+
+
+def run_py(
+    *args: str,
+    timeout: float = 120,
+    env: dict | None = None,
+    check: bool = False,
+    cwd: str | os.PathLike | None = None,
+) -> subprocess.CompletedProcess:
+    """Run ``python args...`` with this checkout importable; capture text output."""
+    full_env = dict(os.environ)
+    full_env["PYTHONPATH"] = str(ROOT) + os.pathsep + full_env.get("PYTHONPATH", "")
+    full_env.setdefault("OMP_NUM_THREADS", "1")
+    if env:
+        full_env.update(env)
+    proc = subprocess.run(
+        [sys.executable, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=full_env,
+        cwd=cwd,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+        )
+    return proc
+
+
+def replay_cli(*args: str, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
+    return run_py("-m", "replay", *args, timeout=timeout, **kw)
+
+
+@pytest.fixture(scope="session")
+def mlp_script() -> Path:
+    return SCRIPTS / "mlp_train.py"

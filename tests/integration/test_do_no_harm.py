@@ -1,0 +1,55 @@
+"""A failing disk never stops training: one warning, recording off, flushed steps stay readable."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from replay.store import open_recording
+from tests.conftest import SCRIPTS, run_py
+
+# Run the test script under a file-size limit: writes past it fail with EFBIG, a real I/O error
+# from the kernel (the same path as a full disk), without needing a mount.
+LIMITED = """
+import resource, runpy, signal, sys
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+limit = int(sys.argv.pop(1))
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_disk_full_during_recording_leaves_training_running(tmp_path):
+    out = tmp_path / "run.h5"
+    proc = run_py(
+        "-c",
+        LIMITED,
+        str(2_500_000),
+        str(SCRIPTS / "mlp_train.py"),
+        str(out),
+        "--steps",
+        "300",
+        "--snapshot-every",
+        "5",
+        "--keep",
+        "4",
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "step 299" in proc.stdout  # every step trained
+    warnings = [ln for ln in proc.stderr.splitlines() if "RecorderWarning" in ln]
+    assert len(warnings) == 1 and "stopped" in warnings[0] and "training goes on" in warnings[0]
+    with open_recording(out) as rec:  # what was flushed before the failure is readable
+        h = rec.health()
+        assert len(h["step"]) > 0
+        assert np.all(np.diff(h["step"]) == 1)
+        assert h["step"][-1] < 299
+
+
+def test_unwritable_path_warns_once_and_trains(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    proc = run_py(str(SCRIPTS / "mlp_train.py"), str(blocker / "run.h5"), "--steps", "20")
+    assert proc.returncode == 0, proc.stderr
+    assert "step 19" in proc.stdout
+    assert proc.stderr.count("RecorderWarning") == 1
+    assert "Traceback" not in proc.stderr

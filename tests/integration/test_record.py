@@ -1,0 +1,222 @@
+"""The Recorder on real training loops: what lands in the file, and what it refuses."""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import replay
+from replay.record.fingerprint import param_fingerprint
+from replay.store import open_recording
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "scripts"))
+import mlp_train  # noqa: E402
+
+
+def build():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+    return model, torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+def train_step(model, optimizer, batch):
+    optimizer.zero_grad()
+    loss = F.cross_entropy(model(batch["x"]), batch["y"])
+    loss.backward()
+    optimizer.step()
+    return loss
+
+
+def raising_step(model, optimizer, batch):
+    raise KeyError("label 'cat' missing")
+
+
+def record(path, steps=12, step_fn=train_step, **kw):
+    model, opt = build()
+    grad_norms = []
+    with replay.Recorder(
+        path,
+        model=model,
+        optimizer=opt,
+        step_fn=step_fn,
+        build_fn=build,
+        snapshot_every=4,
+        keep_snapshots=2,
+        **kw,
+    ) as rec:
+        for t in range(steps):
+            g = torch.Generator().manual_seed(t)
+            batch = {
+                "x": torch.randn(5, 6, generator=g),
+                "y": torch.randint(0, 3, (5,), generator=g),
+            }
+            rec.step(batch)
+            grads = [p.grad for p in model.parameters()]
+            grad_norms.append(
+                float(torch.linalg.vector_norm(torch.cat([g.flatten() for g in grads])))
+            )
+    return model, grad_norms
+
+
+def test_batches_health_and_fingerprint_are_recorded(tmp_path):
+    path = tmp_path / "run.h5"
+    model, grad_norms = record(path)
+    with open_recording(path) as rec:
+        # ring of 2*4 steps: the last 8 are kept; health for all 12
+        assert rec.steps().tolist() == list(range(4, 12))
+        assert rec.snapshot_steps().tolist() == [4, 8]
+        w = rec.replayable_window()
+        assert (w.first, w.last) == (4, 11)
+        h = rec.health()
+        assert h["step"].tolist() == list(range(12))
+        np.testing.assert_allclose(h["grad_norm"], grad_norms, rtol=1e-6)
+        assert h["param_fingerprint"][-1] == float(param_fingerprint(list(model.parameters())))
+        assert (h["loss_nonfinite"] == 0).all() and (h["raised"] == 0).all()
+        assert (h["optimizer_stepped"] == 1).all() and (h["lr"] == 0.1).all()
+        rec_7 = rec.read_step(7)
+        g = torch.Generator().manual_seed(7)
+        assert np.array_equal(rec_7["batch"]["x"].data, torch.randn(5, 6, generator=g).numpy())
+        assert rec_7["hparams"][0]["lr"] == 0.1
+        assert rec_7["modes"].tolist() == [True] * 4
+        assert rec.meta["entry"]["step_fn"]["qualname"] == "train_step"
+        assert rec.meta["env"]["num_threads"] == torch.get_num_threads()
+        snap = rec.read_snapshot(8)
+        assert set(snap) >= {"step", "model", "optimizer"} and snap["step"] == 8
+        assert rec.closed_cleanly
+
+
+def test_a_step_that_raises_is_recorded_and_reraised_unchanged(tmp_path):
+    path = tmp_path / "run.h5"
+    with pytest.raises(KeyError, match="label 'cat' missing"):
+        record(path, step_fn=raising_step)
+    with open_recording(path) as rec:
+        assert rec.first_bad()["exception"] == 0
+        exc = rec.read_step(0)["exception"]
+        assert exc["type"] == "KeyError" and "cat" in exc["message"]
+        assert "raising_step" in exc["traceback"]
+
+
+def test_nonfinite_loss_is_recorded_then_raised(tmp_path):
+    path = str(tmp_path / "run.h5")
+    model, opt = mlp_train.build()
+    with pytest.raises(replay.NonFiniteLossError) as info:
+        with replay.Recorder(
+            path,
+            model=model,
+            optimizer=opt,
+            step_fn=mlp_train.train_step,
+            build_fn=mlp_train.build,
+            snapshot_every=5,
+        ) as rec:
+            for t in range(10):
+                x, y = mlp_train.make_batch(t)
+                if t == 6:
+                    x[0, 0] = math.inf
+                rec.step((x, y))
+    assert info.value.step == 6 and "replay bisect" in str(info.value)
+    with open_recording(path) as rec:
+        assert rec.first_bad()["nonfinite"] == 6
+        assert rec.steps().max() == 6
+
+
+def test_raise_on_nonfinite_false_keeps_training(tmp_path):
+    path = str(tmp_path / "run.h5")
+    model, opt = mlp_train.build()
+    with replay.Recorder(
+        path,
+        model=model,
+        optimizer=opt,
+        step_fn=mlp_train.train_step,
+        build_fn=mlp_train.build,
+        raise_on_nonfinite=False,
+    ) as rec:
+        for t in range(5):
+            x, y = mlp_train.make_batch(t)
+            x[0, 0] = math.nan if t == 2 else x[0, 0]
+            rec.step((x, y))
+    with open_recording(path) as rec:
+        h = rec.health()
+        assert h["loss_nonfinite"].tolist() == [0, 0, 1, 1, 1]  # the NaN poisons the parameters
+        assert h["grad_nonfinite"][2] == 1 and h["param_nonfinite"][2] == 1
+
+
+def test_varying_batch_shapes_grow_the_slot_without_losing_data(tmp_path):
+    path = str(tmp_path / "run.h5")
+    model, opt = mlp_train.build()
+    with replay.Recorder(
+        path,
+        model=model,
+        optimizer=opt,
+        step_fn=mlp_train.train_step,
+        build_fn=mlp_train.build,
+        snapshot_every=50,
+    ) as rec:
+        for t in range(12):
+            n = 2 + 300 * (t % 3)  # 2 rows, then 302: far past the first slot size
+            x = torch.full((n, 16), float(t))
+            rec.step((x, torch.zeros(n, dtype=torch.long)))
+    with open_recording(path) as rec:
+        for t in range(12):
+            x = rec.read_step(t)["batch"][0].data
+            assert x.shape == (2 + 300 * (t % 3), 16) and (x == t).all()
+
+
+def test_scheduler_stepped_outside_step_fn_is_seen_in_hparams(tmp_path):
+    path = str(tmp_path / "run.h5")
+    model, opt = mlp_train.build()
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+    with replay.Recorder(
+        path,
+        model=model,
+        optimizer=opt,
+        scheduler=sched,
+        step_fn=mlp_train.train_step,
+        build_fn=mlp_train.build,
+        snapshot_every=3,
+    ) as rec:
+        for t in range(6):
+            rec.step(mlp_train.make_batch(t))
+            sched.step()
+    with open_recording(path) as rec:
+        lrs = [rec.read_step(t)["hparams"][0]["lr"] for t in range(6)]
+        assert lrs == [1e-2, 1e-2, 5e-3, 5e-3, 2.5e-3, 2.5e-3]
+        assert "scheduler" in rec.read_snapshot(3)
+
+
+def closure_maker():
+    def inner(model, optimizer, batch):
+        return 0.0
+
+    return inner
+
+
+@pytest.mark.parametrize(
+    "fn, why",
+    [(lambda m, o, b: 0.0, "lambda"), (closure_maker(), "closure"), (print, "no source")],
+)
+def test_entry_points_that_cannot_be_imported_again_are_refused(tmp_path, fn, why):
+    model, opt = build()
+    with pytest.raises(replay.EntryPointError, match=why.split()[0]):
+        replay.Recorder(tmp_path / "x.h5", model=model, optimizer=opt, step_fn=fn, build_fn=build)
+    assert not (tmp_path / "x.h5").exists()
+
+
+def test_eval_mode_is_recorded_per_step(tmp_path):
+    path = str(tmp_path / "run.h5")
+    model, opt = mlp_train.build()
+    with replay.Recorder(
+        path, model=model, optimizer=opt, step_fn=mlp_train.train_step, build_fn=mlp_train.build
+    ) as rec:
+        rec.step(mlp_train.make_batch(0))
+        model[2].eval()
+        rec.step(mlp_train.make_batch(1))
+    with open_recording(path) as rec:
+        assert rec.read_step(0)["modes"].all()
+        assert rec.read_step(1)["modes"].tolist() == [True, True, True, False, True]

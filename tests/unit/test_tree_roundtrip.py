@@ -1,0 +1,118 @@
+"""Batches and state go through the store and come back bit for bit, dtype, shape and structure."""
+
+from __future__ import annotations
+
+import collections
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from replay.record.tensors import copy_tree, from_leaves, to_leaves
+from replay.store.tree import Opaque, TensorLeaf, decode
+from replay.store.writer import pack_record
+
+Pair = collections.namedtuple("Pair", ["x", "y"])
+
+SPECIAL = [0.0, -0.0, math.inf, -math.inf, math.nan, 1e-45, 3.4e38, -1.5]
+
+
+def roundtrip(tree):
+    payload, mlen = pack_record(to_leaves(copy_tree(tree)))
+    import json
+
+    manifest = json.loads(payload[:mlen].tobytes())
+    return from_leaves(decode(manifest, payload[mlen:].tobytes()))
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if a.is_complex():
+        a, b = torch.view_as_real(a), torch.view_as_real(b)
+    width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    return torch.equal(a.contiguous().view(width), b.contiguous().view(width))
+
+
+FLOAT_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+INT_DTYPES = [torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8]
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+def test_float_dtypes_keep_every_bit_including_nan_inf_and_signed_zero(dtype):
+    t = torch.tensor(SPECIAL, dtype=torch.float64).to(dtype).reshape(2, 4)
+    back = roundtrip(t)
+    assert same_bits(t, back)
+
+
+@pytest.mark.parametrize("dtype", INT_DTYPES + [torch.bool], ids=str)
+def test_integer_and_bool_dtypes(dtype):
+    t = torch.arange(-6, 6).reshape(3, 4)
+    t = (t > 0) if dtype == torch.bool else t.to(dtype)
+    assert same_bits(t, roundtrip(t))
+
+
+@pytest.mark.parametrize("name", ["float8_e4m3fn", "float8_e5m2", "complex64", "complex128"])
+def test_exotic_dtypes(name):
+    dtype = getattr(torch, name)
+    src = torch.linspace(-2, 2, 12)
+    t = torch.complex(src, -src).to(dtype) if dtype.is_complex else src.to(dtype)
+    assert same_bits(t, roundtrip(t))
+
+
+def test_zero_dim_tensor_keeps_its_shape():
+    """np.ascontiguousarray turns a 0-d array into 1-d; a scalar tensor must stay 0-d."""
+    back = roundtrip(torch.tensor(7))
+    assert back.shape == () and back.item() == 7
+
+
+def test_nested_structures_with_every_leaf_kind():
+    tree = {
+        "img": torch.randn(2, 3, 4, 4),
+        "meta": Pair(x=[1, 2.5, None, True], y=("a", b"\x00\xff")),
+        "np": np.arange(6, dtype=np.float16).reshape(2, 3),
+        "npscalar": np.float32(1.5),
+        5: {"deep": [torch.tensor(7), torch.zeros(0, 3)]},
+        "big": 2**70,
+        "c": complex(1, -2),
+        "nan": math.nan,
+    }
+    back = roundtrip(tree)
+    assert set(back) == set(tree)
+    assert same_bits(back["img"], tree["img"])
+    assert back["meta"].x == [1, 2.5, None, True]
+    assert back["meta"].y == ("a", b"\x00\xff")
+    assert type(back["meta"]).__name__ == "Pair" and back["meta"]._fields == ("x", "y")
+    assert back["np"].dtype == np.float16 and np.array_equal(back["np"], tree["np"])
+    assert back["npscalar"] == np.float32(1.5) and back["npscalar"].dtype == np.float32
+    assert same_bits(back[5]["deep"][0], torch.tensor(7))
+    assert back[5]["deep"][1].shape == (0, 3)
+    assert back["big"] == 2**70 and back["c"] == complex(1, -2) and math.isnan(back["nan"])
+
+
+def test_non_contiguous_and_requires_grad_tensors():
+    base = torch.randn(4, 6, requires_grad=True)
+    view = base.detach().t()[1:, ::2]
+    back = roundtrip({"v": view, "p": base})
+    assert torch.equal(back["v"], view)
+    assert back["p"].requires_grad and torch.equal(back["p"].detach(), base.detach())
+
+
+def test_copy_tree_is_not_aliased_by_later_in_place_edits():
+    x = torch.ones(3)
+    copied = copy_tree({"x": x})
+    x.add_(5)
+    assert torch.equal(roundtrip(copied)["x"], torch.ones(3))
+
+
+def test_unsupported_objects_become_opaque_never_pickled():
+    back = roundtrip({"fn": len, "obj": object()})
+    assert isinstance(back["fn"], Opaque) and "builtin" in back["fn"].type
+    assert isinstance(back["obj"], Opaque)
+
+
+def test_tensor_leaf_keeps_dtype_name_for_numpy_less_types():
+    leaves = to_leaves(torch.ones(2, dtype=torch.bfloat16))
+    assert isinstance(leaves, TensorLeaf) and leaves.dtype == "bfloat16"
+    assert leaves.data.dtype == np.int16
