@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import traceback
+import warnings
 
 import numpy as np
 import torch
@@ -23,7 +24,9 @@ def _eager(model: torch.nn.Module, step_fn):
     """A ``torch.compile``\\ d model is traced eagerly: its ``_orig_mod``, with dynamo off."""
     eager = getattr(model, "_orig_mod", model)
     if eager is not model or any(hasattr(m, "_orig_mod") for m in eager.modules()):
-        import torch._dynamo
+        with warnings.catch_warnings():  # torch.jit deprecation noise on importing dynamo
+            warnings.simplefilter("ignore", DeprecationWarning)
+            import torch._dynamo
 
         return eager, torch._dynamo.disable(step_fn)
     return eager, step_fn
