@@ -41,6 +41,7 @@ __all__ = ["Tracer", "FORWARD", "BACKWARD", "OPTIMIZER", "OTHER", "TAG"]
 FORWARD, BACKWARD, OPTIMIZER, OTHER = 0, 1, 2, 3
 TAG = "replay.trace"  # key of our tag in grad_fn.metadata: (module, location, stack, function)
 MAX_DETAILED = 64  # non-finite ops whose inputs get full statistics
+SINGLE_THREAD_NUMEL = 1 << 20
 _NO_HIST = np.zeros(N_BINS, dtype=np.float32)
 
 
@@ -347,12 +348,22 @@ class Tracer:
             self.memory.see(t, index, info.name)
         floats = [t for t in outs if t.is_floating_point()]
         main = floats[0] if floats else (outs[0] if outs else None)
-        if main is not None:
-            row, hist = tensor_stats(main)
-        else:
-            row, hist = (*NAN_ROW, 0.0), _NO_HIST
-        kinds = [kind_of_row(row)] if floats else []
-        kinds += [finite_kind(t) for t in floats[1:]]
+        # Small reductions are latency-bound: an OpenMP fork/join per reduction costs more
+        # than the work (and ms on a busy machine). Restored before the next user op runs.
+        threads = torch.get_num_threads()
+        single = threads > 1 and (main is None or main.numel() < SINGLE_THREAD_NUMEL)
+        if single:
+            torch.set_num_threads(1)
+        try:
+            if main is not None:
+                row, hist = tensor_stats(main)
+            else:
+                row, hist = (*NAN_ROW, 0.0), _NO_HIST
+            kinds = [kind_of_row(row)] if floats else []
+            kinds += [finite_kind(t) for t in floats[1:]]
+        finally:
+            if single:
+                torch.set_num_threads(threads)
         status = 0
         if any(k != "finite" for k in kinds):
             out_kind = ("nan" if "nan" in kinds else "inf" if "inf" in kinds else "neginf")
