@@ -16,6 +16,9 @@ from __future__ import annotations
 
 import json
 import os
+import struct
+import subprocess
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,7 +56,7 @@ class Window:
         return max(s for s in self.snapshots if s <= step)
 
 
-def _check_signature(path: str) -> None:
+def _check_signature(path: str, probe: bool = True) -> None:
     if not os.path.exists(path):
         raise RecordingError(f"{path}: no such file")
     if os.path.isdir(path):
@@ -68,10 +71,58 @@ def _check_signature(path: str) -> None:
             f"{path}: not an HDF5 file, so not a replay recording "
             "(recordings are written by replay.Recorder)"
         )
+    if probe:
+        _check_not_truncated(path)
 
 
-def _open_h5(path: str) -> h5py.File:
-    _check_signature(path)
+def _check_not_truncated(path: str) -> None:
+    """Compare the superblock's end-of-file address with the file's size.
+
+    Needed because HDF5 opening a truncated file in SWMR mode retries its metadata reads for
+    minutes instead of failing. Superblock versions 2 and 3 (what ``libver="latest"`` writes):
+    signature, version, offset size, length size, flags, then base, extension, EOF addresses.
+    """
+    with open(path, "rb") as fh:
+        sb = fh.read(48)
+    if len(sb) < 12 or sb[8] not in (2, 3):
+        return
+    width = sb[9]
+    if width not in (4, 8) or len(sb) < 12 + 3 * width:
+        return
+    fmt = "<I" if width == 4 else "<Q"
+    base = struct.unpack_from(fmt, sb, 12)[0]
+    eof = struct.unpack_from(fmt, sb, 12 + 2 * width)[0]
+    size = os.path.getsize(path)
+    if base + eof > size and not _opens_in_time(path):
+        raise RecordingError(
+            f"{path}: the file is truncated ({size} of {base + eof} bytes: the copy is "
+            "incomplete, or the writer died before its first flush); it cannot be opened"
+        )
+
+
+def _opens_in_time(path: str, timeout: float = 10.0) -> bool:
+    """Whether HDF5 can open a file that ends early, probed in a child that can be killed.
+
+    A recording whose disk filled up ends early yet opens (everything it flushed is readable);
+    a cut copy makes HDF5 retry for minutes. Only files that end early pay for this probe.
+    """
+    code = (
+        "import sys; from replay.store import reader as r; rec = r.Recording(sys.argv[1], probe=False)\n"
+        "rec.status(); rec.health(); rec.steps(); rec.snapshot_steps(); rec.close()"
+    )
+    pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=pkg_root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", code, path], capture_output=True, timeout=timeout, env=env
+        )
+    except subprocess.TimeoutExpired:
+        return False
+    return proc.returncode == 0
+
+
+def _open_h5(path: str, probe: bool = True) -> h5py.File:
+    _check_signature(path, probe)
     try:
         return h5py.File(path, "r", swmr=True)
     except OSError as e:
@@ -91,9 +142,9 @@ def _open_h5(path: str) -> h5py.File:
 class Recording:
     """Read-only view of one recording. Cheap to open; reads on demand."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, *, probe: bool = True) -> None:
         self.path = path
-        self.f = _open_h5(path)
+        self.f = _open_h5(path, probe)
         try:
             self._validate()
         except BaseException:

@@ -1,0 +1,93 @@
+"""`replay info` on good, live, killed and bad files: one line and exit 3 for bad input."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import h5py
+import numpy as np
+import pytest
+
+from tests.conftest import SCRIPTS, replay_cli, run_py
+
+
+@pytest.fixture(scope="module")
+def nan_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("info") / "run.h5"
+    proc = run_py(str(SCRIPTS / "mlp_train.py"), str(out), "--steps", "30", "--nan-at", "22")
+    assert "NonFiniteLossError" in proc.stderr
+    return out
+
+
+def test_info_reports_window_first_failure_and_entry_points(nan_run):
+    proc = replay_cli("info", str(nan_run))
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "replayable      steps 0..22" in out
+    assert "first non-finite at step 22" in out
+    assert "__main__:train_step" in out and "mlp_train.py" in out
+    proc = replay_cli("info", str(nan_run), "--json")
+    d = json.loads(proc.stdout)
+    assert d["replayable_window"] == [0, 22] and d["first_bad"]["nonfinite"] == 22
+    assert d["format_version"] == 1 and d["snapshots"] == [0, 10, 20]
+
+
+def _assert_one_line_error(proc, *fragments):
+    assert proc.returncode == 3, (proc.returncode, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    for f in fragments:
+        assert f in lines[0]
+
+
+def test_missing_file(tmp_path):
+    _assert_one_line_error(replay_cli("info", str(tmp_path / "nope.h5")), "no such file")
+
+
+def test_not_hdf5(tmp_path):
+    p = tmp_path / "notes.h5"
+    p.write_text("hello")
+    _assert_one_line_error(replay_cli("info", str(p)), "not an HDF5 file")
+
+
+def test_hdf5_but_not_a_recording(tmp_path):
+    p = tmp_path / "other.h5"
+    with h5py.File(p, "w") as f:
+        f["x"] = np.arange(3)
+    _assert_one_line_error(replay_cli("info", str(p)), "not a replay recording")
+
+
+def test_newer_format_version_says_upgrade(tmp_path, nan_run):
+    p = tmp_path / "future.h5"
+    shutil.copy(nan_run, p)
+    with h5py.File(p, "r+") as f:
+        f.attrs["format_version"] = 99
+    _assert_one_line_error(replay_cli("info", str(p)), "newer replay", "pip install -U")
+
+
+def test_truncated_file(tmp_path, nan_run):
+    p = tmp_path / "cut.h5"
+    p.write_bytes(nan_run.read_bytes()[:5000])
+    _assert_one_line_error(replay_cli("info", str(p)), "truncated")
+
+
+def test_directory_is_not_a_recording(tmp_path):
+    proc = replay_cli("info", str(tmp_path))
+    assert proc.returncode in (2, 3) and "Traceback" not in proc.stderr
+
+
+def test_usage_error_exits_2():
+    proc = replay_cli("info")
+    assert proc.returncode == 2 and "Missing argument" in proc.stderr
+
+
+def test_help_and_info_do_not_import_torch(nan_run):
+    code = (
+        "import sys; from replay.cli import cli; from click.testing import CliRunner\n"
+        f"r = CliRunner().invoke(cli, ['info', {str(nan_run)!r}]); assert r.exit_code == 0, r.output\n"
+        "r = CliRunner().invoke(cli, ['--help']); assert r.exit_code == 0\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+    )
+    proc = run_py("-c", code)
+    assert proc.returncode == 0, proc.stderr
