@@ -252,6 +252,11 @@ class Engine:
                 self._checkpoints.popitem(last=False)
         self._prepare(t)
 
+    def invalidate(self) -> None:
+        """Forget where the live objects are (after someone else ran a step on them, e.g. the
+        tracer); the next ``state_before`` restores from a checkpoint or a snapshot."""
+        self._pos = None
+
     # -- a step ------------------------------------------------------------------------------
 
     def run_step(self, t: int, batch: Any = None) -> StepOutcome:
