@@ -119,9 +119,11 @@ class Expression:
                 f"an aggregate {'/'.join(AGGREGATES)}_COLUMN (e.g. median_loss), nan or inf"
             )
 
+        called = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
         for node in ast.walk(tree):
             if isinstance(node, ast.Name):
-                name_ok(node.id)
+                if id(node) not in called:  # a called name is checked against _FUNCS below
+                    name_ok(node.id)
             elif isinstance(node, ast.Constant):
                 if isinstance(node.value, bool) or not isinstance(node.value, (int, float)):
                     raise PredicateError(

@@ -61,7 +61,10 @@ def trace_culprit(
             return _step_fails(kind, out.row())
 
         samples, exact = find_culprit_samples(fails, size, coupled=has_batch_coupling(engine.model))
-        if len(samples) < size:  # the whole batch is not an answer
+        rest = [i for i in range(size) if i not in set(samples)]
+        # Only an answer when those samples matter: if the rest of the batch fails as well
+        # (a NaN injected in the gradient, a bad learning rate) no sample is to blame.
+        if len(samples) < size and not (rest and fails(rest)):
             result.set_samples(samples, exact)
     result.write(forensics_path, run_id=run_id, step=step)
     fields = {
