@@ -27,8 +27,7 @@ def engine_options(fn: Any) -> Any:
 
 def open_engine(run: str, device: str | None, entry: str | None) -> tuple[Any, Any]:
     """``(recording, engine)``; torch is imported here, not at ``replay --help`` time."""
-    from ..engine import Engine, parse_entry_override
-    from ..store import open_recording
+    from ..engine.entry import parse_entry_override
 
     override = None
     if entry is not None:
@@ -36,6 +35,9 @@ def open_engine(run: str, device: str | None, entry: str | None) -> tuple[Any, A
             override = parse_entry_override(entry)
         except ValueError as e:
             raise click.UsageError(str(e)) from None
+    from ..engine import Engine
+    from ..store import open_recording
+
     rec = open_recording(run)
     try:
         return rec, Engine(rec, device=device, entry=override)

@@ -11,8 +11,12 @@ from ._replaying import engine_options, open_engine
 __all__ = ["bisect"]
 
 
-def _criterion(kind: str, until: str | None, spike: float | None, rows: list) -> object:
-    from ..bisect import Expression, NonFinite, Predicate, PredicateError, Raised, auto_criterion
+def _criterion(kind: str, until: str | None, spike: float | None) -> object:
+    """The failure criterion, checked before any file is opened or user code imported.
+
+    Returns a criterion, or ``None`` for "auto" (decided from the recorded health).
+    """
+    from ..bisect import Expression, NonFinite, Predicate, PredicateError, Raised
     from ..store.layout import HEALTH_COLUMNS
 
     chosen = [n for n, x in (("--until", until), ("--spike", spike)) if x is not None]
@@ -27,11 +31,7 @@ def _criterion(kind: str, until: str | None, spike: float | None, rows: list) ->
             return Predicate(Expression.parse(until, HEALTH_COLUMNS))
         except PredicateError as e:
             raise click.UsageError(f"--until: {e}") from None
-    if kind == "nonfinite":
-        return NonFinite()
-    if kind == "exception":
-        return Raised()
-    return auto_criterion(rows)
+    return {"nonfinite": NonFinite, "exception": Raised}.get(kind, lambda: None)()
 
 
 @click.command()
@@ -69,18 +69,20 @@ def bisect(
     Exit codes: 0 culprit found, 1 the recorded window is healthy, 2 usage error,
     3 unusable recording, 4 unusable entry point, 5 replay failed.
     """
-    from ..bisect import SearchError, find_culprit
+    from ..bisect import SearchError, auto_criterion, find_culprit
     from ..bisect.progress import Progress
     from ..bisect.report import render_verdict, verdict_json
     from ..engine.culprit import trace_culprit, tracer_available
     from ..engine.subject import EngineSubject
     from ..errors import ReplayError
 
+    criterion = _criterion(kind, until, spike)
     rec, engine = open_engine(run, device, entry)
     bar = Progress("replay bisect")
     try:
         subject = EngineSubject(engine)
-        criterion = _criterion(kind, until, spike, subject.recorded_rows())
+        if criterion is None:
+            criterion = auto_criterion(subject.recorded_rows())
         try:
             verdict = find_culprit(subject, criterion, progress=bar)
         except SearchError as e:

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from ..errors import RecordingError, ReplayError
-from ..record.fingerprint import grad_norm, param_fingerprint
+from ..record.fingerprint import absmax, grad_norm, param_fingerprint
 from ..record.recorder import _loss_of
 from ..record.rng import restore_rng
 from ..record.tensors import from_leaves
@@ -52,6 +52,10 @@ def _num(x: Any) -> float | None:
     if isinstance(x, torch.Tensor):
         return float(x.detach().to("cpu", torch.float64).reshape(-1)[0]) if x.numel() else None
     return float(x)
+
+
+def _grad_absmax(params: list[torch.Tensor]) -> torch.Tensor | None:
+    return absmax([p.grad for p in params if p.grad is not None])
 
 
 class Engine:
@@ -100,6 +104,7 @@ class Engine:
         self._opt_params = [p for g in self.objs.optimizer.param_groups for p in g["params"]]
         self._hook_on = False
         self._hook_gn: torch.Tensor | None = None
+        self._hook_gmax: torch.Tensor | None = None
         self._hook_fired = False
         self._hook = self.objs.optimizer.register_step_pre_hook(self._pre_step)
         self._pos: int | None = None  # the live objects hold the state before this step
@@ -148,6 +153,7 @@ class Engine:
         if self._hook_on:
             self._hook_fired = True
             self._hook_gn = grad_norm(self._opt_params)
+            self._hook_gmax = _grad_absmax(self._opt_params)
 
     # -- records -------------------------------------------------------------------------------
 
@@ -273,7 +279,7 @@ class Engine:
         scaler = self.objs.scaler
         if scaler is not None:
             out.scale = _num(getattr(scaler, "_scale", None))
-        self._hook_gn, self._hook_fired, self._hook_on = None, False, True
+        self._hook_gn, self._hook_gmax, self._hook_fired, self._hook_on = None, None, False, True
         # Whatever happens below, the live state is no longer "before t"; a foreign batch
         # leaves a state no recorded step follows from.
         self._pos = t + 1 if batch is None else None
@@ -296,11 +302,14 @@ class Engine:
         out.returned = ret
         out.loss = _num(_loss_of(ret))
         out.optimizer_stepped = float(self._hook_fired)
-        gn = self._hook_gn
+        gn, gmax = self._hook_gn, self._hook_gmax
         if gn is None and not self._hook_fired:
             gn = grad_norm(self._opt_params)  # as the recorder: no optimizer step ran
+            gmax = _grad_absmax(self._opt_params)
         out.grad_norm = _num(gn)
+        out.grad_absmax = _num(gmax)
         out.param_fingerprint = _num(param_fingerprint(self._params))
+        out.param_absmax = _num(absmax(self._params))
         if scaler is not None:
             after = _num(getattr(scaler, "_scale", None))
             out.scale_after = math.nan if after is None else after

@@ -24,6 +24,8 @@ class StepOutcome:
     loss: float | None = None
     grad_norm: float | None = None
     param_fingerprint: float | None = None
+    grad_absmax: float | None = None  # decide the non-finite flags exactly, as the recorder does
+    param_absmax: float | None = None
     optimizer_stepped: float | None = None
     scale: float | None = None
     scale_after: float | None = None
@@ -58,14 +60,10 @@ class StepOutcome:
         row["param_fingerprint"] = _f(self.param_fingerprint)
         row["optimizer_stepped"] = _f(self.optimizer_stepped)
         row["loss_nonfinite"] = float(not math.isfinite(row["loss"]))
-        row["grad_nonfinite"] = (
-            math.nan if self.grad_norm is None else float(not math.isfinite(self.grad_norm))
-        )
-        row["param_nonfinite"] = (
-            math.nan
-            if self.param_fingerprint is None
-            else float(not math.isfinite(self.param_fingerprint))
-        )
+        gflag = self.grad_absmax if self.grad_absmax is not None else self.grad_norm
+        pflag = self.param_absmax if self.param_absmax is not None else self.param_fingerprint
+        row["grad_nonfinite"] = math.nan if gflag is None else float(not math.isfinite(gflag))
+        row["param_nonfinite"] = math.nan if pflag is None else float(not math.isfinite(pflag))
         # As recorded: with a scaler, "skipped" is scale-after < scale-before (NaN compares False).
         row["scaler_skipped"] = (
             math.nan if self.scale_after is None else float(self.scale_after < _f(self.scale))

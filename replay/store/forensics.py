@@ -83,7 +83,16 @@ PARAM_COLUMNS = {
     "update_norm": "float64",
     "update_ratio": "float64",
 }
-STRING_TABLES = ("ops", "modules", "locations", "stacks", "shapes", "module_kinds", "params", "nodes")
+STRING_TABLES = (
+    "ops",
+    "modules",
+    "locations",
+    "stacks",
+    "shapes",
+    "module_kinds",
+    "params",
+    "nodes",
+)
 
 
 class NotAForensicsFile(ValueError):
@@ -164,10 +173,20 @@ def write_forensics(path: str | os.PathLike, *, run_id: str, step: int, tables: 
         strings = _group(f, "strings", "string-tables")
         for name in STRING_TABLES:
             _blob(strings, name, [str(s) for s in tables["strings"].get(name, [])])
-        _columns(_group(f, "modules", "module-table"), MODULE_COLUMNS, tables["modules"],
-                 "/modules", chunked=False)
-        _columns(_group(f, "params", "param-table"), PARAM_COLUMNS, tables["params"],
-                 "/params", chunked=False)
+        _columns(
+            _group(f, "modules", "module-table"),
+            MODULE_COLUMNS,
+            tables["modules"],
+            "/modules",
+            chunked=False,
+        )
+        _columns(
+            _group(f, "params", "param-table"),
+            PARAM_COLUMNS,
+            tables["params"],
+            "/params",
+            chunked=False,
+        )
         mem = _group(f, "memory", "memory")
         mem.attrs["peak_bytes"] = int(tables["memory"]["peak_bytes"])
         mem.attrs["peak_op"] = int(tables["memory"]["peak_op"])

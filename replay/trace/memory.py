@@ -70,8 +70,7 @@ class MemoryTracker:
         self._peak_dirty = False
         top = heapq.nlargest(N_LARGEST, self._storages.values(), key=lambda e: e[0])
         self.largest = [
-            {"shape": e[2], "dtype": e[3], "bytes": int(e[0]), "op_index": int(e[4]),
-             "op": e[5]}
+            {"shape": e[2], "dtype": e[3], "bytes": int(e[0]), "op_index": int(e[4]), "op": e[5]}
             for e in top
         ]
 

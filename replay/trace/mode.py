@@ -114,8 +114,14 @@ class _FunctionMode(TorchFunctionMode):
 class Tracer:
     """Records one step. Use as a context manager around the step; read the columns after."""
 
-    def __init__(self, model: torch.nn.Module, optimizer, batch_keys: set, present_keys: set,
-                 cuda: bool = False) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer,
+        batch_keys: set,
+        present_keys: set,
+        cuda: bool = False,
+    ) -> None:
         self.model = model
         self.optimizer = optimizer
         self.off = False
@@ -130,8 +136,19 @@ class Tracer:
         self.origins.batch_keys = batch_keys
         self.origins.present_keys = present_keys
         self.memory = MemoryTracker(cuda)
-        cols = ("phase", "name", "module", "source", "stack", "node", "status", "inputs",
-                "outputs", "mem_bytes", "time_ns")
+        cols = (
+            "phase",
+            "name",
+            "module",
+            "source",
+            "stack",
+            "node",
+            "status",
+            "inputs",
+            "outputs",
+            "mem_bytes",
+            "time_ns",
+        )
         self.cols: dict[str, list] = {c: [] for c in cols}
         self.stats: list[tuple] = []
         self.hist: list[np.ndarray] = []
@@ -219,7 +236,12 @@ class Tracer:
                 n = max(row[9], 1.0)
                 bad = row[5] + row[6] + row[7]
                 self.module_acts[self._module_names.get(mod, -1)] = (
-                    row[2], row[3], row[4], row[8] / n, bad)
+                    row[2],
+                    row[3],
+                    row[4],
+                    row[8] / n,
+                    bad,
+                )
             finally:
                 self.off = False
 
@@ -293,16 +315,18 @@ class Tracer:
             mod, loc, stack = tag[:3] if tag is not None else (-1, -1, -1)
             node_idx = self.nodes(node.name())
         else:
-            phase = (OPTIMIZER if self.in_optimizer else OTHER if self.after_backward
-                     else FORWARD)
+            phase = OPTIMIZER if self.in_optimizer else OTHER if self.after_backward else FORWARD
             mod = self._module_stack[-1] if self._module_stack else -1
             loc, stack = self._site()
             node_idx = -1
         ins = _tensors((args, kwargs))
         mutated = [args[i] for i in info.mutated if i < len(args)]
         mutated += [kwargs[k] for k in info.mutated_kw if k in kwargs]
-        pre_bad = {id(t): self.origins.known_bad(t) for t in mutated
-                   if isinstance(t, torch.Tensor)} if self.origins.by_storage else {}
+        pre_bad = (
+            {id(t): self.origins.known_bad(t) for t in mutated if isinstance(t, torch.Tensor)}
+            if self.origins.by_storage
+            else {}
+        )
         t0 = time.perf_counter_ns()
         try:
             out = func(*args, **kwargs)
@@ -317,14 +341,29 @@ class Tracer:
         self.off = True
         try:
             outs = _tensors(out) or [t for t in mutated if isinstance(t, torch.Tensor)]
-            self._record(index, info, ins, outs, mutated, pre_bad, phase, mod, loc, stack,
-                         node_idx, elapsed)
+            self._record(
+                index, info, ins, outs, mutated, pre_bad, phase, mod, loc, stack, node_idx, elapsed
+            )
         finally:
             self.off = False
         return out
 
-    def _append(self, index, info, phase, mod, loc, stack, node_idx, status, ins_idx,
-                outs_idx, row, hist, elapsed) -> None:
+    def _append(
+        self,
+        index,
+        info,
+        phase,
+        mod,
+        loc,
+        stack,
+        node_idx,
+        status,
+        ins_idx,
+        outs_idx,
+        row,
+        hist,
+        elapsed,
+    ) -> None:
         c = self.cols
         c["phase"].append(phase)
         c["name"].append(info.index)
@@ -340,8 +379,9 @@ class Tracer:
         self.hist.append(hist)
         c["mem_bytes"].append(self.memory.after_op(index))
 
-    def _record(self, index, info, ins, outs, mutated, pre_bad, phase, mod, loc, stack,
-                node_idx, elapsed) -> None:
+    def _record(
+        self, index, info, ins, outs, mutated, pre_bad, phase, mod, loc, stack, node_idx, elapsed
+    ) -> None:
         for t in ins:
             self.memory.see(t, index, info.name)
         for t in outs:
@@ -366,13 +406,26 @@ class Tracer:
                 torch.set_num_threads(threads)
         status = 0
         if any(k != "finite" for k in kinds):
-            out_kind = ("nan" if "nan" in kinds else "inf" if "inf" in kinds else "neginf")
+            out_kind = "nan" if "nan" in kinds else "inf" if "inf" in kinds else "neginf"
             status = self._nonfinite(index, info, ins, mutated, pre_bad, floats, kinds, out_kind)
         elif self.origins.by_storage:
             for t in floats:
                 self.origins.set_output(t, None)
-        self._append(index, info, phase, mod, loc, stack, node_idx, status, self._shapes(ins),
-                     self._shapes(outs), row, hist, elapsed)
+        self._append(
+            index,
+            info,
+            phase,
+            mod,
+            loc,
+            stack,
+            node_idx,
+            status,
+            self._shapes(ins),
+            self._shapes(outs),
+            row,
+            hist,
+            elapsed,
+        )
 
     def _nonfinite(self, index, info, ins, mutated, pre_bad, floats, kinds, out_kind) -> int:
         mutated_ids = {id(t) for t in mutated}
@@ -390,8 +443,11 @@ class Tracer:
             self.origins.set_output(t, origins if k != "finite" else None)
         nf = NonFinite(role, klass, origins, out_kind)
         main = floats[0]
-        nf.output = {"shape": list(main.shape), "dtype": str(main.dtype)[6:],
-                     "device": str(main.device)}
+        nf.output = {
+            "shape": list(main.shape),
+            "dtype": str(main.dtype)[6:],
+            "device": str(main.device),
+        }
         if len(self.nonfinite) < MAX_DETAILED or role == "producer":
             nf.inputs = [self._input_info(t) for t in ins]
             nf.executed_at = self.locs.here(sys._getframe(4))[0]
@@ -402,13 +458,41 @@ class Tracer:
         d = {"shape": list(t.shape), "dtype": str(t.dtype)[6:], "device": str(t.device)}
         if t.numel() <= 1 << 24:
             row, _ = tensor_stats(t, hist=False)
-            d["stats"] = dict(zip(("min", "max", "mean", "std", "absmax", "nan", "posinf",
-                                   "neginf", "zeros", "numel"), row))
+            d["stats"] = dict(
+                zip(
+                    (
+                        "min",
+                        "max",
+                        "mean",
+                        "std",
+                        "absmax",
+                        "nan",
+                        "posinf",
+                        "neginf",
+                        "zeros",
+                        "numel",
+                    ),
+                    row,
+                )
+            )
         return d
 
     def _record_raise(self, index, info, exc, ins, phase, mod, loc, stack, node_idx) -> None:
         inputs = [self._input_info(t) for t in ins]
         executed = self.locs.here(sys._getframe(3))[0]
         self.raised.append((index, exc, inputs, executed))
-        self._append(index, info, phase, mod, loc, stack, node_idx, 3, self._shapes(ins), -1,
-                     (*NAN_ROW, 0.0), _NO_HIST, 0)
+        self._append(
+            index,
+            info,
+            phase,
+            mod,
+            loc,
+            stack,
+            node_idx,
+            3,
+            self._shapes(ins),
+            -1,
+            (*NAN_ROW, 0.0),
+            _NO_HIST,
+            0,
+        )

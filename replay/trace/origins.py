@@ -30,8 +30,14 @@ EXTERNAL_NAMES = {BATCH: "batch", PRESENT: "present before the step", UNKNOWN: "
 
 ALLOC_OPS = frozenset(
     {
-        "aten::empty", "aten::empty_like", "aten::empty_strided", "aten::new_empty",
-        "aten::new_empty_strided", "aten::resize_", "aten::resize_as_", "aten::set_",
+        "aten::empty",
+        "aten::empty_like",
+        "aten::empty_strided",
+        "aten::new_empty",
+        "aten::new_empty_strided",
+        "aten::resize_",
+        "aten::resize_as_",
+        "aten::set_",
         "aten::empty_permuted",
     }
 )

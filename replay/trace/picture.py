@@ -101,24 +101,50 @@ class ParamPicture:
                     rows.append((False, NAN, NAN, NAN))
                     continue
                 f = g.detach().double()
-                rows.append((True, _norm(torch.nan_to_num(f, 0.0, 0.0, 0.0)),
-                             float(torch.isnan(f).sum()), float(torch.isinf(f).sum())))
+                rows.append(
+                    (
+                        True,
+                        _norm(torch.nan_to_num(f, 0.0, 0.0, 0.0)),
+                        float(torch.isnan(f).sum()),
+                        float(torch.isinf(f).sum()),
+                    )
+                )
         self.grads = rows
 
     def bad_grads(self) -> list[tuple[str, torch.Tensor]]:
-        return [(n, p.grad) for n, p in zip(self.names, self.params)
-                if p.grad is not None and p.grad.is_floating_point()
-                and not torch.isfinite(p.grad).all()]
+        return [
+            (n, p.grad)
+            for n, p in zip(self.names, self.params)
+            if p.grad is not None
+            and p.grad.is_floating_point()
+            and not torch.isfinite(p.grad).all()
+        ]
 
     def bad_params(self) -> list[tuple[str, torch.Tensor]]:
-        return [(n, p) for n, p in zip(self.names, self.params)
-                if p.is_floating_point() and not torch.isfinite(p).all()]
+        return [
+            (n, p)
+            for n, p in zip(self.names, self.params)
+            if p.is_floating_point() and not torch.isfinite(p).all()
+        ]
 
     def table(self) -> dict:
         self.take_grads()
-        cols: dict[str, list] = {k: [] for k in (
-            "numel", "requires_grad", "has_grad", "grad_norm", "grad_nan", "grad_inf",
-            "weight_norm", "weight_mean", "weight_std", "update_norm", "update_ratio")}
+        cols: dict[str, list] = {
+            k: []
+            for k in (
+                "numel",
+                "requires_grad",
+                "has_grad",
+                "grad_norm",
+                "grad_nan",
+                "grad_inf",
+                "weight_norm",
+                "weight_mean",
+                "weight_std",
+                "update_norm",
+                "update_ratio",
+            )
+        }
         with torch.no_grad():
             for p, b, g in zip(self.params, self.before, self.grads or []):
                 w = b.double()  # weight statistics: the weights this step started from

@@ -48,12 +48,18 @@ class TraceResult:
             return s[table][int(idx)] if int(idx) >= 0 else None
 
         return {
-            "index": i, "phase": PHASES[int(c["phase"])], "op": get("ops", c["name"]),
-            "module": get("modules", c["module"]), "source": get("locations", c["source"]),
-            "node": get("nodes", c["node"]), "status": STATUSES[int(c["status"])],
-            "inputs": get("shapes", c["inputs"]), "outputs": get("shapes", c["outputs"]),
+            "index": i,
+            "phase": PHASES[int(c["phase"])],
+            "op": get("ops", c["name"]),
+            "module": get("modules", c["module"]),
+            "source": get("locations", c["source"]),
+            "node": get("nodes", c["node"]),
+            "status": STATUSES[int(c["status"])],
+            "inputs": get("shapes", c["inputs"]),
+            "outputs": get("shapes", c["outputs"]),
             "stats": dict(zip(STATS_COLUMNS, (float(x) for x in c["stats"]))),
-            "mem_bytes": int(c["mem_bytes"]), "time_ns": int(c["time_ns"]),
+            "mem_bytes": int(c["mem_bytes"]),
+            "time_ns": int(c["time_ns"]),
         }
 
     def find_ops(self, op: str) -> list[int]:
@@ -80,8 +86,13 @@ class TraceResult:
         params["name"] = np.arange(len(self.strings["params"]), dtype=np.int32)
         ops = {k: self.ops[k] for k in OPS_COLUMNS}
         return {
-            "verdict": verdict, "ops": ops, "strings": self.strings, "modules": modules,
-            "params": params, "memory": self.memory, "sources": self.sources,
+            "verdict": verdict,
+            "ops": ops,
+            "strings": self.strings,
+            "modules": modules,
+            "params": params,
+            "memory": self.memory,
+            "sources": self.sources,
             "batch": self.batch,
         }
 

@@ -80,7 +80,7 @@ def find_culprit_samples(
     n = 2
     while len(current) >= 2:
         chunk = len(current) / n
-        parts = [current[round(i * chunk): round((i + 1) * chunk)] for i in range(n)]
+        parts = [current[round(i * chunk) : round((i + 1) * chunk)] for i in range(n)]
         parts = [p for p in parts if p]
         for p in parts:  # reduce to a subset
             if test(p):

@@ -15,8 +15,15 @@ import math
 import numpy as np
 import torch
 
-__all__ = ["STATS_COLUMNS", "N_BINS", "NAN_ROW", "tensor_stats", "stats_dict", "finite_kind",
-           "kind_of_row"]
+__all__ = [
+    "STATS_COLUMNS",
+    "N_BINS",
+    "NAN_ROW",
+    "tensor_stats",
+    "stats_dict",
+    "finite_kind",
+    "kind_of_row",
+]
 
 STATS_COLUMNS = ("min", "max", "mean", "std", "absmax", "nan", "posinf", "neginf", "zeros", "numel")
 N_BINS = 16
@@ -94,7 +101,7 @@ def tensor_stats(t: torch.Tensor, *, hist: bool = True) -> tuple[tuple, np.ndarr
 
 
 def finite_kind(t: torch.Tensor) -> str:
-    """"finite", "neginf" (the non-finite values are all -inf), "inf" (+inf, no NaN) or "nan".
+    """ "finite", "neginf" (the non-finite values are all -inf), "inf" (+inf, no NaN) or "nan".
 
     One ``aminmax`` (NaN propagates through it); non-floating tensors are "finite".
     """

@@ -95,8 +95,10 @@ def trace_step(model, optimizer, step_fn, batch, *, scaler=None) -> TraceResult:
     del loss
     if exc_info is None and not ran_optimizer:
         if scaler is not None:
-            notes.append("the GradScaler skipped the optimizer step (non-finite gradients); "
-                         "under AMP that is normal, not a failure")
+            notes.append(
+                "the GradScaler skipped the optimizer step (non-finite gradients); "
+                "under AMP that is normal, not a failure"
+            )
             params.take_grads()
         else:
             grad_sink()
@@ -117,16 +119,24 @@ def trace_step(model, optimizer, step_fn, batch, *, scaler=None) -> TraceResult:
             "traceback": "".join(traceback.format_exception(exc_info)),
         }
         exc_info = None
-    verdict = build_verdict(tracer, sinks=sinks, exception=exception,
-                            batch_nonfinite=batch_bad or None, notes=notes)
+    verdict = build_verdict(
+        tracer, sinks=sinks, exception=exception, batch_nonfinite=batch_bad or None, notes=notes
+    )
     tracer.raised = [(i, None, ins, at) for i, _, ins, at in tracer.raised]  # drop frames
     result = _result(tracer, eager, params, batch_pic, verdict, exception, loss_value)
     params.release()
     return result
 
 
-def _result(tracer: Tracer, model, params: ParamPicture, batch_pic: dict, verdict: dict,
-            exception: dict | None, loss: float | None) -> TraceResult:
+def _result(
+    tracer: Tracer,
+    model,
+    params: ParamPicture,
+    batch_pic: dict,
+    verdict: dict,
+    exception: dict | None,
+    loss: float | None,
+) -> TraceResult:
     c = tracer.cols
     n = len(tracer.stats)
     ops = {
@@ -147,9 +157,20 @@ def _result(tracer: Tracer, model, params: ParamPicture, batch_pic: dict, verdic
     names = tracer.modules.items
     kinds, kind_index = [], {}
     mods = dict(model.named_modules())
-    rows: dict[str, list] = {k: [] for k in ("name", "kind", "parent", "act_mean", "act_std",
-                                             "act_absmax", "act_zero_frac", "act_nonfinite",
-                                             "n_ops")}
+    rows: dict[str, list] = {
+        k: []
+        for k in (
+            "name",
+            "kind",
+            "parent",
+            "act_mean",
+            "act_std",
+            "act_absmax",
+            "act_zero_frac",
+            "act_nonfinite",
+            "n_ops",
+        )
+    }
     counts = np.bincount(ops["module"][ops["module"] >= 0], minlength=len(names))
     for i, name in enumerate(names):
         kind = type(mods[name]).__name__ if name in mods else "?"
@@ -161,22 +182,38 @@ def _result(tracer: Tracer, model, params: ParamPicture, batch_pic: dict, verdic
         rows["kind"].append(kind_index[kind])
         rows["parent"].append(tracer.modules.index.get(parent, -1) if parent is not None else -1)
         act = tracer.module_acts.get(i, (np.nan,) * 5)
-        for k, v in zip(("act_mean", "act_std", "act_absmax", "act_zero_frac", "act_nonfinite"),
-                        act):
+        for k, v in zip(
+            ("act_mean", "act_std", "act_absmax", "act_zero_frac", "act_nonfinite"), act
+        ):
             rows[k].append(v)
         rows["n_ops"].append(int(counts[i]) if i < len(counts) else 0)
     modules = {k: np.asarray(v) for k, v in rows.items()}
     param_table = params.table()
     strings = {
-        "ops": tracer.op_names.items, "modules": names,
-        "locations": tracer.locs.locations.items, "stacks": tracer.locs.stacks.items,
-        "shapes": tracer.shapes.items, "module_kinds": kinds,
-        "params": param_table.pop("names"), "nodes": tracer.nodes.items,
+        "ops": tracer.op_names.items,
+        "modules": names,
+        "locations": tracer.locs.locations.items,
+        "stacks": tracer.locs.stacks.items,
+        "shapes": tracer.shapes.items,
+        "module_kinds": kinds,
+        "params": param_table.pop("names"),
+        "nodes": tracer.nodes.items,
     }
-    memory = {"peak_bytes": tracer.memory.peak_bytes, "peak_op": tracer.memory.peak_op,
-              "largest": tracer.memory.largest}
+    memory = {
+        "peak_bytes": tracer.memory.peak_bytes,
+        "peak_op": tracer.memory.peak_op,
+        "largest": tracer.memory.largest,
+    }
     return TraceResult(
-        verdict=verdict, ops=ops, strings=strings, modules=modules, params=param_table,
-        memory=memory, sources=snapshot_sources(tracer.locs.locations.items), batch=batch_pic,
-        loss=loss, exception=exception, notes=verdict["notes"],
+        verdict=verdict,
+        ops=ops,
+        strings=strings,
+        modules=modules,
+        params=param_table,
+        memory=memory,
+        sources=snapshot_sources(tracer.locs.locations.items),
+        batch=batch_pic,
+        loss=loss,
+        exception=exception,
+        notes=verdict["notes"],
     )

@@ -65,16 +65,35 @@ def _first_consumer(tr: Tracer, origin: int) -> int | None:
     return None
 
 
-def build_verdict(tr: Tracer, *, sinks: list[tuple[str, frozenset[int]]], exception: dict | None,
-                  batch_nonfinite: dict | None, notes: list[str]) -> dict:
+def build_verdict(
+    tr: Tracer,
+    *,
+    sinks: list[tuple[str, frozenset[int]]],
+    exception: dict | None,
+    batch_nonfinite: dict | None,
+    notes: list[str],
+) -> dict:
     """``sinks``: (name, origins) of each non-finite sink, in the order they were computed."""
     v: dict = {
-        "step": None, "kind": "none", "op_index": None, "op": None, "phase": None,
-        "module": None, "source": None, "created_at": None, "executed_at": None,
-        "autograd_node": None, "inputs": [], "output": None, "propagators": [],
-        "previous": [], "exception": exception,
+        "step": None,
+        "kind": "none",
+        "op_index": None,
+        "op": None,
+        "phase": None,
+        "module": None,
+        "source": None,
+        "created_at": None,
+        "executed_at": None,
+        "autograd_node": None,
+        "inputs": [],
+        "output": None,
+        "propagators": [],
+        "previous": [],
+        "exception": exception,
         "batch_nonfinite": {"leaves": batch_nonfinite} if batch_nonfinite else None,
-        "samples": None, "samples_exact": None, "sinks": [s for s, _ in sinks],
+        "samples": None,
+        "samples_exact": None,
+        "sinks": [s for s, _ in sinks],
         "notes": list(notes),
     }
     status = tr.cols["status"]
@@ -98,7 +117,8 @@ def build_verdict(tr: Tracer, *, sinks: list[tuple[str, frozenset[int]]], except
         if tr.nonfinite:
             v["notes"].append(
                 f"{len(tr.nonfinite)} op(s) made non-finite values that never reached the loss, "
-                "the gradients or the parameters (masks, uninitialised buffers): exempt")
+                "the gradients or the parameters (masks, uninitialised buffers): exempt"
+            )
         return v
     v["kind"] = "nonfinite"
     first = sinks[0][1]
@@ -114,16 +134,21 @@ def build_verdict(tr: Tracer, *, sinks: list[tuple[str, frozenset[int]]], except
         v["notes"].append("the batch already held non-finite values; no op produced them")
         culprit = _first_consumer(tr, BATCH)
     elif PRESENT in first:
-        v["notes"].append("parameters, gradients or optimizer state were already non-finite "
-                          "before this step: the failure began at an earlier step")
+        v["notes"].append(
+            "parameters, gradients or optimizer state were already non-finite "
+            "before this step: the failure began at an earlier step"
+        )
         culprit = _first_consumer(tr, PRESENT)
     elif real or mask:
         culprit = (real or mask)[0]
     elif ops:
         culprit = _first_consumer(tr, ops[0])
-        v["notes"].append("only uninitialised buffers (" + tr.op_names.items[
-            tr.cols["name"][ops[0]]] + f", op {ops[0]}) reached {sinks[0][0]}: the op named "
-                          "read memory it never wrote")
+        v["notes"].append(
+            "only uninitialised buffers ("
+            + tr.op_names.items[tr.cols["name"][ops[0]]]
+            + f", op {ops[0]}) reached {sinks[0][0]}: the op named "
+            "read memory it never wrote"
+        )
     if culprit is None:
         v["notes"].append(f"{sinks[0][0]} is non-finite but no traced op explains it")
         return v
@@ -133,7 +158,8 @@ def build_verdict(tr: Tracer, *, sinks: list[tuple[str, frozenset[int]]], except
     v["output"] = {**nf.output, "stats": stats_dict(tr.stats[culprit])}
     key = culprit if nf.role == "producer" else next(iter(nf.origins))
     v["propagators"] = [
-        _op_ref(tr, i) for i in sorted(tr.nonfinite)
+        _op_ref(tr, i)
+        for i in sorted(tr.nonfinite)
         if i > culprit and tr.nonfinite[i].role == "propagator" and key in tr.nonfinite[i].origins
     ][:N_PROPAGATORS]
     return v

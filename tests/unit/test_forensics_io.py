@@ -42,8 +42,12 @@ def step(model, optimizer, batch):
 def test_traced_step_round_trips(tmp_path):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 8), Head())
-    r = trace_step(model, torch.optim.SGD(model.parameters(), lr=0.1), step,
-                   (torch.randn(16, 8) * 10, torch.randint(0, 4, (16,))))
+    r = trace_step(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        step,
+        (torch.randn(16, 8) * 10, torch.randint(0, 4, (16,))),
+    )
     path = tmp_path / "run.forensics.h5"
     r.write(path, run_id="run-1", step=42)
     assert not (tmp_path / "run.forensics.h5.tmp").exists()
@@ -54,7 +58,11 @@ def test_traced_step_round_trips(tmp_path):
         assert v["output"]["stats"]["neginf"] > 0 and v["output"]["stats"]["min"] != "nan"
         row = f.op_row(v["op_index"])
         assert (row["op"], row["phase"], row["status"], row["module"]) == (
-            "aten::log", "forward", "producer", "1")
+            "aten::log",
+            "forward",
+            "producer",
+            "1",
+        )
         assert row["source"] == f.strings("locations")[r.ops["source"][v["op_index"]]]
         assert row["stack"][-1] == row["source"]
         cols = f.ops_columns(0, f.n_ops)
@@ -76,8 +84,7 @@ def test_traced_step_round_trips(tmp_path):
 def synthetic_tables(n: int) -> dict:
     rng = np.random.default_rng(0)
     ops = {
-        name: (np.arange(n).astype(dt) if not tail else
-               rng.standard_normal((n, *tail)).astype(dt))
+        name: (np.arange(n).astype(dt) if not tail else rng.standard_normal((n, *tail)).astype(dt))
         for name, (dt, tail) in OPS_COLUMNS.items()
     }
     ops["name"] = (np.arange(n) % 3).astype(np.int32)

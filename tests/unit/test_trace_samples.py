@@ -51,8 +51,9 @@ def test_poisoned_sample_is_named_by_the_batch_and_found_by_replay():
         loss = step(model, opt, slice_batch((x, y), indices))
         return not torch.isfinite(loss)
 
-    samples, exact = find_culprit_samples(fails, batch_size_of((x, y)),
-                                          coupled=has_batch_coupling(model))
+    samples, exact = find_culprit_samples(
+        fails, batch_size_of((x, y)), coupled=has_batch_coupling(model)
+    )
     assert (samples, exact) == ([5], True)
     assert len(calls) < 16  # better than one replay per sample
     r.set_samples(samples, exact)
@@ -69,8 +70,12 @@ def test_ddmin_finds_a_pair_that_must_appear_together():
 
 def test_slice_batch_nested_structures():
     Pair = namedtuple("Pair", "a b")
-    batch = {"x": torch.arange(8).view(4, 2), "meta": [Pair(torch.arange(4), torch.zeros(3))],
-             "scale": torch.ones(1), "name": "b0"}
+    batch = {
+        "x": torch.arange(8).view(4, 2),
+        "meta": [Pair(torch.arange(4), torch.zeros(3))],
+        "scale": torch.ones(1),
+        "name": "b0",
+    }
     assert batch_size_of(batch) == 4
     s = slice_batch(batch, [1, 3])
     assert s["x"].tolist() == [[2, 3], [6, 7]]

@@ -117,6 +117,7 @@ def test_hand_written_norm_at_zero_fails_in_backward_with_a_finite_loss():
     assert v["autograd_node"] == "SqrtBackward0"
     assert v["created_at"]["line"] == line_of(HandNorm.forward, "NORM")
     assert r.loss is not None and r.loss == r.loss  # finite loss
+
     # torch.linalg.vector_norm has a zero gradient at zero: no failure
     class GoodNorm(nn.Module):
         def forward(self, h):
@@ -213,9 +214,13 @@ def first_bad_leaf(model, x) -> str:
     """Independent truth: the first leaf module whose output is non-finite."""
     bad = []
     names = {m: n for n, m in model.named_modules()}
-    hooks = [m.register_forward_hook(lambda m, i, o: bad.append(names[m])
-                                     if not torch.isfinite(o).all() else None)
-             for m in model.modules() if not list(m.children())]
+    hooks = [
+        m.register_forward_hook(
+            lambda m, i, o: bad.append(names[m]) if not torch.isfinite(o).all() else None
+        )
+        for m in model.modules()
+        if not list(m.children())
+    ]
     with torch.no_grad():
         model(x)
     for h in hooks:
@@ -225,8 +230,9 @@ def first_bad_leaf(model, x) -> str:
 
 def test_diverging_mlp_blames_the_forward_op_of_the_layer_that_overflows():
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(),
-                          nn.Linear(32, 1))
+    model = nn.Sequential(
+        nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 1)
+    )
     opt = torch.optim.SGD(model.parameters(), lr=1e6)
     batch = (torch.randn(16, 8), torch.randn(16, 1))
     for _ in range(10):
@@ -307,8 +313,7 @@ class MaskedAttention(nn.Module):
 
 def test_attention_mask_with_minus_inf_is_no_false_alarm():
     torch.manual_seed(0)
-    r = run(MaskedAttention(), (torch.randn(4, 6, 8), torch.randn(4, 6, 8)),
-            opt=None)
+    r = run(MaskedAttention(), (torch.randn(4, 6, 8), torch.randn(4, 6, 8)), opt=None)
     v = r.verdict
     assert v["kind"] == "none", v
     (mask_op,) = [i for i in r.find_ops("aten::masked_fill") if r.ops["phase"][i] == 0]
@@ -359,8 +364,12 @@ def test_amp_bf16_autocast_with_grad_scaler():
 def test_compiled_model_is_traced_eagerly():
     torch.manual_seed(0)
     compiled = torch.compile(Classifier())
-    r = trace_step(compiled, torch.optim.SGD(compiled.parameters(), lr=0.1), nll_step,
-                   (torch.randn(16, 8) * 10, torch.randint(0, 4, (16,))))
+    r = trace_step(
+        compiled,
+        torch.optim.SGD(compiled.parameters(), lr=0.1),
+        nll_step,
+        (torch.randn(16, 8) * 10, torch.randint(0, 4, (16,))),
+    )
     v = r.verdict
     assert (v["op"], v["phase"], v["module"]) == ("aten::log", "forward", "head")
     assert v["source"]["line"] == line_of(LogSoftmaxHead.forward, "LOG")
