@@ -38,7 +38,9 @@ def test_training_loop_of_the_script_does_not_run_on_import(healthy, tmp_path):
 def test_changed_source_warns_with_a_diff(tmp_path):
     run, _ = record(tmp_path, "healthy", steps=12)
     script = tmp_path / "train.py"
-    script.write_text(script.read_text().replace("    return loss\n", "    return loss  # edited\n"))
+    script.write_text(
+        script.read_text().replace("    return loss\n", "    return loss  # edited\n")
+    )
     p = cli("verify", str(run))
     assert p.returncode == 0, p.stderr  # a comment changes nothing numerically
     assert "changed since it was recorded" in p.stderr
