@@ -20,16 +20,23 @@ from replay.trace import trace_step
 
 
 def mlp():
-    model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
-                          nn.Linear(512, 10))
+    model = nn.Sequential(
+        nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10)
+    )
     return model, (torch.randn(128, 256), torch.randint(0, 10, (128,)))
 
 
 def cnn():
     model = nn.Sequential(
-        nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(32 * 8 * 8, 10))
+        nn.Conv2d(3, 16, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(32 * 8 * 8, 10),
+    )
     return model, (torch.randn(32, 3, 32, 32), torch.randint(0, 10, (32,)))
 
 
@@ -119,15 +126,19 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=15)
     args = p.parse_args()
     warnings.simplefilter("ignore")  # detect_anomaly warns on every use
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"median of {args.reps} alternating repetitions\n")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"median of {args.reps} alternating repetitions\n"
+    )
     print("| workload | aten ops | plain step | detect_anomaly | trace_step | trace / plain |")
     print("|---|---|---|---|---|---|")
     for name, make in (("MLP", mlp), ("CNN", cnn), ("GPT (2 blocks)", gpt)):
         name, med, n_ops = bench(name, make, args.reps)
         p_ = med["plain"]
-        print(f"| {name} | {n_ops} | {p_ * 1e3:.1f} ms | {med['detect_anomaly'] / p_:.2f}x | "
-              f"{med['trace_step'] * 1e3:.1f} ms | {med['trace_step'] / p_:.2f}x |")
+        print(
+            f"| {name} | {n_ops} | {p_ * 1e3:.1f} ms | {med['detect_anomaly'] / p_:.2f}x | "
+            f"{med['trace_step'] * 1e3:.1f} ms | {med['trace_step'] / p_:.2f}x |"
+        )
 
 
 if __name__ == "__main__":

@@ -5,11 +5,12 @@ Both are kept on the device (no host sync); the writer thread reads them a step 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 import torch
 
-__all__ = ["param_fingerprint", "grad_norm", "group_by_dtype"]
+__all__ = ["param_fingerprint", "grad_norm", "absmax", "group_by_dtype"]
 
 
 def group_by_dtype(tensors: Iterable[torch.Tensor]) -> list[list[torch.Tensor]]:
@@ -44,3 +45,20 @@ def grad_norm(params: list[torch.Tensor]) -> torch.Tensor | None:
             sq = torch.stack(torch._foreach_norm(g)).to(torch.float64).square().sum()
             total = sq if total is None else total + sq.to(total.device)
         return total.sqrt()  # type: ignore[union-attr]
+
+
+def absmax(tensors: list[torch.Tensor]) -> torch.Tensor | None:
+    """Largest absolute value (float64 on the device): non-finite exactly when an element is.
+
+    The health flags use this, not the norms: an L2 norm of finite float32 values overflows to
+    inf long before any element does (a diverging run showed inf norms 5 steps before the first
+    inf element), which would make bisect blame the wrong step.
+    """
+    if not tensors:
+        return None
+    with torch.no_grad():
+        total = None
+        for g in group_by_dtype(t.detach() for t in tensors):
+            m = torch.stack(torch._foreach_norm(g, math.inf)).to(torch.float64).max()
+            total = m if total is None else torch.maximum(total, m.to(total.device))
+        return total

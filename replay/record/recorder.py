@@ -28,7 +28,7 @@ from ..store.writer import RingSpec
 from ..store.writer_process import WriterClient
 from .entry import describe_entry, read_source
 from .env import collect_env
-from .fingerprint import grad_norm, param_fingerprint
+from .fingerprint import absmax, grad_norm, param_fingerprint
 from .rng import capture_rng
 from .tensors import copy_tree, tree_nbytes
 from .writer_thread import BackgroundWriter, SnapshotJob, StepJob
@@ -47,6 +47,10 @@ def _loss_of(ret: Any) -> Any:
     if isinstance(ret, (int, float)):
         return float(ret)
     return None
+
+
+def _grad_absmax(params: list[torch.Tensor]) -> torch.Tensor | None:
+    return absmax([p.grad for p in params if p.grad is not None])
 
 
 def _pow2(n: int, lo: int, hi: int) -> int:
@@ -130,6 +134,7 @@ class Recorder:
         self._closed = False
         self._pending_check: tuple[int, torch.Tensor] | None = None
         self._hook_grad_norm: torch.Tensor | None = None
+        self._hook_grad_absmax: torch.Tensor | None = None
         self._hook_fired = False
         self._hook = optimizer.register_step_pre_hook(self._pre_step)
         self._prev_sigterm: Any = None
@@ -158,6 +163,7 @@ class Recorder:
         self._hook_fired = True
         if self.enabled:
             self._hook_grad_norm = grad_norm(self._opt_params)
+            self._hook_grad_absmax = _grad_absmax(self._opt_params)
 
     def step(self, batch: Any) -> Any:
         """Run ``step_fn(model, optimizer, batch)`` under recording; return what it returned."""
@@ -182,7 +188,7 @@ class Recorder:
         scale = getattr(self.scaler, "_scale", None) if self.scaler is not None else None
         if scale is not None:
             health["scale"] = scale.detach().clone()
-        self._hook_grad_norm, self._hook_fired = None, False
+        self._hook_grad_norm, self._hook_grad_absmax, self._hook_fired = None, None, False
         t0 = time.perf_counter()
         try:
             ret = self.step_fn(self.model, self.optimizer, batch)
@@ -203,11 +209,14 @@ class Recorder:
         loss = _loss_of(ret)
         health["loss"] = loss
         health["optimizer_stepped"] = float(self._hook_fired)
-        gn = self._hook_grad_norm
+        gn, gmax = self._hook_grad_norm, self._hook_grad_absmax
         if gn is None and not self._hook_fired:
             gn = grad_norm(self._opt_params)  # no optimizer step (AMP skip, accumulation)
+            gmax = _grad_absmax(self._opt_params)
         health["grad_norm"] = gn
+        health["grad_absmax"] = gmax  # not a column: decides grad_nonfinite exactly
         health["param_fingerprint"] = param_fingerprint(self._params)
+        health["param_absmax"] = absmax(self._params)
         if self.scaler is not None:
             after = getattr(self.scaler, "_scale", None)
             if scale is None and after is not None:

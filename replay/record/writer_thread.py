@@ -198,9 +198,15 @@ class BackgroundWriter:
         loss, gn, fp = row[COL["loss"]], row[COL["grad_norm"]], row[COL["param_fingerprint"]]
         if "loss" in h:
             row[COL["loss_nonfinite"]] = float(not math.isfinite(loss))
-        if h.get("grad_norm") is not None:
+        # The flags come from the largest |element| when measured: norms overflow while every
+        # element is still finite.
+        if h.get("grad_absmax") is not None:
+            row[COL["grad_nonfinite"]] = float(not math.isfinite(_num(h["grad_absmax"])))
+        elif h.get("grad_norm") is not None:
             row[COL["grad_nonfinite"]] = float(not math.isfinite(gn))
-        if "param_fingerprint" in h:
+        if h.get("param_absmax") is not None:
+            row[COL["param_nonfinite"]] = float(not math.isfinite(_num(h["param_absmax"])))
+        elif "param_fingerprint" in h:
             row[COL["param_nonfinite"]] = float(not math.isfinite(fp))
         if "scale_after" in h:
             before, after = row[COL["scale"]], _num(h["scale_after"])
