@@ -1,7 +1,8 @@
 """A custom `torch.autograd.Function` whose hand-written backward overflows: exp(x) / (1 + exp(x))**2.
 
 The bug: `Sigmoid.backward` writes the sigmoid's derivative from the textbook formula. It is
-exact on paper, but in float32 exp(x) overflows to inf for x > 88.7, and inf / inf = NaN. The
+exact on paper, but in float32 `exp(x)` overflows to inf for x > 88.7 (the first non-finite
+value, made in the backward pass), and inf / inf = NaN. The
 forward (`torch.sigmoid`) is stable, so nothing looks wrong until a logit grows past 88: with a
 learning rate this high on separable data, that happens at step 25. Write the backward from the
 saved output instead: `grad * s * (1 - s)`, and check custom Functions with
@@ -11,7 +12,7 @@ Run:
     python examples/custom_function_nan.py [runs/custom_function_nan.h5]
     replay bisect runs/custom_function_nan.h5
 
-Verdict: kind=nonfinite phase=backward op=aten::div
+Verdict: kind=nonfinite phase=backward op=aten::exp
 """
 
 import sys

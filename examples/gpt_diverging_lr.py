@@ -11,7 +11,7 @@ Run:
     replay bisect runs/gpt_diverging_lr.h5
     replay doctor runs/gpt_diverging_lr.h5
 
-Verdict: kind=nonfinite
+Verdict: kind=nonfinite phase=forward op=aten::native_layer_norm module=h.0.ln_2
 Doctor: grad_norm_exploding
 """
 

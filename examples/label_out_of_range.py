@@ -10,7 +10,7 @@ Run:
     python examples/label_out_of_range.py [runs/label_out_of_range.h5]
     replay bisect runs/label_out_of_range.h5
 
-Verdict: kind=exception phase=forward op=aten::nll_loss_forward
+Verdict: kind=exception phase=forward op=aten::nll_loss_forward samples=11
 """
 
 import sys

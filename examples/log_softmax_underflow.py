@@ -2,9 +2,9 @@
 
 The bug: the loss is computed by hand as `-torch.log(torch.softmax(logits / T, 1))[y]` with a
 sharp temperature T = 0.008. Within three steps some class's logit trails the winner by more than
-104 * T = 0.83, so its probability underflows to exactly 0 in float32 and log(0) = -inf: the
-first non-finite value of the run, made by `aten::log` in the forward pass. The loss
-stays finite (only the label's log-probability is gathered), but log's backward computes
+104 * T = 0.83, so its probability underflows to exactly 0 in float32 and log(0) = -inf (an
+infinity replay does not blame by itself: -inf is also how masks are written). The loss stays
+finite (only the label's log-probability is gathered), but log's backward computes
 grad / p = 0 / 0 = NaN for that entry: the gradients of step 2 are NaN, the update poisons every
 weight, and the loss of step 3 is NaN. `F.log_softmax` (or `F.cross_entropy`) computes the same
 thing stably, in one op, with no underflow.
@@ -13,7 +13,7 @@ Run:
     python examples/log_softmax_underflow.py [runs/log_softmax_underflow.h5]
     replay bisect runs/log_softmax_underflow.h5
 
-Verdict: kind=nonfinite phase=forward op=aten::log
+Verdict: kind=nonfinite phase=backward op=aten::div
 """
 
 import sys

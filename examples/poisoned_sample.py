@@ -9,7 +9,7 @@ Run:
     python examples/poisoned_sample.py [runs/poisoned_sample.h5]
     replay bisect runs/poisoned_sample.h5
 
-Verdict: kind=nonfinite phase=forward samples=5
+Verdict: kind=nonfinite phase=forward op=aten::addmm module=0 samples=5
 """
 
 import sys

@@ -11,7 +11,7 @@ Run:
     python examples/sqrt_at_zero.py [runs/sqrt_at_zero.h5]
     replay bisect runs/sqrt_at_zero.h5
 
-Verdict: kind=nonfinite phase=backward samples=7
+Verdict: kind=nonfinite phase=backward op=aten::div samples=7
 """
 
 import sys
