@@ -46,7 +46,9 @@ class Block(nn.Module):
         self.attn = nn.Linear(N_EMBD, 3 * N_EMBD)
         self.proj = nn.Linear(N_EMBD, N_EMBD)
         self.ln_2 = nn.LayerNorm(N_EMBD)
-        self.mlp = nn.Sequential(nn.Linear(N_EMBD, 4 * N_EMBD), nn.GELU(), nn.Linear(4 * N_EMBD, N_EMBD))
+        self.mlp = nn.Sequential(
+            nn.Linear(N_EMBD, 4 * N_EMBD), nn.GELU(), nn.Linear(4 * N_EMBD, N_EMBD)
+        )
         mask = torch.tril(torch.ones(BLOCK, BLOCK, dtype=torch.bool))
         self.register_buffer("mask", mask.view(1, 1, BLOCK, BLOCK))
 

@@ -20,7 +20,6 @@ import sys
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 import replay
 

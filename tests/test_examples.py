@@ -28,8 +28,10 @@ def promise(path: Path) -> tuple[dict[str, str] | str, list[str]]:
     for line in doc.splitlines():
         if line.startswith("Verdict:"):
             body = line.split(":", 1)[1].split()
-            verdict = body[0] if body == ["none"] or body == ["demo"] else dict(
-                kv.split("=", 1) for kv in body
+            verdict = (
+                body[0]
+                if body == ["none"] or body == ["demo"]
+                else dict(kv.split("=", 1) for kv in body)
             )
         elif line.startswith("Doctor:"):
             doctor = [r.strip() for r in line.split(":", 1)[1].split(",") if r.strip()]
@@ -39,8 +41,9 @@ def promise(path: Path) -> tuple[dict[str, str] | str, list[str]]:
 
 def run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_every_example_promises_a_verdict():

@@ -45,10 +45,12 @@ def render(path: str, findings: list[Any]) -> str:
     for f in findings:
         lines.append(f"{_MARK[f.severity]}  [{f.rule}]  {f.title}")
         ev = "; ".join(f"{k} {_fmt(v)}" for k, v in f.evidence.items())
-        lines += textwrap.wrap("evidence: " + ev, 96, initial_indent="    ",
-                               subsequent_indent="      ")
-        lines += textwrap.wrap("advice: " + f.advice, 96, initial_indent="    ",
-                               subsequent_indent="      ")
+        lines += textwrap.wrap(
+            "evidence: " + ev, 96, initial_indent="    ", subsequent_indent="      "
+        )
+        lines += textwrap.wrap(
+            "advice: " + f.advice, 96, initial_indent="    ", subsequent_indent="      "
+        )
         lines.append("")
     return "\n".join(lines).rstrip()
 

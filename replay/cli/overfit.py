@@ -13,15 +13,32 @@ __all__ = ["overfit"]
 
 @click.command()
 @click.argument("run", type=click.Path(dir_okay=False, path_type=str))
-@click.option("--step", "step", type=int, default=None,
-              help="Whose batch to overfit (default: the first replayable step).")
-@click.option("--iters", type=click.IntRange(1, 100_000), default=200, show_default=True,
-              help="Training iterations on that batch.")
+@click.option(
+    "--step",
+    "step",
+    type=int,
+    default=None,
+    help="Whose batch to overfit (default: the first replayable step).",
+)
+@click.option(
+    "--iters",
+    type=click.IntRange(1, 100_000),
+    default=200,
+    show_default=True,
+    help="Training iterations on that batch.",
+)
 @click.option("--lr", type=float, default=None, help="Override the learning rate of every group.")
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 @engine_options
-def overfit(run: str, step: int | None, iters: int, lr: float | None, as_json: bool,
-            device: str | None, entry: str | None) -> int:
+def overfit(
+    run: str,
+    step: int | None,
+    iters: int,
+    lr: float | None,
+    as_json: bool,
+    device: str | None,
+    entry: str | None,
+) -> int:
     """Rebuild the model from RUN's state and train it on one recorded batch, again and again.
 
     The first law of debugging training: a model that cannot drive the loss on a single batch

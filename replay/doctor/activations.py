@@ -39,8 +39,11 @@ def forward_chain(ctx) -> list[tuple[str, str, np.ndarray]]:
     if w is None or w.ndim != 2:
         return []
     x = next(
-        (a.reshape(-1, a.shape[-1]).astype(np.float64) for _, a in leaves
-         if a.dtype.kind == "f" and a.ndim >= 2 and a.shape[-1] == w.shape[1]),
+        (
+            a.reshape(-1, a.shape[-1]).astype(np.float64)
+            for _, a in leaves
+            if a.dtype.kind == "f" and a.ndim >= 2 and a.shape[-1] == w.shape[1]
+        ),
         None,
     )
     if x is None:
@@ -79,16 +82,18 @@ def dead_relu(ctx):
             if m.get("kind") == "ReLU" and np.isfinite(m.get("act_zero_frac", np.nan)):
                 layers.setdefault(m["name"], {"zero_fraction": float(m["act_zero_frac"])})
         source += "; forensics of the traced step"
-    bad = {k: v for k, v in layers.items()
-           if v.get("dead_fraction", 0) >= 0.5 or v.get("zero_fraction", 0) >= 0.95}
+    bad = {
+        k: v
+        for k, v in layers.items()
+        if v.get("dead_fraction", 0) >= 0.5 or v.get("zero_fraction", 0) >= 0.95
+    }
     if not bad:
         return None
     worst = max(v.get("dead_fraction", v.get("zero_fraction", 0)) for v in bad.values())
     return Finding(
         "dead_relu",
         "error" if worst >= 0.9 else "warning",
-        f"dead ReLUs: {worst:.0%} of the units of "
-        + ", ".join(bad) + " output 0 for every sample",
+        f"dead ReLUs: {worst:.0%} of the units of " + ", ".join(bad) + " output 0 for every sample",
         {"layers": layers, "source": source},
         "A ReLU whose input is negative for every sample outputs 0 and passes back no "
         "gradient, so it never recovers. Causes: a learning rate too high (one big step pushes "

@@ -30,9 +30,13 @@ def amp_steps_skipped(ctx):
         "info",
         f"the GradScaler skipped {n} of {len(steps)} steps (inf in the scaled gradients); "
         "this is how it calibrates, not a failure",
-        {"skipped": n, "steps": len(steps), "skipped_steps": [int(x) for x in steps[skipped][:20]],
-         "scale_first": float(scale[np.isfinite(scale)][0]),
-         "scale_last": float(scale[np.isfinite(scale)][-1])},
+        {
+            "skipped": n,
+            "steps": len(steps),
+            "skipped_steps": [int(x) for x in steps[skipped][:20]],
+            "scale_first": float(scale[np.isfinite(scale)][0]),
+            "scale_last": float(scale[np.isfinite(scale)][-1]),
+        },
         "Nothing to do: GradScaler halves the scale and skips the update when the scaled "
         "gradients overflow, then grows it again every growth_interval good steps. Worry only "
         "if skips become frequent or the scale keeps shrinking.",
@@ -56,8 +60,12 @@ def amp_scale_collapse(ctx):
         "error",
         f"the AMP loss scale collapses: {float(finite[0]):.3g} -> {float(finite[-1]):.3g}, "
         f"{frac:.0%} of steps skipped",
-        {"scale_first": float(finite[0]), "scale_last": float(finite[-1]),
-         "skipped_fraction": frac, "skipped": int(skipped.sum())},
+        {
+            "scale_first": float(finite[0]),
+            "scale_last": float(finite[-1]),
+            "skipped_fraction": frac,
+            "skipped": int(skipped.sum()),
+        },
         "Gradients are inf/NaN even at a tiny scale, so this is not an overflow the scaler can "
         "fix: something produces inf/NaN in fp16 itself (an op overflowing 65504 in the "
         "forward, log/div/sqrt at 0, a loss computed in half precision). Run replay bisect on "

@@ -64,9 +64,7 @@ class Context:
         """Modules without children, in registration order (the execution order of a Sequential)."""
         names = [n for n, _ in self.modules]
         return [
-            (n, c)
-            for n, c in self.modules
-            if n and not any(o.startswith(n + ".") for o in names)
+            (n, c) for n, c in self.modules if n and not any(o.startswith(n + ".") for o in names)
         ]
 
     @cached_property

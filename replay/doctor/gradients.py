@@ -115,8 +115,11 @@ def layer_grad_vanishing(ctx):
     source = "Adam's second moment (exp_avg_sq) in the newest snapshot"
     f = ctx.forensics
     if not rms and f is not None:
-        rms = {p["name"]: p["grad_norm"] / max(p["numel"], 1) ** 0.5 for p in f.params()
-               if p.get("has_grad") and np.isfinite(p.get("grad_norm", np.nan))}
+        rms = {
+            p["name"]: p["grad_norm"] / max(p["numel"], 1) ** 0.5
+            for p in f.params()
+            if p.get("has_grad") and np.isfinite(p.get("grad_norm", np.nan))
+        }
         source = "the traced step (forensics)"
     if len(rms) < 2:
         return None

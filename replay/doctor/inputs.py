@@ -29,8 +29,13 @@ def inputs_not_normalised(ctx):
         feat_std = x.std(axis=0)
         spread = float(feat_std.max() / max(float(np.median(feat_std)), 1e-12))
         if abs(mean) > 5 or std > 20 or (0 < std < 1e-3) or spread > 1e3:
-            bad[path] = {"mean": mean, "std": std, "min": float(x.min()), "max": float(x.max()),
-                         "feature_std_spread": spread}
+            bad[path] = {
+                "mean": mean,
+                "std": std,
+                "min": float(x.min()),
+                "max": float(x.max()),
+                "feature_std_spread": spread,
+            }
     if not bad:
         return None
     path, st = next(iter(bad.items()))

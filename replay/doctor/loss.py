@@ -71,8 +71,13 @@ def loss_rising(ctx):
         f"the loss rises: median {a:.3g} over steps {s0[0]}..{s0[-1]}, "
         f"{b:.3g} over steps {s1[0]}..{s1[-1]}"
         + (" before turning non-finite" if went_nonfinite else ""),
-        {"early_median": a, "late_median": b, "lowest": float(ctx.loss[1].min()),
-         "lowest_step": int(ctx.loss[0][int(np.argmin(ctx.loss[1]))]), "nonfinite": went_nonfinite},
+        {
+            "early_median": a,
+            "late_median": b,
+            "lowest": float(ctx.loss[1].min()),
+            "lowest_step": int(ctx.loss[0][int(np.argmin(ctx.loss[1]))]),
+            "nonfinite": went_nonfinite,
+        },
         "A loss that goes up is diverging: the usual cause is a learning rate too high for this "
         "model (lower it 3-10x, add warm-up) or gradients exploding (clip them with "
         "torch.nn.utils.clip_grad_norm_). If it fell first and then rose, the steps overshoot "

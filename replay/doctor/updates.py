@@ -45,8 +45,12 @@ def update_ratio(ctx):
         "warning",
         f"weights change by {med:.2g} of their norm per step (median over weight tensors); "
         "about 1e-3 is healthy",
-        {"median_ratio": med, "per_tensor": ratios, "lr": ctx.lr,
-         "snapshots": [s["step"] for s in ctx.snapshots]},
+        {
+            "median_ratio": med,
+            "per_tensor": ratios,
+            "lr": ctx.lr,
+            "snapshots": [s["step"] for s in ctx.snapshots],
+        },
         (
             "Updates this large rewrite the weights every few steps: lower the learning rate."
             if big

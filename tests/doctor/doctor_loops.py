@@ -10,8 +10,14 @@ import torch.nn.functional as F
 import replay
 
 VARIANT = "plain"
-LR = {"plain": 3e-3, "tiny_lr": 1e-9, "tiny_grad": 3e-3, "no_step": 3e-3, "saturated": 3e-3,
-      "amp_collapse": 3e-3}
+LR = {
+    "plain": 3e-3,
+    "tiny_lr": 1e-9,
+    "tiny_grad": 3e-3,
+    "no_step": 3e-3,
+    "saturated": 3e-3,
+    "amp_collapse": 3e-3,
+}
 
 
 def build():
@@ -56,9 +62,17 @@ def record(path: str, variant: str, steps: int = 40) -> str:
     y = (x[:, :4]).argmax(1)
     if variant == "saturated":
         x = x * 100.0  # raw-scale inputs: every tanh pinned at +-1
-    with replay.Recorder(path, model=model, optimizer=opt, step_fn=train_step, build_fn=build,
-                         scaler=SCALER, snapshot_every=10, keep_snapshots=steps // 10,
-                         raise_on_nonfinite=False) as rec:
+    with replay.Recorder(
+        path,
+        model=model,
+        optimizer=opt,
+        step_fn=train_step,
+        build_fn=build,
+        scaler=SCALER,
+        snapshot_every=10,
+        keep_snapshots=steps // 10,
+        raise_on_nonfinite=False,
+    ) as rec:
         for s in range(steps):
             rec.step((x[s * 16 : (s + 1) * 16], y[s * 16 : (s + 1) * 16]))
     return path

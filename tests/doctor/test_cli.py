@@ -13,8 +13,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def replay(*args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-m", "replay", *args], env=env, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "replay", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_doctor_json_shape(recording):
@@ -39,8 +44,15 @@ def test_doctor_refuses_a_non_recording(tmp_path):
 
 def test_overfit_healthy_batch_goes_to_zero(recording):
     # recorded in-process under a synthetic module name: point replay at the script itself
-    r = replay("overfit", recording("healthy"), "--iters", "120", "--json",
-               "--entry", f"{ROOT}/examples/healthy.py:build,train_step")
+    r = replay(
+        "overfit",
+        recording("healthy"),
+        "--iters",
+        "120",
+        "--json",
+        "--entry",
+        f"{ROOT}/examples/healthy.py:build,train_step",
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     d = json.loads(r.stdout)
     assert d["overfits"] and d["step"] == 0 and d["final_loss"] < 0.01 * d["first_loss"]
@@ -48,8 +60,14 @@ def test_overfit_healthy_batch_goes_to_zero(recording):
 
 
 def test_overfit_softmax_before_ce_stalls_at_its_floor(recording):
-    r = replay("overfit", recording("softmax_before_ce"), "--iters", "120",
-               "--entry", f"{ROOT}/examples/softmax_before_ce.py:build,train_step")
+    r = replay(
+        "overfit",
+        recording("softmax_before_ce"),
+        "--iters",
+        "120",
+        "--entry",
+        f"{ROOT}/examples/softmax_before_ce.py:build,train_step",
+    )
     assert r.returncode == 1, r.stderr[-2000:]
     assert "does not overfit" in r.stdout and "▁" in r.stdout
 

@@ -37,9 +37,7 @@ def test_every_rule_has_cases():
     assert set(CASES) == set(RULES)
 
 
-@pytest.mark.parametrize(
-    "rule_name,name", [(r, n) for r, (fire, _) in CASES.items() for n in fire]
-)
+@pytest.mark.parametrize("rule_name,name", [(r, n) for r, (fire, _) in CASES.items() for n in fire])
 def test_rule_fires(findings, rule_name, name):
     f = findings(name).get(rule_name)
     assert f is not None, f"{rule_name} did not fire on {name}: {sorted(findings(name))}"
