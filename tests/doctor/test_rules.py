@@ -72,3 +72,14 @@ def test_registry_refuses_duplicates():
 def test_learning_rate_direction(findings):
     assert "too high" in findings("gpt_diverging_lr")["learning_rate"].title
     assert "too low" in findings("loop:tiny_lr")["learning_rate"].title
+
+
+def test_first_step_amp_skip_is_not_a_nonfinite_failure(recording):
+    """Regression: GradScaler creates its scale lazily, so the recorder saw no scale before step
+    0, wrote NaN, could not tell the skip, and first_bad() called step 0 a NaN failure."""
+    from replay.store import open_recording
+
+    with open_recording(recording("amp_bf16_scaler")) as rec:
+        h = rec.health()
+        assert h["scale"][0] == 2.0**127 and h["scaler_skipped"][0] == 1
+        assert rec.first_bad()["nonfinite"] is None
