@@ -13,7 +13,9 @@ import click
 
 from ..errors import ReplayError
 from .bisect import bisect
+from .doctor import doctor
 from .info import info
+from .overfit import overfit
 from .verify import verify
 
 __all__ = ["cli", "main"]
@@ -28,12 +30,16 @@ def cli() -> None:
     replay info RUN.h5      what a recording holds and which steps can be replayed
     replay bisect RUN.h5    the first bad step and op, and whether it reproduces
     replay verify RUN.h5    replay the recorded window and check it is bitwise deterministic
+    replay doctor RUN.h5    the debugging checklist: what looks wrong in the run, and what to do
+    replay overfit RUN.h5   can the model overfit one recorded batch? (the first law)
     """
 
 
 cli.add_command(info)
 cli.add_command(bisect)
 cli.add_command(verify)
+cli.add_command(doctor)
+cli.add_command(overfit)
 
 
 def main(argv: list[str] | None = None) -> None:

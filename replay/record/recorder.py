@@ -220,7 +220,10 @@ class Recorder:
         if self.scaler is not None:
             after = getattr(self.scaler, "_scale", None)
             if scale is None and after is not None:
-                health["scale"] = math.nan
+                # GradScaler creates its scale tensor lazily, at the first scale() call: the
+                # first step ran with init_scale. Recording NaN here hid a skip of step 0, which
+                # then read as a non-finite failure (first_bad) instead of a normal AMP skip.
+                health["scale"] = float(getattr(self.scaler, "_init_scale", math.nan))
             health["scale_after"] = after.detach().clone() if after is not None else None
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             health["cuda_allocated"] = float(torch.cuda.memory_allocated())

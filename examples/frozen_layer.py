@@ -1,0 +1,88 @@
+"""A layer left frozen: `requires_grad_(False)` meant for a pretrained backbone froze fresh weights.
+
+The bug: `build()` freezes the first two Linear layers (as one does for a pretrained backbone),
+but here they are randomly initialised, so the model can only learn its last layer on top of
+fixed random features. The loss falls slowly and stalls far from zero; the frozen weights never
+change between snapshots.
+
+Run:
+    python examples/frozen_layer.py [runs/frozen_layer.h5]
+    replay doctor runs/frozen_layer.h5
+
+Verdict: none
+Doctor: params_frozen
+"""
+
+import sys
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import replay
+
+# -- config -----------------------------------------------------------------------------------
+SEED = 0
+STEPS = 80
+BATCH = 32
+N_FEATURES = 20
+N_CLASSES = 10
+HIDDEN = 64
+LR = 3e-3
+SNAPSHOT_EVERY = 10
+
+torch.manual_seed(SEED)
+
+
+def make_data(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Standardised features; labels from a fixed random linear teacher, so the task is learnable."""
+    g = torch.Generator().manual_seed(SEED)
+    x = torch.randn(n, N_FEATURES, generator=g)
+    teacher = torch.randn(N_FEATURES, N_CLASSES, generator=g)
+    return x, (x @ teacher).argmax(dim=1)
+
+
+def build():
+    model = nn.Sequential(
+        nn.Linear(N_FEATURES, HIDDEN),
+        nn.ReLU(),
+        nn.Linear(HIDDEN, HIDDEN),
+        nn.ReLU(),
+        nn.Linear(HIDDEN, N_CLASSES),
+    )
+    for layer in (model[0], model[2]):  # the bug: these are not pretrained
+        layer.requires_grad_(False)
+    return model, torch.optim.Adam(model.parameters(), lr=LR)
+
+
+def train_step(model, optimizer, batch):
+    x, y = batch
+    optimizer.zero_grad(set_to_none=True)
+    loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    optimizer.step()
+    return loss
+
+
+def main(path: str) -> None:
+    x, y = make_data(STEPS * BATCH)
+    model, optimizer = build()
+    with replay.Recorder(
+        path,
+        model=model,
+        optimizer=optimizer,
+        step_fn=train_step,
+        build_fn=build,
+        snapshot_every=SNAPSHOT_EVERY,
+        keep_snapshots=STEPS // SNAPSHOT_EVERY,
+    ) as rec:
+        for step in range(STEPS):
+            i = step * BATCH
+            loss = rec.step((x[i : i + BATCH], y[i : i + BATCH]))
+            if step % 20 == 0 or step == STEPS - 1:
+                print(f"step {step:3d}  loss {loss.item():.4f}")
+    print(f"recorded {path}; try: replay doctor {path}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "runs/frozen_layer.h5")

@@ -1,0 +1,187 @@
+"""What the rules read: the recorded health, snapshots, batches and meta, loaded lazily once.
+
+Everything here is numpy: doctor never imports torch or the user's code (a recording is data).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+
+from ..store.reader import Recording
+from ..store.tree import iter_leaves
+from .arrays import as_array, as_float
+
+__all__ = ["Context"]
+
+
+class Context:
+    """One recording, seen by the rules. Properties are computed on first use and cached."""
+
+    def __init__(self, rec: Recording) -> None:
+        self.rec = rec
+
+    # -- health --------------------------------------------------------------------------------
+
+    @cached_property
+    def health(self) -> dict[str, np.ndarray]:
+        return self.rec.health()
+
+    @cached_property
+    def loss(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(steps, losses)`` of the steps whose loss is finite."""
+        h = self.health
+        ok = np.isfinite(h["loss"])
+        return h["step"][ok], h["loss"][ok]
+
+    @cached_property
+    def grad_norm(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(steps, norms)`` of finite gradient norms, AMP-skipped steps excluded (scaled infs)."""
+        h = self.health
+        ok = np.isfinite(h["grad_norm"]) & (h["scaler_skipped"] != 1)
+        return h["step"][ok], h["grad_norm"][ok]
+
+    # -- meta ----------------------------------------------------------------------------------
+
+    @cached_property
+    def params(self) -> list[tuple[str, tuple[int, ...], str, bool]]:
+        """``(name, shape, dtype, requires_grad)`` per parameter, in ``named_parameters()`` order."""
+        return [
+            (p[0], tuple(p[1]), p[2], bool(p[3]))
+            for p in self.rec.meta.get("model", {}).get("params", [])
+        ]
+
+    @cached_property
+    def modules(self) -> list[tuple[str, str]]:
+        return [(m[0], m[1]) for m in self.rec.meta.get("model", {}).get("modules", [])]
+
+    @cached_property
+    def leaf_modules(self) -> list[tuple[str, str]]:
+        """Modules without children, in registration order (the execution order of a Sequential)."""
+        names = [n for n, _ in self.modules]
+        return [
+            (n, c) for n, c in self.modules if n and not any(o.startswith(n + ".") for o in names)
+        ]
+
+    @cached_property
+    def n_outputs(self) -> int | None:
+        """out_features of the model's last Linear (the last 2-D weight), if any."""
+        for name, shape, _, _ in reversed(self.params):
+            if name.endswith("weight") and len(shape) == 2:
+                return shape[0]
+        return None
+
+    # -- batches -------------------------------------------------------------------------------
+
+    def batch_leaves(self, step: int) -> list[tuple[str, np.ndarray]]:
+        try:
+            batch = self.rec.read_step(step)["batch"]
+        except KeyError:
+            return []
+        out = []
+        for path, leaf in iter_leaves(batch):
+            a = as_array(leaf)
+            if a is not None and a.size:
+                if getattr(leaf, "dtype", None) == "bfloat16":
+                    a = a.astype(np.float32)
+                out.append((path, a))
+        return out
+
+    @cached_property
+    def batch_steps(self) -> np.ndarray:
+        return self.rec.steps()
+
+    @cached_property
+    def first_batch(self) -> list[tuple[str, np.ndarray]]:
+        s = self.batch_steps
+        return self.batch_leaves(int(s[0])) if s.size else []
+
+    @cached_property
+    def n_classes(self) -> int | None:
+        """Classes of a classification run: the last Linear's out_features, when an integer leaf
+        of the batch holds labels inside it (else ``None``: not a classifier we can recognise)."""
+        c = self.n_outputs
+        if c is None or c < 2:
+            return None
+        for _, a in self.first_batch:
+            if a.dtype.kind in "iu" and a.min() >= 0 and a.max() < c:
+                return c
+        return None
+
+    # -- snapshots -----------------------------------------------------------------------------
+
+    @cached_property
+    def snapshots(self) -> list[dict[str, Any]]:
+        """Kept snapshots, oldest first: ``{"step", "weights": {name: float64}, "optimizer"}``."""
+        out = []
+        names = {p[0] for p in self.params}
+        for s in self.rec.snapshot_steps():
+            try:
+                snap = self.rec.read_snapshot(int(s))
+            except KeyError:
+                continue
+            weights = {}
+            for k, v in (snap.get("model") or {}).items():
+                a = as_float(v)
+                if k in names and a is not None:
+                    weights[k] = a
+            out.append({"step": int(s), "weights": weights, "optimizer": snap.get("optimizer")})
+        return out
+
+    def optimizer_state(self, snap: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        """Optimizer state per parameter name (Adam's exp_avg_sq, SGD's momentum_buffer...).
+
+        The state dict numbers parameters in param-group order; they map onto
+        ``named_parameters()`` when the optimizer got all of them, or all trainable ones.
+        """
+        opt = snap.get("optimizer") or {}
+        ids = [i for g in opt.get("param_groups", []) for i in g.get("params", [])]
+        every = [p[0] for p in self.params]
+        trainable = [p[0] for p in self.params if p[3]]
+        if len(ids) == len(every):
+            names = every
+        elif len(ids) == len(trainable):
+            names = trainable
+        else:
+            return {}
+        state = opt.get("state", {}) or {}
+        return {n: state.get(i, {}) for i, n in zip(ids, names)}
+
+    @cached_property
+    def lr(self) -> float | None:
+        lr = self.health["lr"]
+        lr = lr[np.isfinite(lr)]
+        return float(np.median(lr)) if lr.size else None
+
+    # -- forensics (optional) ------------------------------------------------------------------
+
+    @cached_property
+    def forensics(self) -> Any:
+        """The sidecar's reader when ``RUN.forensics.h5`` exists and is readable, else None."""
+        path = self.rec.forensics_path
+        if not os.path.exists(path):
+            return None
+        try:
+            from ..store.forensics import ForensicsReader
+
+            return ForensicsReader.open(path)
+        except Exception:  # noqa: BLE001 - an unreadable sidecar only costs its evidence
+            return None
+
+    def close(self) -> None:
+        f = self.__dict__.get("forensics")
+        if f is not None:
+            f.close()
+
+
+def per_step_ratio(w0: np.ndarray, w1: np.ndarray, gap: int) -> float:
+    """Relative change per step between two snapshots ``gap`` steps apart (a lower bound of the
+    per-step update-to-weight ratio: steps in different directions partly cancel)."""
+    n0 = float(np.linalg.norm(w0))
+    if gap <= 0 or n0 == 0 or not math.isfinite(n0):
+        return float("nan")
+    return float(np.linalg.norm(w1 - w0)) / n0 / gap

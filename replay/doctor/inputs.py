@@ -1,0 +1,53 @@
+"""Rules over the recorded batches: inputs far from normalised."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .registry import Finding, rule
+
+
+@rule("inputs_not_normalised")
+def inputs_not_normalised(ctx):
+    """Float inputs have a mean or spread far from a standardised scale."""
+    steps = ctx.batch_steps
+    if not steps.size:
+        return None
+    picks = sorted({int(steps[0]), int(steps[len(steps) // 2]), int(steps[-1])})
+    stats: dict[str, list[np.ndarray]] = {}
+    for s in picks:
+        for path, a in ctx.batch_leaves(s):
+            if a.dtype.kind == "f" and a.ndim >= 2:  # 1-D float leaves are targets, not inputs
+                stats.setdefault(path, []).append(a.reshape(a.shape[0], -1).astype(np.float64))
+    bad = {}
+    for path, arrs in stats.items():
+        x = np.concatenate(arrs)
+        x = x[:, np.isfinite(x).all(axis=0)] if x.size else x
+        if not x.size:
+            continue
+        mean, std = float(x.mean()), float(x.std())
+        feat_std = x.std(axis=0)
+        spread = float(feat_std.max() / max(float(np.median(feat_std)), 1e-12))
+        if abs(mean) > 5 or std > 20 or (0 < std < 1e-3) or spread > 1e3:
+            bad[path] = {
+                "mean": mean,
+                "std": std,
+                "min": float(x.min()),
+                "max": float(x.max()),
+                "feature_std_spread": spread,
+            }
+    if not bad:
+        return None
+    path, st = next(iter(bad.items()))
+    return Finding(
+        "inputs_not_normalised",
+        "warning",
+        f"input '{path}' is not normalised: mean {st['mean']:.3g}, std {st['std']:.3g}, "
+        f"range [{st['min']:.3g}, {st['max']:.3g}]",
+        {"leaves": bad, "steps": picks},
+        "Networks train best on inputs of mean ~0 and std ~1 per feature: subtract the training "
+        "set's mean and divide by its std (images: scale to [0, 1], then normalise per "
+        "channel). Unscaled inputs make the first layer's outputs huge, the initial loss far "
+        "from ln(C) and the good learning rate tiny.",
+        picks,
+    )

@@ -1,0 +1,44 @@
+"""The learning rate judged from the loss curve and the size of the updates."""
+
+from __future__ import annotations
+
+from .gradients import grad_norm_exploding
+from .loss import loss_flat, loss_oscillating, loss_rising
+from .registry import Finding, rule
+from .updates import update_ratios
+
+
+@rule("learning_rate")
+def learning_rate(ctx):
+    """The learning rate looks too high (diverging, oscillating) or too low (flat, tiny updates)."""
+    lr = ctx.lr
+    if lr is None:
+        return None
+    # Tensors that never move (dead units, no gradient) are other rules' business.
+    moving = sorted(v for v in update_ratios(ctx).values() if v > 0)
+    med = moving[len(moving) // 2] if moving else None
+    unstable = loss_rising(ctx) or grad_norm_exploding(ctx) or loss_oscillating(ctx)
+    if unstable is not None and (med is None or med > 1e-3):
+        return Finding(
+            "learning_rate",
+            "warning",
+            f"the learning rate {lr:.3g} looks too high: {unstable.rule.replace('_', ' ')}",
+            {"lr": lr, "median_update_ratio": med, "symptom": unstable.rule},
+            f"Try {lr / 10:.3g} (10x lower) and a warm-up; find the range with a short "
+            "learning-rate sweep: the best is usually a few times below where the loss "
+            "starts to diverge.",
+            unstable.steps,
+        )
+    flat = loss_flat(ctx)
+    if flat is not None and med is not None and med < 1e-5:
+        return Finding(
+            "learning_rate",
+            "warning",
+            f"the learning rate {lr:.3g} looks too low: the loss is flat and the weights move by "
+            f"{med:.2g} of their norm per step",
+            {"lr": lr, "median_update_ratio": med},
+            f"Try {lr * 10:.3g} (10x higher); updates of about 1e-3 of the weight norm per step "
+            "are typical of a learning rate that works.",
+            flat.steps,
+        )
+    return None

@@ -1,0 +1,53 @@
+"""Findings and the registry of rules (refuses duplicates, so two families cannot shadow a name)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = ["Finding", "Rule", "RULES", "rule", "SEVERITIES"]
+
+SEVERITIES = ("error", "warning", "info")
+
+
+@dataclass
+class Finding:
+    """One diagnosis: what is wrong, the numbers that show it, and what to do about it."""
+
+    rule: str
+    severity: str
+    title: str
+    evidence: dict[str, Any]
+    advice: str
+    steps: list[int] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    family: str
+    check: Callable[[Any], Iterable[Finding] | Finding | None]
+    doc: str
+
+
+RULES: dict[str, Rule] = {}
+
+
+def rule(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register ``fn(ctx) -> Finding | list[Finding] | None`` as rule ``name``.
+
+    The rule's family is the module that defines it (``loss``, ``gradients``...).
+    """
+
+    def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+        if name in RULES:
+            raise ValueError(f"doctor rule {name!r} is registered twice")
+        family = fn.__module__.rsplit(".", 1)[-1]
+        RULES[name] = Rule(name, family, fn, (fn.__doc__ or "").strip().split("\n")[0])
+        return fn
+
+    return register

@@ -1,0 +1,166 @@
+"""Rules over parameter updates: update/weight ratio, parameters frozen, never updated or
+never receiving gradients, and an optimizer that never steps."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .arrays import as_float
+from .context import per_step_ratio
+from .registry import Finding, rule
+
+
+def update_ratios(ctx) -> dict[str, float]:
+    """Per weight tensor: median over consecutive snapshot pairs of the per-step relative change."""
+    snaps = ctx.snapshots
+    out: dict[str, list[float]] = {}
+    for a, b in zip(snaps, snaps[1:]):
+        gap = b["step"] - a["step"]
+        for name, w0 in a["weights"].items():
+            w1 = b["weights"].get(name)
+            if w1 is None or w0.ndim < 2 or w1.shape != w0.shape:
+                continue
+            if not (np.isfinite(w0).all() and np.isfinite(w1).all()):
+                continue
+            r = per_step_ratio(w0, w1, gap)
+            if math.isfinite(r):
+                out.setdefault(name, []).append(r)
+    return {k: float(np.median(v)) for k, v in out.items() if v}
+
+
+@rule("update_ratio")
+def update_ratio(ctx):
+    """The update-to-weight ratio is far from ~1e-3 (from consecutive snapshots)."""
+    ratios = {k: v for k, v in update_ratios(ctx).items() if v > 0}
+    if not ratios:
+        return None
+    med = float(np.median(list(ratios.values())))
+    if 1e-5 <= med <= 5e-2:
+        return None
+    big = med > 5e-2
+    return Finding(
+        "update_ratio",
+        "warning",
+        f"weights change by {med:.2g} of their norm per step (median over weight tensors); "
+        "about 1e-3 is healthy",
+        {
+            "median_ratio": med,
+            "per_tensor": ratios,
+            "lr": ctx.lr,
+            "snapshots": [s["step"] for s in ctx.snapshots],
+        },
+        (
+            "Updates this large rewrite the weights every few steps: lower the learning rate."
+            if big
+            else "Updates this small barely move the weights: raise the learning rate (try "
+            "10x), or check that it is not decayed to ~0 and that the gradients are not tiny."
+        )
+        + " (Measured between snapshots, so it is a lower bound when steps point different ways.)",
+        [s["step"] for s in ctx.snapshots],
+    )
+
+
+@rule("params_frozen")
+def params_frozen(ctx):
+    """Parameters have requires_grad=False."""
+    frozen = [(n, s) for n, s, _, rg in ctx.params if not rg]
+    if not frozen:
+        return None
+    total = sum(math.prod(s) for _, s, _, _ in ctx.params) or 1
+    n = sum(math.prod(s) for _, s in frozen)
+    return Finding(
+        "params_frozen",
+        "warning",
+        f"{len(frozen)} parameter tensors ({n:,} values, {n / total:.0%} of the model) have "
+        "requires_grad=False: " + ", ".join(name for name, _ in frozen[:6]),
+        {"frozen": [name for name, _ in frozen], "frozen_values": n, "total_values": total},
+        "Frozen parameters never learn. If they are a pretrained backbone, that is intended; "
+        "if they are freshly initialised, unfreeze them (requires_grad_(True)) or the model "
+        "learns on top of random features.",
+        [],
+    )
+
+
+@rule("optimizer_never_stepped")
+def optimizer_never_stepped(ctx):
+    """optimizer.step() never ran inside the step function."""
+    h = ctx.health
+    stepped = h["optimizer_stepped"][np.isfinite(h["optimizer_stepped"])]
+    skipped = h["scaler_skipped"] == 1
+    if stepped.size < 3 or np.any(stepped == 1) or np.all(skipped):
+        return None
+    return Finding(
+        "optimizer_never_stepped",
+        "error",
+        f"optimizer.step() ran at none of {stepped.size} recorded steps",
+        {"steps": int(stepped.size)},
+        "Without optimizer.step() the weights never change: call it after loss.backward() in "
+        "the step function (with AMP: scaler.step(optimizer); scaler.update()).",
+        [int(h["step"][0]), int(h["step"][-1])],
+    )
+
+
+@rule("params_never_updated")
+def params_never_updated(ctx):
+    """Trainable parameters are bit-identical in every snapshot."""
+    snaps = ctx.snapshots
+    if len(snaps) < 2:
+        return None
+    trainable = [n for n, _, _, rg in ctx.params if rg]
+    same = [
+        n
+        for n in trainable
+        if all(n in s["weights"] for s in snaps)
+        and all(np.array_equal(snaps[0]["weights"][n], s["weights"][n]) for s in snaps[1:])
+    ]
+    if not same:
+        return None
+    every = len(same) == len(trainable)
+    return Finding(
+        "params_never_updated",
+        "error" if every else "warning",
+        f"{len(same)} of {len(trainable)} trainable parameter tensors never changed between "
+        f"snapshots {snaps[0]['step']}..{snaps[-1]['step']}: " + ", ".join(same[:6]),
+        {"unchanged": same, "snapshots": [s["step"] for s in snaps]},
+        "A trainable parameter that never changes gets no gradient (it is unused in forward, "
+        "behind a .detach() or torch.no_grad(), or behind dead units) or is not in the "
+        "optimizer (the optimizer was built before the layer was added or replaced).",
+        [s["step"] for s in snaps],
+    )
+
+
+@rule("params_without_grad")
+def params_without_grad(ctx):
+    """Parameters in the optimizer have no gradient statistics (Adam state absent or zero)."""
+    if not ctx.snapshots:
+        return None
+    snap = ctx.snapshots[-1]
+    if snap["step"] <= int(ctx.rec.config.get("start_step", 0)):
+        return None
+    state = ctx.optimizer_state(snap)
+    rg = {n: r for n, _, _, r in ctx.params}
+    none = []
+    for name, st in state.items():
+        if not rg.get(name, True):
+            continue
+        v = as_float(st.get("exp_avg_sq")) if isinstance(st, dict) and st else None
+        if not st:
+            none.append(name)  # Adam/AdamW create their state at the first gradient
+        elif v is not None and not np.any(v):
+            none.append(name)
+    has_adam = any(isinstance(st, dict) and "exp_avg_sq" in st for st in state.values())
+    if not none or not has_adam:
+        return None
+    return Finding(
+        "params_without_grad",
+        "error",
+        f"{len(none)} parameter tensors have received no gradient by step {snap['step']}: "
+        + ", ".join(none[:6]),
+        {"without_grad": none, "snapshot": snap["step"]},
+        "Their gradient has been exactly zero or None at every step so far: the units feeding "
+        "them are dead (ReLU outputs all 0), the tensor is unused in forward, or the graph is "
+        "cut (.detach(), .item(), numpy round-trips, torch.no_grad()).",
+        [snap["step"]],
+    )

@@ -1,0 +1,129 @@
+"""Overfit one recorded batch: the "first law" of debugging training, automated (imports torch).
+
+Rebuild the objects with the replay engine (recorded entry points, snapshot, RNG, hyper-
+parameters, modes), put them in the state right before step N, then call the user's own
+``step_fn`` on step N's batch ``iters`` times and watch the loss.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+__all__ = ["overfit_batch", "render", "sparkline"]
+
+_BARS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: list[float], width: int = 60) -> str:
+    """The curve in block characters (log scale when it spans decades); '×' for non-finite."""
+    if not values:
+        return ""
+    step = max(1, math.ceil(len(values) / width))
+    pts = [values[i] for i in range(0, len(values), step)]
+    fin = [v for v in pts if math.isfinite(v)]
+    if not fin:
+        return "×" * len(pts)
+    use_log = min(fin) > 0 and max(fin) / min(fin) > 100
+    f = (lambda v: math.log10(v)) if use_log else (lambda v: v)
+    lo, hi = f(min(fin)), f(max(fin))
+    span = (hi - lo) or 1.0
+    return "".join(
+        _BARS[min(7, int((f(v) - lo) / span * 7.999))] if math.isfinite(v) else "×" for v in pts
+    )
+
+
+def overfit_batch(
+    path: str,
+    *,
+    step: int | None = None,
+    iters: int = 200,
+    lr: float | None = None,
+    device: str | None = None,
+    entry: str | None = None,
+    target: float = 0.01,
+) -> dict[str, Any]:
+    """Train on step ``step``'s recorded batch; report whether the loss reaches ~0 and how fast.
+
+    "Overfits" means the loss falls below ``target`` (absolute), or below ``target`` times its
+    first value when that is large (a loss in the thousands going to 1% of itself).
+    """
+    from .cli._replaying import open_engine
+    from .errors import ReplayError
+    from .record.recorder import _loss_of
+
+    rec, eng = open_engine(path, device, entry)
+    try:
+        t = eng.window.first if step is None else step
+        eng.state_before(t)
+        if lr is not None:
+            for g in eng.optimizer.param_groups:
+                g["lr"] = lr
+        batch = eng.batch(t)
+        losses: list[float] = []
+        error = None
+        for _ in range(iters):
+            try:
+                ret = eng.step_fn(eng.model, eng.optimizer, batch)
+            except Exception as e:  # the user's step failing is a result, not our failure
+                error = f"{type(e).__name__}: {e}"
+                break
+            loss = _loss_of(ret)
+            if loss is None:
+                raise ReplayError("step_fn returned no loss, so there is nothing to watch")
+            v = float(loss)
+            losses.append(v)
+            if not math.isfinite(v):
+                error = f"the loss became {v} at iteration {len(losses)}"
+                break
+        eng.invalidate()
+        first = losses[0] if losses else math.nan
+        goal = target * max(1.0, first) if math.isfinite(first) else target
+        reached = next((i + 1 for i, v in enumerate(losses) if v <= goal), None)
+        final = losses[-1] if losses else math.nan
+        lr0 = eng.optimizer.param_groups[0].get("lr") if eng.optimizer.param_groups else None
+        return {
+            "path": path,
+            "step": t,
+            "iters": len(losses),
+            "lr": float(lr0) if lr0 is not None else None,
+            "first_loss": first,
+            "final_loss": final,
+            "min_loss": min(losses) if losses else math.nan,
+            "goal": goal,
+            "overfits": reached is not None and error is None,
+            "reached_at": reached,
+            "error": error,
+            "curve": losses,
+        }
+    finally:
+        eng.close()
+        rec.close()
+
+
+def render(r: dict[str, Any]) -> str:
+    head = f"{r['path']}: overfitting the batch of step {r['step']} for {r['iters']} iterations"
+    if r.get("lr") is not None:
+        head += f" (lr {r['lr']:.3g})"
+    lines = [head, f"  loss  {sparkline(r['curve'])}"]
+    c = r["curve"]
+    marks = [0, 9, 49, 99, 199, 499, 999]
+    pts = [f"{i + 1}: {c[i]:.4g}" for i in marks if i < len(c)]
+    if c and len(c) - 1 not in marks:
+        pts.append(f"{len(c)}: {c[-1]:.4g}")
+    lines.append("  " + ", ".join(pts))
+    if r["error"]:
+        lines.append(f"  ✗ stopped: {r['error']}")
+    if r["overfits"]:
+        lines.append(
+            f"  ✓ overfits: the loss reached {r['goal']:.3g} at iteration {r['reached_at']} "
+            f"(from {r['first_loss']:.4g}); the data, forward, loss and update path can learn"
+        )
+    else:
+        lines.append(
+            f"  ✗ does not overfit: lowest loss {r['min_loss']:.4g} (goal {r['goal']:.3g}). A "
+            "model that cannot memorise one batch has a bug: check labels vs outputs, the loss "
+            "(no softmax before cross_entropy), zero_grad/step, frozen or dead layers, the "
+            "learning rate (try --lr), and run `replay doctor`."
+        )
+    return "\n".join(lines)
