@@ -13,6 +13,7 @@ import click
 
 from ..errors import ReplayError
 from .info import info
+from .tui import tui
 
 __all__ = ["cli", "main"]
 
@@ -24,10 +25,12 @@ def cli() -> None:
 
     \b
     replay info RUN.h5      what a recording holds and which steps can be replayed
+    replay tui RUN.h5       browse a recording and its forensics in the terminal
     """
 
 
 cli.add_command(info)
+cli.add_command(tui)
 
 
 def main(argv: list[str] | None = None) -> None:
