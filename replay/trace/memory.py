@@ -1,0 +1,97 @@
+"""Memory in use during the traced step.
+
+On CUDA the allocator knows (``torch.cuda.memory_allocated``). On the CPU there is no allocator
+to ask, so this accounts for the storages of every tensor the tracer sees (inputs and outputs
+of each op), counted once per storage and released by a ``weakref.finalize`` on the tensors
+that keep it alive. Tensors the tracer never sees (inside fused kernels) are not counted.
+
+The largest storages alive are listed at the peak: a snapshot is taken only when the running
+total is about to fall from a new peak (a local maximum), not at every op.
+"""
+
+from __future__ import annotations
+
+import heapq
+import weakref
+
+import torch
+
+__all__ = ["MemoryTracker"]
+
+N_LARGEST = 8
+
+
+class MemoryTracker:
+    def __init__(self, cuda: bool) -> None:
+        self.cuda = cuda
+        self.live_bytes = 0
+        self.peak_bytes = 0
+        self.peak_op = -1
+        self.largest: list[dict] = []
+        self._peak_dirty = False
+        # storage key -> [bytes, n tracked tensors, shape, dtype, op index]
+        self._storages: dict[int, list] = {}
+        self._tensors: set[int] = set()
+        self._finalizers: list[weakref.finalize] = []
+
+    def see(self, t: torch.Tensor, op_index: int, op_name: str) -> None:
+        """Count ``t``'s storage (once) until the last tensor using it dies."""
+        tid = id(t)
+        if tid in self._tensors:
+            return
+        try:
+            st = t.untyped_storage()
+            key = st.data_ptr()
+            nbytes = st.nbytes()
+        except (RuntimeError, NotImplementedError):  # sparse, meta, functional wrappers
+            return
+        self._tensors.add(tid)
+        entry = self._storages.get(key)
+        if entry is None:
+            self._storages[key] = [nbytes, 1, list(t.shape), str(t.dtype)[6:], op_index, op_name]
+            self.live_bytes += nbytes
+        else:
+            entry[1] += 1
+        self._finalizers.append(weakref.finalize(t, self._release, tid, key))
+
+    def _release(self, tid: int, key: int) -> None:
+        self._tensors.discard(tid)
+        entry = self._storages.get(key)
+        if entry is None:
+            return
+        entry[1] -= 1
+        if entry[1] <= 0:
+            if self._peak_dirty:
+                self._snapshot()
+            del self._storages[key]
+            self.live_bytes -= entry[0]
+
+    def _snapshot(self) -> None:
+        self._peak_dirty = False
+        top = heapq.nlargest(N_LARGEST, self._storages.values(), key=lambda e: e[0])
+        self.largest = [
+            {"shape": e[2], "dtype": e[3], "bytes": int(e[0]), "op_index": int(e[4]),
+             "op": e[5]}
+            for e in top
+        ]
+
+    def after_op(self, op_index: int) -> int:
+        """Bytes in use after op ``op_index``; tracks the peak."""
+        now = torch.cuda.memory_allocated() if self.cuda else self.live_bytes
+        if now > self.peak_bytes:
+            self.peak_bytes = now
+            self.peak_op = op_index
+            self._peak_dirty = True
+        return now
+
+    def finish(self) -> None:
+        if self._peak_dirty:
+            self._snapshot()
+
+    def close(self) -> None:
+        """Stop accounting and drop the finalizers (tensors that outlive the trace owe us nothing)."""
+        for fin in self._finalizers:
+            fin.detach()
+        self._finalizers.clear()
+        self._storages.clear()
+        self._tensors.clear()

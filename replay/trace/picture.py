@@ -1,0 +1,145 @@
+"""The step's full picture besides the op table: parameters (grad, weight, update), the batch
+per sample, and the tensors present before the step (for the origins of non-finite values)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch.utils._pytree import tree_flatten_with_path
+
+from replay.trace.origins import storage_key
+
+__all__ = ["ParamPicture", "batch_leaves", "batch_picture", "present_keys"]
+
+NAN = float("nan")
+
+
+def _path_str(path) -> str:
+    parts = []
+    for k in path:
+        for attr in ("key", "idx", "name"):
+            if hasattr(k, attr):
+                parts.append(str(getattr(k, attr)))
+                break
+        else:
+            parts.append(str(k))
+    return ".".join(parts)
+
+
+def batch_leaves(batch) -> list[tuple[str, torch.Tensor]]:
+    """``(path, tensor)`` for every tensor leaf of a nested batch; paths like ``x`` or ``0``."""
+    leaves, _ = tree_flatten_with_path(batch)
+    return [(_path_str(p) or "batch", t) for p, t in leaves if isinstance(t, torch.Tensor)]
+
+
+def present_keys(model: torch.nn.Module, optimizer) -> set[int]:
+    """Storages of parameters, gradients, buffers and optimizer state before the step."""
+    keys: set[int] = set()
+    ts = list(model.parameters()) + list(model.buffers())
+    ts += [p.grad for p in model.parameters() if p.grad is not None]
+    if optimizer is not None:
+        for state in optimizer.state.values():
+            ts += [v for v in state.values() if isinstance(v, torch.Tensor)]
+    for t in ts:
+        k = storage_key(t)
+        if k is not None:
+            keys.add(k)
+    return keys
+
+
+def batch_picture(batch, batch_size: int | None) -> dict:
+    """Per-sample mean, absmax and non-finite count of every tensor leaf whose dim 0 is the
+    batch size, and which samples hold NaN/Inf (``nonfinite``: leaf -> sample indices)."""
+    leaves_out, bad = [], {}
+    with torch.no_grad():
+        for path, t in batch_leaves(batch):
+            leaf = {"path": path, "shape": list(t.shape), "dtype": str(t.dtype)[6:]}
+            if batch_size and t.dim() >= 1 and t.shape[0] == batch_size and t.numel():
+                f = t.detach().reshape(batch_size, -1).to(torch.float64)
+                finite = torch.isfinite(f)
+                nonfinite = (~finite).sum(1)
+                g = torch.where(finite, f, torch.zeros((), dtype=f.dtype))
+                count = finite.sum(1).clamp(min=1)
+                leaf["per_sample"] = {
+                    "mean": (g.sum(1) / count).tolist(),
+                    "absmax": g.abs().amax(1).tolist(),
+                    "nonfinite": nonfinite.tolist(),
+                }
+                idx = torch.nonzero(nonfinite).flatten().tolist()
+                if idx:
+                    bad[path] = idx
+            elif t.is_floating_point() and not torch.isfinite(t).all():
+                bad[path] = []
+            leaves_out.append(leaf)
+    return {"batch_size": batch_size, "leaves": leaves_out, "culprits": [], "nonfinite": bad}
+
+
+def _norm(t: torch.Tensor) -> float:
+    return torch.linalg.vector_norm(t.detach().double()).item()
+
+
+class ParamPicture:
+    """Snapshot parameters before the step; grads when the optimizer starts; compare after."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.names = [n for n, _ in model.named_parameters()]
+        self.params = [p for _, p in model.named_parameters()]
+        with torch.no_grad():
+            self.before = [p.detach().clone() for p in self.params]
+        self.grads: list[tuple] | None = None
+
+    def take_grads(self) -> None:
+        if self.grads is not None:
+            return
+        rows = []
+        with torch.no_grad():
+            for p in self.params:
+                g = p.grad
+                if g is None:
+                    rows.append((False, NAN, NAN, NAN))
+                    continue
+                f = g.detach().double()
+                rows.append((True, _norm(torch.nan_to_num(f, 0.0, 0.0, 0.0)),
+                             float(torch.isnan(f).sum()), float(torch.isinf(f).sum())))
+        self.grads = rows
+
+    def bad_grads(self) -> list[tuple[str, torch.Tensor]]:
+        return [(n, p.grad) for n, p in zip(self.names, self.params)
+                if p.grad is not None and p.grad.is_floating_point()
+                and not torch.isfinite(p.grad).all()]
+
+    def bad_params(self) -> list[tuple[str, torch.Tensor]]:
+        return [(n, p) for n, p in zip(self.names, self.params)
+                if p.is_floating_point() and not torch.isfinite(p).all()]
+
+    def table(self) -> dict:
+        self.take_grads()
+        cols: dict[str, list] = {k: [] for k in (
+            "numel", "requires_grad", "has_grad", "grad_norm", "grad_nan", "grad_inf",
+            "weight_norm", "weight_mean", "weight_std", "update_norm", "update_ratio")}
+        with torch.no_grad():
+            for p, b, g in zip(self.params, self.before, self.grads or []):
+                w = b.double()  # weight statistics: the weights this step started from
+                cols["numel"].append(p.numel())
+                cols["requires_grad"].append(p.requires_grad)
+                cols["has_grad"].append(g[0])
+                cols["grad_norm"].append(g[1])
+                cols["grad_nan"].append(g[2])
+                cols["grad_inf"].append(g[3])
+                wn = _norm(b)
+                cols["weight_norm"].append(wn)
+                cols["weight_mean"].append(w.mean().item() if p.numel() else NAN)
+                cols["weight_std"].append(w.std(correction=0).item() if p.numel() else NAN)
+                un = _norm(p.detach().double() - w)
+                cols["update_norm"].append(un)
+                ratio = un / wn if wn > 0 and math.isfinite(wn) else NAN
+                cols["update_ratio"].append(ratio)
+        out = {k: np.asarray(v) for k, v in cols.items()}
+        out["names"] = list(self.names)
+        return out
+
+    def release(self) -> None:
+        self.before = []
+        self.params = []

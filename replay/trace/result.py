@@ -1,0 +1,89 @@
+"""``TraceResult``: what one traced step saw, as plain numbers, strings and numpy arrays."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from replay.store.forensics import OPS_COLUMNS, PHASES, STATS_COLUMNS, STATUSES, write_forensics
+
+__all__ = ["TraceResult"]
+
+
+@dataclass
+class TraceResult:
+    """The op table (columns per ``docs/forensics.md``), the verdict and the step's picture.
+
+    Example::
+
+        r = trace_step(model, opt, train_step, batch)
+        r.verdict["kind"], r.verdict["op"], r.op_row(r.verdict["op_index"])
+        r.write("run.forensics.h5", run_id="abc", step=123)
+    """
+
+    verdict: dict
+    ops: dict[str, np.ndarray]
+    strings: dict[str, list[str]]
+    modules: dict[str, np.ndarray]
+    params: dict[str, np.ndarray]
+    memory: dict
+    sources: dict
+    batch: dict
+    loss: float | None = None
+    exception: dict | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def n_ops(self) -> int:
+        return len(self.ops["phase"])
+
+    def op_row(self, i: int) -> dict:
+        """One op with its strings decoded (the same shape as ``ForensicsReader.op_row``)."""
+        s = self.strings
+        c = {k: v[i] for k, v in self.ops.items()}
+
+        def get(table: str, idx) -> str | None:
+            return s[table][int(idx)] if int(idx) >= 0 else None
+
+        return {
+            "index": i, "phase": PHASES[int(c["phase"])], "op": get("ops", c["name"]),
+            "module": get("modules", c["module"]), "source": get("locations", c["source"]),
+            "node": get("nodes", c["node"]), "status": STATUSES[int(c["status"])],
+            "inputs": get("shapes", c["inputs"]), "outputs": get("shapes", c["outputs"]),
+            "stats": dict(zip(STATS_COLUMNS, (float(x) for x in c["stats"]))),
+            "mem_bytes": int(c["mem_bytes"]), "time_ns": int(c["time_ns"]),
+        }
+
+    def find_ops(self, op: str) -> list[int]:
+        """Row indices of every op with this name (``aten::log``)."""
+        try:
+            k = self.strings["ops"].index(op)
+        except ValueError:
+            return []
+        return np.flatnonzero(self.ops["name"] == k).tolist()
+
+    def set_samples(self, indices: list[int], exact: bool) -> None:
+        """Record the culprit samples found by ``find_culprit_samples``."""
+        self.verdict["samples"] = [int(i) for i in indices]
+        self.verdict["samples_exact"] = bool(exact)
+        self.batch["culprits"] = [int(i) for i in indices]
+
+    def to_tables(self, step: int | None = None) -> dict:
+        """What ``replay.store.forensics.write_forensics`` takes."""
+        verdict = dict(self.verdict)
+        if step is not None:
+            verdict["step"] = int(step)
+        modules = {k: v for k, v in self.modules.items() if k != "names"}
+        params = {k: v for k, v in self.params.items() if k != "names"}
+        params["name"] = np.arange(len(self.strings["params"]), dtype=np.int32)
+        ops = {k: self.ops[k] for k in OPS_COLUMNS}
+        return {
+            "verdict": verdict, "ops": ops, "strings": self.strings, "modules": modules,
+            "params": params, "memory": self.memory, "sources": self.sources,
+            "batch": self.batch,
+        }
+
+    def write(self, path: str | os.PathLike, run_id: str, step: int) -> None:
+        write_forensics(path, run_id=run_id, step=step, tables=self.to_tables(step))

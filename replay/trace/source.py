@@ -1,0 +1,141 @@
+"""User source locations: which frames are "user code", interned locations and stacks, and the
+text of the referenced lines (read with ``linecache`` at trace time, so the TUI never opens the
+user's files)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import linecache
+import os
+import sys
+import sysconfig
+from types import CodeType, FrameType, TracebackType
+
+import torch
+
+__all__ = ["Interner", "Locations", "is_user_file", "snapshot_sources"]
+
+CONTEXT_LINES = 3
+MAX_STACK = 16
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_REPLAY_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_STDLIB_DIRS = tuple(
+    {os.path.realpath(p) + os.sep for p in (sysconfig.get_paths()["stdlib"],)}
+    | {sysconfig.get_paths()["stdlib"] + os.sep}
+)
+_SKIP_PREFIXES = (_TORCH_DIR, _REPLAY_DIR, *_STDLIB_DIRS)
+_SKIP_PARTS = (os.sep + "_pytest" + os.sep, os.sep + "pluggy" + os.sep)
+
+
+def is_user_file(filename: str) -> bool:
+    """Not torch, not replay, not the standard library, not a ``<frozen ...>`` pseudo-file."""
+    if filename.startswith("<") or filename.startswith(_SKIP_PREFIXES):
+        return False
+    return not any(p in filename for p in _SKIP_PARTS)
+
+
+class Interner:
+    """Strings to dense indices, first come first numbered."""
+
+    def __init__(self) -> None:
+        self.index: dict[str, int] = {}
+        self.items: list[str] = []
+
+    def __call__(self, s: str) -> int:
+        i = self.index.get(s)
+        if i is None:
+            i = self.index[s] = len(self.items)
+            self.items.append(s)
+        return i
+
+
+class Locations:
+    """Interns ``file:line:function`` locations and JSON stacks of them (innermost last)."""
+
+    def __init__(self) -> None:
+        self.locations = Interner()
+        self.stacks = Interner()
+        self._user: dict[CodeType, bool] = {}
+        self._loc_key: dict[tuple[str, int, str], int] = {}
+        self._stack_key: dict[tuple[int, ...], int] = {}
+
+    def _is_user(self, code: CodeType) -> bool:
+        u = self._user.get(code)
+        if u is None:
+            u = self._user[code] = is_user_file(code.co_filename)
+        return u
+
+    def _loc(self, filename: str, line: int, func: str) -> int:
+        key = (filename, line, func)
+        i = self._loc_key.get(key)
+        if i is None:
+            i = self._loc_key[key] = self.locations(f"{filename}:{line}:{func}")
+        return i
+
+    def _stack(self, locs: tuple[int, ...]) -> int:
+        i = self._stack_key.get(locs)
+        if i is None:
+            i = self._stack_key[locs] = self.stacks(json.dumps(list(locs)))
+        return i
+
+    def here(self, frame: FrameType | None = None) -> tuple[int, int]:
+        """``(location, stack)`` indices of the calling user code; ``(-1, -1)`` if none."""
+        f = frame if frame is not None else sys._getframe(1)
+        locs: list[int] = []
+        while f is not None and len(locs) < MAX_STACK:
+            code = f.f_code
+            if self._is_user(code):
+                locs.append(self._loc(code.co_filename, f.f_lineno, code.co_name))
+            f = f.f_back
+        if not locs:
+            return -1, -1
+        locs.reverse()
+        return locs[-1], self._stack(tuple(locs))
+
+    def from_traceback(self, tb: TracebackType | None) -> tuple[int, int]:
+        """The innermost user frame of a traceback (where a Python-level error was raised)."""
+        locs: list[int] = []
+        while tb is not None:
+            code = tb.tb_frame.f_code
+            if self._is_user(code):
+                locs.append(self._loc(code.co_filename, tb.tb_lineno, code.co_name))
+            tb = tb.tb_next
+        if not locs:
+            return -1, -1
+        locs = locs[-MAX_STACK:]
+        return locs[-1], self._stack(tuple(locs))
+
+    def describe(self, index: int) -> dict | None:
+        """``{"file", "line", "function", "code"}`` for a location index."""
+        if index < 0:
+            return None
+        filename, line, func = self.locations.items[index].rsplit(":", 2)
+        code = linecache.getline(filename, int(line)).strip()
+        return {"file": filename, "line": int(line), "function": func, "code": code}
+
+
+def snapshot_sources(locations: list[str]) -> dict:
+    """The referenced lines, with ``CONTEXT_LINES`` of context, per file, plus the file's sha256."""
+    wanted: dict[str, set[int]] = {}
+    for loc in locations:
+        filename, line, _ = loc.rsplit(":", 2)
+        n = int(line)
+        wanted.setdefault(filename, set()).update(
+            range(max(1, n - CONTEXT_LINES), n + CONTEXT_LINES + 1)
+        )
+    out: dict[str, dict] = {}
+    for filename, lines in wanted.items():
+        try:
+            with open(filename, "rb") as fh:
+                digest: str | None = hashlib.sha256(fh.read()).hexdigest()
+        except OSError:
+            digest = None
+        text = {}
+        for n in sorted(lines):
+            s = linecache.getline(filename, n)
+            if s:
+                text[str(n)] = s.rstrip("\n")
+        out[filename] = {"sha256": digest, "lines": text}
+    return out

@@ -1,0 +1,121 @@
+"""Per-tensor summary statistics, computed with fused reductions and returned as Python numbers.
+
+The fast path (every value finite, which ``aminmax`` decides in one pass) costs four reductions:
+``aminmax``, ``sum``, ``dot`` (sum of squares) and ``count_nonzero``. Only a tensor holding NaN
+or Inf pays for masks. The histogram is taken over an evenly strided sample of at most
+``HIST_SAMPLE`` values (scaled to the tensor's size): it is a picture, not an exact count.
+
+NB: call these with the tracing modes switched off; they never keep a reference to the tensor.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+__all__ = ["STATS_COLUMNS", "N_BINS", "NAN_ROW", "tensor_stats", "stats_dict", "finite_kind",
+           "kind_of_row"]
+
+STATS_COLUMNS = ("min", "max", "mean", "std", "absmax", "nan", "posinf", "neginf", "zeros", "numel")
+N_BINS = 16
+HIST_SAMPLE = 1024
+NAN = float("nan")
+NAN_ROW = (NAN,) * 9
+_EMPTY_HIST = np.zeros(N_BINS, dtype=np.float32)
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    f = t.detach().reshape(-1)
+    if f.dtype not in (torch.float32, torch.float64):
+        f = f.to(torch.float32)
+    return f
+
+
+def _hist(f: torch.Tensor, lo: float, hi: float) -> np.ndarray:
+    n = f.numel()
+    if n < 2:
+        h = np.zeros(N_BINS, dtype=np.float32)
+        h[0] = n
+        return h
+    step = max(1, n // HIST_SAMPLE)
+    sample = f[::step] if step > 1 else f
+    if hi <= lo:
+        h = np.zeros(N_BINS, dtype=np.float32)
+        h[0] = n
+        return h
+    h = torch.histc(sample, N_BINS, lo, hi).numpy().astype(np.float32)
+    if step > 1:
+        h *= n / max(1, sample.numel())
+    return h
+
+
+def _moments(f: torch.Tensor) -> tuple[float, float]:
+    n = f.numel()
+    s = f.sum(dtype=torch.float64).item()
+    sq = torch.dot(f, f).item() if f.dtype == torch.float32 else (f * f).sum().item()
+    mean = s / n
+    var = max(0.0, sq / n - mean * mean)
+    return mean, math.sqrt(var)
+
+
+def tensor_stats(t: torch.Tensor, *, hist: bool = True) -> tuple[tuple, np.ndarray]:
+    """``(row, hist)``: row = the 10 STATS_COLUMNS values over the finite values (counts over
+    all values); non-floating tensors get min/max/mean over their values and zero NaN counts.
+    """
+    n = t.numel()
+    if n == 0:
+        return (NAN, NAN, NAN, NAN, NAN, 0.0, 0.0, 0.0, 0.0, 0.0), _EMPTY_HIST
+    if t.dtype == torch.bool:
+        z = float(n - torch.count_nonzero(t).item())
+        return (0.0, 1.0, 1.0 - z / n, NAN, 1.0, 0.0, 0.0, 0.0, z, float(n)), _EMPTY_HIST
+    if t.is_complex():
+        return (*NAN_ROW, float(n)), _EMPTY_HIST
+    f = _flat(t)
+    lo, hi = (v.item() for v in torch.aminmax(f))
+    zeros = float(n - torch.count_nonzero(f).item())
+    if math.isfinite(lo) and math.isfinite(hi):
+        mean, std = _moments(f)
+        absmax = max(abs(lo), abs(hi))
+        row = (lo, hi, mean, std, absmax, 0.0, 0.0, 0.0, zeros, float(n))
+        return row, (_hist(f, lo, hi) if hist else _EMPTY_HIST)
+    finite = torch.isfinite(f)
+    n_nan = float(torch.isnan(f).sum().item())
+    n_pos = float((f == math.inf).sum().item())
+    n_neg = float((f == -math.inf).sum().item())
+    good = f[finite]
+    if good.numel() == 0:
+        return (NAN, NAN, NAN, NAN, NAN, n_nan, n_pos, n_neg, zeros, float(n)), _EMPTY_HIST
+    lo, hi = (v.item() for v in torch.aminmax(good))
+    mean, std = _moments(good)
+    row = (lo, hi, mean, std, max(abs(lo), abs(hi)), n_nan, n_pos, n_neg, zeros, float(n))
+    return row, (_hist(good, lo, hi) if hist else _EMPTY_HIST)
+
+
+def finite_kind(t: torch.Tensor) -> str:
+    """"finite", "neginf" (the non-finite values are all -inf), "inf" (+inf, no NaN) or "nan".
+
+    One ``aminmax`` (NaN propagates through it); non-floating tensors are "finite".
+    """
+    if not t.is_floating_point() or t.numel() == 0:
+        return "finite"
+    lo, hi = (v.item() for v in torch.aminmax(_flat(t)))
+    if math.isfinite(lo) and math.isfinite(hi):
+        return "finite"
+    if math.isnan(lo) or math.isnan(hi):
+        return "nan"
+    return "inf" if hi == math.inf else "neginf"
+
+
+def kind_of_row(row: tuple) -> str:
+    """The same classification as ``finite_kind``, from a statistics row."""
+    if row[5] > 0:
+        return "nan"
+    if row[6] > 0:
+        return "inf"
+    return "neginf" if row[7] > 0 else "finite"
+
+
+def stats_dict(row: tuple) -> dict:
+    return dict(zip(STATS_COLUMNS, (float(v) for v in row)))

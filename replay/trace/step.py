@@ -1,0 +1,182 @@
+"""``trace_step``: run the user's own step once under the tracer and judge it."""
+
+from __future__ import annotations
+
+import math
+import traceback
+import warnings
+
+import numpy as np
+import torch
+
+from replay.trace.mode import Tracer
+from replay.trace.origins import storage_key
+from replay.trace.picture import ParamPicture, batch_leaves, batch_picture, present_keys
+from replay.trace.result import TraceResult
+from replay.trace.samples import batch_size_of
+from replay.trace.source import snapshot_sources
+from replay.trace.verdict import build_verdict
+
+__all__ = ["trace_step"]
+
+
+def _eager(model: torch.nn.Module, step_fn):
+    """A ``torch.compile``\\ d model is traced eagerly: its ``_orig_mod``, with dynamo off."""
+    eager = getattr(model, "_orig_mod", model)
+    if eager is not model or any(hasattr(m, "_orig_mod") for m in eager.modules()):
+        with warnings.catch_warnings():  # torch.jit deprecation noise on importing dynamo
+            warnings.simplefilter("ignore", DeprecationWarning)
+            import torch._dynamo
+
+        return eager, torch._dynamo.disable(step_fn)
+    return eager, step_fn
+
+
+def _match_raise(tracer: Tracer, exc: BaseException) -> int | None:
+    text = str(exc)
+    for index, raised, _, _ in reversed(tracer.raised):
+        if raised is exc or (str(raised) and (str(raised) in text or text in str(raised))):
+            return index
+    return None
+
+
+def trace_step(model, optimizer, step_fn, batch, *, scaler=None) -> TraceResult:
+    """Run ``step_fn(model, optimizer, batch)`` once, recording every aten op of forward,
+    backward and the optimizer step, and return what was seen with a verdict.
+
+    The step's exception, if any, is caught and described in the result (never re-raised).
+    ``scaler``: the GradScaler the step uses, so that a step it skips is not a failure.
+
+    Example::
+
+        r = trace_step(model, opt, train_step, (x, y))
+        print(r.verdict["kind"], r.verdict["op"], r.verdict["module"], r.verdict["source"])
+    """
+    eager, run = _eager(model, step_fn)
+    bsize = batch_size_of(batch)
+    batch_pic = batch_picture(batch, bsize)
+    batch_bad = batch_pic.pop("nonfinite")
+    params = ParamPicture(eager)
+    batch_keys = {k for _, t in batch_leaves(batch) if (k := storage_key(t)) is not None}
+    cuda = any(p.is_cuda for p in eager.parameters())
+    tracer = Tracer(eager, optimizer, batch_keys, present_keys(eager, optimizer), cuda=cuda)
+    sinks: list[tuple[str, frozenset[int]]] = []
+    notes: list[str] = []
+    ran_optimizer = []
+
+    def grad_sink() -> None:
+        params.take_grads()
+        bad = params.bad_grads()
+        if bad:
+            origins = frozenset().union(*(tracer.origins.of(g) for _, g in bad))
+            sinks.append((f"gradients ({', '.join(n for n, _ in bad[:4])})", origins))
+
+    def at_optimizer() -> None:
+        ran_optimizer.append(True)
+        grad_sink()
+
+    tracer.on_optimizer_pre = at_optimizer
+    loss_value, exc_info = None, None
+    with tracer:
+        try:
+            loss = run(eager, optimizer, batch)
+        except Exception as exc:  # the step's failure is what we are here to describe
+            loss = None
+            exc_info = exc
+    if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+        loss_value = loss.detach().double().item()
+        if not math.isfinite(loss_value):
+            sinks.insert(0, ("the loss", tracer.origins.of(loss)))
+    elif isinstance(loss, float):
+        loss_value = loss
+        if not math.isfinite(loss):
+            # a Python float carries no storage: any op origin may have made it
+            sinks.insert(0, ("the loss", frozenset(tracer.origins.klass)))
+    del loss
+    if exc_info is None and not ran_optimizer:
+        if scaler is not None:
+            notes.append("the GradScaler skipped the optimizer step (non-finite gradients); "
+                         "under AMP that is normal, not a failure")
+            params.take_grads()
+        else:
+            grad_sink()
+    bad_params = params.bad_params() if exc_info is None else []
+    if bad_params:
+        origins = frozenset().union(*(tracer.origins.of(p) for _, p in bad_params))
+        sinks.append((f"parameters ({', '.join(n for n, _ in bad_params[:4])})", origins))
+
+    exception = None
+    if exc_info is not None:
+        index = _match_raise(tracer, exc_info)
+        loc, _ = tracer.locs.from_traceback(exc_info.__traceback__)
+        exception = {
+            "type": type(exc_info).__name__,
+            "message": str(exc_info),
+            "op_index": index,
+            "source": tracer.locs.describe(loc),
+            "traceback": "".join(traceback.format_exception(exc_info)),
+        }
+        exc_info = None
+    verdict = build_verdict(tracer, sinks=sinks, exception=exception,
+                            batch_nonfinite=batch_bad or None, notes=notes)
+    tracer.raised = [(i, None, ins, at) for i, _, ins, at in tracer.raised]  # drop frames
+    result = _result(tracer, eager, params, batch_pic, verdict, exception, loss_value)
+    params.release()
+    return result
+
+
+def _result(tracer: Tracer, model, params: ParamPicture, batch_pic: dict, verdict: dict,
+            exception: dict | None, loss: float | None) -> TraceResult:
+    c = tracer.cols
+    n = len(tracer.stats)
+    ops = {
+        "phase": np.asarray(c["phase"], dtype=np.uint8),
+        "name": np.asarray(c["name"], dtype=np.int32),
+        "module": np.asarray(c["module"], dtype=np.int32),
+        "source": np.asarray(c["source"], dtype=np.int32),
+        "stack": np.asarray(c["stack"], dtype=np.int32),
+        "node": np.asarray(c["node"], dtype=np.int32),
+        "status": np.asarray(c["status"], dtype=np.uint8),
+        "inputs": np.asarray(c["inputs"], dtype=np.int32),
+        "outputs": np.asarray(c["outputs"], dtype=np.int32),
+        "stats": np.asarray(tracer.stats, dtype=np.float64).reshape(n, 10),
+        "hist": np.asarray(tracer.hist, dtype=np.float32).reshape(n, 16),
+        "mem_bytes": np.asarray(c["mem_bytes"], dtype=np.int64),
+        "time_ns": np.asarray(c["time_ns"], dtype=np.int64),
+    }
+    names = tracer.modules.items
+    kinds, kind_index = [], {}
+    mods = dict(model.named_modules())
+    rows: dict[str, list] = {k: [] for k in ("name", "kind", "parent", "act_mean", "act_std",
+                                             "act_absmax", "act_zero_frac", "act_nonfinite",
+                                             "n_ops")}
+    counts = np.bincount(ops["module"][ops["module"] >= 0], minlength=len(names))
+    for i, name in enumerate(names):
+        kind = type(mods[name]).__name__ if name in mods else "?"
+        if kind not in kind_index:
+            kind_index[kind] = len(kinds)
+            kinds.append(kind)
+        parent = name.rpartition(".")[0] if name else None
+        rows["name"].append(i)
+        rows["kind"].append(kind_index[kind])
+        rows["parent"].append(tracer.modules.index.get(parent, -1) if parent is not None else -1)
+        act = tracer.module_acts.get(i, (np.nan,) * 5)
+        for k, v in zip(("act_mean", "act_std", "act_absmax", "act_zero_frac", "act_nonfinite"),
+                        act):
+            rows[k].append(v)
+        rows["n_ops"].append(int(counts[i]) if i < len(counts) else 0)
+    modules = {k: np.asarray(v) for k, v in rows.items()}
+    param_table = params.table()
+    strings = {
+        "ops": tracer.op_names.items, "modules": names,
+        "locations": tracer.locs.locations.items, "stacks": tracer.locs.stacks.items,
+        "shapes": tracer.shapes.items, "module_kinds": kinds,
+        "params": param_table.pop("names"), "nodes": tracer.nodes.items,
+    }
+    memory = {"peak_bytes": tracer.memory.peak_bytes, "peak_op": tracer.memory.peak_op,
+              "largest": tracer.memory.largest}
+    return TraceResult(
+        verdict=verdict, ops=ops, strings=strings, modules=modules, params=param_table,
+        memory=memory, sources=snapshot_sources(tracer.locs.locations.items), batch=batch_pic,
+        loss=loss, exception=exception, notes=verdict["notes"],
+    )

@@ -1,0 +1,139 @@
+"""The verdict: which op is to blame, per ``docs/forensics.md`` ``/verdict``.
+
+Rule (producer, not propagator; see ``origins.py`` for how origins are tracked):
+
+1. The step raised: kind ``"exception"``, naming the op being dispatched when it raised (with its
+   inputs) or, for an error raised in Python before any op, the user line from the traceback.
+2. Otherwise look at the *sinks* in the order they are computed: the loss, then the gradients
+   (when the optimizer starts, or at the end of the step), then the parameters after the update.
+   With a GradScaler, non-finite gradients of a step the scaler skipped are normal and ignored.
+   Nothing non-finite in any sink: kind ``"none"``; every non-finite op is exempt (status 4),
+   however it got there (an attention mask's ``-inf``, RNN ``empty_like`` buffers).
+3. The first bad sink's origins decide. If the batch (or state present before the step) is among
+   them, the verdict says so and names the first op that consumed it. Otherwise the culprit is the
+   earliest ``"real"`` origin (NaN or ``+inf`` out of finite inputs, or NaN made from mask
+   ``-inf``\\ s); failing that, the earliest ``"mask"`` origin (a ``-inf`` that did reach the loss,
+   e.g. ``log`` of an underflowed softmax). Uninitialised allocations are never culprits: when
+   only they reach a sink, the first op that consumed them is named, with a note.
+
+Statuses: origins that reached a sink are producers (1), ops carrying them propagators (2),
+every other non-finite op is exempt (4), ops that raised are 3.
+"""
+
+from __future__ import annotations
+
+from replay.trace.mode import Tracer
+from replay.trace.origins import BATCH, PRESENT
+from replay.trace.stats import stats_dict
+
+__all__ = ["build_verdict", "PHASE_NAMES"]
+
+PHASE_NAMES = ("forward", "backward", "optimizer", "other")
+N_PROPAGATORS = 8
+N_PREVIOUS = 8
+
+
+def _op_ref(tr: Tracer, i: int) -> dict:
+    mod = tr.cols["module"][i]
+    return {
+        "op_index": i,
+        "op": tr.op_names.items[tr.cols["name"][i]],
+        "phase": PHASE_NAMES[tr.cols["phase"][i]],
+        "module": tr.modules.items[mod] if mod >= 0 else None,
+    }
+
+
+def _describe_op(tr: Tracer, i: int, inputs: list[dict], executed_at: int) -> dict:
+    ref = _op_ref(tr, i)
+    backward = tr.cols["phase"][i] == 1
+    node = tr.cols["node"][i]
+    src = tr.locs.describe(tr.cols["source"][i])
+    ref.update(
+        source=src,
+        created_at=src if backward else None,
+        executed_at=tr.locs.describe(executed_at),
+        autograd_node=tr.nodes.items[node] if node >= 0 else None,
+        inputs=inputs,
+    )
+    return ref
+
+
+def _first_consumer(tr: Tracer, origin: int) -> int | None:
+    for i in sorted(tr.nonfinite):
+        if origin in tr.nonfinite[i].origins and tr.nonfinite[i].role == "propagator":
+            return i
+    return None
+
+
+def build_verdict(tr: Tracer, *, sinks: list[tuple[str, frozenset[int]]], exception: dict | None,
+                  batch_nonfinite: dict | None, notes: list[str]) -> dict:
+    """``sinks``: (name, origins) of each non-finite sink, in the order they were computed."""
+    v: dict = {
+        "step": None, "kind": "none", "op_index": None, "op": None, "phase": None,
+        "module": None, "source": None, "created_at": None, "executed_at": None,
+        "autograd_node": None, "inputs": [], "output": None, "propagators": [],
+        "previous": [], "exception": exception,
+        "batch_nonfinite": {"leaves": batch_nonfinite} if batch_nonfinite else None,
+        "samples": None, "samples_exact": None, "sinks": [s for s, _ in sinks],
+        "notes": list(notes),
+    }
+    status = tr.cols["status"]
+    for i in tr.nonfinite:
+        status[i] = 4
+    for i, *_ in tr.raised:
+        status[i] = 3
+    if exception is not None:
+        v["kind"] = "exception"
+        i = exception.get("op_index")
+        if i is not None:
+            raised = next(r for r in tr.raised if r[0] == i)
+            v.update(_describe_op(tr, i, raised[2], raised[3]))
+            v["previous"] = [_op_ref(tr, j) for j in range(max(0, i - N_PREVIOUS), i)]
+        else:
+            v["source"] = exception.get("source")
+            n = len(status)
+            v["previous"] = [_op_ref(tr, j) for j in range(max(0, n - N_PREVIOUS), n)]
+        return v
+    if not sinks:
+        if tr.nonfinite:
+            v["notes"].append(
+                f"{len(tr.nonfinite)} op(s) made non-finite values that never reached the loss, "
+                "the gradients or the parameters (masks, uninitialised buffers): exempt")
+        return v
+    v["kind"] = "nonfinite"
+    first = sinks[0][1]
+    reached = frozenset().union(*(o for _, o in sinks))
+    for i, nf in tr.nonfinite.items():
+        if nf.origins & reached:
+            status[i] = 1 if i in reached else 2
+    ops = sorted(o for o in first if o >= 0)
+    real = [o for o in ops if tr.origins.klass.get(o) == "real"]
+    mask = [o for o in ops if tr.origins.klass.get(o) == "mask"]
+    culprit: int | None = None
+    if BATCH in first:
+        v["notes"].append("the batch already held non-finite values; no op produced them")
+        culprit = _first_consumer(tr, BATCH)
+    elif PRESENT in first:
+        v["notes"].append("parameters, gradients or optimizer state were already non-finite "
+                          "before this step: the failure began at an earlier step")
+        culprit = _first_consumer(tr, PRESENT)
+    elif real or mask:
+        culprit = (real or mask)[0]
+    elif ops:
+        culprit = _first_consumer(tr, ops[0])
+        v["notes"].append("only uninitialised buffers (" + tr.op_names.items[
+            tr.cols["name"][ops[0]]] + f", op {ops[0]}) reached {sinks[0][0]}: the op named "
+                          "read memory it never wrote")
+    if culprit is None:
+        v["notes"].append(f"{sinks[0][0]} is non-finite but no traced op explains it")
+        return v
+    nf = tr.nonfinite[culprit]
+    v.update(_describe_op(tr, culprit, nf.inputs, nf.executed_at))
+    status[culprit] = 1 if nf.role == "producer" else 2
+    v["output"] = {**nf.output, "stats": stats_dict(tr.stats[culprit])}
+    key = culprit if nf.role == "producer" else next(iter(nf.origins))
+    v["propagators"] = [
+        _op_ref(tr, i) for i in sorted(tr.nonfinite)
+        if i > culprit and tr.nonfinite[i].role == "propagator" and key in tr.nonfinite[i].origins
+    ][:N_PROPAGATORS]
+    return v
