@@ -1,8 +1,9 @@
 """A tiny real training run for the TUI tests: ``python train_fixture.py OUT_DIR [--trace]``.
 
 Copied into OUT_DIR and run there, so the recording's paths are relative to its folder (the
-screens show ``train_fixture.py:NN``, stable across machines). Step 6's batch carries NaN in
-samples 3 and 5: the loss goes NaN and the Recorder stops the run. With ``--trace`` it rebuilds
+screens show ``train_fixture.py:NN``, stable across machines). Step 6's batch has
+samples 3 and 5 all zeros: ``Normalize`` divides them by their zero norm (0/0, a NaN
+produced inside the model, in ``body.0.norm``), the loss goes NaN and the Recorder stops the run. With ``--trace`` it rebuilds
 the model, re-runs steps 0..5 and traces step 6 into ``run.forensics.h5`` (needs replay.trace).
 """
 
@@ -18,20 +19,25 @@ torch.set_num_threads(1)
 BAD_STEP, BAD_SAMPLES = 6, (3, 5)
 
 
+class Normalize(nn.Module):
+    def forward(self, x):
+        return x / x.norm(dim=1, keepdim=True)
+
+
 class Block(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, bias: bool = True) -> None:
         super().__init__()
-        self.fc = nn.Linear(8, 8)
-        self.act = nn.Tanh()
+        self.fc = nn.Linear(8, 8, bias=bias)
+        self.norm = Normalize()
 
     def forward(self, x):
-        return self.act(self.fc(x))
+        return self.norm(self.fc(x))
 
 
 class Net(nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.body = nn.Sequential(Block(), Block())
+        self.body = nn.Sequential(Block(bias=False), Block())
         self.head = nn.Linear(8, 2)
 
     def forward(self, x):
@@ -58,7 +64,7 @@ def batch_of(step):
     x = torch.randn(8, 8, generator=g)
     y = torch.randint(0, 2, (8,), generator=g)
     if step == BAD_STEP:
-        x[list(BAD_SAMPLES), 2] = float("nan")
+        x[list(BAD_SAMPLES)] = 0.0
     return {"x": x, "y": y}
 
 
@@ -81,9 +87,8 @@ def main(out: str, trace: bool) -> None:
             except replay.NonFiniteLossError:
                 break
     if trace:
-        from replay.trace import trace_step
-
         from replay.store import open_recording
+        from replay.trace import trace_step
 
         model, opt = build()
         for step in range(BAD_STEP):

@@ -4,6 +4,7 @@ with the warning signs marked (vanishing, exploding, dead, update ratio far from
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -85,16 +86,19 @@ class GradientsScreen(RunScreen):
         if reader is self._built_for:
             return
         self._built_for = reader
+        self.run_worker(self._build(reader), group="build", exclusive=True)
+
+    async def _build(self, reader: Any) -> None:
         body = self.query_one("#grad-body", Vertical)
-        body.remove_children()
+        await body.remove_children()
         if reader is None:
-            body.mount(NoForensics(self.model.no_forensics_message))
+            await body.mount(NoForensics(self.model.no_forensics_message))
             return
         self.params = reader.params()
         table: DataTable = DataTable(id="grad-table", cursor_type="row", zebra_stripes=True)
         for col in ("parameter", "numel", "grad norm", "NaN", "Inf", "update/weight", "signs"):
             table.add_column(col, key=col)
-        body.mount(table, Static(id="grad-status"))
+        await body.mount(table, Static(id="grad-status"))
         self._fill()
         table.focus()
 

@@ -3,6 +3,8 @@ highlighted and unfolded; choosing a module shows its ops."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from rich.text import Text
 from textual import on
@@ -40,7 +42,7 @@ def module_label(row: dict, culprit: bool) -> Text:
 class LayersScreen(RunScreen):
     TITLE_SUFFIX = "layers"
     BINDINGS = [
-        Binding("enter", "show_ops", "ops of module"),
+        Binding("o", "show_ops", "ops of module"),
         Binding("c", "culprit", "culprit module"),
         Binding("e", "expand_all", "expand all"),
         Binding("E", "collapse_all", "collapse all", show=False),
@@ -62,10 +64,13 @@ class LayersScreen(RunScreen):
         if reader is self._built_for:
             return
         self._built_for = reader
+        self.run_worker(self._build(reader), group="build", exclusive=True)
+
+    async def _build(self, reader: Any) -> None:
         body = self.query_one("#layers-body", Vertical)
-        body.remove_children()
+        await body.remove_children()
         if reader is None:
-            body.mount(NoForensics(self.model.no_forensics_message))
+            await body.mount(NoForensics(self.model.no_forensics_message))
             return
         rows = reader.modules()
         culprit = reader.verdict.get("module")
@@ -85,7 +90,7 @@ class LayersScreen(RunScreen):
         tree.root.expand()
         for node in list(nodes.values())[:1]:
             node.expand()
-        body.mount(tree)
+        await body.mount(tree)
         self.call_after_refresh(self.action_culprit)
 
     def action_culprit(self) -> None:

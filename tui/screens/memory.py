@@ -52,10 +52,13 @@ class MemoryScreen(RunScreen):
         if reader is self._built_for:
             return
         self._built_for = reader
+        self.run_worker(self._build(reader), group="build", exclusive=True)
+
+    async def _build(self, reader: Any) -> None:
         body = self.query_one("#mem-body", Vertical)
-        body.remove_children()
+        await body.remove_children()
         if reader is None:
-            body.mount(NoForensics(self.model.no_forensics_message))
+            await body.mount(NoForensics(self.model.no_forensics_message))
             return
         self.info = reader.memory()
         table: DataTable = DataTable(id="mem-table", cursor_type="row")
@@ -69,7 +72,7 @@ class MemoryScreen(RunScreen):
                 str(t["op_index"]),
                 t["op"],
             )
-        body.mount(
+        await body.mount(
             SeriesPlot("memory in use over the step's ops", id="mem-plot"),
             Static(id="mem-info"),
             table,

@@ -60,10 +60,13 @@ class OpsScreen(RunScreen):
         if reader is self._built_for:
             return
         self._built_for = reader
+        self.run_worker(self._build(reader), group="build", exclusive=True)
+
+    async def _build(self, reader: Any) -> None:
         body = self.query_one("#ops-body", Vertical)
-        body.remove_children()
+        await body.remove_children()
         if reader is None:
-            body.mount(NoForensics(self.model.no_forensics_message))
+            await body.mount(NoForensics(self.model.no_forensics_message))
             return
         self.full = None
         op_list = OpList(reader, id="op-list")
@@ -74,7 +77,7 @@ class OpsScreen(RunScreen):
         )
         filt.display = False
         detail = VerticalScroll(OpDetail(id="op-detail"), id="detail-box")
-        body.mount(
+        await body.mount(
             Horizontal(Vertical(op_list, status, filt, id="list-box"), detail, id="ops-split")
         )
         culprit = reader.verdict.get("op_index")

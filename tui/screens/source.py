@@ -73,6 +73,7 @@ class SourceScreen(RunScreen):
     #frames { width: 40%; max-width: 60; height: 1fr; }
     #code-box { width: 1fr; height: 1fr; border-left: vkey $panel; }
     #source-title { height: 1; background: $panel; padding: 0 1; }
+    #code { width: auto; }
     """
 
     def __init__(self, model: Any) -> None:
