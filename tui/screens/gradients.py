@@ -70,7 +70,7 @@ class GradientsScreen(RunScreen):
 
     def __init__(self, model) -> None:
         super().__init__(model)
-        self._built_for = None
+        self._built_for: Any = False  # not built yet; None means built without forensics
         self.params: list[dict] = []
         self.sort_key = "warnings"
         self.descending = True

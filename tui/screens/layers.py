@@ -51,7 +51,7 @@ class LayersScreen(RunScreen):
 
     def __init__(self, model) -> None:
         super().__init__(model)
-        self._built_for = None
+        self._built_for: Any = False  # not built yet; None means built without forensics
         self.culprit_node = None
 
     def compose(self) -> ComposeResult:

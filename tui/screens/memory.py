@@ -37,7 +37,7 @@ class MemoryScreen(RunScreen):
 
     def __init__(self, model: Any) -> None:
         super().__init__(model)
-        self._built_for = None
+        self._built_for: Any = False  # not built yet; None means built without forensics
         self.mem: np.ndarray | None = None
         self.info: dict | None = None
         self.cursor = 0

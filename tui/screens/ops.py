@@ -46,7 +46,7 @@ class OpsScreen(RunScreen):
         self.filter = OpFilter()
         self.full: dict[str, np.ndarray] | None = None  # whole id columns, read in a worker
         self._pending_select: int | None = None
-        self._built_for: Any = None
+        self._built_for: Any = False  # False: not built yet (None means "built without forensics")
 
     def compose(self) -> ComposeResult:
         yield Header()
