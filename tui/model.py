@@ -36,8 +36,10 @@ def shorten_path(path: str | None, base: str) -> str:
             continue
         if not rel.startswith(".."):
             return rel
-    home = os.path.expanduser("~")
-    return "~" + path[len(home) :] if path.startswith(home + os.sep) else path
+    # elsewhere: the last two components say enough on a narrow screen (full paths are in
+    # `replay info`)
+    parts = os.path.normpath(path).split(os.sep)
+    return os.sep.join(["…", *parts[-2:]]) if len(parts) > 3 else path
 
 
 @dataclass
