@@ -14,7 +14,7 @@ import numpy as np
 from rich.text import Text
 from textual import work
 from textual.binding import Binding
-from textual.geometry import Size
+from textual.geometry import Region, Size
 from textual.message import Message
 from textual.reactive import reactive
 from textual.scroll_view import ScrollView
@@ -187,7 +187,9 @@ class OpList(ScrollView, can_focus=True):
             self.scroll_to(y=new, animate=False)
         elif height and new >= top + height:
             self.scroll_to(y=new - height + 1, animate=False)
-        self.refresh()
+        else:  # no scroll: repaint the two rows that changed, not the whole list
+            width = self.size.width
+            self.refresh(Region(0, old - top, width, 1), Region(0, new - top, width, 1))
         if len(self.rows):
             self.post_message(self.Selected(int(self.rows[new])))
 
