@@ -17,6 +17,7 @@ from .doctor import doctor
 from .info import info
 from .overfit import overfit
 from .verify import verify
+from .tui import tui
 
 __all__ = ["cli", "main"]
 
@@ -32,6 +33,7 @@ def cli() -> None:
     replay verify RUN.h5    replay the recorded window and check it is bitwise deterministic
     replay doctor RUN.h5    the debugging checklist: what looks wrong in the run, and what to do
     replay overfit RUN.h5   can the model overfit one recorded batch? (the first law)
+    replay tui RUN.h5       browse a recording and its forensics in the terminal
     """
 
 
@@ -40,6 +42,7 @@ cli.add_command(bisect)
 cli.add_command(verify)
 cli.add_command(doctor)
 cli.add_command(overfit)
+cli.add_command(tui)
 
 
 def main(argv: list[str] | None = None) -> None:

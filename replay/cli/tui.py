@@ -1,0 +1,22 @@
+"""``replay tui RUN.h5``: browse a recording and its forensics in the terminal (Textual)."""
+
+from __future__ import annotations
+
+import click
+
+__all__ = ["tui"]
+
+
+@click.command()
+@click.argument("run", type=click.Path(dir_okay=False, path_type=str))
+def tui(run: str) -> int:
+    """Browse RUN and its forensics: overview, ops, layers, gradients, memory, source, batch.
+
+    Keys: 1-7 switch views, ? lists every key, q quits. Works on a recording still being
+    written (it refreshes every 2 s). Run `replay bisect RUN` first for the per-op views.
+    """
+    from tui.app import make_app  # textual is imported only here: `replay --help` stays instant
+
+    app = make_app(run)  # a bad file raises RecordingError here, before the screen is taken
+    app.run()
+    return 0

@@ -1,0 +1,77 @@
+"""Per-sample statistics of a recorded batch, with numpy (the batch comes from the store reader)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from replay.store import TensorLeaf
+
+__all__ = ["LeafStats", "batch_leaves", "as_float"]
+
+
+def as_float(leaf: Any) -> tuple[np.ndarray, str]:
+    """A leaf as a float64 array (bfloat16 decoded from its uint16 bits) and its dtype name."""
+    if isinstance(leaf, TensorLeaf):
+        data, dtype = leaf.data, leaf.dtype
+        if dtype == "bfloat16":
+            bits = data.astype(np.uint32) << 16
+            return bits.view(np.float32).astype(np.float64), dtype
+        if dtype == "bool":
+            return data.astype(np.float64), dtype
+        return data.astype(np.float64, copy=False), dtype
+    arr = np.asarray(leaf)
+    return arr.astype(np.float64, copy=False), str(arr.dtype)
+
+
+@dataclass
+class LeafStats:
+    """One tensor of the batch: shape, dtype, and per-sample rows along its first dimension."""
+
+    path: str
+    shape: tuple[int, ...]
+    dtype: str
+    mean: np.ndarray
+    std: np.ndarray
+    absmax: np.ndarray
+    nonfinite: np.ndarray  # count of NaN/Inf per sample
+
+    @property
+    def n(self) -> int:
+        return len(self.mean)
+
+
+def _per_sample(path: str, leaf: Any) -> LeafStats:
+    x, dtype = as_float(leaf)
+    shape = tuple(x.shape)
+    rows = x.reshape(shape[0], -1) if x.ndim else x.reshape(1, 1)
+    bad = ~np.isfinite(rows)
+    clean = np.where(bad, np.nan, rows)
+    with np.errstate(all="ignore"):
+        has = (~bad).any(axis=1)
+        mean = np.full(len(rows), np.nan)
+        std = np.full(len(rows), np.nan)
+        absmax = np.full(len(rows), np.nan)
+        if has.any():
+            mean[has] = np.nanmean(clean[has], axis=1)
+            std[has] = np.nanstd(clean[has], axis=1)
+            absmax[has] = np.nanmax(np.abs(clean[has]), axis=1)
+    return LeafStats(path, shape, dtype, mean, std, absmax, bad.sum(axis=1))
+
+
+def _walk(tree: Any, path: str):
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            yield from _walk(v, f"{path}.{k}" if path else str(k))
+    elif isinstance(tree, (list, tuple)):
+        for i, v in enumerate(tree):
+            yield from _walk(v, f"{path}[{i}]")
+    elif isinstance(tree, (TensorLeaf, np.ndarray)):
+        yield path or "batch", tree
+
+
+def batch_leaves(batch: Any) -> list[LeafStats]:
+    """Every tensor of ``batch`` (any nesting) with per-sample statistics."""
+    return [_per_sample(p, leaf) for p, leaf in _walk(batch, "")]

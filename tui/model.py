@@ -1,0 +1,173 @@
+"""What the screens read: one recording and, when ``replay bisect`` wrote one, its forensics sidecar.
+
+Everything goes through the store's reader (``replay.store``, ``replay.store.forensics``): numpy and
+h5py only, never torch, never user code, never pickle. Methods that touch the disk are called from
+``@work(thread=True)`` workers; the screens keep what they return.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from replay.errors import RecordingError
+from replay.store import Recording, open_recording
+
+__all__ = ["RunModel", "Marks", "shorten_path", "NO_FORENSICS_HINT"]
+
+NO_FORENSICS_HINT = (
+    "No forensics for this run yet. Run `replay bisect {name}` to find the first bad step and "
+    "op; this view fills in when it finishes."
+)
+
+
+def shorten_path(path: str | None, base: str) -> str:
+    """``path`` relative to ``base`` (the recording's folder) or the working directory when it is
+    inside them, so that screens show ``model.py:27``, not a long absolute path."""
+    if not path:
+        return "?"
+    for root in (base, os.getcwd()):
+        try:
+            rel = os.path.relpath(path, root)
+        except ValueError:
+            continue
+        if not rel.startswith(".."):
+            return rel
+    # elsewhere: the last two components say enough on a narrow screen (full paths are in
+    # `replay info`)
+    parts = os.path.normpath(path).split(os.sep)
+    return os.sep.join(["…", *parts[-2:]]) if len(parts) > 3 else path
+
+
+@dataclass
+class Marks:
+    """Steps worth marking on the overview plots."""
+
+    snapshots: list[int] = field(default_factory=list)
+    skipped: list[int] = field(default_factory=list)  # GradScaler skipped the update (AMP)
+    exceptions: list[int] = field(default_factory=list)
+    symptom: int | None = None  # first step whose health shows NaN/Inf
+    first_bad: int | None = None  # the step bisect blamed (forensics verdict)
+
+
+class RunModel:
+    """A recording plus its optional forensics. ``refresh()`` re-reads a file still being written.
+
+    Example::
+
+        m = RunModel.open("run.h5")
+        m.health["loss"], m.marks().symptom, m.forensics.verdict if m.forensics else None
+    """
+
+    def __init__(self, rec: Recording) -> None:
+        self.rec = rec
+        self.path = rec.path
+        self.base = os.path.dirname(os.path.abspath(rec.path))
+        self.name = os.path.basename(rec.path)
+        self.forensics: Any = None  # replay.store.forensics.ForensicsReader
+        self.forensics_error: str | None = None
+        self._forensics_mtime: float | None = None
+        self.health: dict[str, np.ndarray] = {}
+        self.status: dict[str, int] = {}
+        self.refresh()
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str]) -> RunModel:
+        """Open ``path``; raises :class:`RecordingError` with one line when it is not a recording."""
+        return cls(open_recording(path))
+
+    def close(self) -> None:
+        if self.forensics is not None:
+            self.forensics.close()
+        self.rec.close()
+
+    # -- live files ------------------------------------------------------------------------------
+
+    def refresh(self) -> bool:
+        """Re-read health and status, open a sidecar that appeared; True when anything changed."""
+        old = (self.status.get("steps_total"), self.status.get("last_step"), self._forensics_mtime)
+        self.status = self.rec.status()
+        self.health = self.rec.health()
+        self._load_forensics()
+        new = (self.status.get("steps_total"), self.status.get("last_step"), self._forensics_mtime)
+        return old != new
+
+    def _load_forensics(self) -> None:
+        path = self.rec.forensics_path
+        try:
+            mtime = os.path.getmtime(path)
+        except OSError:
+            return
+        if mtime == self._forensics_mtime:
+            return
+        from replay.store.forensics import ForensicsReader, NotAForensicsFile
+
+        self._forensics_mtime = mtime
+        try:
+            reader = ForensicsReader.open(path)
+        except (NotAForensicsFile, OSError) as e:
+            self.forensics_error = str(e).splitlines()[0]
+            return
+        if reader.run_id != self.rec.run_id:
+            reader.close()
+            self.forensics_error = (
+                f"{os.path.basename(path)} belongs to another run; run `replay bisect {self.name}` "
+                "again to regenerate it"
+            )
+            return
+        if self.forensics is not None:
+            self.forensics.close()
+        self.forensics, self.forensics_error = reader, None
+
+    @property
+    def no_forensics_message(self) -> str:
+        return self.forensics_error or NO_FORENSICS_HINT.format(name=self.name)
+
+    # -- what the screens show -------------------------------------------------------------------
+
+    def marks(self) -> Marks:
+        h = self.health
+        m = Marks(snapshots=[int(s) for s in self.rec.snapshot_steps()])
+        if len(h.get("step", ())):
+            m.skipped = [int(s) for s in h["step"][h["scaler_skipped"] == 1]]
+            m.exceptions = [int(s) for s in h["step"][h["raised"] == 1]]
+            bad = self.rec.first_bad()
+            m.symptom = bad["nonfinite"] if bad["nonfinite"] is not None else bad["exception"]
+        if self.forensics is not None:
+            m.first_bad = int(self.forensics.step)
+        return m
+
+    def focus_step(self) -> int | None:
+        """The step the run is about: the traced one, else the first failure, else the last."""
+        marks = self.marks()
+        for s in (marks.first_bad, marks.symptom):
+            if s is not None:
+                return s
+        steps = self.rec.steps()
+        return int(steps[-1]) if len(steps) else None
+
+    def batch_steps(self) -> list[int]:
+        return [int(s) for s in self.rec.steps()]
+
+    def culprit_samples(self) -> list[int]:
+        if self.forensics is None:
+            return []
+        return [int(s) for s in (self.forensics.verdict.get("samples") or [])]
+
+    def sources(self) -> dict[str, dict[int, str]]:
+        """``{path: {line: text}}``: the forensics' lines, else the recorded entry-point files."""
+        out: dict[str, dict[int, str]] = {}
+        if self.forensics is not None:
+            for path, entry in self.forensics.sources().items():
+                out[path] = {int(k): v for k, v in entry.get("lines", {}).items()}
+        try:
+            recorded = self.rec.sources
+        except (KeyError, OSError, ValueError, RecordingError):
+            recorded = {}
+        for path, text in recorded.items():
+            lines = {i + 1: line for i, line in enumerate(text.splitlines())}
+            out.setdefault(path, {}).update(lines)
+        return out

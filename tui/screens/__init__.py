@@ -1,0 +1,1 @@
+"""Screens of the replay TUI, one module each (``.tcss`` beside them)."""

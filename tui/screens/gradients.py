@@ -1,0 +1,146 @@
+"""Gradients: per-parameter gradient norm, NaN/Inf counts and update-to-weight ratio, sortable,
+with the warning signs marked (vanishing, exploding, dead, update ratio far from ~1e-3)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.widgets import DataTable, Footer, Header, Static
+
+from ..widgets.notice import NoForensics
+from ..widgets.plot import fmt_num
+from .base import RunScreen
+
+__all__ = ["GradientsScreen", "warnings_of", "SORT_KEYS"]
+
+VANISHING, EXPLODING = 1e-7, 1e3
+RATIO_LOW, RATIO_HIGH = 1e-5, 1e-1  # two decades either side of the healthy ~1e-3
+SORT_KEYS = ("name", "grad_norm", "nonfinite", "update_ratio", "warnings")
+
+
+def warnings_of(p: dict) -> list[str]:
+    """The warning signs of one parameter row (``ForensicsReader.params()``)."""
+    out = []
+    if not p.get("requires_grad", True):
+        return out
+    if not p.get("has_grad"):
+        return ["no grad"]
+    g = p["grad_norm"]
+    if (p.get("grad_nan") or 0) > 0 or (p.get("grad_inf") or 0) > 0 or not math.isfinite(g):
+        out.append("NaN/Inf")
+    elif g == 0:
+        out.append("dead")
+    elif g < VANISHING:
+        out.append("vanishing")
+    elif g > EXPLODING:
+        out.append("exploding")
+    r = p.get("update_ratio", float("nan"))
+    if math.isfinite(r) and r > 0 and not RATIO_LOW <= r <= RATIO_HIGH:
+        out.append("update " + ("tiny" if r < RATIO_LOW else "huge"))
+    return out
+
+
+def _sort_value(p: dict, key: str):
+    if key == "name":
+        return p["name"] or ""
+    if key == "nonfinite":
+        return (p.get("grad_nan") or 0) + (p.get("grad_inf") or 0)
+    if key == "warnings":
+        return len(warnings_of(p))
+    v = p.get(key, float("nan"))
+    return v if math.isfinite(v) else math.inf
+
+
+class GradientsScreen(RunScreen):
+    TITLE_SUFFIX = "gradients"
+    BINDINGS = [
+        Binding("s", "sort", "sort by"),
+        Binding("r", "reverse", "reverse"),
+        Binding("w", "warnings_only", "warnings only"),
+    ]
+    DEFAULT_CSS = """
+    GradientsScreen DataTable { height: 1fr; }
+    #grad-status { height: 1; background: $panel; padding: 0 1; }
+    """
+
+    def __init__(self, model) -> None:
+        super().__init__(model)
+        self._built_for: Any = False  # not built yet; None means built without forensics
+        self.params: list[dict] = []
+        self.sort_key = "warnings"
+        self.descending = True
+        self.only_warnings = False
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield Vertical(id="grad-body")
+        yield Footer()
+
+    def update_from_model(self) -> None:
+        reader = self.model.forensics
+        if reader is self._built_for:
+            return
+        self._built_for = reader
+        self.run_worker(self._build(reader), group="build", exclusive=True)
+
+    async def _build(self, reader: Any) -> None:
+        body = self.query_one("#grad-body", Vertical)
+        await body.remove_children()
+        if reader is None:
+            await body.mount(NoForensics(self.model.no_forensics_message))
+            return
+        self.params = reader.params()
+        table: DataTable = DataTable(id="grad-table", cursor_type="row", zebra_stripes=True)
+        for col in ("parameter", "numel", "grad norm", "NaN", "Inf", "update/weight", "signs"):
+            table.add_column(col, key=col)
+        await body.mount(table, Static(id="grad-status"))
+        self._fill()
+        table.focus()
+
+    def _fill(self) -> None:
+        table = self.query_one("#grad-table", DataTable)
+        table.clear()
+        rows = sorted(
+            self.params, key=lambda p: _sort_value(p, self.sort_key), reverse=self.descending
+        )
+        if self.only_warnings:
+            rows = [p for p in rows if warnings_of(p)]
+        for p in rows:
+            signs = warnings_of(p)
+            bad = bool(signs)
+            table.add_row(
+                Text(p["name"] or "?", style="bold red" if "NaN/Inf" in signs else ""),
+                f"{p['numel']:,}",
+                Text(fmt_num(p["grad_norm"]), style="red" if bad else ""),
+                Text(str(int(p["grad_nan"] or 0)), style="red" if p["grad_nan"] else "dim"),
+                Text(str(int(p["grad_inf"] or 0)), style="red" if p["grad_inf"] else "dim"),
+                fmt_num(p["update_ratio"]),
+                Text(", ".join(signs), style="bold yellow"),
+                key=p["name"],
+            )
+        order = "↓" if self.descending else "↑"
+        n_warn = sum(1 for p in self.params if warnings_of(p))
+        self.query_one("#grad-status", Static).update(
+            f"{len(self.params)} parameters, {n_warn} with warning signs · sorted by "
+            f"{self.sort_key} {order}" + (" · warnings only" if self.only_warnings else "")
+        )
+
+    def action_sort(self) -> None:
+        if self.params:
+            self.sort_key = SORT_KEYS[(SORT_KEYS.index(self.sort_key) + 1) % len(SORT_KEYS)]
+            self._fill()
+
+    def action_reverse(self) -> None:
+        if self.params:
+            self.descending = not self.descending
+            self._fill()
+
+    def action_warnings_only(self) -> None:
+        if self.params:
+            self.only_warnings = not self.only_warnings
+            self._fill()

@@ -1,0 +1,129 @@
+"""Layers: the module tree with per-module activation statistics; the culprit's module is
+highlighted and unfolded; choosing a module shows its ops."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from rich.text import Text
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.widgets import Footer, Header, Tree
+
+from ..messages import ModuleChosen
+from ..widgets.notice import NoForensics
+from ..widgets.plot import fmt_num
+from .base import RunScreen
+
+__all__ = ["LayersScreen", "module_label"]
+
+
+def module_label(row: dict, culprit: bool) -> Text:
+    name = row["name"] or "(root)"
+    short = name.rsplit(".", 1)[-1]
+    t = Text()
+    t.append(short, style="bold red reverse" if culprit else "bold")
+    t.append(f" {row.get('kind') or ''}", style="dim")
+    t.append(f"  mean {fmt_num(row['act_mean'])} std {fmt_num(row['act_std'])}")
+    t.append(f" |max| {fmt_num(row['act_absmax'])}")
+    zf = row["act_zero_frac"]
+    if np.isfinite(zf):
+        t.append(f" zero {zf:.0%}", style="yellow" if zf > 0.5 else "")
+    bad = row["act_nonfinite"]
+    if np.isfinite(bad) and bad > 0:
+        t.append(f"  {int(bad)} NaN/Inf", style="bold red")
+    t.append(f"  {row['n_ops']} ops", style="dim")
+    return t
+
+
+class LayersScreen(RunScreen):
+    TITLE_SUFFIX = "layers"
+    BINDINGS = [
+        Binding("o", "show_ops", "ops of module"),
+        Binding("c", "culprit", "culprit module"),
+        Binding("e", "expand_all", "expand all"),
+        Binding("E", "collapse_all", "collapse all", show=False),
+    ]
+    DEFAULT_CSS = "LayersScreen Tree { height: 1fr; }"
+
+    def __init__(self, model) -> None:
+        super().__init__(model)
+        self._built_for: Any = False  # not built yet; None means built without forensics
+        self.culprit_node = None
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield Vertical(id="layers-body")
+        yield Footer()
+
+    def update_from_model(self) -> None:
+        reader = self.model.forensics
+        if reader is self._built_for:
+            return
+        self._built_for = reader
+        self.run_worker(self._build(reader), group="build", exclusive=True)
+
+    async def _build(self, reader: Any) -> None:
+        body = self.query_one("#layers-body", Vertical)
+        await body.remove_children()
+        if reader is None:
+            await body.mount(NoForensics(self.model.no_forensics_message))
+            return
+        rows = reader.modules()
+        culprit = reader.verdict.get("module")
+        tree: Tree[str] = Tree("model", id="module-tree")
+        tree.show_root = False
+        nodes = {}
+        for i, row in enumerate(rows):
+            parent = nodes.get(row["parent"], tree.root)
+            is_culprit = culprit is not None and row["name"] == culprit
+            node = parent.add(module_label(row, is_culprit), data=row["name"] or "")
+            nodes[i] = node
+            if is_culprit:
+                self.culprit_node = node
+        for node in nodes.values():
+            if not node.children:
+                node.allow_expand = False
+        tree.root.expand()
+        for node in list(nodes.values())[:1]:
+            node.expand()
+        await body.mount(tree)
+        self.call_after_refresh(self.action_culprit)
+
+    def action_culprit(self) -> None:
+        node = self.culprit_node
+        trees = self.query(Tree)
+        if not trees:
+            return
+        tree = trees.first()
+        tree.focus()
+        if node is None:
+            return
+        parent = node.parent
+        while parent is not None:
+            parent.expand()
+            parent = parent.parent
+        self.call_after_refresh(tree.move_cursor, node)
+
+    def action_show_ops(self) -> None:
+        trees = self.query(Tree)
+        if trees and trees.first().cursor_node is not None:
+            self.post_message(ModuleChosen(trees.first().cursor_node.data))
+
+    @on(Tree.NodeSelected)
+    def _selected(self, event: Tree.NodeSelected) -> None:
+        event.stop()
+        if not event.node.children:
+            self.post_message(ModuleChosen(event.node.data))
+
+    def action_expand_all(self) -> None:
+        for tree in self.query(Tree):
+            tree.root.expand_all()
+
+    def action_collapse_all(self) -> None:
+        for tree in self.query(Tree):
+            for child in tree.root.children:
+                child.collapse_all()

@@ -1,0 +1,133 @@
+"""Memory: memory in use over the ops of the traced step, the peak marked, and the largest
+tensors alive there."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.widgets import DataTable, Footer, Header, Static
+
+from ..messages import OpChosen
+from ..widgets.notice import NoForensics
+from ..widgets.op_detail import fmt_bytes
+from ..widgets.plot import SeriesPlot
+from .base import RunScreen
+
+__all__ = ["MemoryScreen"]
+
+
+class MemoryScreen(RunScreen):
+    TITLE_SUFFIX = "memory"
+    BINDINGS = [
+        Binding("left,h", "move(-1)", "op ←"),
+        Binding("right,l", "move(1)", "op →"),
+        Binding("P", "peak", "peak"),
+        Binding("o", "open_op", "open op"),
+    ]
+    DEFAULT_CSS = """
+    #mem-plot { height: 1fr; min-height: 6; }
+    #mem-info { height: 2; padding: 0 1; }
+    #mem-table { height: 1fr; }
+    """
+
+    def __init__(self, model: Any) -> None:
+        super().__init__(model)
+        self._built_for: Any = False  # not built yet; None means built without forensics
+        self.mem: np.ndarray | None = None
+        self.info: dict | None = None
+        self.cursor = 0
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield Vertical(id="mem-body")
+        yield Footer()
+
+    def update_from_model(self) -> None:
+        reader = self.model.forensics
+        if reader is self._built_for:
+            return
+        self._built_for = reader
+        self.run_worker(self._build(reader), group="build", exclusive=True)
+
+    async def _build(self, reader: Any) -> None:
+        body = self.query_one("#mem-body", Vertical)
+        await body.remove_children()
+        if reader is None:
+            await body.mount(NoForensics(self.model.no_forensics_message))
+            return
+        self.info = reader.memory()
+        table: DataTable = DataTable(id="mem-table", cursor_type="row")
+        for col in ("bytes", "shape", "dtype", "made by op", "op"):
+            table.add_column(col, key=col)
+        for t in self.info["largest"][:2000]:
+            table.add_row(
+                fmt_bytes(t["bytes"]),
+                str(tuple(t["shape"])),
+                t["dtype"],
+                str(t["op_index"]),
+                t["op"],
+            )
+        await body.mount(
+            SeriesPlot("memory in use over the step's ops", id="mem-plot"),
+            Static(id="mem-info"),
+            table,
+        )
+        self.cursor = int(self.info["peak_op"])
+        self._read_curve(reader)
+
+    @work(thread=True, exclusive=True, group="mem")
+    def _read_curve(self, reader: Any) -> None:
+        mem = reader.ops_columns(0, reader.n_ops, ("mem_bytes",))["mem_bytes"]
+        self.app.call_from_thread(self._curve_loaded, mem.astype(np.float64))
+
+    def _curve_loaded(self, mem: np.ndarray) -> None:
+        self.mem = mem
+        plot = self.query_one("#mem-plot", SeriesPlot)
+        plot.set_data(mem, {int(self.info["peak_op"]): "bold red"})
+        self._apply_cursor()
+
+    def _apply_cursor(self) -> None:
+        if self.mem is None or not len(self.mem):
+            return
+        self.cursor = max(0, min(len(self.mem) - 1, self.cursor))
+        plot = self.query_one("#mem-plot", SeriesPlot)
+        plot.cursor = self.cursor
+        peak = self.info["peak_op"]
+        self.query_one("#mem-info", Static).update(
+            f"peak {fmt_bytes(self.info['peak_bytes'])} after op {peak} (marked ┴) · "
+            f"cursor op {self.cursor}: {fmt_bytes(self.mem[self.cursor])}\n"
+            f"largest tensors alive at the peak (o opens the op under the cursor):"
+        )
+
+    def action_move(self, delta: int) -> None:
+        if self.mem is None:
+            return
+        cells = max(1, self.query_one("#mem-plot", SeriesPlot).content_size.width - 9)
+        stride = max(1, len(self.mem) // cells)
+        self.cursor += delta * stride
+        self._apply_cursor()
+
+    def action_peak(self) -> None:
+        if self.info:
+            self.cursor = int(self.info["peak_op"])
+            self._apply_cursor()
+
+    def action_open_op(self) -> None:
+        table = self.query("#mem-table")
+        if table and table.first().has_focus and self.info and self.info["largest"]:
+            row = table.first().cursor_row
+            self.post_message(OpChosen(int(self.info["largest"][row]["op_index"]), "ops"))
+        elif self.mem is not None:
+            self.post_message(OpChosen(self.cursor, "ops"))
+
+    @on(DataTable.RowSelected, "#mem-table")
+    def _row_selected(self, event: DataTable.RowSelected) -> None:
+        if self.info:
+            self.post_message(
+                OpChosen(int(self.info["largest"][event.cursor_row]["op_index"]), "ops")
+            )

@@ -1,0 +1,272 @@
+"""Ops: the traced step's op timeline (forward, backward, optimizer) coloured by status, with
+jumps (culprit, next/previous non-finite op, next op of a module), filters and the op's detail."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.widgets import Footer, Header, Input, Static
+
+from ..messages import OpChosen
+from ..opfilter import OpFilter
+from ..widgets.notice import NoForensics
+from ..widgets.op_detail import OpDetail
+from ..widgets.op_list import OpList
+from .base import RunScreen
+
+__all__ = ["OpsScreen"]
+
+NONFINITE = (1, 2, 3)  # producer, propagator, raised (exempt ones are intentional)
+FULL_COLUMNS = ("phase", "name", "module", "status")  # ids only: ~10 bytes per op
+
+
+class OpsScreen(RunScreen):
+    TITLE_SUFFIX = "ops"
+    CSS_PATH = "ops.tcss"
+    BINDINGS = [
+        Binding("c", "culprit", "culprit"),
+        Binding("n", "nonfinite(1)", "next NaN"),
+        Binding("N", "nonfinite(-1)", "prev NaN"),
+        Binding("m", "same_module(1)", "next in module"),
+        Binding("M", "same_module(-1)", "prev in module", show=False),
+        Binding("slash", "filter", "filter"),
+        Binding("p", "cycle_phase", "phase"),
+        Binding("x", "clear_filter", "clear filter"),
+        Binding("s", "source", "source"),
+        Binding("escape", "close_filter", "close filter", show=False),
+    ]
+
+    def __init__(self, model: Any) -> None:
+        super().__init__(model)
+        self.filter = OpFilter()
+        self.full: dict[str, np.ndarray] | None = None  # whole id columns, read in a worker
+        self._pending_select: int | None = None
+        self._built_for: Any = False  # False: not built yet (None means "built without forensics")
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield Vertical(id="ops-body")
+        yield Footer()
+
+    # -- building ------------------------------------------------------------------------------
+
+    def update_from_model(self) -> None:
+        reader = self.model.forensics
+        if reader is self._built_for:
+            return
+        self._built_for = reader
+        self.run_worker(self._build(reader), group="build", exclusive=True)
+
+    async def _build(self, reader: Any) -> None:
+        body = self.query_one("#ops-body", Vertical)
+        await body.remove_children()
+        if reader is None:
+            await body.mount(NoForensics(self.model.no_forensics_message))
+            return
+        self.full = None
+        op_list = OpList(reader, id="op-list")
+        status = Static(id="ops-status")
+        filt = Input(
+            placeholder="phase:bw module:net.fc1 op:log   (enter applies, esc closes)",
+            id="ops-filter",
+        )
+        filt.display = False
+        detail = VerticalScroll(OpDetail(id="op-detail"), id="detail-box")
+        await body.mount(
+            Horizontal(Vertical(op_list, status, filt, id="list-box"), detail, id="ops-split")
+        )
+        culprit = reader.verdict.get("op_index")
+        start = self._pending_select if self._pending_select is not None else culprit
+        self.call_after_refresh(self._after_build, start)
+        self._read_full(reader)
+
+    def _after_build(self, start: int | None) -> None:
+        op_list = self.query_one(OpList)
+        op_list.focus()
+        if start is not None and 0 <= start < op_list.n_ops:
+            op_list.select_op(int(start))
+        else:
+            op_list.cursor = 0
+        self._pending_select = None
+        self._show_status()
+
+    @work(thread=True, exclusive=True, group="ops-full")
+    def _read_full(self, reader: Any) -> None:
+        cols = reader.ops_columns(0, reader.n_ops, FULL_COLUMNS)
+        self.app.call_from_thread(self._full_loaded, reader, cols)
+
+    def _full_loaded(self, reader: Any, cols: dict[str, np.ndarray]) -> None:
+        if reader is self.model.forensics:
+            self.full = cols
+            if self.filter.active:
+                self._apply_filter()
+            self._show_status()
+
+    def on_resize(self) -> None:
+        self.set_class(self.size.width < 110, "narrow")
+
+    # -- the selected op -----------------------------------------------------------------------
+
+    @property
+    def op_list(self) -> OpList | None:
+        found = self.query(OpList)
+        return found.first() if found else None
+
+    @property
+    def selected(self) -> int | None:
+        ol = self.op_list
+        return ol.op_index if ol is not None else None
+
+    def select_op(self, op_index: int) -> None:
+        """Show ``op_index`` (clearing a filter that hides it)."""
+        ol = self.op_list
+        if ol is None:
+            self._pending_select = op_index
+            return
+        if not ol.select_op(op_index):
+            self.filter = OpFilter()
+            ol.set_rows(np.arange(ol.n_ops, dtype=np.int64))
+            ol.select_op(op_index)
+        self._show_status()
+
+    @on(OpList.Selected)
+    def _op_selected(self, message: OpList.Selected) -> None:
+        self._read_detail(message.op_index)
+        self._show_status()
+
+    @work(thread=True, exclusive=True, group="ops-detail")
+    def _read_detail(self, op_index: int) -> None:
+        reader = self.model.forensics
+        if reader is None:
+            return
+        row = reader.op_row(op_index)
+        sources = self.model.sources()
+        self.app.call_from_thread(self._detail_loaded, op_index, row, sources)
+
+    def _detail_loaded(self, op_index: int, row: dict, sources: dict) -> None:
+        if op_index == self.selected:
+            self.query_one(OpDetail).show(row, sources, self.model.base)
+
+    def _show_status(self) -> None:
+        ol = self.op_list
+        if ol is None:
+            return
+        v = self.model.forensics.verdict
+        parts = [f"op {ol.op_index} of {ol.n_ops}" if ol.op_index is not None else "no ops match"]
+        if self.filter.active:
+            parts.append(f"filter {self.filter.describe()} ({len(ol.rows)} ops)")
+        if v.get("op_index") is not None:
+            parts.append(f"culprit #{v['op_index']} {v.get('op')}")
+        self.query_one("#ops-status", Static).update(" · ".join(parts))
+
+    # -- jumps ---------------------------------------------------------------------------------
+
+    def action_culprit(self) -> None:
+        v = self.model.forensics.verdict if self.model.forensics else {}
+        idx = v.get("op_index")
+        if idx is None:
+            self.notify("this trace has no culprit op", severity="warning")
+            return
+        self.select_op(int(idx))
+
+    def _jump(self, candidates: np.ndarray, direction: int, what: str) -> None:
+        ol = self.op_list
+        if ol is None or ol.op_index is None:
+            return
+        cur = ol.op_index
+        if direction > 0:
+            later = candidates[candidates > cur]
+            target = later[0] if later.size else None
+        else:
+            earlier = candidates[candidates < cur]
+            target = earlier[-1] if earlier.size else None
+        if target is None:
+            self.notify(f"no {'later' if direction > 0 else 'earlier'} {what}")
+            return
+        self.select_op(int(target))
+
+    def _visible_mask(self, mask: np.ndarray) -> np.ndarray:
+        ol = self.op_list
+        assert ol is not None
+        keep = np.zeros_like(mask)
+        keep[ol.rows] = True
+        return np.flatnonzero(mask & keep)
+
+    def action_nonfinite(self, direction: int) -> None:
+        if self.full is None:
+            self.notify("still reading the op table…")
+            return
+        mask = np.isin(self.full["status"], NONFINITE)
+        self._jump(self._visible_mask(mask), direction, "non-finite op")
+
+    def action_same_module(self, direction: int) -> None:
+        if self.full is None or self.selected is None:
+            return
+        module = self.full["module"][self.selected]
+        self._jump(
+            self._visible_mask(self.full["module"] == module), direction, "op of this module"
+        )
+
+    # -- filters -------------------------------------------------------------------------------
+
+    def action_filter(self) -> None:
+        if self.op_list is None:
+            return
+        box = self.query_one("#ops-filter", Input)
+        box.value = self.filter.describe()
+        box.display = True
+        box.focus()
+
+    def action_close_filter(self) -> None:
+        found = self.query("#ops-filter")
+        if found:
+            found.first().display = False
+            if self.op_list is not None:
+                self.op_list.focus()
+
+    @on(Input.Submitted, "#ops-filter")
+    def _filter_submitted(self, event: Input.Submitted) -> None:
+        try:
+            self.filter = OpFilter.parse(event.value)
+        except ValueError as e:
+            self.notify(str(e), severity="error")
+            return
+        self.action_close_filter()
+        self._apply_filter()
+
+    def action_cycle_phase(self) -> None:
+        order = (None, 0, 1, 2)
+        nxt = order[(order.index(self.filter.phase) + 1) % len(order)]
+        self.filter = self.filter.with_phase(nxt)
+        self._apply_filter()
+
+    def action_clear_filter(self) -> None:
+        self.filter = OpFilter()
+        self._apply_filter()
+
+    def filter_module(self, module: str) -> None:
+        """Show only the ops of ``module`` (and its children); used by the layers view."""
+        self.filter = OpFilter().with_module(module)
+        self._apply_filter()
+
+    def _apply_filter(self) -> None:
+        ol, reader = self.op_list, self.model.forensics
+        if ol is None or reader is None:
+            return
+        if not self.filter.active:
+            ol.set_rows(np.arange(ol.n_ops, dtype=np.int64))
+        elif self.full is None:
+            return  # applied when the columns arrive (_full_loaded)
+        else:
+            strings = {"modules": reader.strings("modules"), "ops": reader.strings("ops")}
+            ol.set_rows(self.filter.rows(self.full, strings))
+        self._show_status()
+
+    def action_source(self) -> None:
+        if self.selected is not None:
+            self.post_message(OpChosen(self.selected, "source"))

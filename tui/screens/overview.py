@@ -1,0 +1,192 @@
+"""Overview: the recorded window as plots (loss, gradient norm, learning rate, GradScaler scale)
+with marks, the run's metadata and entry points, and the health of the step under the cursor."""
+
+from __future__ import annotations
+
+import numpy as np
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.widgets import Footer, Header, Static
+
+from ..model import shorten_path
+from ..widgets.marks import LEGEND, MARK_STYLES, MarkStrip
+from ..widgets.plot import SeriesPlot, fmt_num
+from .base import RunScreen
+
+__all__ = ["OverviewScreen"]
+
+PLOTS = (
+    ("loss", "loss", False),
+    ("grad_norm", "gradient norm", True),
+    ("lr", "learning rate", False),
+    ("scale", "GradScaler scale", True),
+)
+
+
+class OverviewScreen(RunScreen):
+    TITLE_SUFFIX = "overview"
+    CSS_PATH = "overview.tcss"
+    BINDINGS = [
+        Binding("left,h", "move(-1)", "step ←"),
+        Binding("right,l", "move(1)", "step →"),
+        Binding("shift+left,H", "move(-10)", "10 ←", show=False),
+        Binding("shift+right,L", "move(10)", "10 →", show=False),
+        Binding("home", "jump('first')", "first", show=False),
+        Binding("end", "jump('last')", "last", show=False),
+        Binding("f", "jump('bad')", "first bad"),
+    ]
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        with Horizontal():
+            with Vertical(id="plots"):
+                for key, title, log in PLOTS:
+                    yield SeriesPlot(title + (" (log)" if log else ""), log=log, id=f"plot-{key}")
+                yield MarkStrip(id="marks")
+            with VerticalScroll(id="side"):
+                yield Static(id="cursor-info")
+                yield Static(id="run-info")
+        yield Footer()
+
+    def update_from_model(self) -> None:
+        h = self.model.health
+        steps = h.get("step", np.zeros(0, dtype=np.int64))
+        marks = self.model.marks()
+        kinds = {
+            "snapshot": marks.snapshots,
+            "skipped": marks.skipped,
+            "exception": marks.exceptions,
+            "symptom": [marks.symptom] if marks.symptom is not None else [],
+            "first_bad": [marks.first_bad] if marks.first_bad is not None else [],
+        }
+        index_marks = {}
+        for kind in ("first_bad", "symptom", "exception"):
+            for s in kinds[kind]:
+                i = int(np.searchsorted(steps, s))
+                if i < len(steps) and steps[i] == s:
+                    index_marks[i] = MARK_STYLES[kind][1]
+        for key, _, _ in PLOTS:
+            plot = self.query_one(f"#plot-{key}", SeriesPlot)
+            values = h.get(key, np.zeros(0))
+            plot.display = not (key == "scale" and not np.isfinite(values).any())
+            plot.set_data(values, index_marks)
+        self.query_one(MarkStrip).set_data(steps, kinds)
+        if not hasattr(self, "_cursor_set") and len(steps):
+            self._cursor_set = True
+            focus = self.model.focus_step()
+            self.cursor = int(np.searchsorted(steps, focus)) if focus is not None else 0
+        self.cursor = min(getattr(self, "cursor", 0), max(0, len(steps) - 1))
+        self._apply_cursor()
+        self.query_one("#run-info", Static).update(self._run_info())
+
+    # -- cursor --------------------------------------------------------------------------------
+
+    def _apply_cursor(self) -> None:
+        for plot in self.query(SeriesPlot):
+            plot.cursor = self.cursor
+        self.query_one(MarkStrip).cursor = self.cursor
+        self.query_one("#cursor-info", Static).update(self._cursor_info())
+
+    def action_move(self, delta: int) -> None:
+        n = len(self.model.health.get("step", ()))
+        if not n:
+            return
+        # one press moves one character column when there are more steps than columns
+        cells = max(1, self.query_one(MarkStrip).content_size.width - 9)
+        stride = max(1, -(-n // (cells * 2)) * 2) if n > cells else 1
+        self.cursor = max(0, min(n - 1, self.cursor + delta * stride))
+        self._apply_cursor()
+
+    def action_jump(self, where: str) -> None:
+        steps = self.model.health.get("step", np.zeros(0))
+        if not len(steps):
+            return
+        if where == "first":
+            self.cursor = 0
+        elif where == "last":
+            self.cursor = len(steps) - 1
+        else:
+            focus = self.model.focus_step()
+            if focus is None:
+                self.notify("no failure recorded in this run")
+                return
+            self.cursor = min(int(np.searchsorted(steps, focus)), len(steps) - 1)
+        self._apply_cursor()
+
+    # -- text panels ---------------------------------------------------------------------------
+
+    def _cursor_info(self) -> Text:
+        h = self.model.health
+        if not len(h.get("step", ())):
+            return Text("no steps recorded yet", style="dim")
+        i = self.cursor
+        t = Text()
+        t.append(f"step {int(h['step'][i])}\n", style="bold")
+        for key, label in (
+            ("loss", "loss"),
+            ("grad_norm", "grad norm"),
+            ("lr", "lr"),
+            ("scale", "scale"),
+        ):
+            v = float(h[key][i])
+            if key == "scale" and np.isnan(v):
+                continue
+            t.append(f"  {label:<10}", style="dim")
+            t.append(fmt_num(v) + "\n", style="bold red" if not np.isfinite(v) else "")
+        flags = [
+            name
+            for key, name in (
+                ("loss_nonfinite", "loss NaN/Inf"),
+                ("grad_nonfinite", "grad NaN/Inf"),
+                ("param_nonfinite", "param NaN/Inf"),
+                ("scaler_skipped", "AMP skipped"),
+                ("raised", "raised"),
+            )
+            if h[key][i] == 1
+        ]
+        if flags:
+            t.append("  " + ", ".join(flags) + "\n", style="bold red")
+        return t
+
+    def _run_info(self) -> Text:
+        m, rec = self.model, self.model.rec
+        meta = rec.meta
+        t = Text()
+        t.append("run\n", style="bold underline")
+        state = "closed" if m.status.get("closed") else "live (or writer died)"
+        t.append(f"  {m.name}, {state}\n")
+        t.append(f"  {m.status.get('steps_total', 0)} steps recorded\n")
+        window = rec.replayable_window()
+        t.append(
+            f"  replayable {window.first}..{window.last}\n" if window else "  nothing replayable\n"
+        )
+        model = meta.get("model", {})
+        n_params = sum(int(np.prod(p[1])) for p in model.get("params", []))
+        t.append(f"  model {model.get('class')} ({n_params:,} params)\n")
+        opt = (meta.get("optimizer") or {}).get("class")
+        sched = (meta.get("scheduler") or {}).get("class")
+        t.append(
+            f"  optim {opt}"
+            + (f" + {sched}" if sched else "")
+            + (" + GradScaler" if meta.get("scaler") else "")
+            + "\n"
+        )
+        env = rec.env
+        t.append(f"  torch {env.get('torch')}, {env.get('num_threads')} threads\n")
+        t.append("entry points\n", style="bold underline")
+        for role, e in rec.entry.items():
+            t.append(f"  {role} ", style="dim")
+            t.append(f"{e.get('qualname')}\n    {shorten_path(e.get('path'), m.base)}\n")
+        t.append("forensics\n", style="bold underline")
+        if m.forensics is None:
+            t.append("  " + m.no_forensics_message + "\n", style="yellow")
+        else:
+            v = m.forensics.verdict
+            t.append(f"  step {v.get('step')}: {v.get('kind')}\n")
+            if v.get("op"):
+                t.append(f"  {v.get('op')} in {v.get('module') or '(root)'}\n", style="bold red")
+        t.append("marks\n", style="bold underline")
+        t.append("  " + LEGEND.replace("  ", "\n  ") + "\n", style="dim")
+        return t

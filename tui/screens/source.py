@@ -1,0 +1,170 @@
+"""Source: the user's code around the culprit line, from the recorded sources (the forensics'
+``/sources`` or the recording's ``meta/sources``, never the disk), with the frames of the
+selected op's stack to move through."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.syntax import Syntax
+from rich.text import Text
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, VerticalScroll
+from textual.widgets import Footer, Header, OptionList, Static
+
+from ..model import shorten_path
+from ..widgets.op_detail import split_location
+from .base import RunScreen
+
+__all__ = ["SourceScreen", "code_view", "entry_frames"]
+
+CONTEXT = 12
+
+
+def code_view(lines: dict[int, str], line: int, context: int = CONTEXT) -> Text:
+    """Numbered lines ``line ± context`` that were recorded, gaps shown as ``⋮``, ``line`` marked."""
+    if not lines:
+        return Text("(this file's source was not recorded)", style="dim")
+    shown = [n for n in sorted(lines) if abs(n - line) <= context]
+    highlighter = Syntax("", "python", theme="ansi_dark")
+    out = Text(no_wrap=True, overflow="crop")
+    width = len(str(max(shown))) if shown else 3
+    prev = None
+    for n in shown:
+        if prev is not None and n != prev + 1:
+            out.append(" " * width + "  ⋮\n", style="dim")
+        here = n == line
+        out.append(f"{'▶' if here else ' '}{n:>{width}} ", style="bold red" if here else "dim")
+        code = highlighter.highlight(lines[n].rstrip("\n"))
+        code.rstrip()
+        if here:
+            code.stylize("bold reverse")
+        out.append_text(code)
+        out.append("\n")
+        prev = n
+    return out
+
+
+def entry_frames(rec: Any) -> list[str]:
+    """Without forensics: the recorded entry points, as ``file:line:function`` locations."""
+    out = []
+    for e in rec.entry.values():
+        path, qual = e.get("path"), e.get("qualname", "")
+        text = rec.sources.get(path, "") if path else ""
+        line = 1
+        for i, src in enumerate(text.splitlines(), 1):
+            if src.lstrip().startswith(f"def {qual.rsplit('.', 1)[-1]}("):
+                line = i
+                break
+        out.append(f"{path}:{line}:{qual}")
+    return out
+
+
+class SourceScreen(RunScreen):
+    TITLE_SUFFIX = "source"
+    BINDINGS = [
+        Binding("u", "frame(-1)", "frame up (outer)"),
+        Binding("d", "frame(1)", "frame down (inner)"),
+        Binding("c", "culprit", "culprit"),
+    ]
+    DEFAULT_CSS = """
+    #frames { width: 40%; max-width: 60; height: 1fr; }
+    #code-box { width: 1fr; height: 1fr; border-left: vkey $panel; }
+    #source-title { height: 1; background: $panel; padding: 0 1; }
+    #code { width: auto; }
+    """
+
+    def __init__(self, model: Any) -> None:
+        super().__init__(model)
+        self.frames: list[str] = []
+        self.op_index: int | None = None
+        self._sources: dict[str, dict[int, str]] = {}
+        self._shown_for: Any = False
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield Static(id="source-title")
+        with Horizontal():
+            yield OptionList(id="frames")
+            yield VerticalScroll(Static(id="code"), id="code-box")
+        yield Footer()
+
+    def update_from_model(self) -> None:
+        reader = self.model.forensics
+        if reader is self._shown_for:
+            return
+        self._shown_for = reader
+        self._sources = self.model.sources()
+        if reader is None:
+            self._set_frames(
+                entry_frames(self.model.rec),
+                None,
+                "entry points (no forensics: run `replay bisect "
+                f"{self.model.name}` for the culprit's stack)",
+            )
+            return
+        idx = reader.verdict.get("op_index")
+        if idx is not None:
+            self.show_op(int(idx))
+        else:
+            self._set_frames(entry_frames(self.model.rec), None, "entry points (no culprit op)")
+
+    def show_op(self, op_index: int) -> None:
+        """Show the stack of op ``op_index``, innermost frame selected."""
+        self._read_op(op_index)
+
+    @work(thread=True, exclusive=True, group="source")
+    def _read_op(self, op_index: int) -> None:
+        reader = self.model.forensics
+        if reader is None:
+            return
+        row = reader.op_row(op_index)
+        frames = list(row["stack"]) or ([row["source"]] if row["source"] else [])
+        title = f"op {op_index} {row['op']} ({row['phase']}) · stack, innermost last"
+        self.app.call_from_thread(self._set_frames, frames, op_index, title)
+
+    def _set_frames(self, frames: list[str], op_index: int | None, title: str) -> None:
+        self.frames, self.op_index = frames, op_index
+        self.query_one("#source-title", Static).update(title)
+        ol = self.query_one("#frames", OptionList)
+        ol.clear_options()
+        for f in frames:
+            loc = split_location(f)
+            label = f"{loc[2]}  {shorten_path(loc[0], self.model.base)}:{loc[1]}" if loc else f
+            ol.add_option(label)
+        if frames:
+            ol.highlighted = len(frames) - 1
+            self._show_frame(len(frames) - 1)
+        else:
+            self.query_one("#code", Static).update(Text("no source location recorded", style="dim"))
+        ol.focus()
+
+    @on(OptionList.OptionHighlighted, "#frames")
+    def _highlighted(self, event: OptionList.OptionHighlighted) -> None:
+        self._show_frame(event.option_index)
+
+    def _show_frame(self, i: int) -> None:
+        if not 0 <= i < len(self.frames):
+            return
+        loc = split_location(self.frames[i])
+        if loc is None:
+            return
+        path, line, _ = loc
+        self.query_one("#code", Static).update(code_view(self._sources.get(path, {}), line))
+
+    @property
+    def frame(self) -> int | None:
+        return self.query_one("#frames", OptionList).highlighted
+
+    def action_frame(self, delta: int) -> None:
+        ol = self.query_one("#frames", OptionList)
+        if self.frames:
+            cur = ol.highlighted if ol.highlighted is not None else len(self.frames) - 1
+            ol.highlighted = max(0, min(len(self.frames) - 1, cur + delta))
+
+    def action_culprit(self) -> None:
+        reader = self.model.forensics
+        if reader is not None and reader.verdict.get("op_index") is not None:
+            self.show_op(int(reader.verdict["op_index"]))

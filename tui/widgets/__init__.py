@@ -1,0 +1,1 @@
+"""Widgets of the replay TUI, one module each."""
