@@ -194,6 +194,8 @@ class BackgroundWriter:
             row[COL["loss_nonfinite"]] = float(not math.isfinite(loss))
         if h.get("grad_norm") is not None:
             row[COL["grad_nonfinite"]] = float(not math.isfinite(gn))
+        if h.get("local_grad_norm") is not None:
+            row[COL["local_grad_nonfinite"]] = float(not math.isfinite(row[COL["local_grad_norm"]]))
         if "param_fingerprint" in h:
             row[COL["param_nonfinite"]] = float(not math.isfinite(fp))
         if "scale_after" in h:
