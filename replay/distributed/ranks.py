@@ -29,6 +29,7 @@ __all__ = [
     "base_path",
     "describe_failure",
     "first_bad_rank",
+    "own_failures",
     "open_rank_set",
     "rank_health",
     "rank_path",
@@ -227,8 +228,13 @@ def _is_collective_exception(rec: Recording, step: int) -> bool:
     )
 
 
-def _rank_evidence(rec: Recording, h: dict[str, np.ndarray]) -> dict[int, list[str]]:
-    """Steps at which this rank's *own* values went bad, with the reasons."""
+def own_failures(rec: Recording, h: dict[str, np.ndarray] | None = None) -> dict[int, list[str]]:
+    """Steps at which this rank's *own* values went bad (``loss``, ``local_grad``, ``exception``).
+
+    A ``torch.distributed`` error (a collective that timed out because a peer failed) is not the
+    rank's own failure.
+    """
+    h = rec.health() if h is None else h
     out: dict[int, list[str]] = {}
     for col, reason in (("loss_nonfinite", "loss"), ("local_grad_nonfinite", "local_grad")):
         for s in h["step"][h[col] == 1]:
@@ -247,7 +253,7 @@ def first_bad_rank(rank_set: RankSet | dict[int, Recording]) -> RankFailure | No
     """
     recs = rank_set.recordings if isinstance(rank_set, RankSet) else rank_set
     healths = {r: rec.health() for r, rec in recs.items()}
-    local: dict[int, dict[int, list[str]]] = {r: _rank_evidence(recs[r], healths[r]) for r in recs}
+    local: dict[int, dict[int, list[str]]] = {r: own_failures(recs[r], healths[r]) for r in recs}
     firsts = [min(ev) for ev in local.values() if ev]
     if firsts:
         step = min(firsts)

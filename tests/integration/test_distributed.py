@@ -45,7 +45,13 @@ def run_ranks(tmp_path: Any, **cfg: Any) -> dict[int, dict[str, Any]]:
     """Spawn the ranks and join them with a timeout: a hang fails the test, never blocks it."""
     out = tmp_path / "out"
     out.mkdir()
-    cfg = {"port": _free_port(), "world_size": 2, "path": str(tmp_path / "run.h5"), "out": str(out), **cfg}
+    cfg = {
+        "port": _free_port(),
+        "world_size": 2,
+        "path": str(tmp_path / "run.h5"),
+        "out": str(out),
+        **cfg,
+    }
     ctx = mp.start_processes(
         ddp_worker.worker, args=(cfg,), nprocs=cfg["world_size"], join=False, start_method="spawn"
     )
@@ -55,9 +61,7 @@ def run_ranks(tmp_path: Any, **cfg: Any) -> dict[int, dict[str, Any]]:
             for p in ctx.processes:
                 p.kill()
             pytest.fail(f"ranks still running after {JOIN_TIMEOUT:.0f} s: some rank hangs")
-    return {
-        r: json.loads((out / f"rank{r}.json").read_text()) for r in range(cfg["world_size"])
-    }
+    return {r: json.loads((out / f"rank{r}.json").read_text()) for r in range(cfg["world_size"])}
 
 
 def replay_rank_step(path: str, step: int) -> dict[str, float]:
@@ -75,7 +79,10 @@ def replay_rank_step(path: str, step: int) -> dict[str, float]:
     opt.register_step_pre_hook(lambda *_: seen.update(grad_norm=float(grad_norm(params))))
     restore_rng(record["rng"])
     loss = ddp_worker.train_step(model, opt, from_leaves(record["batch"]))
-    seen.update(loss=float(loss.detach()), param_fingerprint=float(param_fingerprint(list(model.parameters()))))
+    seen.update(
+        loss=float(loss.detach()),
+        param_fingerprint=float(param_fingerprint(list(model.parameters()))),
+    )
     return seen
 
 
@@ -89,7 +96,10 @@ def test_healthy_ddp_run_replays_bitwise_per_rank(tmp_path: Any) -> None:
         assert first_bad_rank(rs) is None
         for r, rec in rs.recordings.items():
             assert rec.meta["distributed"] == {
-                "rank": r, "world_size": 2, "backend": "gloo", "local_rank": None
+                "rank": r,
+                "world_size": 2,
+                "backend": "gloo",
+                "local_rank": None,
             }
             # The inner module's state: loadable into what build_fn returns.
             assert not any(k.startswith("module.") for k in rec.read_snapshot(0)["model"])
