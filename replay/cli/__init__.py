@@ -12,7 +12,9 @@ import sys
 import click
 
 from ..errors import ReplayError
+from .bisect import bisect
 from .info import info
+from .verify import verify
 
 __all__ = ["cli", "main"]
 
@@ -24,10 +26,14 @@ def cli() -> None:
 
     \b
     replay info RUN.h5      what a recording holds and which steps can be replayed
+    replay bisect RUN.h5    the first bad step and op, and whether it reproduces
+    replay verify RUN.h5    replay the recorded window and check it is bitwise deterministic
     """
 
 
 cli.add_command(info)
+cli.add_command(bisect)
+cli.add_command(verify)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,74 @@
+"""Bitwise comparison of a replayed health row with the recorded one (pure python)."""
+
+from __future__ import annotations
+
+import math
+import struct
+from typing import Any
+
+__all__ = ["same_bits", "compare_rows", "VERIFIED_COLUMNS"]
+
+# The columns a replay must reproduce bit for bit (DESIGN: replay is verified, never assumed).
+VERIFIED_COLUMNS = ("loss", "param_fingerprint")
+
+
+def same_bits(a: float | None, b: float | None) -> bool:
+    """Equal as float64 bit patterns; any NaN equals any NaN (NaN payloads carry no meaning)."""
+    a = math.nan if a is None else float(a)
+    b = math.nan if b is None else float(b)
+    if math.isnan(a) or math.isnan(b):
+        return math.isnan(a) and math.isnan(b)
+    return struct.pack("<d", a) == struct.pack("<d", b)
+
+
+def _ulps(a: float, b: float) -> int | None:
+    if not (math.isfinite(a) and math.isfinite(b)):
+        return None
+
+    def key(x: float) -> int:
+        i = struct.unpack("<q", struct.pack("<d", x))[0]
+        return i if i >= 0 else -(i & 0x7FFFFFFFFFFFFFFF)
+
+    return abs(key(a) - key(b))
+
+
+def compare_rows(
+    recorded: dict[str, Any] | None, replayed: dict[str, Any]
+) -> dict[str, Any] | None:
+    """``None`` when the replayed step matches the recording, else what differs and by how much.
+
+    A step that raised matches when the replay raised the same exception type.
+    """
+    if recorded is None:
+        return None  # nothing recorded to compare with (health row rolled out)
+    step = replayed.get("step")
+    rec_raised = recorded.get("raised") == 1.0
+    rep_exc = replayed.get("exception")
+    if rec_raised or rep_exc is not None:
+        want = recorded.get("exception_type")
+        got = rep_exc.get("type") if rep_exc else None
+        if rec_raised != (rep_exc is not None) or (want and got != want):
+            return {
+                "step": step,
+                "column": "exception",
+                "recorded": want if rec_raised else None,
+                "replayed": got,
+                "abs_diff": None,
+                "ulps": None,
+            }
+        return None
+    for col in VERIFIED_COLUMNS:
+        r, p = recorded.get(col), replayed.get(col)
+        if not same_bits(r, p):
+            r = math.nan if r is None else float(r)
+            p = math.nan if p is None else float(p)
+            diff = abs(r - p) if math.isfinite(r) and math.isfinite(p) else None
+            return {
+                "step": step,
+                "column": col,
+                "recorded": r,
+                "replayed": p,
+                "abs_diff": diff,
+                "ulps": _ulps(r, p),
+            }
+    return None

@@ -1,0 +1,174 @@
+"""Turning a :class:`Verdict` into JSON and into a report a person reads."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .search import Verdict
+from .verify import VerifyReport
+
+__all__ = ["verdict_json", "render_verdict", "verify_json", "render_verify", "TRACE_FIELDS"]
+
+# Filled by the per-op tracer when it runs; null until then.
+TRACE_FIELDS = ("op", "phase", "module", "source", "samples", "samples_exact")
+
+
+def _num(x: Any) -> Any:
+    if isinstance(x, float) and not math.isfinite(x):
+        return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
+    return x
+
+
+def _exc(e: dict[str, Any] | None) -> dict[str, Any] | None:
+    return None if e is None else {"type": e.get("type"), "message": e.get("message")}
+
+
+def verdict_json(v: Verdict, **extra: Any) -> dict[str, Any]:
+    row = v.culprit_row or {}
+    out: dict[str, Any] = {
+        "healthy": v.healthy,
+        "kind": v.kind,
+        "criterion": v.criterion,
+        "first_bad_step": v.first_bad_step,
+        "symptom_step": v.symptom_step,
+        "exception": _exc(v.exception),
+        "deterministic": v.deterministic,
+        "reproducible": v.reproducible,
+        "divergence": {k: _num(x) for k, x in v.divergence.items()} if v.divergence else None,
+        "replayed_steps": v.replayed_steps,
+        "rechecked_steps": v.rechecked_steps,
+        "snapshot": v.snapshot,
+        "snapshots_checked": v.snapshots_checked,
+        "device": v.device,
+        "window": list(v.window),
+        "checked": list(v.checked) if v.checked else None,
+        "loss": _num(row.get("loss")) if row else None,
+        "grad_norm": _num(row.get("grad_norm")) if row else None,
+        **{k: None for k in TRACE_FIELDS},
+        "forensics": None,
+        "notes": list(v.notes),
+    }
+    out.update(extra)
+    return out
+
+
+def _source_line(src: Any) -> str | None:
+    if not isinstance(src, dict):
+        return None
+    where = f"{src.get('file')}:{src.get('line')}"
+    if src.get("function"):
+        where += f" in {src['function']}"
+    code = (src.get("code") or "").strip()
+    return f"{where}\n      {code}" if code else where
+
+
+def render_verdict(d: dict[str, Any]) -> str:
+    w = d["window"]
+    if d["healthy"]:
+        checked = d.get("checked")
+        span = f"steps {checked[0]}..{checked[1]}" if checked else "no steps"
+        return (
+            f"healthy: no step matches {d['criterion']!r} in the recorded health ({span}; "
+            f"replayable window steps {w[0]}..{w[1]})"
+        )
+    lines = []
+    first, sym = d["first_bad_step"], d["symptom_step"]
+    head = f"first bad step: {first}"
+    if sym is not None and sym != first:
+        head += f"  (the symptom was recorded at step {sym})"
+    lines.append(head)
+    lines.append(f"  kind          {d['kind']}: {d['criterion']}")
+    if d.get("exception"):
+        e = d["exception"]
+        lines.append(f"  exception     {e['type']}: {e['message']}")
+    if d.get("loss") is not None and not d.get("exception"):
+        lines.append(f"  loss          {d['loss']}   grad norm {d.get('grad_norm')}")
+    if d.get("op"):
+        where = f"  op            {d['op']} ({d.get('phase')})"
+        if d.get("module") is not None:
+            where += f" in {d['module'] or '<model>'}"
+        lines.append(where)
+    src = _source_line(d.get("source"))
+    if src:
+        lines.append(f"  source        {src}")
+    if d.get("samples"):
+        exact = "" if d.get("samples_exact", True) else " (approximate: batch-coupled layers)"
+        lines.append(f"  samples       {', '.join(map(str, d['samples']))}{exact}")
+    rep = d["reproducible"]
+    lines.append(
+        "  reproducible  "
+        + (
+            "yes (two replays and the recording agree bitwise)"
+            if rep
+            else "NO: suspect hardware or non-determinism"
+        )
+    )
+    det = "yes" if d["deterministic"] else "no"
+    if d.get("divergence"):
+        dv = d["divergence"]
+        det += (
+            f" (step {dv['step']}, {dv['column']}: recorded {dv['recorded']}, replayed "
+            f"{dv['replayed']}, |diff| {dv['abs_diff']})"
+        )
+    lines.append(f"  deterministic {det}")
+    lines.append(
+        f"  replayed      {d['replayed_steps']} steps from the snapshot before step {d['snapshot']}"
+        f" (+{d['rechecked_steps']} to re-check) on {d['device']}; window steps {w[0]}..{w[1]}"
+    )
+    if d.get("forensics"):
+        lines.append(f"  forensics     {d['forensics']}  (replay tui shows them)")
+    for n in d.get("notes") or []:
+        lines.append(f"  note: {n}")
+    return "\n".join(lines)
+
+
+def verify_json(r: VerifyReport, **extra: Any) -> dict[str, Any]:
+    out = {
+        "deterministic": r.deterministic,
+        "window": list(r.window),
+        "device": r.device,
+        "replayed_steps": r.replayed_steps,
+        "first_divergence": (
+            {k: _num(x) for k, x in r.first_divergence.items()} if r.first_divergence else None
+        ),
+        "steps": [
+            {
+                "step": s["step"],
+                "match": s["divergence"] is None,
+                "compared": s["compared"],
+                "loss": _num(s["replayed"]["loss"]),
+                "recorded_loss": _num(s["recorded"]["loss"]) if s["recorded"] else None,
+                "param_fingerprint": _num(s["replayed"]["param_fingerprint"]),
+                "recorded_param_fingerprint": (
+                    _num(s["recorded"]["param_fingerprint"]) if s["recorded"] else None
+                ),
+                "exception": _exc(s["exception"]),
+            }
+            for s in r.steps
+        ],
+    }
+    out.update(extra)
+    return out
+
+
+def render_verify(d: dict[str, Any]) -> str:
+    w = d["window"]
+    n = d["replayed_steps"]
+    bad = [s for s in d["steps"] if not s["match"]]
+    if not bad:
+        return (
+            f"deterministic: all {n} steps of the window ({w[0]}..{w[1]}) replay bitwise "
+            f"(loss and parameter fingerprint) on {d['device']}"
+        )
+    fd = d["first_divergence"]
+    lines = [
+        f"NOT deterministic: {len(bad)} of {n} steps differ from the recording "
+        f"(window {w[0]}..{w[1]}, on {d['device']})",
+        f"  first divergence at step {fd['step']}, {fd['column']}: recorded {fd['recorded']}, "
+        f"replayed {fd['replayed']}, |diff| {fd['abs_diff']}, {fd['ulps']} ulps",
+        "  differing steps: "
+        + ", ".join(str(s["step"]) for s in bad[:20])
+        + (" ..." if len(bad) > 20 else ""),
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,182 @@
+"""The search: first symptom in the recorded health, newest healthy snapshot before it, then a
+step-by-step replay to the first failing step, and a second replay of that step.
+
+Cost: at most ``snapshot_every + 1`` replayed steps (the snapshot found is the newest one at or
+before the first symptom) plus one for the second check. The state before each replayed step is
+kept in memory by the subject, so the second check replays one step, not the window again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .compare import compare_rows, same_bits
+from .criteria import Criterion
+from .subject import Row, Subject
+
+__all__ = ["Verdict", "SearchError", "find_culprit", "newest_healthy"]
+
+
+class SearchError(Exception):
+    """The recording cannot answer (the failure started before what it keeps, ...)."""
+
+
+@dataclass
+class Verdict:
+    kind: str
+    criterion: str
+    window: tuple[int, int]
+    device: str
+    healthy: bool = False
+    checked: tuple[int, int] | None = None  # health rows examined (steps)
+    first_bad_step: int | None = None
+    symptom_step: int | None = None
+    snapshot: int | None = None  # the replay started from the snapshot taken before this step
+    snapshots_checked: int = 0
+    exception: dict[str, Any] | None = None  # what the culprit raised on replay
+    recorded_exception: dict[str, Any] | None = None
+    deterministic: bool | None = None  # every replayed step matched the recording bitwise
+    divergence: dict[str, Any] | None = None  # the first mismatch with the recording
+    reproducible: bool | None = None  # the second replay of the culprit agreed with the first
+    replayed_steps: int = 0
+    rechecked_steps: int = 0
+    culprit_row: Row | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def newest_healthy(
+    snapshots: Sequence[int], healthy: Callable[[int], bool]
+) -> tuple[int | None, int]:
+    """The newest snapshot for which ``healthy`` holds, assuming health only ever goes bad once
+    (NaN/Inf in a state do not heal). Binary search: returns (snapshot or None, checks made)."""
+    lo, hi, best, checks = 0, len(snapshots) - 1, None, 0
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        checks += 1
+        if healthy(snapshots[mid]):
+            best, lo = snapshots[mid], mid + 1
+        else:
+            hi = mid - 1
+    return best, checks
+
+
+def _identical(a: Row, b: Row) -> bool:
+    ea, eb = a.get("exception"), b.get("exception")
+    if (ea is None) != (eb is None) or (ea and eb and ea.get("type") != eb.get("type")):
+        return False
+    return all(same_bits(a.get(c), b.get(c)) for c in ("loss", "grad_norm", "param_fingerprint"))
+
+
+def find_culprit(
+    subject: Subject,
+    criterion: Criterion,
+    *,
+    progress: Callable[[int, int], None] | None = None,
+) -> Verdict:
+    """Find the first step that fails ``criterion`` by replaying as few steps as possible."""
+    first, last = subject.window
+    v = Verdict(criterion.kind, criterion.describe(), (first, last), subject.device)
+    rows = subject.recorded_rows()
+    if rows:
+        v.checked = (int(rows[0]["step"]), int(rows[-1]["step"]))
+    symptom = criterion.first_symptom(rows)
+    if symptom is None:
+        v.healthy = True
+        return v
+    bound = symptom.bound
+    v.symptom_step = symptom.step
+    if bound < first:
+        raise SearchError(
+            f"the recording first shows the failure at step {bound}, before the replayable "
+            f"window (steps {first}..{last}): the steps that led to it are no longer kept; "
+            "record with a larger keep_snapshots or snapshot_every"
+        )
+    if bound > last:
+        v.notes.append(
+            f"the failure is recorded at step {bound}, but steps after {last} cannot be "
+            f"replayed (their records were not kept); replaying up to step {last}"
+        )
+        bound = last
+    candidates = [s for s in subject.snapshots if first <= s <= bound]
+    if criterion.checks_snapshots:
+        start, v.snapshots_checked = newest_healthy(candidates, subject.snapshot_healthy)
+        if start is None:
+            raise SearchError(
+                f"every kept snapshot at or before step {bound} already holds NaN/Inf: the "
+                "failure started before the replayable window"
+            )
+    else:
+        start = candidates[-1]
+    v.snapshot = start
+    by_step = {int(r["step"]): r for r in rows}
+    fails = criterion.watcher([r for r in rows if r["step"] < start])
+    culprit: Row | None = None
+    total = bound - start + 1
+    for i, t in enumerate(range(start, bound + 1)):
+        replayed = subject.replay(t)
+        v.replayed_steps += 1
+        if progress is not None:
+            progress(i + 1, total)
+        recorded = by_step.get(t)
+        if recorded is not None and recorded.get("raised") == 1.0:
+            recorded = {
+                **recorded,
+                "exception_type": (subject.recorded_exception(t) or {}).get("type"),
+            }
+        diff = compare_rows(recorded, replayed)
+        if diff is not None and v.divergence is None:
+            v.divergence = diff
+        # Columns a replay does not reproduce (wall time, memory) keep their recorded values.
+        row = {**(recorded or {}), **replayed}
+        if fails(row):
+            culprit = row
+            break
+        if replayed.get("exception") is not None and criterion.kind != "exception":
+            e = replayed["exception"]
+            raise SearchError(
+                f"step {t} raised {e['type']}: {e['message']} on replay, which the recording "
+                "does not show: the replay diverged (changed code or environment?)"
+            )
+    v.deterministic = v.divergence is None
+    if culprit is None:
+        v.first_bad_step = symptom.bound
+        v.reproducible = False
+        v.notes.append(
+            f"replaying steps {start}..{bound} did not reproduce the failure the recording shows "
+            f"at step {symptom.bound}: suspect hardware or non-determinism"
+        )
+        return v
+    t = int(culprit["step"])
+    v.first_bad_step = t
+    v.culprit_row = culprit
+    v.exception = culprit.get("exception")
+    if v.exception is not None:
+        v.recorded_exception = subject.recorded_exception(t)
+    if criterion.kind == "exception":
+        v.symptom_step = symptom.step
+        want = (subject.recorded_exception(symptom.step) or {}).get("type")
+        got = (v.exception or {}).get("type")
+        if want and got != want:
+            v.notes.append(
+                f"the recording raised {want} at step {symptom.step}, the replay raised {got} "
+                f"at step {t}"
+            )
+    again = subject.replay_again(t)
+    v.rechecked_steps = 1
+    same = _identical(again, culprit)
+    # Reproducible: the two replays agree with each other and with the recording.
+    v.reproducible = same and v.deterministic
+    if not same:
+        v.notes.append(
+            f"two replays of step {t} from the same state disagree: suspect hardware or "
+            "non-determinism (a data race, an uninitialised read, a flaky device)"
+        )
+    elif not v.deterministic:
+        d = v.divergence or {}
+        v.notes.append(
+            f"the replay differs from the recording at step {d.get('step')} ({d.get('column')}): "
+            "suspect non-determinism (or changed code) between the recording and this replay"
+        )
+    return v

@@ -1,0 +1,116 @@
+"""``replay bisect RUN.h5``: the first bad step, why, and whether it reproduces."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from ._replaying import engine_options, open_engine
+
+__all__ = ["bisect"]
+
+
+def _criterion(kind: str, until: str | None, spike: float | None, rows: list) -> object:
+    from ..bisect import Expression, NonFinite, Predicate, PredicateError, Raised, auto_criterion
+    from ..store.layout import HEALTH_COLUMNS
+
+    chosen = [n for n, x in (("--until", until), ("--spike", spike)) if x is not None]
+    if len(chosen) > 1 or (chosen and kind != "auto"):
+        raise click.UsageError("use one of --kind, --until and --spike")
+    if spike is not None:
+        if not spike > 0:
+            raise click.UsageError("--spike FACTOR must be a positive number")
+        until = f"loss > {spike!r} * median_loss"
+    if until is not None:
+        try:
+            return Predicate(Expression.parse(until, HEALTH_COLUMNS))
+        except PredicateError as e:
+            raise click.UsageError(f"--until: {e}") from None
+    if kind == "nonfinite":
+        return NonFinite()
+    if kind == "exception":
+        return Raised()
+    return auto_criterion(rows)
+
+
+@click.command()
+@click.argument("run", type=click.Path(dir_okay=False, path_type=str))
+@click.option(
+    "--kind",
+    type=click.Choice(["auto", "nonfinite", "exception"]),
+    default="auto",
+    show_default=True,
+    help="Failure to look for; auto: whichever the recording shows first.",
+)
+@click.option("--until", metavar="EXPR", help='Failure predicate, e.g. "loss > 4 * median_loss".')
+@click.option(
+    "--spike", type=float, metavar="FACTOR", help="Loss > FACTOR x median of earlier losses."
+)
+@click.option("--no-trace", is_flag=True, help="Skip the per-op trace of the culprit step.")
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+@engine_options
+def bisect(
+    run: str,
+    kind: str,
+    until: str | None,
+    spike: float | None,
+    no_trace: bool,
+    as_json: bool,
+    device: str | None,
+    entry: str | None,
+) -> int:
+    """Find the first step of RUN that fails, replaying only from the last healthy snapshot.
+
+    \b
+    Failure kinds: nonfinite (NaN/Inf in loss, gradients or parameters; a step the
+    GradScaler skipped is not a failure), exception (the step raised), or a predicate
+    over the recorded metrics (--until, --spike; see docs/bisect.md).
+    Exit codes: 0 culprit found, 1 the recorded window is healthy, 2 usage error,
+    3 unusable recording, 4 unusable entry point, 5 replay failed.
+    """
+    from ..bisect import SearchError, find_culprit
+    from ..bisect.progress import Progress
+    from ..bisect.report import render_verdict, verdict_json
+    from ..engine.culprit import trace_culprit, tracer_available
+    from ..engine.subject import EngineSubject
+    from ..errors import ReplayError
+
+    rec, engine = open_engine(run, device, entry)
+    bar = Progress("replay bisect")
+    try:
+        subject = EngineSubject(engine)
+        criterion = _criterion(kind, until, spike, subject.recorded_rows())
+        try:
+            verdict = find_culprit(subject, criterion, progress=bar)
+        except SearchError as e:
+            raise ReplayError(str(e)) from None
+        finally:
+            bar.close()
+        extra: dict = {"recording": run, "entry_files": engine.entry_files}
+        if verdict.first_bad_step is not None and verdict.reproducible is not None:
+            if no_trace:
+                pass
+            elif not tracer_available():
+                verdict.notes.append("per-op tracing is not available in this installation")
+            else:
+                try:
+                    extra.update(
+                        trace_culprit(
+                            engine,
+                            verdict.first_bad_step,
+                            verdict.kind,
+                            forensics_path=rec.forensics_path,
+                            run_id=rec.run_id,
+                        )
+                    )
+                except Exception as e:  # noqa: BLE001 - the step verdict stands without the trace
+                    verdict.notes.append(
+                        f"tracing step {verdict.first_bad_step} failed: {type(e).__name__}: {e}"
+                    )
+    finally:
+        engine.close()
+        rec.close()
+    d = verdict_json(verdict, **extra)
+    click.echo(json.dumps(d, indent=2) if as_json else render_verdict(d))
+    return 1 if verdict.healthy else 0

@@ -1,0 +1,16 @@
+"""The replay engine: rebuild the objects from the recorded entry points, restore a snapshot,
+re-run recorded steps with their RNG states, hyper-parameters, modes and batches, and measure
+each step exactly as the recorder did (imports torch)."""
+
+from .engine import Engine
+from .entry import EntryOverride, EntryPoints, load_entry_points, parse_entry_override
+from .outcome import StepOutcome
+
+__all__ = [
+    "Engine",
+    "EntryOverride",
+    "EntryPoints",
+    "StepOutcome",
+    "load_entry_points",
+    "parse_entry_override",
+]

@@ -1,0 +1,79 @@
+"""Tracing the culprit step the bisector found: per-op verdict, culprit samples, forensics file.
+
+Uses ``replay.trace`` (the per-op tracer) through the engine's two calls: ``state_before(t)``
+and ``run_step(t, batch=...)``. Returns the JSON fields the bisect report fills.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .engine import Engine
+
+__all__ = ["trace_culprit", "tracer_available"]
+
+
+def tracer_available() -> bool:
+    try:
+        import replay.trace  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _step_fails(kind: str, row: dict[str, Any]) -> bool:
+    if kind == "exception":
+        return row.get("raised") == 1.0
+    from ..bisect.criteria import is_nonfinite
+
+    return is_nonfinite(row)
+
+
+def trace_culprit(
+    engine: Engine, step: int, kind: str, *, forensics_path: str, run_id: str
+) -> dict[str, Any]:
+    """Trace ``step`` from the state right before it; write the sidecar; return report fields."""
+    from replay.trace import (
+        batch_size_of,
+        find_culprit_samples,
+        has_batch_coupling,
+        slice_batch,
+        trace_step,
+    )
+
+    engine.state_before(step, keep=True)
+    batch = engine.batch(step)
+    try:
+        result = trace_step(
+            engine.model, engine.optimizer, engine.step_fn, batch, scaler=engine.scaler
+        )
+    finally:
+        engine.invalidate()  # the tracer ran the step on the live objects
+    v = result.verdict
+    size = batch_size_of(batch)
+    if kind in ("nonfinite", "exception") and size and size > 1 and not v.get("samples"):
+
+        def fails(indices: list[int]) -> bool:
+            engine.state_before(step, keep=True)
+            sub = slice_batch(engine.batch(step), indices)
+            out = engine.run_step(step, batch=sub)
+            return _step_fails(kind, out.row())
+
+        samples, exact = find_culprit_samples(fails, size, coupled=has_batch_coupling(engine.model))
+        if len(samples) < size:  # the whole batch is not an answer
+            result.set_samples(samples, exact)
+    result.write(forensics_path, run_id=run_id, step=step)
+    fields = {
+        "op": v.get("op"),
+        "phase": v.get("phase"),
+        "module": v.get("module"),
+        "source": v.get("source"),
+        "samples": v.get("samples"),
+        "samples_exact": v.get("samples_exact"),
+        "forensics": forensics_path,
+    }
+    loss = result.loss
+    if loss is not None and isinstance(loss, float) and not math.isfinite(loss):
+        fields["traced_loss"] = "nan" if math.isnan(loss) else ("inf" if loss > 0 else "-inf")
+    return fields

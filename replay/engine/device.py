@@ -1,0 +1,51 @@
+"""Where to replay: where the run was recorded when possible, else the CPU (with a warning)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..store.tree import TensorLeaf
+
+__all__ = ["recorded_device", "choose_device"]
+
+
+def recorded_device(tree: Any) -> str:
+    """The device of the first tensor in a recorded tree (``"cpu"`` when it holds none)."""
+    stack = [tree]
+    while stack:
+        node = stack.pop(0)
+        if isinstance(node, TensorLeaf):
+            return node.device
+        if isinstance(node, dict):
+            stack.extend(node.values())
+        elif isinstance(node, (list, tuple)):
+            stack.extend(node)
+    return "cpu"
+
+
+def choose_device(recorded: str, override: str | None, log: Callable[[str], None]) -> str:
+    if override:
+        dev = torch.device(override)
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            from ..errors import ReplayError
+
+            raise ReplayError(f"--device {override}: no CUDA device is available here")
+        if dev.type != torch.device(recorded).type:
+            log(
+                f"replay: warning: recorded on {recorded}, replaying on {override} as asked: "
+                "numerics may differ, so bitwise verification may fail"
+            )
+        return str(dev)
+    if recorded.startswith("cuda"):
+        if torch.cuda.is_available():
+            index = torch.device(recorded).index or 0
+            return f"cuda:{index if index < torch.cuda.device_count() else 0}"
+        log(
+            f"replay: warning: recorded on {recorded} but no GPU is available here; replaying "
+            "on the CPU, where numerics may differ (bitwise verification will likely fail)"
+        )
+        return "cpu"
+    return "cpu" if recorded == "cpu" else recorded

@@ -1,0 +1,307 @@
+"""The replay engine: rebuild the objects, restore a snapshot, re-run recorded steps exactly.
+
+Two calls are the whole contract (the bisector and the tracer use nothing else to drive torch)::
+
+    eng = Engine(open_recording("run.h5"))
+    eng.state_before(t)          # live objects hold the state right before step t, its RNG,
+                                 # hyper-parameters and module modes are in place
+    out = eng.run_step(t)        # run the user's own step_fn on step t's recorded batch
+    out = eng.run_step(t, batch=sliced)   # ... or on another batch (the state is then "dirty")
+
+Replay is verified, never assumed: ``StepOutcome`` carries the loss, gradient norm and parameter
+fingerprint computed with the recorder's own functions, for a bitwise comparison with the
+recorded health row.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..errors import RecordingError, ReplayError
+from ..record.fingerprint import grad_norm, param_fingerprint
+from ..record.recorder import _loss_of
+from ..record.rng import restore_rng
+from ..record.tensors import from_leaves
+from ..store.reader import Recording
+from .device import choose_device, recorded_device
+from .entry import EntryOverride, load_entry_points
+from .outcome import StepOutcome
+from .state import Objects, build_objects, capture_state, load_snapshot, restore_state
+
+__all__ = ["Engine"]
+
+_CHECKPOINTS = 2  # in-memory states kept (the culprit's, and one spare): bounded memory
+_RECORDS = 4  # step records cached (a re-run of the culprit reads its record again)
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _num(x: Any) -> float | None:
+    """A scalar as float64, exactly as the recorder's writer converts health values."""
+    if x is None:
+        return None
+    if isinstance(x, torch.Tensor):
+        return float(x.detach().to("cpu", torch.float64).reshape(-1)[0]) if x.numel() else None
+    return float(x)
+
+
+class Engine:
+    """Replays steps of a recording with the recorded ``build_fn``/``step_fn``.
+
+    ``device``: where to replay (default: where it was recorded when possible, else the CPU with
+    a warning). ``entry``: an :class:`EntryOverride` (``--entry``). ``log``: where notes go
+    (stderr by default; never ``warnings``, which tests turn into errors).
+    """
+
+    def __init__(
+        self,
+        rec: Recording,
+        *,
+        device: str | None = None,
+        entry: EntryOverride | None = None,
+        log: Callable[[str], None] = _stderr,
+    ) -> None:
+        self.rec = rec
+        self.log = log
+        window = rec.replayable_window()
+        if window is None:
+            raise RecordingError(
+                f"{rec.path}: nothing can be replayed (no kept snapshot with the batches after "
+                "it); record with a smaller snapshot_every or a larger keep_snapshots"
+            )
+        self.window = window
+        env = rec.env
+        self.recorded_device = recorded_device(rec.read_snapshot(window.first).get("model"))
+        self.device = choose_device(self.recorded_device, device, log)
+        # Leaves go back where they were recorded unless we replay elsewhere.
+        self._leaf_device = None if self.device == self.recorded_device else self.device
+        self._configure_torch(env)
+        eps = load_entry_points(rec.entry, env, rec.sources, entry, log)
+        self.entry_files = eps.files
+        self.step_fn = eps.step_fn
+        self.objs: Objects = build_objects(eps.build_fn, self.device)
+        self._modules = [m for _, m in self.objs.model.named_modules()]
+        recorded_modules = rec.meta.get("model", {}).get("modules")
+        if recorded_modules is not None and len(recorded_modules) != len(self._modules):
+            raise ReplayError(
+                f"build_fn made a model with {len(self._modules)} modules, the recording has "
+                f"{len(recorded_modules)}: the model changed since the recording"
+            )
+        self._params = list(self.objs.model.parameters())
+        self._opt_params = [p for g in self.objs.optimizer.param_groups for p in g["params"]]
+        self._hook_on = False
+        self._hook_gn: torch.Tensor | None = None
+        self._hook_fired = False
+        self._hook = self.objs.optimizer.register_step_pre_hook(self._pre_step)
+        self._pos: int | None = None  # the live objects hold the state before this step
+        self._checkpoints: OrderedDict[int, dict[str, Any]] = OrderedDict()
+        self._records: OrderedDict[int, dict[str, Any]] = OrderedDict()
+        self.steps_run = 0  # step_fn calls so far (the cost a bisect reports)
+        self.on_step: Callable[[int], None] | None = None  # progress: called after each step
+
+    # -- the objects (for the tracer) ------------------------------------------------------
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.objs.model
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self.objs.optimizer
+
+    @property
+    def scheduler(self) -> Any:
+        return self.objs.scheduler
+
+    @property
+    def scaler(self) -> Any:
+        return self.objs.scaler
+
+    def close(self) -> None:
+        self._hook.remove()
+
+    # -- set-up ------------------------------------------------------------------------------
+
+    def _configure_torch(self, env: dict[str, Any]) -> None:
+        # A different thread count changes CPU reduction order: 1 ulp by step 15 (FINDINGS).
+        n = env.get("num_threads")
+        if n:
+            torch.set_num_threads(int(n))
+        if self.device.startswith("cuda"):
+            torch.backends.cudnn.deterministic = bool(env.get("cudnn_deterministic", False))
+            torch.backends.cudnn.benchmark = bool(env.get("cudnn_benchmark", False))
+            torch.backends.cuda.matmul.allow_tf32 = bool(env.get("matmul_tf32", False))
+        if env.get("deterministic_algorithms"):
+            torch.use_deterministic_algorithms(True)
+
+    def _pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        # Same place, same function as the recorder: gradients before the update.
+        if self._hook_on:
+            self._hook_fired = True
+            self._hook_gn = grad_norm(self._opt_params)
+
+    # -- records -------------------------------------------------------------------------------
+
+    def record(self, t: int) -> dict[str, Any]:
+        """The recorded record of step ``t`` (RNG, hyper-parameters, modes, batch, exception)."""
+        if t in self._records:
+            self._records.move_to_end(t)
+            return self._records[t]
+        try:
+            r = self.rec.read_step(t)
+        except KeyError as e:
+            raise ReplayError(f"step {t} is no longer in the recording ({e})") from None
+        self._records[t] = r
+        while len(self._records) > _RECORDS:
+            self._records.popitem(last=False)
+        return r
+
+    def batch(self, t: int) -> Any:
+        """Step ``t``'s recorded batch as tensors on the replay device."""
+        return from_leaves(self.record(t)["batch"], self._leaf_device)
+
+    def recorded_exception(self, t: int) -> dict[str, Any] | None:
+        return self.record(t).get("exception")
+
+    def recorded_rows(self) -> list[dict[str, Any]]:
+        """The recorded health, one dict per step (``step`` plus every health column)."""
+        h = self.rec.health()
+        cols = [k for k in h if k != "step"]
+        return [
+            {"step": int(s), **{c: float(h[c][i]) for c in cols}} for i, s in enumerate(h["step"])
+        ]
+
+    def snapshot_finite(self, s: int) -> bool:
+        """Whether every floating tensor of the snapshot at ``s`` (model, optimizer) is finite."""
+        snap = self.rec.read_snapshot(s)
+        trees = [from_leaves(snap.get("model"), "cpu"), from_leaves(snap.get("optimizer"), "cpu")]
+        stack: list[Any] = trees
+        while stack:
+            node = stack.pop()
+            if isinstance(node, torch.Tensor):
+                if (node.is_floating_point() or node.is_complex()) and not bool(
+                    torch.isfinite(node).all()
+                ):
+                    return False
+            elif isinstance(node, dict):
+                stack.extend(node.values())
+            elif isinstance(node, (list, tuple)):
+                stack.extend(node)
+        return True
+
+    # -- state -------------------------------------------------------------------------------
+
+    def _prepare(self, t: int) -> None:
+        """Put step ``t``'s recorded RNG states, hyper-parameters and module modes in place."""
+        r = self.record(t)
+        restore_rng(r["rng"], cuda=self.device.startswith("cuda"))
+        groups = self.objs.optimizer.param_groups
+        hparams = r.get("hparams") or []
+        if len(hparams) != len(groups):
+            raise ReplayError(
+                f"step {t}: the recording has {len(hparams)} param groups, the optimizer "
+                f"build_fn made has {len(groups)}"
+            )
+        for g, h in zip(groups, hparams):
+            # Every recorded entry: a scheduler stepped outside step_fn changed lr, momentum...
+            for k, v in h.items():
+                g[k] = from_leaves(v, self._leaf_device)
+        modes = r.get("modes")
+        if modes is not None:
+            for m, training in zip(self._modules, modes):
+                m.training = bool(training)
+
+    def state_before(self, t: int, *, keep: bool = False) -> None:
+        """Make the live objects hold the state right before step ``t`` and prepare step ``t``.
+
+        Starts from the nearest of: the live state, an in-memory checkpoint, the newest kept
+        snapshot at or before ``t``; then replays the steps in between. ``keep`` remembers this
+        state in memory, so coming back to it (a second replay, the tracer) costs no replay.
+        """
+        if t not in self.window:
+            w = self.window
+            raise ReplayError(
+                f"step {t} is outside the replayable window (steps {w.first}..{w.last})"
+            )
+        if self._pos != t:
+            start, source = self.window.snapshot_for(t), "snapshot"
+            ck = [c for c in self._checkpoints if start <= c <= t]
+            if ck:
+                start, source = max(ck), "checkpoint"
+            if self._pos is not None and start <= self._pos <= t:
+                start, source = self._pos, "live"
+            if source == "snapshot":
+                load_snapshot(self.objs, self.rec.read_snapshot(start), self._leaf_device)
+            elif source == "checkpoint":
+                restore_state(self.objs, self._checkpoints[start])
+            self._pos = start
+            for i in range(start, t):
+                self.run_step(i)
+        if keep and t not in self._checkpoints:
+            self._checkpoints[t] = capture_state(self.objs)
+            while len(self._checkpoints) > _CHECKPOINTS:
+                self._checkpoints.popitem(last=False)
+        self._prepare(t)
+
+    def invalidate(self) -> None:
+        """Forget where the live objects are (after someone else ran a step on them, e.g. the
+        tracer); the next ``state_before`` restores from a checkpoint or a snapshot."""
+        self._pos = None
+
+    # -- a step ------------------------------------------------------------------------------
+
+    def run_step(self, t: int, batch: Any = None) -> StepOutcome:
+        """Run step ``t`` (on its recorded batch, or on ``batch``) and measure it like the recorder.
+
+        Exceptions raised by ``step_fn`` are caught and returned in ``StepOutcome.exception``.
+        """
+        if self._pos != t:
+            self.state_before(t)
+        self._prepare(t)
+        b = self.batch(t) if batch is None else batch
+        g0 = self.objs.optimizer.param_groups[0] if self.objs.optimizer.param_groups else {}
+        out = StepOutcome(step=t, lr=_num(g0.get("lr")))
+        scaler = self.objs.scaler
+        if scaler is not None:
+            out.scale = _num(getattr(scaler, "_scale", None))
+        self._hook_gn, self._hook_fired, self._hook_on = None, False, True
+        # Whatever happens below, the live state is no longer "before t"; a foreign batch
+        # leaves a state no recorded step follows from.
+        self._pos = t + 1 if batch is None else None
+        t0 = time.perf_counter()
+        try:
+            ret = self.step_fn(self.objs.model, self.objs.optimizer, b)
+        except Exception as e:  # the step's own failure is a result, not a replay failure
+            out.exception = {
+                "type": type(e).__name__,
+                "module": type(e).__module__,
+                "message": str(e),
+            }
+            return out
+        finally:
+            self._hook_on = False
+            self.steps_run += 1
+            self.wall_time = time.perf_counter() - t0
+            if self.on_step is not None:
+                self.on_step(t)
+        out.returned = ret
+        out.loss = _num(_loss_of(ret))
+        out.optimizer_stepped = float(self._hook_fired)
+        gn = self._hook_gn
+        if gn is None and not self._hook_fired:
+            gn = grad_norm(self._opt_params)  # as the recorder: no optimizer step ran
+        out.grad_norm = _num(gn)
+        out.param_fingerprint = _num(param_fingerprint(self._params))
+        if scaler is not None:
+            after = _num(getattr(scaler, "_scale", None))
+            out.scale_after = math.nan if after is None else after
+        return out

@@ -1,0 +1,215 @@
+"""Importing the recorded entry points again: the only place ``replay`` runs user code.
+
+A script recorded as ``__main__`` is imported as a file under a private module name, so its
+``if __name__ == "__main__":`` training loop does not run; a module is imported by name with the
+recording's working directory on ``sys.path``. We say on stderr which file is imported and, when its
+source changed since the recording, show a short diff: a replay of different code is a different
+experiment, and the user must know.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import importlib
+import importlib.util
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+from ..errors import EntryPointError
+
+__all__ = ["EntryPoints", "EntryOverride", "parse_entry_override", "load_entry_points"]
+
+_DIFF_LINES = 40  # enough to see what changed, short enough not to bury the verdict
+_ENTRY_HINT = "pass --entry MODULE_OR_FILE:build,step to say where build_fn and step_fn live now"
+
+
+@dataclass(frozen=True)
+class EntryOverride:
+    """``--entry MODULE_OR_FILE:build,step``."""
+
+    target: str
+    build: str
+    step: str
+
+    @property
+    def is_file(self) -> bool:
+        return self.target.endswith(".py") or os.sep in self.target or os.path.isfile(self.target)
+
+
+@dataclass
+class EntryPoints:
+    build_fn: Callable[..., Any]
+    step_fn: Callable[..., Any]
+    files: list[str] = field(default_factory=list)
+
+
+def parse_entry_override(spec: str) -> EntryOverride:
+    """Parse ``MODULE_OR_FILE:build,step``; raises ``ValueError`` with a one-line reason."""
+    target, sep, names = spec.rpartition(":")
+    parts = [p.strip() for p in names.split(",")]
+    if not sep or not target or len(parts) != 2 or not all(parts):
+        raise ValueError(
+            f"--entry {spec!r}: expected MODULE_OR_FILE:build,step "
+            "(e.g. train.py:build,train_step or mypkg.train:build,train_step)"
+        )
+    return EntryOverride(target, parts[0], parts[1])
+
+
+def _sha256_of(path: str) -> tuple[str | None, str | None]:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except (OSError, UnicodeDecodeError):
+        return None, None
+    return hashlib.sha256(text.encode()).hexdigest(), text
+
+
+def _short_diff(old: str, new: str, path: str) -> str:
+    lines = list(
+        difflib.unified_diff(
+            old.splitlines(), new.splitlines(), f"{path} (recorded)", f"{path} (now)", lineterm=""
+        )
+    )
+    if len(lines) > _DIFF_LINES:
+        lines = lines[:_DIFF_LINES] + [f"... ({len(lines) - _DIFF_LINES} more diff lines)"]
+    return "\n".join(lines)
+
+
+class _Importer:
+    """Imports each file or module once per process and reports what it imported."""
+
+    def __init__(self, sources: dict[str, str], log: Callable[[str], None]) -> None:
+        self.sources = sources
+        self.log = log
+        self.files: list[str] = []
+        self._by_file: dict[str, ModuleType] = {}
+
+    def _announce(self, path: str | None, recorded: dict[str, Any] | None) -> None:
+        if path is None:
+            return
+        path = os.path.abspath(path)
+        if path in self.files:
+            return
+        self.files.append(path)
+        self.log(f"replay: importing {path}")
+        if recorded is None:
+            return
+        sha, text = _sha256_of(path)
+        want = recorded.get("sha256")
+        if want and sha and sha != want:
+            old = self.sources.get(recorded.get("path", ""), None)
+            msg = f"replay: warning: {path} changed since it was recorded (sha256 differs)"
+            if old is not None and text is not None:
+                msg += "; replaying with the current code:\n" + _short_diff(old, text, path)
+            self.log(msg)
+        elif recorded.get("path") and os.path.abspath(recorded["path"]) != path:
+            self.log(f"replay: note: the recording used {recorded['path']}")
+
+    def file(self, path: str, role: str, recorded: dict[str, Any] | None) -> ModuleType:
+        path = os.path.abspath(path)
+        if path in self._by_file:
+            return self._by_file[path]
+        if not os.path.isfile(path):
+            raise EntryPointError(f"cannot import {role}: {path} does not exist; {_ENTRY_HINT}")
+        # A private name: the script's `if __name__ == "__main__":` block must not run.
+        digest = hashlib.sha1(path.encode()).hexdigest()[:8]
+        stem = "".join(
+            c if c.isalnum() else "_" for c in os.path.splitext(os.path.basename(path))[0]
+        )
+        name = f"_replay_user_{stem}_{digest}"
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise EntryPointError(
+                f"cannot import {role} from {path}: not a Python file; {_ENTRY_HINT}"
+            )
+        module = importlib.util.module_from_spec(spec)
+        directory = os.path.dirname(path)
+        if directory not in sys.path[:1]:
+            sys.path.insert(0, directory)  # its sibling imports resolve as they did when run
+        sys.modules[name] = module
+        self._announce(path, recorded)
+        try:
+            spec.loader.exec_module(module)
+        except Exception as e:
+            sys.modules.pop(name, None)
+            raise EntryPointError(
+                f"cannot import {role} from {path}: importing it raised "
+                f"{type(e).__name__}: {e}; {_ENTRY_HINT}"
+            ) from None
+        self._by_file[path] = module
+        return module
+
+    def module(
+        self, name: str, role: str, recorded: dict[str, Any] | None, paths: list[str]
+    ) -> ModuleType:
+        for p in reversed([p for p in paths if p]):
+            if p not in sys.path:
+                sys.path.insert(0, p)
+        try:
+            module = importlib.import_module(name)
+        except ImportError as e:
+            raise EntryPointError(
+                f"cannot import {role}: module {name!r} is not importable ({e}); {_ENTRY_HINT}"
+            ) from None
+        except Exception as e:
+            raise EntryPointError(
+                f"cannot import {role}: importing module {name!r} raised {type(e).__name__}: {e}; "
+                f"{_ENTRY_HINT}"
+            ) from None
+        self._announce(getattr(module, "__file__", None), recorded)
+        return module
+
+
+def _lookup(module: ModuleType, qualname: str, role: str, where: str) -> Callable[..., Any]:
+    obj: Any = module
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            raise EntryPointError(
+                f"cannot find {role} {qualname!r} in {where} (renamed or removed since the "
+                f"recording?); {_ENTRY_HINT}"
+            )
+    if not callable(obj):
+        raise EntryPointError(f"{role} {qualname!r} in {where} is not a function; {_ENTRY_HINT}")
+    return obj
+
+
+def load_entry_points(
+    entry: dict[str, Any],
+    env: dict[str, Any],
+    sources: dict[str, str],
+    override: EntryOverride | None = None,
+    log: Callable[[str], None] = lambda m: print(m, file=sys.stderr),
+) -> EntryPoints:
+    """Import ``build_fn`` and ``step_fn`` as recorded (or as ``override`` says)."""
+    imp = _Importer(sources, log)
+    fns: dict[str, Callable[..., Any]] = {}
+    for role in ("build_fn", "step_fn"):
+        rec = entry.get(role)
+        if override is not None:
+            qual = override.build if role == "build_fn" else override.step
+            if override.is_file:
+                mod = imp.file(override.target, role, rec)
+                where = override.target
+            else:
+                mod = imp.module(override.target, role, rec, [os.getcwd()])
+                where = f"module {override.target}"
+            fns[role] = _lookup(mod, qual, role, where)
+            continue
+        if not rec:
+            raise EntryPointError(f"the recording names no {role}; {_ENTRY_HINT}")
+        if rec.get("is_script") or rec.get("module") == "__main__":
+            mod = imp.file(rec["path"], role, rec)
+            where = rec["path"]
+        else:
+            mod = imp.module(
+                rec["module"], role, rec, [env.get("cwd", ""), env.get("sys_path0", "")]
+            )
+            where = f"module {rec['module']}"
+        fns[role] = _lookup(mod, rec["qualname"], role, where)
+    return EntryPoints(fns["build_fn"], fns["step_fn"], imp.files)

@@ -1,0 +1,73 @@
+"""What one replayed step produced, in the recorder's own health-column terms."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["StepOutcome"]
+
+
+def _f(x: float | None) -> float:
+    return math.nan if x is None else float(x)
+
+
+@dataclass
+class StepOutcome:
+    """One replayed step; ``None`` means "not measured", as a NaN cell in the recorded health.
+
+    The numbers are computed with the recorder's own functions, so they compare bitwise.
+    """
+
+    step: int
+    loss: float | None = None
+    grad_norm: float | None = None
+    param_fingerprint: float | None = None
+    optimizer_stepped: float | None = None
+    scale: float | None = None
+    scale_after: float | None = None
+    lr: float | None = None
+    exception: dict[str, str] | None = None
+    returned: Any = None  # what step_fn returned (None when it raised)
+
+    def row(self) -> dict[str, Any]:
+        """A health row (the columns a replay reproduces) plus ``step`` and ``exception``.
+
+        Mirrors ``BackgroundWriter._health_row``: a raised step measures nothing but ``raised``.
+        """
+        row: dict[str, Any] = {"step": self.step, "exception": self.exception}
+        row["raised"] = float(self.exception is not None)
+        row["lr"] = _f(self.lr)
+        row["scale"] = _f(self.scale)
+        if self.exception is not None:
+            for k in (
+                "loss",
+                "grad_norm",
+                "param_fingerprint",
+                "loss_nonfinite",
+                "grad_nonfinite",
+                "param_nonfinite",
+                "optimizer_stepped",
+                "scaler_skipped",
+            ):
+                row[k] = math.nan
+            return row
+        row["loss"] = _f(self.loss)
+        row["grad_norm"] = _f(self.grad_norm)
+        row["param_fingerprint"] = _f(self.param_fingerprint)
+        row["optimizer_stepped"] = _f(self.optimizer_stepped)
+        row["loss_nonfinite"] = float(not math.isfinite(row["loss"]))
+        row["grad_nonfinite"] = (
+            math.nan if self.grad_norm is None else float(not math.isfinite(self.grad_norm))
+        )
+        row["param_nonfinite"] = (
+            math.nan
+            if self.param_fingerprint is None
+            else float(not math.isfinite(self.param_fingerprint))
+        )
+        # As recorded: with a scaler, "skipped" is scale-after < scale-before (NaN compares False).
+        row["scaler_skipped"] = (
+            math.nan if self.scale_after is None else float(self.scale_after < _f(self.scale))
+        )
+        return row
