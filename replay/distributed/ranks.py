@@ -17,6 +17,7 @@ import glob
 import os
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -30,6 +31,7 @@ __all__ = [
     "describe_failure",
     "first_bad_rank",
     "own_failures",
+    "pick_rank_file",
     "open_rank_set",
     "rank_health",
     "rank_path",
@@ -289,3 +291,26 @@ def describe_failure(f: RankFailure | None) -> str:
         f"step {f.step} went bad on {who} after the all-reduce, but no rank's own loss or "
         "gradients did (an overflow in the reduction, or ranks recorded without the DDP probe)"
     )
+
+
+def pick_rank_file(spec: str) -> tuple[str, dict[str, Any] | None]:
+    """The file ``replay bisect`` replays for ``spec``, and what the rank set showed.
+
+    A plain recording is returned as it is (``None``). For a rank set: the culprit rank's file
+    (rank 0's when no rank failed, so a ``--until`` predicate still has a file to search).
+    """
+    if resolve_rank_files(spec) is None:
+        return spec, None
+    with open_rank_set(spec) as rs:
+        f = first_bad_rank(rs)
+        paths = rs.paths
+    rank = f.rank if f is not None else min(paths)
+    return paths[rank], {
+        "spec": spec,
+        "ranks": sorted(paths),
+        "first_bad": None
+        if f is None
+        else {"step": f.step, "ranks": list(f.ranks), "kind": f.kind, "local": f.local},
+        "replayed_rank": rank,
+        "summary": describe_failure(f),
+    }

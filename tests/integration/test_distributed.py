@@ -150,3 +150,22 @@ def test_nan_on_one_rank_stops_every_rank_at_the_same_step(tmp_path: Any) -> Non
     assert info.returncode == 0, info.stderr
     assert "rank set of 2" in info.stdout
     assert "first bad at step 5 on rank 1" in info.stdout
+    bisect = subprocess.run(
+        [sys.executable, "-m", "replay", "bisect", base, "--no-trace", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        # the recorded entry module (ddp_worker) is importable, as in the user's training dir
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")])},
+    )
+    assert bisect.returncode == 0, bisect.stderr
+    verdict = json.loads(bisect.stdout)
+    assert verdict["rank_set"]["replayed_rank"] == 1
+    assert verdict["rank_set"]["first_bad"] == {
+        "step": 5,
+        "ranks": [1],
+        "kind": "nonfinite",
+        "local": True,
+    }
+    assert verdict["recording"].endswith("run.rank1.h5")
+    assert verdict["first_bad_step"] == 5 and verdict["reproducible"] is True
