@@ -49,11 +49,31 @@ class NonFiniteLossError(FloatingPointError):
     The step is already on disk: run ``replay bisect RUN.h5`` to find where it started.
     """
 
-    def __init__(self, step: int, loss: float, path: str) -> None:
-        self.step, self.loss, self.path = step, loss, path
+    def __init__(
+        self,
+        step: int,
+        loss: float,
+        path: str,
+        *,
+        ranks: tuple[int, ...] | None = None,
+        bisect_path: str | None = None,
+    ) -> None:
+        # Under DDP every rank raises at the same step; ``ranks`` names the ones whose own loss
+        # or gradients went bad (this rank's loss may well be finite), ``bisect_path`` is the
+        # base path that names the whole rank set.
+        self.step, self.loss, self.path, self.ranks = step, loss, path, ranks
+        target = bisect_path or path
+        if ranks is None:
+            what = f"loss is {loss} at step {step}"
+        else:
+            who = ", ".join(map(str, ranks))
+            what = (
+                f"non-finite loss or gradients on rank{'s' if len(ranks) > 1 else ''} {who} at "
+                f"step {step} (this rank's loss: {loss}); every rank stops at this step"
+            )
         super().__init__(
-            f"loss is {loss} at step {step}; the step is recorded in {path}. "
-            f"Run `replay bisect {path}` to find the first op that produced it."
+            f"{what}; the step is recorded in {path}. "
+            f"Run `replay bisect {target}` to find the first op that produced it."
         )
 
 

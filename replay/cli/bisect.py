@@ -35,7 +35,7 @@ def _criterion(kind: str, until: str | None, spike: float | None) -> object:
 
 
 @click.command()
-@click.argument("run", type=click.Path(dir_okay=False, path_type=str))
+@click.argument("run", type=click.Path(path_type=str))
 @click.option(
     "--kind",
     type=click.Choice(["auto", "nonfinite", "exception"]),
@@ -66,21 +66,30 @@ def bisect(
     Failure kinds: nonfinite (NaN/Inf in loss, gradients or parameters; a step the
     GradScaler skipped is not a failure), exception (the step raised), or a predicate
     over the recorded metrics (--until, --spike; see docs/bisect.md).
+    A DDP run: RUN names its rank set (run.h5 for run.rank0.h5, run.rank1.h5, ..., a directory
+    or a glob); the first (step, rank) whose own values went bad picks the rank to replay.
     Exit codes: 0 culprit found, 1 the recorded window is healthy, 2 usage error,
     3 unusable recording, 4 unusable entry point, 5 replay failed.
     """
     from ..bisect import SearchError, auto_criterion, find_culprit
     from ..bisect.progress import Progress
     from ..bisect.report import render_verdict, verdict_json
+    from ..distributed.bisect import RankSubject, adjust_verdict, is_rank_recording
+    from ..distributed.ranks import pick_rank_file
     from ..engine.culprit import trace_culprit, tracer_available
     from ..engine.subject import EngineSubject
     from ..errors import ReplayError
 
     criterion = _criterion(kind, until, spike)
+    run, rank_set = pick_rank_file(run)
+    if rank_set is not None and not as_json:
+        click.echo(f"rank set: {rank_set['summary']}; replaying {run}", err=True)
     rec, engine = open_engine(run, device, entry)
     bar = Progress("replay bisect")
     try:
         subject = EngineSubject(engine)
+        if is_rank_recording(rec.meta):
+            subject = RankSubject(subject, int(rec.meta["distributed"]["rank"]))
         if criterion is None:
             criterion = auto_criterion(subject.recorded_rows())
         try:
@@ -89,7 +98,11 @@ def bisect(
             raise ReplayError(str(e)) from None
         finally:
             bar.close()
+        if isinstance(subject, RankSubject):
+            adjust_verdict(verdict, subject)
         extra: dict = {"recording": run, "entry_files": engine.entry_files}
+        if rank_set is not None:
+            extra["rank_set"] = rank_set
         if verdict.first_bad_step is not None and verdict.reproducible is not None:
             if no_trace:
                 pass

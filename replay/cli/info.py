@@ -10,6 +10,13 @@ from typing import Any
 import click
 import numpy as np
 
+from ..distributed.ranks import (
+    describe_failure,
+    first_bad_rank,
+    open_rank_set,
+    own_failures,
+    resolve_rank_files,
+)
 from ..store import open_recording
 
 __all__ = ["info", "describe"]
@@ -129,17 +136,78 @@ def render(d: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def describe_rank_set(spec: str) -> dict[str, Any]:
+    """``replay info`` of a DDP run's rank files: each rank's summary and the first bad rank."""
+    with open_rank_set(spec) as rs:
+        ranks = {}
+        for r, rec in rs.recordings.items():
+            own = own_failures(rec)
+            first_own = min(own) if own else None
+            ranks[r] = {
+                "path": rec.path,
+                **_steps_summary(rec),
+                "own_first_bad": None if first_own is None else [first_own, own[first_own]],
+            }
+        failure = first_bad_rank(rs)
+        return {
+            "rank_set": spec,
+            "world_size": rs.world_size,
+            "missing_ranks": rs.missing,
+            "ranks": ranks,
+            "first_bad": None
+            if failure is None
+            else {
+                "step": failure.step,
+                "ranks": list(failure.ranks),
+                "kind": failure.kind,
+                "local": failure.local,
+                "evidence": {str(r): v for r, v in failure.evidence.items()},
+            },
+            "summary": describe_failure(failure),
+        }
+
+
+def render_rank_set(d: dict[str, Any]) -> str:
+    ranks = d["ranks"]
+    lines = [f"{d['rank_set']}  (rank set of {d['world_size'] or len(ranks)})"]
+    if d["missing_ranks"]:
+        lines.append(f"  missing ranks   {', '.join(map(str, d['missing_ranks']))}")
+    lines.append(
+        f"  {'rank':>4}  {'steps':>11}  {'replayable':>11}  {'last loss':>10}  status / health"
+    )
+    for r, x in ranks.items():
+        fb = x["first_bad"]
+        own = x["own_first_bad"]
+        bad = [f"own {'+'.join(own[1])} at {own[0]}"] if own else []
+        bad += [f"non-finite at {fb['nonfinite']}"] if fb["nonfinite"] is not None else []
+        bad += [f"exception at {fb['exception']}"] if fb["exception"] is not None else []
+        hs, w = x["health_steps"], x["replayable_window"]
+        loss = f"{x['last_loss']:.4g}" if x["last_loss"] is not None else "-"
+        lines.append(
+            f"  {r:>4}  {f'{hs[0]}..{hs[1]}' if hs else '-':>11}  "
+            f"{f'{w[0]}..{w[1]}' if w else '-':>11}  {loss:>10}  "
+            f"{'closed' if x['closed_cleanly'] else 'not closed'}"
+            f"{'; ' + ', '.join(bad) if bad else ''}"
+        )
+    lines.append(f"  culprit         {d['summary']}")
+    return "\n".join(lines)
+
+
 @click.command()
-@click.argument("run", type=click.Path(dir_okay=False, path_type=str))
+@click.argument("run", type=click.Path(path_type=str))
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 def info(run: str, as_json: bool) -> int:
     """What RUN holds: steps, the replayable window, snapshots, first failure, environment.
 
-    Works on a recording still being written and on one whose writer was killed.
+    Works on a recording still being written and on one whose writer was killed. For a DDP run,
+    RUN is the base path (run.h5 for run.rank0.h5, run.rank1.h5, ...), a directory or a glob:
+    each rank's health side by side, and the first (step, rank) whose own values went bad.
     """
-    d = describe(run)
-    if as_json:
-        click.echo(json.dumps(d, indent=2, default=str))
+    if resolve_rank_files(run) is not None:
+        d = describe_rank_set(run)
+        text = render_rank_set(d)
     else:
-        click.echo(render(d))
+        d = describe(run)
+        text = render(d)
+    click.echo(json.dumps(d, indent=2, default=str) if as_json else text)
     return 0

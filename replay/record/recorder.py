@@ -23,6 +23,10 @@ from typing import Any
 
 import torch
 
+from ..distributed.consistency import ConsistentStop
+from ..distributed.context import detect, unwrap
+from ..distributed.hook import LocalGradProbe
+from ..distributed.ranks import base_path, rank_path
 from ..errors import NonFiniteLossError, RecorderWarning
 from ..store.writer import RingSpec
 from ..store.writer_process import WriterClient
@@ -81,6 +85,19 @@ class Recorder:
     replayable (at least the last 201 steps, at most 300). Health metrics are kept for the last
     ``keep_health=100_000`` steps. The file stops growing once the rings are full.
 
+    **DDP** (``torch.distributed`` initialised with more than one rank, detected automatically;
+    ``rank=``/``world_size=`` override it): every rank records its own file, named from ``path``:
+    ``run.h5`` -> ``run.rank0.h5``, ``run.rank1.h5``, ... (``meta.distributed`` holds rank,
+    world size, backend and local rank). ``model`` may be the ``DistributedDataParallel`` wrapper:
+    snapshots hold its inner module's state (no ``module.`` prefix), so ``build_fn`` returns the
+    plain model and a single process replays any rank. The recorder registers a DDP communication
+    hook that measures this rank's own gradient norm before the all-reduce (health columns
+    ``local_grad_norm``, ``local_grad_nonfinite``); and once per step all ranks agree, with one
+    tiny all-reduce, whether any rank's loss or own gradients went non-finite, so that every rank
+    raises :class:`replay.NonFiniteLossError` at the same step, naming the bad ranks. Open the
+    rank set with ``replay info run.h5`` / ``replay bisect run.h5``. A step that *raises* on one
+    rank cannot be agreed on (see ``replay/distributed/consistency.py``).
+
     A step whose loss is NaN/Inf is recorded and then :class:`replay.NonFiniteLossError` is raised
     (``raise_on_nonfinite=False`` keeps training; on a GPU the check runs one step late so that it
     never syncs). A step that raises is recorded with its exception, flushed, and the exception
@@ -105,11 +122,21 @@ class Recorder:
         start_step: int = 0,
         max_pending_bytes: int = 1 << 30,
         handle_signals: bool = True,
+        rank: int | None = None,
+        world_size: int | None = None,
     ) -> None:
         if snapshot_every < 1 or keep_snapshots < 2:
             raise ValueError("snapshot_every must be >= 1 and keep_snapshots >= 2")
         self.path = os.path.abspath(os.fspath(path))
+        self.dist = detect(rank, world_size)
+        self.base_path = self.path
+        if self.dist is not None:
+            self.path = rank_path(self.path, self.dist.rank)
+            self.base_path = base_path(self.path) or self.path
         self.model, self.optimizer = model, optimizer
+        # What replay rebuilds with build_fn: the module inside a DDP wrapper. step_fn still
+        # gets the wrapper, which is what the training loop passes.
+        self._inner = unwrap(model)
         self.scheduler, self.scaler = scheduler, scaler
         self.step_fn = step_fn
         self.entry = {
@@ -125,20 +152,37 @@ class Recorder:
         self.next_step = start_step
         self._start_step = start_step
         self._snapshots_taken = 0
-        self._modules = [m for _, m in model.named_modules()]
-        self._params = [p for p in model.parameters()]
+        self._modules = [m for _, m in self._inner.named_modules()]
+        self._params = [p for p in self._inner.parameters()]
         self._opt_params = [p for g in optimizer.param_groups for p in g["params"]]
         self._writer: BackgroundWriter | None = None
         self._client = WriterClient()  # started early: its imports overlap the first steps
         self._warned = False
         self._closed = False
         self._pending_check: tuple[int, torch.Tensor] | None = None
+        self._pending_loss: Any = None
         self._hook_grad_norm: torch.Tensor | None = None
         self._hook_grad_absmax: torch.Tensor | None = None
         self._hook_fired = False
         self._hook = optimizer.register_step_pre_hook(self._pre_step)
         self._prev_sigterm: Any = None
         self.enabled = True
+        self._probe: LocalGradProbe | None = None
+        self._stop: ConsistentStop | None = None
+        if self.dist is not None and self.dist.collective:
+            if self._inner is not model:
+                self._probe = LocalGradProbe(model, self._opt_params)
+                why = self._probe.install()
+                if why is not None:
+                    self._probe = None
+                    warnings.warn(
+                        f"replay: no per-rank gradient check ({why}); local_grad_norm is not "
+                        "recorded and a stop is agreed on the loss alone",
+                        RecorderWarning,
+                        stacklevel=2,
+                    )
+            if raise_on_nonfinite:
+                self._stop = ConsistentStop(self.dist.rank, self.dist.world_size, self.dist.group)
 
     # -- context manager ----------------------------------------------------------------------
 
@@ -167,12 +211,14 @@ class Recorder:
 
     def step(self, batch: Any) -> Any:
         """Run ``step_fn(model, optimizer, batch)`` under recording; return what it returned."""
+        if self._stop is not None and self._stop.deferred:
+            loss, self._pending_loss = self._pending_loss, None
+            self._raise_if_ranks_bad(self._stop.result(), loss)
+        if self.enabled:
+            self._check_writer()
+            self._check_pending()
         if not self.enabled:
-            return self.step_fn(self.model, self.optimizer, batch)
-        self._check_writer()
-        self._check_pending()
-        if not self.enabled:
-            return self.step_fn(self.model, self.optimizer, batch)
+            return self._unrecorded_step(batch)
         t = self.next_step
         on_cuda = [False]
         if (t - self._start_step) % self.snapshot_every == 0:
@@ -217,6 +263,9 @@ class Recorder:
         health["grad_absmax"] = gmax  # not a column: decides grad_nonfinite exactly
         health["param_fingerprint"] = param_fingerprint(self._params)
         health["param_absmax"] = absmax(self._params)
+        local_gn = self._probe.take() if self._probe is not None else None
+        if local_gn is not None:
+            health["local_grad_norm"] = local_gn
         if self.scaler is not None:
             after = getattr(self.scaler, "_scale", None)
             if scale is None and after is not None:
@@ -234,7 +283,9 @@ class Recorder:
             # Once, at the first step: wait until the file exists and holds it (the writer
             # process starting up, about 0.3 s), so a crash right after still leaves a file.
             self.flush()
-        if self.raise_on_nonfinite and isinstance(loss, torch.Tensor):
+        if self._stop is not None:
+            self._agree(t, loss, local_gn)
+        elif self.raise_on_nonfinite and isinstance(loss, torch.Tensor):
             if loss.is_cuda:
                 self._pending_check = (t, loss)  # read one step late: no sync now
             elif not bool(torch.isfinite(loss)):
@@ -255,7 +306,7 @@ class Recorder:
         on_cuda = [False]
         state = {
             "step": t,
-            "model": copy_tree(self.model.state_dict(), on_cuda=on_cuda),
+            "model": copy_tree(self._inner.state_dict(), on_cuda=on_cuda),
             "optimizer": copy_tree(self.optimizer.state_dict(), on_cuda=on_cuda),
         }
         if self.scheduler is not None:
@@ -269,6 +320,33 @@ class Recorder:
         slot = self._snapshots_taken % self.keep_snapshots
         self._snapshots_taken += 1
         self._writer_or_start().submit(SnapshotJob(t, slot, state, event, tree_nbytes(state)))
+
+    def _unrecorded_step(self, batch: Any) -> Any:
+        """Recording stopped (write failure): train on, but still join the ranks' agreement,
+        or the other ranks would wait for this one forever."""
+        ret = self.step_fn(self.model, self.optimizer, batch)
+        if self._stop is not None:
+            local_gn = self._probe.take() if self._probe is not None else None
+            self._agree(self.next_step, _loss_of(ret), local_gn)
+        self.next_step += 1
+        return ret
+
+    def _agree(self, t: int, loss: Any, local_gn: torch.Tensor | None) -> None:
+        assert self._stop is not None
+        self._stop.post(t, loss, local_gn)
+        if not self._stop.deferred:
+            self._raise_if_ranks_bad(self._stop.result(), loss)
+        else:
+            self._pending_loss = loss
+
+    def _raise_if_ranks_bad(self, verdict: tuple[int, tuple[int, ...]] | None, loss: Any) -> None:
+        if verdict is None:
+            return
+        t, ranks = verdict
+        value = float(loss) if isinstance(loss, (torch.Tensor, float, int)) else math.nan
+        if self.enabled:
+            self.flush()
+        raise NonFiniteLossError(t, value, self.path, ranks=ranks, bisect_path=self.base_path)
 
     def _raise_nonfinite(self, t: int, loss: float) -> None:
         self.flush()
@@ -294,7 +372,7 @@ class Recorder:
     def _make_store(self) -> WriterClient:
         """Runs on the writer thread at the first commit, when sizes are known."""
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        model_bytes = sum(t.numel() * t.element_size() for t in self.model.state_dict().values())
+        model_bytes = sum(t.numel() * t.element_size() for t in self._inner.state_dict().values())
         meta = {
             "config": {
                 "snapshot_every": self.snapshot_every,
@@ -307,18 +385,18 @@ class Recorder:
             "entry": self.entry,
             "env": collect_env(),
             "model": {
-                "class": f"{type(self.model).__module__}.{type(self.model).__qualname__}",
-                "modules": [[n, type(m).__name__] for n, m in self.model.named_modules()],
+                "class": f"{type(self._inner).__module__}.{type(self._inner).__qualname__}",
+                "modules": [[n, type(m).__name__] for n, m in self._inner.named_modules()],
                 "params": [
                     [n, list(p.shape), str(p.dtype).removeprefix("torch."), p.requires_grad]
-                    for n, p in self.model.named_parameters()
+                    for n, p in self._inner.named_parameters()
                 ],
                 "param_bytes": model_bytes,
             },
             "optimizer": {"class": type(self.optimizer).__name__},
             "scheduler": {"class": type(self.scheduler).__name__} if self.scheduler else None,
             "scaler": {"class": type(self.scaler).__name__} if self.scaler else None,
-            "distributed": None,
+            "distributed": self.dist.meta() if self.dist is not None else None,
         }
         sources = {}
         for e in self.entry.values():

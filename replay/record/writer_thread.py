@@ -204,6 +204,8 @@ class BackgroundWriter:
             row[COL["grad_nonfinite"]] = float(not math.isfinite(_num(h["grad_absmax"])))
         elif h.get("grad_norm") is not None:
             row[COL["grad_nonfinite"]] = float(not math.isfinite(gn))
+        if h.get("local_grad_norm") is not None:
+            row[COL["local_grad_nonfinite"]] = float(not math.isfinite(row[COL["local_grad_norm"]]))
         if h.get("param_absmax") is not None:
             row[COL["param_nonfinite"]] = float(not math.isfinite(_num(h["param_absmax"])))
         elif "param_fingerprint" in h:

@@ -29,6 +29,9 @@ HEALTH_COLUMNS = (
     "cuda_allocated",  # bytes, torch.cuda.memory_allocated() (NaN on the CPU)
     "cuda_peak",  # bytes, torch.cuda.max_memory_allocated()
     "rss",  # bytes, resident set size of the process
+    # Appended for DDP (older files lack them; readers look columns up by name, missing = NaN).
+    "local_grad_norm",  # this rank's gradient norm before the all-reduce (NaN outside DDP)
+    "local_grad_nonfinite",  # 1.0 when this rank's own gradients held NaN/Inf before the all-reduce
 )
 COL = {name: i for i, name in enumerate(HEALTH_COLUMNS)}
 

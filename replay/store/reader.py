@@ -26,7 +26,7 @@ import h5py
 import numpy as np
 
 from ..errors import RecordingError
-from .layout import COL, FORMAT_NAME, FORMAT_VERSION, HEALTH_COLUMNS, READABLE_VERSIONS
+from .layout import FORMAT_NAME, FORMAT_VERSION, HEALTH_COLUMNS, READABLE_VERSIONS
 from .tree import decode
 
 __all__ = ["Recording", "open_recording", "Window", "sidecar_path"]
@@ -284,9 +284,18 @@ class Recording:
         order = np.argsort(steps[ok], kind="stable")
         out = {"step": steps[ok][order]}
         vals = values[ok][order]
+        # Columns by the names stored in the file: files written before a column was appended
+        # lack it, and it reads as NaN ("not measured").
+        have = {name: i for i, name in enumerate(self.health_columns)}
         for name in HEALTH_COLUMNS:
-            out[name] = vals[:, COL[name]]
+            i = have.get(name)
+            out[name] = vals[:, i] if i is not None else np.full(len(vals), np.nan)
         return out
+
+    @property
+    def health_columns(self) -> list[str]:
+        """The health column names this file holds, in its own order."""
+        return list(json.loads(self.f["health"].attrs["columns"]))
 
     def first_bad(self) -> dict[str, int | None]:
         """First step whose health shows a failure, by kind (``None`` when there is none)."""

@@ -1,0 +1,78 @@
+"""Is this process one rank of a multi-process run? (torch side of the recorder)"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = ["DistContext", "detect", "unwrap"]
+
+
+@dataclass(frozen=True)
+class DistContext:
+    rank: int
+    world_size: int
+    backend: str | None
+    local_rank: int | None
+    group: Any = None  # the initialised default process group, or None (overrides only)
+
+    @property
+    def collective(self) -> bool:
+        """True when ranks can talk: the consistent stop and the gradient probe need it."""
+        return self.group is not None
+
+    def meta(self) -> dict[str, Any]:
+        """What ``meta.distributed`` holds (docs/format.md)."""
+        return {
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "backend": self.backend,
+            "local_rank": self.local_rank,
+        }
+
+
+def _local_rank() -> int | None:
+    v = os.environ.get("LOCAL_RANK")
+    return int(v) if v is not None and v.isdigit() else None
+
+
+def detect(rank: int | None = None, world_size: int | None = None) -> DistContext | None:
+    """The distributed context of this process, ``None`` for a single process.
+
+    Automatic under ``torch.distributed`` with more than one rank; ``rank``/``world_size`` override
+    it (for launchers that run ranks without a process group: files are named and described per
+    rank, but there is nobody to agree a stop with).
+    """
+    dist = torch.distributed
+    live = dist.is_available() and dist.is_initialized()
+    if live:
+        r = dist.get_rank() if rank is None else rank
+        w = dist.get_world_size() if world_size is None else world_size
+        if w > 1:
+            # The group is used only when the overrides agree with it: a stop agreed with the
+            # wrong ranks would deadlock.
+            same = (r, w) == (dist.get_rank(), dist.get_world_size())
+            group = dist.group.WORLD if same else None
+            return DistContext(r, w, str(dist.get_backend()), _local_rank(), group)
+        return None
+    if rank is None and world_size is None:
+        return None
+    if rank is None or world_size is None:
+        raise ValueError("give both rank= and world_size= (or neither, under torch.distributed)")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank={rank} is not in range(world_size={world_size})")
+    return DistContext(rank, world_size, None, _local_rank(), None)
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The plain module inside a ``DistributedDataParallel`` wrapper (the model itself otherwise).
+
+    Snapshots hold its state dict, without DDP's ``module.`` prefix, so that a single process
+    replay loads them into what ``build_fn`` returns.
+    """
+    from torch.nn.parallel import DistributedDataParallel
+
+    return model.module if isinstance(model, DistributedDataParallel) else model

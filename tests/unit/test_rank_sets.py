@@ -1,0 +1,142 @@
+"""Rank sets without a process group: ranks recorded in one process with ``rank=``/``world_size=``
+overrides (real training loops, real HDF5 files), then resolved, opened and searched."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+import replay
+from replay.distributed import (
+    base_path,
+    first_bad_rank,
+    open_rank_set,
+    rank_health,
+    rank_path,
+    resolve_rank_files,
+)
+from replay.errors import RecordingError
+from replay.store import HEALTH_COLUMNS, open_recording
+
+
+def build() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    return model, torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Any) -> Any:
+    optimizer.zero_grad()
+    loss = model(batch).square().mean()
+    loss.backward()
+    optimizer.step()
+    return loss
+
+
+def record_rank(
+    path: str, rank: int, world: int, nan_step: int | None = None, steps: int = 6
+) -> str:
+    model, opt = build()
+    with replay.Recorder(
+        path,
+        model=model,
+        optimizer=opt,
+        step_fn=train_step,
+        build_fn=build,
+        snapshot_every=2,
+        rank=rank,
+        world_size=world,
+        raise_on_nonfinite=False,
+    ) as rec:
+        for s in range(steps):
+            x = torch.full((3, 4), float(s + rank))
+            if s == nan_step:
+                x[0, 0] = float("nan")
+            rec.step(x)
+    return rec.path
+
+
+def test_rank_file_names() -> None:
+    assert rank_path("/d/run.h5", 3) == "/d/run.rank3.h5"
+    assert rank_path("/d/run", 0) == "/d/run.rank0.h5"
+    assert rank_path("/d/run.rank3.h5", 3) == "/d/run.rank3.h5"  # already this rank's name
+    assert base_path("/d/run.rank12.h5") == "/d/run.h5"
+    assert base_path("/d/run.h5") is None
+
+
+def test_overrides_name_and_describe_each_rank(tmp_path: Any) -> None:
+    p = record_rank(str(tmp_path / "run.h5"), 1, 2)
+    assert os.path.basename(p) == "run.rank1.h5"
+    with open_recording(p) as rec:
+        assert rec.meta["distributed"] == {
+            "rank": 1,
+            "world_size": 2,
+            "backend": None,
+            "local_rank": None,
+        }
+        # no process group: nothing measured the gradient before an all-reduce
+        assert np.isnan(rec.health()["local_grad_norm"]).all()
+
+
+def test_rank_set_resolution_and_first_bad_rank(tmp_path: Any) -> None:
+    base = str(tmp_path / "run.h5")
+    for r in range(3):
+        record_rank(base, r, 3, nan_step=4 if r == 2 else None)
+    files = [str(tmp_path / f"run.rank{r}.h5") for r in range(3)]
+    assert resolve_rank_files(base) == files
+    assert resolve_rank_files(str(tmp_path)) == files
+    assert resolve_rank_files(str(tmp_path / "run.rank*.h5")) == files
+    assert resolve_rank_files(files[1]) is None  # one rank file on its own is a plain recording
+    with open_rank_set(base) as rs:
+        assert rs.world_size == 3 and rs.missing == []
+        f = first_bad_rank(rs)
+    assert f is not None and (f.step, f.ranks, f.kind, f.local) == (4, (2,), "nonfinite", True)
+    health = rank_health(base)
+    assert sorted(health) == [0, 1, 2] and health[2]["loss_nonfinite"][4] == 1
+    os.unlink(files[1])
+    with open_rank_set(base) as rs:
+        assert rs.missing == [1] and sorted(rs.paths) == [0, 2]
+
+
+def test_rank_set_errors_are_one_line(tmp_path: Any) -> None:
+    record_rank(str(tmp_path / "a.h5"), 0, 2, steps=1)
+    record_rank(str(tmp_path / "b.h5"), 0, 2, steps=1)
+    with pytest.raises(RecordingError, match="several rank sets"):
+        resolve_rank_files(str(tmp_path))
+    with pytest.raises(RecordingError, match="matches no file"):
+        resolve_rank_files(str(tmp_path / "zzz*.h5"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(RecordingError, match="without rank recordings"):
+        resolve_rank_files(str(tmp_path / "empty"))
+    record_rank(str(tmp_path / "c.h5"), 0, 2, steps=1)
+    record_rank(str(tmp_path / "d.h5"), 1, 3, steps=1)
+    with pytest.raises(RecordingError, match="different runs"):
+        open_rank_set([str(tmp_path / "c.rank0.h5"), str(tmp_path / "d.rank1.h5")])
+
+
+def test_reader_tolerates_files_without_the_local_grad_columns(tmp_path: Any) -> None:
+    """Files written before the DDP columns were appended hold 16 columns: they read as NaN."""
+    model, opt = build()
+    path = str(tmp_path / "old.h5")
+    with replay.Recorder(
+        path, model=model, optimizer=opt, step_fn=train_step, build_fn=build
+    ) as rec:
+        for _ in range(3):
+            rec.step(torch.ones(3, 4))
+    old = list(HEALTH_COLUMNS[:16])
+    with h5py.File(path, "r+") as f:  # make it exactly what the 16-column writer made
+        vals = f["health/values"][()][:, :16]
+        del f["health/values"]
+        f["health"].create_dataset("values", data=vals)
+        f["health"].attrs["columns"] = json.dumps(old)
+    with open_recording(path) as rec:
+        h = rec.health()
+        assert rec.health_columns == old
+        assert list(h["step"]) == [0, 1, 2] and np.isfinite(h["loss"]).all()
+        assert np.isnan(h["local_grad_norm"]).all() and np.isnan(h["local_grad_nonfinite"]).all()
