@@ -16,8 +16,8 @@ from .bisect import bisect
 from .doctor import doctor
 from .info import info
 from .overfit import overfit
-from .verify import verify
 from .tui import tui
+from .verify import verify
 
 __all__ = ["cli", "main"]
 
