@@ -132,9 +132,13 @@ class BackgroundWriter:
                     break
             jobs = [j for j in items if isinstance(j, (StepJob, SnapshotJob))]
             stop = any(j is _STOP for j in items)
-            if jobs and self.error is None:
+            flushing = any(isinstance(j, _Flush) for j in items)
+            if (jobs or flushing) and self.error is None:
                 try:
-                    self._commit(jobs)
+                    if jobs:
+                        self._commit(jobs)
+                    if flushing and self._store is not None:
+                        self._store.sync()
                 except WriterError as e:
                     self.error = str(e)
                     self._abandon()

@@ -2,32 +2,42 @@
 
 Measured here: after a failed write (``EFBIG``), closing or merely releasing the h5py handle
 segfaulted inside the HDF5 library, and parking the handle only moved the crash to interpreter
-exit. In a child process such a crash ends recording, never the run. A bonus for durability: when
-the training process is killed, the child reads EOF on its input, commits the last complete
-message and closes the file properly.
+exit. In a child process such a crash ends recording, never the run.
+
+Durability: the pipe to the child is the boundary. A frame the parent finished writing is
+committed even when the parent is then killed: the child reads it, sees EOF, commits, and closes
+the file properly. So the child is free to group frames into one commit (three flushes) at most
+every ``COMMIT_INTERVAL`` seconds, which keeps its CPU use small beside training; only a kill of
+the child itself (``kill -9`` of the whole process group) can lose the last interval.
 
 Protocol over the child's stdin (parent -> child): frames of ``u64 header length``, a JSON header,
-then ``u64 body length`` and the body bytes. The child answers each frame with one line on stdout:
-``ok`` or ``error <message>``. Pickle is not used.
+then ``u64 body length`` and the body bytes. ``commit`` frames are not answered; ``create``,
+``sync`` and ``close`` are answered with one line on stdout, ``ok`` or ``error <message>``. A
+failing child writes its ``error`` line and exits, which the parent sees at its next write or
+sync. Pickle is not used.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import struct
 import subprocess
 import sys
+import time
 from typing import Any, BinaryIO
 
 import numpy as np
 
 from .writer import RingSpec, StoreWriter
 
-__all__ = ["WriterClient", "WriterError", "WriterDied"]
+__all__ = ["WriterClient", "WriterError", "WriterDied", "COMMIT_INTERVAL"]
 
 _U64 = struct.Struct("<Q")
+COMMIT_INTERVAL = 0.2  # seconds between commits when frames arrive continuously
+COMMIT_BYTES = 256 << 20  # ... or as soon as this much is pending
 
 
 class WriterError(OSError):
@@ -41,40 +51,14 @@ class WriterDied(WriterError):
 def _write_frame(out: BinaryIO, header: dict[str, Any], parts: list[np.ndarray]) -> None:
     head = json.dumps(header).encode()
     total = sum(p.nbytes for p in parts)
-    out.write(_U64.pack(len(head)))
-    out.write(head)
-    out.write(_U64.pack(total))
+    out.write(_U64.pack(len(head)) + head + _U64.pack(total))
     for p in parts:
         out.write(memoryview(np.ascontiguousarray(p)).cast("B"))
     out.flush()
 
 
-def _read_exact(inp: BinaryIO, n: int) -> bytes | None:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = inp.read(n - len(buf))
-        if not chunk:
-            return None
-        buf += chunk
-    return bytes(buf)
-
-
-def _read_frame(inp: BinaryIO) -> tuple[dict[str, Any], bytes] | None:
-    raw = _read_exact(inp, 8)
-    if raw is None:
-        return None
-    head = _read_exact(inp, _U64.unpack(raw)[0])
-    raw = _read_exact(inp, 8) if head is not None else None
-    if head is None or raw is None:
-        return None
-    body = _read_exact(inp, _U64.unpack(raw)[0])
-    if body is None:
-        return None  # a frame cut short by the parent's death is not committed
-    return json.loads(head), body
-
-
 class WriterClient:
-    """Parent side: same ``commit``/``close`` as :class:`StoreWriter`, in a child process."""
+    """Parent side: ``commit``/``sync``/``close`` like :class:`StoreWriter`, in a child process."""
 
     def __init__(self) -> None:
         """Start the child now; it imports numpy and h5py while training gets going."""
@@ -101,31 +85,39 @@ class WriterClient:
         snapshots: RingSpec,
         health_slots: int,
     ) -> WriterClient:
-        self._call(
-            {
-                "op": "create",
-                "path": path,
-                "run_id": run_id,
-                "meta": meta,
-                "sources": sources,
-                "steps": [steps.slots, steps.chunk, steps.capacity],
-                "snapshots": [snapshots.slots, snapshots.chunk, snapshots.capacity],
-                "health_slots": health_slots,
-            },
-            [],
-        )
+        header = {
+            "op": "create",
+            "path": path,
+            "run_id": run_id,
+            "meta": meta,
+            "sources": sources,
+            "steps": [steps.slots, steps.chunk, steps.capacity],
+            "snapshots": [snapshots.slots, snapshots.chunk, snapshots.capacity],
+            "health_slots": health_slots,
+        }
+        self._send(header, [])
+        self._answer()
         return self
 
-    def _call(self, header: dict[str, Any], parts: list[np.ndarray]) -> None:
+    def _send(self, header: dict[str, Any], parts: list[np.ndarray]) -> None:
         try:
             _write_frame(self.proc.stdin, header, parts)  # type: ignore[arg-type]
+        except (BrokenPipeError, OSError, ValueError):
+            self._answer()  # the child said why before it left, or it crashed
+            raise WriterDied("the writer process stopped reading") from None
+
+    def _answer(self) -> None:
+        try:
             answer = self.proc.stdout.readline().decode().strip()  # type: ignore[union-attr]
-        except (BrokenPipeError, OSError, ValueError) as e:
+        except (OSError, ValueError) as e:
             raise WriterDied(f"the writer process died ({e})") from None
         if answer == "ok":
             return
         if not answer:
-            code = self.proc.poll()
+            try:
+                code = self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                code = None
             raise WriterDied(f"the writer process died (exit code {code})")
         raise WriterError(answer.removeprefix("error ").strip())
 
@@ -147,11 +139,17 @@ class WriterClient:
         for step, row in health:
             header["health"].append(int(step))
             parts.append(np.asarray(row, dtype=np.float64))
-        self._call(header, parts)
+        self._send(header, parts)
+
+    def sync(self) -> None:
+        """Return once everything sent so far is committed to the file."""
+        self._send({"op": "sync"}, [])
+        self._answer()
 
     def close(self, *, clean: bool = True) -> None:
         try:
-            self._call({"op": "close", "clean": clean}, [])
+            self._send({"op": "close", "clean": clean}, [])
+            self._answer()
         finally:
             for stream in (self.proc.stdin, self.proc.stdout):
                 try:
@@ -164,60 +162,138 @@ class WriterClient:
                 self.proc.kill()
 
 
-def _serve(inp: BinaryIO, out: BinaryIO) -> int:
-    store: StoreWriter | None = None
-    while True:
-        frame = _read_frame(inp)
-        if frame is None:  # parent gone: keep what is committed, close the file properly
-            if store is not None:
-                store.close(clean=False)
-            return 0
-        header, body = frame
-        try:
-            op = header["op"]
-            if op == "create":
-                store = StoreWriter(
-                    header["path"],
-                    run_id=header["run_id"],
-                    meta=header["meta"],
-                    sources=header["sources"],
-                    steps=RingSpec(*header["steps"]),
-                    snapshots=RingSpec(*header["snapshots"]),
-                    health_slots=header["health_slots"],
-                )
-            elif op == "commit":
-                assert store is not None
-                data = np.frombuffer(body, dtype=np.uint8)
-                pos = 0
-                steps, snaps, health = [], [], []
-                for step, mlen, n in header["steps"]:
-                    steps.append((step, data[pos : pos + n], mlen))
-                    pos += n
-                for slot, step, mlen, n in header["snapshots"]:
-                    snaps.append((slot, step, data[pos : pos + n], mlen))
-                    pos += n
-                for step in header["health"]:
-                    n = 8 * len(store.health_columns)
-                    health.append((step, data[pos : pos + n].view(np.float64)))
-                    pos += n
-                store.commit(
-                    steps=steps, snapshots=snaps, health=health, last_step=header["last_step"]
-                )
-            elif op == "close":
-                if store is not None:
-                    store.close(clean=bool(header.get("clean", True)))
-                    store = None
-                out.write(b"ok\n")
-                out.flush()
+class _FrameReader:
+    """Unbuffered frame reader over a file descriptor, so ``select`` tells the truth.
+
+    The body is read straight into its own numpy buffer: one copy from the pipe.
+    """
+
+    def __init__(self, fd: int) -> None:
+        self.raw = os.fdopen(fd, "rb", buffering=0, closefd=False)
+
+    def _read_into(self, buf: memoryview) -> bool:
+        pos = 0
+        while pos < len(buf):
+            n = self.raw.readinto(buf[pos:])
+            if not n:
+                return False
+            pos += n
+        return True
+
+    def ready(self, timeout: float) -> bool:
+        """Whether input (a frame or EOF) arrives within ``timeout`` seconds."""
+        return bool(select.select([self.raw], [], [], max(timeout, 0.0))[0])
+
+    def read(self) -> tuple[dict[str, Any], memoryview] | None:
+        head = bytearray(8)
+        if not self._read_into(memoryview(head)):
+            return None
+        header = bytearray(_U64.unpack(head)[0] + 8)
+        if not self._read_into(memoryview(header)):
+            return None
+        body = np.empty(_U64.unpack_from(header, len(header) - 8)[0], dtype=np.uint8)
+        if not self._read_into(memoryview(body)):
+            return None  # a frame cut short by the parent's death is not committed
+        return json.loads(bytes(header[:-8])), memoryview(body)
+
+
+class _Server:
+    def __init__(self, inp: _FrameReader, out: BinaryIO) -> None:
+        self.inp, self.out = inp, out
+        self.store: StoreWriter | None = None
+        self.pending: list[tuple[dict[str, Any], memoryview]] = []
+        self.pending_bytes = 0
+        self.last_commit = time.monotonic()
+
+    def reply(self, text: str) -> None:
+        self.out.write(text.encode() + b"\n")
+        self.out.flush()
+
+    def commit_pending(self) -> None:
+        if not self.pending or self.store is None:
+            self.pending.clear()
+            return
+        steps, snaps, health = [], [], []
+        last = None
+        ncols = len(self.store.health_columns)
+        for header, body in self.pending:
+            data = np.frombuffer(body, dtype=np.uint8)
+            pos = 0
+            for step, mlen, n in header["steps"]:
+                steps.append((step, data[pos : pos + n], mlen))
+                pos += n
+            for slot, step, mlen, n in header["snapshots"]:
+                snaps.append((slot, step, data[pos : pos + n], mlen))
+                pos += n
+            for step in header["health"]:
+                health.append((step, data[pos : pos + 8 * ncols].view(np.float64)))
+                pos += 8 * ncols
+            if header["last_step"] is not None:
+                last = header["last_step"] if last is None else max(last, header["last_step"])
+        # A slot written twice in one group keeps its newest payload: later items win.
+        self.store.commit(steps=steps, snapshots=snaps, health=health, last_step=last)
+        self.pending.clear()
+        self.pending_bytes = 0
+        self.last_commit = time.monotonic()
+
+    def handle(self, header: dict[str, Any], body: memoryview) -> bool:
+        op = header["op"]
+        if op == "commit":
+            self.pending.append((header, body))
+            self.pending_bytes += len(body)
+            return True
+        if op == "create":
+            self.store = StoreWriter(
+                header["path"],
+                run_id=header["run_id"],
+                meta=header["meta"],
+                sources=header["sources"],
+                steps=RingSpec(*header["steps"]),
+                snapshots=RingSpec(*header["snapshots"]),
+                health_slots=header["health_slots"],
+            )
+        elif op == "sync":
+            self.commit_pending()
+        elif op == "close":
+            self.commit_pending()
+            if self.store is not None:
+                self.store.close(clean=bool(header.get("clean", True)))
+                self.store = None
+            self.reply("ok")
+            return False
+        self.reply("ok")
+        return True
+
+    def serve(self) -> int:
+        while True:
+            wait = self.last_commit + COMMIT_INTERVAL - time.monotonic() if self.pending else None
+            if wait is not None and not self.inp.ready(wait):
+                self.commit_pending()  # input went quiet, or the interval is up
+                continue
+            frame = self.inp.read()
+            if frame is None:  # parent gone: commit what arrived whole, close the file properly
+                self.commit_pending()
+                if self.store is not None:
+                    self.store.close(clean=False)
                 return 0
-            out.write(b"ok\n")
-            out.flush()
-        except Exception as e:  # noqa: BLE001 - reported to the parent, which stops recording
-            msg = " ".join(f"{type(e).__name__}: {e}".split())
-            out.write(f"error {msg}\n".encode())
-            out.flush()
-            # HDF5 may be in a state where closing crashes: leave without touching it.
-            os._exit(1)
+            if not self.handle(*frame):
+                return 0
+            interval_up = time.monotonic() - self.last_commit >= COMMIT_INTERVAL
+            if self.pending and (interval_up or self.pending_bytes >= COMMIT_BYTES):
+                self.commit_pending()
+
+
+def _lower_priority() -> None:
+    """Run in the gaps training leaves: on a busy machine training gets the cores first.
+
+    Measured on 2 cores (MLP, 5.5 ms steps): recorder overhead 1.37x at normal priority, 1.07x
+    at nice 15 (noisy; the default is 19). If the writer falls behind, the pipe fills and the recorder's bounded queue
+    (``max_pending_bytes``) absorbs it before training is ever slowed.
+    """
+    try:
+        os.nice(int(os.environ.get("REPLAY_WRITER_NICE", "19")))
+    except (OSError, ValueError):
+        pass
 
 
 def main() -> int:
@@ -225,7 +301,14 @@ def main() -> int:
     # recording ends (it closes our input), so the child outlives it long enough to commit.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    return _serve(sys.stdin.buffer, sys.stdout.buffer)
+    _lower_priority()
+    server = _Server(_FrameReader(sys.stdin.fileno()), sys.stdout.buffer)
+    try:
+        return server.serve()
+    except Exception as e:  # noqa: BLE001 - reported to the parent, which stops recording
+        server.reply("error " + " ".join(f"{type(e).__name__}: {e}".split()))
+        # HDF5 may be in a state where closing crashes: leave without touching it.
+        os._exit(1)
 
 
 if __name__ == "__main__":

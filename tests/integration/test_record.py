@@ -13,7 +13,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import replay
-from replay.record.fingerprint import param_fingerprint
 from replay.store import open_recording
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "scripts"))
@@ -49,6 +48,7 @@ def record(path, steps=12, step_fn=train_step, **kw):
         build_fn=build,
         snapshot_every=4,
         keep_snapshots=2,
+        fingerprint_every=5,
         **kw,
     ) as rec:
         for t in range(steps):
@@ -77,7 +77,11 @@ def test_batches_health_and_fingerprint_are_recorded(tmp_path):
         h = rec.health()
         assert h["step"].tolist() == list(range(12))
         np.testing.assert_allclose(h["grad_norm"], grad_norms, rtol=1e-6)
-        assert h["param_fingerprint"][-1] == float(param_fingerprint(list(model.parameters())))
+        # measured every 5 steps: 0, 5, 10; the last one (step 10) is 11 steps into training
+        measured = np.isfinite(h["param_fingerprint"])
+        assert h["step"][measured].tolist() == [0, 5, 10]
+        assert np.isnan(h["param_nonfinite"][~measured]).all()
+        assert (h["param_nonfinite"][measured] == 0).all()
         assert (h["loss_nonfinite"] == 0).all() and (h["raised"] == 0).all()
         assert (h["optimizer_stepped"] == 1).all() and (h["lr"] == 0.1).all()
         rec_7 = rec.read_step(7)
@@ -136,6 +140,7 @@ def test_raise_on_nonfinite_false_keeps_training(tmp_path):
         step_fn=mlp_train.train_step,
         build_fn=mlp_train.build,
         raise_on_nonfinite=False,
+        fingerprint_every=1,
     ) as rec:
         for t in range(5):
             x, y = mlp_train.make_batch(t)

@@ -1,0 +1,202 @@
+"""Recorder overhead: step time with replay.Recorder (default settings) vs bare training.
+
+Side by side in one process, alternating variants round by round, on the three workloads
+(benchmarks/workloads.py). Beside the recorder, the peers a user would otherwise reach for:
+``torch.autograd.detect_anomaly``, forward/backward NaN hooks on every module, and ``torch.save``
+of model + optimizer every step. Each variant trains its own copy of the model on a stream of
+fresh batches (so the recorder copies a new batch every step, as in real training). The ratio of
+each round is variant / bare for that round; the table shows the median over rounds.
+
+Also measures the store's write throughput (payload bytes committed per second by the writer
+process) next to the disk's raw sequential write speed with fdatasync.
+
+Run:  .venv/bin/python benchmarks/bench_record.py [--rounds 15 --steps 40]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from workloads import WORKLOADS, step  # noqa: E402
+
+import replay  # noqa: E402
+
+_CURRENT = {}
+
+
+def build():
+    """Module-level build_fn, as the Recorder requires (rebuilds the current workload)."""
+    model, _ = WORKLOADS[_CURRENT["name"]]()
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+
+def fresh_batches(template, n):
+    """n distinct batches shaped like the template (floats jittered, integers permuted)."""
+    out = []
+    for i in range(n):
+        g = torch.Generator().manual_seed(i)
+        batch = []
+        for t in template:
+            if t.is_floating_point():
+                batch.append(t + 0.01 * torch.randn(t.shape, generator=g))
+            else:
+                batch.append(t[torch.randperm(t.shape[0], generator=g)])
+        out.append(tuple(batch))
+    return out
+
+
+class NanHooks:
+    """Forward and backward hooks on every module that check outputs for NaN/Inf."""
+
+    def __init__(self, model):
+        self.handles = []
+        for m in model.modules():
+            self.handles.append(m.register_forward_hook(self._fwd))
+            self.handles.append(m.register_full_backward_hook(self._bwd))
+
+    @staticmethod
+    def _check(ts):
+        for t in ts:
+            if isinstance(t, torch.Tensor) and t.is_floating_point() and not torch.isfinite(t).all():
+                raise FloatingPointError("non-finite")
+
+    def _fwd(self, m, inp, out):
+        self._check(out if isinstance(out, tuple) else (out,))
+
+    def _bwd(self, m, gin, gout):
+        self._check(gin)
+
+
+def make_variants(name, tmp):
+    torch.manual_seed(0)
+    _CURRENT["name"] = name
+    variants = {}
+    states = {}
+    for v in ("bare", "recorder", "detect_anomaly", "nan_hooks", "torch_save"):
+        torch.manual_seed(0)
+        model, opt = build()
+        states[v] = (model, opt)
+    rec = replay.Recorder(os.path.join(tmp, f"{name[:3]}.h5"), model=states["recorder"][0],
+                          optimizer=states["recorder"][1], step_fn=step, build_fn=build,
+                          handle_signals=False)
+    NanHooks(states["nan_hooks"][0])
+    save_path = os.path.join(tmp, "ckpt.pt")
+
+    def bare(b):
+        step(*states["bare"], b)
+
+    def recorder(b):
+        rec.step(b)
+
+    def anomaly(b):
+        with torch.autograd.detect_anomaly(check_nan=True):
+            step(*states["detect_anomaly"], b)
+
+    def hooks(b):
+        step(*states["nan_hooks"], b)
+
+    def save(b):
+        m, o = states["torch_save"]
+        step(m, o, b)
+        torch.save({"model": m.state_dict(), "optimizer": o.state_dict()}, save_path)
+
+    variants = {"bare": bare, "recorder": recorder, "detect_anomaly": anomaly,
+                "nan_hooks": hooks, "torch_save": save}
+    return variants, rec
+
+
+def bench(name, rounds, steps, tmp):
+    variants, rec = make_variants(name, tmp)
+    _, template = WORKLOADS[name]()
+    batches = fresh_batches(template, steps)
+    for fn in variants.values():  # warm up (and let the recorder's first step create the file)
+        for b in batches[:3]:
+            fn(b)
+    per_round = {k: [] for k in variants}
+    order = list(variants)
+    for r in range(rounds):
+        order = order[1:] + order[:1]  # rotate so no variant always runs first
+        for k in order:
+            fn = variants[k]
+            t0 = time.perf_counter()
+            for b in batches:
+                fn(b)
+            per_round[k].append((time.perf_counter() - t0) / steps)
+    rec.close()
+    bare = np.array(per_round["bare"])
+    ratios = {k: statistics.median(np.array(v) / bare) for k, v in per_round.items()}
+    return statistics.median(per_round["bare"]), ratios, rec.path
+
+
+def disk_speed(tmp, mb=256):
+    buf = os.urandom(1 << 20)
+    path = os.path.join(tmp, "raw.bin")
+    t0 = time.perf_counter()
+    with open(path, "wb") as fh:
+        for _ in range(mb):
+            fh.write(buf)
+        fh.flush()
+        os.fdatasync(fh.fileno())
+    dt = time.perf_counter() - t0
+    os.unlink(path)
+    return mb / dt
+
+
+def store_speed(tmp, mb=256):
+    """Payload throughput of the writer process: large batches, committed one per step."""
+    from replay.store.writer import RingSpec
+    from replay.store.writer_process import WriterClient
+
+    payload = np.frombuffer(os.urandom(4 << 20), dtype=np.uint8)
+    client = WriterClient().create(
+        os.path.join(tmp, "tp.h5"), run_id="bench", meta={}, sources={},
+        steps=RingSpec(16, 1 << 20, payload.size), snapshots=RingSpec(2, 1 << 20, 1 << 20),
+        health_slots=64,
+    )
+    n = mb // 4
+    row = np.zeros(len(__import__("replay.store.layout", fromlist=["x"]).HEALTH_COLUMNS))
+    t0 = time.perf_counter()
+    for i in range(n):
+        client.commit(steps=[(i, payload, 0)], health=[(i, row)], last_step=i)
+    dt = time.perf_counter() - t0
+    client.close()
+    return n * 4 / dt
+
+
+def main() -> None:
+    import warnings
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=15)
+    p.add_argument("--steps", type=int, default=40)
+    args = p.parse_args()
+    warnings.simplefilter("ignore")  # detect_anomaly warns on every use
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} cores; "
+          f"{args.rounds} alternating rounds of {args.steps} steps per variant; "
+          "ratio = median over rounds of (variant / bare) step time\n")
+    print("| workload | bare step | recorder | detect_anomaly | NaN hooks (every module) | "
+          "torch.save every step |")
+    print("|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_TMP")) as tmp:
+        for name in WORKLOADS:
+            bare, r, path = bench(name, args.rounds, args.steps, tmp)
+            print(f"| {name} | {bare * 1e3:.2f} ms | **{r['recorder']:.3f}x** | "
+                  f"{r['detect_anomaly']:.2f}x | {r['nan_hooks']:.2f}x | {r['torch_save']:.2f}x |",
+                  flush=True)
+        print()
+        print(f"store write throughput (writer process, 4 MiB steps): {store_speed(tmp):.0f} MB/s; "
+              f"disk raw sequential write with fdatasync: {disk_speed(tmp):.0f} MB/s")
+
+
+if __name__ == "__main__":
+    main()
