@@ -67,7 +67,11 @@ class NanHooks:
     @staticmethod
     def _check(ts):
         for t in ts:
-            if isinstance(t, torch.Tensor) and t.is_floating_point() and not torch.isfinite(t).all():
+            if (
+                isinstance(t, torch.Tensor)
+                and t.is_floating_point()
+                and not torch.isfinite(t).all()
+            ):
                 raise FloatingPointError("non-finite")
 
     def _fwd(self, m, inp, out):
@@ -86,9 +90,14 @@ def make_variants(name, tmp):
         torch.manual_seed(0)
         model, opt = build()
         states[v] = (model, opt)
-    rec = replay.Recorder(os.path.join(tmp, f"{name[:3]}.h5"), model=states["recorder"][0],
-                          optimizer=states["recorder"][1], step_fn=step, build_fn=build,
-                          handle_signals=False)
+    rec = replay.Recorder(
+        os.path.join(tmp, f"{name[:3]}.h5"),
+        model=states["recorder"][0],
+        optimizer=states["recorder"][1],
+        step_fn=step,
+        build_fn=build,
+        handle_signals=False,
+    )
     NanHooks(states["nan_hooks"][0])
     save_path = os.path.join(tmp, "ckpt.pt")
 
@@ -110,8 +119,13 @@ def make_variants(name, tmp):
         step(m, o, b)
         torch.save({"model": m.state_dict(), "optimizer": o.state_dict()}, save_path)
 
-    variants = {"bare": bare, "recorder": recorder, "detect_anomaly": anomaly,
-                "nan_hooks": hooks, "torch_save": save}
+    variants = {
+        "bare": bare,
+        "recorder": recorder,
+        "detect_anomaly": anomaly,
+        "nan_hooks": hooks,
+        "torch_save": save,
+    }
     return variants, rec
 
 
@@ -124,7 +138,7 @@ def bench(name, rounds, steps, tmp):
             fn(b)
     per_round = {k: [] for k in variants}
     order = list(variants)
-    for r in range(rounds):
+    for _ in range(rounds):
         order = order[1:] + order[:1]  # rotate so no variant always runs first
         for k in order:
             fn = variants[k]
@@ -159,8 +173,12 @@ def store_speed(tmp, mb=256):
 
     payload = np.frombuffer(os.urandom(4 << 20), dtype=np.uint8)
     client = WriterClient().create(
-        os.path.join(tmp, "tp.h5"), run_id="bench", meta={}, sources={},
-        steps=RingSpec(16, 1 << 20, payload.size), snapshots=RingSpec(2, 1 << 20, 1 << 20),
+        os.path.join(tmp, "tp.h5"),
+        run_id="bench",
+        meta={},
+        sources={},
+        steps=RingSpec(16, 1 << 20, payload.size),
+        snapshots=RingSpec(2, 1 << 20, 1 << 20),
         health_slots=64,
     )
     n = mb // 4
@@ -181,21 +199,29 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=40)
     args = p.parse_args()
     warnings.simplefilter("ignore")  # detect_anomaly warns on every use
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} cores; "
-          f"{args.rounds} alternating rounds of {args.steps} steps per variant; "
-          "ratio = median over rounds of (variant / bare) step time\n")
-    print("| workload | bare step | recorder | detect_anomaly | NaN hooks (every module) | "
-          "torch.save every step |")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} cores; "
+        f"{args.rounds} alternating rounds of {args.steps} steps per variant; "
+        "ratio = median over rounds of (variant / bare) step time\n"
+    )
+    print(
+        "| workload | bare step | recorder | detect_anomaly | NaN hooks (every module) | "
+        "torch.save every step |"
+    )
     print("|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_TMP")) as tmp:
         for name in WORKLOADS:
             bare, r, path = bench(name, args.rounds, args.steps, tmp)
-            print(f"| {name} | {bare * 1e3:.2f} ms | **{r['recorder']:.3f}x** | "
-                  f"{r['detect_anomaly']:.2f}x | {r['nan_hooks']:.2f}x | {r['torch_save']:.2f}x |",
-                  flush=True)
+            print(
+                f"| {name} | {bare * 1e3:.2f} ms | **{r['recorder']:.3f}x** | "
+                f"{r['detect_anomaly']:.2f}x | {r['nan_hooks']:.2f}x | {r['torch_save']:.2f}x |",
+                flush=True,
+            )
         print()
-        print(f"store write throughput (writer process, 4 MiB steps): {store_speed(tmp):.0f} MB/s; "
-              f"disk raw sequential write with fdatasync: {disk_speed(tmp):.0f} MB/s")
+        print(
+            f"store write throughput (writer process, 4 MiB steps): {store_speed(tmp):.0f} MB/s; "
+            f"disk raw sequential write with fdatasync: {disk_speed(tmp):.0f} MB/s"
+        )
 
 
 if __name__ == "__main__":

@@ -93,10 +93,12 @@ class Recorder:
     ``(model, optimizer, scheduler[, scaler])``. Both must be module-level functions: replay
     imports them again by name (a lambda or closure is refused here, with the reason).
 
-    Defaults: a snapshot of model/optimizer/scheduler/scaler state every ``snapshot_every=100``
+    Defaults: a snapshot of model/optimizer/scheduler/scaler state every ``snapshot_every=50``
     steps and at the first step, the last ``keep_snapshots=3`` kept; the batch ring holds
     ``keep_snapshots * snapshot_every`` steps, so every step after the oldest kept snapshot stays
-    replayable (at least the last 201 steps, at most 300). Health metrics are kept for the last
+    replayable (at least the last 101 steps, at most 150), and bisect replays at most 51 steps.
+    The parameter fingerprint (bitwise replay verification, parameter NaN flag) is taken every
+    ``fingerprint_every=10`` steps; loss and gradient norm every step. Health metrics are kept for the last
     ``keep_health=100_000`` steps. The file stops growing once the rings are full.
 
     **DDP** (``torch.distributed`` initialised with more than one rank, detected automatically;
@@ -129,7 +131,7 @@ class Recorder:
         build_fn: Callable[..., Any],
         scheduler: Any = None,
         scaler: Any = None,
-        snapshot_every: int = 100,
+        snapshot_every: int = 50,
         fingerprint_every: int = 10,
         keep_snapshots: int = 3,
         keep_health: int = 100_000,
