@@ -26,11 +26,6 @@ def replay(*args: str) -> int:
     return subprocess.call([sys.executable, "-m", "replay", *args])
 
 
-def has_command(name: str) -> bool:
-    out = subprocess.run([sys.executable, "-m", "replay", "--help"], capture_output=True, text=True)
-    return f"replay {name}" in out.stdout
-
-
 def main() -> int:
     os.makedirs("runs", exist_ok=True)
     for stale in (RUN, RUN.replace(".h5", ".forensics.h5")):
@@ -38,15 +33,11 @@ def main() -> int:
             os.remove(stale)
     print(f"$ python examples/gpt_diverging_lr.py {RUN}", flush=True)
     subprocess.check_call([sys.executable, os.path.join(HERE, "gpt_diverging_lr.py"), RUN])
-    if has_command("bisect"):
-        rc = replay("bisect", RUN)
-        if rc not in (0, 1):
-            print(f"replay bisect failed (exit {rc})")
-            return rc
-    else:  # bisect not installed in this build: show what the recording holds instead
-        replay("info", RUN)
-    if has_command("doctor"):
-        replay("doctor", RUN)
+    rc = replay("bisect", RUN)
+    if rc not in (0, 1):
+        print(f"replay bisect failed (exit {rc})")
+        return rc
+    replay("doctor", RUN)
     print(f"\nExplore it: replay tui {RUN}")
     return 0
 

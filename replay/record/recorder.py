@@ -440,13 +440,14 @@ class Recorder:
             if text is not None:
                 sources[e["path"]] = text
         step_guess = 16 << 10
+        snap_guess = 3 * model_bytes + 4096  # weights + Adam's two moments
         return self._client.create(
             self.path,
             run_id=uuid.uuid4().hex,
             meta=meta,
             sources=sources,
             steps=RingSpec(self.step_slots, _pow2(step_guess, 4096, 1 << 20), step_guess),
-            snapshots=RingSpec(self.keep_snapshots, 1 << 20, 3 * model_bytes + 4096),
+            snapshots=RingSpec(self.keep_snapshots, _pow2(snap_guess, 4096, 1 << 20), snap_guess),
             health_slots=self.health_slots,
         )
 

@@ -225,3 +225,19 @@ def test_eval_mode_is_recorded_per_step(tmp_path):
     with open_recording(path) as rec:
         assert rec.read_step(0)["modes"].all()
         assert rec.read_step(1)["modes"].tolist() == [True, True, True, False, True]
+
+
+def test_file_size_stays_flat_between_a_short_and_a_long_run(tmp_path):
+    """Bounded: once the rings are full the file stops growing, whatever the run's length."""
+    from tests.conftest import SCRIPTS, run_py
+
+    sizes = {}
+    for steps in (60, 600):
+        out = tmp_path / f"run{steps}.h5"
+        run_py(str(SCRIPTS / "mlp_train.py"), str(out), "--steps", str(steps),
+               "--snapshot-every", "5", "--keep", "2", "--keep-health", "50", check=True)
+        sizes[steps] = out.stat().st_size
+        with open_recording(out) as rec:
+            assert rec.status()["steps_total"] == steps
+            assert len(rec.health()["step"]) == 50
+    assert sizes[600] <= sizes[60] * 1.02, sizes
