@@ -57,6 +57,20 @@ def _grad_absmax(params: list[torch.Tensor]) -> torch.Tensor | None:
     return absmax([p.grad for p in params if p.grad is not None])
 
 
+def _looks_bad(loss: Any, gn: torch.Tensor | None) -> bool:
+    """On the CPU, where reading is free: a NaN/Inf loss or gradient norm at this step.
+
+    Then the parameters are checked too, whatever ``fingerprint_every`` says: the step that went
+    bad is the one whose parameter flag matters.
+    """
+    for v in (loss, gn):
+        if isinstance(v, torch.Tensor) and not v.is_cuda and not math.isfinite(float(v)):
+            return True
+        if isinstance(v, float) and not math.isfinite(v):
+            return True
+    return False
+
+
 def _exact_if_needed(norm: torch.Tensor | None, exact: Callable[[], Any]) -> Any:
     """The largest |element| when the flag needs it, else ``None`` (the norm then decides).
 
@@ -279,7 +293,7 @@ class Recorder:
             gmax = _exact_if_needed(gn, lambda: _grad_absmax(self._opt_params))
         health["grad_norm"] = gn
         health["grad_absmax"] = gmax  # not a column: decides grad_nonfinite exactly
-        if (t - self._start_step) % self.fingerprint_every == 0:
+        if (t - self._start_step) % self.fingerprint_every == 0 or _looks_bad(loss, gn):
             fp = param_fingerprint(self._params)
             health["param_fingerprint"] = fp
             health["param_absmax"] = _exact_if_needed(fp, lambda: absmax(self._params))

@@ -234,8 +234,19 @@ def test_file_size_stays_flat_between_a_short_and_a_long_run(tmp_path):
     sizes = {}
     for steps in (60, 600):
         out = tmp_path / f"run{steps}.h5"
-        run_py(str(SCRIPTS / "mlp_train.py"), str(out), "--steps", str(steps),
-               "--snapshot-every", "5", "--keep", "2", "--keep-health", "50", check=True)
+        run_py(
+            str(SCRIPTS / "mlp_train.py"),
+            str(out),
+            "--steps",
+            str(steps),
+            "--snapshot-every",
+            "5",
+            "--keep",
+            "2",
+            "--keep-health",
+            "50",
+            check=True,
+        )
         sizes[steps] = out.stat().st_size
         with open_recording(out) as rec:
             assert rec.status()["steps_total"] == steps

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from textual.app import ComposeResult
+from textual.containers import Vertical
 from textual.screen import Screen
+from textual.widgets import Footer, Header
 
 from ..model import RunModel
+from ..widgets.notice import NoForensics
 
-__all__ = ["RunScreen"]
+__all__ = ["RunScreen", "ForensicsScreen"]
 
 
 class RunScreen(Screen):
@@ -25,3 +31,40 @@ class RunScreen(Screen):
 
     def update_from_model(self) -> None:
         """Re-read what this view shows from ``self.model``."""
+
+
+class ForensicsScreen(RunScreen):
+    """A view built from the forensics sidecar; without one it says how to get it.
+
+    Subclasses set ``BODY_ID`` and implement ``build_body`` (run in a worker, rebuilt when the
+    sidecar appears or changes).
+    """
+
+    BODY_ID = "body"
+
+    def __init__(self, model: RunModel) -> None:
+        super().__init__(model)
+        self._built_for: Any = False  # False: not built yet (None means "built without forensics")
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield Vertical(id=self.BODY_ID)
+        yield Footer()
+
+    def update_from_model(self) -> None:
+        reader = self.model.forensics
+        if reader is self._built_for:
+            return
+        self._built_for = reader
+        self.run_worker(self._build(reader), group="build", exclusive=True)
+
+    async def _build(self, reader: Any) -> None:
+        body = self.query_one(f"#{self.BODY_ID}", Vertical)
+        await body.remove_children()
+        if reader is None:
+            await body.mount(NoForensics(self.model.no_forensics_message))
+            return
+        await self.build_body(body, reader)
+
+    async def build_body(self, body: Vertical, reader: Any) -> None:
+        raise NotImplementedError

@@ -7,14 +7,12 @@ import math
 from typing import Any
 
 from rich.text import Text
-from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
-from textual.widgets import DataTable, Footer, Header, Static
+from textual.widgets import DataTable, Static
 
-from ..widgets.notice import NoForensics
 from ..widgets.plot import fmt_num
-from .base import RunScreen
+from .base import ForensicsScreen
 
 __all__ = ["GradientsScreen", "warnings_of", "SORT_KEYS"]
 
@@ -56,7 +54,8 @@ def _sort_value(p: dict, key: str):
     return v if math.isfinite(v) else math.inf
 
 
-class GradientsScreen(RunScreen):
+class GradientsScreen(ForensicsScreen):
+    BODY_ID = "grad-body"
     TITLE_SUFFIX = "gradients"
     BINDINGS = [
         Binding("s", "sort", "sort by"),
@@ -70,30 +69,12 @@ class GradientsScreen(RunScreen):
 
     def __init__(self, model) -> None:
         super().__init__(model)
-        self._built_for: Any = False  # not built yet; None means built without forensics
         self.params: list[dict] = []
         self.sort_key = "warnings"
         self.descending = True
         self.only_warnings = False
 
-    def compose(self) -> ComposeResult:
-        yield Header()
-        yield Vertical(id="grad-body")
-        yield Footer()
-
-    def update_from_model(self) -> None:
-        reader = self.model.forensics
-        if reader is self._built_for:
-            return
-        self._built_for = reader
-        self.run_worker(self._build(reader), group="build", exclusive=True)
-
-    async def _build(self, reader: Any) -> None:
-        body = self.query_one("#grad-body", Vertical)
-        await body.remove_children()
-        if reader is None:
-            await body.mount(NoForensics(self.model.no_forensics_message))
-            return
+    async def build_body(self, body: Vertical, reader: Any) -> None:
         self.params = reader.params()
         table: DataTable = DataTable(id="grad-table", cursor_type="row", zebra_stripes=True)
         for col in ("parameter", "numel", "grad norm", "NaN", "Inf", "update/weight", "signs"):

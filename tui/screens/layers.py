@@ -8,15 +8,13 @@ from typing import Any
 import numpy as np
 from rich.text import Text
 from textual import on
-from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
-from textual.widgets import Footer, Header, Tree
+from textual.widgets import Tree
 
 from ..messages import ModuleChosen
-from ..widgets.notice import NoForensics
 from ..widgets.plot import fmt_num
-from .base import RunScreen
+from .base import ForensicsScreen
 
 __all__ = ["LayersScreen", "module_label"]
 
@@ -39,7 +37,8 @@ def module_label(row: dict, culprit: bool) -> Text:
     return t
 
 
-class LayersScreen(RunScreen):
+class LayersScreen(ForensicsScreen):
+    BODY_ID = "layers-body"
     TITLE_SUFFIX = "layers"
     BINDINGS = [
         Binding("o", "show_ops", "ops of module"),
@@ -51,27 +50,9 @@ class LayersScreen(RunScreen):
 
     def __init__(self, model) -> None:
         super().__init__(model)
-        self._built_for: Any = False  # not built yet; None means built without forensics
         self.culprit_node = None
 
-    def compose(self) -> ComposeResult:
-        yield Header()
-        yield Vertical(id="layers-body")
-        yield Footer()
-
-    def update_from_model(self) -> None:
-        reader = self.model.forensics
-        if reader is self._built_for:
-            return
-        self._built_for = reader
-        self.run_worker(self._build(reader), group="build", exclusive=True)
-
-    async def _build(self, reader: Any) -> None:
-        body = self.query_one("#layers-body", Vertical)
-        await body.remove_children()
-        if reader is None:
-            await body.mount(NoForensics(self.model.no_forensics_message))
-            return
+    async def build_body(self, body: Vertical, reader: Any) -> None:
         rows = reader.modules()
         culprit = reader.verdict.get("module")
         tree: Tree[str] = Tree("model", id="module-tree")

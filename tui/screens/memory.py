@@ -7,21 +7,20 @@ from typing import Any
 
 import numpy as np
 from textual import on, work
-from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
-from textual.widgets import DataTable, Footer, Header, Static
+from textual.widgets import DataTable, Static
 
 from ..messages import OpChosen
-from ..widgets.notice import NoForensics
 from ..widgets.op_detail import fmt_bytes
 from ..widgets.plot import SeriesPlot
-from .base import RunScreen
+from .base import ForensicsScreen
 
 __all__ = ["MemoryScreen"]
 
 
-class MemoryScreen(RunScreen):
+class MemoryScreen(ForensicsScreen):
+    BODY_ID = "mem-body"
     TITLE_SUFFIX = "memory"
     BINDINGS = [
         Binding("left,h", "move(-1)", "op ←"),
@@ -37,29 +36,11 @@ class MemoryScreen(RunScreen):
 
     def __init__(self, model: Any) -> None:
         super().__init__(model)
-        self._built_for: Any = False  # not built yet; None means built without forensics
         self.mem: np.ndarray | None = None
         self.info: dict | None = None
         self.cursor = 0
 
-    def compose(self) -> ComposeResult:
-        yield Header()
-        yield Vertical(id="mem-body")
-        yield Footer()
-
-    def update_from_model(self) -> None:
-        reader = self.model.forensics
-        if reader is self._built_for:
-            return
-        self._built_for = reader
-        self.run_worker(self._build(reader), group="build", exclusive=True)
-
-    async def _build(self, reader: Any) -> None:
-        body = self.query_one("#mem-body", Vertical)
-        await body.remove_children()
-        if reader is None:
-            await body.mount(NoForensics(self.model.no_forensics_message))
-            return
+    async def build_body(self, body: Vertical, reader: Any) -> None:
         self.info = reader.memory()
         table: DataTable = DataTable(id="mem-table", cursor_type="row")
         for col in ("bytes", "shape", "dtype", "made by op", "op"):

@@ -7,17 +7,15 @@ from typing import Any
 
 import numpy as np
 from textual import on, work
-from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.widgets import Footer, Header, Input, Static
+from textual.widgets import Input, Static
 
 from ..messages import OpChosen
 from ..opfilter import OpFilter
-from ..widgets.notice import NoForensics
 from ..widgets.op_detail import OpDetail
 from ..widgets.op_list import OpList
-from .base import RunScreen
+from .base import ForensicsScreen
 
 __all__ = ["OpsScreen"]
 
@@ -25,7 +23,8 @@ NONFINITE = (1, 2, 3)  # producer, propagator, raised (exempt ones are intention
 FULL_COLUMNS = ("phase", "name", "module", "status")  # ids only: ~10 bytes per op
 
 
-class OpsScreen(RunScreen):
+class OpsScreen(ForensicsScreen):
+    BODY_ID = "ops-body"
     TITLE_SUFFIX = "ops"
     CSS_PATH = "ops.tcss"
     BINDINGS = [
@@ -46,28 +45,10 @@ class OpsScreen(RunScreen):
         self.filter = OpFilter()
         self.full: dict[str, np.ndarray] | None = None  # whole id columns, read in a worker
         self._pending_select: int | None = None
-        self._built_for: Any = False  # False: not built yet (None means "built without forensics")
-
-    def compose(self) -> ComposeResult:
-        yield Header()
-        yield Vertical(id="ops-body")
-        yield Footer()
 
     # -- building ------------------------------------------------------------------------------
 
-    def update_from_model(self) -> None:
-        reader = self.model.forensics
-        if reader is self._built_for:
-            return
-        self._built_for = reader
-        self.run_worker(self._build(reader), group="build", exclusive=True)
-
-    async def _build(self, reader: Any) -> None:
-        body = self.query_one("#ops-body", Vertical)
-        await body.remove_children()
-        if reader is None:
-            await body.mount(NoForensics(self.model.no_forensics_message))
-            return
+    async def build_body(self, body: Vertical, reader: Any) -> None:
         self.full = None
         op_list = OpList(reader, id="op-list")
         status = Static(id="ops-status")
