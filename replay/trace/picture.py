@@ -101,14 +101,10 @@ class ParamPicture:
                     rows.append((False, NAN, NAN, NAN))
                     continue
                 f = g.detach().double()
-                rows.append(
-                    (
-                        True,
-                        _norm(torch.nan_to_num(f, 0.0, 0.0, 0.0)),
-                        float(torch.isnan(f).sum()),
-                        float(torch.isinf(f).sum()),
-                    )
-                )
+                nan, inf = float(torch.isnan(f).sum()), float(torch.isinf(f).sum())
+                # The norm of the finite part; NaN when nothing is finite (0 would read "dead").
+                norm = _norm(torch.nan_to_num(f, 0.0, 0.0, 0.0)) if nan + inf < f.numel() else NAN
+                rows.append((True, norm, nan, inf))
         self.grads = rows
 
     def bad_grads(self) -> list[tuple[str, torch.Tensor]]:
