@@ -25,6 +25,7 @@ from .screens.layers import LayersScreen
 from .screens.memory import MemoryScreen
 from .screens.ops import OpsScreen
 from .screens.overview import OverviewScreen
+from .screens.ranks import RanksScreen
 from .screens.source import SourceScreen
 from .widgets.op_list import OpList
 
@@ -39,6 +40,7 @@ VIEWS: dict[str, tuple[str, type[RunScreen]]] = {
     "5": ("memory", MemoryScreen),
     "6": ("source", SourceScreen),
     "7": ("batch", BatchScreen),
+    "8": ("ranks", RanksScreen),
 }
 POLL_SECONDS = 2.0
 
@@ -132,5 +134,6 @@ class ReplayApp(App[None]):
 
 def make_app(path: str | os.PathLike[str], *, poll: bool = True) -> ReplayApp:
     """The app for ``path`` (the CLI and the tests use this). Raises ``RecordingError`` with one
-    line when ``path`` is not a readable recording, before anything is drawn."""
+    line when ``path`` is not a readable recording, before anything is drawn. A DDP rank set
+    (``run.h5`` of ``run.rank<N>.h5``, a folder, a glob) opens its culprit rank's recording."""
     return ReplayApp(RunModel.open(path), poll=poll)

@@ -13,8 +13,11 @@ from typing import Any
 
 import numpy as np
 
+from replay.distributed.ranks import pick_rank_file, resolve_rank_files
 from replay.errors import RecordingError
 from replay.store import Recording, open_recording
+
+from .rankset import RankSetSummary, read_rank_set
 
 __all__ = ["RunModel", "Marks", "shorten_path", "NO_FORENSICS_HINT"]
 
@@ -62,8 +65,12 @@ class RunModel:
         m.health["loss"], m.marks().symptom, m.forensics.verdict if m.forensics else None
     """
 
-    def __init__(self, rec: Recording) -> None:
+    def __init__(self, rec: Recording, *, rank_spec: str | None = None) -> None:
         self.rec = rec
+        # The rank set this recording was picked from (``replay tui run.h5`` on a DDP run), read
+        # again on every refresh for the Ranks view; None for a single recording.
+        self.rank_spec = rank_spec
+        self.ranks: RankSetSummary | None = None
         self.path = rec.path
         self.base = os.path.dirname(os.path.abspath(rec.path))
         self.name = os.path.basename(rec.path)
@@ -76,8 +83,17 @@ class RunModel:
 
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> RunModel:
-        """Open ``path``; raises :class:`RecordingError` with one line when it is not a recording."""
-        return cls(open_recording(path))
+        """Open ``path``; raises :class:`RecordingError` with one line when it is not a recording.
+
+        A DDP rank set (the base path ``run.h5`` of ``run.rank<N>.h5``, a directory or a glob)
+        opens the culprit rank's file, the one ``replay bisect`` would replay (rank 0's when no
+        rank failed), and keeps every rank's summary in ``ranks``.
+        """
+        spec = os.fspath(path)
+        if resolve_rank_files(spec) is None:
+            return cls(open_recording(spec))
+        picked, _ = pick_rank_file(spec)
+        return cls(open_recording(picked), rank_spec=spec)
 
     def close(self) -> None:
         if self.forensics is not None:
@@ -92,8 +108,16 @@ class RunModel:
         self.status = self.rec.status()
         self.health = self.rec.health()
         self._load_forensics()
+        old_ranks = self.ranks.signature() if self.ranks is not None else None
+        if self.rank_spec is not None:
+            rank = int((self.rec.meta.get("distributed") or {}).get("rank", -1))
+            try:
+                self.ranks = read_rank_set(self.rank_spec, rank)
+            except (RecordingError, OSError):
+                pass  # a rank file mid-rewrite: keep the last summary, the next poll retries
+        new_ranks = self.ranks.signature() if self.ranks is not None else None
         new = (self.status.get("steps_total"), self.status.get("last_step"), self._forensics_mtime)
-        return old != new
+        return old != new or old_ranks != new_ranks
 
     def _load_forensics(self) -> None:
         path = self.rec.forensics_path

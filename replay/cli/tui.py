@@ -8,11 +8,15 @@ __all__ = ["tui"]
 
 
 @click.command()
-@click.argument("run", type=click.Path(dir_okay=False, path_type=str))
+@click.argument("run", type=click.Path(path_type=str))
 def tui(run: str) -> int:
-    """Browse RUN and its forensics: overview, ops, layers, gradients, memory, source, batch.
+    """Browse RUN and its forensics: overview, ops, layers, gradients, memory, source, batch, ranks.
 
-    Keys: 1-7 switch views, ? lists every key, q quits. Works on a recording still being
+    RUN is a recording, or a DDP run's rank set (the base path run.h5 for run.rank0.h5,
+    run.rank1.h5, ..., a directory or a glob): the views show the culprit rank, and view 8 shows
+    every rank side by side.
+
+    Keys: 1-8 switch views, ? lists every key, q quits. Works on a recording still being
     written (it refreshes every 2 s). Run `replay bisect RUN` first for the per-op views.
     """
     from tui.app import make_app  # textual is imported only here: `replay --help` stays instant

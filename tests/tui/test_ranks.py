@@ -1,0 +1,82 @@
+"""The Ranks view (key 8) on a real 2-rank recording: every rank side by side, the culprit flagged."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from conftest import RANK_NAN_STEP, run_env
+from helpers import press, settle
+from test_snapshots import _snap
+
+from tui import make_app
+from tui.widgets.rank_table import RankTable
+
+
+async def test_rank_set_opens_the_culprit_and_lists_every_rank(rank_set):
+    app = make_app(rank_set, poll=False)
+    async with app.run_test(size=(120, 30)) as pilot:
+        await settle(pilot)
+        # the other views show the rank that went bad, as `replay bisect run.h5` would replay it
+        assert os.path.basename(app.model.path) == "run.rank1.h5"
+        await press(pilot, "8")
+        assert app.view == "ranks"
+        s = app.model.ranks
+        assert [r.rank for r in s.rows] == [0, 1]
+        assert s.culprit_ranks == (1,) and s.culprit_step == RANK_NAN_STEP
+        rows = {r.rank: r for r in s.rows}
+        assert rows[0].own_bad is None and rows[0].steps_total == 20
+        assert rows[1].own_bad == (RANK_NAN_STEP, ("loss",))
+        assert rows[1].steps_total == RANK_NAN_STEP + 1
+        head = str(app.screen.query_one("#ranks-head").render())
+        assert f"culprit rank 1: first bad at step {RANK_NAN_STEP} on rank 1 (loss)" in head
+        table = app.screen.query_one(RankTable).render().plain
+        lines = table.splitlines()
+        rank1 = next(line for line in lines if line.startswith("▶"))
+        assert rank1.split()[1:5] == ["1", str(RANK_NAN_STEP + 1), "nan", "step"]
+        assert f"step {RANK_NAN_STEP} (loss)" in rank1 and "×" in rank1
+        rank0 = next(line for line in lines if line.split()[:2] == ["0", "20"])
+        assert "×" not in rank0 and "step 12" not in rank0
+
+
+async def test_a_glob_and_the_folder_name_the_same_rank_set(rank_set):
+    folder = os.path.dirname(rank_set)
+    for spec in (folder, os.path.join(folder, "run.rank*.h5")):
+        app = make_app(spec, poll=False)
+        async with app.run_test(size=(120, 30)) as pilot:
+            await settle(pilot)
+            assert os.path.basename(app.model.path) == "run.rank1.h5"
+            assert app.model.ranks is not None and app.model.ranks.culprit_ranks == (1,)
+
+
+async def test_a_single_recording_is_not_a_distributed_run(runs):
+    app = make_app(runs["plain"], poll=False)
+    async with app.run_test(size=(120, 30)) as pilot:
+        await settle(pilot)
+        await press(pilot, "8")
+        assert app.view == "ranks" and app.model.ranks is None
+        assert "not a distributed run" in str(app.screen.query_one("#ranks-head").render())
+        assert not app.screen.query_one(RankTable).display
+
+
+def test_ranks_view(rank_set, snap_compare):
+    """Ranks at 120x40: "rank set run.h5 · 2 rank files, world size 2", the red line "culprit
+    rank 1: first bad at step 12 on rank 1 (loss)", "views 1-7 show rank 1 (run.rank1.h5)"; a
+    row per rank: rank 0 with 20 steps, last loss 1.4, no own failure and its sparkline over
+    steps 0..19; rank 1 marked ▶ in bold red with 13 steps, last loss nan, "step 12 (loss)",
+    its sparkline ending in a red × at step 12 (both lines identical up to there); the shared
+    loss scale and the step 0 / step 19 axis."""
+    assert _snap(snap_compare, rank_set, keys=("8",))
+
+
+def test_a_folder_without_rank_files_is_one_line_exit_3(tmp_path):
+    r = subprocess.run(
+        [sys.executable, "-m", "replay", "tui", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=run_env(),
+        timeout=60,
+    )
+    assert r.returncode == 3 and "without rank recordings" in r.stderr
+    assert r.stderr.strip().count("\n") == 0

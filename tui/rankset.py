@@ -1,0 +1,80 @@
+"""What the Ranks view reads: every rank of a DDP run, side by side (numpy + h5py, never torch).
+
+A rank set is named as ``replay info`` names it (``replay/distributed/ranks.py``): the base path
+``run.h5`` beside ``run.rank0.h5``, ``run.rank1.h5``..., a directory or a glob. The TUI opens the
+culprit rank's file like any recording and keeps this summary of all ranks next to it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from replay.distributed.ranks import describe_failure, first_bad_rank, open_rank_set, own_failures
+
+__all__ = ["RankRow", "RankSetSummary", "read_rank_set"]
+
+
+@dataclass(frozen=True)
+class RankRow:
+    """One rank: its file, what it recorded and where its *own* values first went bad."""
+
+    rank: int
+    name: str
+    steps: np.ndarray  # health steps, int64
+    loss: np.ndarray  # float64, NaN/Inf kept (the sparkline marks them)
+    steps_total: int
+    own_bad: tuple[int, tuple[str, ...]] | None  # (step, reasons: loss / local_grad / exception)
+
+    @property
+    def last_loss(self) -> float | None:
+        return float(self.loss[-1]) if len(self.loss) else None
+
+
+@dataclass(frozen=True)
+class RankSetSummary:
+    spec: str
+    world_size: int | None
+    missing: tuple[int, ...]
+    rows: tuple[RankRow, ...]
+    culprit_ranks: tuple[int, ...]  # empty when no rank failed
+    culprit_step: int | None
+    reason: str  # describe_failure(): the same sentence `replay info` prints
+    opened_rank: int  # the rank whose recording the other views show
+
+    def signature(self) -> tuple[tuple[int, int], ...]:
+        """Changes when any rank recorded more (the live-refresh check)."""
+        return tuple((r.rank, r.steps_total) for r in self.rows)
+
+
+def read_rank_set(spec: str, opened_rank: int) -> RankSetSummary:
+    """Summarise the rank set ``spec`` (raises ``RecordingError`` when it is unreadable)."""
+    with open_rank_set(spec) as rs:
+        rows = []
+        for r, rec in rs.recordings.items():
+            h = rec.health()
+            own = own_failures(rec, h)
+            first = min(own) if own else None
+            rows.append(
+                RankRow(
+                    rank=r,
+                    name=os.path.basename(rec.path),
+                    steps=np.asarray(h["step"], dtype=np.int64),
+                    loss=np.asarray(h["loss"], dtype=np.float64),
+                    steps_total=int(rec.status().get("steps_total", len(h["step"]))),
+                    own_bad=None if first is None else (first, tuple(own[first])),
+                )
+            )
+        failure = first_bad_rank(rs)
+        return RankSetSummary(
+            spec=spec,
+            world_size=rs.world_size,
+            missing=tuple(rs.missing),
+            rows=tuple(rows),
+            culprit_ranks=failure.ranks if failure is not None else (),
+            culprit_step=failure.step if failure is not None else None,
+            reason=describe_failure(failure),
+            opened_rank=opened_rank,
+        )
