@@ -20,20 +20,13 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 
 
 def test_disk_full_during_recording_leaves_training_running(tmp_path):
+    script = str(SCRIPTS / "mlp_train.py")
+    args = ["--steps", "300", "--snapshot-every", "5", "--keep", "4", "--vary"]
+    full = tmp_path / "full.h5"  # how big the file gets when nothing fails
+    run_py(script, str(full), *args, check=True)
+    limit = int(full.stat().st_size * 0.7)  # the disk fills up part-way through the run
     out = tmp_path / "run.h5"
-    proc = run_py(
-        "-c",
-        LIMITED,
-        str(2_500_000),
-        str(SCRIPTS / "mlp_train.py"),
-        str(out),
-        "--steps",
-        "300",
-        "--snapshot-every",
-        "5",
-        "--keep",
-        "4",
-    )
+    proc = run_py("-c", LIMITED, str(limit), script, str(out), *args)
     assert proc.returncode == 0, proc.stderr
     assert "step 299" in proc.stdout  # every step trained
     warnings = [ln for ln in proc.stderr.splitlines() if "RecorderWarning" in ln]
