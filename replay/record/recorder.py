@@ -256,17 +256,24 @@ class Recorder:
             return self._unrecorded_step(batch)
         t = self.next_step
         on_cuda = [False]
-        if (t - self._start_step) % self.snapshot_every == 0:
-            self._snapshot(t)
-        rng = capture_rng()
-        batch_copy = copy_tree(batch, on_cuda=on_cuda)
-        hparams = self._hparams(on_cuda)
-        modes = [m.training for m in self._modules]
-        health: dict[str, Any] = {"lr": hparams[0].get("lr") if hparams else None, "raised": 0.0}
-        scale = getattr(self.scaler, "_scale", None) if self.scaler is not None else None
-        if scale is not None:
-            health["scale"] = scale.detach().clone()
-        self._hook_grad_norm, self._hook_grad_absmax, self._hook_fired = None, None, False
+        try:
+            if (t - self._start_step) % self.snapshot_every == 0:
+                self._snapshot(t)
+            rng = capture_rng()
+            batch_copy = copy_tree(batch, on_cuda=on_cuda)
+            hparams = self._hparams(on_cuda)
+            modes = [m.training for m in self._modules]
+            health: dict[str, Any] = {
+                "lr": hparams[0].get("lr") if hparams else None,
+                "raised": 0.0,
+            }
+            scale = getattr(self.scaler, "_scale", None) if self.scaler is not None else None
+            if scale is not None:
+                health["scale"] = scale.detach().clone()
+            self._hook_grad_norm, self._hook_grad_absmax, self._hook_fired = None, None, False
+        except Exception as e:  # noqa: BLE001 - the recorder must never take training down
+            self._give_up("capturing the step", e)
+            return self._unrecorded_step(batch)
         t0 = time.perf_counter()
         try:
             ret = self.step_fn(self.model, self.optimizer, batch)
@@ -278,40 +285,51 @@ class Recorder:
                 "message": str(e),
                 "traceback": traceback.format_exc(),
             }
-            self._submit_step(t, rng, batch_copy, hparams, modes, health, on_cuda, exc)
             self.next_step = t + 1
-            self.flush()
+            try:
+                self._submit_step(t, rng, batch_copy, hparams, modes, health, on_cuda, exc)
+                self.flush()
+            except Exception as rec_error:  # noqa: BLE001 - the user's exception is the one to raise
+                self._give_up("recording the exception", rec_error)
             raise
-        health["wall_time"] = time.perf_counter() - t0
-        health["time"] = time.time()
         loss = _loss_of(ret)
-        health["loss"] = loss
-        health["optimizer_stepped"] = float(self._hook_fired)
-        gn, gmax = self._hook_grad_norm, self._hook_grad_absmax
-        if gn is None and not self._hook_fired:
-            gn = grad_norm(self._opt_params)  # no optimizer step (AMP skip, accumulation)
-            gmax = _exact_if_needed(gn, lambda: _grad_absmax(self._opt_params))
-        health["grad_norm"] = gn
-        health["grad_absmax"] = gmax  # not a column: decides grad_nonfinite exactly
-        if (t - self._start_step) % self.fingerprint_every == 0 or _looks_bad(loss, gn):
-            fp = param_fingerprint(self._params)
-            health["param_fingerprint"] = fp
-            health["param_absmax"] = _exact_if_needed(fp, lambda: absmax(self._params))
-        local_gn = self._probe.take() if self._probe is not None else None
-        if local_gn is not None:
-            health["local_grad_norm"] = local_gn
-        if self.scaler is not None:
-            after = getattr(self.scaler, "_scale", None)
-            if scale is None and after is not None:
-                # GradScaler creates its scale tensor lazily, at the first scale() call: the
-                # first step ran with init_scale. Recording NaN here hid a skip of step 0, which
-                # then read as a non-finite failure (first_bad) instead of a normal AMP skip.
-                health["scale"] = float(getattr(self.scaler, "_init_scale", math.nan))
-            health["scale_after"] = after.detach().clone() if after is not None else None
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            health["cuda_allocated"] = float(torch.cuda.memory_allocated())
-            health["cuda_peak"] = float(torch.cuda.max_memory_allocated())
-        self._submit_step(t, rng, batch_copy, hparams, modes, health, on_cuda, None)
+        local_gn = None
+        try:
+            health["wall_time"] = time.perf_counter() - t0
+            health["time"] = time.time()
+            health["loss"] = loss
+            health["optimizer_stepped"] = float(self._hook_fired)
+            gn, gmax = self._hook_grad_norm, self._hook_grad_absmax
+            if gn is None and not self._hook_fired:
+                gn = grad_norm(self._opt_params)  # no optimizer step (AMP skip, accumulation)
+                gmax = _exact_if_needed(gn, lambda: _grad_absmax(self._opt_params))
+            health["grad_norm"] = gn
+            health["grad_absmax"] = gmax  # not a column: decides grad_nonfinite exactly
+            if (t - self._start_step) % self.fingerprint_every == 0 or _looks_bad(loss, gn):
+                fp = param_fingerprint(self._params)
+                health["param_fingerprint"] = fp
+                health["param_absmax"] = _exact_if_needed(fp, lambda: absmax(self._params))
+            local_gn = self._probe.take() if self._probe is not None else None
+            if local_gn is not None:
+                health["local_grad_norm"] = local_gn
+            if self.scaler is not None:
+                after = getattr(self.scaler, "_scale", None)
+                if scale is None and after is not None:
+                    # GradScaler creates its scale tensor lazily, at the first scale() call: the
+                    # first step ran with init_scale. Recording NaN here hid a skip of step 0, which
+                    # then read as a non-finite failure (first_bad) instead of a normal AMP skip.
+                    health["scale"] = float(getattr(self.scaler, "_init_scale", math.nan))
+                health["scale_after"] = after.detach().clone() if after is not None else None
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                health["cuda_allocated"] = float(torch.cuda.memory_allocated())
+                health["cuda_peak"] = float(torch.cuda.max_memory_allocated())
+            self._submit_step(t, rng, batch_copy, hparams, modes, health, on_cuda, None)
+        except Exception as e:  # noqa: BLE001 - the recorder must never take training down
+            self._give_up("recording the step's health", e)
+            self.next_step = t + 1
+            if self._stop is not None:  # the other ranks still wait for this one's vote
+                self._agree(t, loss, local_gn)
+            return ret
         self.next_step = t + 1
         if t == self._start_step:
             # Once, at the first step: wait until the file exists and holds it (the writer
@@ -369,6 +387,19 @@ class Recorder:
         slot = self._snapshots_taken % self.keep_snapshots
         self._snapshots_taken += 1
         self._writer_or_start().submit(SnapshotJob(t, slot, state, event, tree_nbytes(state)))
+
+    def _give_up(self, what: str, e: Exception) -> None:
+        """Recording fails on the training thread: stop it, say so once, keep training."""
+        self.enabled = False
+        if not self._warned:
+            self._warned = True
+            warnings.warn(
+                f"replay: recording to {self.path} stopped ({what} failed: "
+                f"{type(e).__name__}: {e}); training goes on, and the steps flushed before "
+                "stay readable",
+                RecorderWarning,
+                stacklevel=3,
+            )
 
     def _unrecorded_step(self, batch: Any) -> Any:
         """Recording stopped (write failure): train on, but still join the ranks' agreement,

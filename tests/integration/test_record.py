@@ -252,3 +252,27 @@ def test_file_size_stays_flat_between_a_short_and_a_long_run(tmp_path):
             assert rec.status()["steps_total"] == steps
             assert len(rec.health()["step"]) == 50
     assert sizes[600] <= sizes[60] * 1.02, sizes
+
+
+class FlakyBatch(dict):
+    """A batch container whose iteration fails: the recorder cannot copy it, the step can use it."""
+
+    def items(self):
+        raise RuntimeError("this container cannot be iterated")
+
+
+def test_a_batch_the_recorder_cannot_copy_stops_recording_not_training(tmp_path):
+    model, opt = build()
+    losses = []
+    with pytest.warns(replay.RecorderWarning, match="capturing the step failed") as record_warnings:
+        with replay.Recorder(
+            tmp_path / "run.h5", model=model, optimizer=opt, step_fn=train_step, build_fn=build
+        ) as rec:
+            for t in range(3):
+                g = torch.Generator().manual_seed(t)
+                batch = FlakyBatch(
+                    x=torch.randn(5, 6, generator=g), y=torch.randint(0, 3, (5,), generator=g)
+                )
+                losses.append(float(rec.step(batch).detach()))
+    assert len(losses) == 3 and all(math.isfinite(v) for v in losses)
+    assert len([w for w in record_warnings if w.category is replay.RecorderWarning]) == 1
