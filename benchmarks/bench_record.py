@@ -168,6 +168,7 @@ def disk_speed(tmp, mb=256):
 
 def store_speed(tmp, mb=256):
     """Payload throughput of the writer process: large batches, committed one per step."""
+    from replay.store.layout import HEALTH_COLUMNS
     from replay.store.writer import RingSpec
     from replay.store.writer_process import WriterClient
 
@@ -182,7 +183,7 @@ def store_speed(tmp, mb=256):
         health_slots=64,
     )
     n = mb // 4
-    row = np.zeros(len(__import__("replay.store.layout", fromlist=["x"]).HEALTH_COLUMNS))
+    row = np.zeros(len(HEALTH_COLUMNS))
     t0 = time.perf_counter()
     for i in range(n):
         client.commit(steps=[(i, payload, 0)], health=[(i, row)], last_step=i)

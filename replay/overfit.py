@@ -50,7 +50,7 @@ def overfit_batch(
     """
     from .cli._replaying import open_engine
     from .errors import ReplayError
-    from .record.recorder import _loss_of
+    from .record.fingerprint import loss_of
 
     rec, eng = open_engine(path, device, entry)
     try:
@@ -68,7 +68,7 @@ def overfit_batch(
             except Exception as e:  # the user's step failing is a result, not our failure
                 error = f"{type(e).__name__}: {e}"
                 break
-            loss = _loss_of(ret)
+            loss = loss_of(ret)
             if loss is None:
                 raise ReplayError("step_fn returned no loss, so there is nothing to watch")
             v = float(loss)

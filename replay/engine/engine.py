@@ -25,8 +25,7 @@ from typing import Any
 import torch
 
 from ..errors import RecordingError, ReplayError
-from ..record.fingerprint import absmax, grad_norm, param_fingerprint
-from ..record.recorder import _loss_of
+from ..record.fingerprint import absmax, grad_absmax, grad_norm, loss_of, param_fingerprint
 from ..record.rng import restore_rng
 from ..record.tensors import from_leaves
 from ..store.reader import Recording
@@ -52,10 +51,6 @@ def _num(x: Any) -> float | None:
     if isinstance(x, torch.Tensor):
         return float(x.detach().to("cpu", torch.float64).reshape(-1)[0]) if x.numel() else None
     return float(x)
-
-
-def _grad_absmax(params: list[torch.Tensor]) -> torch.Tensor | None:
-    return absmax([p.grad for p in params if p.grad is not None])
 
 
 class Engine:
@@ -153,7 +148,7 @@ class Engine:
         if self._hook_on:
             self._hook_fired = True
             self._hook_gn = grad_norm(self._opt_params)
-            self._hook_gmax = _grad_absmax(self._opt_params)
+            self._hook_gmax = grad_absmax(self._opt_params)
 
     # -- records -------------------------------------------------------------------------------
 
@@ -300,12 +295,12 @@ class Engine:
             if self.on_step is not None:
                 self.on_step(t)
         out.returned = ret
-        out.loss = _num(_loss_of(ret))
+        out.loss = _num(loss_of(ret))
         out.optimizer_stepped = float(self._hook_fired)
         gn, gmax = self._hook_gn, self._hook_gmax
         if gn is None and not self._hook_fired:
             gn = grad_norm(self._opt_params)  # as the recorder: no optimizer step ran
-            gmax = _grad_absmax(self._opt_params)
+            gmax = grad_absmax(self._opt_params)
         out.grad_norm = _num(gn)
         out.grad_absmax = _num(gmax)
         out.param_fingerprint = _num(param_fingerprint(self._params))

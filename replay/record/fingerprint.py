@@ -1,16 +1,32 @@
 """Cheap per-step numbers that replay recomputes the same way and compares bitwise.
 
-Both are kept on the device (no host sync); the writer thread reads them a step late.
+The recorder and the replay engine both use these functions, so a recorded value and a replayed
+one come from the same code. Tensors stay on the device (no host sync); the writer thread reads
+them a step late.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 
-__all__ = ["param_fingerprint", "grad_norm", "absmax", "group_by_dtype"]
+__all__ = ["param_fingerprint", "grad_norm", "grad_absmax", "absmax", "loss_of", "group_by_dtype"]
+
+
+def loss_of(ret: Any) -> Any:
+    """The loss inside whatever ``step_fn`` returned: a tensor, a number, a dict or a tuple."""
+    if isinstance(ret, dict):
+        ret = ret.get("loss")
+    elif isinstance(ret, (tuple, list)) and ret:
+        ret = ret[0]
+    if isinstance(ret, torch.Tensor):
+        return ret.detach().reshape(-1)[0] if ret.numel() else None
+    if isinstance(ret, (int, float)):
+        return float(ret)
+    return None
 
 
 def group_by_dtype(tensors: Iterable[torch.Tensor]) -> list[list[torch.Tensor]]:
@@ -62,3 +78,8 @@ def absmax(tensors: list[torch.Tensor]) -> torch.Tensor | None:
             m = torch.stack(torch._foreach_norm(g, math.inf)).to(torch.float64).max()
             total = m if total is None else torch.maximum(total, m.to(total.device))
         return total
+
+
+def grad_absmax(params: list[torch.Tensor]) -> torch.Tensor | None:
+    """``absmax`` over the gradients present."""
+    return absmax([p.grad for p in params if p.grad is not None])

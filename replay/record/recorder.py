@@ -32,29 +32,12 @@ from ..store.writer import RingSpec
 from ..store.writer_process import WriterClient
 from .entry import describe_entry, read_source
 from .env import collect_env
-from .fingerprint import absmax, grad_norm, param_fingerprint
+from .fingerprint import absmax, grad_absmax, grad_norm, loss_of, param_fingerprint
 from .rng import capture_rng
 from .tensors import copy_tree, tree_nbytes
 from .writer_thread import BackgroundWriter, SnapshotJob, StepJob
 
 __all__ = ["Recorder"]
-
-
-def _loss_of(ret: Any) -> Any:
-    """The loss inside whatever ``step_fn`` returned: a tensor, a number, a dict or a tuple."""
-    if isinstance(ret, dict):
-        ret = ret.get("loss")
-    elif isinstance(ret, (tuple, list)) and ret:
-        ret = ret[0]
-    if isinstance(ret, torch.Tensor):
-        return ret.detach().reshape(-1)[0] if ret.numel() else None
-    if isinstance(ret, (int, float)):
-        return float(ret)
-    return None
-
-
-def _grad_absmax(params: list[torch.Tensor]) -> torch.Tensor | None:
-    return absmax([p.grad for p in params if p.grad is not None])
 
 
 def _looks_bad(loss: Any, gn: torch.Tensor | None) -> bool:
@@ -242,7 +225,7 @@ class Recorder:
         self._hook_fired = True
         if self.enabled:
             self._hook_grad_norm = gn = grad_norm(self._opt_params)
-            self._hook_grad_absmax = _exact_if_needed(gn, lambda: _grad_absmax(self._opt_params))
+            self._hook_grad_absmax = _exact_if_needed(gn, lambda: grad_absmax(self._opt_params))
 
     def step(self, batch: Any) -> Any:
         """Run ``step_fn(model, optimizer, batch)`` under recording; return what it returned."""
@@ -292,7 +275,7 @@ class Recorder:
             except Exception as rec_error:  # noqa: BLE001 - the user's exception is the one to raise
                 self._give_up("recording the exception", rec_error)
             raise
-        loss = _loss_of(ret)
+        loss = loss_of(ret)
         local_gn = None
         try:
             health["wall_time"] = time.perf_counter() - t0
@@ -302,7 +285,7 @@ class Recorder:
             gn, gmax = self._hook_grad_norm, self._hook_grad_absmax
             if gn is None and not self._hook_fired:
                 gn = grad_norm(self._opt_params)  # no optimizer step (AMP skip, accumulation)
-                gmax = _exact_if_needed(gn, lambda: _grad_absmax(self._opt_params))
+                gmax = _exact_if_needed(gn, lambda: grad_absmax(self._opt_params))
             health["grad_norm"] = gn
             health["grad_absmax"] = gmax  # not a column: decides grad_nonfinite exactly
             if (t - self._start_step) % self.fingerprint_every == 0 or _looks_bad(loss, gn):
@@ -407,7 +390,7 @@ class Recorder:
         ret = self.step_fn(self.model, self.optimizer, batch)
         if self._stop is not None:
             local_gn = self._probe.take() if self._probe is not None else None
-            self._agree(self.next_step, _loss_of(ret), local_gn)
+            self._agree(self.next_step, loss_of(ret), local_gn)
         self.next_step += 1
         return ret
 
