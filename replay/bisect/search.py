@@ -50,8 +50,17 @@ def newest_healthy(
     snapshots: Sequence[int], healthy: Callable[[int], bool]
 ) -> tuple[int | None, int]:
     """The newest snapshot for which ``healthy`` holds, assuming health only ever goes bad once
-    (NaN/Inf in a state do not heal). Binary search: returns (snapshot or None, checks made)."""
-    lo, hi, best, checks = 0, len(snapshots) - 1, None, 0
+    (NaN/Inf in a state do not heal). Returns (snapshot or None, checks made).
+
+    The newest is checked first: it is nearly always healthy (the failure is after it), and it
+    is the one the replay loads next, so the common case costs one read. Otherwise a binary
+    search over the older ones.
+    """
+    if not snapshots:
+        return None, 0
+    if healthy(snapshots[-1]):
+        return snapshots[-1], 1
+    lo, hi, best, checks = 0, len(snapshots) - 2, None, 1
     while lo <= hi:
         mid = (lo + hi) // 2
         checks += 1

@@ -3,27 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
-from ..store.tree import TensorLeaf
-
-__all__ = ["recorded_device", "choose_device"]
-
-
-def recorded_device(tree: Any) -> str:
-    """The device of the first tensor in a recorded tree (``"cpu"`` when it holds none)."""
-    stack = [tree]
-    while stack:
-        node = stack.pop(0)
-        if isinstance(node, TensorLeaf):
-            return node.device
-        if isinstance(node, dict):
-            stack.extend(node.values())
-        elif isinstance(node, (list, tuple)):
-            stack.extend(node)
-    return "cpu"
+__all__ = ["choose_device"]
 
 
 def choose_device(recorded: str, override: str | None, log: Callable[[str], None]) -> str:

@@ -8,12 +8,20 @@ them a step late.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 
-__all__ = ["param_fingerprint", "grad_norm", "grad_absmax", "absmax", "loss_of", "group_by_dtype"]
+__all__ = [
+    "param_fingerprint",
+    "grad_norm",
+    "grad_absmax",
+    "absmax",
+    "exact_if_needed",
+    "loss_of",
+    "group_by_dtype",
+]
 
 
 def loss_of(ret: Any) -> Any:
@@ -63,6 +71,20 @@ def grad_norm(params: list[torch.Tensor]) -> torch.Tensor | None:
         return total.sqrt()  # type: ignore[union-attr]
 
 
+def _cpu_absmax(tensors: list[torch.Tensor]) -> torch.Tensor:
+    # aminmax per tensor: 0.27 ms on the 1.8M-parameter bisect benchmark MLP, where the CPU
+    # kernel of _foreach_norm(ord=inf) takes 5 ms. Both propagate NaN and inf.
+    ends = []
+    for t in tensors:
+        if t.numel() == 0:
+            continue
+        lo, hi = torch.aminmax(t.abs() if t.is_complex() else t)
+        ends += (lo, hi)
+    if not ends:
+        return torch.zeros((), dtype=torch.float64)
+    return torch.stack(ends).to(torch.float64).abs().max()
+
+
 def absmax(tensors: list[torch.Tensor]) -> torch.Tensor | None:
     """Largest absolute value (float64 on the device): non-finite exactly when an element is.
 
@@ -75,9 +97,26 @@ def absmax(tensors: list[torch.Tensor]) -> torch.Tensor | None:
     with torch.no_grad():
         total = None
         for g in group_by_dtype(t.detach() for t in tensors):
-            m = torch.stack(torch._foreach_norm(g, math.inf)).to(torch.float64).max()
+            if g[0].device.type == "cpu":
+                m = _cpu_absmax(g)
+            else:  # one fused kernel, launched asynchronously
+                m = torch.stack(torch._foreach_norm(g, math.inf)).to(torch.float64).max()
             total = m if total is None else torch.maximum(total, m.to(total.device))
         return total
+
+
+def exact_if_needed(norm: torch.Tensor | None, exact: Callable[[], Any]) -> Any:
+    """``exact()`` (an ``absmax``) when a non-finite flag needs it, else ``None``.
+
+    A finite norm proves every element finite, so on the CPU, where reading the norm is free,
+    the second pass over the tensors runs only after an inf/NaN norm. On a GPU reading the norm
+    would sync, so the pass is queued asynchronously every time.
+    """
+    if norm is None:
+        return None
+    if norm.is_cuda:
+        return exact()
+    return exact() if not math.isfinite(float(norm)) else None
 
 
 def grad_absmax(params: list[torch.Tensor]) -> torch.Tensor | None:

@@ -80,7 +80,7 @@ def rng_to_tree(raw: tuple[Any, Any, torch.Tensor, list[torch.Tensor] | None]) -
 def restore_rng(tree: dict[str, Any], *, cuda: bool = True) -> None:
     """Put every generator back in the state ``tree`` describes (as read from the store)."""
     py = tree["python"]
-    random.setstate((py["version"], tuple(int(x) for x in py["state"]), py["gauss"]))
+    random.setstate((py["version"], tuple(np.asarray(py["state"]).tolist()), py["gauss"]))
     n = tree["numpy"]
     np.random.set_state((n["kind"], n["keys"], n["pos"], n["has_gauss"], n["gauss"]))
     torch.set_rng_state(torch.from_numpy(np.asarray(tree["torch"], dtype=np.uint8).copy()))

@@ -16,7 +16,14 @@ import torch
 
 from ..store.tree import TensorLeaf
 
-__all__ = ["copy_tree", "to_leaves", "from_leaves", "tree_nbytes", "dtype_name"]
+__all__ = [
+    "copy_tree",
+    "to_leaves",
+    "from_leaves",
+    "leaf_finite",
+    "tree_nbytes",
+    "dtype_name",
+]
 
 # dtypes numpy cannot hold natively travel as a same-width integer view.
 _VIEW_AS: dict[torch.dtype, torch.dtype] = {torch.bfloat16: torch.int16}
@@ -130,6 +137,14 @@ def leaf_to_tensor(leaf: TensorLeaf, device: str | torch.device | None = None) -
     if leaf.requires_grad and (t.is_floating_point() or t.is_complex()):
         t.requires_grad_(True)
     return t
+
+
+def leaf_finite(leaf: TensorLeaf) -> bool:
+    """Whether every element of a floating-point leaf is finite, checked without a copy."""
+    data = leaf.data
+    if data.dtype.kind in "fc":  # float16/32/64 and complex: numpy holds them natively
+        return bool(np.isfinite(data).all())
+    return bool(torch.isfinite(leaf_to_tensor(leaf, "cpu")).all())
 
 
 def from_leaves(obj: Any, device: str | torch.device | None = None) -> Any:

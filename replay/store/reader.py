@@ -255,6 +255,16 @@ class Recording:
             return decode(manifest, payload[mlen:].tobytes())
         raise KeyError(f"step {step} of the {ring} ring kept changing while being read")
 
+    def _read_manifest(self, ring: str, step: int) -> Any:
+        slot = self._slot_of(ring, step)
+        if slot is None:
+            raise KeyError(f"step {step} is not in the {ring} ring of {self.path}")
+        mlen = int(self._ds(f"{ring}/mlen")[slot])
+        manifest = json.loads(self._ds(f"{ring}/arena")[slot, :mlen].tobytes().decode())
+        if int(self._ds(f"{ring}/step")[slot]) != step:
+            raise KeyError(f"step {step} of the {ring} ring was rewritten while being read")
+        return manifest
+
     def steps(self) -> np.ndarray:
         """Steps whose record (RNG states, batch, hyper-parameters) is in the ring, ascending."""
         m = self._markers("steps")
@@ -272,6 +282,26 @@ class Recording:
     def read_snapshot(self, step: int) -> dict[str, Any]:
         """State before ``step``: ``model``, ``optimizer``, ``scheduler``, ``scaler`` trees."""
         return self._read_slot("snapshots", step)
+
+    def snapshot_devices(self, step: int) -> dict[str, str]:
+        """Where the tensors of each part of a snapshot lived (``{"model": "cuda:0", ...}``),
+        read from its manifest alone (kilobytes, not the whole snapshot)."""
+
+        def first_device(node: Any) -> str | None:
+            stack = [node]
+            while stack:
+                n = stack.pop(0)
+                if n.get("t") == "tensor":
+                    return n.get("device", "cpu")
+                stack.extend(n.get("v", []) if isinstance(n.get("v"), list) else [])
+            return None
+
+        root = self._read_manifest("snapshots", step)
+        out = {}
+        for k, v in zip(root.get("k", []), root.get("v", [])):
+            if k.get("t") == "str":
+                out[k["v"]] = first_device(v) or "cpu"
+        return out
 
     # -- health ----------------------------------------------------------------------------
 

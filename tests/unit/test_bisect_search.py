@@ -130,7 +130,13 @@ def test_cost_is_at_most_snapshot_every_plus_one(bad):
 def test_snapshot_search_is_a_bisection():
     s = Synthetic(n=1000, every=10, bad_step=995, kind="nan_loss")
     v = find_culprit(s, NonFinite())
-    assert v.snapshot == 990 and v.snapshots_checked == len(s.snap_checks) <= 7  # log2(100)+1
+    assert v.snapshot == 990 and v.snapshots_checked == len(s.snap_checks) <= 8  # log2(100)+2
+
+
+def test_a_healthy_newest_snapshot_costs_one_check():
+    s = Synthetic(n=1000, every=10, bad_step=995, kind="nan_loss")
+    v = find_culprit(s, NonFinite())
+    assert s.snap_checks == [990] and v.snapshots_checked == 1
 
 
 def test_newest_healthy_on_a_monotone_predicate():
@@ -138,7 +144,7 @@ def test_newest_healthy_on_a_monotone_predicate():
     for cut in range(-5, 105):
         got, checks = newest_healthy(snaps, lambda x, cut=cut: x <= cut)
         want = max((x for x in snaps if x <= cut), default=None)
-        assert got == want and checks <= 4
+        assert got == want and checks <= 5  # the newest, then log2(9) rounded up
 
 
 def test_no_healthy_snapshot_or_failure_before_the_window_is_an_error():
