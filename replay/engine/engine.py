@@ -25,14 +25,7 @@ from typing import Any
 import torch
 
 from ..errors import RecordingError, ReplayError
-from ..record.fingerprint import (
-    absmax,
-    exact_if_needed,
-    grad_absmax,
-    grad_norm,
-    loss_of,
-    param_fingerprint,
-)
+from ..record.fingerprint import absmax, exact_if_needed, loss_of, measure_grads, param_fingerprint
 from ..record.rng import restore_rng
 from ..record.tensors import from_leaves, leaf_finite
 from ..store.reader import Recording
@@ -156,8 +149,7 @@ class Engine:
         # Same place, same function as the recorder: gradients before the update.
         if self._hook_on:
             self._hook_fired = True
-            self._hook_gn = gn = grad_norm(self._opt_params)
-            self._hook_gmax = exact_if_needed(gn, lambda: grad_absmax(self._opt_params))
+            self._hook_gn, self._hook_gmax = measure_grads(self._opt_params)
 
     # -- records -------------------------------------------------------------------------------
 
@@ -317,8 +309,7 @@ class Engine:
         out.optimizer_stepped = float(self._hook_fired)
         gn, gmax = self._hook_gn, self._hook_gmax
         if gn is None and not self._hook_fired:
-            gn = grad_norm(self._opt_params)  # as the recorder: no optimizer step ran
-            gmax = exact_if_needed(gn, lambda: grad_absmax(self._opt_params))
+            gn, gmax = measure_grads(self._opt_params)  # as the recorder: no optimizer step
         out.grad_norm = _num(gn)
         out.grad_absmax = _num(gmax)
         fp = param_fingerprint(self._params)

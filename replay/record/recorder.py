@@ -32,14 +32,7 @@ from ..store.writer import RingSpec
 from ..store.writer_process import WriterClient
 from .entry import describe_entry, read_source
 from .env import collect_env
-from .fingerprint import (
-    absmax,
-    exact_if_needed,
-    grad_absmax,
-    grad_norm,
-    loss_of,
-    param_fingerprint,
-)
+from .fingerprint import absmax, exact_if_needed, loss_of, measure_grads, param_fingerprint
 from .rng import capture_rng
 from .tensors import copy_tree, tree_nbytes
 from .writer_thread import BackgroundWriter, SnapshotJob, StepJob
@@ -217,8 +210,7 @@ class Recorder:
     def _pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._hook_fired = True
         if self.enabled:
-            self._hook_grad_norm = gn = grad_norm(self._opt_params)
-            self._hook_grad_absmax = exact_if_needed(gn, lambda: grad_absmax(self._opt_params))
+            self._hook_grad_norm, self._hook_grad_absmax = measure_grads(self._opt_params)
 
     def step(self, batch: Any) -> Any:
         """Run ``step_fn(model, optimizer, batch)`` under recording; return what it returned."""
@@ -269,6 +261,8 @@ class Recorder:
                 self._give_up("recording the exception", rec_error)
             raise
         loss = loss_of(ret)
+        if isinstance(loss, torch.Tensor) and not loss.is_cuda:
+            loss = float(loss)  # read once; every check below is then plain python
         local_gn = None
         try:
             health["wall_time"] = time.perf_counter() - t0
@@ -277,8 +271,8 @@ class Recorder:
             health["optimizer_stepped"] = float(self._hook_fired)
             gn, gmax = self._hook_grad_norm, self._hook_grad_absmax
             if gn is None and not self._hook_fired:
-                gn = grad_norm(self._opt_params)  # no optimizer step (AMP skip, accumulation)
-                gmax = exact_if_needed(gn, lambda: grad_absmax(self._opt_params))
+                # no optimizer step (AMP skip, accumulation)
+                gn, gmax = measure_grads(self._opt_params)
             health["grad_norm"] = gn
             health["grad_absmax"] = gmax  # not a column: decides grad_nonfinite exactly
             if (t - self._start_step) % self.fingerprint_every == 0 or _looks_bad(loss, gn):

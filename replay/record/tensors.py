@@ -55,7 +55,7 @@ def copy_tree(obj: Any, *, on_cuda: list[bool] | None = None) -> Any:
     ``non_blocking=True`` (``on_cuda[0]`` is set so the caller records an event to wait on).
     """
     if isinstance(obj, torch.Tensor):
-        t = obj.detach()
+        t = obj.detach() if obj.requires_grad else obj  # each op costs ~15 us in a training loop
         if t.is_cuda:
             if on_cuda is not None:
                 on_cuda[0] = True
