@@ -77,6 +77,12 @@ if __name__ == "__main__":
 """
 
 
+START = (
+    "import torch; m = torch.nn.Linear(2, 2); o = torch.optim.AdamW(m.parameters()); "
+    "m(torch.ones(1, 2)).sum().backward(); o.step()"
+)
+
+
 def run(cmd: list[str], cwd: str) -> tuple[float, subprocess.CompletedProcess]:
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     t0 = time.perf_counter()
@@ -113,6 +119,10 @@ def main() -> None:
             t, p = run([sys.executable, str(script), "anomaly", str(a.steps), str(a.fail_at)], d)
             times["anomaly"].append(t)
             anomaly_out = p.stdout.strip()
+        # What both variants pay before their first step: python, torch, and the torch._dynamo
+        # import that the first optimizer step triggers.
+        t_start, p = run([sys.executable, "-c", START], d)
+        assert p.returncode == 0, p.stderr
     tb, ta = min(times["bisect"]), min(times["anomaly"])
     print(
         f"workload: MLP 64-{a.width}x{a.depth}-10, batch {a.batch}, AdamW, 1 thread; "
@@ -130,6 +140,13 @@ def main() -> None:
     print(
         f"\nspeed-up: {ta / tb:.1f}x; replayed steps {verdict['replayed_steps']} "
         f"(<= snapshot_every + 1 = {a.snapshot_every + 1})"
+    )
+    replay_floor = t_start + verdict["replayed_steps"] * (ta - t_start) / (a.fail_at + 1)
+    print(
+        f"\nstart-up both variants pay (python, torch, the torch._dynamo import of the first "
+        f"optimizer step): {t_start:.2f} s. A bisect that only started and re-ran its "
+        f"{verdict['replayed_steps']} steps at the rerun's own per-step cost would take "
+        f"{replay_floor:.2f} s: a ceiling of {ta / replay_floor:.1f}x for this workload."
     )
 
 

@@ -54,6 +54,16 @@ def capture_rng() -> tuple[Any, Any, torch.Tensor, list[torch.Tensor] | None]:
     return random.getstate(), _numpy_state(), torch.get_rng_state(), cuda
 
 
+_last_python: list[Any] = [None, None]  # (state tuple, its array): most loops never draw
+
+
+def _python_words(internal: tuple[int, ...]) -> np.ndarray:
+    """python's 625 state words as uint64, converted again only when they changed (~20 us)."""
+    if internal != _last_python[0]:
+        _last_python[:] = [internal, np.asarray(internal, dtype=np.uint64)]
+    return _last_python[1]
+
+
 def rng_to_tree(raw: tuple[Any, Any, torch.Tensor, list[torch.Tensor] | None]) -> dict[str, Any]:
     """The store's representation (numpy arrays, no python tuples of 625 ints)."""
     py, npy, cpu, cuda = raw
@@ -62,7 +72,7 @@ def rng_to_tree(raw: tuple[Any, Any, torch.Tensor, list[torch.Tensor] | None]) -
     return {
         "python": {
             "version": version,
-            "state": np.asarray(internal, dtype=np.uint64),
+            "state": _python_words(internal),
             "gauss": gauss,
         },
         "numpy": {
