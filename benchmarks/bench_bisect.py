@@ -141,12 +141,13 @@ def main() -> None:
         f"\nspeed-up: {ta / tb:.1f}x; replayed steps {verdict['replayed_steps']} "
         f"(<= snapshot_every + 1 = {a.snapshot_every + 1})"
     )
-    replay_floor = t_start + verdict["replayed_steps"] * (ta - t_start) / (a.fail_at + 1)
+    plain_step = (t_rec - t_start) / (a.fail_at + 1)  # a recorded step, start-up excluded
+    replay_floor = t_start + verdict["replayed_steps"] * plain_step
     print(
         f"\nstart-up both variants pay (python, torch, the torch._dynamo import of the first "
-        f"optimizer step): {t_start:.2f} s. A bisect that only started and re-ran its "
-        f"{verdict['replayed_steps']} steps at the rerun's own per-step cost would take "
-        f"{replay_floor:.2f} s: a ceiling of {ta / replay_floor:.1f}x for this workload."
+        f"optimizer step): {t_start:.2f} s. A bisect that did nothing but start and re-run its "
+        f"{verdict['replayed_steps']} steps ({plain_step * 1e3:.1f} ms each, as recorded) would "
+        f"take {replay_floor:.2f} s: a ceiling of {ta / replay_floor:.1f}x for this workload."
     )
 
 
