@@ -48,6 +48,19 @@ def _num(x: Any) -> float:
     return float(x)
 
 
+def _lower_thread_priority() -> None:
+    """This thread only (Linux threads have their own nice value): training threads first.
+
+    Safe with the GIL: if this thread is descheduled while holding it, the training thread
+    that waits for it sleeps and frees its core, where this one then runs.
+    """
+    try:
+        nice = int(os.environ.get("REPLAY_WRITER_NICE", "19"))
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
 @dataclass
 class StepJob:
     step: int
@@ -122,6 +135,7 @@ class BackgroundWriter:
     # -- writer-thread side -------------------------------------------------------------------
 
     def _run(self) -> None:
+        _lower_thread_priority()
         stop = False
         while not stop:
             items = [self._q.get()]
