@@ -71,15 +71,21 @@ def grad_norm(params: list[torch.Tensor]) -> torch.Tensor | None:
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return None
-    with torch.no_grad():
-        norms = [
-            torch.linalg.vector_norm(torch.stack(torch._foreach_norm(g)), dtype=torch.float64)
-            for g in group_by_dtype(grads)
-        ]
-        if len(norms) == 1:
-            return norms[0]
-        dev = norms[0].device
-        return torch.linalg.vector_norm(torch.stack([n.to(dev) for n in norms]))
+    if any(g.requires_grad for g in grads):  # backward(create_graph=True): record no graph
+        with torch.no_grad():
+            return _global_norm(grads)
+    return _global_norm(grads)  # (entering no_grad costs ~15 us there)
+
+
+def _global_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    norms = [
+        torch.linalg.vector_norm(torch.stack(torch._foreach_norm(g)), dtype=torch.float64)
+        for g in group_by_dtype(grads)
+    ]
+    if len(norms) == 1:
+        return norms[0]
+    dev = norms[0].device
+    return torch.linalg.vector_norm(torch.stack([n.to(dev) for n in norms]))
 
 
 def measure_grads(params: list[torch.Tensor]) -> tuple[Any, Any]:

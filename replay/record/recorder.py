@@ -169,6 +169,7 @@ class Recorder:
         self._hp_tensors = False
         self._hp_copy: list[dict[str, Any]] | None = None
         self._hook = optimizer.register_step_pre_hook(self._pre_step)
+        self._cuda_built = torch.cuda.is_available()  # ~16 us a call inside a training loop
         self._prev_sigterm: Any = None
         self.enabled = True
         self._probe: LocalGradProbe | None = None
@@ -290,7 +291,7 @@ class Recorder:
                     # then read as a non-finite failure (first_bad) instead of a normal AMP skip.
                     health["scale"] = float(getattr(self.scaler, "_init_scale", math.nan))
                 health["scale_after"] = after.detach().clone() if after is not None else None
-            if torch.cuda.is_available() and torch.cuda.is_initialized():
+            if self._cuda_built and torch.cuda.is_initialized():
                 health["cuda_allocated"] = float(torch.cuda.memory_allocated())
                 health["cuda_peak"] = float(torch.cuda.max_memory_allocated())
             self._submit_step(t, rng, batch_copy, hparams, modes, health, on_cuda, None)
