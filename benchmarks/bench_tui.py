@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "tui"))
 
 
 async def _measure(path: str, moves: int) -> tuple[float, float]:
-    from textual.worker import WorkerCancelled
+    from helpers import workers_done
 
     from tui import make_app
 
@@ -38,11 +38,7 @@ async def _measure(path: str, moves: int) -> tuple[float, float]:
                 break
             await asyncio.sleep(0.002)
         first_paint = time.perf_counter() - t0
-        for worker in list(app.workers):
-            try:
-                await worker.wait()
-            except WorkerCancelled:  # an exclusive worker a newer one replaced: normal
-                pass
+        await workers_done(app)  # (a cancelled exclusive worker is normal)
         t1 = time.perf_counter()
         for _ in range(moves):
             await pilot.press("down")
