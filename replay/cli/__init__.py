@@ -12,6 +12,7 @@ import sys
 import click
 
 from ..errors import ReplayError
+from ._process import own_process
 from .bisect import bisect
 from .doctor import doctor
 from .info import info
@@ -47,6 +48,8 @@ cli.add_command(tui)
 
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: ReplayError -> one line on stderr and its exit code."""
+    if argv is None:
+        own_process()  # (see _process.py: garbage collection over torch's heap)
     try:
         rv = cli.main(args=argv, prog_name="replay", standalone_mode=False)
     except click.exceptions.Abort:

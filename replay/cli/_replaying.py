@@ -6,6 +6,8 @@ from typing import Any
 
 import click
 
+from ._process import big_imports
+
 __all__ = ["engine_options", "open_engine"]
 
 
@@ -27,20 +29,21 @@ def engine_options(fn: Any) -> Any:
 
 def open_engine(run: str, device: str | None, entry: str | None) -> tuple[Any, Any]:
     """``(recording, engine)``; torch is imported here, not at ``replay --help`` time."""
-    from ..engine.entry import parse_entry_override
+    with big_imports():
+        from ..engine.entry import parse_entry_override
 
-    override = None
-    if entry is not None:
+        override = None
+        if entry is not None:
+            try:
+                override = parse_entry_override(entry)
+            except ValueError as e:
+                raise click.UsageError(str(e)) from None
+        from ..engine import Engine
+        from ..store import open_recording
+
+        rec = open_recording(run)
         try:
-            override = parse_entry_override(entry)
-        except ValueError as e:
-            raise click.UsageError(str(e)) from None
-    from ..engine import Engine
-    from ..store import open_recording
-
-    rec = open_recording(run)
-    try:
-        return rec, Engine(rec, device=device, entry=override)
-    except BaseException:
-        rec.close()
-        raise
+            return rec, Engine(rec, device=device, entry=override)
+        except BaseException:
+            rec.close()
+            raise

@@ -6,6 +6,7 @@ import json
 
 import click
 
+from ._process import big_imports
 from ._replaying import engine_options, open_engine
 
 __all__ = ["bisect"]
@@ -71,20 +72,21 @@ def bisect(
     Exit codes: 0 culprit found, 1 the recorded window is healthy, 2 usage error,
     3 unusable recording, 4 unusable entry point, 5 replay failed.
     """
-    from ..bisect import SearchError, auto_criterion, find_culprit
-    from ..bisect.progress import Progress
-    from ..bisect.report import render_verdict, verdict_json
-    from ..distributed.bisect import RankSubject, adjust_verdict, is_rank_recording
-    from ..distributed.ranks import pick_rank_file
-    from ..engine.culprit import trace_culprit, tracer_available
-    from ..engine.subject import EngineSubject
-    from ..errors import ReplayError
+    with big_imports():  # torch, torch._dynamo and the user's objects: see _process.py
+        from ..bisect import SearchError, auto_criterion, find_culprit
+        from ..bisect.progress import Progress
+        from ..bisect.report import render_verdict, verdict_json
+        from ..distributed.bisect import RankSubject, adjust_verdict, is_rank_recording
+        from ..distributed.ranks import pick_rank_file
+        from ..engine.culprit import trace_culprit, tracer_available
+        from ..engine.subject import EngineSubject
+        from ..errors import ReplayError
 
-    criterion = _criterion(kind, until, spike)
-    run, rank_set = pick_rank_file(run)
-    if rank_set is not None and not as_json:
-        click.echo(f"rank set: {rank_set['summary']}; replaying {run}", err=True)
-    rec, engine = open_engine(run, device, entry)
+        criterion = _criterion(kind, until, spike)
+        run, rank_set = pick_rank_file(run)
+        if rank_set is not None and not as_json:
+            click.echo(f"rank set: {rank_set['summary']}; replaying {run}", err=True)
+        rec, engine = open_engine(run, device, entry)
     bar = Progress("replay bisect")
     try:
         subject = EngineSubject(engine)

@@ -6,6 +6,7 @@ import json
 
 import click
 
+from ._process import big_imports
 from ._replaying import engine_options, open_engine
 
 __all__ = ["verify"]
@@ -22,12 +23,13 @@ def verify(run: str, as_json: bool, device: str | None, entry: str | None) -> in
     0 every step matches, 1 some step differs (the first divergence and its size are shown),
     3 unusable recording, 4 unusable entry point, 5 replay failed.
     """
-    from ..bisect import verify_window
-    from ..bisect.progress import Progress
-    from ..bisect.report import render_verify, verify_json
-    from ..engine.subject import EngineSubject
+    with big_imports():  # torch, torch._dynamo and the user's objects: see _process.py
+        from ..bisect import verify_window
+        from ..bisect.progress import Progress
+        from ..bisect.report import render_verify, verify_json
+        from ..engine.subject import EngineSubject
 
-    rec, engine = open_engine(run, device, entry)
+        rec, engine = open_engine(run, device, entry)
     bar = Progress("replay verify")
     try:
         report = verify_window(EngineSubject(engine), progress=bar)
