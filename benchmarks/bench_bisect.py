@@ -77,9 +77,12 @@ if __name__ == "__main__":
 """
 
 
+# Start-up only: python, torch, the torch._dynamo import of the first optimizer step. It leaves
+# with os._exit: the interpreter's teardown (~1 s of garbage collection over torch's objects)
+# is not a cost a bisect has to pay (replay's console process freezes its heap).
 START = (
-    "import torch; m = torch.nn.Linear(2, 2); o = torch.optim.AdamW(m.parameters()); "
-    "m(torch.ones(1, 2)).sum().backward(); o.step()"
+    "import os, torch; m = torch.nn.Linear(2, 2); o = torch.optim.AdamW(m.parameters()); "
+    "m(torch.ones(1, 2)).sum().backward(); o.step(); os._exit(0)"
 )
 
 
@@ -119,8 +122,7 @@ def main() -> None:
             t, p = run([sys.executable, str(script), "anomaly", str(a.steps), str(a.fail_at)], d)
             times["anomaly"].append(t)
             anomaly_out = p.stdout.strip()
-        # What both variants pay before their first step: python, torch, and the torch._dynamo
-        # import that the first optimizer step triggers.
+        # What both variants pay before their first step (START).
         starts = []
         for _ in range(3):
             t, p = run([sys.executable, "-c", START], d)
@@ -149,7 +151,7 @@ def main() -> None:
     replay_floor = t_start + verdict["replayed_steps"] * plain_step
     print(
         f"\nstart-up both variants pay (python, torch, the torch._dynamo import of the first "
-        f"optimizer step): {t_start:.2f} s. A bisect that did nothing but start and re-run its "
+        f"optimizer step; best of 3): {t_start:.2f} s. A bisect that did nothing but start and re-run its "
         f"{verdict['replayed_steps']} steps ({plain_step * 1e3:.1f} ms each, as recorded) would "
         f"take {replay_floor:.2f} s: a ceiling of {ta / replay_floor:.1f}x for this workload."
     )
