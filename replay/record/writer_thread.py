@@ -23,7 +23,7 @@ import torch
 
 from ..store.layout import COL, HEALTH_COLUMNS
 from ..store.writer import pack_record
-from ..store.writer_process import WriterClient, WriterError
+from ..store.writer_process import WriterClient, WriterError, lower_priority
 from .rng import rng_to_tree
 from .tensors import to_leaves
 
@@ -46,19 +46,6 @@ def _num(x: Any) -> float:
     if isinstance(x, torch.Tensor):
         return float(x.detach().to("cpu", torch.float64).reshape(-1)[0]) if x.numel() else math.nan
     return float(x)
-
-
-def _lower_thread_priority() -> None:
-    """This thread only (Linux threads have their own nice value): training threads first.
-
-    Safe with the GIL: if this thread is descheduled while holding it, the training thread
-    that waits for it sleeps and frees its core, where this one then runs.
-    """
-    try:
-        nice = int(os.environ.get("REPLAY_WRITER_NICE", "19"))
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
-    except (OSError, ValueError, AttributeError):
-        pass
 
 
 @dataclass
@@ -135,7 +122,7 @@ class BackgroundWriter:
     # -- writer-thread side -------------------------------------------------------------------
 
     def _run(self) -> None:
-        _lower_thread_priority()
+        lower_priority()  # this thread only: training threads first
         stop = False
         while not stop:
             items = [self._q.get()]

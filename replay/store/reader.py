@@ -241,11 +241,15 @@ class Recording:
         hits = np.flatnonzero(self._markers(ring) == step)
         return int(hits[0]) if hits.size else None
 
+    def _slot_or_raise(self, ring: str, step: int) -> int:
+        slot = self._slot_of(ring, step)
+        if slot is None:
+            raise KeyError(f"step {step} is not in the {ring} ring of {self.path}")
+        return slot
+
     def _read_slot(self, ring: str, step: int, retries: int = 20) -> Any:
         for _ in range(retries):
-            slot = self._slot_of(ring, step)
-            if slot is None:
-                raise KeyError(f"step {step} is not in the {ring} ring of {self.path}")
+            slot = self._slot_or_raise(ring, step)
             n = int(self._ds(f"{ring}/nbytes")[slot])
             mlen = int(self._ds(f"{ring}/mlen")[slot])
             payload = self._ds(f"{ring}/arena")[slot, :n]
@@ -256,9 +260,7 @@ class Recording:
         raise KeyError(f"step {step} of the {ring} ring kept changing while being read")
 
     def _read_manifest(self, ring: str, step: int) -> Any:
-        slot = self._slot_of(ring, step)
-        if slot is None:
-            raise KeyError(f"step {step} is not in the {ring} ring of {self.path}")
+        slot = self._slot_or_raise(ring, step)
         mlen = int(self._ds(f"{ring}/mlen")[slot])
         manifest = json.loads(self._ds(f"{ring}/arena")[slot, :mlen].tobytes().decode())
         if int(self._ds(f"{ring}/step")[slot]) != step:
