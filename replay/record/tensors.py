@@ -89,7 +89,12 @@ def copy_tree(obj: Any, *, on_cuda: list[bool] | None = None) -> Any:
 def _tensor_leaf(t: torch.Tensor) -> TensorLeaf:
     device = getattr(t, "_replay_device", str(t.device))
     grad = bool(getattr(t, "_replay_grad", False))
-    t = t.detach().cpu()
+    # The copies copy_tree made are plain CPU tensors: no detach/cpu calls for them (each
+    # torch call on the writer thread competes with training for the GIL).
+    if t.requires_grad:
+        t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
     if t.is_conj():
         t = t.resolve_conj()
     if t.is_neg():

@@ -32,10 +32,14 @@ __all__ = ["BackgroundWriter", "StepJob", "SnapshotJob"]
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
+_statm: list[int] = []  # an fd kept open: opening /proc each step cost more than the read
+
+
 def _rss() -> float:
     try:
-        with open("/proc/self/statm", "rb") as fh:
-            return float(int(fh.read().split()[1]) * _PAGE)
+        if not _statm:
+            _statm.append(os.open("/proc/self/statm", os.O_RDONLY | os.O_CLOEXEC))
+        return float(int(os.pread(_statm[0], 128, 0).split()[1]) * _PAGE)
     except (OSError, ValueError, IndexError):
         return math.nan
 

@@ -30,7 +30,7 @@ from .layout import (
 )
 from .tree import encode
 
-__all__ = ["StoreWriter", "RingSpec", "pack_record", "json_blob"]
+__all__ = ["StoreWriter", "RingSpec", "Packed", "pack_record", "json_blob"]
 
 
 def json_blob(value: Any) -> np.ndarray:
@@ -38,26 +38,47 @@ def json_blob(value: Any) -> np.ndarray:
     return np.frombuffer(json.dumps(value, sort_keys=False).encode(), dtype=np.uint8)
 
 
+class Packed:
+    """An encoded record not yet laid out: the manifest JSON and the buffers that follow it.
+
+    ``write_into`` copies it to its destination (the shared-memory ring) in one pass, so the
+    payload is never assembled twice; ``array`` makes the contiguous payload for the pipe.
+    """
+
+    __slots__ = ("head", "buffers", "nbytes", "mlen")
+
+    def __init__(self, tree: Any) -> None:
+        manifest, buffers = encode(tree)
+        self.head = json.dumps(manifest, separators=(",", ":")).encode()
+        self.buffers = [
+            b.reshape(-1).view(np.uint8)
+            if isinstance(b, np.ndarray)
+            else np.frombuffer(b, np.uint8)
+            for b in buffers
+        ]
+        self.mlen = len(self.head)
+        self.nbytes = self.mlen + sum(b.size for b in self.buffers)
+
+    def write_into(self, out: np.ndarray) -> None:
+        out[: self.mlen] = np.frombuffer(self.head, dtype=np.uint8)
+        pos = self.mlen
+        for raw in self.buffers:
+            out[pos : pos + raw.size] = raw
+            pos += raw.size
+
+    def array(self) -> np.ndarray:
+        out = np.empty(self.nbytes, dtype=np.uint8)
+        self.write_into(out)
+        return out
+
+
 def pack_record(tree: Any) -> tuple[np.ndarray, int]:
     """Encode a tree into one contiguous uint8 payload: manifest JSON, then the buffers.
 
     Returns ``(payload, manifest_length)``.
     """
-    manifest, buffers = encode(tree)
-    head = json.dumps(manifest, separators=(",", ":")).encode()
-    total = len(head) + sum(b.nbytes if isinstance(b, np.ndarray) else len(b) for b in buffers)
-    out = np.empty(total, dtype=np.uint8)
-    out[: len(head)] = np.frombuffer(head, dtype=np.uint8)
-    pos = len(head)
-    for b in buffers:
-        raw = (
-            b.reshape(-1).view(np.uint8)
-            if isinstance(b, np.ndarray)
-            else np.frombuffer(b, np.uint8)
-        )
-        out[pos : pos + raw.size] = raw
-        pos += raw.size
-    return out, len(head)
+    packed = Packed(tree)
+    return packed.array(), packed.mlen
 
 
 @dataclass(frozen=True)
@@ -161,6 +182,7 @@ class StoreWriter:
         self._hstep = self.f["health/step"]
         self._hvals = self.f["health/values"]
         self.health_slots = health_slots
+        self._pad: dict[int, np.ndarray] = {}
         self.health_columns = HEALTH_COLUMNS
         self.status = np.array([0, -1, 0, 0], np.int64)
 
@@ -223,7 +245,7 @@ class StoreWriter:
                 arena.resize(
                     (arena.shape[0], _round_up(max(payload.size, 2 * arena.shape[1]), chunk))
                 )
-            arena[slot, : payload.size] = payload
+            self._write_row(arena, slot, payload)
             self._lengths[ring][0][slot] = payload.size
             self._lengths[ring][1][slot] = mlen
         for ring, slots in touched.items():
@@ -251,6 +273,28 @@ class StoreWriter:
         self.status[3] += len(snapshots)
         self._status[:] = self.status
         f.flush()
+
+    def _write_row(self, arena: Any, slot: int, payload: np.ndarray) -> None:
+        """The payload into arena row ``slot``, chunk by chunk, past HDF5's chunk cache.
+
+        A slice assignment costs ~200 us of CPU for a 146 KB step, direct chunk writes ~60 us
+        (the dataset has no filters, so a chunk's bytes are its data). The last, partial chunk
+        is padded with zeros; the bytes past ``nbytes`` are not part of the payload.
+        """
+        chunk = arena.chunks[1]
+        n = payload.size
+        dsid = arena.id
+        full = n // chunk
+        for c in range(full):
+            dsid.write_direct_chunk((slot, c * chunk), payload[c * chunk : (c + 1) * chunk])
+        rest = n - full * chunk
+        if rest:
+            pad = self._pad.get(chunk)
+            if pad is None:
+                pad = self._pad[chunk] = np.zeros(chunk, np.uint8)
+            pad[:rest] = payload[full * chunk :]
+            pad[rest:] = 0
+            dsid.write_direct_chunk((slot, full * chunk), pad)
 
     @staticmethod
     def _write_spans(ds: Any, values: np.ndarray, slots: list[int]) -> None:
