@@ -30,7 +30,7 @@ from .layout import (
 )
 from .tree import encode
 
-__all__ = ["StoreWriter", "RingSpec", "Packed", "pack_record", "json_blob"]
+__all__ = ["StoreWriter", "RingSpec", "pack_record", "json_blob"]
 
 
 def json_blob(value: Any) -> np.ndarray:
@@ -38,47 +38,26 @@ def json_blob(value: Any) -> np.ndarray:
     return np.frombuffer(json.dumps(value, sort_keys=False).encode(), dtype=np.uint8)
 
 
-class Packed:
-    """An encoded record not yet laid out: the manifest JSON and the buffers that follow it.
-
-    ``write_into`` copies it to its destination (the shared-memory ring) in one pass, so the
-    payload is never assembled twice; ``array`` makes the contiguous payload for the pipe.
-    """
-
-    __slots__ = ("head", "buffers", "nbytes", "mlen")
-
-    def __init__(self, tree: Any) -> None:
-        manifest, buffers = encode(tree)
-        self.head = json.dumps(manifest, separators=(",", ":")).encode()
-        self.buffers = [
-            b.reshape(-1).view(np.uint8)
-            if isinstance(b, np.ndarray)
-            else np.frombuffer(b, np.uint8)
-            for b in buffers
-        ]
-        self.mlen = len(self.head)
-        self.nbytes = self.mlen + sum(b.size for b in self.buffers)
-
-    def write_into(self, out: np.ndarray) -> None:
-        out[: self.mlen] = np.frombuffer(self.head, dtype=np.uint8)
-        pos = self.mlen
-        for raw in self.buffers:
-            out[pos : pos + raw.size] = raw
-            pos += raw.size
-
-    def array(self) -> np.ndarray:
-        out = np.empty(self.nbytes, dtype=np.uint8)
-        self.write_into(out)
-        return out
-
-
 def pack_record(tree: Any) -> tuple[np.ndarray, int]:
     """Encode a tree into one contiguous uint8 payload: manifest JSON, then the buffers.
 
     Returns ``(payload, manifest_length)``.
     """
-    packed = Packed(tree)
-    return packed.array(), packed.mlen
+    manifest, buffers = encode(tree)
+    head = json.dumps(manifest, separators=(",", ":")).encode()
+    total = len(head) + sum(b.nbytes if isinstance(b, np.ndarray) else len(b) for b in buffers)
+    out = np.empty(total, dtype=np.uint8)
+    out[: len(head)] = np.frombuffer(head, dtype=np.uint8)
+    pos = len(head)
+    for b in buffers:
+        raw = (
+            b.reshape(-1).view(np.uint8)
+            if isinstance(b, np.ndarray)
+            else np.frombuffer(b, np.uint8)
+        )
+        out[pos : pos + raw.size] = raw
+        pos += raw.size
+    return out, len(head)
 
 
 @dataclass(frozen=True)
