@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from ..errors import RecordingError, ReplayError
-from ..record.fingerprint import absmax, exact_if_needed, loss_of, measure_grads, param_fingerprint
+from ..record.fingerprint import GradMeter, absmax, exact_if_needed, loss_of, param_fingerprint
 from ..record.rng import restore_rng
 from ..record.tensors import from_leaves, leaf_finite
 from ..store.reader import Recording
@@ -98,6 +98,7 @@ class Engine:
             )
         self._params = list(self.objs.model.parameters())
         self._opt_params = [p for g in self.objs.optimizer.param_groups for p in g["params"]]
+        self._grads = GradMeter(self._opt_params)
         self._hook_on = False
         self._hook_gn: torch.Tensor | None = None
         self._hook_gmax: torch.Tensor | None = None
@@ -149,7 +150,7 @@ class Engine:
         # Same place, same function as the recorder: gradients before the update.
         if self._hook_on:
             self._hook_fired = True
-            self._hook_gn, self._hook_gmax = measure_grads(self._opt_params)
+            self._hook_gn, self._hook_gmax = self._grads()
 
     # -- records -------------------------------------------------------------------------------
 
@@ -309,7 +310,7 @@ class Engine:
         out.optimizer_stepped = float(self._hook_fired)
         gn, gmax = self._hook_gn, self._hook_gmax
         if gn is None and not self._hook_fired:
-            gn, gmax = measure_grads(self._opt_params)  # as the recorder: no optimizer step
+            gn, gmax = self._grads()  # as the recorder: no optimizer step
         out.grad_norm = _num(gn)
         out.grad_absmax = _num(gmax)
         fp = param_fingerprint(self._params)

@@ -32,9 +32,9 @@ from ..store.writer import RingSpec
 from ..store.writer_process import WriterClient
 from .entry import describe_entry, read_source
 from .env import collect_env
-from .fingerprint import absmax, exact_if_needed, loss_of, measure_grads, param_fingerprint
+from .fingerprint import GradMeter, absmax, exact_if_needed, loss_of, param_fingerprint
 from .rng import capture_rng
-from .tensors import copy_tree, tree_nbytes
+from .tensors import CopyStats, copy_tree
 from .writer_thread import BackgroundWriter, SnapshotJob, StepJob
 
 __all__ = ["Recorder"]
@@ -156,6 +156,7 @@ class Recorder:
         self._modules = [m for _, m in self._inner.named_modules()]
         self._params = [p for p in self._inner.parameters()]
         self._opt_params = [p for g in optimizer.param_groups for p in g["params"]]
+        self._grads = GradMeter(self._opt_params)
         self._writer: BackgroundWriter | None = None
         self._client = WriterClient()  # started early: its imports overlap the first steps
         self._warned = False
@@ -211,7 +212,7 @@ class Recorder:
     def _pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._hook_fired = True
         if self.enabled:
-            self._hook_grad_norm, self._hook_grad_absmax = measure_grads(self._opt_params)
+            self._hook_grad_norm, self._hook_grad_absmax = self._grads()
 
     def step(self, batch: Any) -> Any:
         """Run ``step_fn(model, optimizer, batch)`` under recording; return what it returned."""
@@ -224,7 +225,7 @@ class Recorder:
         if not self.enabled:
             return self._unrecorded_step(batch)
         t = self.next_step
-        on_cuda = [False]
+        on_cuda = CopyStats()
         try:
             if (t - self._start_step) % self.snapshot_every == 0:
                 self._snapshot(t)
@@ -273,7 +274,7 @@ class Recorder:
             gn, gmax = self._hook_grad_norm, self._hook_grad_absmax
             if gn is None and not self._hook_fired:
                 # no optimizer step (AMP skip, accumulation)
-                gn, gmax = measure_grads(self._opt_params)
+                gn, gmax = self._grads()
             health["grad_norm"] = gn
             health["grad_absmax"] = gmax  # not a column: decides grad_nonfinite exactly
             if (t - self._start_step) % self.fingerprint_every == 0 or _looks_bad(loss, gn):
@@ -317,7 +318,7 @@ class Recorder:
             self._raise_nonfinite(t, loss)
         return ret
 
-    def _hparams(self, on_cuda: list[bool]) -> list[dict[str, Any]]:
+    def _hparams(self, on_cuda: CopyStats) -> list[dict[str, Any]]:
         """Param-group hyper-parameters, copied only when one changed since the last step."""
         items = tuple(
             tuple(
@@ -334,14 +335,16 @@ class Recorder:
 
     def _submit_step(self, t, rng, batch, hparams, modes, health, on_cuda, exc) -> None:  # noqa: ANN001
         event = None
-        if on_cuda[0] or any(isinstance(v, torch.Tensor) and v.is_cuda for v in health.values()):
+        if self._cuda_built and (
+            on_cuda.cuda or any(isinstance(v, torch.Tensor) and v.is_cuda for v in health.values())
+        ):
             event = torch.cuda.Event()
             event.record()
-        job = StepJob(t, rng, batch, hparams, modes, health, exc, event, tree_nbytes(batch))
+        job = StepJob(t, rng, batch, hparams, modes, health, exc, event, on_cuda.nbytes)
         self._writer_or_start().submit(job)
 
     def _snapshot(self, t: int) -> None:
-        on_cuda = [False]
+        on_cuda = CopyStats()
         state = {
             "step": t,
             "model": copy_tree(self._inner.state_dict(), on_cuda=on_cuda),
@@ -352,12 +355,12 @@ class Recorder:
         if self.scaler is not None:
             state["scaler"] = copy_tree(self.scaler.state_dict(), on_cuda=on_cuda)
         event = None
-        if on_cuda[0]:
+        if on_cuda.cuda:
             event = torch.cuda.Event()
             event.record()
         slot = self._snapshots_taken % self.keep_snapshots
         self._snapshots_taken += 1
-        self._writer_or_start().submit(SnapshotJob(t, slot, state, event, tree_nbytes(state)))
+        self._writer_or_start().submit(SnapshotJob(t, slot, state, event, on_cuda.nbytes))
 
     def _give_up(self, what: str, e: Exception) -> None:
         """Recording fails on the training thread: stop it, say so once, keep training."""

@@ -48,10 +48,61 @@ class _NumpyState:
 _numpy_state = _NumpyState()
 
 
+class _PythonState:
+    """``random.getstate()`` at ~1 us instead of ~13 us (~20 us in a training loop) when the
+    generator was not used since the last call.
+
+    CPython's ``_random.Random`` object is the object header followed by ``int index`` and the
+    624 MT19937 words. The layout is checked once, against ``getstate()`` and the type's size;
+    anything unexpected (another interpreter, a debug or free-threaded build) falls back to
+    ``getstate()`` every call. ``gauss()`` returns its cached value without drawing, so
+    ``gauss_next`` is compared too.
+    """
+
+    RAW_BYTES = 4 + 624 * 4
+
+    def __init__(self, inst: Any = None) -> None:
+        self._inst = inst if inst is not None else random.getstate.__self__
+        self._addr: int | None = None
+        self._raw: bytes | None = None
+        self._state: Any = None
+        head = 2 * ctypes.sizeof(ctypes.c_void_p)
+        try:
+            import _random
+
+            if (
+                not isinstance(self._inst, _random.Random)
+                or _random.Random.__basicsize__ < head + self.RAW_BYTES
+            ):
+                return
+            addr = id(self._inst) + head
+            raw = ctypes.string_at(addr, self.RAW_BYTES)
+            internal = self._inst.getstate()[1]
+            words = np.frombuffer(raw, dtype=np.uint32, offset=4)
+            index = int.from_bytes(raw[:4], "little", signed=True)
+            if tuple(words.tolist()) + (index,) == internal:
+                self._addr = addr
+        except Exception:  # noqa: BLE001 - any surprise means: read it the documented way
+            self._addr = None
+
+    def __call__(self) -> Any:
+        if self._addr is None:
+            return self._inst.getstate()
+        raw = ctypes.string_at(self._addr, self.RAW_BYTES)
+        state = self._state
+        if raw == self._raw and state is not None and state[2] == self._inst.gauss_next:
+            return state
+        self._raw, self._state = raw, self._inst.getstate()
+        return self._state
+
+
+_python_state = _PythonState()
+
+
 def capture_rng() -> tuple[Any, Any, torch.Tensor, list[torch.Tensor] | None]:
     """Raw states (cheap, on the training thread); ``rng_to_tree`` encodes them later."""
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
-    return random.getstate(), _numpy_state(), torch.get_rng_state(), cuda
+    return _python_state(), _numpy_state(), torch.get_rng_state(), cuda
 
 
 _last_python: list[Any] = [None, None]  # (state tuple, its array): most loops never draw

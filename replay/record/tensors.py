@@ -17,11 +17,11 @@ import torch
 from ..store.tree import TensorLeaf
 
 __all__ = [
+    "CopyStats",
     "copy_tree",
     "to_leaves",
     "from_leaves",
     "leaf_finite",
-    "tree_nbytes",
     "dtype_name",
 ]
 
@@ -48,17 +48,30 @@ def _is_namedtuple(obj: Any) -> bool:
     return isinstance(obj, tuple) and hasattr(type(obj), "_fields")
 
 
-def copy_tree(obj: Any, *, on_cuda: list[bool] | None = None) -> Any:
+class CopyStats:
+    """What ``copy_tree`` saw on the way: whether any tensor was on CUDA (the caller then records
+    an event to wait on) and how many tensor bytes it copied (the writer's backpressure)."""
+
+    __slots__ = ("cuda", "nbytes")
+
+    def __init__(self) -> None:
+        self.cuda = False
+        self.nbytes = 0
+
+
+def copy_tree(obj: Any, *, on_cuda: CopyStats | None = None) -> Any:
     """A structural copy whose tensors no longer alias the originals.
 
     CPU tensors are cloned; CUDA tensors are copied into pinned host memory with
-    ``non_blocking=True`` (``on_cuda[0]`` is set so the caller records an event to wait on).
+    ``non_blocking=True`` (``on_cuda.cuda`` is set so the caller records an event to wait on).
     """
     if isinstance(obj, torch.Tensor):
         t = obj.detach() if obj.requires_grad else obj  # each op costs ~15 us in a training loop
+        if on_cuda is not None:
+            on_cuda.nbytes += t.numel() * t.element_size()
         if t.is_cuda:
             if on_cuda is not None:
-                on_cuda[0] = True
+                on_cuda.cuda = True
             host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
             host.copy_(t, non_blocking=True)
             host._replay_device = str(t.device)  # type: ignore[attr-defined]
@@ -82,6 +95,8 @@ def copy_tree(obj: Any, *, on_cuda: list[bool] | None = None) -> Any:
     if isinstance(obj, list):
         return [copy_tree(v, on_cuda=on_cuda) for v in obj]
     if isinstance(obj, np.ndarray):
+        if on_cuda is not None:
+            on_cuda.nbytes += int(obj.nbytes)
         return obj.copy()
     return obj
 
@@ -170,15 +185,3 @@ def from_leaves(obj: Any, device: str | torch.device | None = None) -> Any:
     if isinstance(obj, list):
         return [from_leaves(v, device) for v in obj]
     return obj
-
-
-def tree_nbytes(obj: Any) -> int:
-    if isinstance(obj, torch.Tensor):
-        return obj.numel() * obj.element_size()
-    if isinstance(obj, np.ndarray):
-        return int(obj.nbytes)
-    if isinstance(obj, dict):
-        return sum(tree_nbytes(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return sum(tree_nbytes(v) for v in obj)
-    return 0

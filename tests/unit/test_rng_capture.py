@@ -1,4 +1,5 @@
-"""RNG capture is exact, including numpy's cached gaussian, which changes without new draws."""
+"""RNG capture is exact, including the cached gaussians (numpy's and python's), which change
+without new draws, and the raw-memory shortcuts that skip re-reading unchanged states."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import random
 import numpy as np
 import torch
 
-from replay.record.rng import capture_rng, restore_rng, rng_to_tree
+from replay.record.rng import _PythonState, capture_rng, restore_rng, rng_to_tree
 
 
 def _same_numpy(a, b):
@@ -48,3 +49,35 @@ def test_restore_reproduces_every_generator():
     restore_rng(tree)
     got = (random.random(), np.random.normal(), np.random.rand(), torch.rand(3))
     assert want[:3] == got[:3] and torch.equal(want[3], got[3])
+
+
+def test_python_state_follows_every_kind_of_use():
+    random.seed(3)
+    for use in (
+        lambda: None,
+        lambda: random.random(),
+        lambda: None,
+        lambda: random.gauss(0, 1),  # draws a pair, caches one in gauss_next
+        lambda: random.gauss(0, 1),  # returns the cached value: MT words unchanged
+        lambda: [random.getrandbits(32) for _ in range(624)],  # a full MT twist: index unchanged
+        lambda: random.seed(5),
+        lambda: random.setstate(random.getstate()),
+        lambda: None,
+    ):
+        use()
+        assert capture_rng()[0] == random.getstate()
+
+
+def test_python_state_uses_the_raw_shortcut_on_cpython():
+    """The layout check passes on this interpreter, so the shortcut is on; an instance whose
+    layout does not match (a pure-python Random) falls back to getstate()."""
+    assert _PythonState()._addr is not None
+
+    class Shadow:
+        gauss_next = None
+
+        def getstate(self):
+            return (3, tuple(range(625)), None)
+
+    fallback = _PythonState(Shadow())
+    assert fallback._addr is None and fallback() == (3, tuple(range(625)), None)
