@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from ..store.layout import COL, HEALTH_COLUMNS
-from ..store.writer import pack_record
+from ..store.writer import pack_parts
 from ..store.writer_process import WriterClient, WriterError, lower_priority
 from .rng import rng_to_tree
 from .tensors import to_leaves
@@ -218,7 +218,7 @@ class BackgroundWriter:
             if job.event is not None:
                 job.event.synchronize()
             if isinstance(job, SnapshotJob):
-                payload, mlen = pack_record(to_leaves(job.state))
+                payload, mlen = pack_parts(to_leaves(job.state))
                 snaps.append((job.slot, job.step, payload, mlen))
                 continue
             record = {
@@ -229,7 +229,7 @@ class BackgroundWriter:
                 "batch": to_leaves(job.batch),
                 "exception": job.exception,
             }
-            payload, mlen = pack_record(record)
+            payload, mlen = pack_parts(record)
             steps.append((job.step, payload, mlen))
             health.append((job.step, self._health_row(job.health)))
             last = job.step if last is None else max(last, job.step)

@@ -30,7 +30,7 @@ from .layout import (
 )
 from .tree import encode
 
-__all__ = ["StoreWriter", "RingSpec", "pack_record", "json_blob"]
+__all__ = ["StoreWriter", "RingSpec", "pack_parts", "pack_record", "json_blob"]
 
 
 def json_blob(value: Any) -> np.ndarray:
@@ -38,26 +38,33 @@ def json_blob(value: Any) -> np.ndarray:
     return np.frombuffer(json.dumps(value, sort_keys=False).encode(), dtype=np.uint8)
 
 
+def pack_parts(tree: Any) -> tuple[list[np.ndarray], int]:
+    """Encode a tree as the pieces of one payload: the manifest JSON, then the buffers, as uint8
+    views of the tree's own arrays (no copy). Their concatenation is the payload.
+
+    Returns ``(parts, manifest_length)``. The writer thread hands the parts to the writer
+    process as they are: building the contiguous payload there cost a copy of every batch and,
+    with the writer lagging behind training, fresh pages (~70 us of page faults for 146 KB).
+    """
+    manifest, buffers = encode(tree)
+    head = np.frombuffer(json.dumps(manifest, separators=(",", ":")).encode(), dtype=np.uint8)
+    parts = [head]
+    for b in buffers:
+        parts.append(
+            b.reshape(-1).view(np.uint8)
+            if isinstance(b, np.ndarray)
+            else np.frombuffer(b, np.uint8)
+        )
+    return parts, head.size
+
+
 def pack_record(tree: Any) -> tuple[np.ndarray, int]:
     """Encode a tree into one contiguous uint8 payload: manifest JSON, then the buffers.
 
     Returns ``(payload, manifest_length)``.
     """
-    manifest, buffers = encode(tree)
-    head = json.dumps(manifest, separators=(",", ":")).encode()
-    total = len(head) + sum(b.nbytes if isinstance(b, np.ndarray) else len(b) for b in buffers)
-    out = np.empty(total, dtype=np.uint8)
-    out[: len(head)] = np.frombuffer(head, dtype=np.uint8)
-    pos = len(head)
-    for b in buffers:
-        raw = (
-            b.reshape(-1).view(np.uint8)
-            if isinstance(b, np.ndarray)
-            else np.frombuffer(b, np.uint8)
-        )
-        out[pos : pos + raw.size] = raw
-        pos += raw.size
-    return out, len(head)
+    parts, mlen = pack_parts(tree)
+    return np.concatenate(parts), mlen
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,15 @@ def _write_frame(out: BinaryIO, header: dict[str, Any], parts: list[np.ndarray])
     out.flush()
 
 
+def _add(parts: list[np.ndarray], payload: np.ndarray | list[np.ndarray]) -> int:
+    """Append a payload (an array or a list of parts) to a frame's parts; return its size."""
+    if isinstance(payload, np.ndarray):
+        parts.append(payload)
+        return int(payload.nbytes)
+    parts.extend(payload)
+    return sum(int(p.nbytes) for p in payload)
+
+
 def _grow_pipe(stream: Any) -> None:
     """Ask for a pipe of up to ``PIPE_BYTES``: the writer thread then rarely blocks, and the
     child can take several frames per wake-up (see ``_Server.serve``). Linux only; harmless
@@ -144,6 +153,8 @@ class WriterClient:
         raise WriterError(answer.removeprefix("error ").strip())
 
     def commit(self, *, steps=(), snapshots=(), health=(), last_step=None) -> None:  # noqa: ANN001
+        """Send one commit frame. A payload is a uint8 array or the list of its parts
+        (``pack_parts``), sent one after the other without being joined first."""
         parts: list[np.ndarray] = []
         header: dict[str, Any] = {
             "op": "commit",
@@ -153,11 +164,9 @@ class WriterClient:
             "health": [],
         }
         for step, payload, mlen in steps:
-            header["steps"].append([int(step), int(mlen), int(payload.size)])
-            parts.append(payload)
+            header["steps"].append([int(step), int(mlen), _add(parts, payload)])
         for slot, step, payload, mlen in snapshots:
-            header["snapshots"].append([int(slot), int(step), int(mlen), int(payload.size)])
-            parts.append(payload)
+            header["snapshots"].append([int(slot), int(step), int(mlen), _add(parts, payload)])
         for step, row in health:
             header["health"].append(int(step))
             parts.append(np.asarray(row, dtype=np.float64))
