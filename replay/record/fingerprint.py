@@ -78,8 +78,11 @@ def grad_norm(params: list[torch.Tensor]) -> torch.Tensor | None:
     return _global_norm(grads)  # (entering no_grad costs ~15 us there)
 
 
-def _global_norm(grads: list[Any], *, grouped: bool = False) -> torch.Tensor:
-    groups = grads if grouped else group_by_dtype(grads)
+def _global_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    return _norm_of_groups(group_by_dtype(grads))
+
+
+def _norm_of_groups(groups: list[list[torch.Tensor]]) -> torch.Tensor:
     norms = [
         torch.linalg.vector_norm(torch.stack(torch._foreach_norm(g)), dtype=torch.float64)
         for g in groups
@@ -114,7 +117,7 @@ class GradMeter:
         if torch.is_grad_enabled() and any(g.requires_grad for g in grads):
             return grad_norm(self.params)
         try:
-            return _global_norm([grads], grouped=True)
+            return _norm_of_groups([grads])
         except RuntimeError:  # the parameters changed dtype or device since (model.half())
             self._groups = group_by_dtype(self.params)
             return grad_norm(self.params)
@@ -136,11 +139,7 @@ def measure_grads(params: list[torch.Tensor]) -> tuple[Any, Any]:
     (read once, here, while the gradients are still these), device tensors on a GPU (read a
     step late). ``grad_absmax`` is ``None`` when a finite norm already proves every element
     finite. A loop calling this every step keeps a :class:`GradMeter` instead."""
-    gn = grad_norm(params)
-    if gn is None or gn.is_cuda:
-        return gn, exact_if_needed(gn, lambda: grad_absmax(params))
-    value = float(gn)
-    return value, (None if math.isfinite(value) else float(grad_absmax(params)))  # type: ignore[arg-type]
+    return GradMeter(params)()
 
 
 def _cpu_absmax(tensors: list[torch.Tensor]) -> torch.Tensor:

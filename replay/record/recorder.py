@@ -225,13 +225,13 @@ class Recorder:
         if not self.enabled:
             return self._unrecorded_step(batch)
         t = self.next_step
-        on_cuda = CopyStats()
+        copied = CopyStats()
         try:
             if (t - self._start_step) % self.snapshot_every == 0:
                 self._snapshot(t)
             rng = capture_rng()
-            batch_copy = copy_tree(batch, on_cuda=on_cuda)
-            hparams = self._hparams(on_cuda)
+            batch_copy = copy_tree(batch, stats=copied)
+            hparams = self._hparams(copied)
             modes = [m.training for m in self._modules]
             health: dict[str, Any] = {
                 "lr": hparams[0].get("lr") if hparams else None,
@@ -257,7 +257,7 @@ class Recorder:
             }
             self.next_step = t + 1
             try:
-                self._submit_step(t, rng, batch_copy, hparams, modes, health, on_cuda, exc)
+                self._submit_step(t, rng, batch_copy, hparams, modes, health, copied, exc)
                 self.flush()
             except Exception as rec_error:  # noqa: BLE001 - the user's exception is the one to raise
                 self._give_up("recording the exception", rec_error)
@@ -295,7 +295,7 @@ class Recorder:
             if self._cuda_built and torch.cuda.is_initialized():
                 health["cuda_allocated"] = float(torch.cuda.memory_allocated())
                 health["cuda_peak"] = float(torch.cuda.max_memory_allocated())
-            self._submit_step(t, rng, batch_copy, hparams, modes, health, on_cuda, None)
+            self._submit_step(t, rng, batch_copy, hparams, modes, health, copied, None)
         except Exception as e:  # noqa: BLE001 - the recorder must never take training down
             self._give_up("recording the step's health", e)
             self.next_step = t + 1
@@ -318,7 +318,7 @@ class Recorder:
             self._raise_nonfinite(t, loss)
         return ret
 
-    def _hparams(self, on_cuda: CopyStats) -> list[dict[str, Any]]:
+    def _hparams(self, copied: CopyStats) -> list[dict[str, Any]]:
         """Param-group hyper-parameters, copied only when one changed since the last step."""
         items = tuple(
             tuple(
@@ -330,37 +330,37 @@ class Recorder:
             return self._hp_copy
         self._hp_tensors = any(isinstance(v, torch.Tensor) for it in items for _, v in it)
         self._hp_items = items
-        self._hp_copy = copy_tree([dict(it) for it in items], on_cuda=on_cuda)
+        self._hp_copy = copy_tree([dict(it) for it in items], stats=copied)
         return self._hp_copy
 
-    def _submit_step(self, t, rng, batch, hparams, modes, health, on_cuda, exc) -> None:  # noqa: ANN001
+    def _submit_step(self, t, rng, batch, hparams, modes, health, copied, exc) -> None:  # noqa: ANN001
         event = None
         if self._cuda_built and (
-            on_cuda.cuda or any(isinstance(v, torch.Tensor) and v.is_cuda for v in health.values())
+            copied.cuda or any(isinstance(v, torch.Tensor) and v.is_cuda for v in health.values())
         ):
             event = torch.cuda.Event()
             event.record()
-        job = StepJob(t, rng, batch, hparams, modes, health, exc, event, on_cuda.nbytes)
+        job = StepJob(t, rng, batch, hparams, modes, health, exc, event, copied.nbytes)
         self._writer_or_start().submit(job)
 
     def _snapshot(self, t: int) -> None:
-        on_cuda = CopyStats()
+        copied = CopyStats()
         state = {
             "step": t,
-            "model": copy_tree(self._inner.state_dict(), on_cuda=on_cuda),
-            "optimizer": copy_tree(self.optimizer.state_dict(), on_cuda=on_cuda),
+            "model": copy_tree(self._inner.state_dict(), stats=copied),
+            "optimizer": copy_tree(self.optimizer.state_dict(), stats=copied),
         }
         if self.scheduler is not None:
-            state["scheduler"] = copy_tree(self.scheduler.state_dict(), on_cuda=on_cuda)
+            state["scheduler"] = copy_tree(self.scheduler.state_dict(), stats=copied)
         if self.scaler is not None:
-            state["scaler"] = copy_tree(self.scaler.state_dict(), on_cuda=on_cuda)
+            state["scaler"] = copy_tree(self.scaler.state_dict(), stats=copied)
         event = None
-        if on_cuda.cuda:
+        if copied.cuda:
             event = torch.cuda.Event()
             event.record()
         slot = self._snapshots_taken % self.keep_snapshots
         self._snapshots_taken += 1
-        self._writer_or_start().submit(SnapshotJob(t, slot, state, event, on_cuda.nbytes))
+        self._writer_or_start().submit(SnapshotJob(t, slot, state, event, copied.nbytes))
 
     def _give_up(self, what: str, e: Exception) -> None:
         """Recording fails on the training thread: stop it, say so once, keep training."""

@@ -59,19 +59,19 @@ class CopyStats:
         self.nbytes = 0
 
 
-def copy_tree(obj: Any, *, on_cuda: CopyStats | None = None) -> Any:
+def copy_tree(obj: Any, *, stats: CopyStats | None = None) -> Any:
     """A structural copy whose tensors no longer alias the originals.
 
     CPU tensors are cloned; CUDA tensors are copied into pinned host memory with
-    ``non_blocking=True`` (``on_cuda.cuda`` is set so the caller records an event to wait on).
+    ``non_blocking=True`` (``stats.cuda`` is set so the caller records an event to wait on).
     """
     if isinstance(obj, torch.Tensor):
         t = obj.detach() if obj.requires_grad else obj  # each op costs ~15 us in a training loop
-        if on_cuda is not None:
-            on_cuda.nbytes += t.numel() * t.element_size()
+        if stats is not None:
+            stats.nbytes += t.numel() * t.element_size()
         if t.is_cuda:
-            if on_cuda is not None:
-                on_cuda.cuda = True
+            if stats is not None:
+                stats.cuda = True
             host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
             host.copy_(t, non_blocking=True)
             host._replay_device = str(t.device)  # type: ignore[attr-defined]
@@ -82,21 +82,21 @@ def copy_tree(obj: Any, *, on_cuda: CopyStats | None = None) -> Any:
             out._replay_grad = True  # type: ignore[attr-defined]
         return out
     if isinstance(obj, dict):
-        items = ((k, copy_tree(v, on_cuda=on_cuda)) for k, v in obj.items())
+        items = ((k, copy_tree(v, stats=stats)) for k, v in obj.items())
         return (
             collections.OrderedDict(items)
             if isinstance(obj, collections.OrderedDict)
             else dict(items)
         )
     if _is_namedtuple(obj):
-        return type(obj)(*(copy_tree(v, on_cuda=on_cuda) for v in obj))
+        return type(obj)(*(copy_tree(v, stats=stats) for v in obj))
     if isinstance(obj, tuple):
-        return tuple(copy_tree(v, on_cuda=on_cuda) for v in obj)
+        return tuple(copy_tree(v, stats=stats) for v in obj)
     if isinstance(obj, list):
-        return [copy_tree(v, on_cuda=on_cuda) for v in obj]
+        return [copy_tree(v, stats=stats) for v in obj]
     if isinstance(obj, np.ndarray):
-        if on_cuda is not None:
-            on_cuda.nbytes += int(obj.nbytes)
+        if stats is not None:
+            stats.nbytes += int(obj.nbytes)
         return obj.copy()
     return obj
 
