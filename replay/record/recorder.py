@@ -33,6 +33,7 @@ from ..store.writer_process import WriterClient
 from .entry import describe_entry, read_source
 from .env import collect_env
 from .fingerprint import GradMeter, absmax, exact_if_needed, loss_of, param_fingerprint
+from .pool import HostPool
 from .rng import capture_rng
 from .tensors import CopyStats, copy_tree
 from .writer_thread import BackgroundWriter, SnapshotJob, StepJob
@@ -158,6 +159,7 @@ class Recorder:
         self._opt_params = [p for g in optimizer.param_groups for p in g["params"]]
         self._grads = GradMeter(self._opt_params)
         self._writer: BackgroundWriter | None = None
+        self._pool = HostPool()  # the batch copies' buffers, given back by the writer thread
         self._client = WriterClient()  # started early: its imports overlap the first steps
         self._warned = False
         self._closed = False
@@ -230,7 +232,7 @@ class Recorder:
             if (t - self._start_step) % self.snapshot_every == 0:
                 self._snapshot(t)
             rng = capture_rng()
-            batch_copy = copy_tree(batch, stats=copied)
+            batch_copy = copy_tree(batch, stats=copied, pool=self._pool)
             hparams = self._hparams(copied)
             modes = [m.training for m in self._modules]
             health: dict[str, Any] = {
@@ -340,7 +342,9 @@ class Recorder:
         ):
             event = torch.cuda.Event()
             event.record()
-        job = StepJob(t, rng, batch, hparams, modes, health, exc, event, copied.nbytes)
+        job = StepJob(
+            t, rng, batch, hparams, modes, health, exc, event, copied.nbytes, copied.pooled
+        )
         self._writer_or_start().submit(job)
 
     def _snapshot(self, t: int) -> None:
@@ -419,7 +423,7 @@ class Recorder:
     def _writer_or_start(self) -> BackgroundWriter:
         if self._writer is None:
             self._writer = BackgroundWriter(
-                self._make_store, max_pending_bytes=self.max_pending_bytes
+                self._make_store, max_pending_bytes=self.max_pending_bytes, pool=self._pool
             )
         return self._writer
 

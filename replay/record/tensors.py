@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from ..store.tree import TensorLeaf
+from .pool import HostPool, poolable, poolable_array
 
 __all__ = [
     "CopyStats",
@@ -50,25 +51,33 @@ def _is_namedtuple(obj: Any) -> bool:
 
 class CopyStats:
     """What ``copy_tree`` saw on the way: whether any tensor was on CUDA (the caller then records
-    an event to wait on) and how many tensor bytes it copied (the writer's backpressure)."""
+    an event to wait on), how many tensor bytes it copied (the writer's backpressure) and which
+    copies came from the pool (given back once written)."""
 
-    __slots__ = ("cuda", "nbytes")
+    __slots__ = ("cuda", "nbytes", "pooled")
 
     def __init__(self) -> None:
         self.cuda = False
         self.nbytes = 0
+        self.pooled: list[Any] = []
 
 
-def copy_tree(obj: Any, *, stats: CopyStats | None = None) -> Any:
+def copy_tree(obj: Any, *, stats: CopyStats | None = None, pool: HostPool | None = None) -> Any:
     """A structural copy whose tensors no longer alias the originals.
 
     CPU tensors are cloned; CUDA tensors are copied into pinned host memory with
     ``non_blocking=True`` (``stats.cuda`` is set so the caller records an event to wait on).
+    With a ``pool`` (and ``stats``), plain CPU tensors and arrays are copied into its buffers
+    instead, listed in ``stats.pooled`` for the writer to give back.
     """
     if isinstance(obj, torch.Tensor):
         t = obj.detach() if obj.requires_grad else obj  # each op costs ~15 us in a training loop
         if stats is not None:
             stats.nbytes += t.numel() * t.element_size()
+            if pool is not None and poolable(obj):
+                out = pool.copy(t)
+                stats.pooled.append(out)
+                return out
         if t.is_cuda:
             if stats is not None:
                 stats.cuda = True
@@ -82,21 +91,25 @@ def copy_tree(obj: Any, *, stats: CopyStats | None = None) -> Any:
             out._replay_grad = True  # type: ignore[attr-defined]
         return out
     if isinstance(obj, dict):
-        items = ((k, copy_tree(v, stats=stats)) for k, v in obj.items())
+        items = ((k, copy_tree(v, stats=stats, pool=pool)) for k, v in obj.items())
         return (
             collections.OrderedDict(items)
             if isinstance(obj, collections.OrderedDict)
             else dict(items)
         )
     if _is_namedtuple(obj):
-        return type(obj)(*(copy_tree(v, stats=stats) for v in obj))
+        return type(obj)(*(copy_tree(v, stats=stats, pool=pool) for v in obj))
     if isinstance(obj, tuple):
-        return tuple(copy_tree(v, stats=stats) for v in obj)
+        return tuple(copy_tree(v, stats=stats, pool=pool) for v in obj)
     if isinstance(obj, list):
-        return [copy_tree(v, stats=stats) for v in obj]
+        return [copy_tree(v, stats=stats, pool=pool) for v in obj]
     if isinstance(obj, np.ndarray):
         if stats is not None:
             stats.nbytes += int(obj.nbytes)
+            if pool is not None and poolable_array(obj):
+                out = pool.copy_array(obj)
+                stats.pooled.append(out)
+                return out
         return obj.copy()
     return obj
 

@@ -24,6 +24,7 @@ import torch
 from ..store.layout import COL, HEALTH_COLUMNS
 from ..store.writer import pack_parts
 from ..store.writer_process import WriterClient, WriterError, lower_priority
+from .pool import HostPool
 from .rng import rng_to_tree
 from .tensors import to_leaves
 
@@ -63,6 +64,7 @@ class StepJob:
     exception: dict[str, Any] | None = None
     event: Any = None  # a CUDA event guarding async copies and health tensors
     nbytes: int = 0
+    buffers: list[Any] | None = None  # the batch's pooled copies, given back once sent
 
 
 @dataclass
@@ -97,8 +99,15 @@ class BackgroundWriter:
     WAKE_EVERY = 8
     WAKE_AFTER = 0.05
 
-    def __init__(self, make_store: Callable[[], WriterClient], *, max_pending_bytes: int) -> None:
+    def __init__(
+        self,
+        make_store: Callable[[], WriterClient],
+        *,
+        max_pending_bytes: int,
+        pool: HostPool | None = None,
+    ) -> None:
         self._make_store = make_store
+        self._pool = pool
         self._store: WriterClient | None = None
         self._jobs: collections.deque[Any] = collections.deque()
         self._wake = threading.Event()
@@ -236,6 +245,12 @@ class BackgroundWriter:
         if self._store is None:
             self._store = self._make_store()
         self._store.commit(steps=steps, snapshots=snaps, health=health, last_step=last)
+        if self._pool is not None:
+            # The bytes are in the pipe now; on a failure above they are simply not reused.
+            for job in jobs:
+                if isinstance(job, StepJob) and job.buffers:
+                    self._pool.give(job.buffers)
+                    job.buffers = None
 
     @staticmethod
     def _health_row(h: dict[str, Any]) -> np.ndarray:

@@ -276,3 +276,29 @@ def test_a_batch_the_recorder_cannot_copy_stops_recording_not_training(tmp_path)
                 losses.append(float(rec.step(batch).detach()))
     assert len(losses) == 3 and all(math.isfinite(v) for v in losses)
     assert len([w for w in record_warnings if w.category is replay.RecorderWarning]) == 1
+
+
+def test_reused_batch_buffers_never_carry_one_steps_data_into_another(tmp_path):
+    # The batch copies' buffers go back to the pool once the writer has sent them, and the
+    # next steps copy into them: a buffer handed back too early would show up here as a step
+    # holding a later step's values.
+    path = str(tmp_path / "run.h5")
+    model, opt = mlp_train.build()
+    with replay.Recorder(
+        path,
+        model=model,
+        optimizer=opt,
+        step_fn=mlp_train.train_step,
+        build_fn=mlp_train.build,
+        snapshot_every=100,
+        keep_snapshots=2,
+    ) as rec:
+        for t in range(200):
+            rec.step((torch.full((8, 16), float(t)), torch.full((8,), t % 4, dtype=torch.long)))
+            if t % 10 == 9:
+                rec.flush()  # every buffer sent so far is back in the pool
+        assert rec._pool.hits > 300  # the buffers really were recycled
+    with open_recording(path) as r:
+        for t in range(200):
+            x, y = (leaf.data for leaf in r.read_step(t)["batch"])
+            assert (x == t).all() and (y == t % 4).all(), t
