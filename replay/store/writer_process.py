@@ -11,7 +11,9 @@ every ``COMMIT_INTERVAL`` seconds, which keeps its CPU use small beside training
 the child itself (``kill -9`` of the whole process group) can lose the last interval.
 
 Protocol over the child's stdin (parent -> child): frames of ``u64 header length``, a JSON header,
-then ``u64 body length`` and the body bytes. ``commit`` frames are not answered; ``create``,
+then ``u64 body length`` and the body bytes. A ``commit`` frame's body may instead be in the
+shared ring (``frame_ring.py``): its header then says where (``"ring": [offset, n, end]``) and the
+pipe body is empty. ``commit`` frames are not answered; ``create``,
 ``sync`` and ``close`` are answered with one line on stdout, ``ok`` or ``error <message>``. A
 failing child writes its ``error`` line and exits, which the parent sees at its next write or
 sync. Pickle is not used.
@@ -32,6 +34,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from .frame_ring import FrameRing
 from .writer import RingSpec, StoreWriter
 
 __all__ = ["WriterClient", "WriterError", "WriterDied", "COMMIT_INTERVAL", "lower_priority"]
@@ -95,14 +98,23 @@ class WriterClient:
         env = dict(os.environ)
         pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env["PYTHONPATH"] = pkg_root + os.pathsep + env.get("PYTHONPATH", "")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "replay.store.writer_process"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            env=env,
-            close_fds=True,
-        )
+        self.ring = FrameRing.create()
+        argv = [sys.executable, "-m", "replay.store.writer_process"]
+        if self.ring is not None:
+            argv += ["--ring", str(self.ring.fd)]
+        try:
+            self.proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                env=env,
+                close_fds=True,
+                pass_fds=(self.ring.fd,) if self.ring is not None else (),
+            )
+        finally:
+            if self.ring is not None:
+                self.ring.close()  # the mapping stays; the child has its own descriptor
         _grow_pipe(self.proc.stdin)
 
     def create(
@@ -170,6 +182,11 @@ class WriterClient:
         for step, row in health:
             header["health"].append(int(step))
             parts.append(np.asarray(row, dtype=np.float64))
+        if self.ring is not None:
+            placed = self.ring.put(parts, sum(int(p.nbytes) for p in parts))
+            if placed is not None:  # else the body goes through the pipe
+                header["ring"] = [placed[0], placed[1] - placed[0], placed[1]]
+                parts = []
         self._send(header, parts)
 
     def sync(self) -> None:
@@ -251,8 +268,11 @@ class _FrameReader:
 
 
 class _Server:
-    def __init__(self, inp: _FrameReader, out: BinaryIO) -> None:
+    def __init__(self, inp: _FrameReader, out: BinaryIO, ring: FrameRing | None = None) -> None:
         self.inp, self.out = inp, out
+        self.ring = ring
+        self.ring_end = 0  # end of the last ring body among the pending frames
+        self.ring_pending = 0
         self.store: StoreWriter | None = None
         self.pending: list[tuple[dict[str, Any], memoryview]] = []
         self.pending_bytes = 0
@@ -265,7 +285,7 @@ class _Server:
     def commit_pending(self) -> None:
         if not self.pending or self.store is None:
             self.pending.clear()
-            self.inp.release()
+            self._release()
             return
         steps, snaps, health = [], [], []
         last = None
@@ -287,13 +307,24 @@ class _Server:
         # A slot written twice in one group keeps its newest payload: later items win.
         self.store.commit(steps=steps, snapshots=snaps, health=health, last_step=last)
         self.pending.clear()
-        self.inp.release()  # the bodies' bytes are in the file now
+        self._release()  # the bodies' bytes are in the file now
         self.pending_bytes = 0
         self.last_commit = time.monotonic()
+
+    def _release(self) -> None:
+        self.inp.release()
+        if self.ring is not None and self.ring_end:
+            self.ring.release(self.ring_end)
+        self.ring_pending = 0
 
     def handle(self, header: dict[str, Any], body: memoryview) -> bool:
         op = header["op"]
         if op == "commit":
+            if "ring" in header:
+                offset, n, end = header["ring"]
+                body = self.ring.body(offset, n)  # type: ignore[union-attr]
+                self.ring_end = end
+                self.ring_pending += n
             self.pending.append((header, body))
             self.pending_bytes += len(body)
             return True
@@ -339,7 +370,10 @@ class _Server:
                 if not self.handle(*frame):
                     return 0
                 interval_up = time.monotonic() - self.last_commit >= COMMIT_INTERVAL
-                if self.pending and (interval_up or self.pending_bytes >= COMMIT_BYTES):
+                ring_half = self.ring is not None and self.ring_pending >= self.ring.size // 2
+                if self.pending and (
+                    interval_up or ring_half or self.pending_bytes >= COMMIT_BYTES
+                ):
                     self.commit_pending()
                 if not self.inp.ready(0):
                     break
@@ -368,7 +402,10 @@ def main() -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     lower_priority()
-    server = _Server(_FrameReader(sys.stdin.fileno()), sys.stdout.buffer)
+    ring = None
+    if len(sys.argv) == 3 and sys.argv[1] == "--ring":
+        ring = FrameRing.attach(int(sys.argv[2]))
+    server = _Server(_FrameReader(sys.stdin.fileno()), sys.stdout.buffer, ring)
     try:
         return server.serve()
     except Exception as e:  # noqa: BLE001 - reported to the parent, which stops recording
