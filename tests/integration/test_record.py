@@ -65,18 +65,6 @@ def record(path, steps=12, step_fn=train_step, **kw):
     return model, grad_norms
 
 
-def mlp_recorder(path, **kw):
-    model, opt = mlp_train.build()
-    return replay.Recorder(
-        path,
-        model=model,
-        optimizer=opt,
-        step_fn=mlp_train.train_step,
-        build_fn=mlp_train.build,
-        **kw,
-    )
-
-
 def test_batches_health_and_fingerprint_are_recorded(tmp_path):
     path = tmp_path / "run.h5"
     model, grad_norms = record(path)
@@ -166,7 +154,7 @@ def test_raise_on_nonfinite_false_keeps_training(tmp_path):
 
 def test_varying_batch_shapes_grow_the_slot_without_losing_data(tmp_path):
     path = str(tmp_path / "run.h5")
-    with mlp_recorder(path, snapshot_every=50) as rec:
+    with mlp_train.recorder(path, snapshot_every=50) as rec:
         for t in range(12):
             n = 2 + 300 * (t % 3)  # 2 rows, then 302: far past the first slot size
             x = torch.full((n, 16), float(t))
@@ -287,7 +275,7 @@ def test_reused_batch_buffers_never_carry_one_steps_data_into_another(tmp_path):
     # next steps copy into them: a buffer handed back too early would show up here as a step
     # holding a later step's values.
     path = str(tmp_path / "run.h5")
-    with mlp_recorder(path, snapshot_every=100, keep_snapshots=2) as rec:
+    with mlp_train.recorder(path, snapshot_every=100, keep_snapshots=2) as rec:
         for t in range(200):
             rec.step((torch.full((8, 16), float(t)), torch.full((8,), t % 4, dtype=torch.long)))
             if t % 10 == 9:

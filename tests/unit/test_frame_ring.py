@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import torch
 
-import replay
 from replay.store import open_recording, writer_process
 from replay.store.frame_ring import FrameRing
 
@@ -59,16 +58,7 @@ def test_a_recording_is_intact_when_bodies_overflow_the_ring_into_the_pipe(tmp_p
 
     monkeypatch.setattr(FrameRing, "put", counting_put)
     path = str(tmp_path / "run.h5")
-    model, opt = mlp_train.build()
-    with replay.Recorder(
-        path,
-        model=model,
-        optimizer=opt,
-        step_fn=mlp_train.train_step,
-        build_fn=mlp_train.build,
-        snapshot_every=40,
-        keep_snapshots=2,
-    ) as rec:
+    with mlp_train.recorder(path, snapshot_every=40, keep_snapshots=2) as rec:
         assert rec._client.ring is not None and rec._client.ring.size == 64 << 10
         for t in range(60):
             n = 1 + 200 * (t % 5)  # up to 12.8 KB a step: some commits fit, some do not

@@ -47,6 +47,14 @@ def train_step(model, optimizer, batch):
     return loss
 
 
+def recorder(path, **kw):
+    """A Recorder over a fresh ``build()``, as the in-process tests use it."""
+    model, opt = build()
+    return replay.Recorder(
+        path, model=model, optimizer=opt, step_fn=train_step, build_fn=build, **kw
+    )
+
+
 def main():
     global ARGS
     p = argparse.ArgumentParser()
