@@ -37,12 +37,20 @@ import numpy as np
 from .frame_ring import FrameRing
 from .writer import RingSpec, StoreWriter
 
-__all__ = ["WriterClient", "WriterError", "WriterDied", "COMMIT_INTERVAL", "lower_priority"]
+__all__ = [
+    "WriterClient",
+    "WriterError",
+    "WriterDied",
+    "COMMIT_INTERVAL",
+    "WRITER_NICE",
+    "lower_priority",
+]
 
 _U64 = struct.Struct("<Q")
 COMMIT_INTERVAL = 0.2  # seconds between commits when frames arrive continuously
 COMMIT_BYTES = 256 << 20  # ... or as soon as this much is pending
 PIPE_BYTES = 1 << 20  # the pipe's kernel buffer (from the default 64 KiB), where allowed
+WRITER_NICE = 10  # the writer thread's and the writer process's (see lower_priority)
 GATHER_DELAY = 0.02  # after a wake-up, let more frames arrive before reading (fewer wake-ups)
 
 
@@ -380,17 +388,19 @@ class _Server:
 
 
 def lower_priority() -> None:
-    """Run in the gaps training leaves: on a busy machine training gets the cores first.
+    """Leave training the cores first, but not so far behind that the writer cannot keep up.
 
     For the calling thread (Linux threads have their own nice value; in the child that is its
-    main thread, which every later thread inherits from). Measured on 2 cores: the child at
-    normal priority cost the MLP benchmark 1.37x against 1.07x at nice 15, and the recorder's
-    writer thread 1.39x against 1.12x at nice 19 (side by side in one run). If a writer falls
-    behind, the pipe fills and the recorder's bounded queue (``max_pending_bytes``) absorbs it
-    before training is ever slowed. ``REPLAY_WRITER_NICE`` overrides 19.
+    main thread, which every later thread inherits from). At nice 19, on 2 cores that training
+    keeps busy, the writers got so little CPU that they fell behind for good. The recorder's
+    backlog grew by 110 MiB every 500 MLP steps and by 445 MiB in 1400 CNN steps. It would have
+    kept growing until ``max_pending_bytes`` made training wait, and a ``kill -9`` loses all of
+    it. At nice 10 the backlog stayed under 5 MiB, and the runs were no slower: 3500 MLP steps in
+    10.9 s against 12.3 s, 1400 CNN steps in 14.2 s against 14.4 s (``/tmp/h/lag.py``, writer
+    and training running continuously). ``REPLAY_WRITER_NICE`` overrides ``WRITER_NICE``.
     """
     try:
-        nice = int(os.environ.get("REPLAY_WRITER_NICE", "19"))
+        nice = int(os.environ.get("REPLAY_WRITER_NICE", str(WRITER_NICE)))
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
     except (OSError, ValueError, AttributeError):
         pass
