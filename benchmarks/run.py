@@ -26,6 +26,12 @@ BENCHES = [
         ["--rounds", "3", "--steps", "20"],
     ),
     (
+        "Recorder backlog under continuous training (does the writer keep up?)",
+        "benchmarks/bench_backlog.py",
+        ["--steps", "2000"],
+        ["--steps", "100"],
+    ),
+    (
         "Traced step cost (issue: <= 10x a plain step)",
         "benchmarks/bench_trace.py",
         ["--reps", "9"],
