@@ -23,10 +23,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_record import _CURRENT, build, fresh_batches  # noqa: E402
+from bench_record import _CURRENT, build, fresh_batches, recorder_for  # noqa: E402
 from workloads import WORKLOADS, step  # noqa: E402
-
-import replay  # noqa: E402
 
 SCALE = {"MLP": 1.0, "CNN": 0.5}  # the CNN step is about twice as long
 
@@ -46,14 +44,7 @@ def run(name: str, nice: int, steps: int, tmp: str) -> dict[str, float]:
     bare = time.perf_counter() - t0
     torch.manual_seed(0)
     model, opt = build()
-    rec = replay.Recorder(
-        os.path.join(tmp, f"{name}-{nice}.h5"),
-        model=model,
-        optimizer=opt,
-        step_fn=step,
-        build_fn=build,
-        handle_signals=False,
-    )
+    rec = recorder_for(os.path.join(tmp, f"{name}-{nice}.h5"), model, opt)
     for b in batches[:5]:
         rec.step(b)
     t0 = time.perf_counter()

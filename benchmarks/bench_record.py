@@ -48,6 +48,13 @@ def build():
     return model, torch.optim.AdamW(model.parameters(), lr=1e-4)
 
 
+def recorder_for(path, model, optimizer):
+    """The Recorder every benchmark measures: default settings, the shared step and build."""
+    return replay.Recorder(
+        path, model=model, optimizer=optimizer, step_fn=step, build_fn=build, handle_signals=False
+    )
+
+
 def fresh_batches(template, n):
     """n distinct batches shaped like the template (floats jittered, integers permuted)."""
     out = []
@@ -99,14 +106,7 @@ def make_variants(name, tmp):
         model, opt = build()
         states[v] = (model, opt)
     recs = {
-        v: replay.Recorder(
-            os.path.join(tmp, f"{name[:3]}-{v}.h5"),
-            model=states[v][0],
-            optimizer=states[v][1],
-            step_fn=step,
-            build_fn=build,
-            handle_signals=False,
-        )
+        v: recorder_for(os.path.join(tmp, f"{name[:3]}-{v}.h5"), *states[v])
         for v in ("recorder", "committed")
     }
     NanHooks(states["nan_hooks"][0])
@@ -162,13 +162,14 @@ def bench(name, rounds, steps, tmp):
                 fn(b)
             if k == "committed":
                 recs[k].flush()
-            elapsed = time.perf_counter() - t0
-            if k == "committed":
+                elapsed = time.perf_counter() - t0
                 # A flush has a fixed latency (the writer process gathers frames for 20 ms after
                 # a wake-up): an empty one, timed right after, takes it back out.
                 t1 = time.perf_counter()
                 recs[k].flush()
                 elapsed -= time.perf_counter() - t1
+            else:
+                elapsed = time.perf_counter() - t0
             per_round[k].append(elapsed / steps)
             if k == "recorder":
                 recs[k].flush()  # its backlog, off the clock

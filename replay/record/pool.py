@@ -1,14 +1,15 @@
 """Host buffers for the batch copies, reused from step to step instead of allocated afresh.
 
 A batch copy lives from the training thread's ``copy_tree`` until the writer thread has sent it
-to the writer process, several steps later. Allocated and freed at that rhythm, the copies kept
-glibc's heap trimming and growing, so the training step itself ran on fresh pages: 56 minor
-page faults a step on the benchmark MLP where bare training had none, 1053 on the CNN where it
-had 157 (``RUSAGE_THREAD``; a fresh 4 KiB page costs ~2 us in this VM). Reused buffers leave
-the heap as bare training has it.
+to the writer process, several steps later. Allocated afresh every step, the copies cost the
+training thread minor page faults, most of them inside the training step itself: 56 a step on
+the benchmark MLP where bare training had none, 1053 on the CNN where it had 157
+(``RUSAGE_THREAD``; a fresh 4 KiB page costs ~2 us in this VM). With the copies reused, 12 and
+179.
 
 The training thread takes a buffer (``copy``); the writer thread gives it back once its bytes
-are in the pipe (``give``). Buffers are keyed by shape and dtype; what the pool holds while
+are sent, to the shared ring or the pipe (``give``). A writer that lags keeps its buffers, so
+the pool then allocates as before. Buffers are keyed by shape and dtype; what the pool holds while
 idle is capped (``max_bytes``), least recently used shapes going first, so batches whose shape
 changes every step cost a little bookkeeping and hold no memory.
 """
@@ -68,8 +69,7 @@ class HostPool:
 
     def copy(self, t: torch.Tensor) -> torch.Tensor:
         """A copy of ``t`` (``poolable``) in a pooled buffer; give it back with ``give``."""
-        nbytes = t.numel() * t.element_size()
-        buf = self._pop(("torch", t.dtype, t.shape), nbytes)
+        buf = self._pop(_key(t), _nbytes(t))
         if buf is None:
             buf = torch.empty(t.shape, dtype=t.dtype)
         buf.copy_(t)

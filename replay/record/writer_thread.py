@@ -246,7 +246,8 @@ class BackgroundWriter:
             self._store = self._make_store()
         self._store.commit(steps=steps, snapshots=snaps, health=health, last_step=last)
         if self._pool is not None:
-            # The bytes are in the pipe now; on a failure above they are simply not reused.
+            # The bytes are sent (to the ring or the pipe); after a failure above they are
+            # simply not reused.
             for job in jobs:
                 if isinstance(job, StepJob) and job.buffers:
                     self._pool.give(job.buffers)

@@ -397,7 +397,10 @@ def lower_priority() -> None:
     kept growing until ``max_pending_bytes`` made training wait, and a ``kill -9`` loses all of
     it. At nice 10 the backlog stayed under 5 MiB, and the runs were no slower: 3500 MLP steps in
     10.9 s against 12.3 s, 1400 CNN steps in 14.2 s against 14.4 s (``/tmp/h/lag.py``, writer
-    and training running continuously). ``REPLAY_WRITER_NICE`` overrides ``WRITER_NICE``.
+    and training running continuously). Nice 10 is only just enough there: on a slower moment
+    of the same machine it fell behind too (``benchmarks/bench_backlog.py`` shows which), while
+    nice 0 always kept up but cost training more. ``REPLAY_WRITER_NICE`` overrides
+    ``WRITER_NICE``.
     """
     try:
         nice = int(os.environ.get("REPLAY_WRITER_NICE", str(WRITER_NICE)))
