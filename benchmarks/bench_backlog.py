@@ -2,11 +2,12 @@
 
 bench_record.py alternates short blocks, so a writer that falls behind catches up in the gaps.
 Here a bare run and a recorded run each train ``--steps`` steps without a pause, on 2 cores that
-training keeps busy, and the table shows what the recorder still owes at the end: the backlog
-(bytes handed over, not yet sent to the writer process), which a ``kill -9`` would lose and which
-grows until ``max_pending_bytes`` makes training wait, and how long ``close()`` then takes to
-drain it. "recorded / bare" is the wall time of the two runs, so it includes the writer's share
-of the cores only as far as it got that share.
+training keeps busy, and the table shows what the recorder owed: the most steps ever handed over
+and not yet sent to the writer process (what a ``kill -9`` would lose; training waits once there
+are ``max_pending_steps``, 64 by default), how many times training waited, the backlog left at
+the end and how long ``close()`` then takes to drain it. "recorded / bare" is the wall time of
+the two runs, so it includes the writer's share of the cores only as far as it got that share,
+and waiting for the writer when it did not.
 
 Run:  .venv/bin/python benchmarks/bench_backlog.py [--steps 2000] [--nice 19 10]
 """
@@ -53,12 +54,15 @@ def run(name: str, nice: int, steps: int, tmp: str) -> dict[str, float]:
     recorded = time.perf_counter() - t0
     writer = rec._writer
     backlog = (writer._submitted - writer._committed) / 2**20
+    most, waited = writer.max_pending_seen, writer.throttled
     t0 = time.perf_counter()
     rec.close()
     return {
         "bare": bare,
         "recorded": recorded,
         "backlog": backlog,
+        "most": most,
+        "waited": waited,
         "drain": time.perf_counter() - t0,
         "reuse": rec._pool.hits / max(1, rec._pool.hits + rec._pool.misses),
     }
@@ -71,13 +75,14 @@ def main() -> None:
     args = p.parse_args()
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} cores; "
-        f"default Recorder settings, max_pending_bytes 1 GiB\n"
+        "default Recorder settings (max_pending_steps 64, max_pending_bytes 1 GiB)\n"
     )
     print(
         "| workload | writer nice | steps | bare | recorded | recorded / bare | "
-        "backlog at the end | close() drains it in | batch buffers reused |"
+        "most steps pending | training waited | backlog at the end | close() drains it in | "
+        "batch buffers reused |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_TMP")) as tmp:
         for name, scale in SCALE.items():
             n = int(args.steps * scale)
@@ -85,7 +90,8 @@ def main() -> None:
                 r = run(name, nice, n, tmp)
                 print(
                     f"| {name} | {nice} | {n} | {r['bare']:.1f} s | {r['recorded']:.1f} s | "
-                    f"{r['recorded'] / r['bare']:.2f}x | {r['backlog']:.1f} MiB | "
+                    f"{r['recorded'] / r['bare']:.2f}x | {r['most']} | {r['waited']} | "
+                    f"{r['backlog']:.1f} MiB | "
                     f"{r['drain']:.2f} s | {r['reuse']:.0%} |",
                     flush=True,
                 )

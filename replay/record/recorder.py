@@ -85,6 +85,12 @@ class Recorder:
     ``fingerprint_every=10`` steps; loss and gradient norm every step. Health metrics are kept for the last
     ``keep_health=100_000`` steps. The file stops growing once the rings are full.
 
+    The steps go to the file in the background. When the writer falls behind, training waits
+    for it once ``max_pending_steps=64`` steps (or ``max_pending_bytes=1 GiB``) are handed over
+    and not yet passed on to the writer process: what a ``kill -9`` of the training process can
+    lose is bounded by that (what reached the writer process is committed). A writer that keeps
+    up never has more than about 30 pending (benchmarks/RESULTS.md, "backlog").
+
     **DDP** (``torch.distributed`` initialised with more than one rank, detected automatically;
     ``rank=``/``world_size=`` override it): every rank records its own file, named from ``path``:
     ``run.h5`` -> ``run.rank0.h5``, ``run.rank1.h5``, ... (``meta.distributed`` holds rank,
@@ -122,6 +128,7 @@ class Recorder:
         raise_on_nonfinite: bool = True,
         start_step: int = 0,
         max_pending_bytes: int = 1 << 30,
+        max_pending_steps: int = 64,
         handle_signals: bool = True,
         rank: int | None = None,
         world_size: int | None = None,
@@ -150,6 +157,7 @@ class Recorder:
         self.health_slots = max(keep_health, self.step_slots)
         self.raise_on_nonfinite = raise_on_nonfinite
         self.max_pending_bytes = max_pending_bytes
+        self.max_pending_steps = max_pending_steps
         self.handle_signals = handle_signals
         self.next_step = start_step
         self._start_step = start_step
@@ -423,7 +431,10 @@ class Recorder:
     def _writer_or_start(self) -> BackgroundWriter:
         if self._writer is None:
             self._writer = BackgroundWriter(
-                self._make_store, max_pending_bytes=self.max_pending_bytes, pool=self._pool
+                self._make_store,
+                max_pending_bytes=self.max_pending_bytes,
+                max_pending_steps=self.max_pending_steps,
+                pool=self._pool,
             )
         return self._writer
 

@@ -92,8 +92,9 @@ class BackgroundWriter:
     its own every ``WAKE_AFTER`` seconds. Each wake of this low-priority thread is a GIL hand-off
     with the training thread, so waking it every step cost more than the commits themselves. A
     ``kill -9`` of the training process loses what was not yet handed over: at most
-    ``WAKE_EVERY`` steps or ``WAKE_AFTER`` seconds more than the writer's own backlog; a step
-    that raises or goes non-finite is flushed before the recorder returns.
+    ``WAKE_EVERY`` steps or ``WAKE_AFTER`` seconds more than the writer's own backlog, which
+    ``max_pending_steps`` bounds (``submit`` waits for the writer beyond it); a step that raises
+    or goes non-finite is flushed before the recorder returns.
     """
 
     WAKE_EVERY = 8
@@ -104,6 +105,7 @@ class BackgroundWriter:
         make_store: Callable[[], WriterClient],
         *,
         max_pending_bytes: int,
+        max_pending_steps: int = 1 << 62,
         pool: HostPool | None = None,
     ) -> None:
         self._make_store = make_store
@@ -116,8 +118,12 @@ class BackgroundWriter:
         # the training thread's path (a Condition there cost ~10 us a step).
         self._submitted = 0
         self._committed = 0
+        self._submitted_steps = 0  # jobs, snapshots included
+        self._committed_steps = 0
+        self.max_pending_seen = 0  # the most jobs ever handed over and not yet passed on
         self._drained = threading.Condition()
         self.max_pending_bytes = max_pending_bytes
+        self.max_pending_steps = max(1, max_pending_steps)
         self.error: str | None = None
         self.throttled = 0
         self._thread = threading.Thread(target=self._run, name="replay-writer", daemon=True)
@@ -128,20 +134,31 @@ class BackgroundWriter:
     def submit(self, job: StepJob | SnapshotJob) -> None:
         if self.error is not None:
             return
-        if self._submitted - self._committed > self.max_pending_bytes:
-            # Backpressure only when the disk cannot keep up: bounded memory beats an OOM.
+        if self._behind():
+            # Backpressure only when the writer falls behind: bounded memory beats an OOM, and
+            # a bounded backlog bounds what a kill -9 of the training process loses.
             self._wake.set()
             with self._drained:
-                while self._submitted - self._committed > self.max_pending_bytes:
+                while self._behind():
                     if self.error is not None or not self._thread.is_alive():
                         return
                     self.throttled += 1
                     self._drained.wait(timeout=1.0)
         self._submitted += job.nbytes
+        self._submitted_steps += 1
+        pending = self._submitted_steps - self._committed_steps
+        if pending > self.max_pending_seen:
+            self.max_pending_seen = pending
         self._jobs.append(job)
         self._unsignalled += 1
         if self._unsignalled >= self.WAKE_EVERY or isinstance(job, SnapshotJob):
             self._signal()
+
+    def _behind(self) -> bool:
+        return (
+            self._submitted - self._committed > self.max_pending_bytes
+            or self._submitted_steps - self._committed_steps >= self.max_pending_steps
+        )
 
     def _signal(self) -> None:
         self._unsignalled = 0
@@ -196,7 +213,8 @@ class BackgroundWriter:
                     self.error = f"{type(e).__name__}: {e}"
                     self._abandon()
             self._committed += sum(j.nbytes for j in jobs)
-            if self._submitted - self._committed <= self.max_pending_bytes or self.error:
+            self._committed_steps += len(jobs)
+            if not self._behind() or self.error:
                 with self._drained:
                     self._drained.notify_all()
             for j in items:
