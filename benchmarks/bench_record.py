@@ -15,10 +15,19 @@ time of an empty flush (the latency of one round trip to the writer): the cost o
 the writer has to keep up, as in a long run on saturated cores, where the backlog would
 otherwise grow until ``max_pending_bytes`` throttles training.
 
+Two more columns say how far the recorder's figures can be trusted and where its cost lies.
+"bare, again" trains a second bare copy exactly like the first: its ratio is the benchmark's own
+noise (the copies' memory lands in different places). "training thread only" is a recorder whose
+writer drops every job (an ablation, only here): what capturing a step costs the training thread
+(RNG states, the batch copy, the gradient norm in the optimizer's pre-hook, the health row) when
+nothing is ever encoded or written. ``--threads 1`` leaves a core to the writer, as a GPU run or
+a CPU run with spare cores would.
+
 Also measures the store's write throughput (payload bytes committed per second by the writer
 process) next to the disk's raw sequential write speed with fdatasync.
 
-Run:  .venv/bin/python benchmarks/bench_record.py [--rounds 15 --steps 40]
+Run:  .venv/bin/python benchmarks/bench_record.py [--rounds 15 --steps 40] [--threads N]
+          [--variants recorder,committed,...]
 """
 
 from __future__ import annotations
@@ -53,6 +62,38 @@ def recorder_for(path, model, optimizer):
     return replay.Recorder(
         path, model=model, optimizer=optimizer, step_fn=step, build_fn=build, handle_signals=False
     )
+
+
+class DroppingWriter:
+    """In place of the recorder's background writer: every job is dropped on arrival (its pooled
+    buffers go straight back), so only the training thread's side of recording is timed."""
+
+    error = None
+
+    def __init__(self, pool):
+        self._pool = pool
+
+    def submit(self, job):
+        if getattr(job, "buffers", None):
+            self._pool.give(job.buffers)
+
+    def flush(self, timeout=None):
+        return True
+
+    def close(self, timeout=None):
+        pass
+
+
+COLUMNS = {  # variant -> table header, in table order
+    "bare_again": "bare, again",
+    "thread_only": "training thread only",
+    "recorder": "recorder",
+    "committed": "recorder, committed",
+    "detect_anomaly": "detect_anomaly",
+    "nan_hooks": "NaN hooks (every module)",
+    "torch_save": "torch.save every step",
+}
+BOLD = {"committed"}
 
 
 def fresh_batches(template, n):
@@ -96,56 +137,54 @@ class NanHooks:
         self._check(gin)
 
 
-def make_variants(name, tmp):
-    torch.manual_seed(0)
+def make_variants(name, tmp, wanted):
     _CURRENT["name"] = name
-    variants = {}
     states = {}
-    for v in ("bare", "recorder", "committed", "detect_anomaly", "nan_hooks", "torch_save"):
+    for v in ("bare", *wanted):
         torch.manual_seed(0)
-        model, opt = build()
-        states[v] = (model, opt)
+        states[v] = build()
     recs = {
         v: recorder_for(os.path.join(tmp, f"{name[:3]}-{v}.h5"), *states[v])
-        for v in ("recorder", "committed")
+        for v in ("recorder", "committed", "thread_only")
+        if v in wanted
     }
-    NanHooks(states["nan_hooks"][0])
+    if "thread_only" in recs:
+        rec = recs["thread_only"]
+        rec._writer = DroppingWriter(rec._pool)  # the recorder then never starts its own
+    if "nan_hooks" in wanted:
+        NanHooks(states["nan_hooks"][0])
     save_path = os.path.join(tmp, "ckpt.pt")
 
-    def bare(b):
-        step(*states["bare"], b)
+    def plain(v):
+        return lambda b: step(*states[v], b)
 
-    def recorder(b):
-        recs["recorder"].step(b)
-
-    def committed(b):
-        recs["committed"].step(b)
+    def recorded(v):
+        return recs[v].step
 
     def anomaly(b):
         with torch.autograd.detect_anomaly(check_nan=True):
             step(*states["detect_anomaly"], b)
-
-    def hooks(b):
-        step(*states["nan_hooks"], b)
 
     def save(b):
         m, o = states["torch_save"]
         step(m, o, b)
         torch.save({"model": m.state_dict(), "optimizer": o.state_dict()}, save_path)
 
-    variants = {
-        "bare": bare,
-        "recorder": recorder,
-        "committed": committed,
-        "detect_anomaly": anomaly,
-        "nan_hooks": hooks,
-        "torch_save": save,
+    makers = {
+        "bare": plain,
+        "bare_again": plain,
+        "nan_hooks": plain,
+        "recorder": recorded,
+        "committed": recorded,
+        "thread_only": recorded,
+        "detect_anomaly": lambda v: anomaly,
+        "torch_save": lambda v: save,
     }
-    return variants, recs
+    return {v: makers[v](v) for v in ("bare", *wanted)}, recs
 
 
-def bench(name, rounds, steps, tmp):
-    variants, recs = make_variants(name, tmp)
+def bench(name, rounds, steps, tmp, wanted):
+    variants, recs = make_variants(name, tmp, wanted)
     _, template = WORKLOADS[name]()
     batches = fresh_batches(template, steps)
     for fn in variants.values():  # warm up (and let the recorder's first step create the file)
@@ -226,31 +265,40 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads first")
+    p.add_argument(
+        "--variants",
+        default=",".join(COLUMNS),
+        help=f"comma-separated, beside bare: {','.join(COLUMNS)}",
+    )
+    p.add_argument("--no-throughput", action="store_true", help="skip the store/disk speeds")
     args = p.parse_args()
+    wanted = [v for v in args.variants.split(",") if v]
+    unknown = sorted(set(wanted) - set(COLUMNS))
+    if unknown:
+        p.error(f"unknown variants: {', '.join(unknown)} (choose from {', '.join(COLUMNS)})")
+    wanted = [v for v in COLUMNS if v in wanted]
+    if args.threads:
+        torch.set_num_threads(args.threads)
     warnings.simplefilter("ignore")  # detect_anomaly warns on every use
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} cores; "
         f"{args.rounds} alternating rounds of {args.steps} steps per variant; "
         "ratio = median over rounds of (variant / bare) step time\n"
     )
-    print(
-        "| workload | bare step | recorder | recorder, committed | detect_anomaly | "
-        "NaN hooks (every module) | torch.save every step |"
-    )
-    print("|---|---|---|---|---|---|---|")
+    print("| workload | bare step | " + " | ".join(COLUMNS[v] for v in wanted) + " |")
+    print("|---|---|" + "---|" * len(wanted))
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_TMP")) as tmp:
         for name in WORKLOADS:
-            bare, r = bench(name, args.rounds, args.steps, tmp)
+            bare, r = bench(name, args.rounds, args.steps, tmp, wanted)
+            cells = [f"**{r[v]:.3f}x**" if v in BOLD else f"{r[v]:.3f}x" for v in wanted]
+            print(f"| {name} | {bare * 1e3:.2f} ms | " + " | ".join(cells) + " |", flush=True)
+        if not args.no_throughput:
+            print()
             print(
-                f"| {name} | {bare * 1e3:.2f} ms | {r['recorder']:.3f}x | **{r['committed']:.3f}x** | "
-                f"{r['detect_anomaly']:.2f}x | {r['nan_hooks']:.2f}x | {r['torch_save']:.2f}x |",
-                flush=True,
+                f"store write throughput (writer process, 4 MiB steps): {store_speed(tmp):.0f} "
+                f"MB/s; disk raw sequential write with fdatasync: {disk_speed(tmp):.0f} MB/s"
             )
-        print()
-        print(
-            f"store write throughput (writer process, 4 MiB steps): {store_speed(tmp):.0f} MB/s; "
-            f"disk raw sequential write with fdatasync: {disk_speed(tmp):.0f} MB/s"
-        )
 
 
 if __name__ == "__main__":
