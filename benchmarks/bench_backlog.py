@@ -4,7 +4,8 @@ bench_record.py alternates short blocks, so a writer that falls behind catches u
 Here a bare run and a recorded run each train ``--steps`` steps without a pause, on 2 cores that
 training keeps busy, and the table shows what the recorder owed: the most steps ever handed over
 and not yet sent to the writer process (what a ``kill -9`` would lose; training waits once there
-are ``max_pending_steps``, 64 by default), how many times training waited, the backlog left at
+are ``max_pending_steps``, 64 by default, the oldest ``max_pending_seconds``, 1 s, ago), how
+many times training waited, the backlog left at
 the end and how long ``close()`` then takes to drain it. "recorded / bare" is the wall time of
 the two runs, so it includes the writer's share of the cores only as far as it got that share,
 and waiting for the writer when it did not.
@@ -75,7 +76,8 @@ def main() -> None:
     args = p.parse_args()
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} cores; "
-        "default Recorder settings (max_pending_steps 64, max_pending_bytes 1 GiB)\n"
+        "default Recorder settings (max_pending_steps 64, max_pending_seconds 1, "
+        "max_pending_bytes 1 GiB)\n"
     )
     print(
         "| workload | writer nice | steps | bare | recorded | recorded / bare | "

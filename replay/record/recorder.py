@@ -86,10 +86,12 @@ class Recorder:
     ``keep_health=100_000`` steps. The file stops growing once the rings are full.
 
     The steps go to the file in the background. When the writer falls behind, training waits
-    for it once ``max_pending_steps=64`` steps (or ``max_pending_bytes=1 GiB``) are handed over
-    and not yet passed on to the writer process: what a ``kill -9`` of the training process can
-    lose is bounded by that (what reached the writer process is committed). A writer that keeps
-    up never has more than about 30 pending (benchmarks/RESULTS.md, "backlog").
+    for it once ``max_pending_steps=64`` steps are handed over and not yet passed on to the
+    writer process, the oldest of them at least ``max_pending_seconds=1.0`` ago (or once
+    ``max_pending_bytes=1 GiB`` are), with one :class:`RecorderWarning` the first time. So a
+    ``kill -9`` of the training process loses at most that backlog (what reached the writer
+    process is committed). A writer that keeps up has at most about 30 steps pending
+    (benchmarks/RESULTS.md, "backlog").
 
     **DDP** (``torch.distributed`` initialised with more than one rank, detected automatically;
     ``rank=``/``world_size=`` override it): every rank records its own file, named from ``path``:
@@ -129,6 +131,7 @@ class Recorder:
         start_step: int = 0,
         max_pending_bytes: int = 1 << 30,
         max_pending_steps: int = 64,
+        max_pending_seconds: float = 1.0,
         handle_signals: bool = True,
         rank: int | None = None,
         world_size: int | None = None,
@@ -158,6 +161,7 @@ class Recorder:
         self.raise_on_nonfinite = raise_on_nonfinite
         self.max_pending_bytes = max_pending_bytes
         self.max_pending_steps = max_pending_steps
+        self.max_pending_seconds = max_pending_seconds
         self.handle_signals = handle_signals
         self.next_step = start_step
         self._start_step = start_step
@@ -170,6 +174,7 @@ class Recorder:
         self._pool = HostPool()  # the batch copies' buffers, given back by the writer thread
         self._client = WriterClient()  # started early: its imports overlap the first steps
         self._warned = False
+        self._warned_wait = False  # training waited for a writer that fell behind: said once
         self._closed = False
         self._pending_check: tuple[int, torch.Tensor] | None = None
         self._pending_loss: Any = None
@@ -434,6 +439,7 @@ class Recorder:
                 self._make_store,
                 max_pending_bytes=self.max_pending_bytes,
                 max_pending_steps=self.max_pending_steps,
+                max_pending_seconds=self.max_pending_seconds,
                 pool=self._pool,
             )
         return self._writer
@@ -493,6 +499,16 @@ class Recorder:
 
     def _check_writer(self) -> None:
         w = self._writer
+        if w is not None and w.throttled and not self._warned_wait:
+            self._warned_wait = True
+            warnings.warn(
+                "replay: training waited for the recorder's writer, which fell more than "
+                f"{w.max_pending_steps} steps and {w.max_pending_seconds:g} s behind (or "
+                f"{w.max_pending_bytes >> 20} MiB; the CPU or the disk does not keep up); "
+                "recording goes on, and a kill -9 loses at most that backlog",
+                RecorderWarning,
+                stacklevel=3,
+            )
         if w is not None and w.error is not None and not self._warned:
             self._warned = True
             self.enabled = False

@@ -14,6 +14,7 @@ import collections
 import math
 import os
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -93,8 +94,8 @@ class BackgroundWriter:
     with the training thread, so waking it every step cost more than the commits themselves. A
     ``kill -9`` of the training process loses what was not yet handed over: at most
     ``WAKE_EVERY`` steps or ``WAKE_AFTER`` seconds more than the writer's own backlog, which
-    ``max_pending_steps`` bounds (``submit`` waits for the writer beyond it); a step that raises
-    or goes non-finite is flushed before the recorder returns.
+    ``_behind`` bounds (``submit`` waits for the writer beyond it); a step that raises or goes
+    non-finite is flushed before the recorder returns.
     """
 
     WAKE_EVERY = 8
@@ -106,6 +107,7 @@ class BackgroundWriter:
         *,
         max_pending_bytes: int,
         max_pending_steps: int = 1 << 62,
+        max_pending_seconds: float = 0.0,
         pool: HostPool | None = None,
     ) -> None:
         self._make_store = make_store
@@ -121,9 +123,11 @@ class BackgroundWriter:
         self._submitted_steps = 0  # jobs, snapshots included
         self._committed_steps = 0
         self.max_pending_seen = 0  # the most jobs ever handed over and not yet passed on
+        self._times: collections.deque[float] = collections.deque()  # when each pending came
         self._drained = threading.Condition()
         self.max_pending_bytes = max_pending_bytes
         self.max_pending_steps = max(1, max_pending_steps)
+        self.max_pending_seconds = max_pending_seconds
         self.error: str | None = None
         self.throttled = 0
         self._thread = threading.Thread(target=self._run, name="replay-writer", daemon=True)
@@ -146,6 +150,7 @@ class BackgroundWriter:
                     self._drained.wait(timeout=1.0)
         self._submitted += job.nbytes
         self._submitted_steps += 1
+        self._times.append(time.monotonic())
         pending = self._submitted_steps - self._committed_steps
         if pending > self.max_pending_seen:
             self.max_pending_seen = pending
@@ -155,10 +160,18 @@ class BackgroundWriter:
             self._signal()
 
     def _behind(self) -> bool:
-        return (
-            self._submitted - self._committed > self.max_pending_bytes
-            or self._submitted_steps - self._committed_steps >= self.max_pending_steps
-        )
+        """Too much handed over and not yet passed on: more than ``max_pending_bytes``, or at
+        least ``max_pending_steps`` steps of which the oldest came ``max_pending_seconds`` ago.
+        (The steps alone would hold up a run of sub-millisecond steps after a few ms; the age
+        alone would hold up a GPU run whose writer waits for the device's copies.)"""
+        if self._submitted - self._committed > self.max_pending_bytes:
+            return True
+        if self._submitted_steps - self._committed_steps < self.max_pending_steps:
+            return False
+        try:
+            return time.monotonic() - self._times[0] >= self.max_pending_seconds
+        except IndexError:
+            return False
 
     def _signal(self) -> None:
         self._unsignalled = 0
@@ -214,6 +227,8 @@ class BackgroundWriter:
                     self._abandon()
             self._committed += sum(j.nbytes for j in jobs)
             self._committed_steps += len(jobs)
+            for _ in jobs:
+                self._times.popleft()
             if not self._behind() or self.error:
                 with self._drained:
                     self._drained.notify_all()
