@@ -13,7 +13,7 @@ after the clock stops, so it never runs into the next variant's block). "recorde
 (a second recorder) stops the clock only once every step of the block is in the file, less the
 time of an empty flush (the latency of one round trip to the writer): the cost of recording when
 the writer has to keep up, as in a long run on saturated cores, where the backlog would
-otherwise grow until ``max_pending_bytes`` throttles training.
+otherwise grow until training waits for it (``max_pending_steps``/``max_pending_seconds``).
 
 Two more columns say how far the recorder's figures can be trusted and where its cost lies.
 "bare, again" trains a second bare copy exactly like the first: its ratio is the benchmark's own

@@ -37,6 +37,12 @@ def raising_step(model, optimizer, batch):
     raise KeyError("label 'cat' missing")
 
 
+def batch_for(t):
+    """Step t's batch: the same values whenever it is built again."""
+    g = torch.Generator().manual_seed(t)
+    return {"x": torch.randn(5, 6, generator=g), "y": torch.randint(0, 3, (5,), generator=g)}
+
+
 def record(path, steps=12, step_fn=train_step, **kw):
     model, opt = build()
     grad_norms = []
@@ -52,12 +58,7 @@ def record(path, steps=12, step_fn=train_step, **kw):
         **kw,
     ) as rec:
         for t in range(steps):
-            g = torch.Generator().manual_seed(t)
-            batch = {
-                "x": torch.randn(5, 6, generator=g),
-                "y": torch.randint(0, 3, (5,), generator=g),
-            }
-            rec.step(batch)
+            rec.step(batch_for(t))
             grads = [p.grad for p in model.parameters()]
             grad_norms.append(
                 float(torch.linalg.vector_norm(torch.cat([g.flatten() for g in grads])))

@@ -9,13 +9,11 @@ import threading
 import time
 import warnings
 
-import torch
-
 import replay
 from replay.errors import RecorderWarning
 from replay.store import open_recording
 
-from .test_record import build, train_step
+from .test_record import batch_for, build, train_step
 
 
 class StalledDisk:
@@ -35,11 +33,6 @@ class StalledDisk:
 
     def close(self, *, clean=True):
         self.store.close(clean=clean)
-
-
-def batch(t):
-    g = torch.Generator().manual_seed(t)
-    return {"x": torch.randn(5, 6, generator=g), "y": torch.randint(0, 3, (5,), generator=g)}
 
 
 def test_training_waits_for_a_stalled_writer_once_the_backlog_is_both_long_and_old(tmp_path):
@@ -63,7 +56,7 @@ def test_training_waits_for_a_stalled_writer_once_the_backlog_is_both_long_and_o
         return disks[0]
 
     rec._make_store = stalling_store  # read when the writer starts, at the first step
-    rec.step(batch(0))  # the first step waits until the file holds it
+    rec.step(batch_for(0))  # the first step waits until the file holds it
     steps = 3000
     done = []
     said = []
@@ -72,7 +65,7 @@ def test_training_waits_for_a_stalled_writer_once_the_backlog_is_both_long_and_o
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             for t in range(1, steps):
-                rec.step(batch(t))
+                rec.step(batch_for(t))
                 done.append(t)
         said.extend(str(w.message) for w in caught if issubclass(w.category, RecorderWarning))
 
