@@ -69,6 +69,7 @@ class DroppingWriter:
     buffers go straight back), so only the training thread's side of recording is timed."""
 
     error = None
+    throttled = 0  # what the recorder reads of a writer, beside error
 
     def __init__(self, pool):
         self._pool = pool

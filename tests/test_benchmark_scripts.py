@@ -1,0 +1,25 @@
+"""The recorder benchmarks still run against the recorder as it is now.
+
+No timing is asserted here (figures live in benchmarks/RESULTS.md). Regression: the
+"training thread only" variant's stand-in writer lacked an attribute the recorder began to read
+(``throttled``), and bench_record died at its first step, unseen until the next benchmark run.
+"""
+
+from __future__ import annotations
+
+import re
+
+from .conftest import ROOT, run_py
+
+
+def test_bench_record_runs_every_recorder_variant():
+    proc = run_py(
+        str(ROOT / "benchmarks" / "bench_record.py"),
+        "--rounds", "1", "--steps", "3", "--no-throughput",
+        "--variants", "bare_again,thread_only,recorder,committed",
+        timeout=300,
+        check=True,
+    )  # fmt: skip
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| ")][1:]
+    assert [r.split(" | ")[0] for r in rows] == ["| MLP", "| CNN", "| GPT (2 blocks)"]
+    assert all(len(re.findall(r"\d\.\d{3}x", r)) == 4 for r in rows), proc.stdout
