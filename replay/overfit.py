@@ -56,15 +56,19 @@ def overfit_batch(
     try:
         t = eng.window.first if step is None else step
         eng.state_before(t)
-        if lr is not None:
-            for g in eng.optimizer.param_groups:
+        opt = eng.optimizer
+        if lr is not None and opt is not None:
+            for g in opt.param_groups:
                 g["lr"] = lr
+        # A loop without an optimizer passes its lr as a per-step value: --lr overrides that.
+        override = {"lr": lr} if lr is not None and "lr" in eng.values(t) else {}
+        run = eng.step_callable(t, **override)
         batch = eng.batch(t)
         losses: list[float] = []
         error = None
         for _ in range(iters):
             try:
-                ret = eng.step_fn(eng.model, eng.optimizer, batch)
+                ret = run(eng.model, opt, batch)
             except Exception as e:  # the user's step failing is a result, not our failure
                 error = f"{type(e).__name__}: {e}"
                 break
@@ -81,12 +85,13 @@ def overfit_batch(
         goal = target * max(1.0, first) if math.isfinite(first) else target
         reached = next((i + 1 for i, v in enumerate(losses) if v <= goal), None)
         final = losses[-1] if losses else math.nan
-        lr0 = eng.optimizer.param_groups[0].get("lr") if eng.optimizer.param_groups else None
+        g0 = opt.param_groups[0] if opt is not None and opt.param_groups else eng.values(t)
+        lr0 = g0.get("lr")
         return {
             "path": path,
             "step": t,
             "iters": len(losses),
-            "lr": float(lr0) if lr0 is not None else None,
+            "lr": float(lr0) if isinstance(lr0, (int, float)) else None,
             "first_loss": first,
             "final_loss": final,
             "min_loss": min(losses) if losses else math.nan,

@@ -46,7 +46,7 @@ def trace_culprit(
     batch = engine.batch(step)
     try:
         result = trace_step(
-            engine.model, engine.optimizer, engine.step_fn, batch, scaler=engine.scaler
+            engine.model, engine.optimizer, engine.step_callable(step), batch, scaler=engine.scaler
         )
     finally:
         engine.invalidate()  # the tracer ran the step on the live objects

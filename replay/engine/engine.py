@@ -25,15 +25,18 @@ from typing import Any
 import torch
 
 from ..errors import RecordingError, ReplayError
-from ..record.fingerprint import GradMeter, absmax, exact_if_needed, loss_of, param_fingerprint
+from ..record.fingerprint import absmax, exact_if_needed, loss_of, param_fingerprint
+from ..record.guard import replay_runs_user_code
+from ..record.objects import RunObjects, StepCall
+from ..record.probe import GradProbe
 from ..record.rng import restore_rng
 from ..record.tensors import from_leaves, leaf_finite
 from ..store.reader import Recording
 from ..store.tree import TensorLeaf
 from .device import choose_device
-from .entry import EntryOverride, load_entry_points
+from .entry import EntryOverride, load_entry_points, recorded_process
 from .outcome import StepOutcome
-from .state import Objects, build_objects, capture_state, load_snapshot, restore_state
+from .state import build_objects, capture_state, load_snapshot, restore_state
 
 __all__ = ["Engine"]
 
@@ -85,10 +88,18 @@ class Engine:
         # Leaves go back where they were recorded unless we replay elsewhere.
         self._leaf_device = None if self.device == self.recorded_device else self.device
         self._configure_torch(env)
-        eps = load_entry_points(rec.entry, env, rec.sources, entry, log)
+        # The user's file is imported and build_fn called as in the recorded process: its
+        # sys.argv (argparse at import time) and working directory (relative paths).
+        with recorded_process(env, log):
+            with replay_runs_user_code("importing the recorded entry points"):
+                eps = load_entry_points(rec.entry, env, rec.sources, entry, log)
+            with replay_runs_user_code(f"build_fn {getattr(eps.build_fn, '__qualname__', '')}()"):
+                self.objs: RunObjects = build_objects(
+                    eps.build_fn, self.device, rec.meta.get("objects")
+                )
         self.entry_files = eps.files
         self.step_fn = eps.step_fn
-        self.objs: Objects = build_objects(eps.build_fn, self.device)
+        self.call = StepCall(eps.step_fn, self.objs)
         self._modules = [m for _, m in self.objs.model.named_modules()]
         recorded_modules = rec.meta.get("model", {}).get("modules")
         if recorded_modules is not None and len(recorded_modules) != len(self._modules):
@@ -97,13 +108,14 @@ class Engine:
                 f"{len(recorded_modules)}: the model changed since the recording"
             )
         self._params = list(self.objs.model.parameters())
-        self._opt_params = [p for g in self.objs.optimizer.param_groups for p in g["params"]]
-        self._grads = GradMeter(self._opt_params)
-        self._hook_on = False
-        self._hook_gn: torch.Tensor | None = None
-        self._hook_gmax: torch.Tensor | None = None
-        self._hook_fired = False
-        self._hook = self.objs.optimizer.register_step_pre_hook(self._pre_step)
+        opt = self.objs.optimizer
+        self._opt_params = (
+            [p for g in opt.param_groups for p in g["params"]]
+            if opt is not None
+            else [p for p in self._params if p.requires_grad]
+        )
+        # Same place, same function as the recorder: before any clip, before the update.
+        self._probe = GradProbe(self._opt_params, opt)
         self._pos: int | None = None  # the live objects hold the state before this step
         self._checkpoints: OrderedDict[int, dict[str, Any]] = OrderedDict()
         self._records: OrderedDict[int, dict[str, Any]] = OrderedDict()
@@ -118,7 +130,7 @@ class Engine:
         return self.objs.model
 
     @property
-    def optimizer(self) -> torch.optim.Optimizer:
+    def optimizer(self) -> torch.optim.Optimizer | None:
         return self.objs.optimizer
 
     @property
@@ -130,7 +142,7 @@ class Engine:
         return self.objs.scaler
 
     def close(self) -> None:
-        self._hook.remove()
+        self._probe.close()
 
     # -- set-up ------------------------------------------------------------------------------
 
@@ -145,12 +157,6 @@ class Engine:
             torch.backends.cuda.matmul.allow_tf32 = bool(env.get("matmul_tf32", False))
         if env.get("deterministic_algorithms"):
             torch.use_deterministic_algorithms(True)
-
-    def _pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        # Same place, same function as the recorder: gradients before the update.
-        if self._hook_on:
-            self._hook_fired = True
-            self._hook_gn, self._hook_gmax = self._grads()
 
     # -- records -------------------------------------------------------------------------------
 
@@ -171,6 +177,22 @@ class Engine:
     def batch(self, t: int) -> Any:
         """Step ``t``'s recorded batch as tensors on the replay device."""
         return from_leaves(self.record(t)["batch"], self._leaf_device)
+
+    def values(self, t: int) -> dict[str, Any]:
+        """The per-step values the loop passed to ``rec.step(batch, **values)`` at step ``t``."""
+        v = self.record(t).get("values")
+        return from_leaves(v, self._leaf_device) if v else {}
+
+    def step_callable(self, t: int, **override: Any) -> Callable[[Any, Any, Any], Any]:
+        """``fn(model, optimizer, batch)`` running step ``t``'s step function with its recorded
+        values (``override`` replaces some), for tools that drive the step themselves (the
+        tracer, overfit). ``model`` may be the eager module inside a compiled one."""
+        values = {**self.values(t), **override}
+
+        def run(model: Any, optimizer: Any, batch: Any) -> Any:
+            return self.call.with_objects(model=model, optimizer=optimizer)(batch, values)
+
+        return run
 
     def recorded_exception(self, t: int) -> dict[str, Any] | None:
         return self.record(t).get("exception")
@@ -215,7 +237,8 @@ class Engine:
         """Put step ``t``'s recorded RNG states, hyper-parameters and module modes in place."""
         r = self.record(t)
         restore_rng(r["rng"], cuda=self.device.startswith("cuda"))
-        groups = self.objs.optimizer.param_groups
+        opt = self.objs.optimizer
+        groups = opt.param_groups if opt is not None else []
         hparams = r.get("hparams") or []
         if len(hparams) != len(groups):
             raise ReplayError(
@@ -280,19 +303,25 @@ class Engine:
             self.state_before(t)
         self._prepare(t)
         b = self.batch(t) if batch is None else batch
-        g0 = self.objs.optimizer.param_groups[0] if self.objs.optimizer.param_groups else {}
-        out = StepOutcome(step=t, lr=_num(g0.get("lr")))
+        values = self.values(t)
+        opt = self.objs.optimizer
+        g0 = opt.param_groups[0] if opt is not None and opt.param_groups else values
+        lr = g0.get("lr")
+        out = StepOutcome(
+            step=t, lr=_num(lr) if isinstance(lr, (int, float, torch.Tensor)) else None
+        )
         scaler = self.objs.scaler
         if scaler is not None:
             out.scale = _num(getattr(scaler, "_scale", None))
-        self._hook_gn, self._hook_gmax, self._hook_fired, self._hook_on = None, None, False, True
         # Whatever happens below, the live state is no longer "before t"; a foreign batch
         # leaves a state no recorded step follows from.
         self._pos = t + 1 if batch is None else None
         t0 = time.perf_counter()
+        self._probe.begin()
         try:
-            ret = self.step_fn(self.objs.model, self.objs.optimizer, b)
+            ret = self.call(b, values)
         except Exception as e:  # the step's own failure is a result, not a replay failure
+            self._probe.end(measure=False)
             out.exception = {
                 "type": type(e).__name__,
                 "module": type(e).__module__,
@@ -300,17 +329,14 @@ class Engine:
             }
             return out
         finally:
-            self._hook_on = False
             self.steps_run += 1
             self.wall_time = time.perf_counter() - t0
             if self.on_step is not None:
                 self.on_step(t)
+        gn, gmax, stepped = self._probe.end()  # as the recorder: measured now if nothing did
         out.returned = ret
         out.loss = _num(loss_of(ret))
-        out.optimizer_stepped = float(self._hook_fired)
-        gn, gmax = self._hook_gn, self._hook_gmax
-        if gn is None and not self._hook_fired:
-            gn, gmax = self._grads()  # as the recorder: no optimizer step
+        out.optimizer_stepped = float(stepped)
         out.grad_norm = _num(gn)
         out.grad_absmax = _num(gmax)
         fp = param_fingerprint(self._params)

@@ -9,20 +9,27 @@ experiment, and the user must know.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import hashlib
 import importlib
 import importlib.util
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
 from ..errors import EntryPointError
 
-__all__ = ["EntryPoints", "EntryOverride", "parse_entry_override", "load_entry_points"]
+__all__ = [
+    "EntryPoints",
+    "EntryOverride",
+    "parse_entry_override",
+    "load_entry_points",
+    "recorded_process",
+]
 
 _DIFF_LINES = 40  # enough to see what changed, short enough not to bury the verdict
 _ENTRY_HINT = "pass --entry MODULE_OR_FILE:build,step to say where build_fn and step_fn live now"
@@ -177,6 +184,32 @@ def _lookup(module: ModuleType, qualname: str, role: str, where: str) -> Callabl
     if not callable(obj):
         raise EntryPointError(f"{role} {qualname!r} in {where} is not a function; {_ENTRY_HINT}")
     return obj
+
+
+@contextlib.contextmanager
+def recorded_process(
+    env: dict[str, Any], log: Callable[[str], None] = lambda m: print(m, file=sys.stderr)
+) -> Iterator[None]:
+    """Import and build as the recorded process did: its ``sys.argv`` (a script that parses
+    arguments at import time parses the recorded ones, not ``replay bisect run.h5``) and its
+    working directory (relative paths in ``build_fn``). Both are put back afterwards."""
+    argv, cwd = env.get("argv"), env.get("cwd")
+    saved_argv, saved_cwd = list(sys.argv), os.getcwd()
+    if isinstance(argv, list) and all(isinstance(a, str) for a in argv) and argv:
+        sys.argv[:] = argv
+    moved = False
+    if isinstance(cwd, str) and cwd and cwd != saved_cwd:
+        if os.path.isdir(cwd):
+            os.chdir(cwd)
+            moved = True
+        else:
+            log(f"replay: note: the recorded working directory {cwd} does not exist here")
+    try:
+        yield
+    finally:
+        sys.argv[:] = saved_argv
+        if moved:
+            os.chdir(saved_cwd)
 
 
 def load_entry_points(

@@ -5,27 +5,24 @@ from __future__ import annotations
 import copy
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ..errors import EntryPointError, ReplayError
+from ..record.objects import RunObjects, gather_state, load_state, objects_from_build
 from ..record.tensors import from_leaves
 
-__all__ = ["Objects", "build_objects", "load_snapshot", "capture_state", "restore_state"]
+__all__ = ["build_objects", "load_snapshot", "capture_state", "restore_state"]
 
 
-@dataclass
-class Objects:
-    model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
-    scheduler: Any = None
-    scaler: Any = None
+def build_objects(
+    build_fn: Callable[..., Any], device: str, recorded: dict[str, Any] | None = None
+) -> RunObjects:
+    """Call ``build_fn()``, check what it returned against the recording, move the model.
 
-
-def build_objects(build_fn: Callable[..., Any], device: str) -> Objects:
-    """Call ``build_fn()`` and check it returned ``(model, optimizer[, scheduler[, scaler]])``."""
+    ``recorded``: ``meta/run.objects`` (absent in recordings made before named objects).
+    """
     name = getattr(build_fn, "__qualname__", "build_fn")
     try:
         out = build_fn()
@@ -33,24 +30,25 @@ def build_objects(build_fn: Callable[..., Any], device: str) -> Objects:
         raise EntryPointError(
             f"build_fn {name}() raised {type(e).__name__}: {e}; fix it or pass --entry"
         ) from None
-    if not isinstance(out, (tuple, list)) or not 2 <= len(out) <= 4:
-        raise EntryPointError(
-            f"build_fn {name}() must return (model, optimizer[, scheduler[, scaler]]), "
-            f"got {type(out).__name__}"
-        )
-    objs = Objects(*out)
-    if not isinstance(objs.model, torch.nn.Module):
-        raise EntryPointError(
-            f"build_fn {name}() returned {type(objs.model).__name__}, not a Module"
-        )
-    if not isinstance(objs.optimizer, torch.optim.Optimizer):
-        raise EntryPointError(
-            f"build_fn {name}() returned {type(objs.optimizer).__name__} as its optimizer"
-        )
+    objs = objects_from_build(out, f"build_fn {name}()")
+    if recorded:
+        want, got = list(recorded.get("names") or []), objs.present()
+        if recorded.get("style") != objs.style or sorted(want) != sorted(got):
+            raise EntryPointError(
+                f"build_fn {name}() returned {_shape(objs.style, got)}, the recording was made "
+                f"with {_shape(recorded.get('style'), want)}: the code changed since the "
+                "recording; pass --entry to name the functions that match it"
+            )
     # Module.to moves parameters in place (same Parameter objects), so the optimizer still
     # holds the right tensors; the snapshot then overwrites their values.
     objs.model.to(device)
     return objs
+
+
+def _shape(style: Any, names: list[str]) -> str:
+    if style == "named":
+        return "a dict of " + ", ".join(names)
+    return "(" + ", ".join(names) + ")"
 
 
 def _int_keys(sd: dict[str, Any]) -> dict[str, Any]:
@@ -62,15 +60,10 @@ def _int_keys(sd: dict[str, Any]) -> dict[str, Any]:
     return sd
 
 
-def load_snapshot(objs: Objects, snap: dict[str, Any], leaf_device: str | None) -> None:
+def load_snapshot(objs: RunObjects, snap: dict[str, Any], leaf_device: str | None) -> None:
     """Load a snapshot read from the store (``TensorLeaf`` trees) into the live objects."""
     try:
-        objs.model.load_state_dict(from_leaves(snap["model"], leaf_device))
-        objs.optimizer.load_state_dict(_int_keys(from_leaves(snap["optimizer"], leaf_device)))
-        if objs.scheduler is not None and snap.get("scheduler") is not None:
-            objs.scheduler.load_state_dict(from_leaves(snap["scheduler"], leaf_device))
-        if objs.scaler is not None and snap.get("scaler") is not None:
-            objs.scaler.load_state_dict(from_leaves(snap["scaler"], leaf_device))
+        load_state(objs, snap, lambda _, v: from_leaves(v, leaf_device), int_keys=_int_keys)
     except (RuntimeError, KeyError, ValueError, TypeError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ReplayError(
@@ -106,29 +99,20 @@ def _copy(src: Any, old: Any) -> Any:
     return copy.deepcopy(src)
 
 
-def capture_state(objs: Objects, reuse: dict[str, Any] | None = None) -> dict[str, Any]:
+def capture_state(objs: RunObjects, reuse: dict[str, Any] | None = None) -> dict[str, Any]:
     """An in-memory copy of everything a step changes (besides RNG, restored per step).
 
     ``reuse``: a capture no longer needed, whose tensors are overwritten with this one's.
     """
     reuse = reuse or {}
     with torch.no_grad():
-        state = {
-            "model": _copy(objs.model.state_dict(), reuse.get("model")),
-            "optimizer": _copy(objs.optimizer.state_dict(), reuse.get("optimizer")),
-        }
-        if objs.scheduler is not None:
-            state["scheduler"] = copy.deepcopy(objs.scheduler.state_dict())
-        if objs.scaler is not None:
-            state["scaler"] = copy.deepcopy(objs.scaler.state_dict())
+        live = gather_state(objs)
+        state = {k: _copy(v, reuse.get(k)) for k, v in live.items()}
     return state
 
 
-def restore_state(objs: Objects, state: dict[str, Any]) -> None:
-    # load_state_dict of schedulers adopts the dict's objects: hand over copies, keep ours pristine.
-    objs.model.load_state_dict(state["model"])
-    objs.optimizer.load_state_dict(copy.deepcopy(state["optimizer"]))
-    if objs.scheduler is not None and "scheduler" in state:
-        objs.scheduler.load_state_dict(copy.deepcopy(state["scheduler"]))
-    if objs.scaler is not None and "scaler" in state:
-        objs.scaler.load_state_dict(copy.deepcopy(state["scaler"]))
+def restore_state(objs: RunObjects, state: dict[str, Any]) -> None:
+    # load_state_dict of schedulers adopts the dict's objects, and a restored gradient is
+    # accumulated into in place: hand over copies, keep the checkpoint pristine. The model's
+    # load_state_dict copies into the parameters by itself.
+    load_state(objs, state, lambda k, v: v if k == "model" else copy.deepcopy(v))

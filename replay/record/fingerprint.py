@@ -33,11 +33,14 @@ def loss_of(ret: Any) -> Any:
     elif isinstance(ret, (tuple, list)) and ret:
         ret = ret[0]
     if isinstance(ret, torch.Tensor):
-        if ret.dim() == 0:
-            return ret.detach()
-        return ret.detach().reshape(-1)[0] if ret.numel() else None
+        if ret.is_complex() or not ret.numel():
+            return None  # not a loss a health row can hold; the step still counts
+        return ret.detach() if ret.dim() == 0 else ret.detach().reshape(-1)[0]
     if isinstance(ret, (int, float)):
-        return float(ret)
+        try:
+            return float(ret)
+        except OverflowError:  # an int beyond float64: as large as a float gets
+            return math.inf if ret > 0 else -math.inf
     return None
 
 

@@ -13,12 +13,13 @@ import atexit
 import math
 import os
 import signal
+import sys
 import threading
 import time
 import traceback
 import uuid
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -32,8 +33,11 @@ from ..store.writer import RingSpec
 from ..store.writer_process import WriterClient
 from .entry import describe_entry, read_source
 from .env import collect_env
-from .fingerprint import GradMeter, absmax, exact_if_needed, loss_of, param_fingerprint
+from .fingerprint import absmax, exact_if_needed, loss_of, param_fingerprint
+from .guard import PreflightStop, preflight_from_env, refuse_if_replaying
+from .objects import RunObjects, StepCall, gather_state, objects_from_build
 from .pool import HostPool
+from .probe import GradProbe
 from .rng import capture_rng
 from .tensors import CopyStats, copy_tree
 from .writer_thread import BackgroundWriter, SnapshotJob, StepJob
@@ -117,12 +121,13 @@ class Recorder:
         self,
         path: str | os.PathLike[str],
         *,
-        model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
+        model: torch.nn.Module | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
         step_fn: Callable[..., Any],
         build_fn: Callable[..., Any],
         scheduler: Any = None,
         scaler: Any = None,
+        objects: Mapping[str, Any] | None = None,
         snapshot_every: int = 50,
         fingerprint_every: int = 10,
         keep_snapshots: int = 3,
@@ -136,8 +141,21 @@ class Recorder:
         rank: int | None = None,
         world_size: int | None = None,
     ) -> None:
+        refuse_if_replaying()  # before anything is started or created
         if snapshot_every < 1 or keep_snapshots < 2:
             raise ValueError("snapshot_every must be >= 1 and keep_snapshots >= 2")
+        self.preflight = preflight_from_env()
+        if self.preflight is not None:
+            # Two snapshots inside the steps preflight records: the second one is where state
+            # changed outside the step shows.
+            path = self.preflight.path
+            snapshot_every = max(1, self.preflight.steps // 2)
+            keep_snapshots = max(keep_snapshots, 3)
+            fingerprint_every = 1
+        self.objects = self._objects(objects, model, optimizer, scheduler, scaler)
+        model, optimizer = self.objects.model, self.objects.optimizer
+        scheduler, scaler = self.objects.scheduler, self.objects.scaler
+        self._call = StepCall(step_fn, self.objects)
         self.path = os.path.abspath(os.fspath(path))
         self.dist = detect(rank, world_size)
         self.base_path = self.path
@@ -168,8 +186,12 @@ class Recorder:
         self._snapshots_taken = 0
         self._modules = [m for _, m in self._inner.named_modules()]
         self._params = [p for p in self._inner.parameters()]
-        self._opt_params = [p for g in optimizer.param_groups for p in g["params"]]
-        self._grads = GradMeter(self._opt_params)
+        self._opt_params = (
+            [p for g in optimizer.param_groups for p in g["params"]]
+            if optimizer is not None
+            else [p for p in self._params if p.requires_grad]
+        )
+        self._probe_grads = GradProbe(self._opt_params, optimizer)
         self._writer: BackgroundWriter | None = None
         self._pool = HostPool()  # the batch copies' buffers, given back by the writer thread
         self._client = WriterClient()  # started early: its imports overlap the first steps
@@ -178,13 +200,9 @@ class Recorder:
         self._closed = False
         self._pending_check: tuple[int, torch.Tensor] | None = None
         self._pending_loss: Any = None
-        self._hook_grad_norm: torch.Tensor | None = None
-        self._hook_grad_absmax: torch.Tensor | None = None
-        self._hook_fired = False
         self._hp_items: Any = None
         self._hp_tensors = False
         self._hp_copy: list[dict[str, Any]] | None = None
-        self._hook = optimizer.register_step_pre_hook(self._pre_step)
         self._cuda_built = torch.cuda.is_available()  # ~16 us a call inside a training loop
         self._prev_sigterm: Any = None
         self.enabled = True
@@ -205,6 +223,36 @@ class Recorder:
             if raise_on_nonfinite:
                 self._stop = ConsistentStop(self.dist.rank, self.dist.world_size, self.dist.group)
 
+    @staticmethod
+    def _objects(
+        objects: Mapping[str, Any] | None,
+        model: Any,
+        optimizer: Any,
+        scheduler: Any,
+        scaler: Any,
+    ) -> RunObjects:
+        if objects is not None:
+            given = [
+                n
+                for n, v in (
+                    ("model", model),
+                    ("optimizer", optimizer),
+                    ("scheduler", scheduler),
+                    ("scaler", scaler),
+                )
+                if v is not None
+            ]
+            if given:
+                raise TypeError(
+                    f"Recorder: pass either objects= or {'/'.join(given)}=, not both "
+                    "(objects= holds every named object, model and optimizer included)"
+                )
+            return objects_from_build(objects, "Recorder(objects=...)")
+        if model is None:
+            raise TypeError("Recorder needs model= (or objects= with a 'model')")
+        named = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "scaler": scaler}
+        return objects_from_build(named, "Recorder", style="positional")
+
     # -- context manager ----------------------------------------------------------------------
 
     def __enter__(self) -> Recorder:
@@ -224,13 +272,12 @@ class Recorder:
 
     # -- the hot path -----------------------------------------------------------------------
 
-    def _pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        self._hook_fired = True
-        if self.enabled:
-            self._hook_grad_norm, self._hook_grad_absmax = self._grads()
+    def step(self, batch: Any, **values: Any) -> Any:
+        """Run the step function on ``batch`` under recording; return what it returned.
 
-    def step(self, batch: Any) -> Any:
-        """Run ``step_fn(model, optimizer, batch)`` under recording; return what it returned."""
+        ``values``: per-step values computed outside the step (``lr=lr``, ``it=it``) that the
+        step function takes as parameters; they are recorded and handed back on replay.
+        """
         if self._stop is not None and self._stop.deferred:
             loss, self._pending_loss = self._pending_loss, None
             self._raise_if_ranks_bad(self._stop.result(), loss)
@@ -238,7 +285,9 @@ class Recorder:
             self._check_writer()
             self._check_pending()
         if not self.enabled:
-            return self._unrecorded_step(batch)
+            return self._unrecorded_step(batch, values)
+        if self.preflight is not None and self.next_step - self._start_step >= self.preflight.steps:
+            self._end_preflight()
         t = self.next_step
         copied = CopyStats()
         try:
@@ -246,23 +295,26 @@ class Recorder:
                 self._snapshot(t)
             rng = capture_rng()
             batch_copy = copy_tree(batch, stats=copied, pool=self._pool)
+            values_copy = copy_tree(values, stats=copied) if values else None
             hparams = self._hparams(copied)
             modes = [m.training for m in self._modules]
+            lr = hparams[0].get("lr") if hparams else values.get("lr")
             health: dict[str, Any] = {
-                "lr": hparams[0].get("lr") if hparams else None,
+                "lr": lr if isinstance(lr, (int, float, torch.Tensor)) else None,
                 "raised": 0.0,
             }
             scale = getattr(self.scaler, "_scale", None) if self.scaler is not None else None
             if scale is not None:
                 health["scale"] = scale.detach().clone()
-            self._hook_grad_norm, self._hook_grad_absmax, self._hook_fired = None, None, False
         except Exception as e:  # noqa: BLE001 - the recorder must never take training down
             self._give_up("capturing the step", e)
-            return self._unrecorded_step(batch)
+            return self._unrecorded_step(batch, values)
         t0 = time.perf_counter()
+        self._probe_grads.begin()
         try:
-            ret = self.step_fn(self.model, self.optimizer, batch)
+            ret = self._call(batch, values)
         except Exception as e:
+            self._probe_grads.end(measure=False)
             health.update(raised=1.0, wall_time=time.perf_counter() - t0, time=time.time())
             exc = {
                 "type": type(e).__name__,
@@ -272,24 +324,27 @@ class Recorder:
             }
             self.next_step = t + 1
             try:
-                self._submit_step(t, rng, batch_copy, hparams, modes, health, copied, exc)
+                self._submit_step(
+                    t, rng, batch_copy, hparams, modes, health, copied, exc, values_copy
+                )
                 self.flush()
             except Exception as rec_error:  # noqa: BLE001 - the user's exception is the one to raise
                 self._give_up("recording the exception", rec_error)
             raise
-        loss = loss_of(ret)
-        if isinstance(loss, torch.Tensor) and not loss.is_cuda:
-            loss = float(loss)  # read once; every check below is then plain python
         local_gn = None
+        loss: Any = None
         try:
-            health["wall_time"] = time.perf_counter() - t0
+            wall = time.perf_counter() - t0
+            # Before anything else: the norm when no clip or optimizer step measured it (an AMP
+            # skip, accumulation, a loop without an optimizer).
+            gn, gmax, stepped = self._probe_grads.end()
+            loss = loss_of(ret)
+            if isinstance(loss, torch.Tensor) and not loss.is_cuda:
+                loss = float(loss)  # read once; every check below is then plain python
+            health["wall_time"] = wall
             health["time"] = time.time()
             health["loss"] = loss
-            health["optimizer_stepped"] = float(self._hook_fired)
-            gn, gmax = self._hook_grad_norm, self._hook_grad_absmax
-            if gn is None and not self._hook_fired:
-                # no optimizer step (AMP skip, accumulation)
-                gn, gmax = self._grads()
+            health["optimizer_stepped"] = float(stepped)
             health["grad_norm"] = gn
             health["grad_absmax"] = gmax  # not a column: decides grad_nonfinite exactly
             if (t - self._start_step) % self.fingerprint_every == 0 or _looks_bad(loss, gn):
@@ -310,7 +365,7 @@ class Recorder:
             if self._cuda_built and torch.cuda.is_initialized():
                 health["cuda_allocated"] = float(torch.cuda.memory_allocated())
                 health["cuda_peak"] = float(torch.cuda.max_memory_allocated())
-            self._submit_step(t, rng, batch_copy, hparams, modes, health, copied, None)
+            self._submit_step(t, rng, batch_copy, hparams, modes, health, copied, None, values_copy)
         except Exception as e:  # noqa: BLE001 - the recorder must never take training down
             self._give_up("recording the step's health", e)
             self.next_step = t + 1
@@ -333,8 +388,21 @@ class Recorder:
             self._raise_nonfinite(t, loss)
         return ret
 
+    def _end_preflight(self) -> None:
+        """``replay preflight`` asked for this many steps: close the file and end the run."""
+        self.close()
+        print(
+            f"replay preflight: recorded {self.preflight.steps} steps to {self.path}; "  # type: ignore[union-attr]
+            "ending the run",
+            file=sys.stderr,
+            flush=True,
+        )
+        raise PreflightStop()
+
     def _hparams(self, copied: CopyStats) -> list[dict[str, Any]]:
         """Param-group hyper-parameters, copied only when one changed since the last step."""
+        if self.optimizer is None:
+            return []
         items = tuple(
             tuple(
                 (k, tuple(v) if isinstance(v, list) else v) for k, v in g.items() if k != "params"
@@ -348,7 +416,7 @@ class Recorder:
         self._hp_copy = copy_tree([dict(it) for it in items], stats=copied)
         return self._hp_copy
 
-    def _submit_step(self, t, rng, batch, hparams, modes, health, copied, exc) -> None:  # noqa: ANN001
+    def _submit_step(self, t, rng, batch, hparams, modes, health, copied, exc, values) -> None:  # noqa: ANN001
         event = None
         if self._cuda_built and (
             copied.cuda or any(isinstance(v, torch.Tensor) and v.is_cuda for v in health.values())
@@ -356,21 +424,13 @@ class Recorder:
             event = torch.cuda.Event()
             event.record()
         job = StepJob(
-            t, rng, batch, hparams, modes, health, exc, event, copied.nbytes, copied.pooled
+            t, rng, batch, hparams, modes, health, exc, event, copied.nbytes, copied.pooled, values
         )
         self._writer_or_start().submit(job)
 
     def _snapshot(self, t: int) -> None:
         copied = CopyStats()
-        state = {
-            "step": t,
-            "model": copy_tree(self._inner.state_dict(), stats=copied),
-            "optimizer": copy_tree(self.optimizer.state_dict(), stats=copied),
-        }
-        if self.scheduler is not None:
-            state["scheduler"] = copy_tree(self.scheduler.state_dict(), stats=copied)
-        if self.scaler is not None:
-            state["scaler"] = copy_tree(self.scaler.state_dict(), stats=copied)
+        state = {"step": t, **copy_tree(gather_state(self.objects, self._inner), stats=copied)}
         event = None
         if copied.cuda:
             event = torch.cuda.Event()
@@ -392,10 +452,10 @@ class Recorder:
                 stacklevel=3,
             )
 
-    def _unrecorded_step(self, batch: Any) -> Any:
+    def _unrecorded_step(self, batch: Any, values: dict[str, Any]) -> Any:
         """Recording stopped (write failure): train on, but still join the ranks' agreement,
         or the other ranks would wait for this one forever."""
-        ret = self.step_fn(self.model, self.optimizer, batch)
+        ret = self._call(batch, values)
         if self._stop is not None:
             local_gn = self._probe.take() if self._probe is not None else None
             self._agree(self.next_step, loss_of(ret), local_gn)
@@ -469,7 +529,8 @@ class Recorder:
                 ],
                 "param_bytes": model_bytes,
             },
-            "optimizer": {"class": type(self.optimizer).__name__},
+            "optimizer": {"class": type(self.optimizer).__name__} if self.optimizer else None,
+            "objects": self.objects.describe(),
             "scheduler": {"class": type(self.scheduler).__name__} if self.scheduler else None,
             "scaler": {"class": type(self.scaler).__name__} if self.scaler else None,
             "distributed": self.dist.meta() if self.dist is not None else None,
@@ -525,7 +586,7 @@ class Recorder:
             return
         self._closed = True
         try:
-            self._hook.remove()
+            self._probe_grads.close()
         finally:
             if self._writer is not None:
                 self._writer.close()

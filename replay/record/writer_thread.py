@@ -66,6 +66,7 @@ class StepJob:
     event: Any = None  # a CUDA event guarding async copies and health tensors
     nbytes: int = 0
     buffers: list[Any] | None = None  # the batch's pooled copies, given back once sent
+    values: dict[str, Any] | None = None  # rec.step(batch, **values), handed back on replay
 
 
 @dataclass
@@ -270,6 +271,7 @@ class BackgroundWriter:
                 "modes": np.asarray(job.modes, dtype=bool),
                 "batch": to_leaves(job.batch),
                 "exception": job.exception,
+                "values": to_leaves(job.values) if job.values else None,
             }
             payload, mlen = pack_parts(record)
             steps.append((job.step, payload, mlen))

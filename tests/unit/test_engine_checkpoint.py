@@ -2,14 +2,15 @@
 
 import torch
 
-from replay.engine.state import Objects, capture_state, restore_state
+from replay.engine.state import capture_state, restore_state
+from replay.record.objects import objects_from_build
 
 
 def _objs():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    return Objects(model, opt)
+    return objects_from_build((model, opt))
 
 
 def _train(objs, n=2):

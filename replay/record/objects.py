@@ -1,0 +1,263 @@
+"""The record/replay contract: the named objects of a run and how the step function is called.
+
+Two shapes of ``build_fn`` are understood, and the recorder and the replay engine both go
+through this module, so a step is called the same way in both:
+
+* **positional** (the first contract, kept working): ``build_fn()`` returns
+  ``(model, optimizer[, scheduler[, scaler]])`` and the step is called as
+  ``step_fn(model, optimizer, batch, **values)``.
+* **named**: ``build_fn()`` returns a dict of named objects (``model`` required; ``optimizer``,
+  ``scheduler``, ``scaler`` recognised by name; any other object with ``state_dict`` and
+  ``load_state_dict``, such as EMA weights, kept in every snapshot too). The step function
+  receives them by parameter name, with ``batch`` and the per-step ``values`` the loop passes to
+  ``rec.step(batch, lr=lr, it=it)``::
+
+      def train_step(model, optimizer, scaler, batch, lr):  # any subset, in any order
+
+``values`` are recorded with each step and handed back on replay: they are how a value computed
+outside the step (a learning rate set by the loop, a curriculum knob, the iteration number)
+reaches a replayed step.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..errors import EntryPointError
+
+__all__ = [
+    "ROLES",
+    "RunObjects",
+    "StepCall",
+    "objects_from_build",
+    "gather_state",
+    "load_state",
+]
+
+# Objects known by name: the recorder measures and records their hyper-parameters (optimizer),
+# scale (scaler) and keeps their state under these keys in every snapshot.
+ROLES = ("model", "optimizer", "scheduler", "scaler")
+
+
+def _stateful(obj: Any) -> bool:
+    return callable(getattr(obj, "state_dict", None)) and callable(
+        getattr(obj, "load_state_dict", None)
+    )
+
+
+@dataclass
+class RunObjects:
+    """The stateful objects of a run, by name, and the shape ``build_fn`` gave them."""
+
+    named: dict[str, Any]
+    style: str = "positional"  # or "named"
+    _extras: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        self._extras = {
+            k: v for k, v in self.named.items() if k not in ROLES and v is not None and _stateful(v)
+        }
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.named["model"]
+
+    @property
+    def optimizer(self) -> Any:
+        return self.named.get("optimizer")
+
+    @property
+    def scheduler(self) -> Any:
+        return self.named.get("scheduler")
+
+    @property
+    def scaler(self) -> Any:
+        return self.named.get("scaler")
+
+    @property
+    def extras(self) -> dict[str, Any]:
+        """Named objects beyond the four roles whose state snapshots keep (EMA weights, ...)."""
+        return self._extras
+
+    def present(self) -> list[str]:
+        """The names that hold an object (a positional build may give ``None`` as scheduler)."""
+        return [k for k, v in self.named.items() if v is not None]
+
+    def describe(self) -> dict[str, Any]:
+        """For ``meta/run.objects``: the contract's shape and every object's class."""
+        return {
+            "style": self.style,
+            "names": self.present(),
+            "classes": {
+                k: None if v is None else f"{type(v).__module__}.{type(v).__qualname__}"
+                for k, v in self.named.items()
+            },
+            "stateful": sorted(self._extras),
+        }
+
+
+def objects_from_build(out: Any, who: str = "build_fn", style: str | None = None) -> RunObjects:
+    """Check what ``build_fn`` (or the Recorder's arguments) gave and name it.
+
+    ``out`` is ``(model, optimizer[, scheduler[, scaler]])`` or a mapping with at least ``model``;
+    ``style`` overrides the shape it implies (the Recorder's ``model=``/``optimizer=`` keywords
+    are the positional contract).
+    """
+    if isinstance(out, Mapping):
+        named = dict(out)
+        bad = [k for k in named if not isinstance(k, str) or not k.isidentifier()]
+        if bad:
+            raise EntryPointError(
+                f"{who} returned a dict whose keys must be names (identifiers), got {bad[0]!r}"
+            )
+        kind = "named"
+    elif isinstance(out, (tuple, list)) and 2 <= len(out) <= 4:
+        named = dict(zip(ROLES, out))
+        kind = "positional"
+    else:
+        raise EntryPointError(
+            f"{who} must return (model, optimizer[, scheduler[, scaler]]) or a dict of named "
+            f"objects such as {{'model': ..., 'optimizer': ..., 'scaler': ...}}, "
+            f"got {type(out).__name__}"
+        )
+    model = named.get("model")
+    if not isinstance(model, torch.nn.Module):
+        raise EntryPointError(
+            f"{who} must give a torch.nn.Module as 'model', got {type(model).__name__}"
+        )
+    opt = named.get("optimizer")
+    if opt is not None and not isinstance(opt, torch.optim.Optimizer):
+        raise EntryPointError(
+            f"{who} gave {type(opt).__name__} as 'optimizer': pass a torch.optim.Optimizer, or "
+            "None for a loop that updates the parameters itself"
+        )
+    return RunObjects(named, style if style is not None else kind)
+
+
+class StepCall:
+    """Calls ``step_fn`` as the contract says; the recorder and the engine both use it.
+
+    Named style: each parameter of ``step_fn`` is bound by name to a run object, to ``batch``
+    or to a per-step value; a ``**kwargs`` parameter takes the values no parameter names.
+    """
+
+    def __init__(self, step_fn: Callable[..., Any], objects: RunObjects) -> None:
+        self.step_fn = step_fn
+        self.objects = objects
+        self._takes: list[str] = []
+        self._var_kw = False
+        if objects.style == "named":
+            self._plan(step_fn)
+
+    def _plan(self, fn: Callable[..., Any]) -> None:
+        name = getattr(fn, "__qualname__", "step_fn")
+        try:
+            sig = inspect.signature(fn)
+        except (TypeError, ValueError):
+            raise EntryPointError(
+                f"step_fn {name}: its signature cannot be read, so its parameters cannot be "
+                "matched with the run's objects by name"
+            ) from None
+        for p in sig.parameters.values():
+            if p.kind is p.VAR_KEYWORD:
+                self._var_kw = True
+            elif p.kind is p.VAR_POSITIONAL:
+                continue
+            elif p.kind is p.POSITIONAL_ONLY:
+                raise EntryPointError(
+                    f"step_fn {name}: parameter {p.name!r} is positional-only; with named "
+                    "objects every parameter is passed by name"
+                )
+            else:
+                self._takes.append(p.name)
+        if "batch" not in self._takes and not self._var_kw:
+            raise EntryPointError(
+                f"step_fn {name}{sig} has no parameter named 'batch'; with build_fn returning "
+                f"named objects ({', '.join(self.objects.named)}), step_fn receives them, "
+                "'batch' and the values passed to rec.step by parameter name"
+            )
+
+    def with_objects(self, **replace: Any) -> StepCall:
+        """The same call with some objects replaced (the tracer passes the eager module of a
+        compiled model)."""
+        other = StepCall.__new__(StepCall)
+        other.__dict__.update(self.__dict__)
+        other.objects = RunObjects({**self.objects.named, **replace}, self.objects.style)
+        return other
+
+    def __call__(self, batch: Any, values: Mapping[str, Any] | None = None) -> Any:
+        objs = self.objects
+        if objs.style != "named":
+            return self.step_fn(objs.model, objs.optimizer, batch, **(values or {}))
+        kw: dict[str, Any] = {}
+        for n in self._takes:
+            if n == "batch":
+                kw[n] = batch
+            elif n in objs.named:
+                kw[n] = objs.named[n]
+            elif values is not None and n in values:
+                kw[n] = values[n]
+        if self._var_kw and values:
+            for k, v in values.items():
+                kw.setdefault(k, v)
+        return self.step_fn(**kw)
+
+
+def _param_names(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
+    return list(model.named_parameters())
+
+
+def gather_state(objects: RunObjects, model: torch.nn.Module | None = None) -> dict[str, Any]:
+    """What a snapshot holds, as live references (the caller copies): every object's
+    ``state_dict`` and the gradients that are not ``None`` (accumulation across ``rec.step``
+    calls leaves some pending at a snapshot).
+
+    ``model``: the module whose state is kept (the one inside a DDP wrapper).
+    """
+    model = model if model is not None else objects.model
+    state: dict[str, Any] = {"model": model.state_dict()}
+    for role in ROLES[1:]:
+        obj = objects.named.get(role)
+        if obj is not None:
+            state[role] = obj.state_dict()
+    if objects.extras:
+        state["objects"] = {k: v.state_dict() for k, v in objects.extras.items()}
+    state["grads"] = {n: p.grad for n, p in _param_names(model) if p.grad is not None}
+    return state
+
+
+def load_state(
+    objects: RunObjects,
+    state: Mapping[str, Any],
+    convert: Callable[[str, Any], Any],
+    *,
+    int_keys: Callable[[Any], Any] = lambda sd: sd,
+) -> None:
+    """Load a snapshot or in-memory state into the live objects.
+
+    ``convert(key, subtree)`` turns each kept subtree into live values (the store's leaves into
+    tensors on the replay device, or a copy of an in-memory state that must stay pristine). Gradients are set exactly as kept:
+    a parameter without a kept gradient gets ``None``, so nothing of a previous replay leaks in.
+    """
+    model = objects.model
+    model.load_state_dict(convert("model", state["model"]))
+    if objects.optimizer is not None and state.get("optimizer") is not None:
+        objects.optimizer.load_state_dict(int_keys(convert("optimizer", state["optimizer"])))
+    for role in ROLES[2:]:
+        obj = objects.named.get(role)
+        if obj is not None and state.get(role) is not None:
+            obj.load_state_dict(convert(role, state[role]))
+    kept = state.get("objects") or {}
+    for name, obj in objects.extras.items():
+        if name in kept:
+            obj.load_state_dict(convert("objects", kept[name]))
+    grads = convert("grads", state.get("grads") or {})
+    with torch.no_grad():
+        for n, p in _param_names(model):
+            g = grads.get(n)
+            p.grad = None if g is None else g.to(device=p.device, dtype=p.dtype)

@@ -1,0 +1,124 @@
+"""Where a step's gradient norm is measured: before any clipping, before the update.
+
+The recorder and the replay engine both measure through :class:`GradProbe`, so a recorded norm
+and a replayed one come from the same place in the step. Once per step, at the first of:
+
+* a gradient clip (``torch.nn.utils.clip_grad_norm_``, ``clip_grads_with_norm_``,
+  ``clip_grad_value_``), right before it changes the gradients;
+* the optimizer's step, in a step pre-hook (before the update);
+* the end of the step, when neither happened (a GradScaler skip, accumulation, a loop that
+  updates the parameters itself).
+
+Measuring after a clip recorded the clip value (or 0.0 when an infinite norm made the clip zero
+the gradients), so an exploding gradient never showed in a clipped run.
+
+``clip_grad_norm_`` looks ``_clip_grads_with_norm_`` up in its module at every call, so wrapping
+that global catches it however the user imported ``clip_grad_norm_``. The public
+``clip_grads_with_norm_`` and ``clip_grad_value_`` are wrapped where torch exports them; a
+reference the user took before ``import replay`` is not seen (the norm is then taken at the
+optimizer's step, after the clip). NB: one probe is active at a time (one training step runs at
+a time in a process); the wrappers do nothing when none is.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.utils
+import torch.nn.utils.clip_grad as _clip_grad
+
+from .fingerprint import GradMeter
+
+__all__ = ["GradProbe"]
+
+_active: list[GradProbe] = []  # the probe of the step running now, if any
+
+
+def _watching(fn: Callable[..., Any]) -> Callable[..., Any]:
+    if getattr(fn, "_replay_probe", False):
+        return fn  # already wrapped (a reload of this module)
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if _active:
+            _active[-1].before_clip()
+        return fn(*args, **kwargs)
+
+    wrapper._replay_probe = True  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _install() -> None:
+    _clip_grad._clip_grads_with_norm_ = _watching(_clip_grad._clip_grads_with_norm_)
+    # clip_grad_norm_ reaches the global above; these are called directly by users.
+    for mod in (_clip_grad, torch.nn.utils):
+        if hasattr(mod, "clip_grad_value_"):
+            mod.clip_grad_value_ = _watching(mod.clip_grad_value_)
+    if hasattr(torch.nn.utils, "clip_grads_with_norm_"):
+        torch.nn.utils.clip_grads_with_norm_ = _watching(torch.nn.utils.clip_grads_with_norm_)
+
+
+_install()
+
+
+class GradProbe:
+    """Measures the gradients of ``params`` once per step (see the module docstring).
+
+    ``begin()`` before the step, ``end()`` after it (also when it raised); ``end`` returns
+    ``(grad_norm, grad_absmax, optimizer_stepped)`` as :class:`GradMeter` gives them.
+    """
+
+    def __init__(self, params: list[torch.Tensor], optimizer: Any) -> None:
+        self.meter = GradMeter(params)
+        self._hook = (
+            optimizer.register_step_pre_hook(self._pre_step) if optimizer is not None else None
+        )
+        self.enabled = True
+        self._on = False
+        self._norm: Any = None
+        self._absmax: Any = None
+        self._measured = False
+        self.stepped = False
+        self.clipped = False
+
+    def begin(self) -> None:
+        self._norm = self._absmax = None
+        self._measured = self.stepped = self.clipped = False
+        self._on = True
+        _active.append(self)
+
+    def _measure(self) -> None:
+        if not self._measured and self.enabled:
+            self._measured = True
+            self._norm, self._absmax = self.meter()
+
+    def before_clip(self) -> None:
+        if self._on:
+            self.clipped = True
+            self._measure()
+
+    def _pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self._on:
+            self.stepped = True
+            self._measure()
+
+    def end(self, *, measure: bool = True) -> tuple[Any, Any, bool]:
+        """Stop watching; measure now if nothing did during the step (and ``measure``)."""
+        if self._on:
+            self._on = False
+            try:
+                _active.remove(self)
+            except ValueError:
+                pass
+        if measure:
+            self._measure()
+        return self._norm, self._absmax, self.stepped
+
+    def close(self) -> None:
+        self.end(measure=False)
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
