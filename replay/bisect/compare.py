@@ -6,10 +6,34 @@ import math
 import struct
 from typing import Any
 
-__all__ = ["same_bits", "compare_rows", "VERIFIED_COLUMNS"]
+__all__ = [
+    "same_bits",
+    "compare_rows",
+    "VERIFIED_COLUMNS",
+    "HINT_RAISED",
+    "HINT_OUTSIDE",
+    "HINT_NONDET",
+]
 
 # The columns a replay must reproduce bit for bit (DESIGN: replay is verified, never assumed).
 VERIFIED_COLUMNS = ("loss", "param_fingerprint")
+
+# What to change, for each reason a replay can differ (replay/engine/why.py tells them apart).
+HINT_RAISED = (
+    "the step depends on state build_fn does not create (a global the training loop sets, an "
+    "object build_fn does not return): return it from build_fn as a named object, or pass it "
+    "through rec.step(batch, name=value)"
+)
+HINT_OUTSIDE = (
+    "something outside step_fn changes what the step reads: return every stateful object from "
+    "build_fn, and pass values the loop computes (a learning rate, a curriculum knob) through "
+    "rec.step(batch, name=value) instead of a global"
+)
+HINT_NONDET = (
+    "the same inputs gave different bits: look for non-deterministic kernels "
+    "(torch.use_deterministic_algorithms(True)), code that depends on thread timing or "
+    "uninitialised memory, or a flaky device"
+)
 
 
 def same_bits(a: float | None, b: float | None) -> bool:

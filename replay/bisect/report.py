@@ -8,7 +8,14 @@ from typing import Any
 from .search import Verdict
 from .verify import VerifyReport
 
-__all__ = ["verdict_json", "render_verdict", "verify_json", "render_verify", "TRACE_FIELDS"]
+__all__ = [
+    "verdict_json",
+    "render_verdict",
+    "verify_json",
+    "render_verify",
+    "render_cause",
+    "TRACE_FIELDS",
+]
 
 # Filled by the per-op tracer when it runs; null until then.
 TRACE_FIELDS = ("op", "phase", "module", "source", "samples", "samples_exact")
@@ -48,6 +55,7 @@ def verdict_json(v: Verdict, **extra: Any) -> dict[str, Any]:
         **{k: None for k in TRACE_FIELDS},
         "forensics": None,
         "notes": list(v.notes),
+        "cause": None,
     }
     out.update(extra)
     return out
@@ -112,6 +120,7 @@ def render_verdict(d: dict[str, Any]) -> str:
             f"{dv['replayed']}, |diff| {dv['abs_diff']})"
         )
     lines.append(f"  deterministic {det}")
+    lines.extend(render_cause(d.get("cause")))
     lines.append(
         f"  replayed      {d['replayed_steps']} steps from the snapshot before step {d['snapshot']}"
         f" (+{d['rechecked_steps']} to re-check) on {d['device']}; window steps {w[0]}..{w[1]}"
@@ -121,6 +130,38 @@ def render_verdict(d: dict[str, Any]) -> str:
     for n in d.get("notes") or []:
         lines.append(f"  note: {n}")
     return "\n".join(lines)
+
+
+def _cause_json(c: dict[str, Any] | None) -> dict[str, Any] | None:
+    if c is None:
+        return None
+    out = dict(c)
+    if out.get("differs"):
+        out["differs"] = [{**d, "max_abs_diff": _num(d.get("max_abs_diff"))} for d in c["differs"]]
+    return out
+
+
+_HEADLINES = {
+    "raised": "replay FAILED: the replayed step raised",
+    "outside_state": "NOT replayable as recorded: state changed outside the step",
+    "nondeterministic": "NOT deterministic: the same inputs give different bits",
+}
+
+
+def render_cause(c: dict[str, Any] | None, indent: str = "  ") -> list[str]:
+    """The ``cause`` lines shared by the verify and bisect reports."""
+    if not c:
+        return []
+    lines = [f"{indent}cause         {c['kind']}: {c['summary']}"]
+    for d in c.get("differs") or []:
+        size = d.get("max_abs_diff")
+        more = f" (+{d['count'] - len(d['names'])} more)" if d["count"] > len(d["names"]) else ""
+        lines.append(
+            f"{indent}  differs     {d['object']}: {', '.join(d['names'])}{more}"
+            + (f", max |diff| {size:.3g}" if isinstance(size, float) else "")
+        )
+    lines.append(f"{indent}what to do    {c['hint']}")
+    return lines
 
 
 def verify_json(r: VerifyReport, **extra: Any) -> dict[str, Any]:
@@ -147,6 +188,7 @@ def verify_json(r: VerifyReport, **extra: Any) -> dict[str, Any]:
             }
             for s in r.steps
         ],
+        "cause": _cause_json(r.cause),
     }
     out.update(extra)
     return out
@@ -162,13 +204,16 @@ def render_verify(d: dict[str, Any]) -> str:
             f"(loss and parameter fingerprint) on {d['device']}"
         )
     fd = d["first_divergence"]
+    cause = d.get("cause")
+    head = _HEADLINES.get((cause or {}).get("kind"), "NOT bitwise")
     lines = [
-        f"NOT deterministic: {len(bad)} of {n} steps differ from the recording "
+        f"{head}: {len(bad)} of {n} steps differ from the recording "
         f"(window {w[0]}..{w[1]}, on {d['device']})",
         f"  first divergence at step {fd['step']}, {fd['column']}: recorded {fd['recorded']}, "
         f"replayed {fd['replayed']}, |diff| {fd['abs_diff']}, {fd['ulps']} ulps",
         "  differing steps: "
         + ", ".join(str(s["step"]) for s in bad[:20])
         + (" ..." if len(bad) > 20 else ""),
+        *render_cause(cause),
     ]
     return "\n".join(lines)

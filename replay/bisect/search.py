@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .compare import compare_rows, same_bits
+from .compare import HINT_RAISED, compare_rows, same_bits
 from .criteria import Criterion
 from .subject import Row, Subject
 
@@ -146,7 +146,7 @@ def find_culprit(
             e = replayed["exception"]
             raise SearchError(
                 f"step {t} raised {e['type']}: {e['message']} on replay, which the recording "
-                "does not show: the replay diverged (changed code or environment?)"
+                f"does not show: {HINT_RAISED}"
             )
     v.deterministic = v.divergence is None
     if culprit is None:

@@ -18,6 +18,7 @@ class VerifyReport:
     device: str
     steps: list[dict[str, Any]] = field(default_factory=list)
     replayed_steps: int = 0
+    cause: dict[str, Any] | None = None  # why the first divergence happened (engine/why.py)
 
     @property
     def divergences(self) -> list[dict[str, Any]]:
@@ -31,6 +32,9 @@ class VerifyReport:
     def first_divergence(self) -> dict[str, Any] | None:
         d = self.divergences
         return d[0] if d else None
+
+    def replayed_exception(self, step: int) -> dict[str, Any] | None:
+        return next((s["exception"] for s in self.steps if s["step"] == step), None)
 
 
 def verify_window(

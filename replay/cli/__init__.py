@@ -17,6 +17,7 @@ from .bisect import bisect
 from .doctor import doctor
 from .info import info
 from .overfit import overfit
+from .preflight import preflight
 from .tui import tui
 from .verify import verify
 
@@ -35,6 +36,7 @@ def cli() -> None:
     replay doctor RUN.h5    the debugging checklist: what looks wrong in the run, and what to do
     replay overfit RUN.h5   can the model overfit one recorded batch? (the first law)
     replay tui RUN.h5       browse a recording and its forensics in the terminal
+    replay preflight -- python train.py ...   before a long run: will its steps replay bitwise?
     """
 
 
@@ -44,6 +46,7 @@ cli.add_command(verify)
 cli.add_command(doctor)
 cli.add_command(overfit)
 cli.add_command(tui)
+cli.add_command(preflight)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -11,9 +11,10 @@ from __future__ import annotations
 import atexit
 import contextlib
 import gc
+import sys
 from collections.abc import Iterator
 
-__all__ = ["own_process", "big_imports"]
+__all__ = ["own_process", "big_imports", "user_stdout_to_stderr"]
 
 _owned = False
 
@@ -38,3 +39,15 @@ def big_imports() -> Iterator[None]:
     finally:
         gc.freeze()
         gc.enable()
+
+
+@contextlib.contextmanager
+def user_stdout_to_stderr(when: bool = True) -> Iterator[None]:
+    """While replay runs user code for a command that prints JSON: whatever that code prints
+    (a parameter count at import, a loss per step) goes to stderr, so stdout holds the JSON
+    alone."""
+    if not when:
+        yield
+        return
+    with contextlib.redirect_stdout(sys.stderr):
+        yield

@@ -6,6 +6,7 @@ import json
 
 import click
 
+from ._process import user_stdout_to_stderr
 from ._replaying import engine_options
 
 __all__ = ["overfit"]
@@ -56,6 +57,7 @@ def overfit(
                 f"{run}: no replayable state (no kept snapshot with its batches), so there is "
                 "nothing to rebuild the model from"
             )
-    result = overfit_batch(run, step=step, iters=iters, lr=lr, device=device, entry=entry)
+    with user_stdout_to_stderr(as_json):
+        result = overfit_batch(run, step=step, iters=iters, lr=lr, device=device, entry=entry)
     click.echo(json.dumps(result, indent=2) if as_json else render(result))
     return 0 if result["overfits"] else 1

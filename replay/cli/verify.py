@@ -6,7 +6,7 @@ import json
 
 import click
 
-from ._process import big_imports
+from ._process import big_imports, user_stdout_to_stderr
 from ._replaying import engine_options, open_engine
 
 __all__ = ["verify"]
@@ -19,24 +19,34 @@ __all__ = ["verify"]
 def verify(run: str, as_json: bool, device: str | None, entry: str | None) -> int:
     """Replay every step of RUN's replayable window and check it reproduces bitwise.
 
-    Compares each replayed loss and parameter fingerprint with the recorded ones. Exit codes:
-    0 every step matches, 1 some step differs (the first divergence and its size are shown),
-    3 unusable recording, 4 unusable entry point, 5 replay failed.
+    Compares each replayed loss and parameter fingerprint with the recorded ones. When a step
+    differs, says why: the replay raised (the step needs state build_fn does not create), state
+    changed outside the step (which objects drifted by the next snapshot), or real
+    non-determinism (two replays from the same state disagree). Exit codes: 0 every step
+    matches, 1 some step differs, 3 unusable recording, 4 unusable entry point, 5 replay failed.
     """
-    with big_imports():  # torch, torch._dynamo and the user's objects: see _process.py
-        from ..bisect import verify_window
-        from ..bisect.progress import Progress
-        from ..bisect.report import render_verify, verify_json
-        from ..engine.subject import EngineSubject
+    with user_stdout_to_stderr(as_json):
+        with big_imports():  # torch, torch._dynamo and the user's objects: see _process.py
+            from ..bisect import verify_window
+            from ..bisect.progress import Progress
+            from ..bisect.report import render_verify, verify_json
+            from ..engine.subject import EngineSubject
+            from ..engine.why import explain_divergence
 
-        rec, engine = open_engine(run, device, entry)
-    bar = Progress("replay verify")
-    try:
-        report = verify_window(EngineSubject(engine), progress=bar)
-    finally:
-        bar.close()
-        engine.close()
-        rec.close()
+            rec, engine = open_engine(run, device, entry)
+        bar = Progress("replay verify")
+        try:
+            report = verify_window(EngineSubject(engine), progress=bar)
+            bar.close()
+            fd = report.first_divergence
+            if fd is not None:
+                report.cause = explain_divergence(
+                    engine, fd, report.replayed_exception(int(fd["step"]))
+                )
+        finally:
+            bar.close()
+            engine.close()
+            rec.close()
     d = verify_json(report, recording=run, entry_files=engine.entry_files)
     click.echo(json.dumps(d, indent=2) if as_json else render_verify(d))
     return 0 if report.deterministic else 1

@@ -287,6 +287,16 @@ class Engine:
             self._checkpoints[t] = capture_state(self.objs, reuse=spare)
         self._prepare(t)
 
+    def replay_through(self, s: int) -> None:
+        """From the live state, replay every step up to ``s`` (exclusive), never loading the
+        snapshot of ``s``: the state then holds what replaying produced, for comparison with
+        that snapshot."""
+        if self._pos is None or self._pos > s:
+            raise ReplayError(f"no live replayed state before step {s} to continue from")
+        for i in range(self._pos, s):
+            self.run_step(i)
+        self._prepare(s)
+
     def invalidate(self) -> None:
         """Forget where the live objects are (after someone else ran a step on them, e.g. the
         tracer); the next ``state_before`` restores from a checkpoint or a snapshot."""

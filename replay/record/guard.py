@@ -61,9 +61,13 @@ def replay_runs_user_code(what: str) -> Iterator[None]:
     mark = len(_refused)
     try:
         yield
+    except BaseException:
+        if len(_refused) > mark:  # whatever the import turned the refusal into
+            raise TrainingAtImportError(_refused[-1]) from None
+        raise
     finally:
         _running.pop()
-    if len(_refused) > mark:
+    if len(_refused) > mark:  # the script caught the refusal and went on
         raise TrainingAtImportError(_refused[-1])
 
 

@@ -1,0 +1,242 @@
+"""Why a replay differs from its recording: the replay raised, state changed outside the step, or
+the computation is not deterministic.
+
+Three causes read the same in a bare comparison ("step 7's loss differs") and need opposite
+fixes, so after the first divergence the engine runs two experiments:
+
+1. **The replay raised** where the recording did not: the step depends on something the
+   replayed process lacks (a global the loop sets, an object ``build_fn`` does not return).
+2. **Two replays from the same state disagree** with each other: the same inputs give different
+   bits, real non-determinism (kernels, threads, uninitialised memory, hardware).
+3. **The replays agree with each other but not with the recording**: the step's inputs differ
+   from the recorded ones, so state changed outside the step. Replaying up to the next kept
+   snapshot and comparing every object with it names what drifted (model parameters, module
+   buffers, optimizer, scheduler, scaler, gradients, other named objects).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from ..bisect.compare import (
+    HINT_NONDET,
+    HINT_OUTSIDE,
+    HINT_RAISED,
+    VERIFIED_COLUMNS,
+    same_bits,
+)
+from ..record.tensors import from_leaves
+from .engine import Engine
+from .state import _int_keys
+
+__all__ = ["explain_divergence", "state_diff"]
+
+_NAMES = 5  # names listed per drifted object
+
+
+def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    b = b.to(a.device)
+    if a.is_floating_point() or a.is_complex():
+        both_nan = torch.isnan(a) & torch.isnan(b)
+        return bool(((a == b) | both_nan).all())
+    return bool(torch.equal(a, b))
+
+
+def _max_diff(a: Any, b: Any) -> float | None:
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape:
+        if a.is_floating_point() and b.is_floating_point():
+            d = (a.detach().double() - b.detach().to(a.device).double()).abs()
+            d = d[torch.isfinite(d)]
+            return float(d.max()) if d.numel() else None
+    return None
+
+
+def _diff_paths(live: Any, kept: Any, path: str, out: list[tuple[str, float | None]]) -> None:
+    """Append ``(path, max |diff|)`` for every leaf where ``live`` and ``kept`` differ."""
+    if isinstance(live, torch.Tensor) or isinstance(kept, torch.Tensor):
+        if not (
+            isinstance(live, torch.Tensor)
+            and isinstance(kept, torch.Tensor)
+            and _same_tensor(live.detach(), kept)
+        ):
+            out.append((path, _max_diff(live, kept)))
+        return
+    if isinstance(live, dict) and isinstance(kept, dict):
+        for k in dict.fromkeys([*live, *kept]):
+            _diff_paths(live.get(k), kept.get(k), f"{path}.{k}" if path else str(k), out)
+        return
+    if isinstance(live, (list, tuple)) and isinstance(kept, (list, tuple)):
+        if len(live) != len(kept):
+            out.append((path, None))
+            return
+        for i, (a, b) in enumerate(zip(live, kept)):
+            _diff_paths(a, b, f"{path}[{i}]", out)
+        return
+    if isinstance(live, float) and isinstance(kept, float):
+        if not same_bits(live, kept):
+            out.append((path, abs(live - kept) if math.isfinite(live - kept) else None))
+        return
+    if live != kept:
+        out.append((path, None))
+
+
+def state_diff(engine: Engine, s: int) -> list[dict[str, Any]]:
+    """Compare the live objects with the recorded snapshot of step ``s``, object by object.
+
+    Call it when the live objects hold the state right before ``s`` (``state_before(s)``).
+    Returns one entry per object that differs: ``{"object", "names", "count", "max_abs_diff"}``.
+    """
+    snap = engine.snapshot(s)
+    dev = engine._leaf_device
+    objs = engine.objs
+    model = objs.model
+    params = {n for n, _ in model.named_parameters()}
+    found: list[dict[str, Any]] = []
+
+    def report(what: str, diffs: list[tuple[str, float | None]]) -> None:
+        if diffs:
+            sizes = [d for _, d in diffs if d is not None]
+            found.append(
+                {
+                    "object": what,
+                    "names": [p for p, _ in diffs[:_NAMES]],
+                    "count": len(diffs),
+                    "max_abs_diff": max(sizes) if sizes else None,
+                }
+            )
+
+    with torch.no_grad():
+        live_model = model.state_dict()
+        kept_model = from_leaves(snap["model"], dev)
+        diffs: list[tuple[str, float | None]] = []
+        _diff_paths(dict(live_model), dict(kept_model), "", diffs)
+        report("model parameters", [d for d in diffs if d[0] in params])
+        report("module buffers", [d for d in diffs if d[0] not in params])
+        if objs.optimizer is not None and snap.get("optimizer") is not None:
+            diffs = []
+            kept = _int_keys(from_leaves(snap["optimizer"], dev))
+            _diff_paths(objs.optimizer.state_dict(), kept, "", diffs)
+            report("optimizer", diffs)
+        for role in ("scheduler", "scaler"):
+            obj = objs.named.get(role)
+            if obj is not None and snap.get(role) is not None:
+                diffs = []
+                _diff_paths(obj.state_dict(), from_leaves(snap[role], dev), "", diffs)
+                report(role, diffs)
+        kept_objects = snap.get("objects") or {}
+        for name, obj in objs.extras.items():
+            if name in kept_objects:
+                diffs = []
+                _diff_paths(obj.state_dict(), from_leaves(kept_objects[name], dev), "", diffs)
+                report(name, diffs)
+        if "grads" in snap:
+            live_grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+            diffs = []
+            _diff_paths(live_grads, from_leaves(snap["grads"], dev), "", diffs)
+            report("gradients", diffs)
+    return found
+
+
+def _identical(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    if (a.get("exception") is None) != (b.get("exception") is None):
+        return False
+    return all(same_bits(a.get(c), b.get(c)) for c in (*VERIFIED_COLUMNS, "grad_norm"))
+
+
+def _changed_sources(engine: Engine) -> list[str]:
+    import hashlib
+
+    changed = []
+    for e in engine.rec.entry.values():
+        path, want = e.get("path"), e.get("sha256")
+        if not path or not want:
+            continue
+        try:
+            with open(path, encoding="utf-8") as fh:
+                got = hashlib.sha256(fh.read().encode()).hexdigest()
+        except (OSError, UnicodeDecodeError):
+            continue
+        if got != want and path not in changed:
+            changed.append(path)
+    return changed
+
+
+def explain_divergence(
+    engine: Engine, divergence: dict[str, Any], replayed_exception: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Tell why step ``divergence["step"]`` differs from the recording (see the module doc).
+
+    Returns ``{"kind", "summary", "hint", "step", "differs"?, "snapshot"?, "changed_files"?}``;
+    ``kind`` is ``raised``, ``nondeterministic`` or ``outside_state``.
+    """
+    t = int(divergence["step"])
+    changed = _changed_sources(engine)
+    out: dict[str, Any] = {"step": t, "changed_files": changed}
+    if divergence.get("column") == "exception":
+        rec_type, got = divergence.get("recorded"), divergence.get("replayed")
+        if got is not None:
+            msg = (replayed_exception or {}).get("message", "")
+            out.update(
+                kind="raised",
+                summary=f"the replay of step {t} raised {got}: {msg}"
+                + (f" (the recording raised {rec_type})" if rec_type else "")
+                + ("" if rec_type else "; the recorded step did not raise"),
+                hint=HINT_RAISED,
+                exception={"type": got, "message": msg},
+            )
+            return out
+        out.update(
+            kind="outside_state",
+            summary=f"the recorded step {t} raised {rec_type}, its replay did not",
+            hint=HINT_OUTSIDE,
+        )
+        return out
+    engine.state_before(t, keep=True)
+    a = engine.run_step(t).row()
+    engine.state_before(t, keep=True)
+    b = engine.run_step(t).row()
+    if not _identical(a, b):
+        col = next(
+            (c for c in (*VERIFIED_COLUMNS, "grad_norm") if not same_bits(a.get(c), b.get(c))),
+            "exception",
+        )
+        out.update(
+            kind="nondeterministic",
+            summary=(
+                f"two replays of step {t} from the same state disagree ({col}: {a.get(col)} vs "
+                f"{b.get(col)}): same inputs, different bits"
+            ),
+            hint=HINT_NONDET,
+        )
+        return out
+    later = [s for s in engine.window.snapshots if s > t]
+    differs: list[dict[str, Any]] = []
+    if later:
+        s = later[0]
+        engine.replay_through(s)
+        differs = state_diff(engine, s)
+        out["snapshot"] = s
+    out["differs"] = differs
+    if differs:
+        what = ", ".join(d["object"] for d in differs)
+        first = differs[0]
+        summary = (
+            f"state changed outside the step: replaying from the snapshot of step "
+            f"{engine.window.snapshot_for(t)} up to step {out['snapshot']} gives {what} that "
+            f"differ from the snapshot recorded there (e.g. {first['object']} "
+            f"{', '.join(first['names'][:3])}), while two replays of step {t} agree bitwise"
+        )
+    else:
+        summary = (
+            f"two replays of step {t} agree bitwise but not with the recording: the step read "
+            "something replay does not restore"
+        )
+    if changed:
+        summary += f"; note that {', '.join(changed)} changed since the recording"
+    out.update(kind="outside_state", summary=summary, hint=HINT_OUTSIDE)
+    return out
