@@ -12,6 +12,7 @@ so it rarely needs a GradScaler at all; fp16 does.)
 Run:
     python examples/amp_bf16_scaler.py [runs/amp_bf16_scaler.h5]
     replay bisect runs/amp_bf16_scaler.h5        # exit 1: nothing to find
+    replay verify runs/amp_bf16_scaler.h5        # every step, skipped ones included, bitwise
     replay doctor runs/amp_bf16_scaler.h5
 
 Verdict: none
@@ -37,7 +38,6 @@ LR = 3e-3
 INIT_SCALE = 2.0**127  # near the top of the range: the first steps overflow
 GROWTH_INTERVAL = 10
 SNAPSHOT_EVERY = 10
-SCALER = None  # set by build(): train_step's signature has no room for it
 
 torch.manual_seed(SEED)
 
@@ -60,29 +60,28 @@ def build():
     )
     optimizer = torch.optim.Adam(model.parameters(), lr=LR)
     scaler = torch.amp.GradScaler("cpu", init_scale=INIT_SCALE, growth_interval=GROWTH_INTERVAL)
-    return model, optimizer, None, scaler
+    # Named objects: train_step receives each one by its parameter name, the scaler included,
+    # and replay rebuilds them all (a module-level SCALER global would be None on replay).
+    return {"model": model, "optimizer": optimizer, "scaler": scaler}
 
 
-def train_step(model, optimizer, batch):
+def train_step(model, optimizer, scaler, batch):
     x, y = batch
     optimizer.zero_grad(set_to_none=True)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         loss = F.cross_entropy(model(x), y, reduction="sum")
-    SCALER.scale(loss).backward()
-    SCALER.step(optimizer)  # skipped when the scaled gradients hold inf
-    SCALER.update()
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)  # skipped when the scaled gradients hold inf
+    scaler.update()
     return loss.detach() / len(y)
 
 
 def main(path: str) -> None:
     x, y = make_data(STEPS * BATCH)
-    global SCALER
-    model, optimizer, _, SCALER = build()
+    objects = build()
     with replay.Recorder(
         path,
-        model=model,
-        optimizer=optimizer,
-        scaler=SCALER,
+        objects=objects,
         step_fn=train_step,
         build_fn=build,
         snapshot_every=SNAPSHOT_EVERY,

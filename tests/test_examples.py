@@ -5,6 +5,7 @@ The promise is two structured docstring lines:
   agrees on each key (``none``: bisect finds nothing, exit 1; ``demo``: the script is the demo);
   ``Doctor: rule_a, rule_b`` -> ``replay doctor --json`` reports those rules (``silent``: no
   finding of severity warning or error).
+Every recording must also ``replay verify`` bitwise over its whole replayable window.
 """
 
 from __future__ import annotations
@@ -76,6 +77,12 @@ def test_example_reaches_its_verdict(script, tmp_path):
                 assert [int(s) for s in want.split(",")] == value, (key, value)
             else:
                 assert str(value) == want, (key, value, got)
+    # Every example replays bitwise, the failing step included (a healthy run that bisect
+    # never replays proves nothing: verify replays its whole window).
+    v = run("-m", "replay", "verify", rec, "--json", cwd=tmp_path)
+    assert v.returncode == 0, (v.stdout[-2000:], v.stderr[-2000:])
+    verified = json.loads(v.stdout)
+    assert verified["deterministic"] is True and verified["replayed_steps"] > 0, verified["cause"]
     if doctor:
         d = run("-m", "replay", "doctor", rec, "--json", cwd=tmp_path)
         assert d.returncode == 0, d.stderr[-2000:]

@@ -1,0 +1,198 @@
+"""The record/replay contract on programs shaped like the ones people run (tests/realistic/programs):
+each is recorded in a subprocess, as its author would run it, and replayed with the real CLI from
+another working directory. Healthy ones must replay bitwise; broken ones must be refused or
+explained with the right cause."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PROGRAMS = Path(__file__).with_name("programs")
+
+
+def _env() -> dict[str, str]:
+    e = dict(os.environ)
+    e["PYTHONPATH"] = str(ROOT) + os.pathsep + e.get("PYTHONPATH", "")
+    e.setdefault("OMP_NUM_THREADS", "1")
+    return e
+
+
+def record(tmp: Path, program: str, *args: str) -> tuple[Path, subprocess.CompletedProcess]:
+    """Copy ``program`` into ``tmp`` and run it there with ``args``; the run writes run.h5."""
+    script = tmp / program
+    shutil.copy(PROGRAMS / program, script)
+    p = subprocess.run(
+        [sys.executable, str(script), *args],
+        cwd=tmp,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    return tmp / "run.h5", p
+
+
+def replay(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "replay", *args],
+        cwd=cwd,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def verify_json(run: Path, cwd: Path) -> tuple[int, dict, str]:
+    p = replay("verify", str(run), "--json", cwd=cwd)
+    assert p.returncode in (0, 1), p.stderr[-2000:]
+    return p.returncode, json.loads(p.stdout), p.stderr  # stdout is the JSON alone
+
+
+def health(run: Path, column: str) -> np.ndarray:
+    with h5py.File(run, "r", swmr=True) as f:
+        cols = json.loads(f["health"].attrs["columns"])
+        steps = f["health/step"][:]
+        values = f["health/values"][:, cols.index(column)]
+    order = np.argsort(steps[steps >= 0])
+    return values[steps >= 0][order]
+
+
+@pytest.fixture
+def elsewhere(tmp_path):
+    """A working directory that is not the recording's: replay must restore the recorded one."""
+    d = tmp_path / "elsewhere"
+    d.mkdir()
+    return d
+
+
+def test_argparse_script_parses_the_recorded_arguments_on_replay(tmp_path, elsewhere):
+    run, p = record(tmp_path, "argparse_train.py", "--lr", "0.05", "--hidden", "24")
+    assert p.returncode == 0, p.stderr[-2000:]
+    rc, v, err = verify_json(run, elsewhere)
+    assert "unrecognized arguments" not in err and "usage:" not in err
+    assert rc == 0 and v["deterministic"] is True and v["replayed_steps"] == 12, v["cause"]
+    # The recorded arguments were used: lr 0.05 decayed by StepLR(4, 0.7) outside the step.
+    lrs = health(run, "lr")
+    assert lrs[0] == 0.05 and lrs[4] == pytest.approx(0.035)
+    assert not list(elsewhere.iterdir())  # nothing written where replay ran
+
+
+def test_nanogpt_shaped_loop_replays_bitwise_and_its_prints_stay_off_the_json(tmp_path, elsewhere):
+    run, p = record(tmp_path, "nanogpt_like.py", "max_iters=10")
+    assert p.returncode == 0, p.stderr[-2000:]
+    rc, v, err = verify_json(run, elsewhere)
+    assert rc == 0 and v["deterministic"] is True and v["replayed_steps"] == 10, v["cause"]
+    assert "number of parameters" in err  # the script's print at import went to stderr
+    # The lr the loop set outside the step was recorded per step (warmup, then cosine).
+    lrs = health(run, "lr")
+    assert lrs[0] < lrs[3] and lrs[9] < lrs[4]
+    b = replay("bisect", str(run), "--json", cwd=elsewhere)
+    assert b.returncode == 1, b.stderr[-2000:]  # healthy: nothing to find
+    json.loads(b.stdout)
+
+
+def test_gradients_pending_across_rec_step_calls_are_in_the_snapshot(tmp_path, elsewhere):
+    run, p = record(tmp_path, "accumulate_across_steps.py", "run.h5")
+    assert p.returncode == 0, p.stderr[-2000:]
+    rc, v, _ = verify_json(run, elsewhere)
+    assert rc == 0 and v["deterministic"] is True and v["replayed_steps"] == 12, v["cause"]
+    from replay.store import open_recording
+
+    with open_recording(run) as rec:
+        # The optimizer steps after odd iterations: before step 3 a micro-batch is pending.
+        pending = rec.read_snapshot(3)["grads"]
+        clean = rec.read_snapshot(6)["grads"]
+    assert sorted(pending) == ["0.bias", "0.weight", "2.bias", "2.weight"]
+    assert clean == {}
+
+
+def test_manual_sgd_without_an_optimizer_replays_with_its_lr_and_hidden_state(tmp_path, elsewhere):
+    run, p = record(tmp_path, "manual_sgd_rnn.py", "run.h5")
+    assert p.returncode == 0, p.stderr[-2000:]
+    rc, v, _ = verify_json(run, elsewhere)
+    assert rc == 0 and v["deterministic"] is True and v["replayed_steps"] == 12, v["cause"]
+    assert list(health(run, "lr")) == [20.0] * 4 + [5.0] * 4 + [1.25] * 4
+    info = replay("info", str(run), cwd=elsewhere)
+    assert info.returncode == 0, info.stderr
+
+
+def test_a_script_that_trains_at_import_is_refused_not_run(tmp_path, elsewhere):
+    run, p = record(tmp_path, "trains_at_import.py", "run.h5")
+    assert p.returncode == 0 and run.exists(), p.stderr[-2000:]
+    before = {q.name: q.stat().st_mtime_ns for q in tmp_path.iterdir()}
+    v = replay("verify", str(run), cwd=elsewhere)
+    assert v.returncode == 4, v.stderr
+    err = [ln for ln in v.stderr.splitlines() if ln.startswith("replay: error:")]
+    assert len(err) == 1 and 'if __name__ == "__main__":' in err[0]
+    assert "Traceback" not in v.stderr
+    after = {q.name: q.stat().st_mtime_ns for q in tmp_path.iterdir()}
+    assert after == before  # no second recording, the first one untouched
+    assert not list(elsewhere.iterdir())
+
+
+def test_a_global_changed_by_the_loop_is_named_as_state_outside_the_step(tmp_path, elsewhere):
+    run, p = record(tmp_path, "global_lr.py", "run.h5")
+    assert p.returncode == 0, p.stderr[-2000:]
+    rc, v, _ = verify_json(run, elsewhere)
+    assert rc == 1 and v["deterministic"] is False
+    cause = v["cause"]
+    assert cause["kind"] == "outside_state"
+    assert cause["snapshot"] == 4
+    assert "model parameters" in [d["object"] for d in cause["differs"]]
+    assert "rec.step(batch, name=value)" in cause["hint"]
+    text = replay("verify", str(run), cwd=elsewhere).stdout
+    assert text.startswith("NOT replayable as recorded: state changed outside the step")
+
+
+def test_a_step_needing_an_object_build_fn_does_not_make_is_named_as_raised(tmp_path, elsewhere):
+    run, p = record(tmp_path, "global_object.py", "run.h5")
+    assert p.returncode == 0, p.stderr[-2000:]
+    rc, v, _ = verify_json(run, elsewhere)
+    assert rc == 1
+    cause = v["cause"]
+    assert cause["kind"] == "raised" and cause["exception"]["type"] == "AttributeError"
+    assert "build_fn does not create" in cause["hint"]
+
+
+def test_real_non_determinism_is_told_apart_from_drifted_state(tmp_path, elsewhere):
+    run, p = record(tmp_path, "nondeterministic.py", "run.h5")
+    assert p.returncode == 0, p.stderr[-2000:]
+    rc, v, _ = verify_json(run, elsewhere)
+    assert rc == 1 and v["cause"]["kind"] == "nondeterministic", v["cause"]
+    assert "two replays of step 0" in v["cause"]["summary"]
+
+
+@pytest.mark.slow
+def test_preflight_says_replayable_for_a_good_run_and_names_the_cause_for_a_bad_one(tmp_path):
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    good.mkdir()
+    bad.mkdir()
+    shutil.copy(PROGRAMS / "nanogpt_like.py", good)
+    shutil.copy(PROGRAMS / "global_lr.py", bad)
+    ok = replay("preflight", "--", sys.executable, "nanogpt_like.py", "max_iters=50", cwd=good)
+    assert ok.returncode == 0, (ok.stdout, ok.stderr[-2000:])
+    assert "REPLAYABLE" in ok.stdout
+    assert "iter 8:" not in ok.stderr and "iter 7:" in ok.stderr  # stopped after 8 steps
+    assert not (good / "run.h5").exists()  # the script's own path was left alone
+    no = replay("preflight", "--json", "--", sys.executable, "global_lr.py", cwd=bad)
+    assert no.returncode == 1, no.stderr[-2000:]
+    rep = json.loads(no.stdout)
+    assert rep["replayable"] is False and rep["reason"] == "outside_state"
+    assert rep["cause"]["differs"][0]["object"] == "model parameters"
+
+
+def test_preflight_of_a_command_without_a_recorder_says_so(tmp_path):
+    p = replay("preflight", "--", sys.executable, "-c", "print('hello')", cwd=tmp_path)
+    assert p.returncode == 1
+    assert "created no replay.Recorder" in p.stdout
