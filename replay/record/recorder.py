@@ -541,7 +541,7 @@ class Recorder:
             if text is not None:
                 sources[e["path"]] = text
         step_guess = 16 << 10
-        snap_guess = 3 * model_bytes + 4096  # weights + Adam's two moments
+        snap_guess = 4 * model_bytes + 4096  # weights, Adam's two moments, pending gradients
         return self._client.create(
             self.path,
             run_id=uuid.uuid4().hex,

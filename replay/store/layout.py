@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 FORMAT_NAME = "replay-recording"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 # Versions this reader understands. Older ones are listed here while they stay readable.
-READABLE_VERSIONS = (1,)
+READABLE_VERSIONS = (1, 2)
 
 RING_ENCODING = ("ring", 1)
 HEALTH_ENCODING = ("health-ring", 1)

@@ -47,3 +47,8 @@ def test_archived_recording_reads_back(path):
         assert h["step"].tolist() == list(range(12))
         assert np.isfinite(h["loss"]).all() and (h["loss_nonfinite"] == 0).all()
         assert rec.entry["step_fn"]["qualname"] == "train_step"
+        if rec.format_version >= 2:
+            # a step's gradients stay until the next zero_grad: every snapshot holds them
+            assert set(snap["grads"]) == set(snap["model"])
+            assert rec.meta["objects"]["style"] == "positional"
+            assert rec.read_step(8)["values"] is None
