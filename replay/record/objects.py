@@ -144,6 +144,8 @@ class StepCall:
 
     Named style: each parameter of ``step_fn`` is bound by name to a run object, to ``batch``
     or to a per-step value; a ``**kwargs`` parameter takes the values no parameter names.
+    Positional style: ``step_fn(model, optimizer, batch, **values)``. In both, a value no
+    parameter takes is recorded but not passed (``it=it`` kept for the record).
     """
 
     def __init__(self, step_fn: Callable[..., Any], objects: RunObjects) -> None:
@@ -153,6 +155,14 @@ class StepCall:
         self._var_kw = False
         if objects.style == "named":
             self._plan(step_fn)
+        else:
+            try:
+                params = inspect.signature(step_fn).parameters.values()
+            except (TypeError, ValueError):  # unreadable: pass every value, as written
+                self._var_kw = True
+            else:
+                self._var_kw = any(p.kind is p.VAR_KEYWORD for p in params)
+                self._takes = [p.name for p in params if p.kind is not p.VAR_KEYWORD]
 
     def _plan(self, fn: Callable[..., Any]) -> None:
         name = getattr(fn, "__qualname__", "step_fn")
@@ -193,7 +203,8 @@ class StepCall:
     def __call__(self, batch: Any, values: Mapping[str, Any] | None = None) -> Any:
         objs = self.objects
         if objs.style != "named":
-            return self.step_fn(objs.model, objs.optimizer, batch, **(values or {}))
+            kw = {k: v for k, v in (values or {}).items() if self._var_kw or k in self._takes}
+            return self.step_fn(objs.model, objs.optimizer, batch, **kw)
         kw: dict[str, Any] = {}
         for n in self._takes:
             if n == "batch":
