@@ -61,6 +61,7 @@ def describe(path: str) -> dict[str, Any]:
             "optimizer": rec.meta.get("optimizer"),
             "scheduler": rec.meta.get("scheduler"),
             "scaler": rec.meta.get("scaler"),
+            "objects": rec.meta.get("objects"),
             "distributed": rec.meta.get("distributed"),
         }
         out["model"]["n_params"] = sum(
@@ -109,10 +110,13 @@ def render(d: dict[str, Any]) -> str:
     opt = (d.get("optimizer") or {}).get("class")
     sch = (d.get("scheduler") or {}) or {}
     lines.append(
-        f"  optimizer       {opt}"
+        f"  optimizer       {opt or 'none (the step updates the parameters itself)'}"
         + (f", scheduler {sch.get('class')}" if sch else "")
         + (", GradScaler" if d.get("scaler") else "")
     )
+    extra = (d.get("objects") or {}).get("stateful") or []
+    if extra:
+        lines.append(f"  also kept       {', '.join(map(str, extra))} (named objects)")
     for role, e in d["entry"].items():
         lines.append(f"  {role:<15} {e['module']}:{e['qualname']}  ({e['path']})")
     env = d["env"]

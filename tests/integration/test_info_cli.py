@@ -9,6 +9,7 @@ import h5py
 import numpy as np
 import pytest
 
+from replay.store import FORMAT_VERSION
 from tests.conftest import SCRIPTS, replay_cli, run_py
 
 
@@ -30,7 +31,7 @@ def test_info_reports_window_first_failure_and_entry_points(nan_run):
     proc = replay_cli("info", str(nan_run), "--json")
     d = json.loads(proc.stdout)
     assert d["replayable_window"] == [0, 22] and d["first_bad"]["nonfinite"] == 22
-    assert d["format_version"] == 1 and d["snapshots"] == [0, 10, 20]
+    assert d["format_version"] == FORMAT_VERSION and d["snapshots"] == [0, 10, 20]
 
 
 def _assert_one_line_error(proc, *fragments):
