@@ -42,6 +42,7 @@ def overfit_batch(
     device: str | None = None,
     entry: str | None = None,
     target: float = 0.01,
+    trust: bool = False,
 ) -> dict[str, Any]:
     """Train on step ``step``'s recorded batch; report whether the loss reaches ~0 and how fast.
 
@@ -52,7 +53,7 @@ def overfit_batch(
     from .errors import ReplayError
     from .record.fingerprint import loss_of
 
-    rec, eng = open_engine(path, device, entry)
+    rec, eng = open_engine(path, device, entry, trust)
     try:
         t = eng.window.first if step is None else step
         eng.state_before(t)

@@ -19,6 +19,12 @@ def engine_options(fn: Any) -> Any:
         help="Replay on DEVICE (cpu, cuda, cuda:1). Default: where it was recorded if present.",
     )(fn)
     fn = click.option(
+        "--trust",
+        is_flag=True,
+        help="Import the entry points of a recording made by another user or on another host "
+        "(read the files it names first).",
+    )(fn)
+    fn = click.option(
         "--entry",
         default=None,
         metavar="MODULE_OR_FILE:build,step",
@@ -27,7 +33,9 @@ def engine_options(fn: Any) -> Any:
     return fn
 
 
-def open_engine(run: str, device: str | None, entry: str | None) -> tuple[Any, Any]:
+def open_engine(
+    run: str, device: str | None, entry: str | None, trust: bool = False
+) -> tuple[Any, Any]:
     """``(recording, engine)``; torch is imported here, not at ``replay --help`` time."""
     with big_imports():
         from ..engine.entry import parse_entry_override
@@ -43,7 +51,7 @@ def open_engine(run: str, device: str | None, entry: str | None) -> tuple[Any, A
 
         rec = open_recording(run)
         try:
-            return rec, Engine(rec, device=device, entry=override)
+            return rec, Engine(rec, device=device, entry=override, trust=trust)
         except BaseException:
             rec.close()
             raise

@@ -60,6 +60,7 @@ def bisect(
     as_json: bool,
     device: str | None,
     entry: str | None,
+    trust: bool,
 ) -> int:
     """Find the first step of RUN that fails, replaying only from the last healthy snapshot.
 
@@ -88,7 +89,7 @@ def bisect(
             run, rank_set = pick_rank_file(run)
             if rank_set is not None and not as_json:
                 click.echo(f"rank set: {rank_set['summary']}; replaying {run}", err=True)
-            rec, engine = open_engine(run, device, entry)
+            rec, engine = open_engine(run, device, entry, trust)
         bar = Progress("replay bisect")
         try:
             subject = EngineSubject(engine)

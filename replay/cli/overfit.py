@@ -39,6 +39,7 @@ def overfit(
     as_json: bool,
     device: str | None,
     entry: str | None,
+    trust: bool,
 ) -> int:
     """Rebuild the model from RUN's state and train it on one recorded batch, again and again.
 
@@ -58,6 +59,8 @@ def overfit(
                 "nothing to rebuild the model from"
             )
     with user_stdout_to_stderr(as_json):
-        result = overfit_batch(run, step=step, iters=iters, lr=lr, device=device, entry=entry)
+        result = overfit_batch(
+            run, step=step, iters=iters, lr=lr, device=device, entry=entry, trust=trust
+        )
     click.echo(json.dumps(result, indent=2) if as_json else render(result))
     return 0 if result["overfits"] else 1

@@ -16,7 +16,7 @@ __all__ = ["verify"]
 @click.argument("run", type=click.Path(dir_okay=False, path_type=str))
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 @engine_options
-def verify(run: str, as_json: bool, device: str | None, entry: str | None) -> int:
+def verify(run: str, as_json: bool, device: str | None, entry: str | None, trust: bool) -> int:
     """Replay every step of RUN's replayable window and check it reproduces bitwise.
 
     Compares each replayed loss and parameter fingerprint with the recorded ones. When a step
@@ -33,7 +33,7 @@ def verify(run: str, as_json: bool, device: str | None, entry: str | None) -> in
             from ..engine.subject import EngineSubject
             from ..engine.why import explain_divergence
 
-            rec, engine = open_engine(run, device, entry)
+            rec, engine = open_engine(run, device, entry, trust)
         bar = Progress("replay verify")
         try:
             report = verify_window(EngineSubject(engine), progress=bar)

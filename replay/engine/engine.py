@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from ..errors import RecordingError, ReplayError
+from ..errors import EntryPointError, RecordingError, ReplayError
 from ..record.fingerprint import absmax, exact_if_needed, loss_of, param_fingerprint
 from ..record.guard import replay_runs_user_code
 from ..record.objects import RunObjects, StepCall
@@ -34,7 +34,13 @@ from ..record.tensors import from_leaves, leaf_finite
 from ..store.reader import Recording
 from ..store.tree import TensorLeaf
 from .device import choose_device
-from .entry import EntryOverride, load_entry_points, recorded_process
+from .entry import (
+    EntryOverride,
+    entry_files,
+    foreign_origin,
+    load_entry_points,
+    recorded_process,
+)
 from .outcome import StepOutcome
 from .state import build_objects, capture_state, load_snapshot, restore_state
 
@@ -61,7 +67,8 @@ class Engine:
     """Replays steps of a recording with the recorded ``build_fn``/``step_fn``.
 
     ``device``: where to replay (default: where it was recorded when possible, else the CPU with
-    a warning). ``entry``: an :class:`EntryOverride` (``--entry``). ``log``: where notes go
+    a warning). ``entry``: an :class:`EntryOverride` (``--entry``). ``trust``: import the entry
+    points of a recording made by another user or on another host (``--trust``). ``log``: where notes go
     (stderr by default; never ``warnings``, which tests turn into errors).
     """
 
@@ -72,6 +79,7 @@ class Engine:
         device: str | None = None,
         entry: EntryOverride | None = None,
         log: Callable[[str], None] = _stderr,
+        trust: bool = False,
     ) -> None:
         self.rec = rec
         self.log = log
@@ -88,6 +96,13 @@ class Engine:
         # Leaves go back where they were recorded unless we replay elsewhere.
         self._leaf_device = None if self.device == self.recorded_device else self.device
         self._configure_torch(env)
+        origin = foreign_origin(env) if entry is None else None
+        if origin is not None and not trust:
+            raise EntryPointError(
+                f"{rec.path} was recorded on {origin}, not by you here; replaying it imports and "
+                f"runs {', '.join(entry_files(rec.entry)) or 'its entry points'}: read them, then "
+                "pass --trust (or --entry to name your own)"
+            )
         # The user's file is imported and build_fn called as in the recorded process: its
         # sys.argv (argparse at import time) and working directory (relative paths).
         with recorded_process(env, log):

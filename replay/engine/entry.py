@@ -1,8 +1,11 @@
 """Importing the recorded entry points again: the only place ``replay`` runs user code.
 
 A script recorded as ``__main__`` is imported as a file under a private module name, so its
-``if __name__ == "__main__":`` training loop does not run; a module is imported by name with the
-recording's working directory on ``sys.path``. We say on stderr which file is imported and, when its
+``if __name__ == "__main__":`` training loop does not run; a module is imported by name from the
+project root its recorded file implies (never from the recording's working directory, which a
+crafted recording could point anywhere). An entry point must be a function written in that
+file: never one of the standard library or an installed package. A recording made by another
+user or on another host is imported only with ``trust`` (``--trust``). We say on stderr which file is imported and, when its
 source changed since the recording, show a short diff: a replay of different code is a different
 experiment, and the user must know.
 """
@@ -14,8 +17,12 @@ import difflib
 import hashlib
 import importlib
 import importlib.util
+import inspect
 import os
+import site
+import socket
 import sys
+import sysconfig
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -29,6 +36,8 @@ __all__ = [
     "parse_entry_override",
     "load_entry_points",
     "recorded_process",
+    "foreign_origin",
+    "entry_files",
 ]
 
 _DIFF_LINES = 40  # enough to see what changed, short enough not to bury the verdict
@@ -234,15 +243,103 @@ def load_entry_points(
                 where = f"module {override.target}"
             fns[role] = _lookup(mod, qual, role, where)
             continue
-        if not rec:
+        if not isinstance(rec, dict):
             raise EntryPointError(f"the recording names no {role}; {_ENTRY_HINT}")
+        path = _user_file(rec, role)
         if rec.get("is_script") or rec.get("module") == "__main__":
-            mod = imp.file(rec["path"], role, rec)
-            where = rec["path"]
+            mod = imp.file(path, role, rec)
+            where = path
         else:
-            mod = imp.module(
-                rec["module"], role, rec, [env.get("cwd", ""), env.get("sys_path0", "")]
-            )
-            where = f"module {rec['module']}"
-        fns[role] = _lookup(mod, rec["qualname"], role, where)
+            name = str(rec.get("module"))
+            mod = imp.module(name, role, rec, [_project_root(name, path, role)])
+            got = getattr(mod, "__file__", None)
+            if not got or os.path.realpath(got) != os.path.realpath(path):
+                raise EntryPointError(
+                    f"cannot import {role}: module {name!r} resolves to {got}, not the recorded "
+                    f"{path}; {_ENTRY_HINT}"
+                )
+            where = f"module {name}"
+        fn = _lookup(mod, str(rec.get("qualname")), role, where)
+        _defined_in(fn, path, role)
+        fns[role] = fn
     return EntryPoints(fns["build_fn"], fns["step_fn"], imp.files)
+
+
+def _installed_dirs() -> list[str]:
+    """Where the standard library and installed packages live: never an entry point's home."""
+    dirs = set()
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        p = sysconfig.get_paths().get(key)
+        if p:
+            dirs.add(os.path.realpath(p))
+    try:
+        dirs.update(os.path.realpath(p) for p in site.getsitepackages())
+        dirs.add(os.path.realpath(site.getusersitepackages()))
+    except (AttributeError, TypeError):  # a virtualenv's old site module
+        pass
+    return sorted(dirs)
+
+
+def _user_file(rec: dict[str, Any], role: str) -> str:
+    """The recorded entry point's file, if it may be imported: a ``.py`` file of the user's own
+    (not of the standard library or an installed package, whatever the recording says)."""
+    path = rec.get("path")
+    if not isinstance(path, str) or not path.endswith(".py"):
+        raise EntryPointError(
+            f"the recording names {role} in {path!r}, not a Python source file; {_ENTRY_HINT}"
+        )
+    real = os.path.realpath(path)
+    for d in _installed_dirs():
+        if real == d or real.startswith(d.rstrip(os.sep) + os.sep):
+            raise EntryPointError(
+                f"refusing to import {role} from {path}: it belongs to the standard library or "
+                "an installed package, and an entry point must be the recorded script or a "
+                f"module of your own project; {_ENTRY_HINT}"
+            )
+    return path
+
+
+def _project_root(module: str, path: str, role: str) -> str:
+    """The directory that makes ``module`` importable as ``path``: derived from the file the
+    recording names, never taken from its working directory."""
+    parts = module.split(".")
+    if not all(p.isidentifier() for p in parts):
+        raise EntryPointError(f"the recording names {role} in module {module!r}; {_ENTRY_HINT}")
+    base = os.path.splitext(os.path.abspath(path))[0]
+    if os.path.basename(base) == "__init__":
+        base = os.path.dirname(base)
+    tail = os.path.join(*parts)
+    if not base.endswith(os.sep + tail):
+        raise EntryPointError(
+            f"the recording names {role} in module {module!r} at {path}, which does not match "
+            f"its name; {_ENTRY_HINT}"
+        )
+    return base[: -len(tail) - 1] or os.sep
+
+
+def _defined_in(fn: Callable[..., Any], path: str, role: str) -> None:
+    """The function found must be one written in the recorded file (``os.abort`` re-exported
+    under the recorded name is not)."""
+    code = getattr(inspect.unwrap(fn), "__code__", None)
+    if code is None or os.path.realpath(code.co_filename) != os.path.realpath(path):
+        raise EntryPointError(
+            f"{role} {getattr(fn, '__qualname__', fn)!r} is not a function defined in {path}; "
+            f"refusing to call it. {_ENTRY_HINT}"
+        )
+
+
+def foreign_origin(env: dict[str, Any]) -> str | None:
+    """Who made the recording, when it was not this user on this host (``None`` otherwise)."""
+    host, uid = env.get("hostname"), env.get("uid")
+    here = socket.gethostname()
+    if isinstance(host, str) and host != here:
+        return f"host {host!r}" + (f" (user id {uid})" if uid is not None else "")
+    if isinstance(uid, int) and hasattr(os, "getuid") and uid != os.getuid():
+        return f"user id {uid} on this host"
+    return None
+
+
+def entry_files(entry: dict[str, Any]) -> list[str]:
+    return sorted(
+        {str(e.get("path")) for e in entry.values() if isinstance(e, dict) and e.get("path")}
+    )

@@ -46,6 +46,7 @@ def collect_env() -> dict[str, Any]:
         "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
         "matmul_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
         "hostname": socket.gethostname(),
+        "uid": os.getuid() if hasattr(os, "getuid") else None,
         "platform": platform.platform(),
         "pid": os.getpid(),
         "argv": list(sys.argv),
