@@ -16,7 +16,7 @@ from .errors import (
     ReplayError,
 )
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 __all__ = [
     "Recorder",
     "ReplayError",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 __all__ = [
     "ReplayError",
+    "UsageError",
     "RecordingError",
     "EntryPointError",
     "NonFiniteLossError",
@@ -29,6 +30,12 @@ class ReplayError(Exception):
     """Base of every error ``replay`` raises on purpose."""
 
     exit_code = EXIT_REPLAY_FAILED
+
+
+class UsageError(ReplayError):
+    """The command was called wrongly (a malformed ``--entry``...): exit 2, as click's own."""
+
+    exit_code = EXIT_USAGE
 
 
 class RecordingError(ReplayError):

@@ -49,9 +49,9 @@ def overfit_batch(
     "Overfits" means the loss falls below ``target`` (absolute), or below ``target`` times its
     first value when that is large (a loss in the thousands going to 1% of itself).
     """
-    from .cli._replaying import open_engine
     from .errors import ReplayError
     from .record.fingerprint import loss_of
+    from .workflows.session import open_engine
 
     rec, eng = open_engine(path, device, entry, trust)
     try:

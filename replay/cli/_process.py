@@ -26,19 +26,31 @@ def own_process() -> None:
     atexit.register(gc.freeze)  # registered first, so it runs after every other handler
 
 
-@contextlib.contextmanager
-def big_imports() -> Iterator[None]:
+class big_imports:  # noqa: N801 - used as a context manager, like contextlib's
     """Around importing torch and building the user's objects: no collections while millions of
-    long-lived objects appear (the 5 full ones there cost ~0.5 s), then freeze them all."""
-    if not _owned or not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.freeze()
-        gc.enable()
+    long-lived objects appear (the 5 full ones there cost ~0.5 s), then freeze them all.
+
+    ``with big_imports() as phase: ... phase.end()`` ends the phase early (a workflow calls it
+    once its engine is up, before replaying); ending twice is harmless.
+    """
+
+    def __init__(self) -> None:
+        self._on = False
+
+    def __enter__(self) -> big_imports:
+        if _owned and gc.isenabled():
+            gc.disable()
+            self._on = True
+        return self
+
+    def end(self) -> None:
+        if self._on:
+            self._on = False
+            gc.freeze()
+            gc.enable()
+
+    def __exit__(self, *exc: object) -> None:
+        self.end()
 
 
 @contextlib.contextmanager

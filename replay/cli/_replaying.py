@@ -1,4 +1,4 @@
-"""What ``bisect`` and ``verify`` share: opening a recording and starting the engine."""
+"""The options of every command that replays (``bisect``, ``verify``, ``overfit``)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,7 @@ from typing import Any
 
 import click
 
-from ._process import big_imports
-
-__all__ = ["engine_options", "open_engine"]
+__all__ = ["engine_options"]
 
 
 def engine_options(fn: Any) -> Any:
@@ -31,27 +29,3 @@ def engine_options(fn: Any) -> Any:
         help="Import build_fn and step_fn from here instead of where the recording says.",
     )(fn)
     return fn
-
-
-def open_engine(
-    run: str, device: str | None, entry: str | None, trust: bool = False
-) -> tuple[Any, Any]:
-    """``(recording, engine)``; torch is imported here, not at ``replay --help`` time."""
-    with big_imports():
-        from ..engine.entry import parse_entry_override
-
-        override = None
-        if entry is not None:
-            try:
-                override = parse_entry_override(entry)
-            except ValueError as e:
-                raise click.UsageError(str(e)) from None
-        from ..engine import Engine
-        from ..store import open_recording
-
-        rec = open_recording(run)
-        try:
-            return rec, Engine(rec, device=device, entry=override, trust=trust)
-        except BaseException:
-            rec.close()
-            raise

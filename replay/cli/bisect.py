@@ -7,7 +7,7 @@ import json
 import click
 
 from ._process import big_imports, user_stdout_to_stderr
-from ._replaying import engine_options, open_engine
+from ._replaying import engine_options
 
 __all__ = ["bisect"]
 
@@ -73,66 +73,26 @@ def bisect(
     Exit codes: 0 culprit found, 1 the recorded window is healthy, 2 usage error,
     3 unusable recording, 4 unusable entry point, 5 replay failed.
     """
-    with user_stdout_to_stderr(as_json):
-        with big_imports():  # torch, torch._dynamo and the user's objects: see _process.py
-            from ..bisect import SearchError, auto_criterion, find_culprit
-            from ..bisect.progress import Progress
-            from ..bisect.report import render_verdict, verdict_json
-            from ..distributed.bisect import RankSubject, adjust_verdict, is_rank_recording
-            from ..distributed.ranks import pick_rank_file
-            from ..engine.culprit import trace_culprit, tracer_available
-            from ..engine.subject import EngineSubject
-            from ..engine.why import explain_divergence
-            from ..errors import ReplayError
+    from ..bisect.progress import Progress
+    from ..bisect.report import render_verdict
+    from ..workflows import run_bisect
 
-            criterion = _criterion(kind, until, spike)
-            run, rank_set = pick_rank_file(run)
-            if rank_set is not None and not as_json:
-                click.echo(f"rank set: {rank_set['summary']}; replaying {run}", err=True)
-            rec, engine = open_engine(run, device, entry, trust)
-        bar = Progress("replay bisect")
-        try:
-            subject = EngineSubject(engine)
-            if is_rank_recording(rec.meta):
-                subject = RankSubject(subject, int(rec.meta["distributed"]["rank"]))
-            if criterion is None:
-                criterion = auto_criterion(subject.recorded_rows())
-            try:
-                verdict = find_culprit(subject, criterion, progress=bar)
-            except SearchError as e:
-                raise ReplayError(str(e)) from None
-            finally:
-                bar.close()
-            if isinstance(subject, RankSubject):
-                adjust_verdict(verdict, subject)
-            extra: dict = {"recording": run, "entry_files": engine.entry_files}
-            if rank_set is not None:
-                extra["rank_set"] = rank_set
-            if verdict.first_bad_step is not None and verdict.reproducible is not None:
-                if no_trace:
-                    pass
-                elif not tracer_available():
-                    verdict.notes.append("per-op tracing is not available in this installation")
-                else:
-                    try:
-                        extra.update(
-                            trace_culprit(
-                                engine,
-                                verdict.first_bad_step,
-                                verdict.kind,
-                                forensics_path=rec.forensics_path,
-                                run_id=rec.run_id,
-                            )
-                        )
-                    except Exception as e:  # noqa: BLE001 - the step verdict stands without the trace
-                        verdict.notes.append(
-                            f"tracing step {verdict.first_bad_step} failed: {type(e).__name__}: {e}"
-                        )
-            if verdict.divergence is not None:
-                extra["cause"] = explain_divergence(engine, verdict.divergence, verdict.exception)
-        finally:
-            engine.close()
-            rec.close()
-    d = verdict_json(verdict, **extra)
+    criterion = _criterion(kind, until, spike)
+    bar = Progress("replay bisect")
+    try:
+        with user_stdout_to_stderr(as_json), big_imports() as phase:
+            d = run_bisect(
+                run,
+                criterion=criterion,
+                trace=not no_trace,
+                device=device,
+                entry=entry,
+                trust=trust,
+                progress=bar,
+                log=None if as_json else lambda m: click.echo(m, err=True),
+                opened=phase.end,
+            )
+    finally:
+        bar.close()
     click.echo(json.dumps(d, indent=2) if as_json else render_verdict(d))
-    return 1 if verdict.healthy else 0
+    return 1 if d["healthy"] else 0

@@ -7,7 +7,7 @@ import json
 import click
 
 from ._process import big_imports, user_stdout_to_stderr
-from ._replaying import engine_options, open_engine
+from ._replaying import engine_options
 
 __all__ = ["verify"]
 
@@ -25,28 +25,17 @@ def verify(run: str, as_json: bool, device: str | None, entry: str | None, trust
     non-determinism (two replays from the same state disagree). Exit codes: 0 every step
     matches, 1 some step differs, 3 unusable recording, 4 unusable entry point, 5 replay failed.
     """
-    with user_stdout_to_stderr(as_json):
-        with big_imports():  # torch, torch._dynamo and the user's objects: see _process.py
-            from ..bisect import verify_window
-            from ..bisect.progress import Progress
-            from ..bisect.report import render_verify, verify_json
-            from ..engine.subject import EngineSubject
-            from ..engine.why import explain_divergence
+    from ..bisect.progress import Progress
+    from ..bisect.report import render_verify
+    from ..workflows import run_verify
 
-            rec, engine = open_engine(run, device, entry, trust)
-        bar = Progress("replay verify")
-        try:
-            report = verify_window(EngineSubject(engine), progress=bar)
-            bar.close()
-            fd = report.first_divergence
-            if fd is not None:
-                report.cause = explain_divergence(
-                    engine, fd, report.replayed_exception(int(fd["step"]))
-                )
-        finally:
-            bar.close()
-            engine.close()
-            rec.close()
-    d = verify_json(report, recording=run, entry_files=engine.entry_files)
+    bar = Progress("replay verify")
+    try:
+        with user_stdout_to_stderr(as_json), big_imports() as phase:
+            d = run_verify(
+                run, device=device, entry=entry, trust=trust, progress=bar, opened=phase.end
+            )
+    finally:
+        bar.close()
     click.echo(json.dumps(d, indent=2) if as_json else render_verify(d))
-    return 0 if report.deterministic else 1
+    return 0 if d["deterministic"] else 1

@@ -1,0 +1,19 @@
+"""The workflows the commands run, as library calls that return report objects.
+
+Each opens a recording, drives the engine, the bisector and the tracer, and returns a report; it
+knows nothing of click or of how the report is printed (``replay/cli`` parses, calls, renders).
+
+=============  ===========================================================================
+``session``    open a recording and start the replay engine on it
+``bisect``     the first bad step, why, whether it reproduces, the per-op trace
+``verify``     replay the whole window bitwise; when a step differs, why
+=============  ===========================================================================
+
+``replay.overfit`` and ``replay.preflight`` are workflows too, each one module.
+"""
+
+from .bisect import run_bisect
+from .session import open_engine, parse_entry
+from .verify import run_verify
+
+__all__ = ["open_engine", "parse_entry", "run_bisect", "run_verify"]

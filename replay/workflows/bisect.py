@@ -1,0 +1,85 @@
+"""Bisect a recording: the first bad step, why, whether it reproduces, and its per-op trace."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import ReplayError
+from .session import open_engine
+
+__all__ = ["run_bisect"]
+
+
+def run_bisect(
+    run: str,
+    *,
+    criterion: Any = None,
+    trace: bool = True,
+    device: str | None = None,
+    entry: str | None = None,
+    trust: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+    log: Callable[[str], None] | None = None,
+    opened: Callable[[], None] | None = None,
+) -> dict[str, Any]:
+    """The ``replay bisect --json`` report of ``run``.
+
+    ``criterion``: a :class:`replay.bisect.Criterion`, or ``None`` for the failure the recording
+    shows first. ``run`` may name a DDP rank set: the rank whose own values went bad first is
+    replayed (``log`` hears which). ``trace``: trace the culprit step per op and write the
+    forensics sidecar. ``opened``: called once the engine is up.
+    """
+    from ..bisect import SearchError, auto_criterion, find_culprit
+    from ..bisect.report import verdict_json
+    from ..distributed.bisect import RankSubject, adjust_verdict, is_rank_recording
+    from ..distributed.ranks import pick_rank_file
+    from ..engine.culprit import trace_culprit, tracer_available
+    from ..engine.subject import EngineSubject
+    from ..engine.why import explain_divergence
+
+    run, rank_set = pick_rank_file(run)
+    if rank_set is not None and log is not None:
+        log(f"rank set: {rank_set['summary']}; replaying {run}")
+    rec, engine = open_engine(run, device, entry, trust)
+    try:
+        if opened is not None:
+            opened()
+        subject: Any = EngineSubject(engine)
+        if is_rank_recording(rec.meta):
+            subject = RankSubject(subject, int(rec.meta["distributed"]["rank"]))
+        if criterion is None:
+            criterion = auto_criterion(subject.recorded_rows())
+        try:
+            verdict = find_culprit(subject, criterion, progress=progress)
+        except SearchError as e:
+            raise ReplayError(str(e)) from None
+        if isinstance(subject, RankSubject):
+            adjust_verdict(verdict, subject)
+        extra: dict[str, Any] = {"recording": run, "entry_files": engine.entry_files}
+        if rank_set is not None:
+            extra["rank_set"] = rank_set
+        if verdict.first_bad_step is not None and verdict.reproducible is not None and trace:
+            if not tracer_available():
+                verdict.notes.append("per-op tracing is not available in this installation")
+            else:
+                try:
+                    extra.update(
+                        trace_culprit(
+                            engine,
+                            verdict.first_bad_step,
+                            verdict.kind,
+                            forensics_path=rec.forensics_path,
+                            run_id=rec.run_id,
+                        )
+                    )
+                except Exception as e:  # noqa: BLE001 - the step verdict stands without the trace
+                    verdict.notes.append(
+                        f"tracing step {verdict.first_bad_step} failed: {type(e).__name__}: {e}"
+                    )
+        if verdict.divergence is not None:
+            extra["cause"] = explain_divergence(engine, verdict.divergence, verdict.exception)
+    finally:
+        engine.close()
+        rec.close()
+    return verdict_json(verdict, **extra)

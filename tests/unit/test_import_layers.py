@@ -1,0 +1,104 @@
+"""The package layout is the pipeline, and imports only point down it.
+
+Every ``import`` in ``replay/`` (function-level ones included: a lazy import is still a
+dependency) is checked against the layers below; a module may import its own layer and the ones
+beneath it, never one above. The CLI parses, calls and renders: nothing below it imports it (or
+click). The store and the bisector never import torch; the TUI reads through the store alone.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+LAYERS = {
+    "errors": 0,
+    "store": 1,  # the file format: numpy + h5py
+    "bisect": 1,  # the search: pure python
+    "doctor": 2,  # rules over what the store reads
+    "record": 2,  # capture on the training thread
+    "distributed": 2,
+    "trace": 3,  # per-op dispatch mode
+    "engine": 3,  # replaying steps
+    "workflows": 4,  # what each command does, as library calls
+    "overfit": 4,
+    "preflight": 4,
+    "cli": 5,  # parse, call, render
+    "__main__": 6,
+    "__init__": 6,  # the package facade
+}
+NO_TORCH = {"store", "bisect", "doctor", "preflight"}
+
+
+def _package(path: Path) -> str:
+    rel = path.relative_to(ROOT / "replay")
+    return rel.parts[0].removesuffix(".py")
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """``(line, absolute module name)`` of every import in ``path``."""
+    rel = path.relative_to(ROOT).with_suffix("")
+    here = list(rel.parts)
+    if here[-1] == "__init__":
+        here = here[:-1]
+    else:
+        here = here[:-1]  # the package the module is in
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = here[: len(here) - (node.level - 1)]
+                name = ".".join(base + ([node.module] if node.module else []))
+                names = [name] if node.module else [f"{name}.{a.name}" for a in node.names]
+            else:
+                names = [node.module or ""]
+            out += [(node.lineno, n) for n in names]
+    return out
+
+
+FILES = sorted((ROOT / "replay").rglob("*.py"))
+
+
+def test_every_package_has_a_layer():
+    missing = {_package(p) for p in FILES} - set(LAYERS)
+    assert not missing, f"give these a layer in LAYERS: {sorted(missing)}"
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_imports_point_down_the_pipeline(path):
+    me = _package(path)
+    wrong = []
+    for line, name in _imports(path):
+        parts = name.split(".")
+        if parts[0] == "replay" and len(parts) > 1:
+            other = parts[1]
+            if other in LAYERS and other != me and LAYERS[other] > LAYERS[me]:
+                wrong.append(
+                    f"line {line}: {me} (layer {LAYERS[me]}) imports {name} (layer {LAYERS[other]})"
+                )
+        if parts[0] == "click" and me not in ("cli", "__main__"):
+            wrong.append(f"line {line}: {me} imports click (only the CLI may)")
+        if parts[0] == "torch" and me in NO_TORCH:
+            wrong.append(f"line {line}: {me} imports torch")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_tui_reads_through_the_store_alone():
+    wrong = []
+    for path in sorted((ROOT / "tui").rglob("*.py")):
+        for line, name in _imports(path):
+            parts = name.split(".")
+            if parts[0] == "torch" or (
+                parts[0] == "replay"
+                and len(parts) > 1
+                and parts[1] not in ("store", "errors")
+                and name != "replay.distributed.ranks"  # rank file sets: numpy + h5py only
+            ):
+                wrong.append(f"{path.relative_to(ROOT)}:{line} imports {name}")
+    assert not wrong, "\n".join(wrong)
