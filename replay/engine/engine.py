@@ -15,11 +15,12 @@ recorded health row.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -61,6 +62,23 @@ def _num(x: Any) -> float | None:
     if isinstance(x, torch.Tensor):
         return float(x.detach().to("cpu", torch.float64).reshape(-1)[0]) if x.numel() else None
     return float(x)
+
+
+@contextlib.contextmanager
+def _restoring(what: str) -> Iterator[None]:
+    """Restoring recorded state must fail as one ``ReplayError`` (exit 5) that says what was
+    being restored, never a traceback: a damaged record (an invalid mt19937 state read back as
+    zeros) is reported, not replayed."""
+    try:
+        yield
+    except ReplayError:
+        raise
+    except Exception as e:
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        raise ReplayError(
+            f"restoring {what} failed ({type(e).__name__}: {first}); the recording may be "
+            "damaged: run `replay info` on it"
+        ) from None
 
 
 class Engine:
@@ -251,7 +269,12 @@ class Engine:
     def _prepare(self, t: int) -> None:
         """Put step ``t``'s recorded RNG states, hyper-parameters and module modes in place."""
         r = self.record(t)
-        restore_rng(r["rng"], cuda=self.device.startswith("cuda"))
+        with _restoring(f"step {t}'s RNG states"):
+            restore_rng(r["rng"], cuda=self.device.startswith("cuda"))
+        with _restoring(f"step {t}'s hyper-parameters and module modes"):
+            self._put_hparams_and_modes(t, r)
+
+    def _put_hparams_and_modes(self, t: int, r: dict[str, Any]) -> None:
         opt = self.objs.optimizer
         groups = opt.param_groups if opt is not None else []
         hparams = r.get("hparams") or []
@@ -289,7 +312,8 @@ class Engine:
             if self._pos is not None and start <= self._pos <= t:
                 start, source = self._pos, "live"
             if source == "snapshot":
-                load_snapshot(self.objs, self.snapshot(start), self._leaf_device)
+                with _restoring(f"the snapshot of step {start}"):
+                    load_snapshot(self.objs, self.snapshot(start), self._leaf_device)
             elif source == "checkpoint":
                 restore_state(self.objs, self._checkpoints[start])
             self._pos = start

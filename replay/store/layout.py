@@ -7,8 +7,8 @@ FORMAT_VERSION = 2
 # Versions this reader understands. Older ones are listed here while they stay readable.
 READABLE_VERSIONS = (1, 2)
 
-RING_ENCODING = ("ring", 1)
-HEALTH_ENCODING = ("health-ring", 1)
+RING_ENCODING = ("ring", 2)  # v2: a crc dataset (slot checksums)
+HEALTH_ENCODING = ("health-ring", 2)  # v2: a crc dataset (row checksums)
 META_ENCODING = ("json-blobs", 1)
 
 # Health columns, one float64 each. NaN means "not measured at this step".

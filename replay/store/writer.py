@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 import time
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +32,15 @@ from .layout import (
 )
 from .tree import encode
 
-__all__ = ["StoreWriter", "RingSpec", "pack_parts", "pack_record", "json_blob"]
+__all__ = [
+    "StoreWriter",
+    "RingSpec",
+    "pack_parts",
+    "pack_record",
+    "json_blob",
+    "slot_crc",
+    "health_crc",
+]
 
 
 def json_blob(value: Any) -> np.ndarray:
@@ -72,6 +82,18 @@ class RingSpec:
     slots: int
     chunk: int  # bytes per arena chunk (one chunk row per slot)
     capacity: int  # initial bytes per slot; grows on demand
+
+
+def slot_crc(step: int, payload: np.ndarray | bytes | memoryview) -> int:
+    """A ring slot's checksum: CRC-32 of its step number and its whole payload (the manifest
+    and the arena bytes), so a slot labelled with the wrong step fails too."""
+    return zlib.crc32(memoryview(payload).cast("B"), zlib.crc32(struct.pack("<q", int(step))))
+
+
+def health_crc(step: int, row: np.ndarray) -> int:
+    """A health row's checksum: CRC-32 of its step number and its float64 values."""
+    values = np.ascontiguousarray(row, dtype=np.float64)
+    return zlib.crc32(memoryview(values).cast("B"), zlib.crc32(struct.pack("<q", int(step))))
 
 
 def _spans(slots: list[int]) -> list[tuple[int, int]]:
@@ -139,8 +161,12 @@ class StoreWriter:
                 fillvalue=np.nan,
                 chunks=(min(health_slots, 1024), len(HEALTH_COLUMNS)),
             )
+            hc = h.create_dataset(
+                "crc", shape=(health_slots,), dtype=np.int64, chunks=(min(health_slots, 8192),)
+            )
             hs[0] = -1  # written once before SWMR starts
             hv[0, 0] = np.nan
+            hc[0] = 0
             st = f.create_dataset("status", data=np.array([0, -1, 0, 0], np.int64))
             st.attrs["fields"] = json.dumps(list(STATUS_FIELDS))
             f.flush()
@@ -155,18 +181,21 @@ class StoreWriter:
         # Handles are opened once: no temporaries are created (or released) during a commit,
         # which matters when a commit fails half-way (see BackgroundWriter._abandon).
         self._ring_ds = {
-            ring: {k: self.f[ring][k] for k in ("step", "nbytes", "mlen", "arena")}
+            ring: {k: self.f[ring][k] for k in ("step", "nbytes", "mlen", "crc", "arena")}
             for ring in ("steps", "snapshots")
         }
         self._ring_slots = {ring: int(self.f[ring].attrs["slots"]) for ring in self._ring_ds}
         self._markers = {r: np.full(n, -1, np.int64) for r, n in self._ring_slots.items()}
         self._lengths = {
-            r: (np.zeros(n, np.int64), np.zeros(n, np.int64)) for r, n in self._ring_slots.items()
+            r: (np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, np.int64))
+            for r, n in self._ring_slots.items()
         }
         self._hmarkers = np.full(health_slots, -1, np.int64)
         self._status = self.f["status"]
         self._hstep = self.f["health/step"]
         self._hvals = self.f["health/values"]
+        self._hcrc = self.f["health/crc"]
+        self._hcrcs = np.zeros(health_slots, np.int64)
         self.health_slots = health_slots
         self._pad: dict[int, np.ndarray] = {}
         self.health_columns = HEALTH_COLUMNS
@@ -180,6 +209,7 @@ class StoreWriter:
         g.create_dataset("step", data=np.full(spec.slots, -1, np.int64))
         g.create_dataset("nbytes", data=np.zeros(spec.slots, np.int64))
         g.create_dataset("mlen", data=np.zeros(spec.slots, np.int64))
+        g.create_dataset("crc", data=np.zeros(spec.slots, np.int64))
         cap = _round_up(spec.capacity, spec.chunk)
         arena = g.create_dataset(
             "arena",
@@ -224,7 +254,7 @@ class StoreWriter:
         self._write_spans(self._hstep, self._hmarkers, hslots)
         f.flush()
         # 2. payloads (in order: when a group rewrites a slot, the newest item wins)
-        for ring, slot, _, payload, mlen in ring_items:
+        for ring, slot, step, payload, mlen in ring_items:
             arena = self._ring_ds[ring]["arena"]
             if payload.size > arena.shape[1]:
                 chunk = arena.chunks[1]
@@ -234,12 +264,17 @@ class StoreWriter:
             self._write_row(arena, slot, payload)
             self._lengths[ring][0][slot] = payload.size
             self._lengths[ring][1][slot] = mlen
+            self._lengths[ring][2][slot] = slot_crc(step, payload)
         for ring, slots in touched.items():
             self._write_spans(self._ring_ds[ring]["nbytes"], self._lengths[ring][0], slots)
             self._write_spans(self._ring_ds[ring]["mlen"], self._lengths[ring][1], slots)
+            self._write_spans(self._ring_ds[ring]["crc"], self._lengths[ring][2], slots)
         if hitems:
-            latest = {slot: row for slot, _, row in hitems}
-            block = np.stack([latest[s] for s in hslots])
+            latest = {slot: (step, row) for slot, step, row in hitems}
+            block = np.stack([latest[s][1] for s in hslots])
+            for i, slot in enumerate(hslots):
+                self._hcrcs[slot] = health_crc(latest[slot][0], block[i])
+            self._write_spans(self._hcrc, self._hcrcs, hslots)
             i = 0
             for a, b in _spans(hslots):
                 self._hvals[a:b] = block[i : i + b - a]
