@@ -33,6 +33,42 @@ def sparkline(values: list[float], width: int = 60) -> str:
     )
 
 
+CLOSE = 1.15  # within 15% of the goal: a healthy model that needs a few more iterations
+PLATEAU_DROP = 0.05  # the last quarter of the iterations lowered the loss by less than 5%
+
+
+def judge(
+    losses: list[float], goal: float, reached: int | None, error: str | None
+) -> tuple[str, float | None, float | None]:
+    """``(verdict, progress, recent_drop)``.
+
+    ``verdict``: ``overfits`` (the goal was reached), ``close`` (the lowest loss is within 15%
+    of the goal), ``still_falling`` (not there, but the last quarter of the iterations still
+    lowered the loss by 5% or more: run longer), ``plateau`` (stalled well above the goal: the
+    bug signal), or ``error``. ``progress``: the share of the way from the first loss to the
+    goal that the lowest loss covered (in log space when both are positive).
+    """
+    if error is not None or not losses:
+        return "error", None, None
+    first, low = losses[0], min(losses)
+    if reached is not None:
+        return "overfits", 1.0, None
+    progress = None
+    if math.isfinite(first) and math.isfinite(low) and first > goal:
+        if low > 0 and goal > 0:
+            progress = (math.log(first) - math.log(low)) / (math.log(first) - math.log(goal))
+        else:
+            progress = (first - low) / (first - goal)
+    if low <= goal * CLOSE:
+        return "close", progress, None
+    q = max(2, len(losses) // 4)
+    before, last = min(losses[:-q]) if len(losses) > q else first, min(losses[-q:])
+    drop = (before - last) / abs(before) if before and math.isfinite(before) else None
+    if drop is not None and drop >= PLATEAU_DROP:
+        return "still_falling", progress, drop
+    return "plateau", progress, drop
+
+
 def overfit_batch(
     path: str,
     *,
@@ -86,6 +122,7 @@ def overfit_batch(
         goal = target * max(1.0, first) if math.isfinite(first) else target
         reached = next((i + 1 for i, v in enumerate(losses) if v <= goal), None)
         final = losses[-1] if losses else math.nan
+        verdict, progress, recent_drop = judge(losses, goal, reached, error)
         g0 = opt.param_groups[0] if opt is not None and opt.param_groups else eng.values(t)
         lr0 = g0.get("lr")
         return {
@@ -97,7 +134,10 @@ def overfit_batch(
             "final_loss": final,
             "min_loss": min(losses) if losses else math.nan,
             "goal": goal,
-            "overfits": reached is not None and error is None,
+            "overfits": verdict in ("overfits", "close", "still_falling"),
+            "verdict": verdict,
+            "progress": progress,
+            "recent_drop": recent_drop,
             "reached_at": reached,
             "error": error,
             "curve": losses,
@@ -120,14 +160,33 @@ def render(r: dict[str, Any]) -> str:
     lines.append("  " + ", ".join(pts))
     if r["error"]:
         lines.append(f"  ✗ stopped: {r['error']}")
-    if r["overfits"]:
+    verdict = r.get("verdict")
+    how_far = (
+        f" ({100 * r['progress']:.0f}% of the way from {r['first_loss']:.4g} to the goal)"
+        if r.get("progress") is not None
+        else ""
+    )
+    if verdict == "overfits":
         lines.append(
             f"  ✓ overfits: the loss reached {r['goal']:.3g} at iteration {r['reached_at']} "
             f"(from {r['first_loss']:.4g}); the data, forward, loss and update path can learn"
         )
+    elif verdict == "close":
+        lines.append(
+            f"  ✓ nearly overfits: lowest loss {r['min_loss']:.4g}, within "
+            f"{100 * (CLOSE - 1):.0f}% of the goal {r['goal']:.3g}{how_far}; the model learns "
+            "this batch (more --iters would get there)"
+        )
+    elif verdict == "still_falling":
+        lines.append(
+            f"  ~ not there yet: lowest loss {r['min_loss']:.4g} (goal {r['goal']:.3g}){how_far}, "
+            f"and still falling ({100 * r['recent_drop']:.0f}% over the last quarter): run "
+            "longer (--iters) or with a larger --lr before concluding anything"
+        )
     else:
         lines.append(
-            f"  ✗ does not overfit: lowest loss {r['min_loss']:.4g} (goal {r['goal']:.3g}). A "
+            f"  ✗ does not overfit: lowest loss {r['min_loss']:.4g} (goal {r['goal']:.3g})"
+            f"{how_far}, and it stopped falling. A "
             "model that cannot memorise one batch has a bug: check labels vs outputs, the loss "
             "(no softmax before cross_entropy), zero_grad/step, frozen or dead layers, the "
             "learning rate (try --lr), and run `replay doctor`."

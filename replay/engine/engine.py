@@ -141,14 +141,9 @@ class Engine:
                 f"{len(recorded_modules)}: the model changed since the recording"
             )
         self._params = list(self.objs.model.parameters())
-        opt = self.objs.optimizer
-        self._opt_params = (
-            [p for g in opt.param_groups for p in g["params"]]
-            if opt is not None
-            else [p for p in self._params if p.requires_grad]
-        )
+        self._opt_params = self.objs.trained_params()
         # Same place, same function as the recorder: before any clip, before the update.
-        self._probe = GradProbe(self._opt_params, opt)
+        self._probe = GradProbe(self._opt_params, self.objs.optimizer)
         self._pos: int | None = None  # the live objects hold the state before this step
         self._checkpoints: OrderedDict[int, dict[str, Any]] = OrderedDict()
         self._records: OrderedDict[int, dict[str, Any]] = OrderedDict()

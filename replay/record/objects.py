@@ -84,6 +84,14 @@ class RunObjects:
         """Named objects beyond the four roles whose state snapshots keep (EMA weights, ...)."""
         return self._extras
 
+    def trained_params(self) -> list[torch.Tensor]:
+        """What the step updates: the optimizer's parameters, or the model's trainable ones
+        for a loop that updates them itself. The gradient norm is measured over these."""
+        opt = self.optimizer
+        if opt is not None:
+            return [p for g in opt.param_groups for p in g["params"]]
+        return [p for p in self.model.parameters() if p.requires_grad]
+
     def present(self) -> list[str]:
         """The names that hold an object (a positional build may give ``None`` as scheduler)."""
         return [k for k, v in self.named.items() if v is not None]

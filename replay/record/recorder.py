@@ -186,11 +186,7 @@ class Recorder:
         self._snapshots_taken = 0
         self._modules = [m for _, m in self._inner.named_modules()]
         self._params = [p for p in self._inner.parameters()]
-        self._opt_params = (
-            [p for g in optimizer.param_groups for p in g["params"]]
-            if optimizer is not None
-            else [p for p in self._params if p.requires_grad]
-        )
+        self._opt_params = self.objects.trained_params()
         self._probe_grads = GradProbe(self._opt_params, optimizer)
         self._writer: BackgroundWriter | None = None
         self._pool = HostPool()  # the batch copies' buffers, given back by the writer thread

@@ -86,3 +86,20 @@ def test_overfit_refuses_without_replayable_state(tmp_path):
     r = replay("overfit", str(src))
     assert r.returncode == 3, (r.stdout, r.stderr)
     assert r.stderr.count("\n") == 1 and "no replayable state" in r.stderr
+
+
+def test_overfit_judges_close_still_falling_and_plateau_apart():
+    """Regression: a healthy model that came within 15% of the goal was told it "has a bug"."""
+    from replay.overfit import judge
+
+    goal = 0.02
+    close = [2.0 * 0.97**i for i in range(150)] + [0.022] * 50  # stalls at 1.1x the goal
+    assert judge(close, goal, None, None)[0] == "close"
+    falling = [2.0 * 0.985**i for i in range(200)]  # 0.099 and still going down
+    verdict, progress, drop = judge(falling, goal, None, None)
+    assert verdict == "still_falling" and drop > 0.05 and 0.5 < progress < 1
+    plateau = [2.0 * 0.9**i + 1.46 for i in range(200)]  # softmax-before-CE floor
+    verdict, progress, drop = judge(plateau, goal, None, None)
+    assert verdict == "plateau" and drop < 0.05 and progress < 0.2
+    assert judge([2.0, 0.01], goal, 2, None)[0] == "overfits"
+    assert judge([2.0], goal, None, "the loss became nan")[0] == "error"

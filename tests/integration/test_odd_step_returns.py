@@ -58,4 +58,4 @@ def test_training_goes_on_whatever_the_step_returns(tmp_path):
         loss = r.health()["loss"]
     assert len(loss) == len(RETURNS)
     for got, want in zip(loss, EXPECTED):
-        assert (math.isnan(got) if want is None else got == want), (got, want)
+        assert math.isnan(got) if want is None else got == want, (got, want)
