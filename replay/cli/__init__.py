@@ -18,6 +18,7 @@ from .doctor import doctor
 from .info import info
 from .overfit import overfit
 from .preflight import preflight
+from .trace import trace
 from .tui import tui
 from .verify import verify
 
@@ -35,6 +36,7 @@ def cli() -> None:
     replay verify RUN.h5    replay the recorded window and check it is bitwise deterministic
     replay doctor RUN.h5    the debugging checklist: what looks wrong in the run, and what to do
     replay overfit RUN.h5   can the model overfit one recorded batch? (the first law)
+    replay trace RUN.h5     trace any step per op (--step N) for the TUI's op views
     replay tui RUN.h5       browse a recording and its forensics in the terminal
     replay preflight -- python train.py ...   before a long run: will its steps replay bitwise?
     """
@@ -45,6 +47,7 @@ cli.add_command(bisect)
 cli.add_command(verify)
 cli.add_command(doctor)
 cli.add_command(overfit)
+cli.add_command(trace)
 cli.add_command(tui)
 cli.add_command(preflight)
 

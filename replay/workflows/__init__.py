@@ -7,6 +7,7 @@ knows nothing of click or of how the report is printed (``replay/cli`` parses, c
 ``session``    open a recording and start the replay engine on it
 ``bisect``     the first bad step, why, whether it reproduces, the per-op trace
 ``verify``     replay the whole window bitwise; when a step differs, why
+``trace``      any step, per op, into the forensics sidecar
 =============  ===========================================================================
 
 ``replay.overfit`` and ``replay.preflight`` are workflows too, each one module.
@@ -14,6 +15,7 @@ knows nothing of click or of how the report is printed (``replay/cli`` parses, c
 
 from .bisect import run_bisect
 from .session import open_engine, parse_entry
+from .trace import run_trace
 from .verify import run_verify
 
-__all__ = ["open_engine", "parse_entry", "run_bisect", "run_verify"]
+__all__ = ["open_engine", "parse_entry", "run_bisect", "run_trace", "run_verify"]

@@ -1,0 +1,52 @@
+"""``replay trace RUN.h5 --step N``: any step, per op, into the forensics file the TUI reads."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from ._process import big_imports, user_stdout_to_stderr
+from ._replaying import engine_options
+
+__all__ = ["trace"]
+
+
+@click.command()
+@click.argument("run", type=click.Path(dir_okay=False, path_type=str))
+@click.option("--step", type=int, default=None, help="The step to trace (default: the last).")
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+@engine_options
+def trace(
+    run: str,
+    step: int | None,
+    as_json: bool,
+    device: str | None,
+    entry: str | None,
+    trust: bool,
+) -> int:
+    """Replay one step of RUN under per-op hooks, healthy or not, and write its forensics.
+
+    What `replay bisect` does for the step it blames, for any step you choose: every aten op
+    of forward, backward and the optimizer with its module, source line, statistics and
+    memory, written to RUN.forensics.h5 for `replay tui RUN` (ops, layers, gradients, memory
+    and source views). Exit codes: 0 traced, 2 a step outside the replayable window,
+    3 unusable recording, 4 unusable entry point, 5 replay failed.
+    """
+    from ..workflows.trace import run_trace
+
+    with user_stdout_to_stderr(as_json), big_imports():
+        d = run_trace(run, step, device=device, entry=entry, trust=trust)
+    if as_json:
+        click.echo(json.dumps(d, indent=2))
+    else:
+        what = (
+            f"first non-finite value made by {d['op']} ({d.get('phase')})"
+            if d.get("op")
+            else "no op made a non-finite value"
+        )
+        click.echo(
+            f"traced step {d['step']} (window {d['window'][0]}..{d['window'][1]}): {what}\n"
+            f"  forensics     {d['forensics']}  (replay tui {run} shows every op)"
+        )
+    return 0
