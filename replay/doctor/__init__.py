@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 
 from ..store import open_recording
-from . import activations, amp, failures, gradients, inputs, loss, lr, updates  # noqa: F401
+from . import activations, amp, failures, gradients, inputs, loss, lr, modes, updates  # noqa: F401
 from .context import Context
 from .registry import RULES, SEVERITIES, Finding, Rule, rule
 

@@ -153,9 +153,36 @@ class Context:
 
     @cached_property
     def lr(self) -> float | None:
-        lr = self.health["lr"]
-        lr = lr[np.isfinite(lr)]
-        return float(np.median(lr)) if lr.size else None
+        """The learning rate of the run's last recorded step (param group 0)."""
+        h = self.health
+        ok = np.isfinite(h["lr"])
+        return float(h["lr"][ok][-1]) if ok.any() else None
+
+    def lr_at(self, steps: list[int]) -> float | None:
+        """The learning rate recorded at the first of ``steps`` that has one (a value that was
+        used, never a median of a schedule), else the last one recorded before them."""
+        h = self.health
+        ok = np.isfinite(h["lr"])
+        for s in steps:
+            hit = ok & (h["step"] == s)
+            if hit.any():
+                return float(h["lr"][hit][0])
+        before = ok & (h["step"] <= (min(steps) if steps else np.inf))
+        return float(h["lr"][before][-1]) if before.any() else self.lr
+
+    def modes_at(self, steps: list[int]) -> dict[int, np.ndarray]:
+        """``module.training`` per module (``modules`` order) at each of ``steps`` whose record
+        is kept."""
+        out = {}
+        for s in steps:
+            try:
+                modes = self.rec.read_step(int(s)).get("modes")
+            except KeyError:
+                continue
+            a = as_array(modes) if modes is not None else None
+            if a is not None:
+                out[int(s)] = np.asarray(a, dtype=bool).reshape(-1)
+        return out
 
     # -- forensics (optional) ------------------------------------------------------------------
 

@@ -14,9 +14,13 @@ def grad_norm_exploding(ctx):
     steps, g = ctx.grad_norm
     if g.size < 6:
         return None
-    base = float(np.median(g[: min(5, g.size)]))
-    if base <= 0:
+    # The smallest of the first steps: a run whose norm explodes within its first few steps
+    # (a learning rate far too high) has an exploded median there already.
+    start = g[: min(5, g.size)]
+    start = start[start > 0]
+    if not start.size:
         return None
+    base = float(start.min())
     win = 5
     # Explosion is fast: >10x within `win` steps, and >100x over the start overall.
     jumps = np.array([g[i + win] / max(g[i], 1e-30) for i in range(g.size - win)])
@@ -33,7 +37,7 @@ def grad_norm_exploding(ctx):
         f"{int(steps[int(np.argmax(g))])}"
         + (f", non-finite from step {int(nonfinite[0])}" if nonfinite.size else ""),
         {
-            "start_median": base,
+            "start": base,
             "peak": peak,
             "peak_step": int(steps[int(np.argmax(g))]),
             "fastest_growth": float(jumps[i]),

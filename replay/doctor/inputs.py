@@ -19,8 +19,13 @@ def inputs_not_normalised(ctx):
         for path, a in ctx.batch_leaves(s):
             if a.dtype.kind == "f" and a.ndim >= 2:  # 1-D float leaves are targets, not inputs
                 stats.setdefault(path, []).append(a.reshape(a.shape[0], -1).astype(np.float64))
+    # A carried state (an RNN's hidden state fed back as part of the batch) starts as zeros and
+    # is the model's own output afterwards: it is not data, and its scale is the model's.
+    carried = [p for p, arrs in stats.items() if len(arrs) > 1 and not arrs[0].any()]
     bad = {}
     for path, arrs in stats.items():
+        if path in carried:
+            continue
         x = np.concatenate(arrs)
         x = x[:, np.isfinite(x).all(axis=0)] if x.size else x
         if not x.size:
@@ -28,8 +33,19 @@ def inputs_not_normalised(ctx):
         mean, std = float(x.mean()), float(x.std())
         feat_std = x.std(axis=0)
         spread = float(feat_std.max() / max(float(np.median(feat_std)), 1e-12))
-        if abs(mean) > 5 or std > 20 or (0 < std < 1e-3) or spread > 1e3:
+        why = [
+            w
+            for w, hit in (
+                (f"|mean| {abs(mean):.3g} > 5", abs(mean) > 5),
+                (f"std {std:.3g} > 20", std > 20),
+                (f"std {std:.3g} < 1e-3", 0 < std < 1e-3),
+                (f"one feature spreads {spread:.3g}x the median feature", spread > 1e3),
+            )
+            if hit
+        ]
+        if why:
             bad[path] = {
+                "why": why,
                 "mean": mean,
                 "std": std,
                 "min": float(x.min()),
@@ -42,9 +58,9 @@ def inputs_not_normalised(ctx):
     return Finding(
         "inputs_not_normalised",
         "warning",
-        f"input '{path}' is not normalised: mean {st['mean']:.3g}, std {st['std']:.3g}, "
-        f"range [{st['min']:.3g}, {st['max']:.3g}]",
-        {"leaves": bad, "steps": picks},
+        f"input '{path}' is not normalised ({'; '.join(st['why'])}): mean {st['mean']:.3g}, "
+        f"std {st['std']:.3g}, range [{st['min']:.3g}, {st['max']:.3g}]",
+        {"leaves": bad, "steps": picks, "carried_state_skipped": carried},
         "Networks train best on inputs of mean ~0 and std ~1 per feature: subtract the training "
         "set's mean and divide by its std (images: scale to [0, 1], then normalise per "
         "channel). Unscaled inputs make the first layer's outputs huge, the initial loss far "

@@ -19,10 +19,13 @@ def learning_rate(ctx):
     med = moving[len(moving) // 2] if moving else None
     unstable = loss_rising(ctx) or grad_norm_exploding(ctx) or loss_oscillating(ctx)
     if unstable is not None and (med is None or med > 1e-3):
+        lr = ctx.lr_at(unstable.steps) or lr  # the value in use where it went wrong
         return Finding(
             "learning_rate",
             "warning",
-            f"the learning rate {lr:.3g} looks too high: {unstable.rule.replace('_', ' ')}",
+            f"the learning rate {lr:.3g}"
+            + (f" (recorded at step {unstable.steps[0]})" if unstable.steps else "")
+            + f" looks too high: {unstable.rule.replace('_', ' ')}",
             {"lr": lr, "median_update_ratio": med, "symptom": unstable.rule},
             f"Try {lr / 10:.3g} (10x lower) and a warm-up; find the range with a short "
             "learning-rate sweep: the best is usually a few times below where the loss "
@@ -31,6 +34,7 @@ def learning_rate(ctx):
         )
     flat = loss_flat(ctx)
     if flat is not None and med is not None and med < 1e-5:
+        lr = ctx.lr_at(flat.steps) or lr
         return Finding(
             "learning_rate",
             "warning",

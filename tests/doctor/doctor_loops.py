@@ -17,13 +17,46 @@ LR = {
     "no_step": 3e-3,
     "saturated": 3e-3,
     "amp_collapse": 3e-3,
+    "eval_mode": 3e-3,
+    "clipped_explosion": 20.0,
+    "rnn_state": 1e-3,
 }
+CLIP = 1.0
+
+
+class CarriedRNN(nn.Module):
+    """A ReLU RNN whose hidden state the loop feeds back with the next batch. Its recurrence is
+    the identity and its input bias positive, so the state grows step after step: a model
+    output, not data, whatever its scale."""
+
+    def __init__(self):
+        super().__init__()
+        self.rnn = nn.RNN(8, 16, nonlinearity="relu")
+        self.head = nn.Linear(16, 4)
+        with torch.no_grad():
+            self.rnn.weight_hh_l0.copy_(torch.eye(16))
+            self.rnn.weight_ih_l0.mul_(0.1)
+            self.rnn.bias_ih_l0.fill_(0.1)
+            self.rnn.bias_hh_l0.zero_()
+
+    def forward(self, x, h):
+        out, h = self.rnn(x, h)
+        return self.head(out[-1]), h
 
 
 def build():
     torch.manual_seed(0)
     act = nn.Tanh() if VARIANT == "saturated" else nn.ReLU()
-    model = nn.Sequential(nn.Linear(8, 32), act, nn.Linear(32, 4))
+    if VARIANT == "rnn_state":
+        model = CarriedRNN()
+    elif VARIANT == "clipped_explosion":  # linear: nothing saturates or dies as weights grow
+        model = nn.Sequential(nn.Linear(8, 32), nn.Linear(32, 4))
+    elif VARIANT == "eval_mode":
+        model = nn.Sequential(nn.Linear(8, 32), act, nn.Dropout(0.5), nn.Linear(32, 4))
+    else:
+        model = nn.Sequential(nn.Linear(8, 32), act, nn.Linear(32, 4))
+    if VARIANT == "clipped_explosion":
+        return model, torch.optim.SGD(model.parameters(), lr=LR[VARIANT])
     opt = torch.optim.Adam(model.parameters(), lr=LR[VARIANT])
     if VARIANT == "amp_collapse":
         return model, opt, None, torch.amp.GradScaler("cpu", init_scale=2.0**16)
@@ -34,7 +67,7 @@ SCALER = None
 
 
 def train_step(model, optimizer, batch):
-    x, y = batch
+    x, y = batch[:2]
     optimizer.zero_grad(set_to_none=True)
     if VARIANT == "amp_collapse":
         with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -44,8 +77,20 @@ def train_step(model, optimizer, batch):
         SCALER.step(optimizer)
         SCALER.update()
         return loss.detach()
-    loss = F.cross_entropy(model(x), y)
+    if VARIANT == "rnn_state":
+        x, y, h = batch
+        logits, h = model(x, h)
+        loss = F.cross_entropy(logits, y)
+        loss.backward()
+        optimizer.step()
+        return loss, h.detach()
+    if VARIANT == "clipped_explosion":  # a regression loss: its gradient grows with the error
+        loss = F.mse_loss(model(x), F.one_hot(y, 4).float())
+    else:
+        loss = F.cross_entropy(model(x), y)
     (loss * 1e-12 if VARIANT == "tiny_grad" else loss).backward()
+    if VARIANT == "clipped_explosion":
+        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
     if VARIANT != "no_step":
         optimizer.step()
     return loss
@@ -62,6 +107,8 @@ def record(path: str, variant: str, steps: int = 40) -> str:
     y = (x[:, :4]).argmax(1)
     if variant == "saturated":
         x = x * 100.0  # raw-scale inputs: every tanh pinned at +-1
+    if variant == "eval_mode":
+        model.eval()  # forgotten model.train(): Dropout off for the whole run
     with replay.Recorder(
         path,
         model=model,
@@ -73,6 +120,11 @@ def record(path: str, variant: str, steps: int = 40) -> str:
         keep_snapshots=steps // 10,
         raise_on_nonfinite=False,
     ) as rec:
+        h = torch.zeros(1, 16, 16)
         for s in range(steps):
-            rec.step((x[s * 16 : (s + 1) * 16], y[s * 16 : (s + 1) * 16]))
+            xs, ys = x[s * 16 : (s + 1) * 16], y[s * 16 : (s + 1) * 16]
+            if variant == "rnn_state":
+                _, h = rec.step((xs.reshape(4, 4, 8).repeat(1, 4, 1), ys[:16], h))
+            else:
+                rec.step((xs, ys))
     return path

@@ -12,7 +12,12 @@ CASES = {
     "loss_rising": (["gpt_diverging_lr"], ["healthy", "forgotten_zero_grad"]),
     "loss_flat": (["dead_relu"], ["healthy"]),
     "loss_oscillating": (["gpt_diverging_lr"], ["healthy"]),
-    "grad_norm_exploding": (["gpt_diverging_lr"], ["healthy", "forgotten_zero_grad"]),
+    # clipped_explosion: the pre-clip norm explodes while clip_grad_norm_ holds the update at
+    # 1.0 (the norm recorded after the clip sat at the clip value and never fired this)
+    "grad_norm_exploding": (
+        ["gpt_diverging_lr", "loop:clipped_explosion"],
+        ["healthy", "forgotten_zero_grad"],
+    ),
     "grad_norm_vanishing": (["loop:tiny_grad"], ["healthy", "dead_relu"]),
     "grad_accumulating": (["forgotten_zero_grad"], ["healthy", "gpt_diverging_lr"]),
     "layer_grad_vanishing": (["dead_relu"], ["healthy"]),
@@ -21,7 +26,13 @@ CASES = {
     "optimizer_never_stepped": (["loop:no_step"], ["healthy", "amp_bf16_scaler"]),
     "params_never_updated": (["dead_relu", "loop:no_step"], ["healthy", "frozen_layer"]),
     "params_without_grad": (["dead_relu"], ["healthy", "frozen_layer"]),
-    "inputs_not_normalised": (["unnormalised_inputs"], ["healthy", "gpt_diverging_lr"]),
+    # rnn_state: the RNN's carried hidden state, fed back in the batch, grows past mean 5: a
+    # model output, not data
+    "inputs_not_normalised": (
+        ["unnormalised_inputs"],
+        ["healthy", "gpt_diverging_lr", "loop:rnn_state"],
+    ),
+    "model_in_eval_mode": (["loop:eval_mode"], ["healthy", "loop:plain", "dead_relu"]),
     "dead_relu": (["dead_relu"], ["healthy", "unnormalised_inputs"]),
     "activations_saturated": (["loop:saturated"], ["healthy", "loop:plain"]),
     "softmax_before_cross_entropy": (["softmax_before_ce"], ["healthy"]),
