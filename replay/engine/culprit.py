@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import torch
+
 from .engine import Engine
 
 __all__ = ["trace_culprit", "tracer_available"]
@@ -28,6 +30,17 @@ def _step_fails(kind: str, row: dict[str, Any]) -> bool:
     from ..bisect.criteria import is_nonfinite
 
     return is_nonfinite(row)
+
+
+def _data_samples(batch, size: int) -> list[int]:
+    """The samples (dim 0) that hold the batch's non-finite values."""
+    from replay.trace.picture import batch_leaves
+
+    found: set[int] = set()
+    for _, t in batch_leaves(batch):
+        if t.is_floating_point() and t.dim() >= 1 and t.shape[0] == size:
+            found |= set(torch.nonzero(~torch.isfinite(t.detach()))[:, 0].tolist())
+    return sorted(found)
 
 
 def trace_culprit(
@@ -52,6 +65,11 @@ def trace_culprit(
         engine.invalidate()  # the tracer ran the step on the live objects
     v = result.verdict
     size = batch_size_of(batch)
+    if v.get("cause") == "data" and size:
+        # the batch holds the NaN/Inf: its samples are read off it, no replay needed
+        samples = _data_samples(batch, size)
+        if samples:
+            result.set_samples(samples, True)
     if kind in ("nonfinite", "exception") and size and size > 1 and not v.get("samples"):
 
         def fails(indices: list[int]) -> bool:
@@ -68,12 +86,19 @@ def trace_culprit(
             result.set_samples(samples, exact)
     result.write(forensics_path, run_id=run_id, step=step)
     fields = {
+        "cause": v.get("cause"),
+        "op_index": v.get("op_index"),
         "op": v.get("op"),
         "phase": v.get("phase"),
         "module": v.get("module"),
         "source": v.get("source"),
+        "made": v.get("made"),
+        "made_from": v.get("made_from"),
+        "nan_from_inf": v.get("nan_from_inf"),
+        "data": v.get("data"),
         "samples": v.get("samples"),
         "samples_exact": v.get("samples_exact"),
+        "trace_notes": list(v.get("notes") or []),
         "forensics": forensics_path,
     }
     loss = result.loss

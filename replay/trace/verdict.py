@@ -94,11 +94,14 @@ def build_verdict(
     exception: dict | None,
     batch_nonfinite: dict | None,
     notes: list[str],
+    data: list[dict] | None = None,
 ) -> dict:
-    """``sinks``: (name, origins) of each non-finite sink, in the order they were computed."""
+    """``sinks``: (name, origins) of each non-finite sink, in the order they were computed;
+    ``data``: the batch's non-finite tensors (``picture.batch_nonfinite``)."""
     v: dict = {
         "step": None,
         "kind": "none",
+        "cause": None,
         "op_index": None,
         "op": None,
         "phase": None,
@@ -113,9 +116,13 @@ def build_verdict(
         "previous": [],
         "exception": exception,
         "batch_nonfinite": {"leaves": batch_nonfinite} if batch_nonfinite else None,
+        "made": None,
+        "made_from": None,
         "nan_from_inf": None,
+        "data": None,
         "samples": None,
         "samples_exact": None,
+        "sample_axes": None,
         "sinks": [s for s, _ in sinks],
         "notes": list(notes),
     }
@@ -155,15 +162,23 @@ def build_verdict(
     intentional = [o for o in ops if klass.get(o) == "intentional"]
     culprit: int | None = None
     if BATCH in first:
-        v["notes"].append("the batch already held non-finite values; no op produced them")
+        v["cause"] = "data"
+        v["data"] = {"tensors": list(data or []), "sample_axes": None}
+        names = ", ".join(d["name"] for d in data or []) or "the batch"
+        v["notes"].append(
+            f"the input batch is non-finite ({names}): it is a data bug; no op produced it, "
+            "the op named is the first that read it"
+        )
         culprit = _first_consumer(tr, BATCH)
     elif PRESENT in first:
+        v["cause"] = "state"
         v["notes"].append(
             "parameters, gradients or optimizer state were already non-finite "
             "before this step: the failure began at an earlier step"
         )
         culprit = _first_consumer(tr, PRESENT)
     elif real:
+        v["cause"] = "op"
         culprit = real[0]
         v["nan_from_inf"] = conv = _nan_from_inf(tr, culprit, first)
         name = tr.op_names.items[tr.cols["name"][culprit]]
@@ -184,12 +199,14 @@ def build_verdict(
                 f"{given}: e.g. a fully masked row"
             )
     elif intentional:
+        v["cause"] = "intentional"
         culprit = intentional[0]
         v["notes"].append(
             f"a non-finite value written on purpose by {tr.op_names.items[tr.cols['name'][culprit]]}"
             f" (op {culprit}, a non-finite argument) reached {sinks[0][0]} unchanged"
         )
     elif ops:
+        v["cause"] = "uninitialised"
         culprit = _first_consumer(tr, ops[0])
         v["notes"].append(
             "only uninitialised buffers ("
@@ -204,6 +221,11 @@ def build_verdict(
     v.update(_describe_op(tr, culprit, nf.inputs, nf.executed_at))
     status[culprit] = 1 if nf.role in ("producer", "exempt") else 2
     v["output"] = {**nf.output, "stats": stats_dict(tr.stats[culprit])}
+    st = v["output"]["stats"]
+    made = [w for k, w in (("nan", "NaN"), ("posinf", "+inf"), ("neginf", "-inf")) if st[k] > 0]
+    v["made"] = "/".join(made) or None
+    if v["cause"] == "op":
+        v["made_from"] = "intentional" if culprit in tr.origins.from_intentional else "finite"
     key = culprit if culprit in nf.origins else next(iter(nf.origins))
     v["propagators"] = [
         _op_ref(tr, i)
