@@ -177,9 +177,14 @@ class RunModel:
         return [int(s) for s in self.rec.steps()]
 
     def culprit_samples(self) -> list[int]:
+        """Culprit samples as rows of the batch view (dim 0); none when the verdict's samples
+        lie along another axis (time-major batches, ``[micro-batch, row]`` pairs)."""
         if self.forensics is None:
             return []
-        return [int(s) for s in (self.forensics.verdict.get("samples") or [])]
+        v = self.forensics.verdict
+        if (v.get("sample_axes") or [0]) != [0]:
+            return []
+        return [int(s) for s in (v.get("samples") or [])]
 
     def sources(self) -> dict[str, dict[int, str]]:
         """``{path: {line: text}}``: the forensics' lines, else the recorded entry-point files."""

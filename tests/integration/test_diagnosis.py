@@ -131,7 +131,7 @@ def test_softmax_over_a_fully_masked_row_is_blamed(tmp_path):
     assert (d["cause"], d["op"], d["made_from"]) == ("op", "aten::_softmax", "intentional")
     assert d["source"]["line"] == marker_line("diag_masked_attention", "SOFTMAX")
     assert d["nan_from_inf"] is None
-    assert d["samples"] == truth
+    assert d["samples"] == truth and d["sample_axes"] == [0]
 
 
 def test_nan_in_the_data_is_reported_as_a_data_bug(tmp_path):
@@ -155,3 +155,27 @@ def test_nan_in_the_data_is_reported_as_a_data_bug(tmp_path):
     )
     assert "the input batch is non-finite: it is a data bug" in p.stdout
     assert "batch[0]" in p.stdout
+
+
+def test_time_major_batch_blames_a_column(tmp_path):
+    mod = load("diag_time_major")
+    t, _, _, (x, _) = first_bad(mod)
+    columns = sorted({int(b) for b in torch.nonzero(x == mod.PAD)[:, 1]})
+    assert columns == [7]
+    d = bisect(record(tmp_path, "diag_time_major"))
+    assert d["first_bad_step"] == t
+    assert (d["cause"], d["op"], d["made"]) == ("op", "aten::div", "NaN")
+    assert d["source"]["line"] == marker_line("diag_time_major", "NORMALISE")
+    assert d["sample_axes"] == [1] and d["samples"] == columns
+
+
+def test_micro_batches_name_the_micro_batch_and_the_row(tmp_path):
+    mod = load("diag_micro")
+    t, _, _, (x, _) = first_bad(mod)
+    truth = torch.nonzero((x == 0).all(-1)).tolist()
+    assert truth == [[mod.BAD_MICRO, mod.BAD_ROW]]
+    d = bisect(record(tmp_path, "diag_micro"))
+    assert d["first_bad_step"] == t
+    assert (d["op"], d["phase"]) == ("aten::div", "forward")
+    assert d["sample_axes"] == [0, 1] and d["samples"] == truth
+    assert any("micro-batches" in n for n in d["notes"])
