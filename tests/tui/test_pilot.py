@@ -212,3 +212,49 @@ async def test_200k_ops_open_and_navigate(runs):
         assert ops.selected == culprit + 1
         await press(pilot, "p", "p")  # backward ops only
         assert (ops.full["phase"][ops.op_list.rows] == 1).all()
+
+
+async def test_detail_and_status_word_the_culprit_as_the_bisect_report_does(runs):
+    """Verdict and TUI agree: the op detail, the status line and ``replay bisect``'s report use
+    the words of ``replay.words`` for the same op."""
+    from replay.bisect.report import render_verdict
+    from replay.words import op_role, role_text
+
+    with ForensicsReader.open(runs["traced"].replace(".h5", ".forensics.h5")) as f:
+        v = f.verdict
+        culprit = v["op_index"]
+        row = f.op_row(culprit)
+        nxt = int(np.flatnonzero(f.ops_columns(0, f.n_ops, ("status",))["status"] == 2)[0])
+        nxt_row = f.op_row(nxt)
+    word, why = op_role(v, culprit, row["status"])
+    assert (word, v["cause"]) == ("culprit", "op") and why.startswith("the producer")
+    report = render_verdict(
+        {
+            **v,
+            "healthy": False,
+            "window": [0, 6],
+            "first_bad_step": v["step"],
+            "symptom_step": v["step"],
+            "criterion": "NaN/Inf",
+            "reproducible": True,
+            "deterministic": True,
+            "replayed_steps": 1,
+            "rechecked_steps": 1,
+            "snapshot": 4,
+            "device": "cpu",
+        }
+    )
+    assert f"[{word} · {why}]" in report
+    app = make_app(runs["traced"], poll=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        ops = _ops(app)
+        detail = str(ops.query_one("#op-detail").render())
+        assert f"● {word}" in detail and why in detail
+        assert f"{word} #{culprit} {v['op']}" in str(ops.query_one("#ops-status").render())
+        ops.select_op(nxt)
+        await settle(pilot)
+        await pilot.pause(0.2)
+        detail = str(ops.query_one("#op-detail").render())
+        assert role_text(v, nxt, nxt_row["status"]).split(" · ")[0] in detail
+        assert "propagator" in detail
