@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..words import cause_text, role_text
+from ..words import cause_text, op_role, role_text
 from .search import Verdict
 from .verify import VerifyReport
 
@@ -118,7 +118,8 @@ def render_verdict(d: dict[str, Any]) -> str:
         where = f"  op            {d['op']} ({d.get('phase')})"
         if d.get("module") is not None:
             where += f" in {d['module'] or '<model>'}"
-        lines.append(where + f"  [{role_text(d, d.get('op_index'), 'producer')}]")
+        # the word only: the cause line above gives the why
+        lines.append(where + f"  [{op_role(d, d.get('op_index'), 'producer')[0]}]")
     src = _source_line(d.get("source"))
     if src:
         lines.append(f"  source        {src}")

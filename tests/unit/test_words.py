@@ -10,6 +10,7 @@ ENTROPY = {
     "cause": "op",
     "op_index": 4,
     "op": "aten::log",
+    "phase": "forward",
     "made": "-inf",
     "made_from": "finite",
     "nan_from_inf": {"op_index": 5, "op": "aten::mul", "phase": "forward", "from": "-inf"},
@@ -19,6 +20,7 @@ DATA = {
     "cause": "data",
     "op_index": 0,
     "op": "aten::addmm",
+    "phase": "forward",
     "data": {
         "tensors": [
             {
@@ -77,9 +79,11 @@ def test_the_report_uses_the_same_words():
     text = report({**DATA, "samples": [5], "sample_axes": [0]})
     assert "cause         data: the input batch is non-finite: it is a data bug" in text
     assert "batch[0] float32[8, 6]: 1 NaN at [5, 3]" in text
-    assert "[data · the first op to read the non-finite input batch" in text
+    assert "op            aten::addmm (forward)  [data]" in text
     text = report(ENTROPY)
-    assert "[culprit · the producer: made -inf from finite inputs]" in text
+    assert "op            aten::log (forward)  [culprit]" in text
+    assert "cause         op: aten::log made -inf from finite inputs; aten::mul turned" in text
+    assert "[propagator · turned the -inf of op 4 (aten::log) into NaN]" in text
     assert "NaN from      aten::mul (forward)" in text
     text = report({**ENTROPY, "samples": [[2, 5]], "sample_axes": [0, 1]})
     assert "samples       [micro-batch, row] along dims 0, 1: [2, 5]" in text
