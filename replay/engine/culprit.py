@@ -91,13 +91,7 @@ def trace_culprit(
     engine: Engine, step: int, kind: str, *, forensics_path: str, run_id: str
 ) -> dict[str, Any]:
     """Trace ``step`` from the state right before it; write the sidecar; return report fields."""
-    from replay.trace import (
-        batch_size_of,
-        choose_sample_axes,
-        has_batch_coupling,
-        slice_batch,
-        trace_step,
-    )
+    from replay.trace import trace_step
 
     engine.state_before(step, keep=True)
     batch = engine.batch(step)
@@ -109,18 +103,10 @@ def trace_culprit(
         engine.invalidate()  # the tracer ran the step on the live objects
     v = result.verdict
     if kind in ("nonfinite", "exception") and not v.get("samples"):
-        pstep, pbatch = _probe_step(engine, step, batch)
-        axes, notes = choose_sample_axes(pbatch, _probe(engine, pstep))
-        result.add_notes(notes)
-        coupled = has_batch_coupling(engine.model)
-        if not axes:
-            pass
-        elif v.get("cause") == "data":
-            samples = _data_samples(batch, axes)
-            if samples:
-                result.set_samples(samples, True, axes)
-        else:
-            _search(engine, step, kind, batch, axes, coupled, result, slice_batch, batch_size_of)
+        try:
+            _samples(engine, step, kind, batch, result)
+        except Exception as e:  # noqa: BLE001 - the op verdict stands without the samples
+            result.add_notes([f"the samples search failed: {type(e).__name__}: {e}"])
     result.write(forensics_path, run_id=run_id, step=step)
     fields = {
         "cause": v.get("cause"),
@@ -143,6 +129,23 @@ def trace_culprit(
     if loss is not None and isinstance(loss, float) and not math.isfinite(loss):
         fields["traced_loss"] = "nan" if math.isnan(loss) else ("inf" if loss > 0 else "-inf")
     return fields
+
+
+def _samples(engine: Engine, step: int, kind: str, batch, result) -> None:
+    from replay.trace import batch_size_of, choose_sample_axes, has_batch_coupling, slice_batch
+
+    pstep, pbatch = _probe_step(engine, step, batch)
+    axes, notes = choose_sample_axes(pbatch, _probe(engine, pstep))
+    result.add_notes(notes)
+    if not axes:
+        return
+    if result.verdict.get("cause") == "data":
+        samples = _data_samples(batch, axes)
+        if samples:
+            result.set_samples(samples, True, axes)
+        return
+    coupled = has_batch_coupling(engine.model)
+    _search(engine, step, kind, batch, axes, coupled, result, slice_batch, batch_size_of)
 
 
 def _search(engine, step, kind, batch, axes, coupled, result, slice_batch, batch_size_of) -> None:

@@ -1,7 +1,9 @@
-"""Which samples of a batch make the step fail: delta debugging over the batch dimension.
+"""Which samples of a batch make the step fail: delta debugging along the sample axis.
 
-The caller supplies ``fails(indices)``, which restores the state and replays the step on just
-those samples (``slice_batch``). ``find_culprit_samples`` returns a 1-minimal set (ddmin, Zeller
+The sample axis need not be dim 0 (time-major ``[T, B]`` batches, micro-batches ``[M, B, ...]``):
+``choose_sample_axes`` finds it with a few replays (see its docstring). The caller supplies
+``fails(indices)``, which restores the state and replays the step on just those samples
+(``slice_batch(batch, indices, axis)``). ``find_culprit_samples`` returns a 1-minimal set (ddmin, Zeller
 and Hildebrandt 2002): removing any single sample makes the failure go away. With batch-coupled
 layers (BatchNorm in training mode) a sub-batch changes every sample's computation, so the answer
 is approximate (``exact`` is False).

@@ -21,6 +21,10 @@ Rule (producer, not propagator; see ``origins.py`` for how origins are tracked):
    note. Uninitialised allocations are never culprits: when only they reach a sink, the first
    op that consumed them is named, with a note.
 
+The verdict's ``cause`` says which case it was: ``"op"`` (a producer), ``"data"`` (the batch held
+NaN/Inf: ``data`` lists its non-finite tensors, the op named only read it first), ``"state"``,
+``"intentional"``, ``"uninitialised"``; null for exceptions and healthy steps.
+
 Statuses: producers whose values reached a sink are 1, ops carrying those values (converters
 included) 2,
 every other non-finite op is exempt (4), ops that raised are 3.

@@ -40,6 +40,9 @@ def test_poisoned_sample_is_named_by_the_batch_and_found_by_replay():
     assert v["kind"] == "nonfinite"
     assert v["batch_nonfinite"] == {"leaves": {"0": [5]}}
     assert v["op"] == "aten::addmm" and v["module"] == "0"  # first op that consumed it
+    assert v["cause"] == "data"
+    (bad,) = v["data"]["tensors"]
+    assert (bad["name"], bad["nan"], bad["positions"]) == ("batch[0]", 1, [[5, 3]])
     assert r.batch["leaves"][0]["per_sample"]["nonfinite"][5] == 1
 
     calls = []
