@@ -134,6 +134,7 @@ class Tracer:
         batch_keys: set,
         present_keys: set,
         cuda: bool = False,
+        mask_keys: set | None = None,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
@@ -148,6 +149,7 @@ class Tracer:
         self.origins = Origins()
         self.origins.batch_keys = batch_keys
         self.origins.present_keys = present_keys
+        self.origins.mask_keys = mask_keys or set()
         self.memory = MemoryTracker(cuda)
         cols = (
             "phase",

@@ -23,13 +23,16 @@ its non-tensor arguments, such as ``masked_fill``'s fill value):
 4. an op with a non-finite *argument* that is not case 3 (``masked_fill(mask, -inf)``,
    ``full(size, -inf)``, ``scalar_tensor(-inf)``) writes that value on purpose: an origin of
    class ``"intentional"``, exempt. A constant made before the step outside any traced op (origin
-   ``UNKNOWN``, e.g. a module-level ``torch.tensor(-inf)``) counts as intentional too;
+   ``UNKNOWN``, e.g. a module-level ``torch.tensor(-inf)``) counts as intentional too, and so
+   does a floating buffer whose only non-finite values are ``-inf`` (origin ``MASK_BUFFER``: a
+   causal mask made with ``register_buffer``);
 5. any other op with non-finite inputs and output is a *propagator*: its output carries the
    union of its inputs' origins.
 
 Non-finite values already present before the step have external origins: ``BATCH`` (the batch),
-``PRESENT`` (parameters, gradients, buffers, optimizer state), ``UNKNOWN``. They are not
-intentional: a NaN made from an infinity of the batch is blamed on the batch.
+``PRESENT`` (parameters, gradients, other buffers, optimizer state), ``UNKNOWN``, ``MASK_BUFFER``.
+The batch and present state are not intentional: a NaN made from an infinity of the batch is
+blamed on the batch.
 
 Which origins matter is decided later (``verdict.py``) by what reaches the loss, the gradients or
 the parameters. A storage whose values become finite again (fully overwritten) forgets its origins.
@@ -39,10 +42,24 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["BATCH", "PRESENT", "UNKNOWN", "EXTERNAL_NAMES", "ALLOC_OPS", "Origins", "storage_key"]
+__all__ = [
+    "BATCH",
+    "PRESENT",
+    "UNKNOWN",
+    "MASK_BUFFER",
+    "EXTERNAL_NAMES",
+    "ALLOC_OPS",
+    "Origins",
+    "storage_key",
+]
 
-BATCH, PRESENT, UNKNOWN = -2, -3, -4
-EXTERNAL_NAMES = {BATCH: "batch", PRESENT: "present before the step", UNKNOWN: "unknown"}
+BATCH, PRESENT, UNKNOWN, MASK_BUFFER = -2, -3, -4, -5
+EXTERNAL_NAMES = {
+    BATCH: "batch",
+    PRESENT: "present before the step",
+    UNKNOWN: "unknown",
+    MASK_BUFFER: "a buffer of -inf (a mask)",
+}
 
 ALLOC_OPS = frozenset(
     {
@@ -83,10 +100,13 @@ class Origins:
         self.from_intentional: dict[int, frozenset[int]] = {}  # producer (3) -> those origins
         self.batch_keys: set[int] = set()
         self.present_keys: set[int] = set()
+        self.mask_keys: set[int] = set()
 
     def external(self, key: int | None) -> int:
         if key in self.batch_keys:
             return BATCH
+        if key in self.mask_keys:
+            return MASK_BUFFER
         if key in self.present_keys:
             return PRESENT
         return UNKNOWN
@@ -102,7 +122,7 @@ class Origins:
         return key is not None and key in self.by_storage
 
     def intentional(self, origin: int) -> bool:
-        return origin == UNKNOWN or self.klass.get(origin) == "intentional"
+        return origin in (UNKNOWN, MASK_BUFFER) or self.klass.get(origin) == "intentional"
 
     def classify(
         self,

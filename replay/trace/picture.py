@@ -11,7 +11,14 @@ from torch.utils._pytree import tree_flatten_with_path
 
 from replay.trace.origins import storage_key
 
-__all__ = ["ParamPicture", "batch_leaves", "batch_picture", "batch_nonfinite", "present_keys"]
+__all__ = [
+    "ParamPicture",
+    "batch_leaves",
+    "batch_picture",
+    "batch_nonfinite",
+    "present_keys",
+    "mask_buffer_keys",
+]
 
 NAN = float("nan")
 N_POSITIONS = 8  # positions listed per non-finite batch tensor
@@ -65,6 +72,21 @@ def batch_nonfinite(batch) -> list[dict]:
                 }
             )
     return out
+
+
+def mask_buffer_keys(model: torch.nn.Module) -> set[int]:
+    """Storages of floating buffers (not parameters) whose only non-finite values are ``-inf``:
+    an additive attention mask registered with ``register_buffer``, written on purpose."""
+    params = {storage_key(p) for p in model.parameters()}
+    keys: set[int] = set()
+    with torch.no_grad():
+        for b in model.buffers():
+            if not b.is_floating_point() or not b.numel() or torch.isfinite(b).all():
+                continue
+            k = storage_key(b)
+            if k is not None and k not in params and not (torch.isnan(b) | (b == math.inf)).any():
+                keys.add(k)
+    return keys
 
 
 def present_keys(model: torch.nn.Module, optimizer) -> set[int]:

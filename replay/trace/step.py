@@ -16,6 +16,7 @@ from replay.trace.picture import (
     batch_leaves,
     batch_nonfinite,
     batch_picture,
+    mask_buffer_keys,
     present_keys,
 )
 from replay.trace.result import TraceResult
@@ -66,7 +67,14 @@ def trace_step(model, optimizer, step_fn, batch, *, scaler=None) -> TraceResult:
     params = ParamPicture(eager)
     batch_keys = {k for _, t in batch_leaves(batch) if (k := storage_key(t)) is not None}
     cuda = any(p.is_cuda for p in eager.parameters())
-    tracer = Tracer(eager, optimizer, batch_keys, present_keys(eager, optimizer), cuda=cuda)
+    tracer = Tracer(
+        eager,
+        optimizer,
+        batch_keys,
+        present_keys(eager, optimizer),
+        cuda=cuda,
+        mask_keys=mask_buffer_keys(eager),
+    )
     sinks: list[tuple[str, frozenset[int]]] = []
     notes: list[str] = []
     ran_optimizer = []

@@ -455,3 +455,29 @@ def test_other_ways_of_writing_a_mask_are_no_false_alarm(how):
     r = run(Att(), (torch.randn(4, 6, 8), torch.randn(4, 6, 8)))
     assert r.verdict["kind"] == "none", r.verdict
     assert not (r.ops["status"] == 1).any()
+
+
+class BufferMaskAttention(MaskedAttention):
+    """The causal mask as a float buffer of -inf above the diagonal (added to the scores)."""
+
+    def __init__(self, t=6, empty_row=None):
+        super().__init__()
+        mask = torch.full((t, t), float("-inf")).triu(1)
+        if empty_row is not None:
+            mask[empty_row] = float("-inf")
+        self.register_buffer("mask", mask)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        scores = q @ k.transpose(-2, -1) + self.mask
+        return self.out(torch.softmax(scores, dim=-1) @ v)  # BUFSOFTMAX
+
+
+def test_a_buffer_of_minus_inf_is_a_mask_not_state_from_an_earlier_step():
+    torch.manual_seed(0)
+    batch = (torch.randn(4, 6, 8), torch.randn(4, 6, 8))
+    assert run(BufferMaskAttention(), batch).verdict["kind"] == "none"
+    v = run(BufferMaskAttention(empty_row=3), batch).verdict
+    assert (v["kind"], v["cause"], v["op"]) == ("nonfinite", "op", "aten::_softmax")
+    assert v["made_from"] == "intentional"
+    assert v["source"]["line"] == line_of(BufferMaskAttention.forward, "BUFSOFTMAX")
