@@ -7,7 +7,8 @@ Samples are positions along the batch's sample axis, which need not be dim 0
 (``replay.trace.samples.choose_sample_axes``: time-major ``[T, B]`` batches, micro-batches
 ``[M, B, ...]``, whose samples are ``[micro-batch, row]`` pairs). When the batch itself holds
 the NaN/Inf (verdict cause ``"data"``) the samples are read off the batch; otherwise they are
-found by delta debugging with replays. When no sample can be blamed, a note says why.
+found by delta debugging with replays. When no sample can be blamed, a note says why. A step
+function may name its axis: ``train_step.batch_axis = 1`` (or ``(0, 1)`` for micro-batches).
 """
 
 from __future__ import annotations
@@ -135,7 +136,8 @@ def _samples(engine: Engine, step: int, kind: str, batch, result) -> None:
     from replay.trace import batch_size_of, choose_sample_axes, has_batch_coupling, slice_batch
 
     pstep, pbatch = _probe_step(engine, step, batch)
-    axes, notes = choose_sample_axes(pbatch, _probe(engine, pstep))
+    hint = getattr(engine.step_fn, "batch_axis", None)
+    axes, notes = choose_sample_axes(pbatch, _probe(engine, pstep), hint)
     result.add_notes(notes)
     if not axes:
         return

@@ -33,6 +33,7 @@ __all__ = [
     "choose_sample_axes",
     "permute_batch",
     "no_dropout",
+    "hinted_axes",
 ]
 
 REL_TOL = 1e-4  # a loss unchanged by permuting samples, up to the order of float sums
@@ -142,10 +143,28 @@ def _same(a: float | None, b: float | None) -> bool:
     return abs(a - b) <= REL_TOL * max(abs(a), abs(b), 1e-12)
 
 
+def hinted_axes(batch, hint) -> tuple[list[int] | None, list[str]]:
+    """The axes a ``batch_axis`` hint names (an int, or ``(micro-batch axis, row axis)``), or
+    None with a note when the hint does not fit the batch."""
+    axes = (
+        [hint] if isinstance(hint, int) else list(hint) if isinstance(hint, (list, tuple)) else []
+    )
+    sizes = dict(candidate_axes(batch))
+    if not axes or len(axes) > 2 or not all(isinstance(a, int) and a in sizes for a in axes):
+        return None, [
+            f"batch_axis = {hint!r} does not fit the batch (dims every per-sample tensor "
+            f"shares: {sorted(sizes)}): ignored"
+        ]
+    return axes, [f"samples along dim{'s' * (len(axes) > 1)} {axes}, as batch_axis says"]
+
+
 def choose_sample_axes(
-    batch, probe: Callable[[object], tuple[float | None, int]]
+    batch, probe: Callable[[object], tuple[float | None, int]], hint=None
 ) -> tuple[list[int], list[str]]:
     """The batch axes that index samples, and notes on how they were found.
+
+    ``hint``: the step function's ``batch_axis`` attribute, if it has one (``train_step.batch_axis
+    = 1`` for time-major batches, ``(0, 1)`` for micro-batches): it wins when it fits the batch.
 
     ``probe(batch)`` replays the step on ``batch`` from the same state, without dropout, and
     returns ``(loss, calls)``: the loss, None when it raised, and how many times the model's
@@ -163,12 +182,17 @@ def choose_sample_axes(
     cands = candidate_axes(batch)
     if not cands:
         return [], ["the batch has no tensor with a batch dimension: samples cannot be isolated"]
+    hint_notes: list[str] = []
+    if hint is not None:
+        axes, hint_notes = hinted_axes(batch, hint)
+        if axes is not None:
+            return axes, hint_notes
     if len(cands) == 1:
-        return [cands[0][0]], []
+        return [cands[0][0]], hint_notes
     ref, calls = probe(batch)
     micro = cands[0][1] > 1 and calls == cands[0][1]
     rest = cands[1:] if micro else cands
-    notes = []
+    notes = hint_notes
     if micro:
         notes.append(
             f"the step runs the model once per slice of dim 0 ({calls} times): "

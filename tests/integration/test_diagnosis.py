@@ -179,3 +179,18 @@ def test_micro_batches_name_the_micro_batch_and_the_row(tmp_path):
     assert (d["op"], d["phase"]) == ("aten::div", "forward")
     assert d["sample_axes"] == [0, 1] and d["samples"] == truth
     assert any("micro-batches" in n for n in d["notes"])
+
+
+def test_a_batch_axis_hint_on_the_step_function_is_used(tmp_path):
+    text = (SCRIPTS / "diag_time_major.py").read_text()
+    text = text.replace("\ndef main(", "\ntrain_step.batch_axis = 1\n\n\ndef main(", 1)
+    script = tmp_path / "diag_hinted.py"
+    script.write_text(text)
+    run = tmp_path / "hinted.h5"
+    p = subprocess.run(
+        [sys.executable, str(script), str(run)], env=env(), capture_output=True, timeout=120
+    )
+    assert p.returncode == 0 and run.exists()
+    d = bisect(run)
+    assert d["sample_axes"] == [1] and d["samples"] == [7]
+    assert any("as batch_axis says" in n for n in d["notes"])

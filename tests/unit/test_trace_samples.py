@@ -168,3 +168,19 @@ def test_no_dropout_makes_dropout_the_identity():
         assert torch.equal(nn.Dropout(0.5).train()(x), x)
         assert torch.equal(F.dropout(x, 0.9, training=True), x)
     assert not torch.equal(F.dropout(x, 0.5, training=True), x)
+
+
+def test_a_batch_axis_hint_wins_when_it_fits_the_batch():
+    from replay.trace import choose_sample_axes
+
+    x = torch.randn(6, 10, dtype=torch.float64)
+
+    def probe(b):  # a real loss in which dim 0 is the sample axis
+        return causal_loss(b, time_axis=1), 1
+
+    assert choose_sample_axes((x,), probe)[0] == [0]
+    axes, notes = choose_sample_axes((x,), probe, hint=1)
+    assert axes == [1] and "batch_axis" in notes[0]
+    assert choose_sample_axes((torch.randn(4, 8, 3), torch.zeros(4, 8)), probe, (0, 1))[0] == [0, 1]
+    axes, notes = choose_sample_axes((x,), probe, hint=2)  # no such shared dim: ignored
+    assert axes == [0] and "does not fit" in notes[0]
