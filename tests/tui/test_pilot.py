@@ -258,3 +258,36 @@ async def test_detail_and_status_word_the_culprit_as_the_bisect_report_does(runs
         detail = str(ops.query_one("#op-detail").render())
         assert role_text(v, nxt, nxt_row["status"]).split(" · ")[0] in detail
         assert "propagator" in detail
+
+
+def test_batch_view_words_samples_along_other_axes_as_the_report_does():
+    """Samples along dim 1, or [micro-batch, row] pairs, are not rows of the batch view: it
+    names them in its title with the report's words instead of marking rows."""
+    from types import SimpleNamespace
+
+    from replay.bisect.report import render_verdict
+    from tui.model import RunModel
+
+    m = RunModel.__new__(RunModel)
+    base = {
+        "healthy": False,
+        "window": [0, 9],
+        "first_bad_step": 7,
+        "symptom_step": 7,
+        "kind": "nonfinite",
+        "criterion": "NaN/Inf",
+        "reproducible": True,
+        "deterministic": True,
+        "replayed_steps": 3,
+        "rechecked_steps": 1,
+        "snapshot": 5,
+        "device": "cpu",
+    }
+    for samples, axes in (([7], [1]), ([[2, 5]], [0, 1])):
+        v = {**base, "samples": samples, "sample_axes": axes}
+        m.forensics = SimpleNamespace(verdict=v)
+        assert m.culprit_samples() == []
+        text = m.culprit_samples_elsewhere()
+        assert text and f"samples       {text}" in render_verdict(v)
+    m.forensics = SimpleNamespace(verdict={**base, "samples": [3], "sample_axes": [0]})
+    assert m.culprit_samples() == [3] and m.culprit_samples_elsewhere() is None
