@@ -2,14 +2,16 @@
 
 The bug is in the data, not the model: sample 5 of the batch at step 37 has a NaN feature. The
 forward pass turns it into a NaN loss, the backward into NaN gradients, and one optimizer step
-poisons every weight. `replay bisect` names the step and the sample; check inputs with
-`torch.isfinite(x).all()` in the data pipeline, and find where the NaN came from.
+poisons every weight. `replay bisect` names the step and says the input batch is non-finite (a
+data bug, cause=data): which tensor (`batch[0]`), which sample, which position; the first op
+that read it (`aten::addmm`) is only context. Check inputs with `torch.isfinite(x).all()` in the
+data pipeline, and find where the NaN came from.
 
 Run:
     python examples/poisoned_sample.py [runs/poisoned_sample.h5]
     replay bisect runs/poisoned_sample.h5
 
-Verdict: kind=nonfinite phase=forward op=aten::addmm module=0 samples=5
+Verdict: kind=nonfinite cause=data phase=forward op=aten::addmm module=0 samples=5
 """
 
 import sys

@@ -177,9 +177,28 @@ class RunModel:
         return [int(s) for s in self.rec.steps()]
 
     def culprit_samples(self) -> list[int]:
+        """Culprit samples as rows of the batch view (dim 0); none when the verdict's samples
+        lie along another axis (time-major batches, ``[micro-batch, row]`` pairs)."""
         if self.forensics is None:
             return []
-        return [int(s) for s in (self.forensics.verdict.get("samples") or [])]
+        v = self.forensics.verdict
+        if (v.get("sample_axes") or [0]) != [0]:
+            return []
+        return [int(s) for s in (v.get("samples") or [])]
+
+    def culprit_samples_elsewhere(self) -> str | None:
+        """The verdict's samples when they lie along another axis than dim 0, as the report
+        words them (``along dim 1: 7``, ``[micro-batch, row] along dims 0, 1: [2, 5]``)."""
+        if self.forensics is None:
+            return None
+        v = self.forensics.verdict
+        axes, samples = v.get("sample_axes") or [0], v.get("samples") or []
+        if axes == [0] or not samples:
+            return None
+        if len(axes) > 1:
+            shown = ", ".join(f"[{m}, {r}]" for m, r in samples)
+            return f"[micro-batch, row] along dims {axes[0]}, {axes[1]}: {shown}"
+        return f"along dim {axes[0]}: {', '.join(map(str, samples))}"
 
     def sources(self) -> dict[str, dict[int, str]]:
         """``{path: {line: text}}``: the forensics' lines, else the recorded entry-point files."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ..words import cause_text, op_role, role_text
 from .search import Verdict
 from .verify import VerifyReport
 
@@ -17,8 +18,22 @@ __all__ = [
     "TRACE_FIELDS",
 ]
 
-# Filled by the per-op tracer when it runs; null until then.
-TRACE_FIELDS = ("op", "phase", "module", "source", "samples", "samples_exact")
+# Filled by the per-op tracer when it runs; null until then (docs/forensics.md, /verdict).
+TRACE_FIELDS = (
+    "cause",
+    "op_index",
+    "op",
+    "phase",
+    "module",
+    "source",
+    "made",
+    "made_from",
+    "nan_from_inf",
+    "data",
+    "samples",
+    "samples_exact",
+    "sample_axes",
+)
 
 
 def _num(x: Any) -> Any:
@@ -57,7 +72,9 @@ def verdict_json(v: Verdict, **extra: Any) -> dict[str, Any]:
         "notes": list(v.notes),
         "cause": None,
     }
+    trace_notes = extra.pop("trace_notes", None) or []
     out.update(extra)
+    out["notes"] += [n for n in trace_notes if n not in out["notes"]]
     return out
 
 
@@ -92,17 +109,47 @@ def render_verdict(d: dict[str, Any]) -> str:
         lines.append(f"  exception     {e['type']}: {e['message']}")
     if d.get("loss") is not None and not d.get("exception"):
         lines.append(f"  loss          {d['loss']}   grad norm {d.get('grad_norm')}")
+    cause = cause_text(d)
+    if cause:
+        lines.append(f"  cause         {cause}")
+    for t in (d.get("data") or {}).get("tensors") or []:
+        counts = ", ".join(
+            f"{t[k]} {w}"
+            for k, w in (("nan", "NaN"), ("posinf", "+inf"), ("neginf", "-inf"))
+            if t[k]
+        )
+        at = " ".join(str(p) for p in t["positions"]) + (
+            " ..." if t["count"] > len(t["positions"]) else ""
+        )
+        lines.append(f"  data          {t['name']} {t['dtype']}{t['shape']}: {counts} at {at}")
     if d.get("op"):
         where = f"  op            {d['op']} ({d.get('phase')})"
         if d.get("module") is not None:
             where += f" in {d['module'] or '<model>'}"
-        lines.append(where)
+        # the word only: the cause line above gives the why
+        lines.append(where + f"  [{op_role(d, d.get('op_index'), 'producer')[0]}]")
     src = _source_line(d.get("source"))
     if src:
         lines.append(f"  source        {src}")
+    conv = d.get("nan_from_inf")
+    if conv:
+        where = f"  NaN from      {conv['op']} ({conv.get('phase')})"
+        if conv.get("module") is not None:
+            where += f" in {conv['module'] or '<model>'}"
+        lines.append(where + f"  [{role_text(d, conv.get('op_index'), 'propagator')}]")
+        src = _source_line(conv.get("source"))
+        if src:
+            lines.append(f"                {src}")
     if d.get("samples"):
         exact = "" if d.get("samples_exact", True) else " (approximate: batch-coupled layers)"
-        lines.append(f"  samples       {', '.join(map(str, d['samples']))}{exact}")
+        axes = d.get("sample_axes") or [0]
+        if len(axes) > 1:
+            what = f"[micro-batch, row] along dims {axes[0]}, {axes[1]}: "
+            shown = ", ".join(f"[{m}, {r}]" for m, r in d["samples"])
+        else:
+            what = f"along dim {axes[0]}: " if axes != [0] else ""
+            shown = ", ".join(map(str, d["samples"]))
+        lines.append(f"  samples       {what}{shown}{exact}")
     rep = d["reproducible"]
     lines.append(
         "  reproducible  "

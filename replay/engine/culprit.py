@@ -2,12 +2,21 @@
 
 Uses ``replay.trace`` (the per-op tracer) through the engine's two calls: ``state_before(t)``
 and ``run_step(t, batch=...)``. Returns the JSON fields the bisect report fills.
+
+Samples are positions along the batch's sample axis, which need not be dim 0
+(``replay.trace.samples.choose_sample_axes``: time-major ``[T, B]`` batches, micro-batches
+``[M, B, ...]``, whose samples are ``[micro-batch, row]`` pairs). When the batch itself holds
+the NaN/Inf (verdict cause ``"data"``) the samples are read off the batch; otherwise they are
+found by delta debugging with replays. When no sample can be blamed, a note says why. A step
+function may name its axis: ``train_step.batch_axis = 1`` (or ``(0, 1)`` for micro-batches).
 """
 
 from __future__ import annotations
 
 import math
 from typing import Any
+
+import torch
 
 from .engine import Engine
 
@@ -30,17 +39,60 @@ def _step_fails(kind: str, row: dict[str, Any]) -> bool:
     return is_nonfinite(row)
 
 
+def _probe(engine: Engine, step: int):
+    """``probe(batch) -> (loss, forward calls)``: step ``step`` replayed on ``batch`` from the
+    state before it, without dropout (``choose_sample_axes``)."""
+    from replay.trace.samples import no_dropout
+
+    def probe(batch) -> tuple[float | None, int]:
+        calls = []
+        engine.state_before(step, keep=True)
+        h = engine.model.register_forward_pre_hook(lambda *_: calls.append(1))
+        try:
+            with no_dropout():
+                out = engine.run_step(step, batch=batch)
+        finally:
+            h.remove()
+        return (None if out.exception is not None else out.loss), len(calls)
+
+    return probe
+
+
+def _probe_step(engine: Engine, step: int, batch) -> tuple[int, Any]:
+    """The step whose batch the axis probe replays: the one before the failure when it is
+    replayable and its batch has the same layout (its loss is finite), else the failing one."""
+    from replay.trace.samples import candidate_axes
+
+    prev = step - 1
+    if prev in engine.window:
+        b = engine.batch(prev)
+        if candidate_axes(b) == candidate_axes(batch):
+            return prev, b
+    return step, batch
+
+
+def _data_samples(batch, axes: list[int]) -> list:
+    """Positions along ``axes`` of the batch's non-finite values (pairs for two axes)."""
+    from replay.trace.picture import batch_leaves
+    from replay.trace.samples import batch_size_of
+
+    sizes = [batch_size_of(batch, a) for a in axes]
+    found: set[tuple[int, ...]] = set()
+    for _, t in batch_leaves(batch):
+        if not t.is_floating_point() or t.dim() <= max(axes):
+            continue
+        if any(t.shape[a] != n for a, n in zip(axes, sizes)):
+            continue
+        pos = torch.nonzero(~torch.isfinite(t.detach()))
+        found |= {tuple(p) for p in pos[:, axes].tolist()}
+    return [p[0] if len(axes) == 1 else list(p) for p in sorted(found)]
+
+
 def trace_culprit(
     engine: Engine, step: int, kind: str, *, forensics_path: str, run_id: str
 ) -> dict[str, Any]:
     """Trace ``step`` from the state right before it; write the sidecar; return report fields."""
-    from replay.trace import (
-        batch_size_of,
-        find_culprit_samples,
-        has_batch_coupling,
-        slice_batch,
-        trace_step,
-    )
+    from replay.trace import trace_step
 
     engine.state_before(step, keep=True)
     batch = engine.batch(step)
@@ -51,32 +103,107 @@ def trace_culprit(
     finally:
         engine.invalidate()  # the tracer ran the step on the live objects
     v = result.verdict
-    size = batch_size_of(batch)
-    if kind in ("nonfinite", "exception") and size and size > 1 and not v.get("samples"):
-
-        def fails(indices: list[int]) -> bool:
-            engine.state_before(step, keep=True)
-            sub = slice_batch(engine.batch(step), indices)
-            out = engine.run_step(step, batch=sub)
-            return _step_fails(kind, out.row())
-
-        samples, exact = find_culprit_samples(fails, size, coupled=has_batch_coupling(engine.model))
-        rest = [i for i in range(size) if i not in set(samples)]
-        # Only an answer when those samples matter: if the rest of the batch fails as well
-        # (a NaN injected in the gradient, a bad learning rate) no sample is to blame.
-        if len(samples) < size and not (rest and fails(rest)):
-            result.set_samples(samples, exact)
+    if kind in ("nonfinite", "exception") and not v.get("samples"):
+        try:
+            _samples(engine, step, kind, batch, result)
+        except Exception as e:  # noqa: BLE001 - the op verdict stands without the samples
+            result.add_notes([f"the samples search failed: {type(e).__name__}: {e}"])
     result.write(forensics_path, run_id=run_id, step=step)
     fields = {
+        "cause": v.get("cause"),
+        "op_index": v.get("op_index"),
         "op": v.get("op"),
         "phase": v.get("phase"),
         "module": v.get("module"),
         "source": v.get("source"),
+        "made": v.get("made"),
+        "made_from": v.get("made_from"),
+        "nan_from_inf": v.get("nan_from_inf"),
+        "data": v.get("data"),
         "samples": v.get("samples"),
         "samples_exact": v.get("samples_exact"),
+        "sample_axes": v.get("sample_axes"),
+        "trace_notes": list(v.get("notes") or []),
         "forensics": forensics_path,
     }
     loss = result.loss
     if loss is not None and isinstance(loss, float) and not math.isfinite(loss):
         fields["traced_loss"] = "nan" if math.isnan(loss) else ("inf" if loss > 0 else "-inf")
     return fields
+
+
+def _samples(engine: Engine, step: int, kind: str, batch, result) -> None:
+    from replay.trace import batch_size_of, choose_sample_axes, has_batch_coupling, slice_batch
+
+    pstep, pbatch = _probe_step(engine, step, batch)
+    hint = getattr(engine.step_fn, "batch_axis", None)
+    axes, notes = choose_sample_axes(pbatch, _probe(engine, pstep), hint)
+    result.add_notes(notes)
+    if not axes:
+        return
+    if result.verdict.get("cause") == "data":
+        samples = _data_samples(batch, axes)
+        if samples:
+            result.set_samples(samples, True, axes)
+        return
+    coupled = has_batch_coupling(engine.model)
+    _search(engine, step, kind, batch, axes, coupled, result, slice_batch, batch_size_of)
+
+
+def _search(engine, step, kind, batch, axes, coupled, result, slice_batch, batch_size_of) -> None:
+    """Delta debugging along the sample axis (for micro-batches: the micro-batches first, then
+    the rows within those). Sets the samples, or leaves a note why there are none."""
+    from replay.trace import find_culprit_samples
+
+    def fails_on(sub) -> bool:
+        engine.state_before(step, keep=True)
+        return _step_fails(kind, engine.run_step(step, batch=sub).row())
+
+    outer = axes[0]
+    size = batch_size_of(batch, outer)
+    if not size or size < 2:
+        result.add_notes(
+            [f"the batch holds one sample along dim {outer}: there is no sample to single out"]
+        )
+        return
+    picked, exact = find_culprit_samples(
+        lambda ix: fails_on(slice_batch(batch, ix, outer)), size, coupled=coupled
+    )
+    rest = [i for i in range(size) if i not in set(picked)]
+    # Only an answer when those samples matter: if the rest of the batch fails as well
+    # (a NaN injected in the gradient, a bad learning rate) no sample is to blame.
+    if len(picked) == size or (rest and fails_on(slice_batch(batch, rest, outer))):
+        what = "micro-batch" if len(axes) > 1 else "sample"
+        result.add_notes(
+            [
+                f"no {what} is to blame: every part of the batch along dim {outer} fails on its "
+                "own (a bad learning rate, a NaN made whatever the data)"
+                if len(picked) == size
+                else f"no {what} is to blame: {what}s {', '.join(map(str, picked))} fail alone, "
+                "and so does the rest of the batch without them"
+            ]
+        )
+        return
+    if len(axes) == 1:
+        result.set_samples(picked, exact, axes)
+        return
+    inner = axes[1]
+    sub = slice_batch(batch, picked, outer)
+    rows = batch_size_of(sub, inner) or 0
+    if rows < 2:
+        result.set_samples([[m, 0] for m in picked], exact, axes)
+        return
+    found, exact2 = find_culprit_samples(
+        lambda ix: fails_on(slice_batch(sub, ix, inner)), rows, coupled=coupled
+    )
+    if len(found) == rows:
+        result.add_notes(
+            [
+                f"micro-batch(es) {', '.join(map(str, picked))} fail, but no row within them "
+                "is to blame on its own"
+            ]
+        )
+        result.set_samples([[m, r] for m in picked for r in range(rows)], False, axes)
+        return
+    pairs = [[m, r] for m in picked for r in found]
+    result.set_samples(pairs, exact and exact2 and len(picked) == 1, axes)

@@ -12,6 +12,8 @@ Example::
 from replay.trace.result import TraceResult
 from replay.trace.samples import (
     batch_size_of,
+    candidate_axes,
+    choose_sample_axes,
     find_culprit_samples,
     has_batch_coupling,
     slice_batch,
@@ -25,4 +27,6 @@ __all__ = [
     "slice_batch",
     "batch_size_of",
     "has_batch_coupling",
+    "candidate_axes",
+    "choose_sample_axes",
 ]

@@ -20,6 +20,7 @@ set, so the tensors they touch are neither traced nor tagged.
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 import weakref
@@ -57,7 +58,7 @@ class _OpInfo:
 class NonFinite:
     """What the tracer knows about an op whose output was not finite."""
 
-    role: str  # producer | propagator | exempt
+    role: str  # producer | converter | propagator | exempt (see origins.py)
     klass: str
     origins: frozenset[int]
     out_kind: str
@@ -68,6 +69,18 @@ class NonFinite:
 
 def _tensors(x: object) -> list[torch.Tensor]:
     return [t for t in tree_flatten(x)[0] if isinstance(t, torch.Tensor)]
+
+
+def _arg_kind(args: object) -> str:
+    """The non-tensor arguments' kind, as ``finite_kind`` says for tensors: a fill value of
+    ``-inf`` is "neginf", one of NaN "nan"."""
+    kind = "finite"
+    for a in tree_flatten(args)[0]:
+        if isinstance(a, float) and not math.isfinite(a):
+            if a != a:
+                return "nan"
+            kind = "inf" if a > 0 or kind == "inf" else "neginf"
+    return kind
 
 
 def _describe(t: torch.Tensor) -> str:
@@ -121,6 +134,7 @@ class Tracer:
         batch_keys: set,
         present_keys: set,
         cuda: bool = False,
+        mask_keys: set | None = None,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
@@ -135,6 +149,7 @@ class Tracer:
         self.origins = Origins()
         self.origins.batch_keys = batch_keys
         self.origins.present_keys = present_keys
+        self.origins.mask_keys = mask_keys or set()
         self.memory = MemoryTracker(cuda)
         cols = (
             "phase",
@@ -342,7 +357,19 @@ class Tracer:
         try:
             outs = _tensors(out) or [t for t in mutated if isinstance(t, torch.Tensor)]
             self._record(
-                index, info, ins, outs, mutated, pre_bad, phase, mod, loc, stack, node_idx, elapsed
+                index,
+                info,
+                (args, kwargs),
+                ins,
+                outs,
+                mutated,
+                pre_bad,
+                phase,
+                mod,
+                loc,
+                stack,
+                node_idx,
+                elapsed,
             )
         finally:
             self.off = False
@@ -380,7 +407,20 @@ class Tracer:
         c["mem_bytes"].append(self.memory.after_op(index))
 
     def _record(
-        self, index, info, ins, outs, mutated, pre_bad, phase, mod, loc, stack, node_idx, elapsed
+        self,
+        index,
+        info,
+        call,
+        ins,
+        outs,
+        mutated,
+        pre_bad,
+        phase,
+        mod,
+        loc,
+        stack,
+        node_idx,
+        elapsed,
     ) -> None:
         for t in ins:
             self.memory.see(t, index, info.name)
@@ -407,7 +447,9 @@ class Tracer:
         status = 0
         if any(k != "finite" for k in kinds):
             out_kind = "nan" if "nan" in kinds else "inf" if "inf" in kinds else "neginf"
-            status = self._nonfinite(index, info, ins, mutated, pre_bad, floats, kinds, out_kind)
+            status = self._nonfinite(
+                index, info, call, ins, mutated, pre_bad, floats, kinds, out_kind
+            )
         elif self.origins.by_storage:
             for t in floats:
                 self.origins.set_output(t, None)
@@ -427,7 +469,7 @@ class Tracer:
             elapsed,
         )
 
-    def _nonfinite(self, index, info, ins, mutated, pre_bad, floats, kinds, out_kind) -> int:
+    def _nonfinite(self, index, info, call, ins, mutated, pre_bad, floats, kinds, out_kind) -> int:
         mutated_ids = {id(t) for t in mutated}
         checked = []
         for t in ins:
@@ -438,7 +480,9 @@ class Tracer:
             else:
                 k = finite_kind(t)
             checked.append((t, k))
-        role, klass, origins = self.origins.classify(index, info.name, checked, out_kind)
+        role, klass, origins = self.origins.classify(
+            index, info.name, checked, out_kind, _arg_kind(call)
+        )
         for t, k in zip(floats, kinds):
             self.origins.set_output(t, origins if k != "finite" else None)
         nf = NonFinite(role, klass, origins, out_kind)

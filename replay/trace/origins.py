@@ -1,19 +1,38 @@
 """Where non-finite values come from: the data-flow half of the verdict.
 
-Every non-finite value is traced back to its *origins*, keyed by tensor storage:
+Every non-finite value is traced back to its *origins*, keyed by tensor storage. The rule, for an
+op whose output holds NaN or an infinity ("inputs" are its floating tensor inputs, "arguments"
+its non-tensor arguments, such as ``masked_fill``'s fill value):
 
-- an op that makes non-finite output out of finite floating inputs is a *producer* and a new
-  origin. Its class is ``"mask"`` when the output's only non-finite values are ``-inf`` (an
-  attention mask, ``log(0)``), ``"real"`` otherwise (NaN or ``+inf``);
-- an uninitialised allocation (``empty*``, ``new_empty*``, ``resize_``, ``set_``) is an origin of
-  class ``"alloc"``: whatever bits it holds are never blamed;
-- an op that takes non-finite input and gives non-finite output is a *propagator*: its output
-  carries the union of its inputs' origins. Exception: when every non-finite input value is a
-  ``-inf`` of class ``"mask"`` and the output holds NaN (``-inf - -inf``, softmax over a fully
-  masked row), the op becomes a ``"real"`` producer itself: that is where a harmless mask turned
-  into damage;
-- non-finite values already present before the step have external origins: ``BATCH`` (the
-  batch), ``PRESENT`` (parameters, gradients, optimizer state), ``UNKNOWN``.
+1. an uninitialised allocation (``empty*``, ``new_empty*``, ``resize_``, ``set_``) is an origin of
+   class ``"alloc"``: whatever bits it holds are never blamed;
+2. an op whose inputs and arguments are all finite is a *producer*, class ``"real"``, whatever it
+   made (NaN, ``+inf``, or ``-inf``: ``log(0)`` is a producer);
+3. an op that makes NaN where no input and no argument held NaN, but some input held an infinity
+   (``0 * -inf``, ``inf - inf``, a softmax over a row of ``-inf``):
+
+   - if every infinity in its inputs was put there on purpose (origins of class
+     ``"intentional"``, see 4), it is a *producer*, class ``"real"``: that is where a harmless
+     mask turned into damage (the softmax over a fully masked row);
+   - otherwise it is a *converter*, class ``"nan"``: the infinity was a failure already, and the
+     blame goes to the op that made it (``aten::log``); the converter is remembered as where the
+     NaN appeared (the verdict's ``nan_from_inf``). Its output carries its inputs' origins and
+     its own;
+   - with no infinite input at all (the infinity was an argument: ``x * inf`` with ``x == 0``)
+     it is a producer of class ``"real"``;
+4. an op with a non-finite *argument* that is not case 3 (``masked_fill(mask, -inf)``,
+   ``full(size, -inf)``, ``scalar_tensor(-inf)``) writes that value on purpose: an origin of
+   class ``"intentional"``, exempt. A constant made before the step outside any traced op (origin
+   ``UNKNOWN``, e.g. a module-level ``torch.tensor(-inf)``) counts as intentional too, and so
+   does a floating buffer whose only non-finite values are ``-inf`` (origin ``MASK_BUFFER``: a
+   causal mask made with ``register_buffer``);
+5. any other op with non-finite inputs and output is a *propagator*: its output carries the
+   union of its inputs' origins.
+
+Non-finite values already present before the step have external origins: ``BATCH`` (the batch),
+``PRESENT`` (parameters, gradients, other buffers, optimizer state), ``UNKNOWN``, ``MASK_BUFFER``.
+The batch and present state are not intentional: a NaN made from an infinity of the batch is
+blamed on the batch.
 
 Which origins matter is decided later (``verdict.py``) by what reaches the loss, the gradients or
 the parameters. A storage whose values become finite again (fully overwritten) forgets its origins.
@@ -23,10 +42,24 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["BATCH", "PRESENT", "UNKNOWN", "EXTERNAL_NAMES", "ALLOC_OPS", "Origins", "storage_key"]
+__all__ = [
+    "BATCH",
+    "PRESENT",
+    "UNKNOWN",
+    "MASK_BUFFER",
+    "EXTERNAL_NAMES",
+    "ALLOC_OPS",
+    "Origins",
+    "storage_key",
+]
 
-BATCH, PRESENT, UNKNOWN = -2, -3, -4
-EXTERNAL_NAMES = {BATCH: "batch", PRESENT: "present before the step", UNKNOWN: "unknown"}
+BATCH, PRESENT, UNKNOWN, MASK_BUFFER = -2, -3, -4, -5
+EXTERNAL_NAMES = {
+    BATCH: "batch",
+    PRESENT: "present before the step",
+    UNKNOWN: "unknown",
+    MASK_BUFFER: "a buffer of -inf (a mask)",
+}
 
 ALLOC_OPS = frozenset(
     {
@@ -60,13 +93,20 @@ def _covers_storage(t: torch.Tensor) -> bool:
 class Origins:
     def __init__(self) -> None:
         self.by_storage: dict[int, frozenset[int]] = {}
-        self.klass: dict[int, str] = {}  # origin (op index) -> "real" | "mask" | "alloc"
+        # origin (op index) -> "real" | "nan" | "intentional" | "alloc"
+        self.klass: dict[int, str] = {}
+        self.kind: dict[int, str] = {}  # "real" origin -> what it made: nan | inf | neginf
+        self.parents: dict[int, frozenset[int]] = {}  # converter -> origins of its infinities
+        self.from_intentional: dict[int, frozenset[int]] = {}  # producer (3) -> those origins
         self.batch_keys: set[int] = set()
         self.present_keys: set[int] = set()
+        self.mask_keys: set[int] = set()
 
     def external(self, key: int | None) -> int:
         if key in self.batch_keys:
             return BATCH
+        if key in self.mask_keys:
+            return MASK_BUFFER
         if key in self.present_keys:
             return PRESENT
         return UNKNOWN
@@ -81,30 +121,47 @@ class Origins:
         key = storage_key(t)
         return key is not None and key in self.by_storage
 
+    def intentional(self, origin: int) -> bool:
+        return origin in (UNKNOWN, MASK_BUFFER) or self.klass.get(origin) == "intentional"
+
     def classify(
-        self, index: int, op: str, inputs: list[tuple[torch.Tensor, str]], out_kind: str
+        self,
+        index: int,
+        op: str,
+        inputs: list[tuple[torch.Tensor, str]],
+        out_kind: str,
+        arg_kind: str = "finite",
     ) -> tuple[str, str, frozenset[int]]:
-        """``(role, class, origins)`` for an op whose output is non-finite.
+        """``(role, class, origins)`` for an op whose output is non-finite (the rule above).
 
         ``inputs``: (tensor, kind) for floating inputs, kind as ``stats.finite_kind`` says,
-        taken before the op ran for the inputs it mutates.
+        taken before the op ran for the inputs it mutates. ``arg_kind``: the same for the
+        non-tensor arguments. ``role`` is producer, converter, propagator or exempt.
         """
         if op in ALLOC_OPS:
             self.klass[index] = "alloc"
             return "exempt", "alloc", frozenset({index})
         bad = [(t, k) for t, k in inputs if k != "finite"]
-        if not bad:
-            klass = "mask" if out_kind == "neginf" else "real"
-            self.klass[index] = klass
-            return "producer", klass, frozenset({index})
+        if not bad and arg_kind == "finite":
+            return self._new(index, "real", out_kind)
         origins: frozenset[int] = frozenset().union(*(self.of(t) for t, _ in bad))
-        only_mask = all(k == "neginf" for _, k in bad) and all(
-            self.klass.get(o) == "mask" for o in origins
-        )
-        if out_kind == "nan" and only_mask:
-            self.klass[index] = "real"
-            return "producer", "real", frozenset({index})
+        new_nan = out_kind == "nan" and arg_kind != "nan" and all(k != "nan" for _, k in bad)
+        if new_nan:
+            if not bad or all(self.intentional(o) for o in origins):
+                self.from_intentional[index] = origins
+                return self._new(index, "real", out_kind)
+            self.klass[index] = "nan"
+            self.parents[index] = origins
+            return "converter", "nan", origins | {index}
+        if arg_kind != "finite":
+            self.klass[index] = "intentional"
+            return "exempt", "intentional", origins | {index}
         return "propagator", "", origins
+
+    def _new(self, index: int, klass: str, out_kind: str) -> tuple[str, str, frozenset[int]]:
+        self.klass[index] = klass
+        self.kind[index] = out_kind
+        return "producer", klass, frozenset({index})
 
     def set_output(self, t: torch.Tensor, origins: frozenset[int] | None) -> None:
         """Record a non-finite output's origins, or forget a finite, storage-covering one."""

@@ -11,9 +11,17 @@ from torch.utils._pytree import tree_flatten_with_path
 
 from replay.trace.origins import storage_key
 
-__all__ = ["ParamPicture", "batch_leaves", "batch_picture", "present_keys"]
+__all__ = [
+    "ParamPicture",
+    "batch_leaves",
+    "batch_picture",
+    "batch_nonfinite",
+    "present_keys",
+    "mask_buffer_keys",
+]
 
 NAN = float("nan")
+N_POSITIONS = 8  # positions listed per non-finite batch tensor
 
 
 def _path_str(path) -> str:
@@ -32,6 +40,53 @@ def batch_leaves(batch) -> list[tuple[str, torch.Tensor]]:
     """``(path, tensor)`` for every tensor leaf of a nested batch; paths like ``x`` or ``0``."""
     leaves, _ = tree_flatten_with_path(batch)
     return [(_path_str(p) or "batch", t) for p, t in leaves if isinstance(t, torch.Tensor)]
+
+
+def batch_nonfinite(batch) -> list[dict]:
+    """Every floating tensor of the batch that holds NaN/Inf: where it sits in the batch
+    (``name``: ``batch[0]``, ``batch['x']``; ``path``: as ``batch_leaves`` says), its shape, how
+    many NaN, +inf and -inf it holds, and the first ``N_POSITIONS`` positions (index lists)."""
+    from torch.utils._pytree import keystr
+
+    out = []
+    leaves, _ = tree_flatten_with_path(batch)
+    with torch.no_grad():
+        for p, t in leaves:
+            if not isinstance(t, torch.Tensor) or not t.is_floating_point() or not t.numel():
+                continue
+            bad = ~torch.isfinite(t.detach())
+            if not bad.any():
+                continue
+            pos = torch.nonzero(bad)
+            out.append(
+                {
+                    "name": "batch" + keystr(p),
+                    "path": _path_str(p) or "batch",
+                    "shape": list(t.shape),
+                    "dtype": str(t.dtype)[6:],
+                    "nan": int(torch.isnan(t).sum()),
+                    "posinf": int((t == math.inf).sum()),
+                    "neginf": int((t == -math.inf).sum()),
+                    "count": int(pos.shape[0]),
+                    "positions": pos[:N_POSITIONS].tolist(),
+                }
+            )
+    return out
+
+
+def mask_buffer_keys(model: torch.nn.Module) -> set[int]:
+    """Storages of floating buffers (not parameters) whose only non-finite values are ``-inf``:
+    an additive attention mask registered with ``register_buffer``, written on purpose."""
+    params = {storage_key(p) for p in model.parameters()}
+    keys: set[int] = set()
+    with torch.no_grad():
+        for b in model.buffers():
+            if not b.is_floating_point() or not b.numel() or torch.isfinite(b).all():
+                continue
+            k = storage_key(b)
+            if k is not None and k not in params and not (torch.isnan(b) | (b == math.inf)).any():
+                keys.add(k)
+    return keys
 
 
 def present_keys(model: torch.nn.Module, optimizer) -> set[int]:

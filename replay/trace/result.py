@@ -70,11 +70,21 @@ class TraceResult:
             return []
         return np.flatnonzero(self.ops["name"] == k).tolist()
 
-    def set_samples(self, indices: list[int], exact: bool) -> None:
-        """Record the culprit samples found by ``find_culprit_samples``."""
-        self.verdict["samples"] = [int(i) for i in indices]
+    def set_samples(self, samples: list, exact: bool, axes: list[int] | None = None) -> None:
+        """Record the culprit samples: positions along the sample axis ``axes[0]`` (default
+        dim 0), or ``[micro-batch, row]`` pairs when ``axes`` names two (micro-batches)."""
+        axes = [0] if axes is None else [int(a) for a in axes]
+        norm = [int(s) if len(axes) == 1 else [int(i) for i in s] for s in samples]
+        self.verdict["samples"] = norm
         self.verdict["samples_exact"] = bool(exact)
-        self.batch["culprits"] = [int(i) for i in indices]
+        self.verdict["sample_axes"] = axes
+        if self.verdict.get("data") is not None:
+            self.verdict["data"]["sample_axes"] = axes
+        # the batch picture is per dim-0 sample: it marks culprits only when those are samples
+        self.batch["culprits"] = norm if axes == [0] else []
+
+    def add_notes(self, notes: list[str]) -> None:
+        self.verdict.setdefault("notes", []).extend(notes)
 
     def to_tables(self, step: int | None = None) -> dict:
         """What ``replay.store.forensics.write_forensics`` takes."""

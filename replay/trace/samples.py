@@ -1,7 +1,9 @@
-"""Which samples of a batch make the step fail: delta debugging over the batch dimension.
+"""Which samples of a batch make the step fail: delta debugging along the sample axis.
 
-The caller supplies ``fails(indices)``, which restores the state and replays the step on just
-those samples (``slice_batch``). ``find_culprit_samples`` returns a 1-minimal set (ddmin, Zeller
+The sample axis need not be dim 0 (time-major ``[T, B]`` batches, micro-batches ``[M, B, ...]``):
+``choose_sample_axes`` finds it with a few replays (see its docstring). The caller supplies
+``fails(indices)``, which restores the state and replays the step on just those samples
+(``slice_batch(batch, indices, axis)``). ``find_culprit_samples`` returns a 1-minimal set (ddmin, Zeller
 and Hildebrandt 2002): removing any single sample makes the failure go away. With batch-coupled
 layers (BatchNorm in training mode) a sub-batch changes every sample's computation, so the answer
 is approximate (``exact`` is False).
@@ -14,41 +16,212 @@ Example::
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
-__all__ = ["find_culprit_samples", "slice_batch", "batch_size_of", "has_batch_coupling"]
+__all__ = [
+    "find_culprit_samples",
+    "slice_batch",
+    "batch_size_of",
+    "has_batch_coupling",
+    "candidate_axes",
+    "choose_sample_axes",
+    "permute_batch",
+    "no_dropout",
+    "hinted_axes",
+]
+
+REL_TOL = 1e-4  # a loss unchanged by permuting samples, up to the order of float sums
 
 
-def batch_size_of(batch) -> int | None:
-    """The most common dim-0 size among the batch's tensor leaves (None without any)."""
+def _per_sample_leaves(batch) -> list[torch.Tensor]:
+    """The leaves that hold samples: those whose dim 0 has the most common dim-0 size."""
     from replay.trace.picture import batch_leaves
 
-    sizes = Counter(t.shape[0] for _, t in batch_leaves(batch) if t.dim() >= 1)
-    return sizes.most_common(1)[0][0] if sizes else None
+    leaves = [t for _, t in batch_leaves(batch) if t.dim() >= 1]
+    sizes = Counter(t.shape[0] for t in leaves)
+    if not sizes:
+        return []
+    size = sizes.most_common(1)[0][0]
+    return [t for t in leaves if t.shape[0] == size]
 
 
-def slice_batch(batch, indices: list[int]):
+def batch_size_of(batch, axis: int = 0) -> int | None:
+    """The size of ``axis`` in the batch: by default the most common dim-0 size among the
+    tensor leaves (None without any)."""
+    if axis == 0:
+        leaves = _per_sample_leaves(batch)
+        return leaves[0].shape[0] if leaves else None
+    return dict(candidate_axes(batch)).get(axis)
+
+
+def candidate_axes(batch) -> list[tuple[int, int]]:
+    """``(axis, size)`` of every dimension that could index samples: dim 0 as ``batch_size_of``
+    says, and each further dimension that every per-sample leaf has, with one size > 1.
+
+    ``x[B, F], y[B]`` gives ``[(0, B)]``; time-major ``x[T, B], y[T, B]`` gives
+    ``[(0, T), (1, B)]``; micro-batches ``x[M, B, T], y[M, B]`` give ``[(0, M), (1, B)]``.
+    """
+    leaves = _per_sample_leaves(batch)
+    if not leaves:
+        return []
+    out = [(0, leaves[0].shape[0])]
+    for d in range(1, min(t.dim() for t in leaves)):
+        sizes = {t.shape[d] for t in leaves}
+        if len(sizes) == 1 and (size := sizes.pop()) > 1:
+            out.append((d, size))
+    return out
+
+
+def slice_batch(batch, indices: list[int], axis: int = 0):
     """The same nested structure (dict, list, tuple, namedtuple) with every tensor leaf whose
-    dim 0 is the batch size indexed by ``indices``; other leaves are kept as they are."""
-    size = batch_size_of(batch)
-    return _slice(batch, list(indices), size)
+    ``axis`` has the batch's size along it indexed by ``indices`` there; other leaves are kept
+    as they are."""
+    size = batch_size_of(batch, axis)
+    return _map(batch, lambda t: _take(t, list(indices), axis, size))
 
 
-def _slice(x, indices: list[int], size: int | None):
-    if isinstance(x, torch.Tensor):
-        if size is not None and x.dim() >= 1 and x.shape[0] == size:
-            return x[torch.as_tensor(indices, dtype=torch.long, device=x.device)]
-        return x
-    if isinstance(x, dict):
-        return type(x)((k, _slice(v, indices, size)) for k, v in x.items())
-    if isinstance(x, tuple) and hasattr(x, "_fields"):  # namedtuple
-        return type(x)(*(_slice(v, indices, size) for v in x))
-    if isinstance(x, (list, tuple)):
-        return type(x)(_slice(v, indices, size) for v in x)
+def permute_batch(batch, axis: int):
+    """The batch with the order of its samples along ``axis`` reversed."""
+    size = batch_size_of(batch, axis)
+    return slice_batch(batch, list(range(size - 1, -1, -1)), axis) if size else batch
+
+
+def _take(x: torch.Tensor, indices: list[int], axis: int, size: int | None) -> torch.Tensor:
+    if size is not None and x.dim() > axis and x.shape[axis] == size:
+        ix = torch.as_tensor(indices, dtype=torch.long, device=x.device)
+        return x.index_select(axis, ix)
     return x
+
+
+def _map(x, fn):
+    if isinstance(x, torch.Tensor):
+        return fn(x)
+    if isinstance(x, dict):
+        return type(x)((k, _map(v, fn)) for k, v in x.items())
+    if isinstance(x, tuple) and hasattr(x, "_fields"):  # namedtuple
+        return type(x)(*(_map(v, fn) for v in x))
+    if isinstance(x, (list, tuple)):
+        return type(x)(_map(v, fn) for v in x)
+    return x
+
+
+_DROPOUTS = frozenset(
+    {
+        F.dropout,
+        F.dropout1d,
+        F.dropout2d,
+        F.dropout3d,
+        F.alpha_dropout,
+        F.feature_alpha_dropout,
+        torch.dropout,
+        torch.alpha_dropout,
+        torch.feature_dropout,
+        torch.feature_alpha_dropout,
+    }
+)
+
+
+class no_dropout(TorchFunctionMode):
+    """Dropout is the identity inside: a random mask does not move with permuted samples, so
+    the permutation probe of ``choose_sample_axes`` runs without it."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in _DROPOUTS:
+            return args[0] if args else kwargs["input"]
+        return func(*args, **(kwargs or {}))
+
+
+def _same(a: float | None, b: float | None) -> bool:
+    if a is None or b is None or not (math.isfinite(a) and math.isfinite(b)):
+        return False
+    return abs(a - b) <= REL_TOL * max(abs(a), abs(b), 1e-12)
+
+
+def hinted_axes(batch, hint) -> tuple[list[int] | None, list[str]]:
+    """The axes a ``batch_axis`` hint names (an int, or ``(micro-batch axis, row axis)``), or
+    None with a note when the hint does not fit the batch."""
+    axes = (
+        [hint] if isinstance(hint, int) else list(hint) if isinstance(hint, (list, tuple)) else []
+    )
+    sizes = dict(candidate_axes(batch))
+    if not axes or len(axes) > 2 or not all(isinstance(a, int) and a in sizes for a in axes):
+        return None, [
+            f"batch_axis = {hint!r} does not fit the batch (dims every per-sample tensor "
+            f"shares: {sorted(sizes)}): ignored"
+        ]
+    return axes, [f"samples along dim{'s' * (len(axes) > 1)} {axes}, as batch_axis says"]
+
+
+def choose_sample_axes(
+    batch, probe: Callable[[object], tuple[float | None, int]], hint=None
+) -> tuple[list[int], list[str]]:
+    """The batch axes that index samples, and notes on how they were found.
+
+    ``hint``: the step function's ``batch_axis`` attribute, if it has one (``train_step.batch_axis
+    = 1`` for time-major batches, ``(0, 1)`` for micro-batches): it wins when it fits the batch.
+
+    ``probe(batch)`` replays the step on ``batch`` from the same state, without dropout, and
+    returns ``(loss, calls)``: the loss, None when it raised, and how many times the model's
+    forward ran. The rule:
+
+    - candidates are ``candidate_axes(batch)``; one candidate is the answer, no probe needed;
+    - the step runs the model once per slice of dim 0 (``calls`` equals its size): dim 0 holds
+      micro-batches, and the sample axis is looked for among the other candidates; the answer
+      is then ``[0, row axis]``;
+    - a candidate is the sample axis when reversing the batch along it leaves the loss the
+      same (up to the order of float sums): the loss reduces over samples symmetrically, while
+      reversing time in a causal or recurrent model changes it. The first such axis wins; none:
+      dim 0, with a note.
+    """
+    cands = candidate_axes(batch)
+    if not cands:
+        return [], ["the batch has no tensor with a batch dimension: samples cannot be isolated"]
+    hint_notes: list[str] = []
+    if hint is not None:
+        axes, hint_notes = hinted_axes(batch, hint)
+        if axes is not None:
+            return axes, hint_notes
+    if len(cands) == 1:
+        return [cands[0][0]], hint_notes
+    ref, calls = probe(batch)
+    micro = cands[0][1] > 1 and calls == cands[0][1]
+    rest = cands[1:] if micro else cands
+    notes = hint_notes
+    if micro:
+        notes.append(
+            f"the step runs the model once per slice of dim 0 ({calls} times): "
+            "dim 0 holds micro-batches"
+        )
+    if len(rest) == 1:
+        axis = rest[0][0]
+    else:
+        for d, _ in rest:
+            if _same(ref, probe(permute_batch(batch, d))[0]):
+                axis = d
+                if d != rest[0][0]:
+                    notes.append(
+                        f"samples are positions along dim {d}: reversing the batch along it "
+                        "left the loss the same, along the dims before it not"
+                    )
+                break
+        else:
+            axis = rest[0][0]
+            why = (
+                "the loss is not finite"
+                if ref is None or not math.isfinite(ref)
+                else "reversing the batch along any of them changed the loss"
+            )
+            notes.append(
+                "the sample axis could not be told apart among dims "
+                f"{', '.join(str(d) for d, _ in rest)} ({why}): dim {axis} assumed"
+            )
+    return ([0, axis] if micro else [axis]), notes
 
 
 def has_batch_coupling(model: torch.nn.Module) -> bool:

@@ -11,7 +11,14 @@ import torch
 
 from replay.trace.mode import Tracer
 from replay.trace.origins import storage_key
-from replay.trace.picture import ParamPicture, batch_leaves, batch_picture, present_keys
+from replay.trace.picture import (
+    ParamPicture,
+    batch_leaves,
+    batch_nonfinite,
+    batch_picture,
+    mask_buffer_keys,
+    present_keys,
+)
 from replay.trace.result import TraceResult
 from replay.trace.samples import batch_size_of
 from replay.trace.source import snapshot_sources
@@ -56,10 +63,18 @@ def trace_step(model, optimizer, step_fn, batch, *, scaler=None) -> TraceResult:
     bsize = batch_size_of(batch)
     batch_pic = batch_picture(batch, bsize)
     batch_bad = batch_pic.pop("nonfinite")
+    data = batch_nonfinite(batch) if batch_bad else []
     params = ParamPicture(eager)
     batch_keys = {k for _, t in batch_leaves(batch) if (k := storage_key(t)) is not None}
     cuda = any(p.is_cuda for p in eager.parameters())
-    tracer = Tracer(eager, optimizer, batch_keys, present_keys(eager, optimizer), cuda=cuda)
+    tracer = Tracer(
+        eager,
+        optimizer,
+        batch_keys,
+        present_keys(eager, optimizer),
+        cuda=cuda,
+        mask_keys=mask_buffer_keys(eager),
+    )
     sinks: list[tuple[str, frozenset[int]]] = []
     notes: list[str] = []
     ran_optimizer = []
@@ -120,7 +135,12 @@ def trace_step(model, optimizer, step_fn, batch, *, scaler=None) -> TraceResult:
         }
         exc_info = None
     verdict = build_verdict(
-        tracer, sinks=sinks, exception=exception, batch_nonfinite=batch_bad or None, notes=notes
+        tracer,
+        sinks=sinks,
+        exception=exception,
+        batch_nonfinite=batch_bad or None,
+        data=data,
+        notes=notes,
     )
     tracer.raised = [(i, None, ins, at) for i, _, ins, at in tracer.raised]  # drop frames
     result = _result(tracer, eager, params, batch_pic, verdict, exception, loss_value)

@@ -9,14 +9,24 @@ Rule (producer, not propagator; see ``origins.py`` for how origins are tracked):
    With a GradScaler, non-finite gradients of a step the scaler skipped are normal and ignored.
    Nothing non-finite in any sink: kind ``"none"``; every non-finite op is exempt (status 4),
    however it got there (an attention mask's ``-inf``, RNN ``empty_like`` buffers).
-3. The first bad sink's origins decide. If the batch (or state present before the step) is among
-   them, the verdict says so and names the first op that consumed it. Otherwise the culprit is the
-   earliest ``"real"`` origin (NaN or ``+inf`` out of finite inputs, or NaN made from mask
-   ``-inf``\\ s); failing that, the earliest ``"mask"`` origin (a ``-inf`` that did reach the loss,
-   e.g. ``log`` of an underflowed softmax). Uninitialised allocations are never culprits: when
-   only they reach a sink, the first op that consumed them is named, with a note.
+3. The first bad sink's origins decide (``origins.py`` says how an op becomes one). If the batch
+   (or state present before the step) is among them, the verdict says so and names the first op
+   that consumed it. Otherwise the culprit is the earliest producer of class ``"real"``: the
+   first op that made a non-finite value out of finite inputs and arguments (NaN, ``+inf`` or
+   ``-inf``), or NaN out of infinities that were put there on purpose (a softmax over a fully
+   masked row). When that producer made an infinity and a later op turned it into NaN
+   (``0 * -inf`` in an entropy term ``-(p * log p)``), the verdict names that op too:
+   ``nan_from_inf``. Failing a producer, an ``"intentional"`` origin (a non-finite value given
+   as an argument, ``masked_fill(mask, -inf)``) that reached the sink as it was is named, with a
+   note. Uninitialised allocations are never culprits: when only they reach a sink, the first
+   op that consumed them is named, with a note.
 
-Statuses: origins that reached a sink are producers (1), ops carrying them propagators (2),
+The verdict's ``cause`` says which case it was: ``"op"`` (a producer), ``"data"`` (the batch held
+NaN/Inf: ``data`` lists its non-finite tensors, the op named only read it first), ``"state"``,
+``"intentional"``, ``"uninitialised"``; null for exceptions and healthy steps.
+
+Statuses: producers whose values reached a sink are 1, ops carrying those values (converters
+included) 2,
 every other non-finite op is exempt (4), ops that raised are 3.
 """
 
@@ -60,8 +70,24 @@ def _describe_op(tr: Tracer, i: int, inputs: list[dict], executed_at: int) -> di
 
 def _first_consumer(tr: Tracer, origin: int) -> int | None:
     for i in sorted(tr.nonfinite):
-        if origin in tr.nonfinite[i].origins and tr.nonfinite[i].role == "propagator":
+        nf = tr.nonfinite[i]
+        if origin in nf.origins and (
+            nf.role in ("propagator", "converter") or nf.klass == "intentional"
+        ):
             return i
+    return None
+
+
+def _nan_from_inf(tr: Tracer, culprit: int, first: frozenset[int]) -> dict | None:
+    """The first converter that turned the culprit's infinity into NaN, on the way to the sink."""
+    if tr.origins.kind.get(culprit) not in ("inf", "neginf"):
+        return None
+    for i in sorted(o for o in first if o >= 0):
+        if tr.origins.klass.get(i) == "nan" and culprit in tr.nonfinite[i].origins:
+            ref = _op_ref(tr, i)
+            ref["source"] = tr.locs.describe(tr.cols["source"][i])
+            ref["from"] = "+inf" if tr.origins.kind[culprit] == "inf" else "-inf"
+            return ref
     return None
 
 
@@ -72,11 +98,14 @@ def build_verdict(
     exception: dict | None,
     batch_nonfinite: dict | None,
     notes: list[str],
+    data: list[dict] | None = None,
 ) -> dict:
-    """``sinks``: (name, origins) of each non-finite sink, in the order they were computed."""
+    """``sinks``: (name, origins) of each non-finite sink, in the order they were computed;
+    ``data``: the batch's non-finite tensors (``picture.batch_nonfinite``)."""
     v: dict = {
         "step": None,
         "kind": "none",
+        "cause": None,
         "op_index": None,
         "op": None,
         "phase": None,
@@ -91,8 +120,13 @@ def build_verdict(
         "previous": [],
         "exception": exception,
         "batch_nonfinite": {"leaves": batch_nonfinite} if batch_nonfinite else None,
+        "made": None,
+        "made_from": None,
+        "nan_from_inf": None,
+        "data": None,
         "samples": None,
         "samples_exact": None,
+        "sample_axes": None,
         "sinks": [s for s, _ in sinks],
         "notes": list(notes),
     }
@@ -123,25 +157,60 @@ def build_verdict(
     v["kind"] = "nonfinite"
     first = sinks[0][1]
     reached = frozenset().union(*(o for _, o in sinks))
+    klass = tr.origins.klass
     for i, nf in tr.nonfinite.items():
         if nf.origins & reached:
-            status[i] = 1 if i in reached else 2
+            status[i] = 1 if i in reached and klass.get(i) == "real" else 2
     ops = sorted(o for o in first if o >= 0)
-    real = [o for o in ops if tr.origins.klass.get(o) == "real"]
-    mask = [o for o in ops if tr.origins.klass.get(o) == "mask"]
+    real = [o for o in ops if klass.get(o) == "real"]
+    intentional = [o for o in ops if klass.get(o) == "intentional"]
     culprit: int | None = None
     if BATCH in first:
-        v["notes"].append("the batch already held non-finite values; no op produced them")
+        v["cause"] = "data"
+        v["data"] = {"tensors": list(data or []), "sample_axes": None}
+        names = ", ".join(d["name"] for d in data or []) or "the batch"
+        v["notes"].append(
+            f"the input batch is non-finite ({names}): it is a data bug; no op produced it, "
+            "the op named is the first that read it"
+        )
         culprit = _first_consumer(tr, BATCH)
     elif PRESENT in first:
+        v["cause"] = "state"
         v["notes"].append(
             "parameters, gradients or optimizer state were already non-finite "
             "before this step: the failure began at an earlier step"
         )
         culprit = _first_consumer(tr, PRESENT)
-    elif real or mask:
-        culprit = (real or mask)[0]
+    elif real:
+        v["cause"] = "op"
+        culprit = real[0]
+        v["nan_from_inf"] = conv = _nan_from_inf(tr, culprit, first)
+        name = tr.op_names.items[tr.cols["name"][culprit]]
+        if conv is not None:
+            v["notes"].append(
+                f"{name} (op {culprit}) made {conv['from']} from finite inputs; "
+                f"{conv['op']} (op {conv['op_index']}) turned it into NaN"
+            )
+        elif culprit in tr.origins.from_intentional:
+            src = sorted(o for o in tr.origins.from_intentional[culprit] if o >= 0)
+            given = (
+                f"{tr.op_names.items[tr.cols['name'][src[0]]]} (op {src[0]})"
+                if src
+                else "a constant made before the step"
+            )
+            v["notes"].append(
+                f"{name} (op {culprit}) made NaN out of infinities written on purpose by "
+                f"{given}: e.g. a fully masked row"
+            )
+    elif intentional:
+        v["cause"] = "intentional"
+        culprit = intentional[0]
+        v["notes"].append(
+            f"a non-finite value written on purpose by {tr.op_names.items[tr.cols['name'][culprit]]}"
+            f" (op {culprit}, a non-finite argument) reached {sinks[0][0]} unchanged"
+        )
     elif ops:
+        v["cause"] = "uninitialised"
         culprit = _first_consumer(tr, ops[0])
         v["notes"].append(
             "only uninitialised buffers ("
@@ -154,12 +223,19 @@ def build_verdict(
         return v
     nf = tr.nonfinite[culprit]
     v.update(_describe_op(tr, culprit, nf.inputs, nf.executed_at))
-    status[culprit] = 1 if nf.role == "producer" else 2
+    status[culprit] = 1 if nf.role in ("producer", "exempt") else 2
     v["output"] = {**nf.output, "stats": stats_dict(tr.stats[culprit])}
-    key = culprit if nf.role == "producer" else next(iter(nf.origins))
+    st = v["output"]["stats"]
+    made = [w for k, w in (("nan", "NaN"), ("posinf", "+inf"), ("neginf", "-inf")) if st[k] > 0]
+    v["made"] = "/".join(made) or None
+    if v["cause"] == "op":
+        v["made_from"] = "intentional" if culprit in tr.origins.from_intentional else "finite"
+    key = culprit if culprit in nf.origins else next(iter(nf.origins))
     v["propagators"] = [
         _op_ref(tr, i)
         for i in sorted(tr.nonfinite)
-        if i > culprit and tr.nonfinite[i].role == "propagator" and key in tr.nonfinite[i].origins
+        if i > culprit
+        and tr.nonfinite[i].role in ("propagator", "converter")
+        and key in tr.nonfinite[i].origins
     ][:N_PROPAGATORS]
     return v

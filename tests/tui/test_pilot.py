@@ -212,3 +212,82 @@ async def test_200k_ops_open_and_navigate(runs):
         assert ops.selected == culprit + 1
         await press(pilot, "p", "p")  # backward ops only
         assert (ops.full["phase"][ops.op_list.rows] == 1).all()
+
+
+async def test_detail_and_status_word_the_culprit_as_the_bisect_report_does(runs):
+    """Verdict and TUI agree: the op detail, the status line and ``replay bisect``'s report use
+    the words of ``replay.words`` for the same op."""
+    from replay.bisect.report import render_verdict
+    from replay.words import op_role, role_text
+
+    with ForensicsReader.open(runs["traced"].replace(".h5", ".forensics.h5")) as f:
+        v = f.verdict
+        culprit = v["op_index"]
+        row = f.op_row(culprit)
+        nxt = int(np.flatnonzero(f.ops_columns(0, f.n_ops, ("status",))["status"] == 2)[0])
+        nxt_row = f.op_row(nxt)
+    word, why = op_role(v, culprit, row["status"])
+    assert (word, v["cause"]) == ("culprit", "op") and why.startswith("the producer")
+    report = render_verdict(
+        {
+            **v,
+            "healthy": False,
+            "window": [0, 6],
+            "first_bad_step": v["step"],
+            "symptom_step": v["step"],
+            "criterion": "NaN/Inf",
+            "reproducible": True,
+            "deterministic": True,
+            "replayed_steps": 1,
+            "rechecked_steps": 1,
+            "snapshot": 4,
+            "device": "cpu",
+        }
+    )
+    assert f"[{word}]" in report and why.removeprefix("the producer: ") in report
+    app = make_app(runs["traced"], poll=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        ops = _ops(app)
+        detail = str(ops.query_one("#op-detail").render())
+        assert f"● {word}" in detail and why in detail
+        assert f"{word} #{culprit} {v['op']}" in str(ops.query_one("#ops-status").render())
+        ops.select_op(nxt)
+        await settle(pilot)
+        await pilot.pause(0.2)
+        detail = str(ops.query_one("#op-detail").render())
+        assert role_text(v, nxt, nxt_row["status"]).split(" · ")[0] in detail
+        assert "propagator" in detail
+
+
+def test_batch_view_words_samples_along_other_axes_as_the_report_does():
+    """Samples along dim 1, or [micro-batch, row] pairs, are not rows of the batch view: it
+    names them in its title with the report's words instead of marking rows."""
+    from types import SimpleNamespace
+
+    from replay.bisect.report import render_verdict
+    from tui.model import RunModel
+
+    m = RunModel.__new__(RunModel)
+    base = {
+        "healthy": False,
+        "window": [0, 9],
+        "first_bad_step": 7,
+        "symptom_step": 7,
+        "kind": "nonfinite",
+        "criterion": "NaN/Inf",
+        "reproducible": True,
+        "deterministic": True,
+        "replayed_steps": 3,
+        "rechecked_steps": 1,
+        "snapshot": 5,
+        "device": "cpu",
+    }
+    for samples, axes in (([7], [1]), ([[2, 5]], [0, 1])):
+        v = {**base, "samples": samples, "sample_axes": axes}
+        m.forensics = SimpleNamespace(verdict=v)
+        assert m.culprit_samples() == []
+        text = m.culprit_samples_elsewhere()
+        assert text and f"samples       {text}" in render_verdict(v)
+    m.forensics = SimpleNamespace(verdict={**base, "samples": [3], "sample_axes": [0]})
+    assert m.culprit_samples() == [3] and m.culprit_samples_elsewhere() is None

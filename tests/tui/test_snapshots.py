@@ -23,7 +23,8 @@ def _snap(snap_compare, path, keys=(), size=SIZE):
 
 def test_ops_view(runs, snap_compare):
     """Ops opens on the culprit: op 4 `div` of body.0.norm marked ● and selected, propagators
-    ○ after it, the detail pane with output stats (16 NaN), histogram and the source line
+    ○ after it, the detail pane ("● culprit", "the producer: made NaN from finite inputs", the
+    words `replay bisect` uses) with output stats (16 NaN), histogram and the source line
     `return x / x.norm(...)`; status bar "culprit #4 aten::div"."""
     assert _snap(snap_compare, runs["traced"])
 
@@ -41,7 +42,8 @@ def test_ops_view_filtered(runs, snap_compare):
 def test_overview(runs, snap_compare):
     """Overview: loss, gradient norm, learning rate plots with × at the NaN step 6, marks S at
     snapshots 0 and 4, ▲ symptom and ◆ first bad at 6; side panel: step 6 health (loss nan),
-    run facts, entry points train_step/build in train_fixture.py, the forensics verdict."""
+    run facts, entry points train_step/build in train_fixture.py, the forensics verdict (its
+    cause "op: aten::div made NaN from finite inputs" and "culprit: aten::div in body.0.norm")."""
     assert _snap(snap_compare, runs["traced"], keys=("1",))
 
 

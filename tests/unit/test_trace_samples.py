@@ -40,6 +40,9 @@ def test_poisoned_sample_is_named_by_the_batch_and_found_by_replay():
     assert v["kind"] == "nonfinite"
     assert v["batch_nonfinite"] == {"leaves": {"0": [5]}}
     assert v["op"] == "aten::addmm" and v["module"] == "0"  # first op that consumed it
+    assert v["cause"] == "data"
+    (bad,) = v["data"]["tensors"]
+    assert (bad["name"], bad["nan"], bad["positions"]) == ("batch[0]", 1, [[5, 3]])
     assert r.batch["leaves"][0]["per_sample"]["nonfinite"][5] == 1
 
     calls = []
@@ -87,3 +90,97 @@ def test_batch_coupling():
     assert has_batch_coupling(nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2)))
     assert not has_batch_coupling(nn.Sequential(nn.Linear(2, 2), nn.LayerNorm(2)))
     assert not has_batch_coupling(nn.Sequential(nn.BatchNorm1d(2)).eval())
+
+
+# ---------------------------------------------------------------- the sample axis
+def test_candidate_axes_for_common_layouts():
+    from replay.trace import candidate_axes
+
+    assert candidate_axes((torch.zeros(8, 5), torch.zeros(8))) == [(0, 8)]
+    assert candidate_axes((torch.zeros(6, 10), torch.zeros(6, 10))) == [(0, 6), (1, 10)]
+    micro = (torch.zeros(4, 8, 3), torch.zeros(4, 8))
+    assert candidate_axes(micro) == [(0, 4), (1, 8)]
+    assert candidate_axes({"x": torch.zeros(4, 1, 3), "y": torch.zeros(4, 1)}) == [(0, 4)]
+    assert candidate_axes(("text", 3)) == []
+
+
+def test_slice_batch_along_another_axis_keeps_other_leaves():
+    x = torch.arange(12).view(3, 4)  # time-major [T, B]
+    s = slice_batch((x, x * 10, torch.ones(2)), [3, 1], axis=1)
+    assert s[0].tolist() == [[3, 1], [7, 5], [11, 9]] and s[1].tolist() == [
+        [30, 10],
+        [70, 50],
+        [110, 90],
+    ]
+    assert s[2].shape == (2,)
+
+
+def causal_loss(batch, time_axis: int):
+    """A real reduction: each sample's loss depends on the order of its time steps (a running
+    sum), and the loss is the mean over samples."""
+    (x,) = batch
+    x = x.movedim(time_axis, 0)  # [T, B]
+    running = torch.cumsum(x, 0) * torch.arange(1, x.shape[0] + 1)[:, None]
+    return running.pow(2).mean().item()
+
+
+def test_choose_sample_axes_tells_time_from_samples_by_reversing_them():
+    from replay.trace import choose_sample_axes
+
+    torch.manual_seed(0)
+    x = torch.randn(6, 10, dtype=torch.float64)  # time-major [T, B]
+    calls = []
+
+    def probe(b):
+        calls.append(b)
+        return causal_loss(b, time_axis=0), 1
+
+    axes, notes = choose_sample_axes((x,), probe)
+    assert axes == [1] and "dim 1" in notes[0]
+    assert len(calls) == 3  # the reference, dim 0 reversed (changed), dim 1 reversed (same)
+    # batch-first: dim 0 reversed leaves the loss the same; no note needed
+    axes, notes = choose_sample_axes((x.T.contiguous(),), lambda b: (causal_loss(b, 1), 1))
+    assert axes == [0] and notes == []
+
+
+def test_choose_sample_axes_finds_micro_batches_by_counting_forward_calls():
+    from replay.trace import choose_sample_axes
+
+    x = torch.randn(4, 8, 3)
+    axes, notes = choose_sample_axes((x, torch.zeros(4, 8)), lambda b: (float(b[0].sum()), 4))
+    assert axes == [0, 1] and "micro-batches" in notes[0]
+
+
+def test_choose_sample_axes_says_when_it_cannot_tell():
+    from replay.trace import choose_sample_axes
+
+    x = torch.randn(6, 10)
+    axes, notes = choose_sample_axes((x,), lambda b: (float("nan"), 1))
+    assert axes == [0] and "could not be told apart" in notes[0]
+    assert choose_sample_axes(("no tensors",), lambda b: (0.0, 1))[0] == []
+
+
+def test_no_dropout_makes_dropout_the_identity():
+    from replay.trace.samples import no_dropout
+
+    x = torch.ones(100)
+    with no_dropout():
+        assert torch.equal(nn.Dropout(0.5).train()(x), x)
+        assert torch.equal(F.dropout(x, 0.9, training=True), x)
+    assert not torch.equal(F.dropout(x, 0.5, training=True), x)
+
+
+def test_a_batch_axis_hint_wins_when_it_fits_the_batch():
+    from replay.trace import choose_sample_axes
+
+    x = torch.randn(6, 10, dtype=torch.float64)
+
+    def probe(b):  # a real loss in which dim 0 is the sample axis
+        return causal_loss(b, time_axis=1), 1
+
+    assert choose_sample_axes((x,), probe)[0] == [0]
+    axes, notes = choose_sample_axes((x,), probe, hint=1)
+    assert axes == [1] and "batch_axis" in notes[0]
+    assert choose_sample_axes((torch.randn(4, 8, 3), torch.zeros(4, 8)), probe, (0, 1))[0] == [0, 1]
+    axes, notes = choose_sample_axes((x,), probe, hint=2)  # no such shared dim: ignored
+    assert axes == [0] and "does not fit" in notes[0]

@@ -373,3 +373,111 @@ def test_compiled_model_is_traced_eagerly():
     v = r.verdict
     assert (v["op"], v["phase"], v["module"]) == ("aten::log", "forward", "head")
     assert v["source"]["line"] == line_of(LogSoftmaxHead.forward, "LOG")
+
+
+# ---------------------------------------------------------------- infinities: producer vs converter
+class Policy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 6)
+
+    def forward(self, x):
+        return torch.softmax(self.lin(x) * 200, dim=-1)  # saturated: some probabilities are 0
+
+
+def entropy_step(model, optimizer, batch):
+    x, y = batch
+    optimizer.zero_grad(set_to_none=True)
+    probs = model(x)
+    entropy = -(probs * torch.log(probs)).sum(-1).mean()  # ENTROPY
+    loss = F.nll_loss(torch.log(probs + 1e-8), y) - 0.01 * entropy
+    loss.backward()
+    optimizer.step()
+    return loss
+
+
+def test_log_of_zero_is_blamed_not_the_mul_that_turned_its_inf_into_nan():
+    torch.manual_seed(0)
+    x = torch.randn(8, 4) * 5
+    model = Policy()
+    with torch.no_grad():  # independent truth: some probability is exactly 0
+        assert (model(x) == 0).any()
+    r = run(model, (x, torch.randint(0, 6, (8,))), step=entropy_step)
+    v = r.verdict
+    assert (v["kind"], v["op"], v["phase"]) == ("nonfinite", "aten::log", "forward")
+    assert v["source"]["line"] == line_of(entropy_step, "ENTROPY")
+    assert v["output"]["stats"]["neginf"] > 0 and v["output"]["stats"]["nan"] == 0
+    conv = v["nan_from_inf"]
+    assert conv["op"] == "aten::mul" and conv["from"] == "-inf" and conv["op_index"] > v["op_index"]
+    assert r.ops["stats"][conv["op_index"]][5] > 0  # the mul's output holds the NaN
+    assert any("turned it into NaN" in n for n in v["notes"])
+    assert r.ops["status"][v["op_index"]] == 1 and r.ops["status"][conv["op_index"]] == 2
+
+
+class FullyMasked(MaskedAttention):
+    def forward(self, x):
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        scores = q @ k.transpose(-2, -1) / 8**0.5
+        keep = torch.ones(x.shape[1], x.shape[1], dtype=torch.bool).tril()
+        keep[2] = False  # query 2 may attend to nothing
+        scores = scores.masked_fill(~keep, float("-inf"))
+        return self.out(torch.softmax(scores, dim=-1) @ v)  # SOFTMAX
+
+
+def test_softmax_over_a_fully_masked_row_is_the_producer_not_the_mask():
+    torch.manual_seed(0)
+    r = run(FullyMasked(), (torch.randn(4, 6, 8), torch.randn(4, 6, 8)))
+    v = r.verdict
+    assert (v["kind"], v["op"], v["phase"]) == ("nonfinite", "aten::_softmax", "forward")
+    assert v["source"]["line"] == line_of(FullyMasked.forward, "SOFTMAX")
+    assert v["nan_from_inf"] is None and any("on purpose" in n for n in v["notes"])
+    (mask_op,) = [i for i in r.find_ops("aten::masked_fill") if r.ops["phase"][i] == 0]
+    assert r.ops["status"][mask_op] == 4
+
+
+@pytest.mark.parametrize("how", ["where_scalar", "where_tensor", "full"])
+def test_other_ways_of_writing_a_mask_are_no_false_alarm(how):
+    class Att(MaskedAttention):
+        def forward(self, x):
+            q, k, v = self.qkv(x).chunk(3, dim=-1)
+            scores = q @ k.transpose(-2, -1)
+            t = x.shape[1]
+            keep = torch.ones(t, t, dtype=torch.bool).tril()
+            if how == "where_scalar":
+                scores = torch.where(keep, scores, float("-inf"))
+            elif how == "where_tensor":
+                scores = torch.where(keep, scores, torch.tensor(float("-inf")))
+            else:
+                scores = scores + torch.full((t, t), float("-inf")).triu(1)
+            return self.out(torch.softmax(scores, dim=-1) @ v)
+
+    torch.manual_seed(0)
+    r = run(Att(), (torch.randn(4, 6, 8), torch.randn(4, 6, 8)))
+    assert r.verdict["kind"] == "none", r.verdict
+    assert not (r.ops["status"] == 1).any()
+
+
+class BufferMaskAttention(MaskedAttention):
+    """The causal mask as a float buffer of -inf above the diagonal (added to the scores)."""
+
+    def __init__(self, t=6, empty_row=None):
+        super().__init__()
+        mask = torch.full((t, t), float("-inf")).triu(1)
+        if empty_row is not None:
+            mask[empty_row] = float("-inf")
+        self.register_buffer("mask", mask)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        scores = q @ k.transpose(-2, -1) + self.mask
+        return self.out(torch.softmax(scores, dim=-1) @ v)  # BUFSOFTMAX
+
+
+def test_a_buffer_of_minus_inf_is_a_mask_not_state_from_an_earlier_step():
+    torch.manual_seed(0)
+    batch = (torch.randn(4, 6, 8), torch.randn(4, 6, 8))
+    assert run(BufferMaskAttention(), batch).verdict["kind"] == "none"
+    v = run(BufferMaskAttention(empty_row=3), batch).verdict
+    assert (v["kind"], v["cause"], v["op"]) == ("nonfinite", "op", "aten::_softmax")
+    assert v["made_from"] == "intentional"
+    assert v["source"]["line"] == line_of(BufferMaskAttention.forward, "BUFSOFTMAX")

@@ -107,6 +107,11 @@ class BatchScreen(RunScreen):
         title.append(f" · {len(leaves)} tensors")
         if culprits:
             title.append(f" · culprit samples (bisect): {sorted(culprits)}", style="bold red")
+        elsewhere = (
+            self.model.culprit_samples_elsewhere() if step == self.model.focus_step() else None
+        )
+        if elsewhere:
+            title.append(f" · culprit samples (bisect) {elsewhere}", style="bold red")
         if flagged:
             title.append(f" · samples with NaN/Inf or blamed: {flagged[:20]}", style="red")
         if exception:

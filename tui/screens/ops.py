@@ -11,6 +11,8 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Input, Static
 
+from replay.words import op_role
+
 from ..messages import OpChosen
 from ..opfilter import OpFilter
 from ..widgets.op_detail import OpDetail
@@ -131,7 +133,8 @@ class OpsScreen(ForensicsScreen):
 
     def _detail_loaded(self, op_index: int, row: dict, sources: dict) -> None:
         if op_index == self.selected:
-            self.query_one(OpDetail).show(row, sources, self.model.base)
+            verdict = self.model.forensics.verdict if self.model.forensics else None
+            self.query_one(OpDetail).show(row, sources, self.model.base, verdict)
 
     def _show_status(self) -> None:
         ol = self.op_list
@@ -142,7 +145,11 @@ class OpsScreen(ForensicsScreen):
         if self.filter.active:
             parts.append(f"filter {self.filter.describe()} ({len(ol.rows)} ops)")
         if v.get("op_index") is not None:
-            parts.append(f"culprit #{v['op_index']} {v.get('op')}")
+            word, _ = op_role(v, v["op_index"], "producer")
+            parts.append(f"{word} #{v['op_index']} {v.get('op')}")
+        conv = v.get("nan_from_inf")
+        if conv:
+            parts.append(f"NaN from #{conv['op_index']} {conv.get('op')}")
         self.query_one("#ops-status", Static).update(" · ".join(parts))
 
     # -- jumps ---------------------------------------------------------------------------------

@@ -10,6 +10,8 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Footer, Header, Static
 
+from replay.words import cause_text, op_role
+
 from ..model import shorten_path
 from ..widgets.marks import LEGEND, MARK_STYLES, MarkStrip
 from ..widgets.plot import SeriesPlot, fmt_num
@@ -185,8 +187,14 @@ class OverviewScreen(RunScreen):
         else:
             v = m.forensics.verdict
             t.append(f"  step {v.get('step')}: {v.get('kind')}\n")
+            cause = cause_text(v)
+            if cause:
+                t.append(f"  {cause}\n")
             if v.get("op"):
-                t.append(f"  {v.get('op')} in {v.get('module') or '(root)'}\n", style="bold red")
+                word, _ = op_role(v, v.get("op_index"), "producer")
+                t.append(
+                    f"  {word}: {v.get('op')} in {v.get('module') or '(root)'}\n", style="bold red"
+                )
         t.append("marks\n", style="bold underline")
         t.append("  " + LEGEND.replace("  ", "\n  ") + "\n", style="dim")
         return t

@@ -8,6 +8,8 @@ import numpy as np
 from rich.text import Text
 from textual.widgets import Static
 
+from replay.words import op_role
+
 from ..model import shorten_path
 from .op_list import PHASE_SHORT, STATUS_GLYPHS
 from .plot import fmt_num
@@ -49,12 +51,18 @@ def fmt_bytes(n: float) -> str:
 
 
 class OpDetail(Static):
-    """Attributes down: ``show(row, sources, base)`` with a row from ``ForensicsReader.op_row``."""
+    """Attributes down: ``show(row, sources, base, verdict)`` with a row from
+    ``ForensicsReader.op_row``; the op's part in the failure is worded as ``replay bisect``
+    words it (``replay.words``)."""
 
     DEFAULT_CSS = "OpDetail { padding: 0 1; }"
 
     def show(
-        self, row: dict[str, Any] | None, sources: dict[str, dict[int, str]], base: str
+        self,
+        row: dict[str, Any] | None,
+        sources: dict[str, dict[int, str]],
+        base: str,
+        verdict: dict[str, Any] | None = None,
     ) -> None:
         if row is None:
             self.update(Text("no op selected", style="dim"))
@@ -68,7 +76,10 @@ class OpDetail(Static):
         t.append(f"op {row['index']}  ", style="bold")
         t.append(f"{row['op']}\n", style="bold " + (gstyle if s else ""))
         t.append(f"{row['phase']}", style=PHASE_SHORT[p][1])
-        t.append(f"  {glyph} {row['status']}\n", style=gstyle)
+        word, why = op_role(verdict or {}, row["index"], row["status"])
+        t.append(f"  {glyph} {word}\n", style=gstyle)
+        if why:
+            t.append(f"  {why}\n", style=gstyle or "dim")
         _field(
             t, "module", row.get("module") if row.get("module") is not None else "(outside modules)"
         )

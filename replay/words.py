@@ -1,0 +1,111 @@
+"""The words for an op's part in a failure, shared by ``replay bisect``'s report and the TUI's
+op list, op detail and status line, so that each says the same thing about the same op.
+
+No imports: the TUI uses it without torch, the bisector without HDF5.
+
+- ``culprit``: the op the verdict names as the cause, a *producer* (it made a non-finite value
+  out of finite inputs and arguments, or NaN out of infinities written on purpose);
+- ``producer``: another op that made non-finite values which reached the loss, the gradients
+  or the parameters;
+- ``propagator``: an op that passed a non-finite value on; the one that turned the culprit's
+  infinity into NaN says so;
+- ``data``: the first op that read a non-finite input batch (the cause is the data, not it);
+- ``exempt``: non-finite, but harmless (a mask's ``-inf``, an uninitialised buffer, a value
+  that never reached the loss, gradients or parameters);
+- ``raised``: the op raised the step's exception.
+
+Example::
+
+    op_role(verdict, 5, "producer")  # ("culprit", "the producer: made -inf from finite inputs")
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["op_role", "role_text", "cause_text", "STATUS_WORDS"]
+
+STATUS_WORDS = {  # status in the op table -> what it means
+    "finite": "",
+    "producer": "made non-finite values from finite inputs; they reached the failure",
+    "propagator": "passed non-finite values on",
+    "raised": "the step's exception came from here",
+    "exempt": "non-finite but harmless (a mask, an uninitialised buffer, or it never reached "
+    "the loss, the gradients or the parameters)",
+}
+
+_MADE = {"nan": "NaN", "posinf": "+inf", "neginf": "-inf"}
+
+
+def _made(verdict: dict[str, Any]) -> str:
+    if verdict.get("made"):
+        return verdict["made"]
+    st = (verdict.get("output") or {}).get("stats") or {}
+    made = [w for k, w in _MADE.items() if _count(st.get(k))]
+    return "/".join(made) or "non-finite values"
+
+
+def _count(x: Any) -> float:
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def _from(verdict: dict[str, Any]) -> str:
+    if verdict.get("made_from") == "intentional":
+        return "infinities written on purpose (a fully masked row?)"
+    return "finite inputs"
+
+
+def cause_text(verdict: dict[str, Any]) -> str | None:
+    """One line on what caused the failure, from the verdict's ``cause``."""
+    cause = verdict.get("cause")
+    op = verdict.get("op")
+    if cause == "data":
+        return "data: the input batch is non-finite: it is a data bug"
+    if cause == "op":
+        conv = verdict.get("nan_from_inf")
+        text = f"op: {op} made {_made(verdict)} from {_from(verdict)}"
+        if conv:
+            text += f"; {conv.get('op')} turned its {conv.get('from')} into NaN"
+        return text
+    if cause == "state":
+        return "state: parameters or optimizer state were non-finite before this step"
+    if cause == "intentional":
+        return f"a value {op} wrote on purpose (a non-finite argument) reached the failure"
+    if cause == "uninitialised":
+        return f"uninitialised memory: {op} read a buffer nothing wrote"
+    return None
+
+
+def op_role(verdict: dict[str, Any], op_index: int | None, status: str) -> tuple[str, str]:
+    """``(word, explanation)`` for op ``op_index`` whose status in the op table is ``status``
+    (``finite``, ``producer``, ``propagator``, ``raised``, ``exempt``)."""
+    conv = verdict.get("nan_from_inf") or {}
+    if op_index is not None and op_index == verdict.get("op_index"):
+        cause = verdict.get("cause")
+        if cause == "data":
+            return "data", "the first op to read the non-finite input batch: a data bug"
+        if verdict.get("kind") == "exception":
+            return "culprit", STATUS_WORDS["raised"]
+        if cause == "op":
+            return "culprit", f"the producer: made {_made(verdict)} from {_from(verdict)}"
+        if cause == "state":
+            return "culprit", "the first op to read state non-finite before the step"
+        if cause == "intentional":
+            return "culprit", "wrote a non-finite value on purpose that reached the failure"
+        return "culprit", STATUS_WORDS.get(status, "")
+    if op_index is not None and op_index == conv.get("op_index"):
+        return (
+            "propagator",
+            f"turned the {conv.get('from')} of op {verdict.get('op_index')} "
+            f"({verdict.get('op')}) into NaN",
+        )
+    return status, STATUS_WORDS.get(status, "")
+
+
+def role_text(verdict: dict[str, Any], op_index: int | None, status: str) -> str:
+    """``"culprit · the producer: made -inf from finite inputs"``."""
+    word, why = op_role(verdict, op_index, status)
+    return f"{word} · {why}" if why else word
