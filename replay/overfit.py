@@ -85,8 +85,8 @@ def overfit_batch(
     "Overfits" means the loss falls below ``target`` (absolute), or below ``target`` times its
     first value when that is large (a loss in the thousands going to 1% of itself).
     """
+    from .capture.fingerprint import loss_of
     from .errors import ReplayError
-    from .record.fingerprint import loss_of
     from .workflows.session import open_engine
 
     rec, eng = open_engine(path, device, entry, trust)

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .record.guard import PREFLIGHT_ENV
+from .capture.guard import PREFLIGHT_ENV
 
 __all__ = ["PreflightReport", "run_preflight", "render_preflight"]
 

@@ -70,7 +70,7 @@ def verdict_json(v: Verdict, **extra: Any) -> dict[str, Any]:
         **{k: None for k in TRACE_FIELDS},
         "forensics": None,
         "notes": list(v.notes),
-        "cause": None,
+        "divergence_cause": None,  # why the replay differs from the recording (engine/why.py)
     }
     trace_notes = extra.pop("trace_notes", None) or []
     out.update(extra)
@@ -167,7 +167,7 @@ def render_verdict(d: dict[str, Any]) -> str:
             f"{dv['replayed']}, |diff| {dv['abs_diff']})"
         )
     lines.append(f"  deterministic {det}")
-    lines.extend(render_cause(d.get("cause")))
+    lines.extend(render_cause(d.get("divergence_cause")))
     lines.append(
         f"  replayed      {d['replayed_steps']} steps from the snapshot before step {d['snapshot']}"
         f" (+{d['rechecked_steps']} to re-check) on {d['device']}; window steps {w[0]}..{w[1]}"
@@ -199,7 +199,7 @@ def render_cause(c: dict[str, Any] | None, indent: str = "  ") -> list[str]:
     """The ``cause`` lines shared by the verify and bisect reports."""
     if not c:
         return []
-    lines = [f"{indent}cause         {c['kind']}: {c['summary']}"]
+    lines = [f"{indent}why differs   {c['kind']}: {c['summary']}"]
     for d in c.get("differs") or []:
         size = d.get("max_abs_diff")
         more = f" (+{d['count'] - len(d['names'])} more)" if d["count"] > len(d["names"]) else ""

@@ -25,13 +25,13 @@ from typing import Any
 
 import torch
 
+from ..capture.fingerprint import absmax, exact_if_needed, loss_of, param_fingerprint
+from ..capture.guard import replay_runs_user_code
+from ..capture.objects import RunObjects, StepCall
+from ..capture.probe import GradProbe
+from ..capture.rng import restore_rng
+from ..capture.tensors import from_leaves, leaf_finite
 from ..errors import EntryPointError, RecordingError, ReplayError
-from ..record.fingerprint import absmax, exact_if_needed, loss_of, param_fingerprint
-from ..record.guard import replay_runs_user_code
-from ..record.objects import RunObjects, StepCall
-from ..record.probe import GradProbe
-from ..record.rng import restore_rng
-from ..record.tensors import from_leaves, leaf_finite
 from ..store.reader import Recording
 from ..store.tree import TensorLeaf
 from .device import choose_device

@@ -9,9 +9,9 @@ from typing import Any
 
 import torch
 
+from ..capture.objects import RunObjects, gather_state, load_state, objects_from_build
+from ..capture.tensors import from_leaves
 from ..errors import EntryPointError, ReplayError
-from ..record.objects import RunObjects, gather_state, load_state, objects_from_build
-from ..record.tensors import from_leaves
 
 __all__ = ["build_objects", "load_snapshot", "capture_state", "restore_state"]
 

@@ -28,7 +28,7 @@ from ..bisect.compare import (
     VERIFIED_COLUMNS,
     same_bits,
 )
-from ..record.tensors import from_leaves
+from ..capture.tensors import from_leaves
 from .engine import Engine
 from .state import _int_keys
 

@@ -8,7 +8,7 @@ __all__ = ["Recorder"]
 
 
 def __getattr__(name: str) -> Any:
-    # Lazy: ``replay.record.guard`` (read by ``replay preflight``) must not import torch.
+    # Lazy: ``replay.capture.guard`` (read by ``replay preflight``) must not import torch.
     if name == "Recorder":
         from .recorder import Recorder
 

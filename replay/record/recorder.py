@@ -24,22 +24,22 @@ from typing import Any
 
 import torch
 
-from ..distributed.consistency import ConsistentStop
-from ..distributed.context import detect, unwrap
-from ..distributed.hook import LocalGradProbe
+from ..capture.fingerprint import absmax, exact_if_needed, loss_of, param_fingerprint
+from ..capture.guard import PreflightStop, preflight_from_env, refuse_if_replaying
+from ..capture.objects import RunObjects, StepCall, gather_state, objects_from_build
+from ..capture.pool import HostPool
+from ..capture.probe import GradProbe
+from ..capture.rng import capture_rng
+from ..capture.tensors import CopyStats, copy_tree
 from ..distributed.ranks import base_path, rank_path
 from ..errors import NonFiniteLossError, RecorderWarning
 from ..store.writer import RingSpec
 from ..store.writer_process import WriterClient
+from .ddp.consistency import ConsistentStop
+from .ddp.context import detect, unwrap
+from .ddp.hook import LocalGradProbe
 from .entry import describe_entry, read_source
 from .env import collect_env
-from .fingerprint import absmax, exact_if_needed, loss_of, param_fingerprint
-from .guard import PreflightStop, preflight_from_env, refuse_if_replaying
-from .objects import RunObjects, StepCall, gather_state, objects_from_build
-from .pool import HostPool
-from .probe import GradProbe
-from .rng import capture_rng
-from .tensors import CopyStats, copy_tree
 from .writer_thread import BackgroundWriter, SnapshotJob, StepJob
 
 __all__ = ["Recorder"]

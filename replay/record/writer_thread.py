@@ -22,12 +22,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..capture.pool import HostPool
+from ..capture.rng import rng_to_tree
+from ..capture.tensors import to_leaves
 from ..store.layout import COL, HEALTH_COLUMNS
 from ..store.writer import pack_parts
 from ..store.writer_process import WriterClient, WriterError, lower_priority
-from .pool import HostPool
-from .rng import rng_to_tree
-from .tensors import to_leaves
 
 __all__ = ["BackgroundWriter", "StepJob", "SnapshotJob"]
 

@@ -78,7 +78,9 @@ def run_bisect(
                         f"tracing step {verdict.first_bad_step} failed: {type(e).__name__}: {e}"
                     )
         if verdict.divergence is not None:
-            extra["cause"] = explain_divergence(engine, verdict.divergence, verdict.exception)
+            extra["divergence_cause"] = explain_divergence(
+                engine, verdict.divergence, verdict.exception
+            )
     finally:
         engine.close()
         rec.close()

@@ -26,10 +26,10 @@ sys.path.insert(0, HERE)
 
 import ddp_worker  # noqa: E402
 
+from replay.capture.fingerprint import grad_norm, param_fingerprint  # noqa: E402
+from replay.capture.rng import restore_rng  # noqa: E402
+from replay.capture.tensors import from_leaves  # noqa: E402
 from replay.distributed import first_bad_rank, open_rank_set, rank_health  # noqa: E402
-from replay.record.fingerprint import grad_norm, param_fingerprint  # noqa: E402
-from replay.record.rng import restore_rng  # noqa: E402
-from replay.record.tensors import from_leaves  # noqa: E402
 from replay.store import open_recording  # noqa: E402
 
 JOIN_TIMEOUT = 90.0

@@ -2,8 +2,8 @@
 
 import torch
 
+from replay.capture.objects import objects_from_build
 from replay.engine.state import capture_state, restore_state
-from replay.record.objects import objects_from_build
 
 
 def _objs():

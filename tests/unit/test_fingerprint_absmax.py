@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from replay.record.fingerprint import absmax, exact_if_needed
+from replay.capture.fingerprint import absmax, exact_if_needed
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])

@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from replay.record.fingerprint import GradMeter, grad_absmax, grad_norm, measure_grads
+from replay.capture.fingerprint import GradMeter, grad_absmax, grad_norm, measure_grads
 
 
 def _params(*dtypes: torch.dtype) -> list[torch.nn.Parameter]:

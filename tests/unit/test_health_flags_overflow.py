@@ -5,7 +5,7 @@ import math
 
 import torch
 
-from replay.record.fingerprint import absmax, grad_norm, param_fingerprint
+from replay.capture.fingerprint import absmax, grad_norm, param_fingerprint
 from replay.record.writer_thread import BackgroundWriter
 from replay.store.layout import COL
 

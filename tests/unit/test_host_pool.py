@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from replay.record.pool import HostPool
-from replay.record.tensors import CopyStats, copy_tree
+from replay.capture.pool import HostPool
+from replay.capture.tensors import CopyStats, copy_tree
 
 
 def test_a_pooled_copy_is_bitwise_the_original_and_owns_its_memory():

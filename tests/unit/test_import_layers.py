@@ -21,10 +21,11 @@ LAYERS = {
     "store": 1,  # the file format: numpy + h5py
     "bisect": 1,  # the search: pure python
     "doctor": 2,  # rules over what the store reads
-    "record": 2,  # capture on the training thread
-    "distributed": 2,
+    "capture": 2,  # what recording and replay both compute, one copy
+    "distributed": 2,  # reading and bisecting rank sets
+    "record": 3,  # the recorder: capture on the training thread, the writer, its DDP side
     "trace": 3,  # per-op dispatch mode
-    "engine": 3,  # replaying steps
+    "engine": 3,  # replaying steps (never imports the recorder: see test below)
     "workflows": 4,  # what each command does, as library calls
     "overfit": 4,
     "preflight": 4,
@@ -32,7 +33,7 @@ LAYERS = {
     "__main__": 6,
     "__init__": 6,  # the package facade
 }
-NO_TORCH = {"store", "bisect", "doctor", "preflight"}
+NO_TORCH = {"store", "bisect", "doctor", "preflight", "distributed"}
 
 
 def _package(path: Path) -> str:
@@ -102,4 +103,17 @@ def test_the_tui_reads_through_the_store_alone():
                 and name != "replay.distributed.ranks"  # rank file sets: numpy + h5py only
             ):
                 wrong.append(f"{path.relative_to(ROOT)}:{line} imports {name}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_replay_shares_capture_code_with_the_recorder_but_never_imports_it():
+    """The promise that a replay measures a step as the recorder did is kept by both using
+    ``replay.capture``, not by the engine reaching into the recorder."""
+    wrong = [
+        f"{p.relative_to(ROOT)}:{line} imports {name}"
+        for pkg in ("engine", "trace", "workflows")
+        for p in sorted((ROOT / "replay" / pkg).rglob("*.py"))
+        for line, name in _imports(p)
+        if name.startswith("replay.record")
+    ]
     assert not wrong, "\n".join(wrong)

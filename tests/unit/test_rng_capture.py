@@ -8,7 +8,7 @@ import random
 import numpy as np
 import torch
 
-from replay.record.rng import _PythonState, capture_rng, restore_rng, rng_to_tree
+from replay.capture.rng import _PythonState, capture_rng, restore_rng, rng_to_tree
 
 
 def _same_numpy(a, b):

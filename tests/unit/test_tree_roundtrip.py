@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from replay.record.tensors import copy_tree, from_leaves, to_leaves
+from replay.capture.tensors import copy_tree, from_leaves, to_leaves
 from replay.store.tree import Opaque, TensorLeaf, decode
 from replay.store.writer import pack_record
 

@@ -7,7 +7,7 @@ following the first iteration) and then delegates to DDP's default all-reduce ho
 computes exactly what it would without it.
 
 The per-parameter norms are combined at the end of the step the way
-``replay.record.fingerprint.grad_norm`` combines them (same order, grouping and dtypes), so a
+``replay.capture.fingerprint.grad_norm`` combines them (same order, grouping and dtypes), so a
 single-process replay of this rank's step recomputes ``local_grad_norm`` bitwise.
 Everything stays a tensor: no host sync.
 """
@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-from ..record.fingerprint import group_by_dtype
+from ...capture.fingerprint import group_by_dtype
 
 __all__ = ["LocalGradProbe"]
 
