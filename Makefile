@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-fast lint bench clean
+.PHONY: setup demo test test-fast gpu-check lint bench clean
 
 setup: $(STAMP)
 
@@ -25,6 +25,12 @@ test: setup
 
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow"
+
+# On a machine with a CUDA device: the GPU-marked tests (a CUDA run recorded, verified bitwise
+# on the GPU, a CUDA failure bisected and reproduced). Everywhere else they are skipped.
+gpu-check: setup
+	$(PY) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'gpu-check: no CUDA device here')"
+	$(PY) -m pytest -q -rs -m gpu tests
 
 lint: setup
 	$(VENV)/bin/ruff check replay tui tests examples benchmarks
