@@ -15,7 +15,7 @@ __all__ = [
     "HINT_NONDET",
 ]
 
-# The columns a replay must reproduce bit for bit (DESIGN: replay is verified, never assumed).
+# The columns a replay must reproduce bit for bit: replay is verified, never assumed.
 VERIFIED_COLUMNS = ("loss", "param_fingerprint")
 
 # What to change, for each reason a replay can differ (replay/engine/why.py tells them apart).

@@ -1,6 +1,6 @@
 """Capturing and restoring every random number generator a training step may draw from.
 
-FINDINGS.md: bitwise replay works when the states are captured *after* the batch was fetched,
+Bitwise replay works when the states are captured *after* the batch was fetched,
 immediately before the step, and restored before each replayed step.
 """
 

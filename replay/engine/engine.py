@@ -175,7 +175,7 @@ class Engine:
     # -- set-up ------------------------------------------------------------------------------
 
     def _configure_torch(self, env: dict[str, Any]) -> None:
-        # A different thread count changes CPU reduction order: 1 ulp by step 15 (FINDINGS).
+        # A different thread count changes CPU reduction order, and with it the last bits.
         n = env.get("num_threads")
         if n:
             torch.set_num_threads(int(n))

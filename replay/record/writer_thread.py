@@ -2,9 +2,9 @@
 
 The training thread only copies (``copy_tree``) and enqueues; encoding, waiting for CUDA copies,
 reading health tensors (one step late, so no sync on the hot path) and HDF5 I/O all happen here.
-h5py releases the GIL while writing, so this overlaps with torch compute (FINDINGS.md).
+h5py releases the GIL while writing, so this overlaps with torch compute.
 
-Failure policy (DESIGN principle 1): any error here stops recording, keeps what was flushed, and
+Failure policy (first, do no harm): any error here stops recording, keeps what was flushed, and
 is reported once by the recorder as a warning; training is never interrupted.
 """
 

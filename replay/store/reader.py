@@ -1,6 +1,6 @@
 """Reading a recording, also one still being written or whose writer was killed (numpy + h5py).
 
-Readers of a live file follow FINDINGS.md: open with ``swmr=True``, ``refresh()`` every dataset
+Readers of a live file follow docs/format.md ("Reading"): open with ``swmr=True``, ``refresh()`` every dataset
 before reading it, and read each ring slot under a seqlock (marker, payload, marker again) so a
 slot being rewritten is skipped, never returned torn.
 

@@ -1,7 +1,7 @@
 """Writing a recording: preallocated ring buffers in one SWMR HDF5 file.
 
 Every dataset is created (and written once) before SWMR mode is switched on; nothing is created
-afterwards. A ring slot is committed with the protocol measured in FINDINGS.md to leave no torn
+afterwards. A ring slot is committed with the protocol docs/format.md specifies, which leaves no torn
 slot after ``kill -9``: *invalidate markers + flush, payloads + flush, markers + flush*. Several
 queued items share one commit (group commit), so the flush cost is paid once per batch of steps.
 
@@ -219,7 +219,7 @@ class StoreWriter:
             chunks=(1, spec.chunk),
             fillvalue=0,
         )
-        arena[0, :1] = 0  # written once before SWMR starts (FINDINGS: early readers need it)
+        arena[0, :1] = 0  # written once before SWMR starts: an early reader fails otherwise
         return name
 
     # -- committing ---------------------------------------------------------------------------

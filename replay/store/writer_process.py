@@ -391,16 +391,9 @@ def lower_priority() -> None:
     """Leave training the cores first, but not so far behind that the writer cannot keep up.
 
     For the calling thread (Linux threads have their own nice value; in the child that is its
-    main thread, which every later thread inherits from). At nice 19, on 2 cores that training
-    keeps busy, the writers got so little CPU that they fell behind for good. The recorder's
-    backlog grew by 110 MiB every 500 MLP steps and by 445 MiB in 1400 CNN steps. It would have
-    kept growing until ``max_pending_bytes`` made training wait, and a ``kill -9`` loses all of
-    it (training now waits sooner: see ``BackgroundWriter._behind``). At nice 10 the backlog
-    stayed under 5 MiB, and the runs were no slower: 3500 MLP steps in 10.9 s against 12.3 s,
-    1400 CNN steps in 14.2 s against 14.4 s (``/tmp/h/lag.py``, writer and training running
-    continuously). Nice 10 is only just enough there: on a slower moment of the same machine it
-    fell behind too (``benchmarks/bench_backlog.py`` shows which), while nice 0 always kept up
-    but cost training more. ``REPLAY_WRITER_NICE`` overrides
+    main thread, which every later thread inherits from). At nice 19 the writers fell behind
+    for good on 2 cores that training kept busy; at nice 10 they kept up without slowing the
+    runs (benchmarks/RESULTS.md, "backlog", shows which). ``REPLAY_WRITER_NICE`` overrides
     ``WRITER_NICE``.
     """
     try:

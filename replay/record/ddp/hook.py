@@ -1,7 +1,7 @@
 """This rank's own gradient norm, taken in DDP's communication hook before the all-reduce.
 
 After the all-reduce every rank holds the average, so a NaN from one rank's batch shows on all of
-them. The hook sees ``bucket.buffer()`` while it is still local (FINDINGS.md): it takes one norm
+them. The hook sees ``bucket.buffer()`` while it is still local: it takes one norm
 per parameter (``bucket.parameters()`` maps the slices back, also after DDP rebuilds its buckets
 following the first iteration) and then delegates to DDP's default all-reduce hook, so training
 computes exactly what it would without it.
