@@ -23,7 +23,8 @@ __all__ = ["RunModel", "Marks", "shorten_path", "NO_FORENSICS_HINT"]
 
 NO_FORENSICS_HINT = (
     "No forensics for this run yet. Run `replay bisect {name}` to find the first bad step and "
-    "op; this view fills in when it finishes."
+    "op, or trace any step: `replay trace {name} --step N`, or press t on the overview to trace "
+    "the step under the cursor. This view fills in when it finishes."
 )
 
 

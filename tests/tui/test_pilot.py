@@ -291,3 +291,23 @@ def test_batch_view_words_samples_along_other_axes_as_the_report_does():
         assert text and f"samples       {text}" in render_verdict(v)
     m.forensics = SimpleNamespace(verdict={**base, "samples": [3], "sample_axes": [0]})
     assert m.culprit_samples() == [3] and m.culprit_samples_elsewhere() is None
+
+
+async def test_t_on_the_overview_traces_the_step_under_the_cursor(runs, tmp_path):
+    """A healthy run has no forensics until a step is traced; the overview can do it (through
+    `replay trace` in a child process) and the op views fill in."""
+    import shutil
+
+    run = tmp_path / "run.h5"
+    shutil.copy(runs["plain"], run)
+    app = make_app(str(run), poll=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        assert app.view == "overview" and app.model.forensics is None
+        await press(pilot, "home", "right", "right")
+        screen = app.get_screen("overview")
+        want = int(app.model.health["step"][screen.cursor])
+        await press(pilot, "t")
+        await settle(pilot)
+        assert app.model.forensics is not None
+        assert app.model.forensics.step == want and app.model.forensics.n_ops > 0

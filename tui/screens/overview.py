@@ -3,10 +3,14 @@ with marks, the run's metadata and entry points, and the health of the step unde
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
+from textual import work
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Footer, Header, Static
 
@@ -38,6 +42,7 @@ class OverviewScreen(RunScreen):
         Binding("home", "jump('first')", "first", show=False),
         Binding("end", "jump('last')", "last", show=False),
         Binding("f", "jump('bad')", "first bad"),
+        Binding("t", "trace", "trace step"),
     ]
 
     def compose(self) -> ComposeResult:
@@ -117,6 +122,38 @@ class OverviewScreen(RunScreen):
             self.cursor = min(int(np.searchsorted(steps, focus)), len(steps) - 1)
         self._apply_cursor()
 
+    def action_trace(self) -> None:
+        """Trace the step under the cursor per op (``replay trace RUN --step N`` in a child
+        process: the TUI itself imports no torch and runs no user code); the views fill in
+        when the forensics file it writes appears."""
+        steps = self.model.health.get("step", np.zeros(0))
+        if not len(steps):
+            return
+        step = int(steps[min(self.cursor, len(steps) - 1)])
+        files = ", ".join(sorted({str(e.get("path")) for e in self.model.rec.entry.values()}))
+        self.notify(f"tracing step {step}: replay trace imports {files}", timeout=6)
+        self._trace(step)
+
+    @work(thread=True, exclusive=True, group="trace")
+    def _trace(self, step: int) -> None:
+        proc = subprocess.run(
+            [sys.executable, "-m", "replay", "trace", self.model.rec.path, "--step", str(step)],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            errors="replace",
+        )
+        if proc.returncode != 0:
+            why = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+            self.app.call_from_thread(self.notify, why, severity="error", timeout=10)
+            return
+        self.model.refresh()
+        self.app.call_from_thread(self._traced, step)
+
+    def _traced(self, step: int) -> None:
+        self.update_from_model()
+        self.notify(f"step {step} traced: views 2-6 show its ops")
+
     # -- text panels ---------------------------------------------------------------------------
 
     def _cursor_info(self) -> Text:
@@ -186,7 +223,11 @@ class OverviewScreen(RunScreen):
             t.append("  " + m.no_forensics_message + "\n", style="yellow")
         else:
             v = m.forensics.verdict
-            t.append(f"  step {v.get('step')}: {v.get('kind')}\n")
+            kind = v.get("kind")
+            if kind in (None, "none"):  # a healthy step, traced with t or `replay trace`
+                t.append(f"  step {v.get('step')} traced: no op made a non-finite value\n")
+            else:
+                t.append(f"  step {v.get('step')}: {kind}\n")
             cause = cause_text(v)
             if cause:
                 t.append(f"  {cause}\n")
