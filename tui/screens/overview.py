@@ -8,9 +8,9 @@ import sys
 
 import numpy as np
 from rich.text import Text
+from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual import work
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Footer, Header, Static
 
