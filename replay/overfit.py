@@ -106,7 +106,7 @@ def overfit_batch(
         for _ in range(iters):
             try:
                 ret = run(eng.model, opt, batch)
-            except Exception as e:  # the user's step failing is a result, not our failure
+            except Exception as e:  # noqa: BLE001 - the user's step failing is a result, not our failure
                 error = f"{type(e).__name__}: {e}"
                 break
             loss = loss_of(ret)

@@ -73,7 +73,7 @@ def _restoring(what: str) -> Iterator[None]:
         yield
     except ReplayError:
         raise
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - any failure restoring state: one line, exit 5
         first = (str(e).strip().splitlines() or [""])[0][:300]
         raise ReplayError(
             f"restoring {what} failed ({type(e).__name__}: {first}); the recording may be "
@@ -364,7 +364,7 @@ class Engine:
         self._probe.begin()
         try:
             ret = self.call(b, values)
-        except Exception as e:  # the step's own failure is a result, not a replay failure
+        except Exception as e:  # noqa: BLE001 - the step's own failure is a result, not a replay failure
             self._probe.end(measure=False)
             out.exception = {
                 "type": type(e).__name__,

@@ -151,7 +151,7 @@ class _Importer:
         self._announce(path, recorded)
         try:
             spec.loader.exec_module(module)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - the user's import failing: one line, exit 4
             sys.modules.pop(name, None)
             raise EntryPointError(
                 f"cannot import {role} from {path}: importing it raised "
@@ -172,7 +172,7 @@ class _Importer:
             raise EntryPointError(
                 f"cannot import {role}: module {name!r} is not importable ({e}); {_ENTRY_HINT}"
             ) from None
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - the user's import failing: one line, exit 4
             raise EntryPointError(
                 f"cannot import {role}: importing module {name!r} raised {type(e).__name__}: {e}; "
                 f"{_ENTRY_HINT}"

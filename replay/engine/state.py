@@ -26,7 +26,7 @@ def build_objects(
     name = getattr(build_fn, "__qualname__", "build_fn")
     try:
         out = build_fn()
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - build_fn failing: one line, exit 4
         raise EntryPointError(
             f"build_fn {name}() raised {type(e).__name__}: {e}; fix it or pass --entry"
         ) from None

@@ -95,7 +95,7 @@ def trace_step(model, optimizer, step_fn, batch, *, scaler=None) -> TraceResult:
     with tracer:
         try:
             loss = run(eager, optimizer, batch)
-        except Exception as exc:  # the step's failure is what we are here to describe
+        except Exception as exc:  # noqa: BLE001 - the step's failure is what we are here to describe
             loss = None
             exc_info = exc
     if isinstance(loss, torch.Tensor) and loss.numel() == 1:

@@ -20,6 +20,7 @@ LR = {
     "eval_mode": 3e-3,
     "clipped_explosion": 20.0,
     "rnn_state": 1e-3,
+    "decaying_lr": 1e6,  # set by the loop, 0.9x every step: far too high all along
 }
 CLIP = 1.0
 
@@ -122,6 +123,9 @@ def record(path: str, variant: str, steps: int = 40) -> str:
     ) as rec:
         h = torch.zeros(1, 16, 16)
         for s in range(steps):
+            if variant == "decaying_lr":
+                for group in opt.param_groups:
+                    group["lr"] = LR[variant] * 0.9**s
             xs, ys = x[s * 16 : (s + 1) * 16], y[s * 16 : (s + 1) * 16]
             if variant == "rnn_state":
                 _, h = rec.step((xs.reshape(4, 4, 8).repeat(1, 4, 1), ys[:16], h))

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -103,3 +105,34 @@ def test_overfit_judges_close_still_falling_and_plateau_apart():
     assert verdict == "plateau" and drop < 0.05 and progress < 0.2
     assert judge([2.0, 0.01], goal, 2, None)[0] == "overfits"
     assert judge([2.0], goal, None, "the loss became nan")[0] == "error"
+
+
+def _doctor(path):
+    r = replay("doctor", path, "--json")
+    assert r.returncode == 0, r.stderr
+    return {f["rule"]: f for f in json.loads(r.stdout)}
+
+
+def test_lr_rule_cites_a_learning_rate_that_was_used(recording):
+    """Regression: with the lr set by the loop, the rule cited the median of the recorded
+    values, a learning rate never used at the steps that went wrong."""
+    from replay.store import open_recording
+
+    path = recording("loop:decaying_lr")
+    f = _doctor(path)["learning_rate"]
+    with open_recording(path) as rec:
+        h = rec.health()
+    at = dict(zip(h["step"].tolist(), h["lr"].tolist()))
+    assert f["evidence"]["lr"] == at[f["steps"][0]]
+    assert f["evidence"]["lr"] != float(np.median(h["lr"]))
+
+
+def test_doctor_flags_a_run_trained_in_eval_mode(recording):
+    f = _doctor(recording("loop:eval_mode"))["model_in_eval_mode"]
+    assert f["evidence"]["layers"] == ["2"] and f["severity"] == "warning"
+    assert "model_in_eval_mode" not in _doctor(recording("loop:plain"))
+
+
+def test_a_carried_rnn_state_is_not_judged_as_an_input(recording):
+    found = _doctor(recording("loop:rnn_state"))
+    assert "inputs_not_normalised" not in found

@@ -34,5 +34,5 @@ try:
     ) as rec:
         for _ in range(8):
             rec.step(torch.randn(4, 4))
-except Exception as e:  # a broad handler, as scripts have: replay's refusal must survive it
+except Exception as e:  # noqa: BLE001 - a broad handler, as scripts have: replay's refusal must survive it
     print(f"training stopped: {e}")
