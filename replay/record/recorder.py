@@ -277,28 +277,34 @@ class Recorder:
         if self._stop is not None and self._stop.deferred:
             loss, self._pending_loss = self._pending_loss, None
             self._raise_if_ranks_bad(self._stop.result(), loss)
+        if self.preflight is not None and self.next_step - self._start_step >= self.preflight.steps:
+            self._end_preflight()  # (also when recording stopped: preflight ends the run anyway)
         if self.enabled:
             self._check_writer()
             self._check_pending()
         if not self.enabled:
             return self._unrecorded_step(batch, values)
-        if self.preflight is not None and self.next_step - self._start_step >= self.preflight.steps:
-            self._end_preflight()
         t = self.next_step
         copied = CopyStats()
         try:
             if (t - self._start_step) % self.snapshot_every == 0:
                 self._snapshot(t)
             rng = capture_rng()
-            batch_copy = copy_tree(batch, stats=copied, pool=self._pool)
-            values_copy = copy_tree(values, stats=copied) if values else None
             hparams = self._hparams(copied)
-            modes = [m.training for m in self._modules]
             lr = hparams[0].get("lr") if hparams else values.get("lr")
             health: dict[str, Any] = {
                 "lr": lr if isinstance(lr, (int, float, torch.Tensor)) else None,
                 "raised": 0.0,
             }
+            job = StepJob(
+                step=t,
+                rng=rng,
+                batch=copy_tree(batch, stats=copied, pool=self._pool),
+                hparams=hparams,
+                modes=[m.training for m in self._modules],
+                health=health,
+                values=copy_tree(values, stats=copied) if values else None,
+            )
             scale = getattr(self.scaler, "_scale", None) if self.scaler is not None else None
             if scale is not None:
                 health["scale"] = scale.detach().clone()
@@ -312,7 +318,7 @@ class Recorder:
         except Exception as e:
             self._probe_grads.end(measure=False)
             health.update(raised=1.0, wall_time=time.perf_counter() - t0, time=time.time())
-            exc = {
+            job.exception = {
                 "type": type(e).__name__,
                 "module": type(e).__module__,
                 "message": str(e),
@@ -320,9 +326,7 @@ class Recorder:
             }
             self.next_step = t + 1
             try:
-                self._submit_step(
-                    t, rng, batch_copy, hparams, modes, health, copied, exc, values_copy
-                )
+                self._submit_step(job, copied)
                 self.flush()
             except Exception as rec_error:  # noqa: BLE001 - the user's exception is the one to raise
                 self._give_up("recording the exception", rec_error)
@@ -361,7 +365,7 @@ class Recorder:
             if self._cuda_built and torch.cuda.is_initialized():
                 health["cuda_allocated"] = float(torch.cuda.memory_allocated())
                 health["cuda_peak"] = float(torch.cuda.max_memory_allocated())
-            self._submit_step(t, rng, batch_copy, hparams, modes, health, copied, None, values_copy)
+            self._submit_step(job, copied)
         except Exception as e:  # noqa: BLE001 - the recorder must never take training down
             self._give_up("recording the step's health", e)
             self.next_step = t + 1
@@ -412,16 +416,16 @@ class Recorder:
         self._hp_copy = copy_tree([dict(it) for it in items], stats=copied)
         return self._hp_copy
 
-    def _submit_step(self, t, rng, batch, hparams, modes, health, copied, exc, values) -> None:  # noqa: ANN001
-        event = None
+    def _submit_step(self, job: StepJob, copied: CopyStats) -> None:
+        """Hand a captured step to the writer; on a GPU, behind an event that guards the
+        asynchronous copies and the health tensors (the writer waits on it, not training)."""
         if self._cuda_built and (
-            copied.cuda or any(isinstance(v, torch.Tensor) and v.is_cuda for v in health.values())
+            copied.cuda
+            or any(isinstance(v, torch.Tensor) and v.is_cuda for v in job.health.values())
         ):
-            event = torch.cuda.Event()
-            event.record()
-        job = StepJob(
-            t, rng, batch, hparams, modes, health, exc, event, copied.nbytes, copied.pooled, values
-        )
+            job.event = torch.cuda.Event()
+            job.event.record()
+        job.nbytes, job.buffers = copied.nbytes, copied.pooled
         self._writer_or_start().submit(job)
 
     def _snapshot(self, t: int) -> None:
