@@ -196,6 +196,10 @@ def write_forensics(path: str | os.PathLike, *, run_id: str, step: int, tables: 
     os.replace(tmp, path)
 
 
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
 class ForensicsReader:
     """Read-only view of a sidecar. Row ranges of ``/ops`` are read on demand, so a TUI can page
     through hundreds of thousands of ops without loading them all.
@@ -335,8 +339,18 @@ class ForensicsReader:
         self._peak_bytes = V.attr_int(mem, "peak_bytes", path, lo=-1, hi=2**62)
         self._peak_op = V.attr_int(mem, "peak_op", path, lo=-1, hi=max(n_ops - 1, -1))
         largest = V.read_json_blob(f, "memory/largest", path)
-        if not isinstance(largest, list) or not all(isinstance(x, dict) for x in largest):
-            raise self._bad("/memory/largest is not a list of objects")
+        if not isinstance(largest, list) or not all(
+            isinstance(x, dict)
+            and _is_int(x.get("bytes"))
+            and _is_int(x.get("op_index"))
+            and -1 <= x["op_index"] < n_ops
+            and isinstance(x.get("shape"), list)
+            and all(_is_int(d) for d in x["shape"])
+            and isinstance(x.get("dtype"), str)
+            and isinstance(x.get("op"), (str, type(None)))
+            for x in largest
+        ):
+            raise self._bad("/memory/largest is not a list of {bytes, shape, dtype, op_index, op}")
         self._json["largest"] = largest
         self._json["verdict"] = self._check_verdict(V.read_json_blob(f, "verdict/json", path))
         sources = V.read_json_blob(f, "sources/json", path)

@@ -109,9 +109,22 @@ def _opens_in_time(path: str, timeout: float = 10.0) -> bool:
     A recording whose disk filled up ends early yet opens (everything it flushed is readable);
     a cut copy makes HDF5 retry for minutes. Only files that end early pay for this probe.
     """
+    # Every read whose metadata may lie past the end: the status, health and markers, and each
+    # record's manifest (its arena row's chunk index). A damaged record is not a hang: its
+    # RecordingError is left to the real read; only a probe that does not finish refuses the file.
     code = (
-        "import sys; from replay.store import reader as r; rec = r.Recording(sys.argv[1], probe=False)\n"
-        "rec.status(); rec.health(); rec.steps(); rec.snapshot_steps(); rec.close()"
+        "import sys\n"
+        "from replay.errors import RecordingError\n"
+        "from replay.store import reader as r\n"
+        "rec = r.Recording(sys.argv[1], probe=False)\n"
+        "rec.status(); rec.health()\n"
+        "for ring, steps in (('steps', rec.steps()), ('snapshots', rec.snapshot_steps())):\n"
+        "    for s in steps:\n"
+        "        try:\n"
+        "            rec._read_manifest(ring, int(s))\n"
+        "        except (KeyError, RecordingError):\n"
+        "            pass\n"
+        "rec.close()"
     )
     pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, PYTHONPATH=pkg_root + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -121,7 +134,7 @@ def _opens_in_time(path: str, timeout: float = 10.0) -> bool:
         )
     except subprocess.TimeoutExpired:
         return False
-    return proc.returncode == 0
+    return proc.returncode == 0 or b"RecordingError" in proc.stderr
 
 
 def _open_h5(path: str, probe: bool = True) -> h5py.File:
@@ -247,6 +260,8 @@ class Recording:
             if arena.chunks is None or arena.chunks[0] != 1:
                 raise RecordingError(f"{where}: /{ring}/arena is not chunked by slot")
         self.status()
+        for ring in ("steps", "snapshots", "health"):  # checked again on every later read
+            self._markers(ring)
 
     # -- small helpers ----------------------------------------------------------------------
 
@@ -413,8 +428,7 @@ class Recording:
 
     def _record(self, ring: str, step: int) -> dict[str, Any]:
         rec = self._read_slot(ring, step)
-        if not isinstance(rec, dict):
-            raise RecordingError(f"{self.path}: /{ring} step {step} is not a record (a dict)")
+        V.check_record(rec, ring, step, self.path)
         return rec
 
     def snapshot_devices(self, step: int) -> dict[str, str]:

@@ -56,6 +56,8 @@ __all__ = [
     "check_payload_stored",
     "check_tree",
     "check_meta",
+    "check_record",
+    "check_sources",
 ]
 
 # Limits, each far above what replay itself writes (documented in docs/format.md).
@@ -130,7 +132,9 @@ def resolve(f: h5py.File, name: str, where: str) -> Any:
             raise _fail(where, f"damaged recording (missing /{name})")
         if not isinstance(link, h5py.HardLink):
             kind = type(link).__name__
-            raise _fail(where, f"/{name} is reached through a {kind}, which is refused")
+            raise _fail(
+                where, f"/{name} is reached through a link of type {kind}, which is refused"
+            )
         try:
             obj = obj[part]
         except (KeyError, OSError, ValueError, TypeError) as e:
@@ -593,6 +597,34 @@ def check_meta(meta: Any, where: str, *, slots: dict[str, int] | None = None) ->
         for key in ("backend",):
             _opt(dist, key, str, f"{w}.distributed")
         _opt(dist, "local_rank", int, f"{w}.distributed")
+
+
+def check_record(rec: Any, ring: str, step: int, where: str) -> None:
+    """A decoded ``/steps`` or ``/snapshots`` record has the keys and types docs/format.md gives
+    (what every reader indexes into), and names the step its marker says."""
+    w = f"{where}: /{ring} step {step}"
+    if not isinstance(rec, dict):
+        raise _BAD(f"{w} is not a record (a dict)")
+    if rec.get("step") != step:
+        raise _BAD(f"{w} holds the record of step {str(rec.get('step'))[:40]}")
+    if ring == "steps":
+        exc = rec.get("exception")
+        if exc is not None and not (
+            isinstance(exc, dict) and all(isinstance(v, (str, type(None))) for v in exc.values())
+        ):
+            raise _BAD(f"{w}: the exception is not an object of strings")
+        if not isinstance(rec.get("rng", {}), dict):
+            raise _BAD(f"{w}: rng is not a dict")
+        hp = rec.get("hparams", [])
+        if not (isinstance(hp, list) and all(isinstance(g, dict) for g in hp)):
+            raise _BAD(f"{w}: hparams is not a list of dicts")
+        modes = rec.get("modes")
+        if modes is not None and not (isinstance(modes, np.ndarray) and modes.ndim == 1):
+            raise _BAD(f"{w}: modes is not a 1-D array")
+    else:
+        for key in ("model", "optimizer", "scheduler", "scaler"):
+            if rec.get(key) is not None and not isinstance(rec[key], dict):
+                raise _BAD(f"{w}: {key} is not a state dict")
 
 
 def check_sources(sources: Any, where: str) -> None:
