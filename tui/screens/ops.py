@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from rich.text import Text
 from textual import on, work
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
@@ -143,7 +144,7 @@ class OpsScreen(ForensicsScreen):
             parts.append(f"filter {self.filter.describe()} ({len(ol.rows)} ops)")
         if v.get("op_index") is not None:
             parts.append(f"culprit #{v['op_index']} {v.get('op')}")
-        self.query_one("#ops-status", Static).update(" · ".join(parts))
+        self.query_one("#ops-status", Static).update(Text(" · ".join(parts)))
 
     # -- jumps ---------------------------------------------------------------------------------
 
