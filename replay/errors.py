@@ -15,6 +15,7 @@ __all__ = [
     "EXIT_BAD_RECORDING",
     "EXIT_BAD_ENTRY",
     "EXIT_REPLAY_FAILED",
+    "EXIT_INTERNAL",
 ]
 
 # Exit codes shared by every command (documented in the README).
@@ -24,6 +25,7 @@ EXIT_USAGE = 2  # click's own code for misuse
 EXIT_BAD_RECORDING = 3  # missing, unreadable, foreign, newer or empty recording
 EXIT_BAD_ENTRY = 4  # the recorded build_fn/step_fn cannot be imported
 EXIT_REPLAY_FAILED = 5  # replay itself failed (state cannot be restored, device missing)
+EXIT_INTERNAL = 6  # an unexpected error: a bug in replay (the catch-all in replay.cli.main)
 
 
 class ReplayError(Exception):

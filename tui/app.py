@@ -14,6 +14,9 @@ import os
 from textual import on, work
 from textual.app import App
 from textual.binding import Binding
+from textual.worker import WorkerFailed
+
+from replay.errors import EXIT_BAD_RECORDING, EXIT_INTERNAL, RecordingError
 
 from .messages import ModuleChosen, OpChosen
 from .model import RunModel
@@ -61,6 +64,27 @@ class ReplayApp(App[None]):
         super().__init__()
         self.model = model
         self.poll = poll
+        # The exception that ended the app, if one did: ``replay tui`` prints it as one line and
+        # exits non-zero (3 for a damaged recording or sidecar, 6 for anything else).
+        self.failure: BaseException | None = None
+
+    def _handle_exception(self, error: Exception) -> None:
+        """Textual's hook for an exception no handler caught (a worker's too).
+
+        Textual's own prints a Rich traceback with its locals (strings from the file among them)
+        and exits with code 1; replay's commands end with one line instead, so this only records
+        the failure and exits. ``run_test`` still re-raises it (Textual keeps it in
+        ``_exception``), so a pilot test that hits it fails loudly.
+        """
+        if isinstance(error, WorkerFailed):  # a @work thread's exception, wrapped
+            error = error.error
+        if self.failure is None:
+            self.failure = error
+        if self._exception is None:
+            self._exception = error
+            self._exception_event.set()
+        code = EXIT_BAD_RECORDING if isinstance(error, RecordingError) else EXIT_INTERNAL
+        self.exit(return_code=code)
 
     def on_mount(self) -> None:
         for name, cls in VIEWS.values():

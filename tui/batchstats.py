@@ -7,23 +7,33 @@ from typing import Any
 
 import numpy as np
 
+from replay.safetext import term_safe
 from replay.store import TensorLeaf
 
 __all__ = ["LeafStats", "batch_leaves", "as_float"]
+
+
+def _numbers(data: np.ndarray) -> np.ndarray:
+    """float64 values of a numeric array (complex: magnitudes); NaN ("no statistic") for
+    strings, bytes, dates and anything else a batch may hold."""
+    kind = data.dtype.kind
+    if kind in "biuf":
+        return data.astype(np.float64, copy=False)
+    if kind == "c":
+        return np.abs(data).astype(np.float64)
+    return np.full(data.shape, np.nan)
 
 
 def as_float(leaf: Any) -> tuple[np.ndarray, str]:
     """A leaf as a float64 array (bfloat16 decoded from its uint16 bits) and its dtype name."""
     if isinstance(leaf, TensorLeaf):
         data, dtype = leaf.data, leaf.dtype
-        if dtype == "bfloat16":
-            bits = data.astype(np.uint32) << 16
+        if dtype == "bfloat16" and data.dtype.itemsize == 2:
+            bits = data.view(np.uint16).astype(np.uint32) << 16
             return bits.view(np.float32).astype(np.float64), dtype
-        if dtype == "bool":
-            return data.astype(np.float64), dtype
-        return data.astype(np.float64, copy=False), dtype
+        return _numbers(data), dtype
     arr = np.asarray(leaf)
-    return arr.astype(np.float64, copy=False), str(arr.dtype)
+    return _numbers(arr), str(arr.dtype)
 
 
 @dataclass
@@ -45,8 +55,12 @@ class LeafStats:
 
 def _per_sample(path: str, leaf: Any) -> LeafStats:
     x, dtype = as_float(leaf)
+    path, dtype = term_safe(path), term_safe(dtype)  # keys and dtype names come from the file
     shape = tuple(x.shape)
-    rows = x.reshape(shape[0], -1) if x.ndim else x.reshape(1, 1)
+    if x.ndim:
+        rows = x.reshape(shape[0], -1) if x.size else np.zeros((shape[0], 0))
+    else:
+        rows = x.reshape(1, 1)
     bad = ~np.isfinite(rows)
     clean = np.where(bad, np.nan, rows)
     with np.errstate(all="ignore"):

@@ -15,11 +15,12 @@ import numpy as np
 
 from replay.distributed.ranks import pick_rank_file, resolve_rank_files
 from replay.errors import RecordingError
+from replay.safetext import term_safe, term_safe_tree
 from replay.store import Recording, open_recording
 
 from .rankset import RankSetSummary, read_rank_set
 
-__all__ = ["RunModel", "Marks", "shorten_path", "NO_FORENSICS_HINT"]
+__all__ = ["RunModel", "SafeForensics", "Marks", "shorten_path", "NO_FORENSICS_HINT"]
 
 NO_FORENSICS_HINT = (
     "No forensics for this run yet. Run `replay bisect {name}` to find the first bad step and "
@@ -44,6 +45,53 @@ def shorten_path(path: str | None, base: str) -> str:
     # `replay info`)
     parts = os.path.normpath(path).split(os.sep)
     return os.sep.join(["…", *parts[-2:]]) if len(parts) > 3 else path
+
+
+class SafeForensics:
+    """A forensics reader whose strings are safe to show (``replay.safetext.term_safe``).
+
+    Every string of a sidecar came from a file; the screens get them through this wrapper only,
+    so none of them can reach the terminal raw. Numbers pass through unchanged.
+    """
+
+    def __init__(self, reader: Any) -> None:
+        self._r = reader
+        self.path = reader.path
+        self.run_id = reader.run_id
+        self.step = reader.step
+        self.n_ops = reader.n_ops
+        self.stats_columns = reader.stats_columns
+        self.verdict: dict = term_safe_tree(reader.verdict)
+        self._strings: dict[str, list[str]] = {}
+
+    def strings(self, name: str) -> list[str]:
+        if name not in self._strings:
+            self._strings[name] = [term_safe(s) for s in self._r.strings(name)]
+        return self._strings[name]
+
+    def ops_columns(self, start: int, stop: int, columns: tuple[str, ...] | None = None) -> dict:
+        return self._r.ops_columns(start, stop, columns)
+
+    def op_row(self, i: int) -> dict:
+        return term_safe_tree(self._r.op_row(i))
+
+    def modules(self) -> list[dict]:
+        return term_safe_tree(self._r.modules())
+
+    def params(self) -> list[dict]:
+        return term_safe_tree(self._r.params())
+
+    def memory(self) -> dict:
+        return term_safe_tree(self._r.memory())
+
+    def sources(self) -> dict:
+        return term_safe_tree(self._r.sources())
+
+    def batch(self) -> dict:
+        return term_safe_tree(self._r.batch())
+
+    def close(self) -> None:
+        self._r.close()
 
 
 @dataclass
@@ -74,13 +122,32 @@ class RunModel:
         self.ranks: RankSetSummary | None = None
         self.path = rec.path
         self.base = os.path.dirname(os.path.abspath(rec.path))
-        self.name = os.path.basename(rec.path)
-        self.forensics: Any = None  # replay.store.forensics.ForensicsReader
+        self.name = term_safe(os.path.basename(rec.path))
+        # What the screens show of the recording's meta: every string made safe for the terminal
+        # (the file is untrusted input); rec.meta itself stays as recorded.
+        self.meta: dict[str, Any] = term_safe_tree(rec.meta)
+        self.forensics: Any = None  # SafeForensics over replay.store.forensics.ForensicsReader
         self.forensics_error: str | None = None
         self._forensics_mtime: float | None = None
         self.health: dict[str, np.ndarray] = {}
         self.status: dict[str, int] = {}
         self.refresh()
+
+    @property
+    def env(self) -> dict[str, Any]:
+        return self.meta.get("env") or {}
+
+    @property
+    def entry(self) -> dict[str, Any]:
+        return self.meta.get("entry") or {}
+
+    def recorded_sources(self) -> dict[str, str]:
+        """The entry points' files as recorded, safe to show (newlines kept)."""
+        try:
+            recorded = self.rec.sources
+        except RecordingError:
+            return {}
+        return {term_safe(p): term_safe(t, multiline=True) for p, t in recorded.items()}
 
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> RunModel:
@@ -134,7 +201,7 @@ class RunModel:
         try:
             reader = ForensicsReader.open(path)
         except (NotAForensicsFile, OSError) as e:
-            self.forensics_error = str(e).splitlines()[0]
+            self.forensics_error = term_safe(str(e).splitlines()[0])
             return
         if reader.run_id != self.rec.run_id:
             reader.close()
@@ -145,7 +212,7 @@ class RunModel:
             return
         if self.forensics is not None:
             self.forensics.close()
-        self.forensics, self.forensics_error = reader, None
+        self.forensics, self.forensics_error = SafeForensics(reader), None
 
     @property
     def no_forensics_message(self) -> str:
@@ -207,11 +274,7 @@ class RunModel:
         if self.forensics is not None:
             for path, entry in self.forensics.sources().items():
                 out[path] = {int(k): v for k, v in entry.get("lines", {}).items()}
-        try:
-            recorded = self.rec.sources
-        except (KeyError, OSError, ValueError, RecordingError):
-            recorded = {}
-        for path, text in recorded.items():
+        for path, text in self.recorded_sources().items():
             lines = {i + 1: line for i, line in enumerate(text.splitlines())}
             out.setdefault(path, {}).update(lines)
         return out

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from replay.distributed.ranks import describe_failure, first_bad_rank, open_rank_set, own_failures
+from replay.safetext import term_safe
 
 __all__ = ["RankRow", "RankSetSummary", "read_rank_set"]
 
@@ -60,7 +61,7 @@ def read_rank_set(spec: str, opened_rank: int) -> RankSetSummary:
             rows.append(
                 RankRow(
                     rank=r,
-                    name=os.path.basename(rec.path),
+                    name=term_safe(os.path.basename(rec.path)),
                     steps=np.asarray(h["step"], dtype=np.int64),
                     loss=np.asarray(h["loss"], dtype=np.float64),
                     steps_total=int(rec.status().get("steps_total", len(h["step"]))),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ..safetext import term_safe_tree
 from ..words import cause_text, op_role, role_text
 from .search import Verdict
 from .verify import VerifyReport
@@ -89,6 +90,7 @@ def _source_line(src: Any) -> str | None:
 
 
 def render_verdict(d: dict[str, Any]) -> str:
+    d = term_safe_tree(d)  # op names, modules, sources, messages come from files
     w = d["window"]
     if d["healthy"]:
         checked = d.get("checked")
@@ -242,6 +244,7 @@ def verify_json(r: VerifyReport, **extra: Any) -> dict[str, Any]:
 
 
 def render_verify(d: dict[str, Any]) -> str:
+    d = term_safe_tree(d)
     w = d["window"]
     n = d["replayed_steps"]
     bad = [s for s in d["steps"] if not s["match"]]

@@ -2,16 +2,21 @@
 commands that replay (``bisect``, ``verify``...), so ``replay --help`` and ``replay info`` are instant.
 
 Exit codes: 0 success, 1 nothing found (bisect on a healthy window), 2 usage error,
-3 unusable recording, 4 unusable entry point, 5 replay failed. Errors are one line on stderr.
+3 unusable recording, 4 unusable entry point, 5 replay failed, 6 internal error (any other
+exception: a bug in replay), 130 interrupted. Errors are one line on stderr, made safe for the
+terminal (``replay/safetext.py``); ``REPLAY_TRACEBACK=1`` adds the traceback of an internal error.
 """
 
 from __future__ import annotations
 
+import os
 import sys
+import traceback
 
 import click
 
-from ..errors import ReplayError
+from ..errors import EXIT_INTERNAL, ReplayError
+from ..safetext import term_safe
 from ._process import own_process
 from .bisect import bisect
 from .doctor import doctor
@@ -65,11 +70,27 @@ def main(argv: list[str] | None = None) -> None:
         e.show()
         sys.exit(e.exit_code)
     except ReplayError as e:
-        click.echo(f"replay: error: {e}", err=True)
+        click.echo(f"replay: error: {term_safe(e)}", err=True)
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
         click.echo("replay: interrupted", err=True)
         sys.exit(130)
     except BrokenPipeError:
         sys.exit(0)
+    except Exception as e:  # noqa: BLE001 - the catch-all: one line and its own exit code
+        internal_error(e)
     sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def internal_error(e: BaseException) -> None:
+    """Any exception no command expected: one line on stderr and exit code 6 (never a
+    traceback, whose locals and messages could hold raw strings from a file)."""
+    if os.environ.get("REPLAY_TRACEBACK"):
+        click.echo(term_safe("".join(traceback.format_exception(e)), multiline=True), err=True)
+    first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    click.echo(
+        f"replay: internal error: {type(e).__name__}{': ' + term_safe(first) if first else ''} "
+        "(a bug in replay; REPLAY_TRACEBACK=1 shows where. Please report it)",
+        err=True,
+    )
+    sys.exit(EXIT_INTERNAL)

@@ -9,6 +9,8 @@ from typing import Any
 
 import click
 
+from ..safetext import term_safe
+
 __all__ = ["doctor"]
 
 _MARK = {"error": "✗ error  ", "warning": "! warning", "info": "· info   "}
@@ -38,18 +40,23 @@ def _fmt(v: Any) -> str:
 
 
 def render(path: str, findings: list[Any]) -> str:
+    # Titles, evidence and advice name modules and parameters from the file: term_safe each.
+    path = term_safe(path)
     if not findings:
         return f"{path}: no findings: nothing in the recorded health looks wrong"
     n = {s: sum(f.severity == s for f in findings) for s in _MARK}
     lines = [f"{path}: {n['error']} errors, {n['warning']} warnings, {n['info']} notes", ""]
     for f in findings:
-        lines.append(f"{_MARK[f.severity]}  [{f.rule}]  {f.title}")
+        lines.append(f"{_MARK[f.severity]}  [{term_safe(f.rule)}]  {term_safe(f.title)}")
         ev = "; ".join(f"{k} {_fmt(v)}" for k, v in f.evidence.items())
         lines += textwrap.wrap(
-            "evidence: " + ev, 96, initial_indent="    ", subsequent_indent="      "
+            "evidence: " + term_safe(ev), 96, initial_indent="    ", subsequent_indent="      "
         )
         lines += textwrap.wrap(
-            "advice: " + f.advice, 96, initial_indent="    ", subsequent_indent="      "
+            "advice: " + term_safe(f.advice),
+            96,
+            initial_indent="    ",
+            subsequent_indent="      ",
         )
         lines.append("")
     return "\n".join(lines).rstrip()

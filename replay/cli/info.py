@@ -17,6 +17,7 @@ from ..distributed.ranks import (
     own_failures,
     resolve_rank_files,
 )
+from ..safetext import term_safe_tree
 from ..store import open_recording
 
 __all__ = ["info", "describe"]
@@ -75,6 +76,7 @@ def _fmt_range(r: list[int] | None) -> str:
 
 
 def render(d: dict[str, Any]) -> str:
+    d = term_safe_tree(d)  # every string here came from the file: see replay/safetext.py
     lines = [
         f"{d['path']}  (replay recording, format v{d['format_version']}, run {d['run_id'][:8]})"
     ]
@@ -171,11 +173,24 @@ def describe_rank_set(spec: str) -> dict[str, Any]:
         }
 
 
+def _spans(ranks: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``0..2, 5``: a world size of a million is one line, not a megabyte."""
+    out: list[str] = []
+    for r in ranks:
+        if out and out[-1][1] == r - 1:
+            out[-1] = (out[-1][0], r)
+        else:
+            out.append((r, r))  # type: ignore[arg-type]
+    text = [f"{a}..{b}" if b > a else str(a) for a, b in out]  # type: ignore[misc]
+    return ", ".join(text[:20]) + (f", ... ({len(text) - 20} more)" if len(text) > 20 else "")
+
+
 def render_rank_set(d: dict[str, Any]) -> str:
+    d = term_safe_tree(d)
     ranks = d["ranks"]
     lines = [f"{d['rank_set']}  (rank set of {d['world_size'] or len(ranks)})"]
     if d["missing_ranks"]:
-        lines.append(f"  missing ranks   {', '.join(map(str, d['missing_ranks']))}")
+        lines.append(f"  missing ranks   {_spans(d['missing_ranks'])}")
     lines.append(
         f"  {'rank':>4}  {'steps':>11}  {'replayable':>11}  {'last loss':>10}  status / health"
     )

@@ -23,4 +23,8 @@ def tui(run: str) -> int:
 
     app = make_app(run)  # a bad file raises RecordingError here, before the screen is taken
     app.run()
-    return 0
+    if app.failure is not None:
+        # A damaged part found while browsing: one line and exit 3 (RecordingError), or the
+        # catch-all's line and exit 6, from replay.cli.main, once the terminal is restored.
+        raise app.failure
+    return int(app.return_code or 0)

@@ -222,7 +222,7 @@ class RankFailure:
 
 def _is_collective_exception(rec: Recording, step: int) -> bool:
     try:
-        exc = rec.read_step(step).get("exception") or {}
+        exc = rec.read_step(step).get("exception") or {}  # (a dict of strings: check_record)
     except KeyError:  # its record left the ring: judge it by its health alone
         return False
     return exc.get("type") in _COLLECTIVE_ERRORS or str(exc.get("module", "")).startswith(

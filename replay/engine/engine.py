@@ -52,7 +52,9 @@ _RECORDS = 4  # step records cached (a re-run of the culprit reads its record ag
 
 
 def _stderr(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
+    from ..safetext import term_safe  # (issue 23: paths and source diffs come from the file)
+
+    print(term_safe(msg, multiline=True), file=sys.stderr, flush=True)
 
 
 def _num(x: Any) -> float | None:

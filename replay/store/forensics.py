@@ -21,6 +21,9 @@ from typing import Any
 import h5py
 import numpy as np
 
+from ..errors import RecordingError
+from . import validate as V
+
 __all__ = [
     "FORMAT",
     "FORMAT_VERSION",
@@ -95,8 +98,9 @@ STRING_TABLES = (
 )
 
 
-class NotAForensicsFile(ValueError):
-    """The file is not a forensics sidecar this version of replay can read."""
+class NotAForensicsFile(RecordingError, ValueError):
+    """The file is not a forensics sidecar this version of replay can read, or it is damaged
+    (a ``RecordingError``: exit code 3; a ``ValueError`` for older callers)."""
 
 
 def json_safe(value: Any) -> Any:
@@ -119,10 +123,6 @@ def json_safe(value: Any) -> Any:
 def _json_bytes(value: Any) -> np.ndarray:
     text = json.dumps(json_safe(value), allow_nan=False, separators=(",", ":"))
     return np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
-
-
-def _json_load(ds: h5py.Dataset) -> Any:
-    return json.loads(ds[()].tobytes().decode("utf-8"))
 
 
 def _group(parent: h5py.Group, name: str, encoding: str) -> h5py.Group:
@@ -196,9 +196,17 @@ def write_forensics(path: str | os.PathLike, *, run_id: str, step: int, tables: 
     os.replace(tmp, path)
 
 
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
 class ForensicsReader:
     """Read-only view of a sidecar. Row ranges of ``/ops`` are read on demand, so a TUI can page
     through hundreds of thousands of ops without loading them all.
+
+    A sidecar is untrusted input like a recording (``validate.py``): ``open`` checks every
+    dataset's dtype and shape, the tables' lengths against each other, every string index and
+    the JSON blobs before anything is shown; a violation is :class:`NotAForensicsFile`.
 
     Example::
 
@@ -211,34 +219,192 @@ class ForensicsReader:
         self._f = file
         self.path = path
         self._strings: dict[str, list[str]] = {}
+        self._stacks: list[list[int]] = []
+        self._json: dict[str, Any] = {}
 
     @classmethod
     def open(cls, path: str | os.PathLike) -> ForensicsReader:
         path = os.fspath(path)
         try:
+            V.check_regular_file(path, "forensics sidecar")
+        except RecordingError as e:
+            raise NotAForensicsFile(str(e)) from None
+        try:
             f = h5py.File(path, "r")
         except OSError as e:
             raise NotAForensicsFile(
-                f"{path} is not an HDF5 file ({e}); a forensics sidecar is written by "
-                "`replay bisect` or `replay trace` as RUN.forensics.h5"
+                f"{path} is not an HDF5 file ({str(e).splitlines()[0]}); a forensics sidecar is "
+                "written by `replay bisect` or `replay trace` as RUN.forensics.h5"
             ) from None
-        fmt = f.attrs.get("format")
-        if isinstance(fmt, bytes):
-            fmt = fmt.decode()
-        if fmt != FORMAT:
+        try:
+            fmt = V.attr_str(f, "format", path, required=False)
+            if fmt != FORMAT:
+                raise NotAForensicsFile(
+                    f"{path} does not look like a forensics sidecar (format={fmt!r}); "
+                    "open RUN.forensics.h5, written by `replay bisect` or `replay trace`"
+                )
+            version = V.attr_int(f, "format_version", path, lo=-(2**62), hi=2**62)
+            if version != FORMAT_VERSION:
+                raise NotAForensicsFile(
+                    f"{path} is forensics format version {version}; this replay reads version "
+                    f"{FORMAT_VERSION}: re-run `replay bisect` to regenerate it"
+                )
+            reader = cls(f, path)
+            reader._validate()
+        except NotAForensicsFile:
             f.close()
-            raise NotAForensicsFile(
-                f"{path} does not look like a forensics sidecar (format={fmt!r}); "
-                "open RUN.forensics.h5, written by `replay bisect` or `replay trace`"
-            )
-        version = int(f.attrs.get("format_version", -1))
-        if version != FORMAT_VERSION:
+            raise
+        except RecordingError as e:
             f.close()
-            raise NotAForensicsFile(
-                f"{path} is forensics format version {version}; this replay reads version "
-                f"{FORMAT_VERSION}: re-run `replay bisect` to regenerate it"
+            raise NotAForensicsFile(str(e)) from None
+        except BaseException:
+            f.close()
+            raise
+        return reader
+
+    # -- validation ---------------------------------------------------------------------------
+
+    def _bad(self, what: str) -> NotAForensicsFile:
+        return NotAForensicsFile(f"{self.path}: damaged forensics sidecar: {what}")
+
+    def _columns(self, group: str, spec: dict, max_rows: int) -> int:
+        n = None
+        for name, dt in spec.items():
+            dtype, tail = dt if isinstance(dt, tuple) else (dt, ())
+            ds = V.dataset(
+                self._f,
+                f"{group}/{name}",
+                self.path,
+                dtype=np.dtype(dtype).str,
+                ndim=1 + len(tail),
+                shape=(n, *tail),
+                max_rows=max_rows,
             )
-        return cls(f, path)
+            n = ds.shape[0]
+        return int(n or 0)
+
+    def _index_range(self, column: np.ndarray, lo: int, hi: int, what: str) -> None:
+        if column.size and (int(column.min()) < lo or int(column.max()) >= hi):
+            raise self._bad(
+                f"{what} holds {int(column.min())}..{int(column.max())}, not {lo}..{hi - 1}"
+            )
+
+    def _validate(self) -> None:
+        f, path = self._f, self.path
+        self._run_id = V.attr_str(f, "run_id", path) or ""
+        self._step = V.attr_int(f, "step", path, lo=0, hi=V.MAX_STEP)
+        for name in STRING_TABLES:
+            table = V.read_json_blob(f, f"strings/{name}", path)
+            if not isinstance(table, list) or not all(isinstance(x, str) for x in table):
+                raise self._bad(f"/strings/{name} is not a list of strings")
+            self._strings[name] = table
+        n_loc = len(self._strings["locations"])
+        for i, text in enumerate(self._strings["stacks"]):
+            stack = V.parse_json(text.encode("utf-8"), f"{path}: /strings/stacks[{i}]")
+            if not isinstance(stack, list) or not all(
+                isinstance(j, int) and not isinstance(j, bool) and 0 <= j < n_loc for j in stack
+            ):
+                raise self._bad(f"/strings/stacks[{i}] is not a list of location indices")
+            self._stacks.append(stack)
+        stats_columns = V.attr_json(V.resolve(f, "ops", path), "stats_columns", path)
+        if stats_columns != list(STATS_COLUMNS):
+            raise self._bad("/ops stats_columns is not the list of statistics")
+        self._n_ops = n_ops = self._columns("ops", OPS_COLUMNS, V.LIMITS["ops_rows"])
+        refs = {
+            "name": "ops",
+            "module": "modules",
+            "source": "locations",
+            "stack": "stacks",
+            "node": "nodes",
+            "inputs": "shapes",
+            "outputs": "shapes",
+        }
+        step = 1 << 20  # rows at a time: the check's memory stays small for any table
+        for a in range(0, n_ops, step):
+            for col, table in refs.items():
+                self._index_range(
+                    f[f"ops/{col}"][a : a + step], -1, len(self._strings[table]), f"/ops/{col}"
+                )
+            self._index_range(f["ops/phase"][a : a + step], 0, len(PHASES), "/ops/phase")
+            self._index_range(f["ops/status"][a : a + step], 0, len(STATUSES), "/ops/status")
+        n_mod = self._columns("modules", MODULE_COLUMNS, V.LIMITS["table_rows"])
+        self._index_range(f["modules/name"][()], -1, len(self._strings["modules"]), "/modules/name")
+        self._index_range(
+            f["modules/kind"][()], -1, len(self._strings["module_kinds"]), "/modules/kind"
+        )
+        self._index_range(f["modules/parent"][()], -1, n_mod, "/modules/parent")
+        self._columns("params", PARAM_COLUMNS, V.LIMITS["table_rows"])
+        self._index_range(f["params/name"][()], -1, len(self._strings["params"]), "/params/name")
+        mem = V.resolve(f, "memory", path)
+        self._peak_bytes = V.attr_int(mem, "peak_bytes", path, lo=-1, hi=2**62)
+        self._peak_op = V.attr_int(mem, "peak_op", path, lo=-1, hi=max(n_ops - 1, -1))
+        largest = V.read_json_blob(f, "memory/largest", path)
+        if not isinstance(largest, list) or not all(
+            isinstance(x, dict)
+            and _is_int(x.get("bytes"))
+            and _is_int(x.get("op_index"))
+            and -1 <= x["op_index"] < n_ops
+            and isinstance(x.get("shape"), list)
+            and all(_is_int(d) for d in x["shape"])
+            and isinstance(x.get("dtype"), str)
+            and isinstance(x.get("op"), (str, type(None)))
+            for x in largest
+        ):
+            raise self._bad("/memory/largest is not a list of {bytes, shape, dtype, op_index, op}")
+        self._json["largest"] = largest
+        self._json["verdict"] = self._check_verdict(V.read_json_blob(f, "verdict/json", path))
+        sources = V.read_json_blob(f, "sources/json", path)
+        if not isinstance(sources, dict) or not all(
+            isinstance(e, dict)
+            and isinstance(e.get("lines", {}), dict)
+            and all(
+                isinstance(k, str) and k.isdigit() and isinstance(v, str)
+                for k, v in e.get("lines", {}).items()
+            )
+            for e in sources.values()
+        ):
+            raise self._bad("/sources/json is not {path: {'lines': {number: text}}}")
+        self._json["sources"] = sources
+        batch = V.read_json_blob(f, "batch/json", path)
+        if not isinstance(batch, dict) or not isinstance(batch.get("leaves", []), list):
+            raise self._bad("/batch/json is not an object with a list of leaves")
+        self._json["batch"] = batch
+
+    def _check_verdict(self, v: Any) -> dict:
+        if not isinstance(v, dict):
+            raise self._bad("/verdict/json is not an object")
+
+        def is_int(x: Any) -> bool:
+            return isinstance(x, int) and not isinstance(x, bool)
+
+        idx = v.get("op_index")
+        if idx is not None and not (is_int(idx) and 0 <= idx < self._n_ops):
+            raise self._bad(f"the verdict's op_index {str(idx)[:20]} is not a row of /ops")
+        step = v.get("step")
+        if step is not None and not (is_int(step) and 0 <= step <= V.MAX_STEP):
+            raise self._bad("the verdict's step is not a step")
+        samples = v.get("samples")
+        if samples is not None and not (
+            isinstance(samples, list) and all(is_int(s) and s >= 0 for s in samples)
+        ):
+            raise self._bad("the verdict's samples are not sample indices")
+        for key in ("kind", "op", "phase", "module", "autograd_node"):
+            if v.get(key) is not None and not isinstance(v[key], str):
+                raise self._bad(f"the verdict's {key} is not a string")
+        for key in ("source", "created_at", "executed_at", "exception", "output"):
+            if v.get(key) is not None and not isinstance(v[key], dict):
+                raise self._bad(f"the verdict's {key} is not an object")
+        for key in ("propagators", "previous", "inputs"):
+            if v.get(key) is not None and not (
+                isinstance(v[key], list) and all(isinstance(x, dict) for x in v[key])
+            ):
+                raise self._bad(f"the verdict's {key} is not a list of objects")
+        for key in ("sinks", "notes"):
+            if v.get(key) is not None and not (
+                isinstance(v[key], list) and all(isinstance(x, str) for x in v[key])
+            ):
+                raise self._bad(f"the verdict's {key} is not a list of strings")
+        return v
 
     def close(self) -> None:
         self._f.close()
@@ -251,28 +417,25 @@ class ForensicsReader:
 
     @property
     def run_id(self) -> str:
-        v = self._f.attrs["run_id"]
-        return v.decode() if isinstance(v, bytes) else str(v)
+        return self._run_id
 
     @property
     def step(self) -> int:
-        return int(self._f.attrs["step"])
+        return int(self._step or 0)
 
     @property
     def verdict(self) -> dict:
-        return _json_load(self._f["verdict/json"])
+        return self._json["verdict"]
 
     @property
     def n_ops(self) -> int:
-        return int(self._f["ops/phase"].shape[0])
+        return self._n_ops
 
     @property
     def stats_columns(self) -> list[str]:
-        return list(json.loads(self._f["ops"].attrs["stats_columns"]))
+        return list(STATS_COLUMNS)
 
     def strings(self, name: str) -> list[str]:
-        if name not in self._strings:
-            self._strings[name] = _json_load(self._f[f"strings/{name}"])
         return self._strings[name]
 
     def ops_columns(self, start: int, stop: int, columns: tuple[str, ...] | None = None) -> dict:
@@ -280,7 +443,10 @@ class ForensicsReader:
         start, stop = max(0, int(start)), min(self.n_ops, int(stop))
         stop = max(start, stop)
         names = columns if columns is not None else tuple(OPS_COLUMNS)
-        return {n: self._f[f"ops/{n}"][start:stop] for n in names}
+        try:
+            return {n: self._f[f"ops/{n}"][start:stop] for n in names}
+        except (OSError, ValueError) as e:
+            raise self._bad(f"/ops rows {start}..{stop} cannot be read ({e})") from None
 
     def op_row(self, i: int) -> dict:
         """One op with its strings decoded (``stack`` as a list of locations, innermost last)."""
@@ -290,12 +456,12 @@ class ForensicsReader:
         row = {k: v[0] for k, v in c.items()}
 
         def s(table: str, idx: Any) -> str | None:
-            idx = int(idx)
+            idx = int(idx)  # every index was checked against its table in open()
             return self.strings(table)[idx] if idx >= 0 else None
 
-        stack_text = s("stacks", row["stack"])
         locations = self.strings("locations")
-        stack = [locations[j] for j in json.loads(stack_text)] if stack_text else []
+        stack_idx = int(row["stack"])
+        stack = [locations[j] for j in self._stacks[stack_idx]] if stack_idx >= 0 else []
         return {
             "index": i,
             "phase": PHASES[int(row["phase"])],
@@ -315,7 +481,7 @@ class ForensicsReader:
 
     def _table(self, group: str, spec: dict, string_cols: dict[str, str]) -> list[dict]:
         g = self._f[group]
-        cols = {k: g[k][()] for k in spec}
+        cols = {k: g[k][()] for k in spec}  # lengths and indices checked in open()
         n = len(cols["name"])
         out = []
         for i in range(n):
@@ -337,15 +503,14 @@ class ForensicsReader:
         return self._table("params", PARAM_COLUMNS, {"name": "params"})
 
     def memory(self) -> dict:
-        g = self._f["memory"]
         return {
-            "peak_bytes": int(g.attrs["peak_bytes"]),
-            "peak_op": int(g.attrs["peak_op"]),
-            "largest": _json_load(g["largest"]),
+            "peak_bytes": int(self._peak_bytes or 0),
+            "peak_op": int(self._peak_op if self._peak_op is not None else -1),
+            "largest": self._json["largest"],
         }  # the curve itself: ops_columns(a, b, ("mem_bytes",))
 
     def sources(self) -> dict:
-        return _json_load(self._f["sources/json"])
+        return self._json["sources"]
 
     def batch(self) -> dict:
-        return _json_load(self._f["batch/json"])
+        return self._json["batch"]

@@ -14,7 +14,6 @@ Example::
 
 from __future__ import annotations
 
-import json
 import os
 import struct
 import subprocess
@@ -26,7 +25,14 @@ import h5py
 import numpy as np
 
 from ..errors import RecordingError
-from .layout import FORMAT_NAME, FORMAT_VERSION, HEALTH_COLUMNS, READABLE_VERSIONS
+from . import validate as V
+from .layout import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    HEALTH_COLUMNS,
+    READABLE_VERSIONS,
+    STATUS_FIELDS,
+)
 from .tree import decode
 
 __all__ = ["Recording", "open_recording", "Window", "sidecar_path"]
@@ -57,10 +63,7 @@ class Window:
 
 
 def _check_signature(path: str, probe: bool = True) -> None:
-    if not os.path.exists(path):
-        raise RecordingError(f"{path}: no such file")
-    if os.path.isdir(path):
-        raise RecordingError(f"{path}: is a directory, not a recording")
+    V.check_regular_file(path)  # before any open: a FIFO would block, a device never end
     try:
         with open(path, "rb") as fh:
             head = fh.read(8)
@@ -106,9 +109,22 @@ def _opens_in_time(path: str, timeout: float = 10.0) -> bool:
     A recording whose disk filled up ends early yet opens (everything it flushed is readable);
     a cut copy makes HDF5 retry for minutes. Only files that end early pay for this probe.
     """
+    # Every read whose metadata may lie past the end: the status, health and markers, and each
+    # record's manifest (its arena row's chunk index). A damaged record is not a hang: its
+    # RecordingError is left to the real read; only a probe that does not finish refuses the file.
     code = (
-        "import sys; from replay.store import reader as r; rec = r.Recording(sys.argv[1], probe=False)\n"
-        "rec.status(); rec.health(); rec.steps(); rec.snapshot_steps(); rec.close()"
+        "import sys\n"
+        "from replay.errors import RecordingError\n"
+        "from replay.store import reader as r\n"
+        "rec = r.Recording(sys.argv[1], probe=False)\n"
+        "rec.status(); rec.health()\n"
+        "for ring, steps in (('steps', rec.steps()), ('snapshots', rec.snapshot_steps())):\n"
+        "    for s in steps:\n"
+        "        try:\n"
+        "            rec._read_manifest(ring, int(s))\n"
+        "        except (KeyError, RecordingError):\n"
+        "            pass\n"
+        "rec.close()"
     )
     pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, PYTHONPATH=pkg_root + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -118,7 +134,7 @@ def _opens_in_time(path: str, timeout: float = 10.0) -> bool:
         )
     except subprocess.TimeoutExpired:
         return False
-    return proc.returncode == 0
+    return proc.returncode == 0 or b"RecordingError" in proc.stderr
 
 
 def _open_h5(path: str, probe: bool = True) -> h5py.File:
@@ -140,34 +156,47 @@ def _open_h5(path: str, probe: bool = True) -> h5py.File:
 
 
 class Recording:
-    """Read-only view of one recording. Cheap to open; reads on demand."""
+    """Read-only view of one recording. Cheap to open; reads on demand.
+
+    The file is untrusted input (``validate.py``): its layout is checked when it is opened, and
+    every later read is checked again before anything is allocated (a live file changes under
+    the reader). A violation is a :class:`RecordingError` naming the dataset.
+    """
 
     def __init__(self, path: str, *, probe: bool = True) -> None:
         self.path = path
         self.f = _open_h5(path, probe)
+        self._checked: set[str] = set()
         try:
             self._validate()
+            self.meta: dict[str, Any] = self._blob("meta/run")
+            V.check_meta(
+                self.meta,
+                self.path,
+                slots={
+                    "step_slots": self._slots["steps"],
+                    "keep_snapshots": self._slots["snapshots"],
+                    "health_slots": self._slots["health"],
+                },
+            )
         except BaseException:
             self.f.close()
             raise
-        self.run_id = str(self.f.attrs["run_id"])
-        self.created = float(self.f.attrs["created"])
-        self.meta: dict[str, Any] = self._blob("meta/run")
         self._sources: dict[str, str] | None = None
 
     # -- validation --------------------------------------------------------------------------
 
     def _validate(self) -> None:
-        attrs = self.f.attrs
-        name = attrs.get("format")
-        if isinstance(name, bytes):
-            name = name.decode()
-        if name != FORMAT_NAME:
+        """The layout of docs/format.md: attributes, groups, every dataset's dtype, rank and
+        shape, and the ring and health sizes against each other."""
+        f, where = self.f, self.path
+        if V.attr_str(f, "format", where, required=False) != FORMAT_NAME:
             raise RecordingError(
                 f"{self.path}: an HDF5 file, but not a replay recording "
                 f"(no format attribute {FORMAT_NAME!r})"
             )
-        version = int(attrs.get("format_version", -1))
+        version = V.attr_int(f, "format_version", where, lo=-(2**62), hi=2**62)
+        assert version is not None
         if version > FORMAT_VERSION:
             raise RecordingError(
                 f"{self.path}: written by a newer replay (format version {version}; this replay "
@@ -180,19 +209,85 @@ class Recording:
             )
         self.format_version = version
         for required in ("meta/run", "steps/step", "snapshots/step", "health/values", "status"):
-            if required not in self.f:
-                raise RecordingError(f"{self.path}: damaged recording (missing /{required})")
+            V.resolve(f, required, where)  # hard links only; says which one is missing
+        self.run_id = V.attr_str(f, "run_id", where) or ""
+        self.created = V.attr_float(f, "created", where) or 0.0
+        self._slots: dict[str, int] = {}
+        for ring in ("steps", "snapshots"):
+            g = V.resolve(f, ring, where)
+            n = V.attr_int(g, "slots", where, lo=1, hi=V.LIMITS["ring_slots"])
+            assert n is not None
+            self._slots[ring] = n
+        g = V.resolve(f, "health", where)
+        hslots = V.attr_int(g, "slots", where, lo=1, hi=V.LIMITS["health_slots"])
+        assert hslots is not None
+        self._slots["health"] = hslots
+        columns = V.attr_json(g, "columns", where)
+        if (
+            not isinstance(columns, list)
+            or not 0 < len(columns) <= V.LIMITS["health_columns"]
+            or not all(isinstance(c, str) for c in columns)
+            or len(set(columns)) != len(columns)
+        ):
+            raise RecordingError(f"{where}: /health columns is not a list of distinct names")
+        self._columns: list[str] = columns
+        fields = V.attr_json(V.resolve(f, "status", where), "fields", where)
+        if (
+            not isinstance(fields, list)
+            or not len(STATUS_FIELDS) <= len(fields) <= V.LIMITS["status_fields"]
+            or not all(isinstance(x, str) for x in fields)
+            or not set(STATUS_FIELDS) <= set(fields)
+        ):
+            raise RecordingError(
+                f"{where}: /status fields are not a list holding {', '.join(STATUS_FIELDS)}"
+            )
+        self._fields: list[str] = fields
+        # name -> (dtype, rank, shape); None: any length along that axis
+        spec: dict[str, tuple[str, int, tuple[int | None, ...]]] = {}
+        for ring in ("steps", "snapshots"):
+            n = self._slots[ring]
+            for k in ("step", "nbytes", "mlen"):
+                spec[f"{ring}/{k}"] = ("<i8", 1, (n,))
+            spec[f"{ring}/arena"] = ("|u1", 2, (n, None))
+        spec["health/step"] = ("<i8", 1, (hslots,))
+        spec["health/values"] = ("<f8", 2, (hslots, len(columns)))
+        spec["status"] = ("<i8", 1, (len(fields),))
+        self._spec = spec
+        for name in spec:
+            self._ds(name)
+        for ring in ("steps", "snapshots"):
+            arena = self.f[f"{ring}/arena"]
+            if arena.chunks is None or arena.chunks[0] != 1:
+                raise RecordingError(f"{where}: /{ring}/arena is not chunked by slot")
+        self.status()
+        for ring in ("steps", "snapshots", "health"):  # checked again on every later read
+            self._markers(ring)
 
     # -- small helpers ----------------------------------------------------------------------
 
     def _ds(self, name: str) -> h5py.Dataset:
+        """A dataset of the layout, checked (links, storage, dtype once; shape every time)."""
+        dtype, ndim, shape = self._spec[name]
+        if name not in self._checked:
+            V.dataset(self.f, name, self.path, dtype=dtype, ndim=ndim, checked=self._checked)
         ds = self.f[name]
         if self.f.mode == "r" and self.f.swmr_mode:
-            ds.refresh()
-        return ds
+            ds.refresh()  # a live arena grows: its shape is checked after the refresh
+        return V.dataset(
+            self.f, name, self.path, dtype=dtype, ndim=ndim, shape=shape, checked=self._checked
+        )
+
+    def _read(self, name: str, sel: Any = ()) -> Any:
+        """``ds[sel]`` of a checked dataset; HDF5 failures (a damaged chunk) become one line."""
+        ds = self._ds(name)
+        try:
+            return ds[sel]
+        except (OSError, ValueError, TypeError, IndexError) as e:
+            why = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise RecordingError(f"{self.path}: /{name} cannot be read ({why})") from None
 
     def _blob(self, name: str) -> Any:
-        return json.loads(self._ds(name)[()].tobytes().decode())
+        return V.read_json_blob(self.f, name, self.path, self._checked)
 
     def close(self) -> None:
         self.f.close()
@@ -209,24 +304,35 @@ class Recording:
     def sources(self) -> dict[str, str]:
         """Source text of the entry points' files, as recorded (never read from disk)."""
         if self._sources is None:
-            self._sources = self._blob("meta/sources")
+            sources = self._blob("meta/sources")
+            V.check_sources(sources, self.path)
+            self._sources = sources
         return self._sources
 
     @property
     def config(self) -> dict[str, Any]:
-        return self.meta.get("config", {})
+        return self.meta.get("config") or {}
 
     @property
     def entry(self) -> dict[str, Any]:
-        return self.meta.get("entry", {})
+        return self.meta.get("entry") or {}
 
     @property
     def env(self) -> dict[str, Any]:
-        return self.meta.get("env", {})
+        return self.meta.get("env") or {}
 
     def status(self) -> dict[str, int]:
-        fields = json.loads(self.f["status"].attrs["fields"])
-        return dict(zip(fields, (int(v) for v in self._ds("status")[()])))
+        values = self._read("status")
+        out = dict(zip(self._fields, (int(v) for v in values)))
+        closed, last = out["closed"], out["last_step"]
+        if closed not in (0, 1) or not -1 <= last <= V.MAX_STEP:
+            raise RecordingError(
+                f"{self.path}: /status holds closed={closed}, last_step={last}: not a status"
+            )
+        for key in ("steps_total", "snapshots_total"):
+            if not 0 <= out[key] <= V.MAX_STEP:
+                raise RecordingError(f"{self.path}: /status {key} is {out[key]}")
+        return out
 
     @property
     def closed_cleanly(self) -> bool:
@@ -235,7 +341,9 @@ class Recording:
     # -- rings -----------------------------------------------------------------------------
 
     def _markers(self, ring: str) -> np.ndarray:
-        return self._ds(f"{ring}/step")[()]
+        m = self._read(f"{ring}/step")
+        V.check_markers(m, self.path, f"{ring}/step", modulo=ring != "snapshots")
+        return m
 
     def _slot_of(self, ring: str, step: int) -> int | None:
         hits = np.flatnonzero(self._markers(ring) == step)
@@ -247,25 +355,58 @@ class Recording:
             raise KeyError(f"step {step} is not in the {ring} ring of {self.path}")
         return slot
 
+    def _marker(self, ring: str, slot: int) -> int:
+        return int(self._read(f"{ring}/step", slot))
+
+    def _lengths(self, ring: str, step: int, slot: int) -> tuple[int, int] | None:
+        """``(nbytes, mlen)`` of a slot, checked against its arena row: ``None`` when the slot
+        was rewritten meanwhile (the caller retries), an error when it is simply wrong."""
+        n = int(self._read(f"{ring}/nbytes", slot))
+        mlen = int(self._read(f"{ring}/mlen", slot))
+        width = self._ds(f"{ring}/arena").shape[1]
+        if 0 <= mlen <= n <= width:
+            return n, mlen
+        if self._marker(ring, slot) != step:
+            return None
+        raise RecordingError(
+            f"{self.path}: /{ring} slot {slot} (step {step}) claims {n} bytes with a "
+            f"{mlen}-byte manifest in a {width}-byte arena row"
+        )
+
+    def _payload(self, ring: str, slot: int, n: int) -> np.ndarray:
+        V.check_payload_stored(self._ds(f"{ring}/arena"), n, self.path, f"{ring}/arena")
+        return self._read(f"{ring}/arena", np.s_[slot, :n])
+
+    def _manifest(self, ring: str, step: int, raw: bytes, arena_bytes: int) -> Any:
+        where = f"{self.path}: /{ring} step {step}"
+        manifest = V.parse_json(raw, where, max_depth=2 * V.LIMITS["tree_depth"] + 2)
+        V.check_tree(manifest, arena_bytes, where)
+        return manifest
+
     def _read_slot(self, ring: str, step: int, retries: int = 20) -> Any:
         for _ in range(retries):
             slot = self._slot_or_raise(ring, step)
-            n = int(self._ds(f"{ring}/nbytes")[slot])
-            mlen = int(self._ds(f"{ring}/mlen")[slot])
-            payload = self._ds(f"{ring}/arena")[slot, :n]
-            if int(self._ds(f"{ring}/step")[slot]) != step:  # rewritten while we read: retry
+            lengths = self._lengths(ring, step, slot)
+            if lengths is None:
                 continue
-            manifest = json.loads(payload[:mlen].tobytes().decode())
+            n, mlen = lengths
+            payload = self._payload(ring, slot, n)
+            if self._marker(ring, slot) != step:  # rewritten while we read: retry
+                continue
+            manifest = self._manifest(ring, step, payload[:mlen].tobytes(), n - mlen)
             return decode(manifest, payload[mlen:].tobytes())
         raise KeyError(f"step {step} of the {ring} ring kept changing while being read")
 
     def _read_manifest(self, ring: str, step: int) -> Any:
         slot = self._slot_or_raise(ring, step)
-        mlen = int(self._ds(f"{ring}/mlen")[slot])
-        manifest = json.loads(self._ds(f"{ring}/arena")[slot, :mlen].tobytes().decode())
-        if int(self._ds(f"{ring}/step")[slot]) != step:
+        lengths = self._lengths(ring, step, slot)
+        if lengths is None:
             raise KeyError(f"step {step} of the {ring} ring was rewritten while being read")
-        return manifest
+        n, mlen = lengths
+        raw = self._payload(ring, slot, mlen).tobytes()
+        if self._marker(ring, slot) != step:
+            raise KeyError(f"step {step} of the {ring} ring was rewritten while being read")
+        return self._manifest(ring, step, raw, n - mlen)
 
     def steps(self) -> np.ndarray:
         """Steps whose record (RNG states, batch, hyper-parameters) is in the ring, ascending."""
@@ -279,11 +420,16 @@ class Recording:
 
     def read_step(self, step: int) -> dict[str, Any]:
         """The record of ``step``: ``rng``, ``hparams``, ``modes``, ``batch``, ``exception``."""
-        return self._read_slot("steps", step)
+        return self._record("steps", step)
 
     def read_snapshot(self, step: int) -> dict[str, Any]:
         """State before ``step``: ``model``, ``optimizer``, ``scheduler``, ``scaler`` trees."""
-        return self._read_slot("snapshots", step)
+        return self._record("snapshots", step)
+
+    def _record(self, ring: str, step: int) -> dict[str, Any]:
+        rec = self._read_slot(ring, step)
+        V.check_record(rec, ring, step, self.path)
+        return rec
 
     def snapshot_devices(self, step: int) -> dict[str, str]:
         """Where the tensors of each part of a snapshot lived (``{"model": "cuda:0", ...}``),
@@ -298,7 +444,7 @@ class Recording:
                 stack.extend(n.get("v", []) if isinstance(n.get("v"), list) else [])
             return None
 
-        root = self._read_manifest("snapshots", step)
+        root = self._read_manifest("snapshots", step)  # checked by check_tree: nodes are dicts
         out = {}
         for k, v in zip(root.get("k", []), root.get("v", [])):
             if k.get("t") == "str":
@@ -310,12 +456,14 @@ class Recording:
     def health(self) -> dict[str, np.ndarray]:
         """Per-step metrics sorted by step: ``{"step": int64[n], column: float64[n], ...}``."""
         steps = self._markers("health")
-        values = self._ds("health/values")[()]
+        values = self._read("health/values")
         again = self._markers("health")
         ok = (steps >= 0) & (steps == again)  # seqlock: drop rows rewritten while we read
-        order = np.argsort(steps[ok], kind="stable")
-        out = {"step": steps[ok][order]}
-        vals = values[ok][order]
+        rows = np.flatnonzero(ok)
+        rows = rows[np.argsort(steps[rows], kind="stable")]
+        out = {"step": steps[rows]}
+        vals = values[rows]  # one copy: the file may hold up to LIMITS["health_slots"] rows
+        del values
         # Columns by the names stored in the file: files written before a column was appended
         # lack it, and it reads as NaN ("not measured").
         have = {name: i for i, name in enumerate(self.health_columns)}
@@ -327,7 +475,7 @@ class Recording:
     @property
     def health_columns(self) -> list[str]:
         """The health column names this file holds, in its own order."""
-        return list(json.loads(self.f["health"].attrs["columns"]))
+        return list(self._columns)
 
     def first_bad(self) -> dict[str, int | None]:
         """First step whose health shows a failure, by kind (``None`` when there is none)."""

@@ -31,6 +31,7 @@ from .layout import (
     STATUS_FIELDS,
 )
 from .tree import encode
+from .validate import LIMITS
 
 __all__ = [
     "StoreWriter",
@@ -40,7 +41,92 @@ __all__ = [
     "json_blob",
     "slot_crc",
     "health_crc",
+    "RecordingLocked",
+    "lock_path",
 ]
+
+
+class RecordingLocked(OSError):
+    """Another live process is writing this recording: a second writer would replace its file."""
+
+
+def lock_path(path: str) -> str:
+    """The lock file beside a recording while it is written: ``run.h5`` -> ``run.h5.lock``."""
+    return f"{path}.lock"
+
+
+def _take_lock(path: str, meta: dict[str, Any]) -> int | None:
+    """Hold an exclusive ``flock`` on ``PATH.lock`` for as long as this writer lives.
+
+    Two Recorders on one path used to end with the second silently replacing the first's live
+    file (``os.replace`` below). The lock is taken before anything is created; the kernel drops
+    it when the writer process exits, ``kill -9`` included, so a dead run never blocks a new
+    one. The file holds who took it, for the other writer's error message. Returns the locked
+    descriptor (``None`` where ``fcntl`` is missing: no locking there).
+    """
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock (the project targets Linux)
+        return None
+    name = lock_path(path)
+    for _ in range(20):
+        fd = os.open(name, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder(fd)
+            os.close(fd)
+            raise RecordingLocked(
+                f"{path} is being written by another recorder ({holder}); starting a second one "
+                "there would replace its file, so this one does not record. Record to another "
+                "path, or stop the other run first"
+            ) from None
+        except OSError:
+            os.close(fd)
+            raise
+        # A writer that closed meanwhile unlinks its lock file: a lock on that old inode
+        # protects nothing, so lock the file now at that name instead.
+        try:
+            same = os.fstat(fd).st_ino == os.stat(name).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            env = meta.get("env") or {}
+            info = {"pid": env.get("pid"), "writer_pid": os.getpid(), "host": env.get("hostname")}
+            os.ftruncate(fd, 0)
+            os.write(fd, json.dumps(info).encode())
+            return fd
+        os.close(fd)
+    raise RecordingLocked(f"{path}: its lock file {name} keeps changing; record to another path")
+
+
+def _holder(fd: int) -> str:
+    """Who holds the lock, from what it wrote: ``process 123 (writer process 130) on host``."""
+    try:
+        info = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
+    except (OSError, ValueError):
+        info = {}
+    if not isinstance(info, dict):
+        info = {}
+    pid, writer = info.get("pid"), info.get("writer_pid")
+    text = f"process {pid}" if pid is not None else "another process"
+    if writer is not None and writer != pid:
+        text += f" (writer process {writer})"
+    if info.get("host"):
+        text += f" on {info['host']}"
+    return text
+
+
+def _release_lock(path: str, fd: int | None) -> None:
+    """Unlink the lock file while still holding it, then let go (see ``_take_lock``)."""
+    if fd is None:
+        return
+    try:
+        os.unlink(lock_path(path))
+    except FileNotFoundError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def json_blob(value: Any) -> np.ndarray:
@@ -126,6 +212,33 @@ class StoreWriter:
         health_slots: int,
     ) -> None:
         self.path = path
+        # Before anything is created: another live writer of this path keeps its file.
+        self._lock = _take_lock(path, meta)
+        try:
+            self._create(path, run_id, meta, sources, steps, snapshots, health_slots)
+        except BaseException:
+            _release_lock(path, self._lock)
+            self._lock = None
+            raise
+
+    def _create(
+        self,
+        path: str,
+        run_id: str,
+        meta: dict[str, Any],
+        sources: dict[str, str],
+        steps: RingSpec,
+        snapshots: RingSpec,
+        health_slots: int,
+    ) -> None:
+        # Readers refuse larger rings (validate.LIMITS): never write a file they would refuse.
+        for what, n, most in (
+            ("step slots (snapshot_every * keep_snapshots)", steps.slots, LIMITS["ring_slots"]),
+            ("snapshot slots (keep_snapshots)", snapshots.slots, LIMITS["ring_slots"]),
+            ("health slots (keep_health)", health_slots, LIMITS["health_slots"]),
+        ):
+            if not 1 <= n <= most:
+                raise ValueError(f"{n} {what}: the format allows 1..{most}")
         tmp = f"{path}.creating"
         f = h5py.File(tmp, "w", libver="latest")
         try:
@@ -331,5 +444,9 @@ class StoreWriter:
                 self._status[:] = self.status
                 self.f.flush()
         finally:
-            self.f.close()
-            self.f = None  # type: ignore[assignment]
+            try:
+                self.f.close()
+            finally:
+                self.f = None  # type: ignore[assignment]
+                _release_lock(self.path, self._lock)
+                self._lock = None

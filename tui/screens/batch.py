@@ -13,6 +13,8 @@ from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.widgets import DataTable, Footer, Header, Static
 
+from replay.safetext import term_safe
+
 from ..batchstats import LeafStats, batch_leaves
 from ..widgets.plot import fmt_num
 from .base import RunScreen
@@ -116,7 +118,8 @@ class BatchScreen(RunScreen):
             title.append(f" · samples with NaN/Inf or blamed: {flagged[:20]}", style="red")
         if exception:
             title.append(
-                f"\nthe step raised {exception.get('type')}: {exception.get('message')}",
+                "\nthe step raised "
+                + term_safe(f"{exception.get('type')}: {exception.get('message')}"),
                 style="magenta",
             )
         else:
@@ -126,8 +129,11 @@ class BatchScreen(RunScreen):
         table.clear()
         for lf in leaves:
             bad = int(lf.nonfinite.sum())
-            table.add_row(
-                lf.path, str(lf.shape), lf.dtype, Text(str(bad), style="bold red" if bad else "dim")
+            table.add_row(  # Text cells: a str would be parsed as markup
+                Text(lf.path),
+                str(lf.shape),
+                Text(lf.dtype),
+                Text(str(bad), style="bold red" if bad else "dim"),
             )
         self.leaf = 0
         self._fill_samples(culprits)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from rich.text import Text
 from textual import on, work
 from textual.binding import Binding
 from textual.containers import Vertical
@@ -46,12 +47,12 @@ class MemoryScreen(ForensicsScreen):
         for col in ("bytes", "shape", "dtype", "made by op", "op"):
             table.add_column(col, key=col)
         for t in self.info["largest"][:2000]:
-            table.add_row(
+            table.add_row(  # Text cells: a str would be parsed as markup
                 fmt_bytes(t["bytes"]),
-                str(tuple(t["shape"])),
-                t["dtype"],
+                Text(str(tuple(t["shape"]))),
+                Text(str(t["dtype"])),
                 str(t["op_index"]),
-                t["op"],
+                Text(str(t["op"])),
             )
         await body.mount(
             SeriesPlot("memory in use over the step's ops", id="mem-plot"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from rich.text import Text
 from textual import on, work
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
@@ -150,7 +151,7 @@ class OpsScreen(ForensicsScreen):
         conv = v.get("nan_from_inf")
         if conv:
             parts.append(f"NaN from #{conv['op_index']} {conv.get('op')}")
-        self.query_one("#ops-status", Static).update(" · ".join(parts))
+        self.query_one("#ops-status", Static).update(Text(" · ".join(parts)))
 
     # -- jumps ---------------------------------------------------------------------------------
 

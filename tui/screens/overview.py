@@ -191,7 +191,7 @@ class OverviewScreen(RunScreen):
 
     def _run_info(self) -> Text:
         m, rec = self.model, self.model.rec
-        meta = rec.meta
+        meta = m.meta  # strings made safe for the terminal (tui/model.py)
         t = Text()
         t.append("run\n", style="bold underline")
         state = "closed" if m.status.get("closed") else "live (or writer died)"
@@ -212,10 +212,10 @@ class OverviewScreen(RunScreen):
             + (" + GradScaler" if meta.get("scaler") else "")
             + "\n"
         )
-        env = rec.env
+        env = m.env
         t.append(f"  torch {env.get('torch')}, {env.get('num_threads')} threads\n")
         t.append("entry points\n", style="bold underline")
-        for role, e in rec.entry.items():
+        for role, e in m.entry.items():
             t.append(f"  {role} ", style="dim")
             t.append(f"{e.get('qualname')}\n    {shorten_path(e.get('path'), m.base)}\n")
         t.append("forensics\n", style="bold underline")

@@ -47,12 +47,13 @@ def code_view(lines: dict[int, str], line: int, context: int = CONTEXT) -> Text:
     return out
 
 
-def entry_frames(rec: Any) -> list[str]:
+def entry_frames(model: Any) -> list[str]:
     """Without forensics: the recorded entry points, as ``file:line:function`` locations."""
     out = []
-    for e in rec.entry.values():
+    sources = model.recorded_sources()
+    for e in model.entry.values():
         path, qual = e.get("path"), e.get("qualname", "")
-        text = rec.sources.get(path, "") if path else ""
+        text = sources.get(path, "") if path else ""
         line = 1
         for i, src in enumerate(text.splitlines(), 1):
             if src.lstrip().startswith(f"def {qual.rsplit('.', 1)[-1]}("):
@@ -99,7 +100,7 @@ class SourceScreen(RunScreen):
         self._sources = self.model.sources()
         if reader is None:
             self._set_frames(
-                entry_frames(self.model.rec),
+                entry_frames(self.model),
                 None,
                 "entry points (no forensics: run `replay bisect "
                 f"{self.model.name}` for the culprit's stack)",
@@ -109,7 +110,7 @@ class SourceScreen(RunScreen):
         if idx is not None:
             self.show_op(int(idx))
         else:
-            self._set_frames(entry_frames(self.model.rec), None, "entry points (no culprit op)")
+            self._set_frames(entry_frames(self.model), None, "entry points (no culprit op)")
 
     def show_op(self, op_index: int) -> None:
         """Show the stack of op ``op_index``, innermost frame selected."""
@@ -127,13 +128,13 @@ class SourceScreen(RunScreen):
 
     def _set_frames(self, frames: list[str], op_index: int | None, title: str) -> None:
         self.frames, self.op_index = frames, op_index
-        self.query_one("#source-title", Static).update(title)
+        self.query_one("#source-title", Static).update(Text(title))  # a str would be markup
         ol = self.query_one("#frames", OptionList)
         ol.clear_options()
         for f in frames:
             loc = split_location(f)
             label = f"{loc[2]}  {shorten_path(loc[0], self.model.base)}:{loc[1]}" if loc else f
-            ol.add_option(label)
+            ol.add_option(Text(label))  # file strings: never parsed as markup
         if frames:
             ol.highlighted = len(frames) - 1
             self._show_frame(len(frames) - 1)
