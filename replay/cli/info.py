@@ -40,6 +40,8 @@ def _steps_summary(rec: Any) -> dict[str, Any]:
         "first_bad": rec.first_bad(),
         "last_loss": float(losses[-1]) if losses.size else None,
         "closed_cleanly": bool(status["closed"]),
+        "damaged_steps": rec.damaged_steps(),
+        "damaged_health": sorted(rec.damaged_health),
     }
 
 
@@ -71,6 +73,12 @@ def describe(path: str) -> dict[str, Any]:
     return out
 
 
+def _steps_list(steps: list[int], most: int = 12) -> str:
+    return ", ".join(map(str, steps[:most])) + (
+        f" (+{len(steps) - most} more)" if len(steps) > most else ""
+    )
+
+
 def _fmt_range(r: list[int] | None) -> str:
     return f"steps {r[0]}..{r[1]}" if r else "none"
 
@@ -96,6 +104,16 @@ def render(d: dict[str, Any]) -> str:
     lines.append(
         f"  replayable      {_fmt_range(w) if w else 'nothing (no kept snapshot with its batches)'}"
     )
+    if d.get("damaged_steps") or d.get("damaged_health"):
+        parts = []
+        if d.get("damaged_steps"):
+            parts.append(f"step records {_steps_list(d['damaged_steps'])}")
+        if d.get("damaged_health"):
+            parts.append(f"health rows {_steps_list(d['damaged_health'])}")
+        lines.append(
+            f"  DAMAGED         {'; '.join(parts)}: their bytes fail their checksums, so they "
+            "are treated as missing (never replayed)"
+        )
     fb = d["first_bad"]
     bad = []
     if fb["nonfinite"] is not None:

@@ -26,6 +26,7 @@ import numpy as np
 
 from ..errors import RecordingError
 from . import validate as V
+from .checksum import health_crc, slot_crc
 from .layout import (
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -167,6 +168,8 @@ class Recording:
         self.path = path
         self.f = _open_h5(path, probe)
         self._checked: set[str] = set()
+        self._damaged: tuple[bytes, list[int]] | None = None
+        self.damaged_health: set[int] = set()  # health rows dropped for a checksum mismatch
         try:
             self._validate()
             self.meta: dict[str, Any] = self._blob("meta/run")
@@ -249,6 +252,10 @@ class Recording:
             for k in ("step", "nbytes", "mlen"):
                 spec[f"{ring}/{k}"] = ("<i8", 1, (n,))
             spec[f"{ring}/arena"] = ("|u1", 2, (n, None))
+            if "crc" in f[ring]:  # format v2: slot checksums
+                spec[f"{ring}/crc"] = ("<i8", 1, (n,))
+        if "crc" in f["health"]:
+            spec["health/crc"] = ("<i8", 1, (hslots,))
         spec["health/step"] = ("<i8", 1, (hslots,))
         spec["health/values"] = ("<f8", 2, (hslots, len(columns)))
         spec["status"] = ("<i8", 1, (len(fields),))
@@ -391,8 +398,14 @@ class Recording:
                 continue
             n, mlen = lengths
             payload = self._payload(ring, slot, n)
+            crc = int(self._read(f"{ring}/crc", slot)) if f"{ring}/crc" in self._spec else None
             if self._marker(ring, slot) != step:  # rewritten while we read: retry
                 continue
+            if crc is not None and slot_crc(step, payload) != crc:
+                raise DamagedSlot(
+                    f"{self.path}: /{ring} slot {slot} (step {step}) is damaged: its bytes do not "
+                    "match their checksum, so it is treated as missing and never replayed"
+                )
             manifest = self._manifest(ring, step, payload[:mlen].tobytes(), n - mlen)
             return decode(manifest, payload[mlen:].tobytes())
         raise KeyError(f"step {step} of the {ring} ring kept changing while being read")
@@ -407,6 +420,29 @@ class Recording:
         if self._marker(ring, slot) != step:
             raise KeyError(f"step {step} of the {ring} ring was rewritten while being read")
         return self._manifest(ring, step, raw, n - mlen)
+
+    def damaged_steps(self) -> list[int]:
+        """Steps whose record in ``/steps`` fails its checksum, ascending (empty for format v1,
+        which has none). Reads every kept step record: the ring's size, not the run's."""
+        if "steps/crc" not in self._spec:
+            return []
+        markers = self._markers("steps")
+        key = markers.tobytes()
+        if self._damaged is not None and self._damaged[0] == key:
+            return self._damaged[1]
+        crcs = self._read("steps/crc")
+        bad = []
+        for slot in np.flatnonzero(markers >= 0):
+            step = int(markers[slot])
+            lengths = self._lengths("steps", step, int(slot))
+            if lengths is None:
+                continue  # rewritten meanwhile: a live file, judged at its next read
+            if slot_crc(step, self._payload("steps", int(slot), lengths[0])) != int(crcs[slot]):
+                if self._marker("steps", int(slot)) == step:
+                    bad.append(step)
+        bad.sort()
+        self._damaged = (key, bad)
+        return bad
 
     def steps(self) -> np.ndarray:
         """Steps whose record (RNG states, batch, hyper-parameters) is in the ring, ascending."""
@@ -459,6 +495,12 @@ class Recording:
         values = self._read("health/values")
         again = self._markers("health")
         ok = (steps >= 0) & (steps == again)  # seqlock: drop rows rewritten while we read
+        if "health/crc" in self._spec:  # a row whose values fail their checksum is dropped
+            crcs = self._read("health/crc")
+            for row in np.flatnonzero(ok):
+                if health_crc(int(steps[row]), values[row]) != int(crcs[row]):
+                    ok[row] = False
+                    self.damaged_health.add(int(steps[row]))
         rows = np.flatnonzero(ok)
         rows = rows[np.argsort(steps[rows], kind="stable")]
         out = {"step": steps[rows]}
@@ -502,7 +544,8 @@ class Recording:
         snaps = [int(s) for s in self.snapshot_steps()]
         if steps.size == 0 or not snaps:
             return None
-        present = set(int(s) for s in steps)
+        # A damaged step record is missing: the window stops before it (or starts after it).
+        present = set(int(s) for s in steps) - set(self.damaged_steps())
         best: Window | None = None
         for s in snaps:
             if s not in present:
@@ -522,6 +565,10 @@ class Recording:
     @property
     def forensics_path(self) -> str:
         return sidecar_path(self.path)
+
+
+class DamagedSlot(RecordingError):
+    """A ring slot whose bytes do not match their checksum (a flipped byte, a bad copy)."""
 
 
 def open_recording(path: str | os.PathLike[str]) -> Recording:

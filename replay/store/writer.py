@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import json
 import os
-import struct
 import time
-import zlib
 from dataclasses import dataclass
 from typing import Any
 
 import h5py
 import numpy as np
 
+from .checksum import health_crc, slot_crc
 from .layout import (
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -39,8 +38,6 @@ __all__ = [
     "pack_parts",
     "pack_record",
     "json_blob",
-    "slot_crc",
-    "health_crc",
     "RecordingLocked",
     "lock_path",
 ]
@@ -168,18 +165,6 @@ class RingSpec:
     slots: int
     chunk: int  # bytes per arena chunk (one chunk row per slot)
     capacity: int  # initial bytes per slot; grows on demand
-
-
-def slot_crc(step: int, payload: np.ndarray | bytes | memoryview) -> int:
-    """A ring slot's checksum: CRC-32 of its step number and its whole payload (the manifest
-    and the arena bytes), so a slot labelled with the wrong step fails too."""
-    return zlib.crc32(memoryview(payload).cast("B"), zlib.crc32(struct.pack("<q", int(step))))
-
-
-def health_crc(step: int, row: np.ndarray) -> int:
-    """A health row's checksum: CRC-32 of its step number and its float64 values."""
-    values = np.ascontiguousarray(row, dtype=np.float64)
-    return zlib.crc32(memoryview(values).cast("B"), zlib.crc32(struct.pack("<q", int(step))))
 
 
 def _spans(slots: list[int]) -> list[tuple[int, int]]:
