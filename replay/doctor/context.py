@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ..store.reader import Recording
+from ..store.reader import DamagedSlot, Recording
 from ..store.tree import iter_leaves
 from .arrays import as_array, as_float
 
@@ -80,7 +80,7 @@ class Context:
     def batch_leaves(self, step: int) -> list[tuple[str, np.ndarray]]:
         try:
             batch = self.rec.read_step(step)["batch"]
-        except KeyError:
+        except (KeyError, DamagedSlot):  # a damaged record counts as missing
             return []
         out = []
         for path, leaf in iter_leaves(batch):
@@ -122,7 +122,7 @@ class Context:
         for s in self.rec.snapshot_steps():
             try:
                 snap = self.rec.read_snapshot(int(s))
-            except KeyError:
+            except (KeyError, DamagedSlot):
                 continue
             weights = {}
             for k, v in (snap.get("model") or {}).items():
@@ -177,7 +177,7 @@ class Context:
         for s in steps:
             try:
                 modes = self.rec.read_step(int(s)).get("modes")
-            except KeyError:
+            except (KeyError, DamagedSlot):
                 continue
             a = as_array(modes) if modes is not None else None
             if a is not None:

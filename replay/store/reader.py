@@ -434,10 +434,15 @@ class Recording:
         bad = []
         for slot in np.flatnonzero(markers >= 0):
             step = int(markers[slot])
-            lengths = self._lengths("steps", step, int(slot))
-            if lengths is None:
-                continue  # rewritten meanwhile: a live file, judged at its next read
-            if slot_crc(step, self._payload("steps", int(slot), lengths[0])) != int(crcs[slot]):
+            try:
+                lengths = self._lengths("steps", step, int(slot))
+                if lengths is None:
+                    continue  # rewritten meanwhile: a live file, judged at its next read
+                payload = self._payload("steps", int(slot), lengths[0])
+            except RecordingError:  # lengths that break the format: as damaged as a bad CRC
+                bad.append(step)
+                continue
+            if slot_crc(step, payload) != int(crcs[slot]):
                 if self._marker("steps", int(slot)) == step:
                     bad.append(step)
         bad.sort()
