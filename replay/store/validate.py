@@ -303,7 +303,7 @@ def parse_json(raw: bytes, where: str, *, max_depth: int | None = None) -> Any:
         raise _BAD(f"{where}: JSON nested too deeply") from None
     except ValueError as e:  # JSONDecodeError, and integers too long to convert
         raise _BAD(f"{where}: not valid JSON ({_first_line(e)})") from None
-    if json_depth(value, depth) > depth:
+    if depth and json_depth(value, depth) > depth:  # 0: the caller bounds the depth itself
         raise _BAD(f"{where}: JSON nested deeper than {depth} levels")
     return value
 
