@@ -279,6 +279,11 @@ class Recording:
         ):
             raise RecordingError(f"{where}: /health columns is not a list of distinct names")
         self._columns: list[str] = columns
+        if hslots * len(columns) * 8 > V.LIMITS["health_bytes"]:
+            raise RecordingError(
+                f"{where}: /health/values claims {hslots} x {len(columns)} values "
+                f"(at most {V.LIMITS['health_bytes']} bytes are read)"
+            )
         fields = V.attr_json(V.resolve(f, "status", where), "fields", where)
         if (
             not isinstance(fields, list)

@@ -67,10 +67,13 @@ LIMITS = {
     "tree_depth": 100,  # nesting of a record manifest (a batch, a state dict)
     "tree_ndim": 32,  # dimensions of one array leaf
     "ring_slots": 1 << 22,  # slots of /steps or /snapshots
-    "health_slots": 1 << 21,  # rows of /health (the recorder's default keep_health is 100,000)
+    "health_slots": 1 << 20,  # rows of /health (the recorder's default keep_health is 100,000)
     "health_columns": 256,
+    "health_bytes": 256 << 20,  # /health/values, read whole (fill values cost memory too)
+    "sidecar_json_bytes": 64 << 20,  # every JSON blob of a sidecar together (all read at open)
     "status_fields": 64,
     "attr_chars": 1 << 16,  # a string attribute
+    "chunk_bytes": 64 << 20,  # one chunk of any dataset (the writer's arena chunks are <= 1 MiB)
     "ops_rows": 1 << 26,  # rows of a sidecar's /ops (read in ranges, never whole)
     "table_rows": 1 << 18,  # rows of a sidecar's /modules, /params (read whole)
 }
@@ -181,6 +184,10 @@ def dataset(
             raise _fail(where, f"/{name} has an unreadable dtype ({_first_line(e)})") from None
         if got != np.dtype(dtype) or got.str != np.dtype(dtype).str:
             raise _fail(where, f"/{name} has dtype {got}, expected {np.dtype(dtype)}")
+        if ds.chunks is not None and math.prod(ds.chunks) * got.itemsize > LIMITS["chunk_bytes"]:
+            raise _fail(
+                where, f"/{name} has chunks of {ds.chunks} (at most {LIMITS['chunk_bytes']} bytes)"
+            )
         if checked is not None:
             checked.add(name)
     if ds.ndim != ndim:
