@@ -545,6 +545,10 @@ def check_meta(meta: Any, where: str, *, slots: dict[str, int] | None = None) ->
     for key, v in config.items():
         if v is not None and not isinstance(v, (int, float, bool, str)):
             raise _BAD(f"{w}.config.{key} is a {type(v).__name__}")
+    for key in ("snapshot_every", "fingerprint_every", "keep_snapshots", "start_step"):
+        v = config.get(key)
+        if v is not None and not (_is_int(v) and 0 <= v <= MAX_STEP):
+            raise _BAD(f"{w}.config.{key} is {str(v)[:40]!r}, not a count")
     for key, have in (slots or {}).items():
         v = config.get(key)
         if v is not None and (not _is_int(v) or v != have):

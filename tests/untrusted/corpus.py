@@ -332,6 +332,26 @@ def recording_cases(base: Path, out: Path) -> list[Case]:  # noqa: PLR0915 - one
         meta["config"]["step_slots"] = 10**6
         _blob(f, "meta/run", json.dumps(meta).encode())
 
+    p, _ = case("meta_config_string", fragment="start_step")
+    with h5py.File(p, "r+") as f:
+        meta = _meta(f)
+        meta["config"]["start_step"] = "zero"
+        _blob(f, "meta/run", json.dumps(meta).encode())
+
+    # Well-formed records of unexpected shapes (a custom optimizer's state dict, or a crafted
+    # one): readers take them as "no per-parameter state", never an exception.
+    p, _ = case("snapshot_odd_optimizer", info=OK, doctor=OK, tui="opens")
+    with h5py.File(p, "r+") as f:
+        m = f["snapshots/step"][()]
+        for slot in np.flatnonzero(m >= 0):
+            odd = {"param_groups": [1, "x", {"params": "ab"}], "state": [1, 2]}
+            _put_record(
+                f,
+                "snapshots",
+                int(slot),
+                {"step": int(m[slot]), "model": {"0.weight": "w", "0.bias": [1]}, "optimizer": odd},
+            )
+
     p, _ = case("meta_not_utf8", fragment="UTF-8")
     with h5py.File(p, "r+") as f:
         _blob(f, "meta/run", b'{"config": "\xff\xfe"}')

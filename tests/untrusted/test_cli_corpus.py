@@ -48,6 +48,8 @@ RECORDING_CASES = [
     "deep_manifest",
     "meta_wrong_types",
     "meta_config_disagrees",
+    "meta_config_string",
+    "snapshot_odd_optimizer",
     "meta_not_utf8",
     "short_status",
     "status_nonsense",
