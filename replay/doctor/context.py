@@ -139,7 +139,16 @@ class Context:
         ``named_parameters()`` when the optimizer got all of them, or all trainable ones.
         """
         opt = snap.get("optimizer") or {}
-        ids = [i for g in opt.get("param_groups", []) for i in g.get("params", [])]
+        groups = opt.get("param_groups", [])
+        # A recording is untrusted input: a state dict of another shape (a custom optimizer's,
+        # or a crafted one) means "no per-parameter state", never an exception.
+        if not isinstance(groups, list) or not all(
+            isinstance(g, dict) and isinstance(g.get("params", []), list) for g in groups
+        ):
+            return {}
+        ids = [i for g in groups for i in g.get("params", [])]
+        if not all(isinstance(i, int) for i in ids):
+            return {}
         every = [p[0] for p in self.params]
         trainable = [p[0] for p in self.params if p[3]]
         if len(ids) == len(every):
@@ -149,6 +158,8 @@ class Context:
         else:
             return {}
         state = opt.get("state", {}) or {}
+        if not isinstance(state, dict):
+            return {}
         return {n: state.get(i, {}) for i, n in zip(ids, names)}
 
     @cached_property

@@ -289,12 +289,21 @@ class ForensicsReader:
                 f"{what} holds {int(column.min())}..{int(column.max())}, not {lo}..{hi - 1}"
             )
 
+    def _json_blob(self, name: str, path: str) -> Any:
+        """A JSON blob, within what is left of the sidecar's JSON budget (all read at open)."""
+        ds = V.dataset(self._f, name, path, dtype="|u1", ndim=1, max_bytes=V.LIMITS["json_bytes"])
+        self._json_total += ds.shape[0]
+        if self._json_total > V.LIMITS["sidecar_json_bytes"]:
+            raise self._bad(f"more than {V.LIMITS['sidecar_json_bytes']} bytes of JSON")
+        return V.read_json_blob(self._f, name, path)
+
     def _validate(self) -> None:
         f, path = self._f, self.path
+        self._json_total = 0
         self._run_id = V.attr_str(f, "run_id", path) or ""
         self._step = V.attr_int(f, "step", path, lo=0, hi=V.MAX_STEP)
         for name in STRING_TABLES:
-            table = V.read_json_blob(f, f"strings/{name}", path)
+            table = self._json_blob(f"strings/{name}", path)
             if not isinstance(table, list) or not all(isinstance(x, str) for x in table):
                 raise self._bad(f"/strings/{name} is not a list of strings")
             self._strings[name] = table
@@ -338,7 +347,7 @@ class ForensicsReader:
         mem = V.resolve(f, "memory", path)
         self._peak_bytes = V.attr_int(mem, "peak_bytes", path, lo=-1, hi=2**62)
         self._peak_op = V.attr_int(mem, "peak_op", path, lo=-1, hi=max(n_ops - 1, -1))
-        largest = V.read_json_blob(f, "memory/largest", path)
+        largest = self._json_blob("memory/largest", path)
         if not isinstance(largest, list) or not all(
             isinstance(x, dict)
             and _is_int(x.get("bytes"))
@@ -352,8 +361,8 @@ class ForensicsReader:
         ):
             raise self._bad("/memory/largest is not a list of {bytes, shape, dtype, op_index, op}")
         self._json["largest"] = largest
-        self._json["verdict"] = self._check_verdict(V.read_json_blob(f, "verdict/json", path))
-        sources = V.read_json_blob(f, "sources/json", path)
+        self._json["verdict"] = self._check_verdict(self._json_blob("verdict/json", path))
+        sources = self._json_blob("sources/json", path)
         if not isinstance(sources, dict) or not all(
             isinstance(e, dict)
             and isinstance(e.get("lines", {}), dict)
@@ -365,7 +374,7 @@ class ForensicsReader:
         ):
             raise self._bad("/sources/json is not {path: {'lines': {number: text}}}")
         self._json["sources"] = sources
-        batch = V.read_json_blob(f, "batch/json", path)
+        batch = self._json_blob("batch/json", path)
         if not isinstance(batch, dict) or not isinstance(batch.get("leaves", []), list):
             raise self._bad("/batch/json is not an object with a list of leaves")
         self._json["batch"] = batch

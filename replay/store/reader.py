@@ -18,6 +18,7 @@ import os
 import struct
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -156,6 +157,50 @@ def _open_h5(path: str, probe: bool = True) -> h5py.File:
         raise RecordingError(f"{path}: HDF5 cannot open it ({msg.splitlines()[0]})") from None
 
 
+class _SharedFile:
+    """One open ``h5py.File`` of a recording and its dataset handles, shared by every
+    :class:`Recording` of that file in this process.
+
+    Measured with HDF5 2.0 / h5py 3.16: with one SWMR file opened twice in a process, a
+    ``refresh()`` of a dataset that both opened makes *both* read the first chunk's data in place
+    of every chunk never written (health markers of a short run turned from 11 steps into 143,
+    step 0 showing up at slot 8192). The TUI did that on every refresh of a rank set (its own
+    rank's file open, the set read again). One file and one handle per dataset avoids it.
+    """
+
+    def __init__(self, key: tuple[int, int], f: h5py.File) -> None:
+        self.key, self.f = key, f
+        self.handles: dict[str, h5py.Dataset] = {}
+        self.checked: set[str] = set()
+        self.users = 0
+
+
+_SHARED: dict[tuple[int, int], _SharedFile] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def _acquire(path: str, probe: bool) -> _SharedFile:
+    st = V.check_regular_file(path)
+    key = (st.st_dev, st.st_ino)
+    with _SHARED_LOCK:
+        shared = _SHARED.get(key)
+        if shared is None or not shared.f.id.valid:
+            shared = _SHARED[key] = _SharedFile(key, _open_h5(path, probe))
+        shared.users += 1
+        return shared
+
+
+def _release(shared: _SharedFile) -> None:
+    with _SHARED_LOCK:
+        shared.users -= 1
+        if shared.users > 0:
+            return
+        if _SHARED.get(shared.key) is shared:
+            del _SHARED[shared.key]
+        shared.handles.clear()
+        shared.f.close()
+
+
 class Recording:
     """Read-only view of one recording. Cheap to open; reads on demand.
 
@@ -166,8 +211,11 @@ class Recording:
 
     def __init__(self, path: str, *, probe: bool = True) -> None:
         self.path = path
-        self.f = _open_h5(path, probe)
-        self._checked: set[str] = set()
+        self._shared: _SharedFile | None = _acquire(path, probe)
+        self.f = self._shared.f
+        self._checked = self._shared.checked
+        self._handles = self._shared.handles
+        self._live = self.f.mode == "r" and self.f.swmr_mode
         self._damaged: tuple[bytes, list[int]] | None = None
         self.damaged_health: set[int] = set()  # health rows dropped for a checksum mismatch
         try:
@@ -183,7 +231,7 @@ class Recording:
                 },
             )
         except BaseException:
-            self.f.close()
+            self.close()
             raise
         self._sources: dict[str, str] | None = None
 
@@ -234,6 +282,11 @@ class Recording:
         ):
             raise RecordingError(f"{where}: /health columns is not a list of distinct names")
         self._columns: list[str] = columns
+        if hslots * len(columns) * 8 > V.LIMITS["health_bytes"]:
+            raise RecordingError(
+                f"{where}: /health/values claims {hslots} x {len(columns)} values "
+                f"(at most {V.LIMITS['health_bytes']} bytes are read)"
+            )
         fields = V.attr_json(V.resolve(f, "status", where), "fields", where)
         if (
             not isinstance(fields, list)
@@ -275,14 +328,16 @@ class Recording:
     def _ds(self, name: str) -> h5py.Dataset:
         """A dataset of the layout, checked (links, storage, dtype once; shape every time)."""
         dtype, ndim, shape = self._spec[name]
-        if name not in self._checked:
-            V.dataset(self.f, name, self.path, dtype=dtype, ndim=ndim, checked=self._checked)
-        ds = self.f[name]
-        if self.f.mode == "r" and self.f.swmr_mode:
+        ds = self._handles.get(name)
+        if ds is None:  # links, storage and dtype: once (they cannot change under a reader)
+            ds = V.dataset(self.f, name, self.path, dtype=dtype, ndim=ndim, checked=self._checked)
+            self._handles[name] = ds
+        if self._live:
             ds.refresh()  # a live arena grows: its shape is checked after the refresh
-        return V.dataset(
-            self.f, name, self.path, dtype=dtype, ndim=ndim, shape=shape, checked=self._checked
-        )
+        have = ds.shape
+        if any(want is not None and want != got for want, got in zip(shape, have)):
+            V.dataset(self.f, name, self.path, dtype=dtype, ndim=ndim, shape=shape)  # raises
+        return ds
 
     def _read(self, name: str, sel: Any = ()) -> Any:
         """``ds[sel]`` of a checked dataset; HDF5 failures (a damaged chunk) become one line."""
@@ -297,7 +352,10 @@ class Recording:
         return V.read_json_blob(self.f, name, self.path, self._checked)
 
     def close(self) -> None:
-        self.f.close()
+        """Idempotent; the file closes when its last ``Recording`` in this process does."""
+        shared, self._shared = self._shared, None
+        if shared is not None:
+            _release(shared)
 
     def __enter__(self) -> Recording:
         return self
@@ -386,7 +444,7 @@ class Recording:
 
     def _manifest(self, ring: str, step: int, raw: bytes, arena_bytes: int) -> Any:
         where = f"{self.path}: /{ring} step {step}"
-        manifest = V.parse_json(raw, where, max_depth=2 * V.LIMITS["tree_depth"] + 2)
+        manifest = V.parse_json(raw, where, max_depth=0)  # check_tree bounds the depth
         V.check_tree(manifest, arena_bytes, where)
         return manifest
 

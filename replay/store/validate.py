@@ -67,10 +67,13 @@ LIMITS = {
     "tree_depth": 100,  # nesting of a record manifest (a batch, a state dict)
     "tree_ndim": 32,  # dimensions of one array leaf
     "ring_slots": 1 << 22,  # slots of /steps or /snapshots
-    "health_slots": 1 << 21,  # rows of /health (the recorder's default keep_health is 100,000)
+    "health_slots": 1 << 20,  # rows of /health (the recorder's default keep_health is 100,000)
     "health_columns": 256,
+    "health_bytes": 256 << 20,  # /health/values, read whole (fill values cost memory too)
+    "sidecar_json_bytes": 64 << 20,  # every JSON blob of a sidecar together (all read at open)
     "status_fields": 64,
     "attr_chars": 1 << 16,  # a string attribute
+    "chunk_bytes": 64 << 20,  # one chunk of any dataset (the writer's arena chunks are <= 1 MiB)
     "ops_rows": 1 << 26,  # rows of a sidecar's /ops (read in ranges, never whole)
     "table_rows": 1 << 18,  # rows of a sidecar's /modules, /params (read whole)
 }
@@ -181,6 +184,10 @@ def dataset(
             raise _fail(where, f"/{name} has an unreadable dtype ({_first_line(e)})") from None
         if got != np.dtype(dtype) or got.str != np.dtype(dtype).str:
             raise _fail(where, f"/{name} has dtype {got}, expected {np.dtype(dtype)}")
+        if ds.chunks is not None and math.prod(ds.chunks) * got.itemsize > LIMITS["chunk_bytes"]:
+            raise _fail(
+                where, f"/{name} has chunks of {ds.chunks} (at most {LIMITS['chunk_bytes']} bytes)"
+            )
         if checked is not None:
             checked.add(name)
     if ds.ndim != ndim:
@@ -303,7 +310,7 @@ def parse_json(raw: bytes, where: str, *, max_depth: int | None = None) -> Any:
         raise _BAD(f"{where}: JSON nested too deeply") from None
     except ValueError as e:  # JSONDecodeError, and integers too long to convert
         raise _BAD(f"{where}: not valid JSON ({_first_line(e)})") from None
-    if json_depth(value, depth) > depth:
+    if depth and json_depth(value, depth) > depth:  # 0: the caller bounds the depth itself
         raise _BAD(f"{where}: JSON nested deeper than {depth} levels")
     return value
 
@@ -538,6 +545,10 @@ def check_meta(meta: Any, where: str, *, slots: dict[str, int] | None = None) ->
     for key, v in config.items():
         if v is not None and not isinstance(v, (int, float, bool, str)):
             raise _BAD(f"{w}.config.{key} is a {type(v).__name__}")
+    for key in ("snapshot_every", "fingerprint_every", "keep_snapshots", "start_step"):
+        v = config.get(key)
+        if v is not None and not (_is_int(v) and 0 <= v <= MAX_STEP):
+            raise _BAD(f"{w}.config.{key} is {str(v)[:40]!r}, not a count")
     for key, have in (slots or {}).items():
         v = config.get(key)
         if v is not None and (not _is_int(v) or v != have):

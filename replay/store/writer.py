@@ -221,6 +221,7 @@ class StoreWriter:
             ("step slots (snapshot_every * keep_snapshots)", steps.slots, LIMITS["ring_slots"]),
             ("snapshot slots (keep_snapshots)", snapshots.slots, LIMITS["ring_slots"]),
             ("health slots (keep_health)", health_slots, LIMITS["health_slots"]),
+            ("health values", health_slots * len(HEALTH_COLUMNS) * 8, LIMITS["health_bytes"]),
         ):
             if not 1 <= n <= most:
                 raise ValueError(f"{n} {what}: the format allows 1..{most}")

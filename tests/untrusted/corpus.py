@@ -228,6 +228,33 @@ def recording_cases(base: Path, out: Path) -> list[Case]:  # noqa: PLR0915 - one
         )
         f["health"].attrs["slots"] = n
 
+    # Exactly at the limits: must be read, within bounded memory (the tests' 2 GiB address space).
+    p, _ = case("health_at_the_limit", info=OK, doctor=OK, tui="opens")
+    with h5py.File(p, "r+") as f:
+        old = json.loads(f["health"].attrs["columns"])
+        columns = old + [f"extra_{i}" for i in range(32 - len(old))]
+        rows = f["health/values"][: 1 << 13]
+        steps = f["health/step"][: 1 << 13]
+        del f["health/step"], f["health/values"]
+        n = 1 << 20  # 2^20 rows x 32 columns x 8 bytes = 256 MiB of (mostly fill) values
+        hs = f.create_dataset("health/step", shape=(n,), dtype="<i8", fillvalue=-1, chunks=(8192,))
+        hv = f.create_dataset(
+            "health/values", shape=(n, 32), dtype="<f8", fillvalue=np.nan, chunks=(1024, 32)
+        )
+        hs[: len(steps)] = steps
+        hv[: len(rows), : len(old)] = rows
+        f["health"].attrs["slots"] = n
+        f["health"].attrs["columns"] = json.dumps(columns)
+        meta = _meta(f)
+        meta["config"]["health_slots"] = n
+        _blob(f, "meta/run", json.dumps(meta).encode())
+
+    p, _ = case("health_just_past_the_limit", fragment="/health/values")
+    with h5py.File(p, "r+") as f:
+        old = json.loads(f["health"].attrs["columns"])
+        f["health"].attrs["columns"] = json.dumps(old + [f"x{i}" for i in range(33 - len(old))])
+        f["health"].attrs["slots"] = 1 << 20
+
     p, _ = case("health_slots_mismatch", fragment="/health/values")
     with h5py.File(p, "r+") as f:
         n, cols = f["health/values"].shape
@@ -239,6 +266,14 @@ def recording_cases(base: Path, out: Path) -> list[Case]:  # noqa: PLR0915 - one
         arena = f["steps/arena"]
         arena.resize((arena.shape[0], 1 << 40))
         f["steps/nbytes"][_first_slot(f, "steps")] = 1 << 39
+
+    p, _ = case("huge_chunks", fragment="chunks")
+    with h5py.File(p, "r+") as f:
+        n = f["steps/arena"].shape[0]
+        del f["steps/arena"]
+        f.create_dataset(
+            "steps/arena", shape=(n, 1 << 28), maxshape=(n, None), dtype="|u1", chunks=(1, 1 << 28)
+        )
 
     p, _ = case("nbytes_past_arena", info=OK, tui="opens", fragment="arena row")
     with h5py.File(p, "r+") as f:
@@ -299,6 +334,26 @@ def recording_cases(base: Path, out: Path) -> list[Case]:  # noqa: PLR0915 - one
         meta = _meta(f)
         meta["config"]["step_slots"] = 10**6
         _blob(f, "meta/run", json.dumps(meta).encode())
+
+    p, _ = case("meta_config_string", fragment="start_step")
+    with h5py.File(p, "r+") as f:
+        meta = _meta(f)
+        meta["config"]["start_step"] = "zero"
+        _blob(f, "meta/run", json.dumps(meta).encode())
+
+    # Well-formed records of unexpected shapes (a custom optimizer's state dict, or a crafted
+    # one): readers take them as "no per-parameter state", never an exception.
+    p, _ = case("snapshot_odd_optimizer", info=OK, doctor=OK, tui="opens")
+    with h5py.File(p, "r+") as f:
+        m = f["snapshots/step"][()]
+        for slot in np.flatnonzero(m >= 0):
+            odd = {"param_groups": [1, "x", {"params": "ab"}], "state": [1, 2]}
+            _put_record(
+                f,
+                "snapshots",
+                int(slot),
+                {"step": int(m[slot]), "model": {"0.weight": "w", "0.bias": [1]}, "optimizer": odd},
+            )
 
     p, _ = case("meta_not_utf8", fragment="UTF-8")
     with h5py.File(p, "r+") as f:
