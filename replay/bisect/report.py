@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
+from ..jsonsafe import json_safe
 from ..safetext import term_safe_tree
 from ..words import cause_text, op_role, role_text
 from .search import Verdict
@@ -37,10 +37,7 @@ TRACE_FIELDS = (
 )
 
 
-def _num(x: Any) -> Any:
-    if isinstance(x, float) and not math.isfinite(x):
-        return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
-    return x
+_num = json_safe  # (one rule for every report: replay/jsonsafe.py)
 
 
 def _exc(e: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import math
 import textwrap
 from typing import Any
 
 import click
 
+from ..jsonsafe import json_safe
 from ..safetext import term_safe
 
 __all__ = ["doctor"]
@@ -16,15 +16,7 @@ __all__ = ["doctor"]
 _MARK = {"error": "✗ error  ", "warning": "! warning", "info": "· info   "}
 
 
-def _clean(v: Any) -> Any:
-    """JSON has no NaN/inf: write them as strings, as the forensics format does."""
-    if isinstance(v, float) and not math.isfinite(v):
-        return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
-    if isinstance(v, dict):
-        return {str(k): _clean(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_clean(x) for x in v]
-    return v
+_clean = json_safe  # JSON has no NaN/inf: strings, as everywhere (replay/jsonsafe.py)
 
 
 def _fmt(v: Any) -> str:

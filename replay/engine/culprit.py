@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from ..jsonsafe import json_safe
 from .engine import Engine
 
 __all__ = ["trace_culprit", "tracer_available"]
@@ -128,7 +129,7 @@ def trace_culprit(
     }
     loss = result.loss
     if loss is not None and isinstance(loss, float) and not math.isfinite(loss):
-        fields["traced_loss"] = "nan" if math.isnan(loss) else ("inf" if loss > 0 else "-inf")
+        fields["traced_loss"] = json_safe(loss)
     return fields
 
 

@@ -13,7 +13,6 @@ Example::
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from typing import Any
@@ -22,6 +21,7 @@ import h5py
 import numpy as np
 
 from ..errors import RecordingError
+from ..jsonsafe import json_safe
 from . import validate as V
 
 __all__ = [
@@ -101,23 +101,6 @@ STRING_TABLES = (
 class NotAForensicsFile(RecordingError, ValueError):
     """The file is not a forensics sidecar this version of replay can read, or it is damaged
     (a ``RecordingError``: exit code 3; a ``ValueError`` for older callers)."""
-
-
-def json_safe(value: Any) -> Any:
-    """Non-finite floats become the strings "nan", "inf", "-inf" (JSON has no such numbers)."""
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "nan"
-        if math.isinf(value):
-            return "inf" if value > 0 else "-inf"
-        return value
-    if isinstance(value, dict):
-        return {str(k): json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_safe(v) for v in value]
-    if isinstance(value, np.generic):
-        return json_safe(value.item())
-    return value
 
 
 def _json_bytes(value: Any) -> np.ndarray:

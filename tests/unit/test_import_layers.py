@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parents[2]
 LAYERS = {
     "errors": 0,
     "words": 0,  # the words for an op's part in a failure: no imports
-    "safetext": 0,  # strings from a file made safe for the terminal
+    "safetext": 0,
+    "jsonsafe": 0,  # NaN/inf as strings in JSON: one rule  # strings from a file made safe for the terminal
     "store": 1,  # the file format: numpy + h5py
     "bisect": 1,  # the search: pure python
     "doctor": 2,  # rules over what the store reads
