@@ -383,7 +383,7 @@ class Recording:
         ds = self._ds(name)
         try:
             return ds[sel]
-        except (OSError, ValueError, TypeError, IndexError) as e:
+        except (*V.H5_ERRORS, IndexError) as e:
             why = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise RecordingError(f"{self.path}: /{name} cannot be read ({why})") from None
 
@@ -635,5 +635,5 @@ def open_recording(path: str | os.PathLike[str]) -> Recording:
         return Recording(path)
     except RecordingError:
         raise
-    except (OSError, KeyError, ValueError) as e:
+    except V.H5_ERRORS as e:
         raise RecordingError(f"{path}: unreadable recording ({str(e).splitlines()[0]})") from None

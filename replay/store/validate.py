@@ -40,6 +40,7 @@ from ..errors import RecordingError
 
 __all__ = [
     "LIMITS",
+    "H5_ERRORS",
     "MAX_STEP",
     "MAX_WORLD_SIZE",
     "check_regular_file",
@@ -81,6 +82,9 @@ MAX_STEP = 1 << 53  # steps are exact JSON integers; a marker beyond this is dam
 MAX_WORLD_SIZE = 1 << 20  # ranks of a DDP run
 
 _BAD = RecordingError
+# What h5py raises when the HDF5 library fails on damaged metadata (a RuntimeError for some,
+# e.g. "Can't deserialize object header prefix"): each becomes one RecordingError line.
+H5_ERRORS = (OSError, KeyError, ValueError, TypeError, RuntimeError)
 
 
 def _fail(where: str, what: str) -> RecordingError:
@@ -129,7 +133,7 @@ def resolve(f: h5py.File, name: str, where: str) -> Any:
             raise _fail(where, f"/{name}: /{part}'s parent is not a group")
         try:
             link = obj.get(part, getlink=True)
-        except (KeyError, OSError, ValueError, TypeError) as e:
+        except H5_ERRORS as e:
             raise _fail(where, f"/{name}: unreadable link ({_first_line(e)})") from None
         if link is None:
             raise _fail(where, f"damaged recording (missing /{name})")
@@ -140,12 +144,19 @@ def resolve(f: h5py.File, name: str, where: str) -> Any:
             )
         try:
             obj = obj[part]
-        except (KeyError, OSError, ValueError, TypeError) as e:
+        except H5_ERRORS as e:
             raise _fail(where, f"/{name}: unreadable ({_first_line(e)})") from None
     return obj
 
 
 def _check_storage(ds: h5py.Dataset, where: str, name: str) -> None:
+    try:
+        _storage(ds, where, name)
+    except H5_ERRORS as e:
+        raise _fail(where, f"/{name}: unreadable layout ({_first_line(e)})") from None
+
+
+def _storage(ds: h5py.Dataset, where: str, name: str) -> None:
     if ds.is_virtual:
         raise _fail(where, f"/{name} is a virtual dataset (data from other files), refused")
     dcpl = ds.id.get_create_plist()
@@ -180,7 +191,7 @@ def dataset(
         _check_storage(ds, where, name)
         try:
             got = ds.dtype
-        except (TypeError, ValueError, OSError) as e:
+        except H5_ERRORS as e:
             raise _fail(where, f"/{name} has an unreadable dtype ({_first_line(e)})") from None
         if got != np.dtype(dtype) or got.str != np.dtype(dtype).str:
             raise _fail(where, f"/{name} has dtype {got}, expected {np.dtype(dtype)}")
@@ -217,7 +228,7 @@ def _attr(obj: Any, key: str, where: str, required: bool) -> Any:
         return obj.attrs[key]
     except RecordingError:
         raise
-    except (OSError, TypeError, ValueError, KeyError) as e:
+    except H5_ERRORS as e:
         raise _fail(
             where, f"attribute {key!r} of {obj.name} is unreadable ({_first_line(e)})"
         ) from None
@@ -326,7 +337,7 @@ def read_json_blob(
         ds.refresh()
     try:
         raw = ds[()].tobytes()
-    except (OSError, ValueError, TypeError) as e:
+    except H5_ERRORS as e:
         raise _fail(where, f"/{name} cannot be read ({_first_line(e)})") from None
     return parse_json(raw, f"{where}: /{name}", **kw)
 
@@ -364,7 +375,7 @@ def check_payload_stored(arena: h5py.Dataset, n: int, path: str, name: str) -> N
     try:
         stored = arena.id.get_storage_size()
         size = os.path.getsize(path)
-    except (OSError, ValueError) as e:
+    except H5_ERRORS as e:
         raise _fail(path, f"/{name}: storage unreadable ({_first_line(e)})") from None
     if n > stored or n > size:
         raise _fail(
