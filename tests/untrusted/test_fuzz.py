@@ -16,7 +16,6 @@ from .test_cli_corpus import check, run_replay
 MUTANTS = 24
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(MUTANTS))
 def test_flipped_bytes(real_recording, tmp_path, seed):
     rng = random.Random(seed)
