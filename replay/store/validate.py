@@ -405,6 +405,19 @@ _TREE_TAGS = {
     "opaque",
 }
 _DTYPE_KINDS = set("biufcmMSUV")
+# What decodes to a hashable value, so may be a dict key (tuples: when their items are).
+_HASHABLE = {
+    "none",
+    "bool",
+    "str",
+    "int",
+    "float",
+    "complex",
+    "bytes",
+    "npscalar",
+    "tuple",
+    "ntuple",
+}
 
 
 def _is_int(v: Any) -> bool:
@@ -420,9 +433,9 @@ def check_tree(root: Any, arena_bytes: int, where: str) -> None:
     def bad(what: str) -> RecordingError:
         return _BAD(f"{where}: {what}")
 
-    stack = [(root, 1)]
+    stack = [(root, 1, False)]  # (node, depth, is a dict key or inside one)
     while stack:
-        node, depth = stack.pop()
+        node, depth, as_key = stack.pop()
         if depth > LIMITS["tree_depth"]:
             raise bad(f"record nested deeper than {LIMITS['tree_depth']} levels")
         if not isinstance(node, dict):
@@ -430,6 +443,8 @@ def check_tree(root: Any, arena_bytes: int, where: str) -> None:
         t = node.get("t")
         if t not in _TREE_TAGS:
             raise bad(f"unknown record node type {str(t)[:40]!r}")
+        if as_key and t not in _HASHABLE:
+            raise bad(f"a dict key is a {t}, which cannot be a key")
         v = node.get("v")
         if t in ("ndarray", "npscalar", "tensor", "bytes"):
             off, n = node.get("off"), node.get("n")
@@ -494,23 +509,13 @@ def check_tree(root: Any, arena_bytes: int, where: str) -> None:
                     and all(isinstance(node.get(k), str) for k in ("name", "module", "qualname"))
                 ):
                     raise bad("a namedtuple node has unusable fields")
-            stack.extend((x, depth + 1) for x in v)
+            stack.extend((x, depth + 1, as_key) for x in v)
         elif t in ("dict", "odict"):
             k = node.get("k")
             if not (isinstance(k, list) and isinstance(v, list) and len(k) == len(v)):
                 raise bad(f"a {t} node's keys and values do not match")
-            for key in k:  # keys must decode to something hashable: scalars and strings only
-                if not isinstance(key, dict) or key.get("t") not in (
-                    "none",
-                    "bool",
-                    "str",
-                    "int",
-                    "float",
-                    "complex",
-                ):
-                    raise bad(f"a {t} key is not a scalar")
-            stack.extend((x, depth + 1) for x in k)
-            stack.extend((x, depth + 1) for x in v)
+            stack.extend((x, depth + 1, True) for x in k)  # keys: hashable nodes only
+            stack.extend((x, depth + 1, False) for x in v)
         elif t == "opaque":
             if not isinstance(node.get("type"), str) or not isinstance(node.get("repr", ""), str):
                 raise bad("an opaque node lacks its type")
