@@ -489,7 +489,7 @@ def check_tree(root: Any, arena_bytes: int, where: str) -> None:
             if not isinstance(v, str):
                 raise bad("a str node does not hold a string")
         elif t == "int":
-            if not (_is_int(v) or (isinstance(v, str) and 0 < len(v) <= 400 and _intlike(v))):
+            if not (_is_int(v) or (isinstance(v, str) and 0 < len(v) <= 4300 and _intlike(v))):
                 raise bad("an int node does not hold an integer")
         elif t == "float":
             if not (isinstance(v, str) and _floatlike(v)):
