@@ -240,6 +240,10 @@ class ForensicsReader:
         except RecordingError as e:
             f.close()
             raise NotAForensicsFile(str(e)) from None
+        except V.H5_ERRORS as e:  # the HDF5 library failed on damaged metadata
+            f.close()
+            why = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise NotAForensicsFile(f"{path}: damaged forensics sidecar ({why})") from None
         except BaseException:
             f.close()
             raise
@@ -437,7 +441,7 @@ class ForensicsReader:
         names = columns if columns is not None else tuple(OPS_COLUMNS)
         try:
             return {n: self._f[f"ops/{n}"][start:stop] for n in names}
-        except (OSError, ValueError) as e:
+        except V.H5_ERRORS as e:
             raise self._bad(f"/ops rows {start}..{stop} cannot be read ({e})") from None
 
     def op_row(self, i: int) -> dict:

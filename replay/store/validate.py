@@ -40,6 +40,7 @@ from ..errors import RecordingError
 
 __all__ = [
     "LIMITS",
+    "H5_ERRORS",
     "MAX_STEP",
     "MAX_WORLD_SIZE",
     "check_regular_file",
@@ -81,6 +82,9 @@ MAX_STEP = 1 << 53  # steps are exact JSON integers; a marker beyond this is dam
 MAX_WORLD_SIZE = 1 << 20  # ranks of a DDP run
 
 _BAD = RecordingError
+# What h5py raises when the HDF5 library fails on damaged metadata (a RuntimeError for some,
+# e.g. "Can't deserialize object header prefix"): each becomes one RecordingError line.
+H5_ERRORS = (OSError, KeyError, ValueError, TypeError, RuntimeError)
 
 
 def _fail(where: str, what: str) -> RecordingError:
@@ -129,7 +133,7 @@ def resolve(f: h5py.File, name: str, where: str) -> Any:
             raise _fail(where, f"/{name}: /{part}'s parent is not a group")
         try:
             link = obj.get(part, getlink=True)
-        except (KeyError, OSError, ValueError, TypeError) as e:
+        except H5_ERRORS as e:
             raise _fail(where, f"/{name}: unreadable link ({_first_line(e)})") from None
         if link is None:
             raise _fail(where, f"damaged recording (missing /{name})")
@@ -140,12 +144,19 @@ def resolve(f: h5py.File, name: str, where: str) -> Any:
             )
         try:
             obj = obj[part]
-        except (KeyError, OSError, ValueError, TypeError) as e:
+        except H5_ERRORS as e:
             raise _fail(where, f"/{name}: unreadable ({_first_line(e)})") from None
     return obj
 
 
 def _check_storage(ds: h5py.Dataset, where: str, name: str) -> None:
+    try:
+        _storage(ds, where, name)
+    except H5_ERRORS as e:
+        raise _fail(where, f"/{name}: unreadable layout ({_first_line(e)})") from None
+
+
+def _storage(ds: h5py.Dataset, where: str, name: str) -> None:
     if ds.is_virtual:
         raise _fail(where, f"/{name} is a virtual dataset (data from other files), refused")
     dcpl = ds.id.get_create_plist()
@@ -180,7 +191,7 @@ def dataset(
         _check_storage(ds, where, name)
         try:
             got = ds.dtype
-        except (TypeError, ValueError, OSError) as e:
+        except H5_ERRORS as e:
             raise _fail(where, f"/{name} has an unreadable dtype ({_first_line(e)})") from None
         if got != np.dtype(dtype) or got.str != np.dtype(dtype).str:
             raise _fail(where, f"/{name} has dtype {got}, expected {np.dtype(dtype)}")
@@ -217,7 +228,7 @@ def _attr(obj: Any, key: str, where: str, required: bool) -> Any:
         return obj.attrs[key]
     except RecordingError:
         raise
-    except (OSError, TypeError, ValueError, KeyError) as e:
+    except H5_ERRORS as e:
         raise _fail(
             where, f"attribute {key!r} of {obj.name} is unreadable ({_first_line(e)})"
         ) from None
@@ -326,7 +337,7 @@ def read_json_blob(
         ds.refresh()
     try:
         raw = ds[()].tobytes()
-    except (OSError, ValueError, TypeError) as e:
+    except H5_ERRORS as e:
         raise _fail(where, f"/{name} cannot be read ({_first_line(e)})") from None
     return parse_json(raw, f"{where}: /{name}", **kw)
 
@@ -364,7 +375,7 @@ def check_payload_stored(arena: h5py.Dataset, n: int, path: str, name: str) -> N
     try:
         stored = arena.id.get_storage_size()
         size = os.path.getsize(path)
-    except (OSError, ValueError) as e:
+    except H5_ERRORS as e:
         raise _fail(path, f"/{name}: storage unreadable ({_first_line(e)})") from None
     if n > stored or n > size:
         raise _fail(
@@ -394,6 +405,19 @@ _TREE_TAGS = {
     "opaque",
 }
 _DTYPE_KINDS = set("biufcmMSUV")
+# What decodes to a hashable value, so may be a dict key (tuples: when their items are).
+_HASHABLE = {
+    "none",
+    "bool",
+    "str",
+    "int",
+    "float",
+    "complex",
+    "bytes",
+    "npscalar",
+    "tuple",
+    "ntuple",
+}
 
 
 def _is_int(v: Any) -> bool:
@@ -409,9 +433,9 @@ def check_tree(root: Any, arena_bytes: int, where: str) -> None:
     def bad(what: str) -> RecordingError:
         return _BAD(f"{where}: {what}")
 
-    stack = [(root, 1)]
+    stack = [(root, 1, False)]  # (node, depth, is a dict key or inside one)
     while stack:
-        node, depth = stack.pop()
+        node, depth, as_key = stack.pop()
         if depth > LIMITS["tree_depth"]:
             raise bad(f"record nested deeper than {LIMITS['tree_depth']} levels")
         if not isinstance(node, dict):
@@ -419,6 +443,8 @@ def check_tree(root: Any, arena_bytes: int, where: str) -> None:
         t = node.get("t")
         if t not in _TREE_TAGS:
             raise bad(f"unknown record node type {str(t)[:40]!r}")
+        if as_key and t not in _HASHABLE:
+            raise bad(f"a dict key is a {t}, which cannot be a key")
         v = node.get("v")
         if t in ("ndarray", "npscalar", "tensor", "bytes"):
             off, n = node.get("off"), node.get("n")
@@ -463,7 +489,7 @@ def check_tree(root: Any, arena_bytes: int, where: str) -> None:
             if not isinstance(v, str):
                 raise bad("a str node does not hold a string")
         elif t == "int":
-            if not (_is_int(v) or (isinstance(v, str) and 0 < len(v) <= 400 and _intlike(v))):
+            if not (_is_int(v) or (isinstance(v, str) and 0 < len(v) <= 4300 and _intlike(v))):
                 raise bad("an int node does not hold an integer")
         elif t == "float":
             if not (isinstance(v, str) and _floatlike(v)):
@@ -483,23 +509,13 @@ def check_tree(root: Any, arena_bytes: int, where: str) -> None:
                     and all(isinstance(node.get(k), str) for k in ("name", "module", "qualname"))
                 ):
                     raise bad("a namedtuple node has unusable fields")
-            stack.extend((x, depth + 1) for x in v)
+            stack.extend((x, depth + 1, as_key) for x in v)
         elif t in ("dict", "odict"):
             k = node.get("k")
             if not (isinstance(k, list) and isinstance(v, list) and len(k) == len(v)):
                 raise bad(f"a {t} node's keys and values do not match")
-            for key in k:  # keys must decode to something hashable: scalars and strings only
-                if not isinstance(key, dict) or key.get("t") not in (
-                    "none",
-                    "bool",
-                    "str",
-                    "int",
-                    "float",
-                    "complex",
-                ):
-                    raise bad(f"a {t} key is not a scalar")
-            stack.extend((x, depth + 1) for x in k)
-            stack.extend((x, depth + 1) for x in v)
+            stack.extend((x, depth + 1, True) for x in k)  # keys: hashable nodes only
+            stack.extend((x, depth + 1, False) for x in v)
         elif t == "opaque":
             if not isinstance(node.get("type"), str) or not isinstance(node.get("repr", ""), str):
                 raise bad("an opaque node lacks its type")

@@ -11,6 +11,7 @@ import torch
 
 from replay.capture.tensors import copy_tree, from_leaves, to_leaves
 from replay.store.tree import Opaque, TensorLeaf, decode
+from replay.store.validate import check_tree
 from replay.store.writer import pack_record
 
 Pair = collections.namedtuple("Pair", ["x", "y"])
@@ -23,7 +24,10 @@ def roundtrip(tree):
     import json
 
     manifest = json.loads(payload[:mlen].tobytes())
-    return from_leaves(decode(manifest, payload[mlen:].tobytes()))
+    arena = payload[mlen:].tobytes()
+    # What the writer writes, the reader's checks (untrusted input, issue 23) must accept.
+    check_tree(manifest, len(arena), "roundtrip")
+    return from_leaves(decode(manifest, arena))
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -116,3 +120,9 @@ def test_tensor_leaf_keeps_dtype_name_for_numpy_less_types():
     leaves = to_leaves(torch.ones(2, dtype=torch.bfloat16))
     assert isinstance(leaves, TensorLeaf) and leaves.dtype == "bfloat16"
     assert leaves.data.dtype == np.int16
+
+
+def test_hashable_keys_of_every_kind_round_trip():
+    """Tuple, bytes and numpy-scalar keys were readable before the reader checked manifests."""
+    tree = {(1, "a"): 1, b"k": 2, np.int64(3): 3, Pair(1, 2): 4, None: 5, 2.5: 6, (1, (2, 3)): 7}
+    assert roundtrip(tree) == tree

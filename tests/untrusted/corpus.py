@@ -398,6 +398,12 @@ def recording_cases(base: Path, out: Path) -> list[Case]:  # noqa: PLR0915 - one
         m = {"t": "ndarray", "dtype": "|O", "shape": [2], "off": 0, "n": 16}
         _put_payload(f, "steps", _first_slot(f, "steps"), json.dumps(m).encode(), b"\0" * 16)
 
+    p, _ = case("manifest_unhashable_key", info=OK, tui="fails", fragment="cannot be a key")
+    with h5py.File(p, "r+") as f:
+        key = {"t": "tuple", "v": [{"t": "list", "v": []}]}  # a tuple holding a list: unhashable
+        m = {"t": "dict", "k": [key], "v": [{"t": "none"}]}
+        _put_payload(f, "steps", _first_slot(f, "steps"), json.dumps(m).encode(), b"")
+
     p, _ = case("record_of_another_step", info=OK, tui="opens", fragment="holds the record")
     with h5py.File(p, "r+") as f:
         slot = _first_slot(f, "snapshots")

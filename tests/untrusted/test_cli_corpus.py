@@ -58,6 +58,7 @@ RECORDING_CASES = [
     "manifest_bad_offset_utf8",
     "manifest_mlen_past_nbytes",
     "manifest_object_dtype",
+    "manifest_unhashable_key",
     "record_of_another_step",
     "marker_int64_max",
     "health_marker_negative",
