@@ -24,7 +24,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from replay.store.checksum import slot_crc
+from replay.store.checksum import health_crc, slot_crc
 from replay.store.forensics import write_forensics
 from replay.store.writer import pack_record
 
@@ -243,6 +243,13 @@ def recording_cases(base: Path, out: Path) -> list[Case]:  # noqa: PLR0915 - one
         )
         hs[: len(steps)] = steps
         hv[: len(rows), : len(old)] = rows
+        if "crc" in f["health"]:  # the rows changed width: their checksums, as a crafter would
+            del f["health/crc"]
+            hc = f.create_dataset("health/crc", shape=(n,), dtype="<i8", chunks=(8192,))
+            filled = hv[: len(rows)]
+            hc[: len(steps)] = [
+                health_crc(int(st), filled[i]) if st >= 0 else 0 for i, st in enumerate(steps)
+            ]
         f["health"].attrs["slots"] = n
         f["health"].attrs["columns"] = json.dumps(columns)
         meta = _meta(f)
