@@ -71,7 +71,7 @@ def bisect(
     A DDP run: RUN names its rank set (run.h5 for run.rank0.h5, run.rank1.h5, ..., a directory
     or a glob); the first (step, rank) whose own values went bad picks the rank to replay.
     Exit codes: 0 culprit found, 1 the recorded window is healthy, 2 usage error,
-    3 unusable recording, 4 unusable entry point, 5 replay failed.
+    3 unusable recording, 4 unusable entry point, 5 replay failed, 6 internal error.
     """
     from ..bisect.progress import Progress
     from ..bisect.report import render_verdict

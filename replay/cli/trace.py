@@ -31,7 +31,7 @@ def trace(
     of forward, backward and the optimizer with its module, source line, statistics and
     memory, written to RUN.forensics.h5 for `replay tui RUN` (ops, layers, gradients, memory
     and source views). Exit codes: 0 traced, 2 a step outside the replayable window,
-    3 unusable recording, 4 unusable entry point, 5 replay failed.
+    3 unusable recording, 4 unusable entry point, 5 replay failed, 6 internal error.
     """
     from ..workflows.trace import run_trace
 

@@ -23,7 +23,8 @@ def verify(run: str, as_json: bool, device: str | None, entry: str | None, trust
     differs, says why: the replay raised (the step needs state build_fn does not create), state
     changed outside the step (which objects drifted by the next snapshot), or real
     non-determinism (two replays from the same state disagree). Exit codes: 0 every step
-    matches, 1 some step differs, 3 unusable recording, 4 unusable entry point, 5 replay failed.
+    matches, 1 some step differs, 3 unusable recording, 4 unusable entry point,
+    5 replay failed, 6 internal error.
     """
     from ..bisect.progress import Progress
     from ..bisect.report import render_verify
