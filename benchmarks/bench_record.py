@@ -85,6 +85,76 @@ class DroppingWriter:
         pass
 
 
+def drop_everything(rec):
+    """Make ``rec`` a "training thread only" recorder: its writer thread drops every job, and
+    its step log lets the training thread write over each record once it is published (the
+    writer process never opens the file, so it never reads the log)."""
+    rec._writer = DroppingWriter(rec._pool)  # the recorder then never starts its own
+    if rec._log is not None:
+        log = rec._log.log
+        publish = log.publish
+
+        def publish_and_drop(health):
+            publish(health)
+            log.release(log.head)
+
+        log.publish = publish_and_drop
+
+
+_INSIDE: list[float] = []  # seconds spent in the step function, by timed_step
+
+
+def timed_step(model, optimizer, batch):
+    """The workload's step, timed from the inside: what the recorder adds is the rest."""
+    t0 = time.perf_counter()
+    out = step(model, optimizer, batch)
+    _INSIDE.append(time.perf_counter() - t0)
+    return out
+
+
+def handoff(name, steps, tmp):
+    """The training thread's own cost per recorded step, in microseconds: ``rec.step`` less the
+    step function, with nothing written (``drop_everything``). Beside it, a plain copy of the
+    batch's bytes into a buffer allocated once, timed right after a training step too (the
+    caches as cold as the recorder finds them)."""
+    _CURRENT["name"] = name
+    torch.manual_seed(0)
+    model, opt = build()
+    rec = replay.Recorder(
+        os.path.join(tmp, f"{name[:3]}-handoff.h5"),
+        model=model,
+        optimizer=opt,
+        step_fn=timed_step,
+        build_fn=build,
+        handle_signals=False,
+    )
+    drop_everything(rec)
+    _, template = WORKLOADS[name]()
+    batches = fresh_batches(template, steps)
+    torch.manual_seed(0)
+    bare_model, bare_opt = build()
+    nbytes = sum(t.numel() * t.element_size() for t in batches[0])
+    buf = np.empty(nbytes, dtype=np.uint8)
+    own, copy = [], []
+    for b in batches[:3]:
+        rec.step(b)
+    for b in batches * 3:
+        _INSIDE.clear()
+        t0 = time.perf_counter()
+        rec.step(b)
+        own.append(time.perf_counter() - t0 - _INSIDE[0])
+        step(bare_model, bare_opt, b)
+        t0 = time.perf_counter()
+        pos = 0
+        for t in b:
+            a = t.numpy().reshape(-1).view(np.uint8)
+            np.copyto(buf[pos : pos + a.size], a)
+            pos += a.size
+        copy.append(time.perf_counter() - t0)
+    rec.close()
+    return nbytes, statistics.median(own) * 1e6, statistics.median(copy) * 1e6
+
+
 COLUMNS = {  # variant -> table header, in table order
     "bare_again": "bare, again",
     "thread_only": "training thread only",
@@ -150,8 +220,7 @@ def make_variants(name, tmp, wanted):
         if v in wanted
     }
     if "thread_only" in recs:
-        rec = recs["thread_only"]
-        rec._writer = DroppingWriter(rec._pool)  # the recorder then never starts its own
+        drop_everything(recs["thread_only"])
     if "nan_hooks" in wanted:
         NanHooks(states["nan_hooks"][0])
     save_path = os.path.join(tmp, "ckpt.pt")
@@ -273,6 +342,9 @@ def main() -> None:
         help=f"comma-separated, beside bare: {','.join(COLUMNS)}",
     )
     p.add_argument("--no-throughput", action="store_true", help="skip the store/disk speeds")
+    p.add_argument(
+        "--no-handoff", action="store_true", help="skip the training thread's cost in us"
+    )
     args = p.parse_args()
     wanted = [v for v in args.variants.split(",") if v]
     unknown = sorted(set(wanted) - set(COLUMNS))
@@ -294,6 +366,20 @@ def main() -> None:
             bare, r = bench(name, args.rounds, args.steps, tmp, wanted)
             cells = [f"**{r[v]:.3f}x**" if v in BOLD else f"{r[v]:.3f}x" for v in wanted]
             print(f"| {name} | {bare * 1e3:.2f} ms | " + " | ".join(cells) + " |", flush=True)
+        if not args.no_handoff:
+            print()
+            print(
+                "| workload | batch | training thread, per step | memcpy of the batch | goal "
+                "(2x memcpy + 50 us) |"
+            )
+            print("|---|---|---|---|---|")
+            for name in WORKLOADS:
+                nbytes, own, copy = handoff(name, args.steps, tmp)
+                print(
+                    f"| {name} | {nbytes / 1024:.0f} KiB | {own:.0f} us | {copy:.1f} us | "
+                    f"{2 * copy + 50:.0f} us |",
+                    flush=True,
+                )
         if not args.no_throughput:
             print()
             print(

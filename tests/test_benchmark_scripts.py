@@ -20,6 +20,10 @@ def test_bench_record_runs_every_recorder_variant():
         timeout=300,
         check=True,
     )  # fmt: skip
-    rows = [line for line in proc.stdout.splitlines() if line.startswith("| ")][1:]
+    ratios, handoff = proc.stdout.split("\n\n")[1:3]
+    rows = [line for line in ratios.splitlines() if line.startswith("| ")][1:]
     assert [r.split(" | ")[0] for r in rows] == ["| MLP", "| CNN", "| GPT (2 blocks)"]
     assert all(len(re.findall(r"\d\.\d{3}x", r)) == 4 for r in rows), proc.stdout
+    # the training thread's own microseconds per step, beside a memcpy of the batch
+    rows = [line for line in handoff.splitlines() if line.startswith("| ")][1:]
+    assert len(rows) == 3 and all(len(re.findall(r"\d+(\.\d)? us", r)) == 3 for r in rows)

@@ -19,6 +19,7 @@ from ..distributed.ranks import (
 )
 from ..safetext import term_safe_tree
 from ..store import open_recording
+from ..store.liveness import writer_state
 
 __all__ = ["info", "describe"]
 
@@ -40,8 +41,23 @@ def _steps_summary(rec: Any) -> dict[str, Any]:
         "first_bad": rec.first_bad(),
         "last_loss": float(losses[-1]) if losses.size else None,
         "closed_cleanly": bool(status["closed"]),
+        "writer": _writer(rec.path),
         "damaged_steps": rec.damaged_steps(),
         "damaged_health": sorted(rec.damaged_health),
+    }
+
+
+def _writer(path: str) -> dict[str, Any] | None:
+    """The live writer of the file, from its lock: still recording, or draining after its
+    training died (with the steps it still has to commit)."""
+    state = writer_state(path)
+    if state is None:
+        return None
+    return {
+        "draining": state.draining,
+        "steps_to_come": state.steps_to_come,
+        "pid": state.pid,
+        "writer_pid": state.writer_pid,
     }
 
 
@@ -88,11 +104,16 @@ def render(d: dict[str, Any]) -> str:
     lines = [
         f"{d['path']}  (replay recording, format v{d['format_version']}, run {d['run_id'][:8]})"
     ]
-    state = (
-        "closed cleanly"
-        if d["closed_cleanly"]
-        else "not closed (still being written, or its writer died)"
-    )
+    w = d.get("writer")
+    if d["closed_cleanly"]:
+        state = "closed cleanly"
+    elif w and w["draining"]:
+        more = f": {w['steps_to_come']} steps to come" if w["steps_to_come"] is not None else ""
+        state = f"not closed: its training died, its writer is still committing{more}"
+    elif w:
+        state = f"being written (training process {w['pid']})"
+    else:
+        state = "not closed (its training or its writer died)"
     lines.append(f"  status          {state}")
     lines.append(
         f"  steps recorded  {d['steps_recorded']}  (health for {_fmt_range(d['health_steps'])})"

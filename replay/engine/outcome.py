@@ -36,7 +36,7 @@ class StepOutcome:
     def row(self) -> dict[str, Any]:
         """A health row (the columns a replay reproduces) plus ``step`` and ``exception``.
 
-        Mirrors ``BackgroundWriter._health_row``: a raised step measures nothing but ``raised``.
+        Mirrors ``capture.health.health_row``: a raised step measures nothing but ``raised``.
         """
         row: dict[str, Any] = {"step": self.step, "exception": self.exception}
         row["raised"] = float(self.exception is not None)

@@ -3,8 +3,9 @@
 Per step, on the training thread: the RNG states (captured after the batch was fetched, right
 before the step), a copy of the batch, the param-group hyper-parameters and module modes; after
 the step, the loss, the gradient norm measured in an optimizer step pre-hook and a parameter
-fingerprint, all left as tensors where they are. Everything else (encoding, CUDA waits, HDF5)
-happens on the writer thread.
+fingerprint. On a CPU run the step's record goes straight into the shared step log that the
+writer process reads (``step_log_writer.py``): safe once ``step`` returns. A GPU step is left as
+tensors where they are and handed to the writer thread, which waits for the device's copies.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from ..capture.rng import capture_rng
 from ..capture.tensors import CopyStats, copy_tree
 from ..distributed.ranks import base_path, rank_path
 from ..errors import NonFiniteLossError, RecorderWarning
+from ..store.step_log import LOG_BYTES
 from ..store.writer import RingSpec
 from ..store.writer_process import WriterClient
 from .ddp.consistency import ConsistentStop
@@ -40,6 +42,7 @@ from .ddp.context import detect, unwrap
 from .ddp.hook import LocalGradProbe
 from .entry import describe_entry, read_source
 from .env import collect_env
+from .step_log_writer import StepLogWriter, on_host
 from .writer_thread import BackgroundWriter, SnapshotJob, StepJob
 
 __all__ = ["Recorder"]
@@ -89,13 +92,15 @@ class Recorder:
     ``fingerprint_every=10`` steps; loss and gradient norm every step. Health metrics are kept for the last
     ``keep_health=100_000`` steps. The file stops growing once the rings are full.
 
-    The steps go to the file in the background. When the writer falls behind, training waits
-    for it once ``max_pending_steps=64`` steps are handed over and not yet passed on to the
-    writer process, the oldest of them at least ``max_pending_seconds=1.0`` ago (or once
-    ``max_pending_bytes=1 GiB`` are), with one :class:`RecorderWarning` the first time. So a
-    ``kill -9`` of the training process loses at most that backlog (what reached the writer
-    process is committed). A writer that keeps up has at most about 30 steps pending
-    (benchmarks/RESULTS.md, "backlog").
+    The steps go to the file in the background, through a child process (the writer process).
+    On a CPU run each step is written into a shared-memory step log before ``step`` returns, so
+    a ``kill -9`` of the training process loses at most the step in flight; when the writer
+    process falls behind and the log is full, training waits for room. A step with tensors on a
+    GPU goes through a writer thread instead, and training waits for that thread once
+    ``max_pending_steps=64`` steps are handed over and not yet passed on, the oldest of them at
+    least ``max_pending_seconds=1.0`` ago (or once ``max_pending_bytes=1 GiB`` are): a ``kill
+    -9`` then loses at most that backlog. Either wait is announced by one
+    :class:`RecorderWarning`.
 
     **DDP** (``torch.distributed`` initialised with more than one rank, detected automatically;
     ``rank=``/``world_size=`` override it): every rank records its own file, named from ``path``:
@@ -190,7 +195,13 @@ class Recorder:
         self._probe_grads = GradProbe(self._opt_params, optimizer)
         self._writer: BackgroundWriter | None = None
         self._pool = HostPool()  # the batch copies' buffers, given back by the writer thread
-        self._client = WriterClient()  # started early: its imports overlap the first steps
+        # Started early: its imports overlap the first steps. The step log holds a few
+        # snapshots (weights, moments, gradients: about 4x the model) besides the steps.
+        model_bytes = sum(t.numel() * t.element_size() for t in self._inner.state_dict().values())
+        self._client = WriterClient(min(max(LOG_BYTES, 12 * model_bytes), 1 << 30))
+        log = self._client.step_log
+        self._log = StepLogWriter(log, alive=self._writer_alive) if log is not None else None
+        self._writer_exit_seen = False
         self._warned = False
         self._warned_wait = False  # training waited for a writer that fell behind: said once
         self._closed = False
@@ -296,14 +307,23 @@ class Recorder:
                 "lr": lr if isinstance(lr, (int, float, torch.Tensor)) else None,
                 "raised": 0.0,
             }
+            modes = [m.training for m in self._modules]
+            # Into the step log when the step lives in host memory: safe once step() returns.
+            direct = (
+                self._log is not None
+                and not (self._cuda_built and torch.cuda.is_initialized())
+                and on_host(batch)
+                and on_host(values)
+                and self._log.begin(t, rng, hparams, modes, batch, values)
+            )
             job = StepJob(
                 step=t,
                 rng=rng,
-                batch=copy_tree(batch, stats=copied, pool=self._pool),
+                batch=None if direct else copy_tree(batch, stats=copied, pool=self._pool),
                 hparams=hparams,
-                modes=[m.training for m in self._modules],
+                modes=modes,
                 health=health,
-                values=copy_tree(values, stats=copied) if values else None,
+                values=copy_tree(values, stats=copied) if values and not direct else None,
             )
             scale = getattr(self.scaler, "_scale", None) if self.scaler is not None else None
             if scale is not None:
@@ -326,6 +346,8 @@ class Recorder:
             }
             self.next_step = t + 1
             try:
+                if direct:  # the writer thread takes it, with the batch from the log
+                    job.record = self._log.abandon(job.exception)  # type: ignore[union-attr]
                 self._submit_step(job, copied)
                 self.flush()
             except Exception as rec_error:  # noqa: BLE001 - the user's exception is the one to raise
@@ -365,7 +387,10 @@ class Recorder:
             if self._cuda_built and torch.cuda.is_initialized():
                 health["cuda_allocated"] = float(torch.cuda.memory_allocated())
                 health["cuda_peak"] = float(torch.cuda.max_memory_allocated())
-            self._submit_step(job, copied)
+            if direct:
+                self._log.publish(health)  # type: ignore[union-attr]
+            else:
+                self._submit_step(job, copied)
         except Exception as e:  # noqa: BLE001 - the recorder must never take training down
             self._give_up("recording the step's health", e)
             self.next_step = t + 1
@@ -429,15 +454,24 @@ class Recorder:
         self._writer_or_start().submit(job)
 
     def _snapshot(self, t: int) -> None:
+        slot = self._snapshots_taken % self.keep_snapshots
+        self._snapshots_taken += 1
+        live = gather_state(self.objects, self._inner)
+        writer = self._writer_or_start()  # (it creates the file; the log's records wait)
+        if (
+            self._log is not None
+            and not (self._cuda_built and torch.cuda.is_initialized())
+            and on_host(live)
+            and self._log.snapshot(t, slot, live)
+        ):
+            return
         copied = CopyStats()
-        state = {"step": t, **copy_tree(gather_state(self.objects, self._inner), stats=copied)}
+        state = {"step": t, **copy_tree(live, stats=copied)}
         event = None
         if copied.cuda:
             event = torch.cuda.Event()
             event.record()
-        slot = self._snapshots_taken % self.keep_snapshots
-        self._snapshots_taken += 1
-        self._writer_or_start().submit(SnapshotJob(t, slot, state, event, copied.nbytes))
+        writer.submit(SnapshotJob(t, slot, state, event, copied.nbytes))
 
     def _give_up(self, what: str, e: Exception) -> None:
         """Recording fails on the training thread: stop it, say so once, keep training."""
@@ -558,8 +592,33 @@ class Recorder:
             self._writer.flush(timeout)
             self._check_writer()
 
+    def _writer_alive(self) -> bool:
+        return self._client.proc.poll() is None
+
     def _check_writer(self) -> None:
         w = self._writer
+        if (
+            self._log is not None
+            and not self._writer_exit_seen
+            and self.next_step % 64 == 0
+            and not self._writer_alive()
+        ):
+            # Steps in the log are read by nobody now. The writer thread's next exchange with
+            # the process gets its last word (the error it died of), which stops recording.
+            self._writer_exit_seen = True
+            if w is not None:
+                w.flush()
+            else:
+                self._give_up("the writer process", OSError("it exited"))
+        if self._log is not None and self._log.waited and not self._warned_wait:
+            self._warned_wait = True
+            warnings.warn(
+                "replay: training waited for the recorder's writer process, which fell "
+                f"{self._log.log.size >> 20} MiB of steps behind (the CPU or the disk does not "
+                "keep up); recording goes on, and every step is safe once it returns",
+                RecorderWarning,
+                stacklevel=3,
+            )
         if w is not None and w.throttled and not self._warned_wait:
             self._warned_wait = True
             warnings.warn(

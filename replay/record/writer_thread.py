@@ -11,8 +11,6 @@ is reported once by the recorder as a warning; training is never interrupted.
 from __future__ import annotations
 
 import collections
-import math
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -20,38 +18,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import torch
 
+from ..capture.health import health_row
 from ..capture.pool import HostPool
 from ..capture.rng import rng_to_tree
 from ..capture.tensors import to_leaves
-from ..store.layout import COL, HEALTH_COLUMNS
 from ..store.writer import pack_parts
 from ..store.writer_process import WriterClient, WriterError, lower_priority
 
 __all__ = ["BackgroundWriter", "StepJob", "SnapshotJob"]
-
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-
-
-_statm: list[int] = []  # an fd kept open: opening /proc each step cost more than the read
-
-
-def _rss() -> float:
-    try:
-        if not _statm:
-            _statm.append(os.open("/proc/self/statm", os.O_RDONLY | os.O_CLOEXEC))
-        return float(int(os.pread(_statm[0], 128, 0).split()[1]) * _PAGE)
-    except (OSError, ValueError, IndexError):
-        return math.nan
-
-
-def _num(x: Any) -> float:
-    if x is None:
-        return math.nan
-    if isinstance(x, torch.Tensor):
-        return float(x.detach().to("cpu", torch.float64).reshape(-1)[0]) if x.numel() else math.nan
-    return float(x)
 
 
 @dataclass
@@ -67,6 +42,9 @@ class StepJob:
     nbytes: int = 0
     buffers: list[Any] | None = None  # the batch's pooled copies, given back once sent
     values: dict[str, Any] | None = None  # rec.step(batch, **values), handed back on replay
+    # The whole record, already leaves: a step that began in the step log and then raised
+    # (its batch as it was before the step, read back from the log).
+    record: dict[str, Any] | None = None
 
 
 @dataclass
@@ -208,6 +186,16 @@ class BackgroundWriter:
 
     def _run(self) -> None:
         lower_priority()  # this thread only: training threads first
+        try:
+            # At once: the steps and snapshots the training thread puts in the step log wait
+            # there until the writer process has the file.
+            self._store = self._make_store()
+        except WriterError as e:
+            self.error = str(e)
+            self._abandon()
+        except Exception as e:  # noqa: BLE001 - any failure must stop recording, not training
+            self.error = f"{type(e).__name__}: {e}"
+            self._abandon()
         stop = False
         while not stop:
             items = self._take()
@@ -264,7 +252,7 @@ class BackgroundWriter:
                 payload, mlen = pack_parts(to_leaves(job.state))
                 snaps.append((job.slot, job.step, payload, mlen))
                 continue
-            record = {
+            record = job.record or {
                 "step": job.step,
                 "rng": rng_to_tree(job.rng),
                 "hparams": to_leaves(job.hparams),
@@ -275,7 +263,7 @@ class BackgroundWriter:
             }
             payload, mlen = pack_parts(record)
             steps.append((job.step, payload, mlen))
-            health.append((job.step, self._health_row(job.health)))
+            health.append((job.step, health_row(job.health)))
             last = job.step if last is None else max(last, job.step)
         if self._store is None:
             self._store = self._make_store()
@@ -287,30 +275,3 @@ class BackgroundWriter:
                 if isinstance(job, StepJob) and job.buffers:
                     self._pool.give(job.buffers)
                     job.buffers = None
-
-    @staticmethod
-    def _health_row(h: dict[str, Any]) -> np.ndarray:
-        row = np.full(len(HEALTH_COLUMNS), np.nan)
-        for name, value in h.items():
-            if name in COL:
-                row[COL[name]] = _num(value)
-        loss, gn, fp = row[COL["loss"]], row[COL["grad_norm"]], row[COL["param_fingerprint"]]
-        if "loss" in h:
-            row[COL["loss_nonfinite"]] = float(not math.isfinite(loss))
-        # The flags come from the largest |element| when measured: norms overflow while every
-        # element is still finite.
-        if h.get("grad_absmax") is not None:
-            row[COL["grad_nonfinite"]] = float(not math.isfinite(_num(h["grad_absmax"])))
-        elif h.get("grad_norm") is not None:
-            row[COL["grad_nonfinite"]] = float(not math.isfinite(gn))
-        if h.get("local_grad_norm") is not None:
-            row[COL["local_grad_nonfinite"]] = float(not math.isfinite(row[COL["local_grad_norm"]]))
-        if h.get("param_absmax") is not None:
-            row[COL["param_nonfinite"]] = float(not math.isfinite(_num(h["param_absmax"])))
-        elif "param_fingerprint" in h:
-            row[COL["param_nonfinite"]] = float(not math.isfinite(fp))
-        if "scale_after" in h:
-            before, after = row[COL["scale"]], _num(h["scale_after"])
-            row[COL["scaler_skipped"]] = float(after < before)
-        row[COL["rss"]] = _rss()
-        return row

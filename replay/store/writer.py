@@ -29,6 +29,7 @@ from .layout import (
     RING_ENCODING,
     STATUS_FIELDS,
 )
+from .liveness import lock_path
 from .tree import encode
 from .validate import LIMITS
 
@@ -45,11 +46,6 @@ __all__ = [
 
 class RecordingLocked(OSError):
     """Another live process is writing this recording: a second writer would replace its file."""
-
-
-def lock_path(path: str) -> str:
-    """The lock file beside a recording while it is written: ``run.h5`` -> ``run.h5.lock``."""
-    return f"{path}.lock"
 
 
 def _take_lock(path: str, meta: dict[str, Any]) -> int | None:
@@ -420,6 +416,21 @@ class StoreWriter:
     def _write_spans(ds: Any, values: np.ndarray, slots: list[int]) -> None:
         for a, b in _spans(slots):
             ds[a:b] = values[a:b]
+
+    def mark_draining(self, steps_to_come: int) -> None:
+        """Training died without closing: say so in the lock file (``liveness.writer_state``)."""
+        if self._lock is None:
+            return
+        try:
+            info = json.loads(os.pread(self._lock, 4096, 0).decode() or "{}")
+            if not isinstance(info, dict):
+                info = {}
+            info.update(state="draining", steps_to_come=int(steps_to_come), since=time.time())
+            blob = json.dumps(info).encode()
+            os.pwrite(self._lock, blob, 0)
+            os.ftruncate(self._lock, len(blob))
+        except (OSError, ValueError):
+            pass  # the lock itself still tells that a writer lives
 
     def close(self, *, clean: bool = True) -> None:
         if self.f is None:

@@ -4,9 +4,11 @@ Measured here: after a failed write (``EFBIG``), closing or merely releasing the
 segfaulted inside the HDF5 library, and parking the handle only moved the crash to interpreter
 exit. In a child process such a crash ends recording, never the run.
 
-Durability: the pipe to the child is the boundary. A frame the parent finished writing is
-committed even when the parent is then killed: the child reads it, sees EOF, commits, and closes
-the file properly. So the child is free to group frames into one commit (three flushes) at most
+Durability: the step log (``step_log.py``, CPU steps, written by the training thread) and the
+pipe (frames from the writer thread: GPU steps, snapshots that do not fit the log) are the
+boundary. What the parent published in the log, or finished writing to the pipe, is committed
+even when the parent is then killed: the child sees EOF, marks the lock file "draining",
+reads the rest of the log, commits, and closes the file properly. So the child is free to group frames into one commit (three flushes) at most
 every ``COMMIT_INTERVAL`` seconds, which keeps its CPU use small beside training; only a kill of
 the child itself (``kill -9`` of the whole process group) can lose the last interval.
 
@@ -35,6 +37,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from .frame_ring import FrameRing
+from .step_log import LOG_BYTES, StepLog
 from .writer import RingSpec, StoreWriter
 
 __all__ = [
@@ -52,6 +55,7 @@ COMMIT_BYTES = 256 << 20  # ... or as soon as this much is pending
 PIPE_BYTES = 1 << 20  # the pipe's kernel buffer (from the default 64 KiB), where allowed
 WRITER_NICE = 10  # the writer thread's and the writer process's (see lower_priority)
 GATHER_DELAY = 0.02  # after a wake-up, let more frames arrive before reading (fewer wake-ups)
+LOG_POLL = 0.02  # how often the step log is looked at (it is read, not signalled)
 
 
 class WriterError(OSError):
@@ -101,15 +105,24 @@ def _grow_pipe(stream: Any) -> None:
 class WriterClient:
     """Parent side: ``commit``/``sync``/``close`` like :class:`StoreWriter`, in a child process."""
 
-    def __init__(self) -> None:
-        """Start the child now; it imports numpy and h5py while training gets going."""
+    def __init__(self, log_bytes: int = LOG_BYTES) -> None:
+        """Start the child now; it imports numpy and h5py while training gets going.
+        ``log_bytes``: the step log's size (see step_log.py)."""
         env = dict(os.environ)
         pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env["PYTHONPATH"] = pkg_root + os.pathsep + env.get("PYTHONPATH", "")
         self.ring = FrameRing.create()
+        # The training thread's own way in: see step_log.py. None where memfd is missing (or
+        # REPLAY_STEP_LOG=off); the recorder then hands every step to its writer thread.
+        self.step_log = (
+            None if os.environ.get("REPLAY_STEP_LOG") == "off" else StepLog.create(log_bytes)
+        )
         argv = [sys.executable, "-m", "replay.store.writer_process"]
         if self.ring is not None:
             argv += ["--ring", str(self.ring.fd)]
+        if self.step_log is not None:
+            argv += ["--log", str(self.step_log.fd)]
+        shared = [m for m in (self.ring, self.step_log) if m is not None]
         try:
             self.proc = subprocess.Popen(
                 argv,
@@ -118,11 +131,11 @@ class WriterClient:
                 stderr=subprocess.DEVNULL,
                 env=env,
                 close_fds=True,
-                pass_fds=(self.ring.fd,) if self.ring is not None else (),
+                pass_fds=tuple(m.fd for m in shared),
             )
         finally:
-            if self.ring is not None:
-                self.ring.close()  # the mapping stays; the child has its own descriptor
+            for m in shared:
+                m.close()  # the mapping stays; the child has its own descriptor
         _grow_pipe(self.proc.stdin)
 
     def create(
@@ -276,9 +289,19 @@ class _FrameReader:
 
 
 class _Server:
-    def __init__(self, inp: _FrameReader, out: BinaryIO, ring: FrameRing | None = None) -> None:
+    def __init__(
+        self,
+        inp: _FrameReader,
+        out: BinaryIO,
+        ring: FrameRing | None = None,
+        log: StepLog | None = None,
+    ) -> None:
         self.inp, self.out = inp, out
         self.ring = ring
+        self.log = log
+        self.log_pos = 0  # the step log is read up to here
+        self.log_items: list[Any] = []  # its records read and not yet committed
+        self.log_bytes = 0
         self.ring_end = 0  # end of the last ring body among the pending frames
         self.ring_pending = 0
         self.store: StoreWriter | None = None
@@ -290,8 +313,26 @@ class _Server:
         self.out.write(text.encode() + b"\n")
         self.out.flush()
 
+    def take_log(self) -> int:
+        """Read what the training thread has published since the last call (once the file
+        exists: until then records wait in the log). Returns how many records came."""
+        if self.log is None or self.store is None:
+            return 0
+        end = self.log.published()
+        items = list(self.log.read(self.log_pos, end))
+        self.log_pos = end
+        self.log_items.extend(items)
+        self.log_bytes += sum(int(r.payload.nbytes) for r in items)
+        return len(items)
+
+    def unread_log(self) -> int:
+        """Records published and not yet read (what a drain still has to commit)."""
+        if self.log is None:
+            return 0
+        return sum(1 for r in self.log.read(self.log_pos, self.log.published()) if r.slot < 0)
+
     def commit_pending(self) -> None:
-        if not self.pending or self.store is None:
+        if (not self.pending and not self.log_items) or self.store is None:
             self.pending.clear()
             self._release()
             return
@@ -312,6 +353,13 @@ class _Server:
                 pos += 8 * ncols
             if header["last_step"] is not None:
                 last = header["last_step"] if last is None else max(last, header["last_step"])
+        for rec in self.log_items:
+            if rec.slot >= 0:
+                snaps.append((rec.slot, rec.step, rec.payload, rec.mlen))
+                continue
+            steps.append((rec.step, rec.payload, rec.mlen))
+            health.append((rec.step, rec.health))
+            last = rec.step if last is None else max(last, rec.step)
         # A slot written twice in one group keeps its newest payload: later items win.
         self.store.commit(steps=steps, snapshots=snaps, health=health, last_step=last)
         self.pending.clear()
@@ -324,6 +372,35 @@ class _Server:
         if self.ring is not None and self.ring_end:
             self.ring.release(self.ring_end)
         self.ring_pending = 0
+        if self.log is not None and self.log_items:
+            self.log.release(self.log_items[-1].end)
+        self.log_items.clear()
+        self.log_bytes = 0
+
+    def due(self) -> bool:
+        """Whether what is pending should be committed now."""
+        if not self.pending and not self.log_items:
+            return False
+        if time.monotonic() - self.last_commit >= COMMIT_INTERVAL:
+            return True
+        if self.pending_bytes + self.log_bytes >= COMMIT_BYTES:
+            return True
+        if self.log is not None and self.log_bytes >= self.log.size // 4:
+            return True
+        return self.ring is not None and self.ring_pending >= self.ring.size // 2
+
+    def drain(self) -> None:
+        """Training is gone without closing: say so beside the file (``replay info`` shows it,
+        ``bisect`` waits), commit everything it published, close the file."""
+        if self.store is not None:
+            taken = sum(1 for r in self.log_items if r.slot < 0)
+            in_pipe = sum(len(h["steps"]) for h, _ in self.pending)
+            self.store.mark_draining(self.unread_log() + taken + in_pipe)
+        self.take_log()
+        self.commit_pending()
+        if self.store is not None:
+            self.store.close(clean=False)
+            self.store = None
 
     def handle(self, header: dict[str, Any], body: memoryview) -> bool:
         op = header["op"]
@@ -347,8 +424,10 @@ class _Server:
                 health_slots=header["health_slots"],
             )
         elif op == "sync":
+            self.take_log()
             self.commit_pending()
         elif op == "close":
+            self.take_log()
             self.commit_pending()
             if self.store is not None:
                 self.store.close(clean=bool(header.get("clean", True)))
@@ -360,9 +439,16 @@ class _Server:
 
     def serve(self) -> int:
         while True:
-            wait = self.last_commit + COMMIT_INTERVAL - time.monotonic() if self.pending else None
-            if not self.inp.ready(wait):  # (None: block until input)
-                self.commit_pending()  # input went quiet, or the interval is up
+            if self.log is not None and self.store is not None:
+                wait: float | None = LOG_POLL  # the step log has no wake-up: look at it
+            elif self.pending:
+                wait = self.last_commit + COMMIT_INTERVAL - time.monotonic()
+            else:
+                wait = None  # block until input
+            if not self.inp.ready(wait):
+                self.take_log()
+                if self.log is None or self.due():
+                    self.commit_pending()  # input went quiet, or the interval is up
                 continue
             # Input is there: let more frames arrive, then take all of them, so that a run of
             # small steps costs one wake-up every GATHER_DELAY, not one each. Frames waiting in
@@ -370,18 +456,13 @@ class _Server:
             time.sleep(GATHER_DELAY)
             while True:
                 frame = self.inp.read()
-                if frame is None:  # parent gone: commit what arrived whole, close properly
-                    self.commit_pending()
-                    if self.store is not None:
-                        self.store.close(clean=False)
+                if frame is None:  # parent gone: commit what it published, close properly
+                    self.drain()
                     return 0
                 if not self.handle(*frame):
                     return 0
-                interval_up = time.monotonic() - self.last_commit >= COMMIT_INTERVAL
-                ring_half = self.ring is not None and self.ring_pending >= self.ring.size // 2
-                if self.pending and (
-                    interval_up or ring_half or self.pending_bytes >= COMMIT_BYTES
-                ):
+                self.take_log()
+                if self.due():
                     self.commit_pending()
                 if not self.inp.ready(0):
                     break
@@ -409,10 +490,10 @@ def main() -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     lower_priority()
-    ring = None
-    if len(sys.argv) == 3 and sys.argv[1] == "--ring":
-        ring = FrameRing.attach(int(sys.argv[2]))
-    server = _Server(_FrameReader(sys.stdin.fileno()), sys.stdout.buffer, ring)
+    args = dict(zip(sys.argv[1::2], sys.argv[2::2]))
+    ring = FrameRing.attach(int(args["--ring"])) if "--ring" in args else None
+    log = StepLog.attach(int(args["--log"])) if "--log" in args else None
+    server = _Server(_FrameReader(sys.stdin.fileno()), sys.stdout.buffer, ring, log)
     try:
         return server.serve()
     except Exception as e:  # noqa: BLE001 - reported to the parent, which stops recording

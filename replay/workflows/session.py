@@ -2,11 +2,40 @@
 
 from __future__ import annotations
 
+import os
+import sys
+from collections.abc import Callable
 from typing import Any
 
-from ..errors import UsageError
+from ..errors import RecordingError, UsageError
+from ..store.liveness import WriterState, wait_for_drain
 
-__all__ = ["open_engine", "parse_entry"]
+__all__ = ["open_engine", "parse_entry", "wait_until_drained"]
+
+DRAIN_WAIT = 600.0  # seconds; REPLAY_DRAIN_WAIT overrides
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def wait_until_drained(run: str, notify: Callable[[str], None] = _say) -> None:
+    """A recording whose training died is still being committed by its writer process: wait
+    for it rather than replay a partial window (a live run is read as it is)."""
+
+    def waiting(state: WriterState) -> None:
+        more = f" ({state.steps_to_come} steps to come)" if state.steps_to_come else ""
+        notify(f"replay: {run}: its training died; waiting for its writer to finish{more}")
+
+    try:
+        timeout = float(os.environ.get("REPLAY_DRAIN_WAIT", DRAIN_WAIT))
+    except ValueError:
+        timeout = DRAIN_WAIT
+    if not wait_for_drain(run, timeout=timeout, on_wait=waiting):
+        raise RecordingError(
+            f"{run}: its writer process is still committing the steps of a training run that "
+            f"died, after {timeout:g} s; run this again once it has finished (replay info shows it)"
+        )
 
 
 def parse_entry(entry: str | None) -> Any:
@@ -30,6 +59,7 @@ def open_engine(
     from ..engine import Engine
     from ..store import open_recording
 
+    wait_until_drained(run)
     rec = open_recording(run)
     try:
         return rec, Engine(rec, device=device, entry=override, trust=trust)

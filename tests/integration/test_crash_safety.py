@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from replay.store import open_recording
+from replay.store.liveness import writer_state
 from tests.conftest import ROOT, SCRIPTS
 
 sys.path.insert(0, str(SCRIPTS))
@@ -132,3 +133,87 @@ def test_a_reader_follows_a_file_while_it_is_written(tmp_path):
         proc.wait()
         proc.stdout.close()
         proc.stderr.close()
+
+
+def _progress(out) -> int:
+    try:
+        with open(f"{out}.progress", "rb") as fh:
+            raw = fh.read(8)
+    except FileNotFoundError:
+        return 0
+    return int(np.frombuffer(raw, "<i8")[0]) if len(raw) == 8 else 0
+
+
+def _wait(cond, what, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.005)
+
+
+@pytest.mark.slow
+def test_sigkill_loses_at_most_the_step_in_flight(tmp_path):
+    """200 kills (REPLAY_KILLS) at random moments, of a loop of sub-millisecond steps and of a
+    slower one: every file opens, and it holds every step the loop saw complete (its own
+    progress counter), plus at most the step in flight."""
+    import kill_target
+
+    kills = int(os.environ.get("REPLAY_KILLS", "200"))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    server = subprocess.Popen(
+        [sys.executable, str(SCRIPTS / "kill_target.py")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    rng = random.Random(20261204)
+    in_flight = 0
+
+    def start_run(i):
+        kind = "fast" if i % 2 == 0 else "slow"
+        out = tmp_path / f"run{i}.h5"
+        server.stdin.write(f"RUN {out} {kind} {i}\n")
+        server.stdin.flush()
+        return kind, out, int(server.stdout.readline())
+
+    def check(kind, out):
+        done = _progress(out)
+        with open_recording(out) as rec:
+            last = rec.status()["last_step"]
+            assert done - 1 <= last <= done, (kind, done, last)
+            slots = 60  # snapshot_every=20, 3 kept
+            assert list(rec.steps()) == list(range(max(0, last + 1 - slots), last + 1))
+            h = rec.health()
+            assert list(h["step"]) == list(range(last + 1)), "a health row is missing"
+            x, y = kill_target.make_batch(kind, done - 1)
+            got = rec.read_step(done - 1)["batch"]
+            assert np.array_equal(got[0].data, x.numpy())
+            assert np.array_equal(got[1].data, y.numpy())
+            assert rec.replayable_window() is not None
+        os.remove(out)
+        return last == done
+
+    try:
+        # A few runs at a time (most of a run's life is its writer process starting), each
+        # killed at its own random moment after its first step completed.
+        at_once = 8
+        for first in range(0, kills, at_once):
+            runs = [start_run(i) for i in range(first, min(first + at_once, kills))]
+            for _, out, _ in runs:
+                _wait(lambda out=out: _progress(out) >= 1, "the first step")
+            t0 = time.monotonic()
+            delays = sorted((rng.uniform(0.0, 0.3), k) for k in range(len(runs)))
+            for delay, k in delays:
+                time.sleep(max(0.0, t0 + delay - time.monotonic()))
+                os.kill(runs[k][2], signal.SIGKILL)
+            for kind, out, _ in runs:
+                # The writer process outlives training: wait until it has drained, let go.
+                _wait(lambda out=out: writer_state(str(out)) is None, "the writer to finish")
+                in_flight += check(kind, out)
+    finally:
+        server.stdin.close()
+        server.wait(30)
+        server.stdout.close()
+    print(f"{kills} kills; the step in flight was in the file {in_flight} times")

@@ -35,7 +35,10 @@ class StalledDisk:
         self.store.close(clean=clean)
 
 
-def test_training_waits_for_a_stalled_writer_once_the_backlog_is_both_long_and_old(tmp_path):
+def test_training_waits_for_a_stalled_writer_once_the_backlog_is_both_long_and_old(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setenv("REPLAY_STEP_LOG", "off")  # the writer thread's way (GPU steps)
     path = tmp_path / "run.h5"
     model, opt = build()
     rec = replay.Recorder(
@@ -93,3 +96,63 @@ def test_training_waits_for_a_stalled_writer_once_the_backlog_is_both_long_and_o
     assert len(said) == 1 and "training waited for the recorder's writer" in said[0], said
     with open_recording(path) as r:  # the ring keeps the last 150 steps, all of them written
         assert list(r.steps()) == list(range(steps - 150, steps))
+
+
+def test_training_waits_for_a_stopped_writer_process_when_the_step_log_is_full(
+    tmp_path, monkeypatch
+):
+    # The step log (the CPU path) is bounded: a writer process that stops reading (SIGSTOP: a
+    # disk that hangs, a starved process) makes training wait for room, never lose a step.
+    import os
+    import signal
+
+    from replay.record import recorder as recorder_module
+
+    monkeypatch.setattr(recorder_module, "LOG_BYTES", 256 << 10)
+    path = tmp_path / "run.h5"
+    model, opt = build()
+    rec = replay.Recorder(
+        path,
+        model=model,
+        optimizer=opt,
+        step_fn=train_step,
+        build_fn=build,
+        handle_signals=False,
+    )
+    assert rec._log is not None and rec._log.log.size == 256 << 10
+    rec.step(batch_for(0))  # the first step waits until the file holds it
+    writer = rec._client.proc.pid
+    steps = 2000
+    done = []
+    said = []
+
+    def train():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for t in range(1, steps):
+                rec.step(batch_for(t))
+                done.append(t)
+        said.extend(str(w.message) for w in caught if issubclass(w.category, RecorderWarning))
+
+    os.kill(writer, signal.SIGSTOP)
+    trainer = threading.Thread(target=train)
+    try:
+        trainer.start()
+        deadline = time.monotonic() + 30
+        while rec._log.waited == 0 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        stuck_at = len(done)
+        time.sleep(0.3)
+        assert rec._log.waited > 0, "training never waited for the stopped writer"
+        assert len(done) == stuck_at, "training went on while the log was full"
+        assert 0 < stuck_at < steps - 1
+    finally:
+        os.kill(writer, signal.SIGCONT)
+        trainer.join(120)
+    rec.close()
+    assert done == list(range(1, steps))
+    assert rec._log.overflowed == 0  # every step went through the log
+    assert len(said) == 1 and "writer process" in said[0], said
+    with open_recording(path) as r:
+        assert list(r.steps()) == list(range(steps - 150, steps))
+        assert list(r.health()["step"]) == list(range(steps))

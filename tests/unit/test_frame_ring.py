@@ -45,6 +45,8 @@ def test_bodies_round_trip_and_never_wrap_or_overrun_the_child():
 
 
 def test_a_recording_is_intact_when_bodies_overflow_the_ring_into_the_pipe(tmp_path, monkeypatch):
+    # The writer thread's way (GPU steps, or no step log): every step goes through it here.
+    monkeypatch.setenv("REPLAY_STEP_LOG", "off")
     create = FrameRing.create
     monkeypatch.setattr(
         writer_process.FrameRing, "create", classmethod(lambda cls: create(size=64 << 10))

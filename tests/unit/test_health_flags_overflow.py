@@ -6,7 +6,7 @@ import math
 import torch
 
 from replay.capture.fingerprint import absmax, grad_norm, param_fingerprint
-from replay.record.writer_thread import BackgroundWriter
+from replay.capture.health import health_row
 from replay.store.layout import COL
 
 
@@ -23,7 +23,7 @@ def test_grad_nonfinite_flag_not_set_by_an_overflowing_norm_of_finite_values():
         "param_fingerprint": param_fingerprint([p]),
         "param_absmax": absmax([p]),
     }
-    row = BackgroundWriter._health_row(h)
+    row = health_row(h)
     assert row[COL["grad_nonfinite"]] == 0.0 and row[COL["param_nonfinite"]] == 0.0
 
 
@@ -32,5 +32,5 @@ def test_absmax_sees_nan_and_inf_elements():
     assert math.isinf(
         float(absmax([torch.tensor([1.0]), torch.tensor([-math.inf], dtype=torch.float64)]))
     )
-    row = BackgroundWriter._health_row({"loss": 1.0, "grad_absmax": torch.tensor(math.nan)})
+    row = health_row({"loss": 1.0, "grad_absmax": torch.tensor(math.nan)})
     assert row[COL["grad_nonfinite"]] == 1.0

@@ -1,0 +1,119 @@
+"""The training thread's side of the step log (``store/step_log.py``): a step is safe when
+``Recorder.step`` returns.
+
+Before the step runs, its record (RNG states, the batch's bytes, hyper-parameters, module modes,
+per-step values) is encoded and copied into the shared log: the one copy of the batch, taken
+while it is still as the loop handed it over. After the step, the health row is written beside
+it and the record is published. The writer process commits published records on its own; a
+``kill -9`` of training loses at most the step in flight.
+
+Only steps whose tensors are all in host memory go this way (a CPU run): a GPU step waits for
+its asynchronous copies on the writer thread, as before.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..capture.health import health_row
+from ..capture.rng import rng_to_tree
+from ..capture.tensors import to_leaves
+from ..store.layout import HEALTH_COLUMNS
+from ..store.step_log import StepLog
+from ..store.tree import decode
+from ..store.writer import pack_parts
+
+__all__ = ["StepLogWriter", "on_host"]
+
+
+def on_host(tree: Any) -> bool:
+    """Whether every tensor in ``tree`` lives in host memory (and is not sparse)."""
+    if isinstance(tree, torch.Tensor):
+        return tree.device.type == "cpu" and tree.layout == torch.strided
+    if isinstance(tree, dict):
+        return all(on_host(v) for v in tree.values())
+    if isinstance(tree, (list, tuple)):
+        return all(on_host(v) for v in tree)
+    return True
+
+
+class StepLogWriter:
+    """Begins, publishes or abandons one step at a time in a :class:`StepLog`."""
+
+    def __init__(self, log: StepLog, *, alive: Callable[[], bool]) -> None:
+        self.log = log
+        self._alive = alive  # whether the writer process still reads the log
+        self.waited = 0  # steps that found the log full and waited for the writer
+        self.overflowed = 0  # steps that went the slow way for want of room
+        self._begun = False
+
+    def begin(
+        self,
+        step: int,
+        rng: Any,
+        hparams: Any,
+        modes: list[bool],
+        batch: Any,
+        values: dict[str, Any] | None,
+    ) -> bool:
+        """Copy the step's record into the log; ``False``: the caller hands the step to the
+        writer thread instead (a record too large for the log, or the writer process gone).
+
+        A full log means the writer process is behind: training waits for room, as long as
+        that process lives (a bounded backlog is what bounds a kill's loss, and memory)."""
+        record = {
+            "step": step,
+            "rng": rng_to_tree(rng),
+            "hparams": to_leaves(hparams),
+            "modes": np.asarray(modes, dtype=bool),
+            "batch": to_leaves(batch),
+            "exception": None,
+            "values": to_leaves(values) if values else None,
+        }
+        parts, mlen = pack_parts(record)
+        ncols = len(HEALTH_COLUMNS)
+        if self.log.begin(step, parts, mlen, ncols):
+            self._begun = True
+            return True
+        if sum(int(p.nbytes) for p in parts) > self.log.size // 4:
+            self.overflowed += 1
+            return False  # never fits: no point waiting
+        self.waited += 1
+        delay = 0.0005
+        while self._alive():
+            time.sleep(delay)
+            delay = min(delay * 2, 0.02)
+            if self.log.begin(step, parts, mlen, ncols):
+                self._begun = True
+                return True
+        self.overflowed += 1
+        return False
+
+    def snapshot(self, step: int, slot: int, state: dict[str, Any]) -> bool:
+        """Copy a snapshot of live state (views of the model's own tensors) into the log and
+        publish it at once: the one copy, as ``copy_tree`` took before. ``False``: no room."""
+        parts, mlen = pack_parts({"step": step, **to_leaves(state)})
+        if not self.log.begin(step, parts, mlen, 0, slot=slot):
+            return False
+        self.log.publish(np.empty(0))
+        return True
+
+    def publish(self, health: dict[str, Any]) -> None:
+        self.log.publish(health_row(health))
+        self._begun = False
+
+    def abandon(self, exception: dict[str, Any]) -> dict[str, Any]:
+        """The step raised: drop its record from the log and return it, with the exception, as
+        leaves for the writer thread (the batch as it was before the step ran)."""
+        payload, mlen = self.log.begun()
+        self._begun = False
+        self.log.abandon()
+        record = decode(json.loads(payload[:mlen].tobytes()), payload[mlen:].tobytes())
+        record["exception"] = exception
+        return record

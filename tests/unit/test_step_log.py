@@ -1,0 +1,98 @@
+"""The step log between the training thread and the writer process (store/step_log.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from replay.store.step_log import StepLog
+
+
+def _parts(n: int, value: int) -> list[np.ndarray]:
+    return [np.full(3, value, np.uint8), np.full(n - 3, value, np.uint8)]
+
+
+def _pair(size: int) -> tuple[StepLog, StepLog]:
+    parent = StepLog.create(size)
+    assert parent is not None
+    return parent, StepLog.attach(parent.fd)
+
+
+def test_a_record_is_invisible_until_published_and_whole_after():
+    parent, child = _pair(4096)
+    try:
+        assert parent.begin(7, _parts(100, 7), 3, 2)
+        assert child.published() == 0  # begun, not published: a reader sees nothing
+        assert list(child.read(0, child.published())) == []
+        parent.publish(np.array([1.5, np.nan]))
+        (rec,) = child.read(0, child.published())
+        assert (rec.step, rec.slot, rec.mlen) == (7, -1, 3)
+        assert rec.payload.tobytes() == bytes([7]) * 100
+        assert rec.health[0] == 1.5 and np.isnan(rec.health[1])
+        assert rec.end == child.published()
+    finally:
+        parent.close()
+        child.close()
+
+
+def test_a_record_begun_when_training_died_is_never_read():
+    # What a kill -9 in the middle of a step leaves: the bytes are in the log, the published end
+    # is not moved, so the writer process reads the records before it and nothing of this one.
+    parent, child = _pair(4096)
+    try:
+        parent.begin(0, _parts(64, 1), 3, 1)
+        parent.publish(np.zeros(1))
+        parent.begin(1, _parts(64, 2), 3, 1)  # ... and the process dies here
+        steps = [r.step for r in child.read(0, child.published())]
+        assert steps == [0]
+    finally:
+        parent.close()
+        child.close()
+
+
+def test_records_wrap_around_and_wait_for_the_writer_to_release_space():
+    parent, child = _pair(4096)
+    try:
+        pos, seen, t = 0, [], 0
+        for _ in range(60):  # 15 laps of the ring
+            while parent.begin(t, _parts(300, t % 251), 3, 4 if t % 3 else 0, slot=t % 3 - 1):
+                parent.publish(np.full(4, float(t)) if t % 3 else np.empty(0))
+                t += 1
+            # full: the writer reads and releases, then there is room again
+            assert parent.free() < 400
+            end = child.published()
+            for rec in child.read(pos, end):
+                assert rec.payload.tobytes() == bytes([rec.step % 251]) * 300
+                assert rec.slot == rec.step % 3 - 1
+                seen.append(rec.step)
+            pos = end
+            child.release(end)
+        assert seen == list(range(t)) and t > 100
+    finally:
+        parent.close()
+        child.close()
+
+
+def test_an_abandoned_record_gives_back_its_bytes_as_they_were_copied():
+    parent, child = _pair(4096)
+    try:
+        src = _parts(50, 9)
+        assert parent.begin(3, src, 3, 1)
+        src[1][:] = 0  # the step changes its batch in place after the copy
+        payload, mlen = parent.begun()
+        assert mlen == 3 and payload.tobytes() == bytes([9]) * 50
+        parent.abandon()
+        parent.begin(4, _parts(50, 4), 3, 1)
+        parent.publish(np.zeros(1))
+        assert [r.step for r in child.read(0, child.published())] == [4]
+    finally:
+        parent.close()
+        child.close()
+
+
+def test_a_record_larger_than_half_the_log_is_refused():
+    parent, child = _pair(4096)
+    try:
+        assert not parent.begin(0, _parts(2100, 1), 3, 0)
+    finally:
+        parent.close()
+        child.close()
