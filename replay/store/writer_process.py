@@ -360,7 +360,12 @@ class _Server:
             steps.append((rec.step, rec.payload, rec.mlen))
             health.append((rec.step, rec.health))
             last = rec.step if last is None else max(last, rec.step)
-        # A slot written twice in one group keeps its newest payload: later items win.
+        # The step log and the pipe are two queues: a step that raised went by the pipe and can
+        # arrive before the log's earlier steps. A ring slot written twice in one group keeps its
+        # later item, so put them in step order (stable: for one step, the later one still wins).
+        steps.sort(key=lambda s: s[0])
+        health.sort(key=lambda h: h[0])
+        snaps.sort(key=lambda s: s[1])
         self.store.commit(steps=steps, snapshots=snaps, health=health, last_step=last)
         self.pending.clear()
         self._release()  # the bodies' bytes are in the file now
@@ -405,6 +410,7 @@ class _Server:
     def handle(self, header: dict[str, Any], body: memoryview) -> bool:
         op = header["op"]
         if op == "commit":
+            self.take_log()  # what the log published before this frame was sent goes first
             if "ring" in header:
                 offset, n, end = header["ring"]
                 body = self.ring.body(offset, n)  # type: ignore[union-attr]

@@ -108,6 +108,31 @@ def test_a_step_that_raises_is_recorded_and_reraised_unchanged(tmp_path):
         assert "raising_step" in exc["traceback"]
 
 
+def raises_at_step_9(model, optimizer, batch):
+    if int(batch["step"]) == 9:
+        raise RuntimeError("shape '[32, -1]' is invalid for input of size 200")
+    return train_step(model, optimizer, batch)
+
+
+def test_a_raised_step_is_not_overwritten_by_the_earlier_steps_committed_after_it(tmp_path):
+    """A raised step goes to the writer by the pipe, the steps before it by the step log: it
+    could be committed in the same group as step 1, before it, and step 1 took its ring slot
+    (examples/odd_last_batch.py lost its failing step so). Step 0 is committed at once."""
+    path = tmp_path / "run.h5"
+    model, opt = build()
+    with pytest.raises(RuntimeError, match="invalid for input"):
+        with replay.Recorder(
+            path, model=model, optimizer=opt, step_fn=raises_at_step_9, build_fn=build,
+            snapshot_every=4, keep_snapshots=2,
+        ) as rec:
+            for t in range(10):
+                rec.step({**batch_for(t), "step": torch.tensor(t)})
+    with open_recording(path) as r:
+        assert r.steps().tolist() == list(range(2, 10))
+        assert r.read_step(9)["exception"]["type"] == "RuntimeError"
+        assert r.first_bad()["exception"] == 9
+
+
 def test_nonfinite_loss_is_recorded_then_raised(tmp_path):
     path = str(tmp_path / "run.h5")
     model, opt = mlp_train.build()
