@@ -122,8 +122,13 @@ def test_a_raised_step_is_not_overwritten_by_the_earlier_steps_committed_after_i
     model, opt = build()
     with pytest.raises(RuntimeError, match="invalid for input"):
         with replay.Recorder(
-            path, model=model, optimizer=opt, step_fn=raises_at_step_9, build_fn=build,
-            snapshot_every=4, keep_snapshots=2,
+            path,
+            model=model,
+            optimizer=opt,
+            step_fn=raises_at_step_9,
+            build_fn=build,
+            snapshot_every=4,
+            keep_snapshots=2,
         ) as rec:
             for t in range(10):
                 rec.step({**batch_for(t), "step": torch.tensor(t)})
