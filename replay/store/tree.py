@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["TensorLeaf", "Opaque", "encode", "decode", "iter_leaves"]
+__all__ = ["TensorLeaf", "Opaque", "Spliced", "SPLICE_MARK", "encode", "decode", "iter_leaves"]
 
 
 @dataclass
@@ -56,6 +56,17 @@ class Opaque:
     repr: str = field(default="")
 
 
+class Spliced:
+    """Stands in the tree for a subtree whose manifest JSON the caller already holds (one with
+    no buffers: its text does not depend on where it sits). It is encoded as ``SPLICE_MARK``,
+    which the caller replaces by that text: the manifest is the same as if the subtree had been
+    encoded in its place. The mark cannot come from data: every string in the manifest is a JSON
+    string, its quotes escaped."""
+
+
+SPLICE_MARK = '{"t":"spliced"}'
+
+
 def _is_namedtuple(obj: Any) -> bool:
     return isinstance(obj, tuple) and hasattr(type(obj), "_fields")
 
@@ -82,6 +93,8 @@ class _Encoder:
         # Order matters: bool before int, namedtuple before tuple.
         if obj is None:
             return {"t": "none"}
+        if isinstance(obj, Spliced):
+            return {"t": "spliced"}
         if isinstance(obj, TensorLeaf):
             d = self.leaf_array(obj.data)
             d.update(t="tensor", tdtype=obj.dtype, device=obj.device, grad=obj.requires_grad)

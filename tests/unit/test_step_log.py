@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
-import numpy as np
+import json
+import random
 
+import numpy as np
+import torch
+
+from replay.capture.rng import rng_to_tree
+from replay.capture.tensors import to_leaves
+from replay.record.step_log_writer import StepLogWriter
 from replay.store.step_log import StepLog
+from replay.store.tree import decode
+from replay.store.writer import pack_parts
 
 
 def _parts(n: int, value: int) -> list[np.ndarray]:
@@ -96,3 +105,45 @@ def test_a_record_larger_than_half_the_log_is_refused():
     finally:
         parent.close()
         child.close()
+
+
+def test_reused_hyper_parameter_manifests_give_the_bytes_a_fresh_encoding_gives():
+    """The step log writer reuses the manifest text of hyper-parameters that did not change; the
+    record must be byte for byte what encoding everything afresh gives, and a change the
+    equality of python values would miss (``-0.0`` for ``0.0``, ``True`` for ``1``) is seen."""
+    log = StepLog.create(1 << 20)
+    assert log is not None
+    writer = StepLogWriter(log, alive=lambda: True)
+    rng = (random.getstate(), np.random.get_state(), torch.get_rng_state(), None)
+    groups = [
+        [{"lr": 0.1, "betas": (0.9, 0.999), "foreach": None, "wd": 0.0}],
+        [{"lr": 0.1, "betas": (0.9, 0.999), "foreach": None, "wd": 0.0}],  # the same: reused
+        [{"lr": 0.1, "betas": (0.9, 0.999), "foreach": None, "wd": -0.0}],
+        [{"lr": 0.1, "betas": (0.9, 0.999), "foreach": True, "wd": -0.0}],
+        [{"lr": torch.tensor(0.05), "betas": (0.9, 0.999), "foreach": 1, "wd": -0.0}],
+    ]
+    batch = (torch.arange(6.0).view(2, 3), torch.tensor([1, 0]))
+    try:
+        for step, hp in enumerate(groups):
+            assert writer.begin(step, rng, hp, [True], batch, None)
+            payload, mlen = log.begun()
+            record = writer.abandon({"type": "E"})
+            fresh = {
+                "step": step,
+                "rng": rng_to_tree(rng),
+                "hparams": to_leaves(hp),
+                "modes": np.asarray([True]),
+                "batch": to_leaves(batch),
+                "exception": None,
+                "values": None,
+            }
+            parts, fresh_mlen = pack_parts(fresh)
+            assert payload.tobytes() == b"".join(p.tobytes() for p in parts), step
+            assert mlen == fresh_mlen
+            back = decode(json.loads(payload[:mlen].tobytes()), payload[mlen:].tobytes())
+            assert repr(back["hparams"]) == repr(record["hparams"])
+            wd = back["hparams"][0]["wd"]
+            assert np.copysign(1.0, wd) == (1.0 if step < 2 else -1.0)
+        assert type(back["hparams"][0]["foreach"]) is int
+    finally:
+        log.close()
