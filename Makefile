@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 demo: setup
 	$(PY) examples/demo.py
 
-# Coverage of replay/ and tui/, the child processes the tests start included; the floor is
+# Coverage of replay/ and tui/ (package replay_tui), child processes included; the floor is
 # what the suite measured when it was set (92% on 2026-12-03), less a little slack.
 COV_FLOOR ?= 90
 
