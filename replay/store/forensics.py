@@ -23,6 +23,7 @@ import numpy as np
 from ..errors import RecordingError
 from ..jsonsafe import json_safe
 from . import validate as V
+from .contracts import OpStatus, Phase
 
 __all__ = [
     "FORMAT",
@@ -42,8 +43,9 @@ FORMAT_VERSION = 1
 CHUNK_ROWS = 4096
 
 STATS_COLUMNS = ("min", "max", "mean", "std", "absmax", "nan", "posinf", "neginf", "zeros", "numel")
-PHASES = ("forward", "backward", "optimizer", "other")
-STATUSES = ("finite", "producer", "propagator", "raised", "exempt")
+# Indexed by the uint8 columns /ops/phase and /ops/status: str enums, equal to their names.
+PHASES: tuple[Phase, ...] = tuple(Phase)
+STATUSES: tuple[OpStatus, ...] = tuple(OpStatus)
 
 # name -> (dtype, trailing shape); the order is the order of ops_columns().
 OPS_COLUMNS: dict[str, tuple[str, tuple[int, ...]]] = {
