@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import time
 from typing import Any
 
@@ -83,9 +82,7 @@ def describe(path: str) -> dict[str, Any]:
             "objects": rec.meta.get("objects"),
             "distributed": rec.meta.get("distributed"),
         }
-        out["model"]["n_params"] = sum(
-            math.prod(p[1]) for p in rec.meta.get("model", {}).get("params", [])
-        )
+        out["model"]["n_params"] = sum(p.numel for p in rec.run_meta.model.params)
     return out
 
 

@@ -34,6 +34,13 @@ from ..capture.rng import capture_rng
 from ..capture.tensors import CopyStats, copy_tree
 from ..distributed.ranks import base_path, rank_path
 from ..errors import NonFiniteLossError, RecorderWarning
+from ..store.contracts import (
+    ModelMeta,
+    ModuleMeta,
+    ParamMeta,
+    RunMeta,
+    StepException,
+)
 from ..store.step_log import LOG_BYTES
 from ..store.writer import RingSpec
 from ..store.writer_process import WriterClient
@@ -338,12 +345,12 @@ class Recorder:
         except Exception as e:
             self._probe_grads.end(measure=False)
             health.update(raised=1.0, wall_time=time.perf_counter() - t0, time=time.time())
-            job.exception = {
-                "type": type(e).__name__,
-                "module": type(e).__module__,
-                "message": str(e),
-                "traceback": traceback.format_exc(),
-            }
+            job.exception = StepException(
+                type=type(e).__name__,
+                module=type(e).__module__,
+                message=str(e),
+                traceback=traceback.format_exc(),
+            )
             self.next_step = t + 1
             try:
                 if direct:  # the writer thread takes it, with the batch from the log
@@ -542,8 +549,8 @@ class Recorder:
         """Runs on the writer thread at the first commit, when sizes are known."""
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         model_bytes = sum(t.numel() * t.element_size() for t in self._inner.state_dict().values())
-        meta = {
-            "config": {
+        meta = RunMeta(
+            config={
                 "snapshot_every": self.snapshot_every,
                 "fingerprint_every": self.fingerprint_every,
                 "keep_snapshots": self.keep_snapshots,
@@ -552,23 +559,27 @@ class Recorder:
                 "start_step": self._start_step,
                 "raise_on_nonfinite": self.raise_on_nonfinite,
             },
-            "entry": self.entry,
-            "env": collect_env(),
-            "model": {
-                "class": f"{type(self._inner).__module__}.{type(self._inner).__qualname__}",
-                "modules": [[n, type(m).__name__] for n, m in self._inner.named_modules()],
-                "params": [
-                    [n, list(p.shape), str(p.dtype).removeprefix("torch."), p.requires_grad]
+            entry=self.entry,
+            env=collect_env(),
+            model=ModelMeta(
+                cls=f"{type(self._inner).__module__}.{type(self._inner).__qualname__}",
+                modules=tuple(
+                    ModuleMeta(n, type(m).__name__) for n, m in self._inner.named_modules()
+                ),
+                params=tuple(
+                    ParamMeta(
+                        n, tuple(p.shape), str(p.dtype).removeprefix("torch."), p.requires_grad
+                    )
                     for n, p in self._inner.named_parameters()
-                ],
-                "param_bytes": model_bytes,
-            },
-            "optimizer": {"class": type(self.optimizer).__name__} if self.optimizer else None,
-            "objects": self.objects.describe(),
-            "scheduler": {"class": type(self.scheduler).__name__} if self.scheduler else None,
-            "scaler": {"class": type(self.scaler).__name__} if self.scaler else None,
-            "distributed": self.dist.meta() if self.dist is not None else None,
-        }
+                ),
+                param_bytes=model_bytes,
+            ),
+            optimizer=type(self.optimizer).__name__ if self.optimizer else None,
+            objects=self.objects.describe(),
+            scheduler=type(self.scheduler).__name__ if self.scheduler else None,
+            scaler=type(self.scaler).__name__ if self.scaler else None,
+            distributed=self.dist.meta() if self.dist is not None else None,
+        )
         sources = {}
         for e in self.entry.values():
             text = read_source(e["path"])

@@ -7,6 +7,8 @@
 - :data:`HEALTH_KEYS`: every name the recorder may measure into a step's health. A name outside
   it is a bug in the caller, and ``capture.health.health_row`` raises on it instead of dropping
   it silently.
+- :class:`RunMeta`: the run's metadata (``/meta/run``), built by the recorder, read by everyone
+  by name (a parameter is a :class:`ParamMeta`, not ``p[1]``).
 - :class:`StepRecord`: the record a step payload encodes (docs/format.md, ``/steps``).
 - :class:`Phase` and :class:`OpStatus`: the per-op phase and status of the forensics sidecar
   (docs/forensics.md), ``str`` enums so that JSON output and comparisons with the plain strings
@@ -15,6 +17,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, TypedDict
@@ -34,6 +37,11 @@ __all__ = [
     "check_health_keys",
     "StepRecord",
     "StepException",
+    "RunMeta",
+    "RunConfig",
+    "ModelMeta",
+    "ModuleMeta",
+    "ParamMeta",
     "Phase",
     "OpStatus",
 ]
@@ -155,3 +163,135 @@ class OpStatus(_StrEnum):
 
 
 _CODES: dict[Enum, int] = {m: i for e in (Phase, OpStatus) for i, m in enumerate(e)}
+
+
+# -- run metadata (/meta/run, docs/format.md) ---------------------------------------------------
+
+
+class RunConfig(TypedDict):
+    """``/meta/run`` ``config``: how the recorder was set up."""
+
+    snapshot_every: int
+    fingerprint_every: int
+    keep_snapshots: int
+    step_slots: int
+    health_slots: int
+    start_step: int
+    raise_on_nonfinite: bool
+
+
+@dataclass(frozen=True)
+class ParamMeta:
+    """One parameter, in ``named_parameters()`` order; on disk ``[name, shape, dtype, bool]``."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    requires_grad: bool
+
+    def to_json(self) -> list[Any]:
+        return [self.name, list(self.shape), self.dtype, self.requires_grad]
+
+    @classmethod
+    def from_json(cls, row: list[Any]) -> ParamMeta:
+        name, shape, dtype, requires_grad = row  # validate.check_meta checked the types
+        return cls(str(name), tuple(int(s) for s in shape), str(dtype), bool(requires_grad))
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass(frozen=True)
+class ModuleMeta:
+    """One module, in ``named_modules()`` order (the order of a step's ``modes``); on disk
+    ``[name, class]``."""
+
+    name: str
+    cls: str
+
+    def to_json(self) -> list[str]:
+        return [self.name, self.cls]
+
+    @classmethod
+    def from_json(cls, row: list[Any]) -> ModuleMeta:
+        name, klass = row
+        return cls(str(name), str(klass))
+
+
+@dataclass(frozen=True)
+class ModelMeta:
+    """``/meta/run`` ``model``."""
+
+    cls: str
+    modules: tuple[ModuleMeta, ...]
+    params: tuple[ParamMeta, ...]
+    param_bytes: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "class": self.cls,
+            "modules": [m.to_json() for m in self.modules],
+            "params": [p.to_json() for p in self.params],
+            "param_bytes": self.param_bytes,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> ModelMeta:
+        return cls(
+            cls=str(d.get("class") or ""),
+            modules=tuple(ModuleMeta.from_json(m) for m in d.get("modules") or []),
+            params=tuple(ParamMeta.from_json(p) for p in d.get("params") or []),
+            param_bytes=int(d.get("param_bytes") or 0),
+        )
+
+
+def _class_of(d: Any) -> str | None:
+    return str(d["class"]) if isinstance(d, dict) and d.get("class") is not None else None
+
+
+@dataclass(frozen=True)
+class RunMeta:
+    """``/meta/run``: what the recorder writes and the readers read. ``to_json`` is the blob,
+    its keys in the order they always had (the file's bytes do not change); ``from_json`` reads
+    one that ``validate.check_meta`` accepted, older files' missing parts as empty."""
+
+    config: RunConfig
+    entry: dict[str, dict[str, Any]]  # role (step_fn, build_fn) -> module, qualname, path, ...
+    env: dict[str, Any]
+    model: ModelMeta
+    optimizer: str | None  # class names; None where there is none
+    objects: dict[str, Any] | None
+    scheduler: str | None
+    scaler: str | None
+    distributed: dict[str, Any] | None
+
+    def to_json(self) -> dict[str, Any]:
+        def named(c: str | None) -> dict[str, str] | None:
+            return {"class": c} if c is not None else None
+
+        return {
+            "config": dict(self.config),
+            "entry": self.entry,
+            "env": self.env,
+            "model": self.model.to_json(),
+            "optimizer": named(self.optimizer),
+            "objects": self.objects,
+            "scheduler": named(self.scheduler),
+            "scaler": named(self.scaler),
+            "distributed": self.distributed,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> RunMeta:
+        return cls(
+            config=d.get("config") or {},  # type: ignore[typeddict-item]  # older files: partial
+            entry=d.get("entry") or {},
+            env=d.get("env") or {},
+            model=ModelMeta.from_json(d.get("model") or {}),
+            optimizer=_class_of(d.get("optimizer")),
+            objects=d.get("objects"),
+            scheduler=_class_of(d.get("scheduler")),
+            scaler=_class_of(d.get("scaler")),
+            distributed=d.get("distributed"),
+        )

@@ -31,6 +31,7 @@ import numpy as np
 from ..errors import RecordingError
 from . import validate as V
 from .checksum import health_crc, slot_crc
+from .contracts import RunMeta
 from .layout import (
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -419,6 +420,11 @@ class Recording:
             V.check_sources(sources, self.path)
             self._sources = sources
         return self._sources
+
+    @functools.cached_property
+    def run_meta(self) -> RunMeta:
+        """``/meta/run`` as a typed object (``meta`` is its JSON, as written)."""
+        return RunMeta.from_json(self.meta)
 
     @property
     def config(self) -> dict[str, Any]:

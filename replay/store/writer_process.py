@@ -37,7 +37,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from .contracts import HealthFrame, Payload, SnapshotFrame, StepFrame
+from .contracts import HealthFrame, Payload, RunMeta, SnapshotFrame, StepFrame
 from .frame_ring import FrameRing
 from .step_log import LOG_BYTES, StepLog
 from .writer import RingSpec, StoreWriter
@@ -145,17 +145,18 @@ class WriterClient:
         path: str,
         *,
         run_id: str,
-        meta: dict[str, Any],
+        meta: RunMeta | dict[str, Any],
         sources: dict[str, str],
         steps: RingSpec,
         snapshots: RingSpec,
         health_slots: int,
     ) -> WriterClient:
+        """Create the file. ``meta`` is the run's :class:`RunMeta` (a dict: already its JSON)."""
         header = {
             "op": "create",
             "path": path,
             "run_id": run_id,
-            "meta": meta,
+            "meta": meta.to_json() if isinstance(meta, RunMeta) else meta,
             "sources": sources,
             "steps": [steps.slots, steps.chunk, steps.capacity],
             "snapshots": [snapshots.slots, snapshots.chunk, snapshots.capacity],

@@ -127,3 +127,19 @@ def test_frames_go_through_the_writer_process_into_the_file(tmp_path):
         for t in (0, 1):
             assert np.array_equal(rec.read_step(t)["batch"], batch)
         assert rec.health()["loss"].tolist() == [0.5, 0.5]
+
+
+@pytest.mark.parametrize("name", ["recording_v1.h5", "recording_v2.h5"])
+def test_run_meta_reads_archived_files_and_writes_their_json_back_unchanged(name):
+    """The recorder now builds RunMeta and sends ``to_json()``: for the metadata of a file the
+    previous release wrote, that is the same JSON, key order included (the blob's bytes)."""
+    from replay.store.contracts import RunMeta
+
+    with open_recording(str(ROOT / "tests" / "data" / name)) as rec:
+        meta = rec.run_meta
+        assert meta.model.params and meta.model.modules
+        first = meta.model.params[0]
+        assert isinstance(first.shape, tuple) and first.dtype == rec.meta["model"]["params"][0][2]
+        assert sum(p.numel for p in meta.model.params) > 0
+        if name == "recording_v2.h5":  # the current format (v1 files lack "objects")
+            assert json.dumps(RunMeta.from_json(rec.meta).to_json()) == json.dumps(rec.meta)
