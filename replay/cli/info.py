@@ -211,13 +211,13 @@ def describe_rank_set(spec: str) -> dict[str, Any]:
 
 def _spans(ranks: list[int]) -> str:
     """``[0, 1, 2, 5]`` -> ``0..2, 5``: a world size of a million is one line, not a megabyte."""
-    out: list[str] = []
+    out: list[tuple[int, int]] = []
     for r in ranks:
         if out and out[-1][1] == r - 1:
             out[-1] = (out[-1][0], r)
         else:
-            out.append((r, r))  # type: ignore[arg-type]
-    text = [f"{a}..{b}" if b > a else str(a) for a, b in out]  # type: ignore[misc]
+            out.append((r, r))
+    text = [f"{a}..{b}" if b > a else str(a) for a, b in out]
     return ", ".join(text[:20]) + (f", ... ({len(text) - 20} more)" if len(text) > 20 else "")
 
 

@@ -52,10 +52,11 @@ class RankSubject:
         return rows
 
     def recorded_exception(self, step: int) -> dict[str, Any] | None:
-        return self.inner.recorded_exception(step)
+        exc: dict[str, Any] | None = self.inner.recorded_exception(step)
+        return exc
 
     def snapshot_healthy(self, step: int) -> bool:
-        return self.inner.snapshot_healthy(step)
+        return bool(self.inner.snapshot_healthy(step))
 
     def _local(self, row: dict[str, Any]) -> dict[str, Any]:
         return {**row, **{c: None for c in _NOT_COMPARABLE}}

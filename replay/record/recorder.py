@@ -318,7 +318,7 @@ class Recorder:
             # Into the step log when the step lives in host memory: safe once step() returns.
             direct = (
                 self._log is not None
-                and not (self._cuda_built and torch.cuda.is_initialized())
+                and not (self._cuda_built and torch.cuda.is_initialized())  # type: ignore[no-untyped-call]  # torch stubs
                 and on_host(batch)
                 and on_host(values)
                 and self._log.begin(t, rng, hparams, modes, batch, values)
@@ -361,7 +361,7 @@ class Recorder:
                 self._give_up("recording the exception", rec_error)
             raise
         local_gn = None
-        loss: Any = None
+        loss = None
         try:
             wall = time.perf_counter() - t0
             # Before anything else: the norm when no clip or optimizer step measured it (an AMP
@@ -391,7 +391,7 @@ class Recorder:
                     # then read as a non-finite failure (first_bad) instead of a normal AMP skip.
                     health["scale"] = float(getattr(self.scaler, "_init_scale", math.nan))
                 health["scale_after"] = after.detach().clone() if after is not None else None
-            if self._cuda_built and torch.cuda.is_initialized():
+            if self._cuda_built and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]  # torch stubs
                 health["cuda_allocated"] = float(torch.cuda.memory_allocated())
                 health["cuda_peak"] = float(torch.cuda.max_memory_allocated())
             if direct:
@@ -455,7 +455,7 @@ class Recorder:
             copied.cuda
             or any(isinstance(v, torch.Tensor) and v.is_cuda for v in job.health.values())
         ):
-            job.event = torch.cuda.Event()
+            job.event = torch.cuda.Event()  # type: ignore[no-untyped-call]  # torch stubs
             job.event.record()
         job.nbytes, job.buffers = copied.nbytes, copied.pooled
         self._writer_or_start().submit(job)
@@ -467,7 +467,7 @@ class Recorder:
         writer = self._writer_or_start()  # (it creates the file; the log's records wait)
         if (
             self._log is not None
-            and not (self._cuda_built and torch.cuda.is_initialized())
+            and not (self._cuda_built and torch.cuda.is_initialized())  # type: ignore[no-untyped-call]  # torch stubs
             and on_host(live)
             and self._log.snapshot(t, slot, live)
         ):
@@ -476,7 +476,7 @@ class Recorder:
         state = {"step": t, **copy_tree(live, stats=copied)}
         event = None
         if copied.cuda:
-            event = torch.cuda.Event()
+            event = torch.cuda.Event()  # type: ignore[no-untyped-call]  # torch stubs
             event.record()
         writer.submit(SnapshotJob(t, slot, state, event, copied.nbytes))
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, TypedDict
+from typing import Any, TypedDict, cast
 
 import numpy as np
 
@@ -285,7 +285,7 @@ class RunMeta:
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> RunMeta:
         return cls(
-            config=d.get("config") or {},  # type: ignore[typeddict-item]  # older files: partial
+            config=cast(RunConfig, d.get("config") or {}),  # older files: partial
             entry=d.get("entry") or {},
             env=d.get("env") or {},
             model=ModelMeta.from_json(d.get("model") or {}),

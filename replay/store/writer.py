@@ -453,6 +453,6 @@ class StoreWriter:
             try:
                 self.f.close()
             finally:
-                self.f = None  # type: ignore[assignment]
+                self.f = None
                 _release_lock(self.path, self._lock)
                 self._lock = None

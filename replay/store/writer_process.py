@@ -73,7 +73,7 @@ def _write_frame(out: BinaryIO, header: dict[str, Any], parts: list[np.ndarray])
     total = sum(p.nbytes for p in parts)
     out.write(_U64.pack(len(head)) + head + _U64.pack(total))
     for p in parts:
-        out.write(memoryview(np.ascontiguousarray(p)).cast("B"))
+        out.write(np.ascontiguousarray(p).data.cast("B"))
     out.flush()
 
 
@@ -297,9 +297,9 @@ class _FrameReader:
         if not self._read_into(memoryview(header)):
             return None
         body = self._body(_U64.unpack_from(header, len(header) - 8)[0])
-        if not self._read_into(memoryview(body)):
+        if not self._read_into(body.data):
             return None  # a frame cut short by the parent's death is not committed
-        return json.loads(bytes(header[:-8])), memoryview(body)
+        return json.loads(bytes(header[:-8])), body.data
 
 
 class _Server:
