@@ -163,7 +163,8 @@ class Engine:
 
     @property
     def optimizer(self) -> torch.optim.Optimizer | None:
-        return self.objs.optimizer
+        opt: torch.optim.Optimizer | None = self.objs.optimizer
+        return opt
 
     @property
     def scheduler(self) -> Any:
