@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-fast gpu-check lint bench clean
+.PHONY: setup demo test test-fast gpu-check lint typecheck bench clean
 
 setup: $(STAMP)
 
@@ -20,11 +20,11 @@ $(STAMP): pyproject.toml
 demo: setup
 	$(PY) examples/demo.py
 
-# Coverage of replay/ and tui/, the child processes the tests start included; the floor is
+# Coverage of replay/ and tui/ (package replay_tui), child processes included; the floor is
 # what the suite measured when it was set (92% on 2026-12-03), less a little slack.
 COV_FLOOR ?= 90
 
-test: setup
+test: setup typecheck
 	$(PY) -m pytest -q --cov --cov-report=term --cov-fail-under=$(COV_FLOOR)
 
 test-fast: setup
@@ -36,9 +36,13 @@ gpu-check: setup
 	$(PY) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'gpu-check: no CUDA device here')"
 	$(PY) -m pytest -q -rs -m gpu tests
 
-lint: setup
+lint: setup typecheck
 	$(VENV)/bin/ruff check replay tui tests examples benchmarks
 	$(VENV)/bin/ruff format --check replay tui tests examples benchmarks
+
+# mypy --strict over the packages [tool.mypy] lists in pyproject.toml (seconds).
+typecheck: setup
+	$(VENV)/bin/mypy
 
 bench: setup
 	$(PY) benchmarks/run.py

@@ -305,6 +305,7 @@ def disk_speed(tmp, mb=256):
 
 def store_speed(tmp, mb=256):
     """Payload throughput of the writer process: large batches, committed one per step."""
+    from replay.store.contracts import HealthFrame, StepFrame
     from replay.store.layout import HEALTH_COLUMNS
     from replay.store.writer import RingSpec
     from replay.store.writer_process import WriterClient
@@ -323,7 +324,7 @@ def store_speed(tmp, mb=256):
     row = np.zeros(len(HEALTH_COLUMNS))
     t0 = time.perf_counter()
     for i in range(n):
-        client.commit(steps=[(i, payload, 0)], health=[(i, row)], last_step=i)
+        client.commit(steps=[StepFrame(i, payload, 0)], health=[HealthFrame(i, row)], last_step=i)
     dt = time.perf_counter() - t0
     client.close()
     return n * 4 / dt

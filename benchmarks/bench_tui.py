@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "tui"))
 async def _measure(path: str, moves: int) -> tuple[float, float]:
     from helpers import workers_done
 
-    from tui import make_app
+    from replay_tui import make_app
 
     t0 = time.perf_counter()
     app = make_app(path, poll=False)

@@ -184,7 +184,7 @@ def render_preflight(rep: PreflightReport) -> str:
         )
         return "\n".join(lines)
     cause = v.get("cause") or {}
-    kind = cause.get("kind")
+    kind = str(cause.get("kind"))
     lines.append(f"  verdict       NOT replayable: {_KIND_WORDS.get(kind, rep.reason)}")
     if cause:
         lines.append(f"  why           {cause.get('summary')}")

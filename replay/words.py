@@ -39,7 +39,7 @@ _MADE = {"nan": "NaN", "posinf": "+inf", "neginf": "-inf"}
 
 def _made(verdict: dict[str, Any]) -> str:
     if verdict.get("made"):
-        return verdict["made"]
+        return str(verdict["made"])
     st = (verdict.get("output") or {}).get("stats") or {}
     made = [w for k, w in _MADE.items() if _count(st.get(k))]
     return "/".join(made) or "non-finite values"

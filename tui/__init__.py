@@ -4,7 +4,7 @@ Reads through ``replay.store`` only: never imports torch, never runs user code, 
 
 Example::
 
-    from tui import make_app
+    from replay_tui import make_app
     make_app("run.h5").run()
 """
 
@@ -16,7 +16,7 @@ __all__ = ["make_app"]
 
 
 def make_app(path: Any, **kwargs: Any) -> Any:
-    """Build the app for the recording at ``path`` (see :func:`tui.app.make_app`)."""
+    """Build the app for the recording at ``path`` (see :func:`replay_tui.app.make_app`)."""
     from .app import make_app as _make_app
 
     return _make_app(path, **kwargs)

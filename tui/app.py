@@ -3,7 +3,7 @@
 
 Example::
 
-    from tui import make_app
+    from replay_tui import make_app
     make_app("run.h5").run()
 """
 

@@ -50,7 +50,7 @@ def _ulps(a: float, b: float) -> int | None:
         return None
 
     def key(x: float) -> int:
-        i = struct.unpack("<q", struct.pack("<d", x))[0]
+        i: int = struct.unpack("<q", struct.pack("<d", x))[0]
         return i if i >= 0 else -(i & 0x7FFFFFFFFFFFFFFF)
 
     return abs(key(a) - key(b))

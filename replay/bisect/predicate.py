@@ -166,6 +166,7 @@ class Expression:
 
     def _eval(self, node: ast.expr, row: dict[str, Any], hist: History) -> float:
         if isinstance(node, ast.Constant):
+            assert isinstance(node.value, (int, float))  # parse() allows numbers only
             return float(node.value)
         if isinstance(node, ast.Name):
             if node.id in _CONSTS:
@@ -197,7 +198,8 @@ class Expression:
                 return float(all(self._eval(v, row, hist) for v in node.values))
             return float(any(self._eval(v, row, hist) for v in node.values))
         if isinstance(node, ast.Call):
-            return float(_FUNCS[node.func.id](self._eval(node.args[0], row, hist)))  # type: ignore[union-attr]
+            assert isinstance(node.func, ast.Name)  # parse() allows calls of names only
+            return float(_FUNCS[node.func.id](self._eval(node.args[0], row, hist)))
         raise PredicateError(f"{type(node).__name__} is not allowed")  # parse() refused it already
 
     def __repr__(self) -> str:

@@ -252,7 +252,7 @@ def render_verify(d: dict[str, Any]) -> str:
         )
     fd = d["first_divergence"]
     cause = d.get("cause")
-    head = _HEADLINES.get((cause or {}).get("kind"), "NOT bitwise")
+    head = _HEADLINES.get(str((cause or {}).get("kind")), "NOT bitwise")
     lines = [
         f"{head}: {len(bad)} of {n} steps differ from the recording "
         f"(window {w[0]}..{w[1]}, on {d['device']})",

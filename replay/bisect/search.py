@@ -10,13 +10,51 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 from .compare import HINT_RAISED, compare_rows, same_bits
 from .criteria import Criterion
 from .subject import Row, Subject
 
-__all__ = ["Verdict", "SearchError", "find_culprit", "newest_healthy"]
+
+class NoteKind(str, Enum):
+    """What a verdict note says, for code that replaces one kind of note (it used to match a
+    substring of the wording)."""
+
+    GENERAL = "general"
+    NONDETERMINISM = "nondeterminism"  # the replay differs from the recording
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+class Note(str):
+    """A verdict note: its text (a plain ``str`` wherever it is shown or written as JSON) and
+    its :class:`NoteKind`."""
+
+    kind: NoteKind
+
+    def __new__(cls, text: str, kind: NoteKind = NoteKind.GENERAL) -> Note:
+        note = super().__new__(cls, text)
+        note.kind = kind
+        return note
+
+
+def note_kind(note: str) -> NoteKind:
+    """The kind of a note (a plain ``str`` is a general note)."""
+    return note.kind if isinstance(note, Note) else NoteKind.GENERAL
+
+
+__all__ = [
+    "Verdict",
+    "SearchError",
+    "find_culprit",
+    "newest_healthy",
+    "Note",
+    "NoteKind",
+    "note_kind",
+]
 
 
 class SearchError(Exception):
@@ -185,7 +223,11 @@ def find_culprit(
     elif not v.deterministic:
         d = v.divergence or {}
         v.notes.append(
-            f"the replay differs from the recording at step {d.get('step')} ({d.get('column')}): "
-            "suspect non-determinism (or changed code) between the recording and this replay"
+            Note(
+                f"the replay differs from the recording at step {d.get('step')} "
+                f"({d.get('column')}): suspect non-determinism (or changed code) between the "
+                "recording and this replay",
+                NoteKind.NONDETERMINISM,
+            )
         )
     return v

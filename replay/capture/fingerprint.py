@@ -8,7 +8,7 @@ them a step late.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -59,7 +59,7 @@ def _sum_of_norms(groups: list[list[torch.Tensor]]) -> torch.Tensor | None:
     return total
 
 
-def param_fingerprint(params: list[torch.Tensor]) -> torch.Tensor | None:
+def param_fingerprint(params: Sequence[torch.Tensor]) -> torch.Tensor | None:
     """Sum of per-parameter L2 norms in float64: changes with any update, NaN if any is NaN."""
     with torch.no_grad():
         return _sum_of_norms(group_by_dtype(p.detach() for p in params))
@@ -91,9 +91,11 @@ def _norm_of_groups(groups: list[list[torch.Tensor]]) -> torch.Tensor:
         for g in groups
     ]
     if len(norms) == 1:
-        return norms[0]
+        one: torch.Tensor = norms[0]
+        return one
     dev = norms[0].device
-    return torch.linalg.vector_norm(torch.stack([n.to(dev) for n in norms]))
+    total: torch.Tensor = torch.linalg.vector_norm(torch.stack([n.to(dev) for n in norms]))
+    return total
 
 
 class GradMeter:
@@ -148,7 +150,7 @@ def measure_grads(params: list[torch.Tensor]) -> tuple[Any, Any]:
 def _cpu_absmax(tensors: list[torch.Tensor]) -> torch.Tensor:
     # aminmax per tensor: 0.27 ms on the 1.8M-parameter bisect benchmark MLP, where the CPU
     # kernel of _foreach_norm(ord=inf) takes 5 ms. Both propagate NaN and inf.
-    ends = []
+    ends: list[torch.Tensor] = []
     for t in tensors:
         if t.numel() == 0:
             continue
@@ -159,7 +161,7 @@ def _cpu_absmax(tensors: list[torch.Tensor]) -> torch.Tensor:
     return torch.stack(ends).to(torch.float64).abs().max()
 
 
-def absmax(tensors: list[torch.Tensor]) -> torch.Tensor | None:
+def absmax(tensors: Sequence[torch.Tensor]) -> torch.Tensor | None:
     """Largest absolute value (float64 on the device): non-finite exactly when an element is.
 
     The health flags use this, not the norms: an L2 norm of finite float32 values overflows to

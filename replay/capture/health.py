@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..store.contracts import check_health_keys
 from ..store.layout import COL, HEALTH_COLUMNS
 
 __all__ = ["health_row", "host_value"]
@@ -43,10 +44,12 @@ def host_value(x: Any) -> float:
 
 def health_row(h: dict[str, Any]) -> np.ndarray:
     """The row for one step; names that are not columns (``grad_absmax``, ``param_absmax``,
-    ``scale_after``) only decide the flags."""
+    ``scale_after``) only decide the flags. A name outside ``HEALTH_KEYS`` raises ``KeyError``
+    (a misspelt name used to vanish without a trace)."""
+    check_health_keys(h)
     row = np.full(len(HEALTH_COLUMNS), np.nan)
     for name, value in h.items():
-        if name in COL:
+        if name in COL:  # else one of HEALTH_INPUTS, read below
             row[COL[name]] = host_value(value)
     loss, gn, fp = row[COL["loss"]], row[COL["grad_norm"]], row[COL["param_fingerprint"]]
     if "loss" in h:

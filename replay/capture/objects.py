@@ -65,7 +65,8 @@ class RunObjects:
 
     @property
     def model(self) -> torch.nn.Module:
-        return self.named["model"]
+        model: torch.nn.Module = self.named["model"]
+        return model
 
     @property
     def optimizer(self) -> Any:
@@ -211,8 +212,8 @@ class StepCall:
     def __call__(self, batch: Any, values: Mapping[str, Any] | None = None) -> Any:
         objs = self.objects
         if objs.style != "named":
-            kw = {k: v for k, v in (values or {}).items() if self._var_kw or k in self._takes}
-            return self.step_fn(objs.model, objs.optimizer, batch, **kw)
+            given = {k: v for k, v in (values or {}).items() if self._var_kw or k in self._takes}
+            return self.step_fn(objs.model, objs.optimizer, batch, **given)
         kw: dict[str, Any] = {}
         for n in self._takes:
             if n == "batch":

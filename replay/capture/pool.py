@@ -69,7 +69,7 @@ class HostPool:
 
     def copy(self, t: torch.Tensor) -> torch.Tensor:
         """A copy of ``t`` (``poolable``) in a pooled buffer; give it back with ``give``."""
-        buf = self._pop(_key(t), _nbytes(t))
+        buf: torch.Tensor | None = self._pop(_key(t), _nbytes(t))
         if buf is None:
             buf = torch.empty(t.shape, dtype=t.dtype)
         buf.copy_(t)
@@ -77,7 +77,7 @@ class HostPool:
 
     def copy_array(self, a: np.ndarray) -> np.ndarray:
         """A C-ordered copy of ``a`` (no object fields) in a pooled buffer, like ``a.copy()``."""
-        buf = self._pop(_key(a), a.nbytes)
+        buf: np.ndarray | None = self._pop(_key(a), a.nbytes)
         if buf is None:
             return a.copy()
         np.copyto(buf, a, casting="no")

@@ -62,7 +62,8 @@ class _PythonState:
     RAW_BYTES = 4 + 624 * 4
 
     def __init__(self, inst: Any = None) -> None:
-        self._inst = inst if inst is not None else random.getstate.__self__
+        # The module's hidden Random instance: the one random.getstate is bound to.
+        self._inst = inst if inst is not None else random.getstate.__self__  # type: ignore[attr-defined]  # a bound method
         self._addr: int | None = None
         self._raw: bytes | None = None
         self._state: Any = None
@@ -77,7 +78,9 @@ class _PythonState:
                 return
             addr = id(self._inst) + head
             raw = ctypes.string_at(addr, self.RAW_BYTES)
-            internal = self._inst.getstate()[1]
+            # random.Random.getstate(): (version, internal state, gauss_next); typeshed types
+            # it as _random.Random's here, after the isinstance above.
+            internal: Any = self._inst.getstate()[1]
             words = np.frombuffer(raw, dtype=np.uint32, offset=4)
             index = int.from_bytes(raw[:4], "little", signed=True)
             if tuple(words.tolist()) + (index,) == internal:
@@ -101,7 +104,7 @@ _python_state = _PythonState()
 
 def capture_rng() -> tuple[Any, Any, torch.Tensor, list[torch.Tensor] | None]:
     """Raw states (cheap, on the training thread); ``rng_to_tree`` encodes them later."""
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None  # type: ignore[no-untyped-call]  # torch stubs
     return _python_state(), _numpy_state(), torch.get_rng_state(), cuda
 
 
@@ -112,7 +115,8 @@ def _python_words(internal: tuple[int, ...]) -> np.ndarray:
     """python's 625 state words as uint64, converted again only when they changed (~20 us)."""
     if internal != _last_python[0]:
         _last_python[:] = [internal, np.asarray(internal, dtype=np.uint64)]
-    return _last_python[1]
+    words: np.ndarray = _last_python[1]
+    return words
 
 
 def rng_to_tree(raw: tuple[Any, Any, torch.Tensor, list[torch.Tensor] | None]) -> dict[str, Any]:

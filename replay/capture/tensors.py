@@ -107,9 +107,9 @@ def copy_tree(obj: Any, *, stats: CopyStats | None = None, pool: HostPool | None
         if stats is not None:
             stats.nbytes += int(obj.nbytes)
             if pool is not None and poolable_array(obj):
-                out = pool.copy_array(obj)
-                stats.pooled.append(out)
-                return out
+                arr = pool.copy_array(obj)
+                stats.pooled.append(arr)
+                return arr
         return obj.copy()
     return obj
 

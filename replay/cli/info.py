@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import time
 from typing import Any
 
@@ -83,9 +82,7 @@ def describe(path: str) -> dict[str, Any]:
             "objects": rec.meta.get("objects"),
             "distributed": rec.meta.get("distributed"),
         }
-        out["model"]["n_params"] = sum(
-            math.prod(p[1]) for p in rec.meta.get("model", {}).get("params", [])
-        )
+        out["model"]["n_params"] = sum(p.numel for p in rec.run_meta.model.params)
     return out
 
 
@@ -214,13 +211,13 @@ def describe_rank_set(spec: str) -> dict[str, Any]:
 
 def _spans(ranks: list[int]) -> str:
     """``[0, 1, 2, 5]`` -> ``0..2, 5``: a world size of a million is one line, not a megabyte."""
-    out: list[str] = []
+    out: list[tuple[int, int]] = []
     for r in ranks:
         if out and out[-1][1] == r - 1:
             out[-1] = (out[-1][0], r)
         else:
-            out.append((r, r))  # type: ignore[arg-type]
-    text = [f"{a}..{b}" if b > a else str(a) for a, b in out]  # type: ignore[misc]
+            out.append((r, r))
+    text = [f"{a}..{b}" if b > a else str(a) for a, b in out]
     return ", ".join(text[:20]) + (f", ... ({len(text) - 20} more)" if len(text) > 20 else "")
 
 

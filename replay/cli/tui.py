@@ -19,7 +19,8 @@ def tui(run: str) -> int:
     Keys: 1-8 switch views, ? lists every key, q quits. Works on a recording still being
     written (it refreshes every 2 s). Run `replay bisect RUN` first for the per-op views.
     """
-    from tui.app import make_app  # textual is imported only here: `replay --help` stays instant
+    # textual is imported only here: `replay --help` stays instant
+    from replay_tui.app import make_app
 
     app = make_app(run)  # a bad file raises RecordingError here, before the screen is taken
     app.run()

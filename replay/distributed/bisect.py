@@ -16,6 +16,7 @@ import math
 from typing import Any
 
 from ..bisect.compare import same_bits
+from ..bisect.search import NoteKind, note_kind
 
 __all__ = ["RankSubject", "adjust_verdict", "is_rank_recording"]
 
@@ -51,10 +52,11 @@ class RankSubject:
         return rows
 
     def recorded_exception(self, step: int) -> dict[str, Any] | None:
-        return self.inner.recorded_exception(step)
+        exc: dict[str, Any] | None = self.inner.recorded_exception(step)
+        return exc
 
     def snapshot_healthy(self, step: int) -> bool:
-        return self.inner.snapshot_healthy(step)
+        return bool(self.inner.snapshot_healthy(step))
 
     def _local(self, row: dict[str, Any]) -> dict[str, Any]:
         return {**row, **{c: None for c in _NOT_COMPARABLE}}
@@ -80,7 +82,7 @@ def adjust_verdict(v: Any, subject: RankSubject) -> None:
     if d is None or v.snapshot is None or d.get("step") == v.snapshot:
         return
     # Drift after the snapshot step is the missing all-reduce, not non-determinism.
-    v.notes = [n for n in v.notes if "suspect non-determinism" not in n]
+    v.notes = [n for n in v.notes if note_kind(n) is not NoteKind.NONDETERMINISM]
     t = v.first_bad_step
     first, again = subject.replayed.get(t), subject.again.get(t)
     if first is not None and again is not None:

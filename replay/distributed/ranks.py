@@ -94,7 +94,7 @@ def resolve_rank_files(spec: str) -> list[str] | None:
                 f"{spec}: a directory without rank recordings (NAME.rank<N>.h5); "
                 "name a recording file instead"
             )
-        bases = sorted({base_path(p) for p in files})
+        bases = sorted({b for p in files if (b := base_path(p)) is not None})
         if len(bases) > 1:
             names = ", ".join(os.path.basename(b) for b in bases if b)
             raise RecordingError(f"{spec}: holds several rank sets ({names}); name one of them")

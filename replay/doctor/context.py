@@ -50,14 +50,11 @@ class Context:
     @cached_property
     def params(self) -> list[tuple[str, tuple[int, ...], str, bool]]:
         """``(name, shape, dtype, requires_grad)`` per parameter, in ``named_parameters()`` order."""
-        return [
-            (p[0], tuple(p[1]), p[2], bool(p[3]))
-            for p in self.rec.meta.get("model", {}).get("params", [])
-        ]
+        return [(p.name, p.shape, p.dtype, p.requires_grad) for p in self.rec.run_meta.model.params]
 
     @cached_property
     def modules(self) -> list[tuple[str, str]]:
-        return [(m[0], m[1]) for m in self.rec.meta.get("model", {}).get("modules", [])]
+        return [(m.name, m.cls) for m in self.rec.run_meta.model.modules]
 
     @cached_property
     def leaf_modules(self) -> list[tuple[str, str]]:

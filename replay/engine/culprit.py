@@ -14,12 +14,16 @@ function may name its axis: ``train_step.batch_axis = 1`` (or ``(0, 1)`` for mic
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..jsonsafe import json_safe
 from .engine import Engine
+
+if TYPE_CHECKING:
+    from ..trace.result import TraceResult
 
 __all__ = ["trace_culprit", "tracer_available"]
 
@@ -40,12 +44,12 @@ def _step_fails(kind: str, row: dict[str, Any]) -> bool:
     return is_nonfinite(row)
 
 
-def _probe(engine: Engine, step: int):
+def _probe(engine: Engine, step: int) -> Callable[[Any], tuple[float | None, int]]:
     """``probe(batch) -> (loss, forward calls)``: step ``step`` replayed on ``batch`` from the
     state before it, without dropout (``choose_sample_axes``)."""
     from replay.trace.samples import no_dropout
 
-    def probe(batch) -> tuple[float | None, int]:
+    def probe(batch: Any) -> tuple[float | None, int]:
         calls = []
         engine.state_before(step, keep=True)
         h = engine.model.register_forward_pre_hook(lambda *_: calls.append(1))
@@ -59,7 +63,7 @@ def _probe(engine: Engine, step: int):
     return probe
 
 
-def _probe_step(engine: Engine, step: int, batch) -> tuple[int, Any]:
+def _probe_step(engine: Engine, step: int, batch: Any) -> tuple[int, Any]:
     """The step whose batch the axis probe replays: the one before the failure when it is
     replayable and its batch has the same layout (its loss is finite), else the failing one."""
     from replay.trace.samples import candidate_axes
@@ -72,7 +76,7 @@ def _probe_step(engine: Engine, step: int, batch) -> tuple[int, Any]:
     return step, batch
 
 
-def _data_samples(batch, axes: list[int]) -> list:
+def _data_samples(batch: Any, axes: list[int]) -> list[Any]:
     """Positions along ``axes`` of the batch's non-finite values (pairs for two axes)."""
     from replay.trace.picture import batch_leaves
     from replay.trace.samples import batch_size_of
@@ -133,7 +137,7 @@ def trace_culprit(
     return fields
 
 
-def _samples(engine: Engine, step: int, kind: str, batch, result) -> None:
+def _samples(engine: Engine, step: int, kind: str, batch: Any, result: TraceResult) -> None:
     from replay.trace import batch_size_of, choose_sample_axes, has_batch_coupling, slice_batch
 
     pstep, pbatch = _probe_step(engine, step, batch)
@@ -151,12 +155,22 @@ def _samples(engine: Engine, step: int, kind: str, batch, result) -> None:
     _search(engine, step, kind, batch, axes, coupled, result, slice_batch, batch_size_of)
 
 
-def _search(engine, step, kind, batch, axes, coupled, result, slice_batch, batch_size_of) -> None:
+def _search(
+    engine: Engine,
+    step: int,
+    kind: str,
+    batch: Any,
+    axes: list[int],
+    coupled: Any,
+    result: TraceResult,
+    slice_batch: Callable[..., Any],
+    batch_size_of: Callable[..., int | None],
+) -> None:
     """Delta debugging along the sample axis (for micro-batches: the micro-batches first, then
     the rows within those). Sets the samples, or leaves a note why there are none."""
     from replay.trace import find_culprit_samples
 
-    def fails_on(sub) -> bool:
+    def fails_on(sub: Any) -> bool:
         engine.state_before(step, keep=True)
         return _step_fails(kind, engine.run_step(step, batch=sub).row())
 

@@ -136,8 +136,10 @@ class Engine:
         self.step_fn = eps.step_fn
         self.call = StepCall(eps.step_fn, self.objs)
         self._modules = [m for _, m in self.objs.model.named_modules()]
-        recorded_modules = rec.meta.get("model", {}).get("modules")
-        if recorded_modules is not None and len(recorded_modules) != len(self._modules):
+        recorded_modules = rec.run_meta.model.modules
+        if "modules" in (rec.meta.get("model") or {}) and len(recorded_modules) != len(
+            self._modules
+        ):
             raise ReplayError(
                 f"build_fn made a model with {len(self._modules)} modules, the recording has "
                 f"{len(recorded_modules)}: the model changed since the recording"
@@ -161,7 +163,8 @@ class Engine:
 
     @property
     def optimizer(self) -> torch.optim.Optimizer | None:
-        return self.objs.optimizer
+        opt: torch.optim.Optimizer | None = self.objs.optimizer
+        return opt
 
     @property
     def scheduler(self) -> Any:

@@ -192,7 +192,8 @@ def _lookup(module: ModuleType, qualname: str, role: str, where: str) -> Callabl
             )
     if not callable(obj):
         raise EntryPointError(f"{role} {qualname!r} in {where} is not a function; {_ENTRY_HINT}")
-    return obj
+    fn: Callable[..., Any] = obj
+    return fn
 
 
 @contextlib.contextmanager

@@ -94,8 +94,8 @@ def _copy(src: Any, old: Any) -> Any:
         prev = old if isinstance(old, dict) else {}
         return type(src)((k, _copy(v, prev.get(k))) for k, v in src.items())
     if type(src) in (list, tuple):
-        prev = old if isinstance(old, (list, tuple)) and len(old) == len(src) else [None] * len(src)
-        return type(src)(_copy(v, o) for v, o in zip(src, prev))
+        olds = old if isinstance(old, (list, tuple)) and len(old) == len(src) else [None] * len(src)
+        return type(src)(_copy(v, o) for v, o in zip(src, olds))
     return copy.deepcopy(src)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from .engine import Engine
@@ -14,7 +15,7 @@ class EngineSubject:
         self.engine = engine
         w = engine.window
         self.window = (w.first, w.last)
-        self.snapshots = list(w.snapshots)
+        self.snapshots: Sequence[int] = list(w.snapshots)
         self.device = engine.device
 
     def recorded_rows(self) -> list[dict[str, Any]]:

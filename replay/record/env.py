@@ -37,7 +37,7 @@ def collect_env() -> dict[str, Any]:
         "torch": torch.__version__,
         "numpy": np.__version__,
         "cuda": torch.version.cuda,
-        "cudnn": torch.backends.cudnn.version() if cuda else None,
+        "cudnn": torch.backends.cudnn.version() if cuda else None,  # type: ignore[no-untyped-call]
         "devices": devices,
         "num_threads": torch.get_num_threads(),
         "num_interop_threads": torch.get_num_interop_threads(),

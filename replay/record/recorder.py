@@ -34,6 +34,13 @@ from ..capture.rng import capture_rng
 from ..capture.tensors import CopyStats, copy_tree
 from ..distributed.ranks import base_path, rank_path
 from ..errors import NonFiniteLossError, RecorderWarning
+from ..store.contracts import (
+    ModelMeta,
+    ModuleMeta,
+    ParamMeta,
+    RunMeta,
+    StepException,
+)
 from ..store.step_log import LOG_BYTES
 from ..store.writer import RingSpec
 from ..store.writer_process import WriterClient
@@ -311,7 +318,7 @@ class Recorder:
             # Into the step log when the step lives in host memory: safe once step() returns.
             direct = (
                 self._log is not None
-                and not (self._cuda_built and torch.cuda.is_initialized())
+                and not (self._cuda_built and torch.cuda.is_initialized())  # type: ignore[no-untyped-call]  # torch stubs
                 and on_host(batch)
                 and on_host(values)
                 and self._log.begin(t, rng, hparams, modes, batch, values)
@@ -338,12 +345,12 @@ class Recorder:
         except Exception as e:
             self._probe_grads.end(measure=False)
             health.update(raised=1.0, wall_time=time.perf_counter() - t0, time=time.time())
-            job.exception = {
-                "type": type(e).__name__,
-                "module": type(e).__module__,
-                "message": str(e),
-                "traceback": traceback.format_exc(),
-            }
+            job.exception = StepException(
+                type=type(e).__name__,
+                module=type(e).__module__,
+                message=str(e),
+                traceback=traceback.format_exc(),
+            )
             self.next_step = t + 1
             try:
                 if direct:  # the writer thread takes it, with the batch from the log
@@ -354,7 +361,7 @@ class Recorder:
                 self._give_up("recording the exception", rec_error)
             raise
         local_gn = None
-        loss: Any = None
+        loss = None
         try:
             wall = time.perf_counter() - t0
             # Before anything else: the norm when no clip or optimizer step measured it (an AMP
@@ -384,7 +391,7 @@ class Recorder:
                     # then read as a non-finite failure (first_bad) instead of a normal AMP skip.
                     health["scale"] = float(getattr(self.scaler, "_init_scale", math.nan))
                 health["scale_after"] = after.detach().clone() if after is not None else None
-            if self._cuda_built and torch.cuda.is_initialized():
+            if self._cuda_built and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]  # torch stubs
                 health["cuda_allocated"] = float(torch.cuda.memory_allocated())
                 health["cuda_peak"] = float(torch.cuda.max_memory_allocated())
             if direct:
@@ -448,7 +455,7 @@ class Recorder:
             copied.cuda
             or any(isinstance(v, torch.Tensor) and v.is_cuda for v in job.health.values())
         ):
-            job.event = torch.cuda.Event()
+            job.event = torch.cuda.Event()  # type: ignore[no-untyped-call]  # torch stubs
             job.event.record()
         job.nbytes, job.buffers = copied.nbytes, copied.pooled
         self._writer_or_start().submit(job)
@@ -460,7 +467,7 @@ class Recorder:
         writer = self._writer_or_start()  # (it creates the file; the log's records wait)
         if (
             self._log is not None
-            and not (self._cuda_built and torch.cuda.is_initialized())
+            and not (self._cuda_built and torch.cuda.is_initialized())  # type: ignore[no-untyped-call]  # torch stubs
             and on_host(live)
             and self._log.snapshot(t, slot, live)
         ):
@@ -469,7 +476,7 @@ class Recorder:
         state = {"step": t, **copy_tree(live, stats=copied)}
         event = None
         if copied.cuda:
-            event = torch.cuda.Event()
+            event = torch.cuda.Event()  # type: ignore[no-untyped-call]  # torch stubs
             event.record()
         writer.submit(SnapshotJob(t, slot, state, event, copied.nbytes))
 
@@ -542,8 +549,8 @@ class Recorder:
         """Runs on the writer thread at the first commit, when sizes are known."""
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         model_bytes = sum(t.numel() * t.element_size() for t in self._inner.state_dict().values())
-        meta = {
-            "config": {
+        meta = RunMeta(
+            config={
                 "snapshot_every": self.snapshot_every,
                 "fingerprint_every": self.fingerprint_every,
                 "keep_snapshots": self.keep_snapshots,
@@ -552,23 +559,27 @@ class Recorder:
                 "start_step": self._start_step,
                 "raise_on_nonfinite": self.raise_on_nonfinite,
             },
-            "entry": self.entry,
-            "env": collect_env(),
-            "model": {
-                "class": f"{type(self._inner).__module__}.{type(self._inner).__qualname__}",
-                "modules": [[n, type(m).__name__] for n, m in self._inner.named_modules()],
-                "params": [
-                    [n, list(p.shape), str(p.dtype).removeprefix("torch."), p.requires_grad]
+            entry=self.entry,
+            env=collect_env(),
+            model=ModelMeta(
+                cls=f"{type(self._inner).__module__}.{type(self._inner).__qualname__}",
+                modules=tuple(
+                    ModuleMeta(n, type(m).__name__) for n, m in self._inner.named_modules()
+                ),
+                params=tuple(
+                    ParamMeta(
+                        n, tuple(p.shape), str(p.dtype).removeprefix("torch."), p.requires_grad
+                    )
                     for n, p in self._inner.named_parameters()
-                ],
-                "param_bytes": model_bytes,
-            },
-            "optimizer": {"class": type(self.optimizer).__name__} if self.optimizer else None,
-            "objects": self.objects.describe(),
-            "scheduler": {"class": type(self.scheduler).__name__} if self.scheduler else None,
-            "scaler": {"class": type(self.scaler).__name__} if self.scaler else None,
-            "distributed": self.dist.meta() if self.dist is not None else None,
-        }
+                ),
+                param_bytes=model_bytes,
+            ),
+            optimizer=type(self.optimizer).__name__ if self.optimizer else None,
+            objects=self.objects.describe(),
+            scheduler=type(self.scheduler).__name__ if self.scheduler else None,
+            scaler=type(self.scaler).__name__ if self.scaler else None,
+            distributed=self.dist.meta() if self.dist is not None else None,
+        )
         sources = {}
         for e in self.entry.values():
             text = read_source(e["path"])

@@ -25,6 +25,7 @@ import torch
 from ..capture.health import health_row
 from ..capture.rng import rng_to_tree
 from ..capture.tensors import to_leaves
+from ..store.contracts import StepException, StepRecord
 from ..store.layout import HEALTH_COLUMNS
 from ..store.step_log import StepLog
 from ..store.tree import Spliced, decode, encode
@@ -89,7 +90,7 @@ class StepLogWriter:
         A full log means the writer process is behind: training waits for room, as long as
         that process lives (a bounded backlog is what bounds a kill's loss, and memory)."""
         hp, hp_text = self._hparams(hparams)
-        record = {
+        record: StepRecord = {
             "step": step,
             "rng": rng_to_tree(rng),
             "hparams": hp,
@@ -130,12 +131,12 @@ class StepLogWriter:
         self.log.publish(health_row(health))
         self._begun = False
 
-    def abandon(self, exception: dict[str, Any]) -> dict[str, Any]:
+    def abandon(self, exception: StepException) -> StepRecord:
         """The step raised: drop its record from the log and return it, with the exception, as
         leaves for the writer thread (the batch as it was before the step ran)."""
         payload, mlen = self.log.begun()
         self._begun = False
         self.log.abandon()
-        record = decode(json.loads(payload[:mlen].tobytes()), payload[mlen:].tobytes())
+        record: StepRecord = decode(json.loads(payload[:mlen].tobytes()), payload[mlen:].tobytes())
         record["exception"] = exception
         return record

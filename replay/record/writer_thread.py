@@ -23,6 +23,7 @@ from ..capture.health import health_row
 from ..capture.pool import HostPool
 from ..capture.rng import rng_to_tree
 from ..capture.tensors import to_leaves
+from ..store.contracts import HealthFrame, SnapshotFrame, StepException, StepFrame, StepRecord
 from ..store.writer import pack_parts
 from ..store.writer_process import WriterClient, WriterError, lower_priority
 
@@ -37,14 +38,14 @@ class StepJob:
     hparams: list[dict[str, Any]]
     modes: list[bool]
     health: dict[str, Any]  # tensors (possibly on the GPU) or floats, keyed by health column
-    exception: dict[str, Any] | None = None
+    exception: StepException | None = None
     event: Any = None  # a CUDA event guarding async copies and health tensors
     nbytes: int = 0
     buffers: list[Any] | None = None  # the batch's pooled copies, given back once sent
     values: dict[str, Any] | None = None  # rec.step(batch, **values), handed back on replay
     # The whole record, already leaves: a step that began in the step log and then raised
     # (its batch as it was before the step, read back from the log).
-    record: dict[str, Any] | None = None
+    record: StepRecord | None = None
 
 
 @dataclass
@@ -243,16 +244,18 @@ class BackgroundWriter:
             self._store = None
 
     def _commit(self, jobs: list[StepJob | SnapshotJob]) -> None:
-        steps, snaps, health = [], [], []
+        steps: list[StepFrame] = []
+        snaps: list[SnapshotFrame] = []
+        health: list[HealthFrame] = []
         last = None
         for job in jobs:
             if job.event is not None:
                 job.event.synchronize()
             if isinstance(job, SnapshotJob):
                 payload, mlen = pack_parts(to_leaves(job.state))
-                snaps.append((job.slot, job.step, payload, mlen))
+                snaps.append(SnapshotFrame(job.slot, job.step, payload, mlen))
                 continue
-            record = job.record or {
+            record: StepRecord = job.record or {
                 "step": job.step,
                 "rng": rng_to_tree(job.rng),
                 "hparams": to_leaves(job.hparams),
@@ -262,8 +265,8 @@ class BackgroundWriter:
                 "values": to_leaves(job.values) if job.values else None,
             }
             payload, mlen = pack_parts(record)
-            steps.append((job.step, payload, mlen))
-            health.append((job.step, health_row(job.health)))
+            steps.append(StepFrame(job.step, payload, mlen))
+            health.append(HealthFrame(job.step, health_row(job.health)))
             last = job.step if last is None else max(last, job.step)
         if self._store is None:
             self._store = self._make_store()

@@ -18,10 +18,11 @@ __all__ = ["slot_crc", "health_crc"]
 def slot_crc(step: int, payload: np.ndarray | bytes | memoryview) -> int:
     """A ring slot's checksum: CRC-32 of its step number and its whole payload (the manifest
     and the arena bytes), so a slot labelled with the wrong step fails too."""
-    return zlib.crc32(memoryview(payload).cast("B"), zlib.crc32(struct.pack("<q", int(step))))
+    view = payload.data if isinstance(payload, np.ndarray) else memoryview(payload)
+    return zlib.crc32(view.cast("B"), zlib.crc32(struct.pack("<q", int(step))))
 
 
 def health_crc(step: int, row: np.ndarray) -> int:
     """A health row's checksum: CRC-32 of its step number and its float64 values."""
     values = np.ascontiguousarray(row, dtype=np.float64)
-    return zlib.crc32(memoryview(values).cast("B"), zlib.crc32(struct.pack("<q", int(step))))
+    return zlib.crc32(values.data.cast("B"), zlib.crc32(struct.pack("<q", int(step))))

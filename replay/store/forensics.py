@@ -23,6 +23,7 @@ import numpy as np
 from ..errors import RecordingError
 from ..jsonsafe import json_safe
 from . import validate as V
+from .contracts import OpStatus, Phase
 
 __all__ = [
     "FORMAT",
@@ -42,8 +43,9 @@ FORMAT_VERSION = 1
 CHUNK_ROWS = 4096
 
 STATS_COLUMNS = ("min", "max", "mean", "std", "absmax", "nan", "posinf", "neginf", "zeros", "numel")
-PHASES = ("forward", "backward", "optimizer", "other")
-STATUSES = ("finite", "producer", "propagator", "raised", "exempt")
+# Indexed by the uint8 columns /ops/phase and /ops/status: str enums, equal to their names.
+PHASES: tuple[Phase, ...] = tuple(Phase)
+STATUSES: tuple[OpStatus, ...] = tuple(OpStatus)
 
 # name -> (dtype, trailing shape); the order is the order of ops_columns().
 OPS_COLUMNS: dict[str, tuple[str, tuple[int, ...]]] = {
@@ -119,7 +121,9 @@ def _blob(g: h5py.Group, name: str, value: Any) -> None:
     g.create_dataset(name, data=_json_bytes(value))
 
 
-def _columns(g: h5py.Group, spec: dict, data: dict, where: str, chunked: bool) -> None:
+def _columns(
+    g: h5py.Group, spec: dict[str, Any], data: dict[str, Any], where: str, chunked: bool
+) -> None:
     lengths = {len(np.asarray(data[k])) for k in spec}
     if len(lengths) > 1:
         raise ValueError(f"{where}: columns differ in length: {sorted(lengths)}")
@@ -130,11 +134,13 @@ def _columns(g: h5py.Group, spec: dict, data: dict, where: str, chunked: bool) -
         g.create_dataset(name, data=arr, chunks=chunks, maxshape=(None, *tail) if chunked else None)
 
 
-def write_forensics(path: str | os.PathLike, *, run_id: str, step: int, tables: dict) -> None:
+def write_forensics(
+    path: str | os.PathLike[str], *, run_id: str, step: int, tables: dict[str, Any]
+) -> None:
     """Write a sidecar atomically (``path + ".tmp"``, then ``os.replace``).
 
-    ``tables`` is what ``TraceResult.to_tables()`` returns: keys ``verdict`` (dict), ``ops``,
-    ``modules``, ``params`` (dicts of columns), ``strings`` (dict of lists of str), ``memory``
+    ``tables`` is what ``TraceResult.to_tables()`` returns: keys ``verdict`` (dict[str, Any]), ``ops``,
+    ``modules``, ``params`` (dicts of columns), ``strings`` (dict[str, Any] of lists of str), ``memory``
     (``peak_bytes``, ``peak_op``, ``largest``), ``sources`` and ``batch`` (JSON values).
     """
     path = os.fspath(path)
@@ -194,7 +200,7 @@ class ForensicsReader:
     Example::
 
         with ForensicsReader.open("run.forensics.h5") as f:
-            cols = f.ops_columns(0, 100)      # dict of numpy arrays
+            cols = f.ops_columns(0, 100)      # dict[str, Any] of numpy arrays
             f.op_row(f.verdict["op_index"])   # one op, strings decoded
     """
 
@@ -206,7 +212,7 @@ class ForensicsReader:
         self._json: dict[str, Any] = {}
 
     @classmethod
-    def open(cls, path: str | os.PathLike) -> ForensicsReader:
+    def open(cls, path: str | os.PathLike[str]) -> ForensicsReader:
         path = os.fspath(path)
         try:
             V.check_regular_file(path, "forensics sidecar")
@@ -254,7 +260,7 @@ class ForensicsReader:
     def _bad(self, what: str) -> NotAForensicsFile:
         return NotAForensicsFile(f"{self.path}: damaged forensics sidecar: {what}")
 
-    def _columns(self, group: str, spec: dict, max_rows: int) -> int:
+    def _columns(self, group: str, spec: dict[str, Any], max_rows: int) -> int:
         n = None
         for name, dt in spec.items():
             dtype, tail = dt if isinstance(dt, tuple) else (dt, ())
@@ -366,7 +372,7 @@ class ForensicsReader:
             raise self._bad("/batch/json is not an object with a list of leaves")
         self._json["batch"] = batch
 
-    def _check_verdict(self, v: Any) -> dict:
+    def _check_verdict(self, v: Any) -> dict[str, Any]:
         if not isinstance(v, dict):
             raise self._bad("/verdict/json is not an object")
 
@@ -420,8 +426,9 @@ class ForensicsReader:
         return int(self._step or 0)
 
     @property
-    def verdict(self) -> dict:
-        return self._json["verdict"]
+    def verdict(self) -> dict[str, Any]:
+        out: dict[str, Any] = self._json["verdict"]
+        return out
 
     @property
     def n_ops(self) -> int:
@@ -434,7 +441,9 @@ class ForensicsReader:
     def strings(self, name: str) -> list[str]:
         return self._strings[name]
 
-    def ops_columns(self, start: int, stop: int, columns: tuple[str, ...] | None = None) -> dict:
+    def ops_columns(
+        self, start: int, stop: int, columns: tuple[str, ...] | None = None
+    ) -> dict[str, Any]:
         """Rows ``[start, stop)`` of every (or the named) op column, as numpy arrays."""
         start, stop = max(0, int(start)), min(self.n_ops, int(stop))
         stop = max(start, stop)
@@ -444,7 +453,7 @@ class ForensicsReader:
         except V.H5_ERRORS as e:
             raise self._bad(f"/ops rows {start}..{stop} cannot be read ({e})") from None
 
-    def op_row(self, i: int) -> dict:
+    def op_row(self, i: int) -> dict[str, Any]:
         """One op with its strings decoded (``stack`` as a list of locations, innermost last)."""
         if not 0 <= i < self.n_ops:
             raise IndexError(f"op {i} out of range (the table has {self.n_ops} ops)")
@@ -475,7 +484,9 @@ class ForensicsReader:
             "time_ns": int(row["time_ns"]),
         }
 
-    def _table(self, group: str, spec: dict, string_cols: dict[str, str]) -> list[dict]:
+    def _table(
+        self, group: str, spec: dict[str, Any], string_cols: dict[str, str]
+    ) -> list[dict[str, Any]]:
         g = self._f[group]
         cols = {k: g[k][()] for k in spec}  # lengths and indices checked in open()
         n = len(cols["name"])
@@ -490,23 +501,25 @@ class ForensicsReader:
             out.append(row)
         return out
 
-    def modules(self) -> list[dict]:
-        """One dict per module: name, kind, parent (row), activation statistics, n_ops."""
+    def modules(self) -> list[dict[str, Any]]:
+        """One dict[str, Any] per module: name, kind, parent (row), activation statistics, n_ops."""
         return self._table("modules", MODULE_COLUMNS, {"name": "modules", "kind": "module_kinds"})
 
-    def params(self) -> list[dict]:
-        """One dict per named parameter: grad, weight and update statistics."""
+    def params(self) -> list[dict[str, Any]]:
+        """One dict[str, Any] per named parameter: grad, weight and update statistics."""
         return self._table("params", PARAM_COLUMNS, {"name": "params"})
 
-    def memory(self) -> dict:
+    def memory(self) -> dict[str, Any]:
         return {
             "peak_bytes": int(self._peak_bytes or 0),
             "peak_op": int(self._peak_op if self._peak_op is not None else -1),
             "largest": self._json["largest"],
         }  # the curve itself: ops_columns(a, b, ("mem_bytes",))
 
-    def sources(self) -> dict:
-        return self._json["sources"]
+    def sources(self) -> dict[str, Any]:
+        out: dict[str, Any] = self._json["sources"]
+        return out
 
-    def batch(self) -> dict:
-        return self._json["batch"]
+    def batch(self) -> dict[str, Any]:
+        out: dict[str, Any] = self._json["batch"]
+        return out

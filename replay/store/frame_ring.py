@@ -85,7 +85,7 @@ class FrameRing:
     # -- child ---------------------------------------------------------------------------------
 
     def body(self, offset: int, n: int) -> memoryview:
-        return memoryview(self.data[offset : offset + n])
+        return self.data[offset : offset + n].data
 
     def release(self, end: int) -> None:
         """Every body up to position ``end`` is committed: the parent may write over it."""

@@ -31,6 +31,7 @@ import numpy as np
 from ..errors import RecordingError
 from . import validate as V
 from .checksum import health_crc, slot_crc
+from .contracts import RunMeta
 from .layout import (
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -60,7 +61,7 @@ class Window:
     snapshots: tuple[int, ...]
 
     def __contains__(self, step: object) -> bool:
-        return isinstance(step, (int, np.integer)) and self.first <= step <= self.last
+        return isinstance(step, (int, np.integer)) and bool(self.first <= step <= self.last)
 
     def snapshot_for(self, step: int) -> int:
         """The newest snapshot at or before ``step`` inside this window."""
@@ -420,6 +421,11 @@ class Recording:
             self._sources = sources
         return self._sources
 
+    @functools.cached_property
+    def run_meta(self) -> RunMeta:
+        """``/meta/run`` as a typed object (``meta`` is its JSON, as written)."""
+        return RunMeta.from_json(self.meta)
+
     @property
     def config(self) -> dict[str, Any]:
         return self.meta.get("config") or {}
@@ -454,7 +460,8 @@ class Recording:
     def _markers(self, ring: str) -> np.ndarray:
         m = self._read(f"{ring}/step")
         V.check_markers(m, self.path, f"{ring}/step", modulo=ring != "snapshots")
-        return m
+        markers: np.ndarray = m
+        return markers
 
     def _slot_of(self, ring: str, step: int) -> int | None:
         hits = np.flatnonzero(self._markers(ring) == step)
@@ -486,7 +493,8 @@ class Recording:
 
     def _payload(self, ring: str, slot: int, n: int) -> np.ndarray:
         V.check_payload_stored(self._ds(f"{ring}/arena"), n, self.path, f"{ring}/arena")
-        return self._read(f"{ring}/arena", np.s_[slot, :n])
+        payload: np.ndarray = self._read(f"{ring}/arena", np.s_[slot, :n])
+        return payload
 
     def _manifest(self, ring: str, step: int, raw: bytes, arena_bytes: int) -> Any:
         where = f"{self.path}: /{ring} step {step}"
@@ -574,7 +582,8 @@ class Recording:
     def _record(self, ring: str, step: int) -> dict[str, Any]:
         rec = self._read_slot(ring, step)
         V.check_record(rec, ring, step, self.path)
-        return rec
+        record: dict[str, Any] = rec
+        return record
 
     def snapshot_devices(self, step: int) -> dict[str, str]:
         """Where the tensors of each part of a snapshot lived (``{"model": "cuda:0", ...}``),
@@ -585,7 +594,7 @@ class Recording:
             while stack:
                 n = stack.pop(0)
                 if n.get("t") == "tensor":
-                    return n.get("device", "cpu")
+                    return str(n.get("device", "cpu"))
                 stack.extend(n.get("v", []) if isinstance(n.get("v"), list) else [])
             return None
 

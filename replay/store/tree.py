@@ -19,6 +19,7 @@ Example::
 from __future__ import annotations
 
 import collections
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -165,11 +166,12 @@ _NT_CACHE: dict[tuple[str, tuple[str, ...]], type] = {}
 
 def _namedtuple_type(name: str, fields: list[str], module: str, qualname: str) -> type:
     key = (f"{module}:{qualname}", tuple(fields))
-    cls = _NT_CACHE.get(key)
-    if cls is None:
-        cls = collections.namedtuple(name if name.isidentifier() else "Record", fields, rename=True)  # type: ignore[misc]
-        cls._replay_origin = (module, qualname)  # type: ignore[attr-defined]
-        _NT_CACHE[key] = cls
+    cached = _NT_CACHE.get(key)
+    if cached is not None:
+        return cached
+    cls = collections.namedtuple(name if name.isidentifier() else "Record", fields, rename=True)  # type: ignore[misc]
+    cls._replay_origin = (module, qualname)  # type: ignore[attr-defined]
+    _NT_CACHE[key] = cls
     return cls
 
 
@@ -177,7 +179,8 @@ def _array(node: dict[str, Any], data: memoryview | bytes) -> np.ndarray:
     dtype = np.dtype(node["dtype"])
     off, n = node["off"], node["n"]
     raw = np.frombuffer(data, dtype=np.uint8, count=n, offset=off)
-    return raw.view(dtype).reshape(node["shape"]).copy()
+    out: np.ndarray = raw.view(dtype).reshape(node["shape"]).copy()
+    return out
 
 
 def decode(node: dict[str, Any], data: memoryview | bytes) -> Any:
@@ -216,7 +219,7 @@ def decode(node: dict[str, Any], data: memoryview | bytes) -> Any:
     raise ValueError(f"unknown tree node type {t!r}")
 
 
-def iter_leaves(tree: Any, path: str = ""):
+def iter_leaves(tree: Any, path: str = "") -> Iterator[tuple[str, Any]]:
     """Yield ``(path, leaf)`` for every array-like leaf (numpy array or TensorLeaf)."""
     if isinstance(tree, (TensorLeaf, np.ndarray)):
         yield path or "batch", tree

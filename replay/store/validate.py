@@ -286,6 +286,7 @@ def attr_float(obj: Any, key: str, where: str, *, required: bool = True) -> floa
 
 def attr_json(obj: Any, key: str, where: str) -> Any:
     text = attr_str(obj, key, where)
+    assert text is not None  # attr_str raises on a missing attribute
     return parse_json(text.encode("utf-8"), f"{where}: attribute {key!r} of {obj.name}")
 
 
@@ -448,7 +449,15 @@ def check_tree(root: Any, arena_bytes: int, where: str) -> None:
         v = node.get("v")
         if t in ("ndarray", "npscalar", "tensor", "bytes"):
             off, n = node.get("off"), node.get("n")
-            if not (_is_int(off) and _is_int(n) and off >= 0 and n >= 0 and off + n <= arena_bytes):
+            if not (
+                isinstance(off, int)
+                and isinstance(n, int)
+                and _is_int(off)
+                and _is_int(n)
+                and off >= 0
+                and n >= 0
+                and off + n <= arena_bytes
+            ):
                 raise bad(f"a {t} leaf lies outside the record's {arena_bytes} bytes")
             if t != "bytes":
                 dt = node.get("dtype")
@@ -539,7 +548,7 @@ def _floatlike(s: Any) -> bool:
 # -- meta/run ---------------------------------------------------------------------------------------
 
 
-def _opt(d: dict, key: str, kinds: tuple[type, ...] | type, where: str) -> Any:
+def _opt(d: dict[str, Any], key: str, kinds: tuple[type, ...] | type, where: str) -> Any:
     v = d.get(key)
     if v is not None and not isinstance(v, kinds):
         raise _BAD(f"{where}.{key} is a {type(v).__name__}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +21,7 @@ import h5py
 import numpy as np
 
 from .checksum import health_crc, slot_crc
+from .contracts import HealthFrame, SnapshotFrame, StepFrame
 from .layout import (
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -184,6 +186,11 @@ def _spans(slots: list[int]) -> list[tuple[int, int]]:
     return out
 
 
+def _contiguous(payload: np.ndarray | list[np.ndarray]) -> np.ndarray:
+    """A payload as one array (the writer process hands over arrays: no copy there)."""
+    return payload if isinstance(payload, np.ndarray) else np.concatenate(payload)
+
+
 def _round_up(n: int, k: int) -> int:
     return max(k, -(-n // k) * k)
 
@@ -332,21 +339,23 @@ class StoreWriter:
     def commit(
         self,
         *,
-        steps: list[tuple[int, np.ndarray, int]] = (),  # type: ignore[assignment]
-        snapshots: list[tuple[int, int, np.ndarray, int]] = (),  # type: ignore[assignment]
-        health: list[tuple[int, np.ndarray]] = (),  # type: ignore[assignment]
+        steps: Sequence[StepFrame] = (),
+        snapshots: Sequence[SnapshotFrame] = (),
+        health: Sequence[HealthFrame] = (),
         last_step: int | None = None,
     ) -> None:
-        """Durably write a group of items.
-
-        ``steps``: ``(step, payload, mlen)``; ``snapshots``: ``(slot, step, payload, mlen)``;
-        ``health``: ``(step, row)`` with ``row`` a float64 vector in ``HEALTH_COLUMNS`` order.
-        """
+        """Durably write a group of items. Each payload here is one contiguous uint8 array;
+        a health row is a float64 vector in ``HEALTH_COLUMNS`` order."""
         f = self.f
         nslots = self._ring_slots
-        ring_items = [("steps", s % nslots["steps"], s, p, m) for s, p, m in steps]
-        ring_items += [("snapshots", slot, s, p, m) for slot, s, p, m in snapshots]
-        hitems = [(s % self.health_slots, s, row) for s, row in health]
+        ring_items: list[tuple[str, int, int, np.ndarray, int]] = [
+            ("steps", s.step % nslots["steps"], s.step, _contiguous(s.payload), s.mlen)
+            for s in steps
+        ]
+        ring_items += [
+            ("snapshots", s.slot, s.step, _contiguous(s.payload), s.mlen) for s in snapshots
+        ]
+        hitems = [(h.step % self.health_slots, h.step, h.row) for h in health]
         touched = {ring: sorted({it[1] for it in ring_items if it[0] == ring}) for ring in nslots}
         hslots = sorted({slot for slot, _, _ in hitems})
         # Every small HDF5 write costs ~0.2 ms of CPU here whatever its size, so markers and
@@ -454,6 +463,6 @@ class StoreWriter:
             try:
                 self.f.close()
             finally:
-                self.f = None  # type: ignore[assignment]
+                self.f = None
                 _release_lock(self.path, self._lock)
                 self._lock = None

@@ -32,10 +32,12 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any, BinaryIO
 
 import numpy as np
 
+from .contracts import HealthFrame, Payload, RunMeta, SnapshotFrame, StepFrame
 from .frame_ring import FrameRing
 from .step_log import LOG_BYTES, StepLog
 from .writer import RingSpec, StoreWriter
@@ -71,11 +73,11 @@ def _write_frame(out: BinaryIO, header: dict[str, Any], parts: list[np.ndarray])
     total = sum(p.nbytes for p in parts)
     out.write(_U64.pack(len(head)) + head + _U64.pack(total))
     for p in parts:
-        out.write(memoryview(np.ascontiguousarray(p)).cast("B"))
+        out.write(np.ascontiguousarray(p).data.cast("B"))
     out.flush()
 
 
-def _add(parts: list[np.ndarray], payload: np.ndarray | list[np.ndarray]) -> int:
+def _add(parts: list[np.ndarray], payload: Payload) -> int:
     """Append a payload (an array or a list of parts) to a frame's parts; return its size."""
     if isinstance(payload, np.ndarray):
         parts.append(payload)
@@ -143,17 +145,18 @@ class WriterClient:
         path: str,
         *,
         run_id: str,
-        meta: dict[str, Any],
+        meta: RunMeta | dict[str, Any],
         sources: dict[str, str],
         steps: RingSpec,
         snapshots: RingSpec,
         health_slots: int,
     ) -> WriterClient:
+        """Create the file. ``meta`` is the run's :class:`RunMeta` (a dict: already its JSON)."""
         header = {
             "op": "create",
             "path": path,
             "run_id": run_id,
-            "meta": meta,
+            "meta": meta.to_json() if isinstance(meta, RunMeta) else meta,
             "sources": sources,
             "steps": [steps.slots, steps.chunk, steps.capacity],
             "snapshots": [snapshots.slots, snapshots.chunk, snapshots.capacity],
@@ -185,9 +188,18 @@ class WriterClient:
             raise WriterDied(f"the writer process died (exit code {code})")
         raise WriterError(answer.removeprefix("error ").strip())
 
-    def commit(self, *, steps=(), snapshots=(), health=(), last_step=None) -> None:  # noqa: ANN001
+    def commit(
+        self,
+        *,
+        steps: Sequence[StepFrame] = (),
+        snapshots: Sequence[SnapshotFrame] = (),
+        health: Sequence[HealthFrame] = (),
+        last_step: int | None = None,
+    ) -> None:
         """Send one commit frame. A payload is a uint8 array or the list of its parts
-        (``pack_parts``), sent one after the other without being joined first."""
+        (``pack_parts``), sent one after the other without being joined first. On the wire a
+        frame is a list in the header (``[step, mlen, n]``, ``[slot, step, mlen, n]``, ``step``)
+        and its bytes in the body; ``_Server.commit_pending`` turns them back into frames."""
         parts: list[np.ndarray] = []
         header: dict[str, Any] = {
             "op": "commit",
@@ -196,13 +208,15 @@ class WriterClient:
             "snapshots": [],
             "health": [],
         }
-        for step, payload, mlen in steps:
-            header["steps"].append([int(step), int(mlen), _add(parts, payload)])
-        for slot, step, payload, mlen in snapshots:
-            header["snapshots"].append([int(slot), int(step), int(mlen), _add(parts, payload)])
-        for step, row in health:
-            header["health"].append(int(step))
-            parts.append(np.asarray(row, dtype=np.float64))
+        for s in steps:
+            header["steps"].append([int(s.step), int(s.mlen), _add(parts, s.payload)])
+        for snap in snapshots:
+            header["snapshots"].append(
+                [int(snap.slot), int(snap.step), int(snap.mlen), _add(parts, snap.payload)]
+            )
+        for h in health:
+            header["health"].append(int(h.step))
+            parts.append(np.asarray(h.row, dtype=np.float64))
         if self.ring is not None:
             placed = self.ring.put(parts, sum(int(p.nbytes) for p in parts))
             if placed is not None:  # else the body goes through the pipe
@@ -283,9 +297,9 @@ class _FrameReader:
         if not self._read_into(memoryview(header)):
             return None
         body = self._body(_U64.unpack_from(header, len(header) - 8)[0])
-        if not self._read_into(memoryview(body)):
+        if not self._read_into(body.data):
             return None  # a frame cut short by the parent's death is not committed
-        return json.loads(bytes(header[:-8])), memoryview(body)
+        return json.loads(bytes(header[:-8])), body.data
 
 
 class _Server:
@@ -336,36 +350,38 @@ class _Server:
             self.pending.clear()
             self._release()
             return
-        steps, snaps, health = [], [], []
+        steps: list[StepFrame] = []
+        snaps: list[SnapshotFrame] = []
+        health: list[HealthFrame] = []
         last = None
         ncols = len(self.store.health_columns)
         for header, body in self.pending:
             data = np.frombuffer(body, dtype=np.uint8)
             pos = 0
             for step, mlen, n in header["steps"]:
-                steps.append((step, data[pos : pos + n], mlen))
+                steps.append(StepFrame(step, data[pos : pos + n], mlen))
                 pos += n
             for slot, step, mlen, n in header["snapshots"]:
-                snaps.append((slot, step, data[pos : pos + n], mlen))
+                snaps.append(SnapshotFrame(slot, step, data[pos : pos + n], mlen))
                 pos += n
             for step in header["health"]:
-                health.append((step, data[pos : pos + 8 * ncols].view(np.float64)))
+                health.append(HealthFrame(step, data[pos : pos + 8 * ncols].view(np.float64)))
                 pos += 8 * ncols
             if header["last_step"] is not None:
                 last = header["last_step"] if last is None else max(last, header["last_step"])
         for rec in self.log_items:
             if rec.slot >= 0:
-                snaps.append((rec.slot, rec.step, rec.payload, rec.mlen))
+                snaps.append(SnapshotFrame(rec.slot, rec.step, rec.payload, rec.mlen))
                 continue
-            steps.append((rec.step, rec.payload, rec.mlen))
-            health.append((rec.step, rec.health))
+            steps.append(StepFrame(rec.step, rec.payload, rec.mlen))
+            health.append(HealthFrame(rec.step, rec.health))
             last = rec.step if last is None else max(last, rec.step)
         # The step log and the pipe are two queues: a step that raised went by the pipe and can
         # arrive before the log's earlier steps. A ring slot written twice in one group keeps its
         # later item, so put them in step order (stable: for one step, the later one still wins).
-        steps.sort(key=lambda s: s[0])
-        health.sort(key=lambda h: h[0])
-        snaps.sort(key=lambda s: s[1])
+        steps.sort(key=lambda s: s.step)
+        health.sort(key=lambda h: h.step)
+        snaps.sort(key=lambda s: s.step)
         self.store.commit(steps=steps, snapshots=snaps, health=health, last_step=last)
         self.pending.clear()
         self._release()  # the bodies' bytes are in the file now

@@ -32,6 +32,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from replay.store.contracts import OpStatus, Phase
 from replay.trace.memory import MemoryTracker
 from replay.trace.origins import Origins
 from replay.trace.source import Interner, Locations
@@ -39,7 +40,8 @@ from replay.trace.stats import N_BINS, NAN_ROW, finite_kind, kind_of_row, tensor
 
 __all__ = ["Tracer", "FORWARD", "BACKWARD", "OPTIMIZER", "OTHER", "TAG"]
 
-FORWARD, BACKWARD, OPTIMIZER, OTHER = 0, 1, 2, 3
+# The phase column holds the codes of store.contracts.Phase (the forensics file's encoding).
+FORWARD, BACKWARD, OPTIMIZER, OTHER = (p.code for p in Phase)
 TAG = "replay.trace"  # key of our tag in grad_fn.metadata: (module, location, stack, function)
 MAX_DETAILED = 64  # non-finite ops whose inputs get full statistics
 SINGLE_THREAD_NUMEL = 1 << 20
@@ -444,7 +446,7 @@ class Tracer:
         finally:
             if single:
                 torch.set_num_threads(threads)
-        status = 0
+        status = OpStatus.FINITE.code
         if any(k != "finite" for k in kinds):
             out_kind = "nan" if "nan" in kinds else "inf" if "inf" in kinds else "neginf"
             status = self._nonfinite(
@@ -496,7 +498,13 @@ class Tracer:
             nf.inputs = [self._input_info(t) for t in ins]
             nf.executed_at = self.locs.here(sys._getframe(4))[0]
         self.nonfinite[index] = nf
-        return 4 if role == "exempt" else 1 if role == "producer" else 2
+        return (
+            OpStatus.EXEMPT
+            if role == "exempt"
+            else OpStatus.PRODUCER
+            if role == "producer"
+            else OpStatus.PROPAGATOR
+        ).code
 
     def _input_info(self, t: torch.Tensor) -> dict:
         d = {"shape": list(t.shape), "dtype": str(t.dtype)[6:], "device": str(t.device)}

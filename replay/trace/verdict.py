@@ -32,13 +32,16 @@ every other non-finite op is exempt (4), ops that raised are 3.
 
 from __future__ import annotations
 
+from replay.store.contracts import OpStatus, Phase
+from replay.store.forensics import PHASES
 from replay.trace.mode import Tracer
 from replay.trace.origins import BATCH, PRESENT
 from replay.trace.stats import stats_dict
 
 __all__ = ["build_verdict", "PHASE_NAMES"]
 
-PHASE_NAMES = ("forward", "backward", "optimizer", "other")
+PHASE_NAMES = PHASES  # Phase members, indexed by the phase column
+FINITE, PRODUCER, PROPAGATOR, RAISED, EXEMPT = (s.code for s in OpStatus)
 N_PROPAGATORS = 8
 N_PREVIOUS = 8
 
@@ -55,7 +58,7 @@ def _op_ref(tr: Tracer, i: int) -> dict:
 
 def _describe_op(tr: Tracer, i: int, inputs: list[dict], executed_at: int) -> dict:
     ref = _op_ref(tr, i)
-    backward = tr.cols["phase"][i] == 1
+    backward = tr.cols["phase"][i] == Phase.BACKWARD.code
     node = tr.cols["node"][i]
     src = tr.locs.describe(tr.cols["source"][i])
     ref.update(
@@ -132,9 +135,9 @@ def build_verdict(
     }
     status = tr.cols["status"]
     for i in tr.nonfinite:
-        status[i] = 4
+        status[i] = EXEMPT
     for i, *_ in tr.raised:
-        status[i] = 3
+        status[i] = RAISED
     if exception is not None:
         v["kind"] = "exception"
         i = exception.get("op_index")
@@ -160,7 +163,7 @@ def build_verdict(
     klass = tr.origins.klass
     for i, nf in tr.nonfinite.items():
         if nf.origins & reached:
-            status[i] = 1 if i in reached and klass.get(i) == "real" else 2
+            status[i] = PRODUCER if i in reached and klass.get(i) == "real" else PROPAGATOR
     ops = sorted(o for o in first if o >= 0)
     real = [o for o in ops if klass.get(o) == "real"]
     intentional = [o for o in ops if klass.get(o) == "intentional"]
@@ -223,7 +226,7 @@ def build_verdict(
         return v
     nf = tr.nonfinite[culprit]
     v.update(_describe_op(tr, culprit, nf.inputs, nf.executed_at))
-    status[culprit] = 1 if nf.role in ("producer", "exempt") else 2
+    status[culprit] = PRODUCER if nf.role in ("producer", "exempt") else PROPAGATOR
     v["output"] = {**nf.output, "stats": stats_dict(tr.stats[culprit])}
     st = v["output"]["stats"]
     made = [w for k, w in (("nan", "NaN"), ("posinf", "+inf"), ("neginf", "-inf")) if st[k] > 0]

@@ -14,8 +14,8 @@ from conftest import run_env
 
 def test_tui_and_store_never_import_torch():
     code = (
-        "import sys, tui, tui.app, replay.store, replay.store.forensics, replay.cli.tui\n"
-        "from tui.model import RunModel\n"
+        "import sys, replay_tui, replay_tui.app, replay.store, replay.store.forensics, replay.cli.tui\n"
+        "from replay_tui.model import RunModel\n"
         "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if 'torch' in m)\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, env=run_env(), timeout=60)

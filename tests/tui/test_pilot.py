@@ -6,9 +6,9 @@ import numpy as np
 from helpers import press, settle
 
 from replay.store.forensics import ForensicsReader
-from tui import make_app
-from tui.widgets.notice import NoForensics
-from tui.widgets.op_list import OpList
+from replay_tui import make_app
+from replay_tui.widgets.notice import NoForensics
+from replay_tui.widgets.op_list import OpList
 
 
 def _ops(app):
@@ -266,7 +266,7 @@ def test_batch_view_words_samples_along_other_axes_as_the_report_does():
     from types import SimpleNamespace
 
     from replay.bisect.report import render_verdict
-    from tui.model import RunModel
+    from replay_tui.model import RunModel
 
     m = RunModel.__new__(RunModel)
     base = {

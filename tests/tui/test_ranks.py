@@ -10,8 +10,8 @@ from conftest import RANK_NAN_STEP, run_env
 from helpers import press, settle
 from test_snapshots import _snap
 
-from tui import make_app
-from tui.widgets.rank_table import RankTable
+from replay_tui import make_app
+from replay_tui.widgets.rank_table import RankTable
 
 
 async def test_rank_set_opens_the_culprit_and_lists_every_rank(rank_set):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from helpers import settle
 
-from tui import make_app
+from replay_tui import make_app
 
 SIZE = (120, 40)
 

@@ -5,6 +5,7 @@ short payload overwrites a longer one in the same slot."""
 import numpy as np
 import pytest
 
+from replay.store.contracts import HealthFrame, StepFrame
 from replay.store.layout import HEALTH_COLUMNS
 from replay.store.reader import open_recording
 from replay.store.writer import RingSpec, StoreWriter, pack_record
@@ -36,8 +37,8 @@ def test_direct_chunk_rows_read_back_bit_for_bit(tmp_path, sizes):
         x = rng.integers(0, 256, n, dtype=np.uint8)
         payload, mlen = pack_record({"step": t, "batch": x})
         w.commit(
-            steps=[(t, payload, mlen)],
-            health=[(t, np.zeros(len(HEALTH_COLUMNS)))],
+            steps=[StepFrame(t, payload, mlen)],
+            health=[HealthFrame(t, np.zeros(len(HEALTH_COLUMNS)))],
             last_step=t,
         )
         expect[t] = x

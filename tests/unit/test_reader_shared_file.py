@@ -11,6 +11,7 @@ import os
 import numpy as np
 
 from replay.store import HEALTH_COLUMNS
+from replay.store.contracts import HealthFrame
 from replay.store.reader import _SHARED, open_recording
 from replay.store.writer import RingSpec, StoreWriter
 
@@ -25,7 +26,7 @@ def _recording(path: str) -> None:
         snapshots=RingSpec(2, 4096, 4096),
         health_slots=20_000,  # chunks of 8192 markers: most never written
     )
-    rows = [(s, np.full(len(HEALTH_COLUMNS), float(s))) for s in range(3)]
+    rows = [HealthFrame(s, np.full(len(HEALTH_COLUMNS), float(s))) for s in range(3)]
     w.commit(health=rows, last_step=2)
     w.close()
 

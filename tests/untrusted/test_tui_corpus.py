@@ -22,8 +22,8 @@ from textual.app import App
 from textual.widgets import Static
 
 from replay.errors import RecordingError
+from replay_tui import make_app
 from tests.conftest import ROOT
-from tui import make_app
 
 from .test_cli_corpus import ALL_CASES
 

@@ -202,7 +202,7 @@ class OverviewScreen(RunScreen):
             f"  replayable {window.first}..{window.last}\n" if window else "  nothing replayable\n"
         )
         model = meta.get("model", {})
-        n_params = sum(int(np.prod(p[1])) for p in model.get("params", []))
+        n_params = sum(p.numel for p in rec.run_meta.model.params)
         t.append(f"  model {model.get('class')} ({n_params:,} params)\n")
         opt = (meta.get("optimizer") or {}).get("class")
         sched = (meta.get("scheduler") or {}).get("class")

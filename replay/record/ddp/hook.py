@@ -48,7 +48,7 @@ class LocalGradProbe:
         return None
 
     # No annotations: DDP checks them against dist.GradBucket, and this module's are strings.
-    def _hook(self, process_group, bucket):  # noqa: ANN001, ANN202
+    def _hook(self, process_group, bucket):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN202
         if self.error is None:
             try:
                 with torch.no_grad():
