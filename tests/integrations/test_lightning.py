@@ -113,3 +113,21 @@ def test_manual_optimisation_is_refused_once_and_training_goes_on(tmp_path):
     assert p.stderr.count("manual optimisation") == 1
     assert "records nothing" in p.stderr
     assert not (tmp_path / "run.h5").exists()
+
+
+def test_hyper_parameters_replay_cannot_keep_are_said_once_and_training_goes_on(tmp_path):
+    script = tmp_path / "tensor_hparam.py"
+    script.write_text(
+        (HERE / "lightning_recorded.py")
+        .read_text()
+        .replace(
+            "self.save_hyperparameters()",
+            'self.save_hyperparameters({"width": width, "lr": lr, "nan_at": nan_at, '
+            '"scale": torch.ones(2)})',
+        )
+    )
+    p = _run(str(script), str(tmp_path))
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stderr.count("hyper-parameters are not JSON") == 1
+    assert "Traceback" not in p.stderr
+    assert not (tmp_path / "run.h5").exists()
