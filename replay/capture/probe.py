@@ -32,7 +32,7 @@ import torch.nn.utils.clip_grad as _clip_grad
 
 from .fingerprint import GradMeter
 
-__all__ = ["GradProbe"]
+__all__ = ["GradProbe", "running_probe"]
 
 _active: list[GradProbe] = []  # the probe of the step running now, if any
 
@@ -64,6 +64,11 @@ def _install() -> None:
 _install()
 
 
+def running_probe() -> GradProbe | None:
+    """The probe of the step running now (the recorder's or the replay engine's), if any."""
+    return _active[-1] if _active else None
+
+
 class GradProbe:
     """Measures the gradients of ``params`` once per step (see the module docstring).
 
@@ -81,14 +86,28 @@ class GradProbe:
         self._norm: Any = None
         self._absmax: Any = None
         self._measured = False
+        self._at_step = True
         self.stepped = False
         self.clipped = False
 
-    def begin(self) -> None:
+    def begin(self, *, at_step: bool = True) -> None:
+        """``at_step=False``: the optimizer's step does not measure (it only marks the step as
+        taken); a framework that runs the backward inside ``optimizer.step(closure)`` calls
+        :meth:`measure_now` once the gradients are complete."""
         self._norm = self._absmax = None
         self._measured = self.stepped = self.clipped = False
+        self._at_step = at_step
         self._on = True
         _active.append(self)
+
+    def measure_at_hooks(self) -> None:
+        """From now until the step ends, the optimizer's step does not measure (see ``begin``)."""
+        self._at_step = False
+
+    def measure_now(self) -> None:
+        """The gradients are complete, not yet clipped or applied: measure them (once)."""
+        if self._on:
+            self._measure()
 
     def _measure(self) -> None:
         if not self._measured and self.enabled:
@@ -103,7 +122,8 @@ class GradProbe:
     def _pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self._on:
             self.stepped = True
-            self._measure()
+            if self._at_step:
+                self._measure()
 
     def end(self, *, measure: bool = True) -> tuple[Any, Any, bool]:
         """Stop watching; measure now if nothing did during the step (and ``measure``)."""

@@ -129,8 +129,9 @@ class Engine:
             with replay_runs_user_code("importing the recorded entry points"):
                 eps = load_entry_points(rec.entry, env, rec.sources, entry, log)
             with replay_runs_user_code(f"build_fn {getattr(eps.build_fn, '__qualname__', '')}()"):
+                kwargs = {**(rec.meta.get("build_kwargs") or {}), **eps.build_args}
                 self.objs: RunObjects = build_objects(
-                    eps.build_fn, self.device, rec.meta.get("objects")
+                    eps.build_fn, self.device, rec.meta.get("objects"), kwargs
                 )
         self.entry_files = eps.files
         self.step_fn = eps.step_fn

@@ -62,6 +62,14 @@ class EntryPoints:
     build_fn: Callable[..., Any]
     step_fn: Callable[..., Any]
     files: list[str] = field(default_factory=list)
+    # Classes and functions build_fn takes by keyword (a framework integration's build gets the
+    # user's LightningModule class), imported under the same rules as build_fn.
+    build_args: dict[str, Any] = field(default_factory=dict)
+
+
+# replay's own framework integrations: their build/step functions are imported from the replay
+# that runs (installed or not), never from a path the recording names.
+_OWN_PREFIX = "replay.integrations."
 
 
 def parse_entry_override(spec: str) -> EntryOverride:
@@ -232,9 +240,12 @@ def load_entry_points(
     """Import ``build_fn`` and ``step_fn`` as recorded (or as ``override`` says)."""
     imp = _Importer(sources, log)
     fns: dict[str, Callable[..., Any]] = {}
-    for role in ("build_fn", "step_fn"):
+    roles = ["build_fn", "step_fn"] + [r for r in entry if r not in ("build_fn", "step_fn")]
+    for role in roles:
         rec = entry.get(role)
-        if override is not None:
+        if override is not None and role not in ("build_fn", "step_fn"):
+            pass  # build arguments are still the recorded ones
+        elif override is not None:
             qual = override.build if role == "build_fn" else override.step
             if override.is_file:
                 mod = imp.file(override.target, role, rec)
@@ -246,6 +257,9 @@ def load_entry_points(
             continue
         if not isinstance(rec, dict):
             raise EntryPointError(f"the recording names no {role}; {_ENTRY_HINT}")
+        if str(rec.get("module", "")).startswith(_OWN_PREFIX):
+            fns[role] = _own(rec, role)
+            continue
         path = _user_file(rec, role)
         if rec.get("is_script") or rec.get("module") == "__main__":
             mod = imp.file(path, role, rec)
@@ -263,7 +277,24 @@ def load_entry_points(
         fn = _lookup(mod, str(rec.get("qualname")), role, where)
         _defined_in(fn, path, role)
         fns[role] = fn
-    return EntryPoints(fns["build_fn"], fns["step_fn"], imp.files)
+    args = {r: f for r, f in fns.items() if r not in ("build_fn", "step_fn")}
+    return EntryPoints(fns["build_fn"], fns["step_fn"], imp.files, args)
+
+
+def _own(rec: dict[str, Any], role: str) -> Callable[..., Any]:
+    """An entry point of replay's own integrations, from the replay that runs."""
+    name = str(rec.get("module"))
+    try:
+        module = importlib.import_module(name)
+    except ImportError as e:
+        raise EntryPointError(
+            f"cannot import {role}: {name} needs its framework installed ({e}); "
+            "pip install torch-replay[lightning] or [transformers]"
+        ) from None
+    fn = _lookup(module, str(rec.get("qualname")), role, f"module {name}")
+    if getattr(fn, "__module__", None) != name:
+        raise EntryPointError(f"{role} {rec.get('qualname')!r} is not defined in {name}")
+    return fn
 
 
 def _installed_dirs() -> list[str]:
@@ -319,10 +350,17 @@ def _project_root(module: str, path: str, role: str) -> str:
 
 
 def _defined_in(fn: Callable[..., Any], path: str, role: str) -> None:
-    """The function found must be one written in the recorded file (``os.abort`` re-exported
-    under the recorded name is not)."""
-    code = getattr(inspect.unwrap(fn), "__code__", None)
-    if code is None or os.path.realpath(code.co_filename) != os.path.realpath(path):
+    """The function (or class) found must be one written in the recorded file (``os.abort``
+    re-exported under the recorded name is not)."""
+    if isinstance(fn, type):
+        try:
+            where = inspect.getsourcefile(fn)
+        except TypeError:
+            where = None
+    else:
+        code = getattr(inspect.unwrap(fn), "__code__", None)
+        where = code.co_filename if code is not None else None
+    if where is None or os.path.realpath(where) != os.path.realpath(path):
         raise EntryPointError(
             f"{role} {getattr(fn, '__qualname__', fn)!r} is not a function defined in {path}; "
             f"refusing to call it. {_ENTRY_HINT}"

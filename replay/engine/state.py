@@ -17,7 +17,10 @@ __all__ = ["build_objects", "load_snapshot", "capture_state", "restore_state"]
 
 
 def build_objects(
-    build_fn: Callable[..., Any], device: str, recorded: dict[str, Any] | None = None
+    build_fn: Callable[..., Any],
+    device: str,
+    recorded: dict[str, Any] | None = None,
+    kwargs: dict[str, Any] | None = None,
 ) -> RunObjects:
     """Call ``build_fn()``, check what it returned against the recording, move the model.
 
@@ -25,7 +28,7 @@ def build_objects(
     """
     name = getattr(build_fn, "__qualname__", "build_fn")
     try:
-        out = build_fn()
+        out = build_fn(**(kwargs or {}))
     except Exception as e:  # noqa: BLE001 - build_fn failing: one line, exit 4
         raise EntryPointError(
             f"build_fn {name}() raised {type(e).__name__}: {e}; fix it or pass --entry"

@@ -11,6 +11,7 @@ tensors where they are and handed to the writer thread, which waits for the devi
 from __future__ import annotations
 
 import atexit
+import inspect
 import math
 import os
 import signal
@@ -152,6 +153,7 @@ class Recorder:
         handle_signals: bool = True,
         rank: int | None = None,
         world_size: int | None = None,
+        build_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         refuse_if_replaying()  # before anything is started or created
         if snapshot_every < 1 or keep_snapshots < 2:
@@ -184,6 +186,17 @@ class Recorder:
             "step_fn": describe_entry(step_fn, "step_fn"),
             "build_fn": describe_entry(build_fn, "build_fn"),
         }
+        # Keyword arguments replay calls build_fn with (a framework integration's build needs
+        # the user's class and settings): a class or function is recorded as an entry point
+        # (imported on replay under the same rules as build_fn), anything else as JSON.
+        self.build_kwargs: dict[str, Any] = {}
+        for k, v in (build_kwargs or {}).items():
+            if k in ("build_fn", "step_fn"):
+                raise ValueError(f"build_kwargs: {k!r} is reserved")
+            if isinstance(v, type) or inspect.isfunction(v):
+                self.entry[k] = describe_entry(v, k)
+            else:
+                self.build_kwargs[k] = v
         self.snapshot_every, self.keep_snapshots = snapshot_every, keep_snapshots
         self.fingerprint_every = max(1, fingerprint_every)
         self.step_slots = snapshot_every * keep_snapshots
@@ -213,6 +226,7 @@ class Recorder:
         self._warned_wait = False  # training waited for a writer that fell behind: said once
         self._closed = False
         self._pending_check: tuple[int, torch.Tensor] | None = None
+        self._observed: Any = None  # observe_begin's capture, until observe_end
         self._pending_loss: Any = None
         self._hp_items: Any = None
         self._hp_tensors = False
@@ -344,22 +358,142 @@ class Recorder:
             ret = self._call(batch, values)
         except Exception as e:
             self._probe_grads.end(measure=False)
-            health.update(raised=1.0, wall_time=time.perf_counter() - t0, time=time.time())
-            job.exception = StepException(
-                type=type(e).__name__,
-                module=type(e).__module__,
-                message=str(e),
-                traceback=traceback.format_exc(),
-            )
-            self.next_step = t + 1
-            try:
-                if direct:  # the writer thread takes it, with the batch from the log
-                    job.record = self._log.abandon(job.exception)  # type: ignore[union-attr]
-                self._submit_step(job, copied)
-                self.flush()
-            except Exception as rec_error:  # noqa: BLE001 - the user's exception is the one to raise
-                self._give_up("recording the exception", rec_error)
+            self._record_exception(t, job, direct, health, t0, copied, e)
             raise
+        return self._finish(t, job, direct, health, ret, t0, scale, copied)
+
+    # -- steps a framework runs (replay.integrations) ---------------------------------------
+
+    def observe_begin(self) -> bool:
+        """A framework that owns the loop (Lightning, Hugging Face) starts step ``next_step``.
+
+        Everything a replay needs from before the step is taken now (the snapshot when one is
+        due, RNG states, hyper-parameters, module modes, the scaler's scale); the batch and the
+        result come with :meth:`observe_end`. The gradient norm is measured at
+        :meth:`measure_grads` (or a clip, or the end), not at the optimizer's step: a framework
+        that runs the backward inside ``optimizer.step(closure)`` would have it measured before
+        the gradients exist. Returns whether the step is recorded.
+        """
+        if self.preflight is not None and self.next_step - self._start_step >= self.preflight.steps:
+            self._end_preflight()
+        if self.enabled:
+            self._check_writer()
+            self._check_pending()
+        if not self.enabled:
+            self._observed = None
+            return False
+        t = self.next_step
+        copied = CopyStats()
+        try:
+            if (t - self._start_step) % self.snapshot_every == 0:
+                self._snapshot(t)
+            rng = capture_rng()
+            hparams = self._hparams(copied)
+            lr = hparams[0].get("lr") if hparams else None
+            health: dict[str, Any] = {
+                "lr": lr if isinstance(lr, (int, float, torch.Tensor)) else None,
+                "raised": 0.0,
+            }
+            modes = [m.training for m in self._modules]
+            scale = getattr(self.scaler, "_scale", None) if self.scaler is not None else None
+            if scale is not None:
+                health["scale"] = scale.detach().clone()
+        except Exception as e:  # noqa: BLE001 - the recorder must never take training down
+            self._give_up("capturing the step", e)
+            self._observed = None
+            return False
+        self._observed = (t, rng, hparams, modes, health, scale, copied, time.perf_counter())
+        self._probe_grads.begin(at_step=False)
+        return True
+
+    def measure_grads(self) -> None:
+        """The step's gradients are complete and not yet clipped or applied: measure them."""
+        if self._observed is not None:
+            self._probe_grads.measure_now()
+
+    def observe_end(
+        self,
+        batch: Any,
+        values: Mapping[str, Any] | None = None,
+        ret: Any = None,
+        exception: BaseException | None = None,
+    ) -> None:
+        """The step begun by :meth:`observe_begin` is over: record it with its ``batch`` (what
+        the step function takes on replay), per-step ``values`` and what it returned (its loss),
+        or the ``exception`` it raised. Raises :class:`replay.NonFiniteLossError` as ``step``
+        does; nothing else."""
+        if self._observed is None:
+            return
+        t, rng, hparams, modes, health, scale, copied, t0 = self._observed
+        self._observed = None
+        values = dict(values or {})
+        try:
+            direct = (
+                self._log is not None
+                and not (self._cuda_built and torch.cuda.is_initialized())  # type: ignore[no-untyped-call]  # torch stubs
+                and on_host(batch)
+                and on_host(values)
+                and self._log.begin(t, rng, hparams, modes, batch, values)
+            )
+            job = StepJob(
+                step=t,
+                rng=rng,
+                batch=None if direct else copy_tree(batch, stats=copied, pool=self._pool),
+                hparams=hparams,
+                modes=modes,
+                health=health,
+                values=copy_tree(values, stats=copied) if values and not direct else None,
+            )
+        except Exception as e:  # noqa: BLE001 - the recorder must never take training down
+            self._probe_grads.end(measure=False)
+            self._give_up("capturing the step", e)
+            self.next_step = t + 1
+            return
+        if exception is not None:
+            self._probe_grads.end(measure=False)
+            self._record_exception(t, job, bool(direct), health, t0, copied, exception)
+            return
+        self._finish(t, job, bool(direct), health, ret, t0, scale, copied)
+
+    def _record_exception(
+        self,
+        t: int,
+        job: StepJob,
+        direct: bool,
+        health: dict[str, Any],
+        t0: float,
+        copied: CopyStats,
+        e: BaseException,
+    ) -> None:
+        """The step raised ``e``: record it with its traceback and flush (the caller re-raises)."""
+        health.update(raised=1.0, wall_time=time.perf_counter() - t0, time=time.time())
+        job.exception = StepException(
+            type=type(e).__name__,
+            module=type(e).__module__,
+            message=str(e),
+            traceback="".join(traceback.format_exception(type(e), e, e.__traceback__)),
+        )
+        self.next_step = t + 1
+        try:
+            if direct:  # the writer thread takes it, with the batch from the log
+                job.record = self._log.abandon(job.exception)  # type: ignore[union-attr]
+            self._submit_step(job, copied)
+            self.flush()
+        except Exception as rec_error:  # noqa: BLE001 - the user's exception is the one to raise
+            self._give_up("recording the exception", rec_error)
+
+    def _finish(
+        self,
+        t: int,
+        job: StepJob,
+        direct: bool,
+        health: dict[str, Any],
+        ret: Any,
+        t0: float,
+        scale: Any,
+        copied: CopyStats,
+    ) -> Any:
+        """After the step returned ``ret``: its health, then the non-finite check."""
         local_gn = None
         loss = None
         try:
@@ -579,6 +713,7 @@ class Recorder:
             scheduler=type(self.scheduler).__name__ if self.scheduler else None,
             scaler=type(self.scaler).__name__ if self.scaler else None,
             distributed=self.dist.meta() if self.dist is not None else None,
+            build_kwargs=self.build_kwargs or None,
         )
         sources = {}
         for e in self.entry.values():

@@ -265,14 +265,19 @@ class RunMeta:
     scheduler: str | None
     scaler: str | None
     distributed: dict[str, Any] | None
+    # keyword arguments replay passes to build_fn (replay.integrations); written only when set,
+    # so that a plain run's blob is what it always was
+    build_kwargs: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         def named(c: str | None) -> dict[str, str] | None:
             return {"class": c} if c is not None else None
 
+        extra = {"build_kwargs": self.build_kwargs} if self.build_kwargs else {}
         return {
             "config": dict(self.config),
             "entry": self.entry,
+            **extra,
             "env": self.env,
             "model": self.model.to_json(),
             "optimizer": named(self.optimizer),
@@ -294,4 +299,5 @@ class RunMeta:
             scheduler=_class_of(d.get("scheduler")),
             scaler=_class_of(d.get("scaler")),
             distributed=d.get("distributed"),
+            build_kwargs=d.get("build_kwargs") or None,
         )

@@ -564,7 +564,7 @@ def check_meta(meta: Any, where: str, *, slots: dict[str, int] | None = None) ->
     w = f"{where}: /meta/run"
     if not isinstance(meta, dict):
         raise _BAD(f"{w} is not an object")
-    for key in ("config", "entry", "env", "model"):
+    for key in ("config", "entry", "env", "model", "build_kwargs"):
         _opt(meta, key, dict, w)
     config = meta.get("config") or {}
     for key, v in config.items():

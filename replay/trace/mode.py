@@ -332,7 +332,11 @@ class Tracer:
             mod, loc, stack = tag[:3] if tag is not None else (-1, -1, -1)
             node_idx = self.nodes(node.name())
         else:
-            phase = OPTIMIZER if self.in_optimizer else OTHER if self.after_backward else FORWARD
+            # Inside optimizer.step with grad mode on is a closure's forward (Lightning runs the
+            # last micro-batch's training_step in optimizer.step(closure)); the update itself
+            # runs under no_grad.
+            in_opt = self.in_optimizer and not self._module_stack and not torch.is_grad_enabled()
+            phase = OPTIMIZER if in_opt else OTHER if self.after_backward else FORWARD
             mod = self._module_stack[-1] if self._module_stack else -1
             loc, stack = self._site()
             node_idx = -1

@@ -31,6 +31,7 @@ LAYERS = {
     "workflows": 4,  # what each command does, as library calls
     "overfit": 4,
     "preflight": 4,
+    "integrations": 4,  # framework callbacks: a Recorder driven by the framework's hooks
     "cli": 5,  # parse, call, render
     "__main__": 6,
     "__init__": 6,  # the package facade

@@ -1,0 +1,370 @@
+"""Record a PyTorch Lightning ``Trainer.fit()`` with one callback; replay it without a Trainer's loop.
+
+Usage (the only change to a training script)::
+
+    from replay.integrations.lightning import ReplayCallback
+    trainer = L.Trainer(..., callbacks=[ReplayCallback("run.h5")])
+
+One recorded step is one optimisation step: the ``accumulate_grad_batches`` micro-batches of
+its window, each ``training_step`` with its loss normalised as Lightning does, zero_grad,
+the precision plugin's autocast and loss scaling, the backward, gradient clipping with the
+Trainer's settings, the optimizer step (with the GradScaler's unscale/step/update under
+``16-mixed``) and the learning-rate schedulers Lightning stepped after it.
+
+How: the callback *observes* Lightning's own step (``Recorder.observe_begin``/``observe_end``):
+before the window, the snapshot, RNG states and hyper-parameters; per micro-batch, a copy of the
+batch and the torch RNG state (data loading between micro-batches may draw from it); after the
+step, the loss and which schedulers stepped. On replay, :func:`build` makes the module again
+from its class and ``save_hyperparameters()`` values, a Trainer with the recorded settings (no
+loop runs: ``barebones``) and the optimizers and schedulers of ``configure_optimizers``;
+:func:`train_step` then runs the window through Lightning's own automatic-optimisation code
+(``_AutomaticOptimization.run``, the module's hooks, the precision plugin). Bitwise equality
+with the recording is checked by ``replay verify``, never assumed.
+
+Not replayed (said once at the start): manual optimisation, and strategies other than a
+single device (DDP/FSDP/DeepSpeed): the callback then records nothing. Other callbacks that
+change gradients or weights, ``ReduceLROnPlateau`` stepping (its learning rate is restored
+from the recording at every step) and a ``training_step`` that reads ``self.trainer`` state
+(``global_step`` is 0 on replay) make a replay differ, which ``replay verify`` reports.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections import OrderedDict
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.plugins import MixedPrecision
+from lightning.pytorch.trainer import call
+from lightning.pytorch.trainer.states import RunningStage, TrainerFn
+
+from ..capture.probe import running_probe
+from ..errors import NonFiniteLossError, RecorderWarning
+from ..record.recorder import Recorder
+
+__all__ = ["ReplayCallback", "build", "train_step"]
+
+_SINGLE = ("SingleDeviceStrategy",)
+
+
+def _clone(batch: Any) -> Any:
+    """A copy the training step cannot change under us (an in-place normalisation)."""
+    if isinstance(batch, torch.Tensor):
+        return batch.detach().clone()
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_clone(b) for b in batch) if not hasattr(batch, "_fields") else batch
+    if isinstance(batch, dict):
+        return {k: _clone(v) for k, v in batch.items()}
+    return batch
+
+
+def _sched_count(s: Any) -> int:
+    n = getattr(s, "_step_count", None)
+    return int(n) if isinstance(n, int) else int(getattr(s, "last_epoch", 0))
+
+
+def _why_not(trainer: pl.Trainer, module: pl.LightningModule) -> str | None:
+    if not module.automatic_optimization:
+        return "manual optimisation (automatic_optimization = False)"
+    name = type(trainer.strategy).__name__
+    if name not in _SINGLE:
+        return f"the {name} strategy (only a single device is replayed)"
+    if len(trainer.optimizers) != 1:
+        return f"{len(trainer.optimizers)} optimizers"
+    return None
+
+
+def _hparams(module: pl.LightningModule) -> dict[str, Any]:
+    """The constructor arguments ``save_hyperparameters()`` kept, as JSON (checked here)."""
+    import json
+
+    hp = dict(getattr(module, "_hparams_initial", None) or {})
+    json.dumps(hp)  # a non-JSON value (a Module passed in) cannot be recorded: say so
+    return hp
+
+
+class ReplayCallback(Callback):
+    """Record every optimisation step of ``Trainer.fit()`` into ``path`` for ``replay bisect``.
+
+    Example::
+
+        trainer = L.Trainer(max_epochs=3, accumulate_grad_batches=2, gradient_clip_val=1.0,
+                            callbacks=[ReplayCallback("run.h5")])
+        trainer.fit(model, loader)
+
+    The module must be rebuildable from its class and ``self.save_hyperparameters()`` (JSON
+    values), and its class importable (module level). ``recorder_kwargs`` go to
+    :class:`replay.Recorder` (``snapshot_every=50``, ``raise_on_nonfinite=True``, ...): a NaN loss
+    is recorded and then :class:`replay.NonFiniteLossError` ends ``fit()``.
+    """
+
+    def __init__(self, path: str, **recorder_kwargs: Any) -> None:
+        self.path = path
+        self.recorder_kwargs = recorder_kwargs
+        self.rec: Recorder | None = None
+        self._window: list[Any] | None = None
+        self._micro_rng: list[torch.Tensor] = []
+        self._losses: list[Any] = []
+        self._first_idx = 0
+        self._epoch = 0
+        self._sched_before: list[int] = []
+
+    # -- set-up --------------------------------------------------------------------------
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        why = _why_not(trainer, pl_module)
+        if why is not None:
+            warnings.warn(
+                f"replay: {why} cannot be replayed; ReplayCallback records nothing of this run",
+                RecorderWarning,
+                stacklevel=2,
+            )
+            return
+        try:
+            hparams = _hparams(pl_module)
+        except (TypeError, ValueError) as e:
+            warnings.warn(
+                f"replay: the module's hyper-parameters are not JSON ({e}); replay cannot "
+                "rebuild it and ReplayCallback records nothing (pass plain values to "
+                "save_hyperparameters, or ignore= the others)",
+                RecorderWarning,
+                stacklevel=2,
+            )
+            return
+        objects: dict[str, Any] = {
+            "model": pl_module,
+            "optimizer": trainer.optimizers[0],
+            "trainer": trainer,
+        }
+        for i, cfg in enumerate(trainer.lr_scheduler_configs):
+            objects["scheduler" if i == 0 else f"scheduler_{i}"] = cfg.scheduler
+        scaler = getattr(trainer.precision_plugin, "scaler", None)
+        if scaler is not None:
+            objects["scaler"] = scaler
+        settings = {
+            "hparams": hparams,
+            "precision": str(trainer.precision),
+            "device": trainer.strategy.root_device.type,
+            "accumulate_grad_batches": int(trainer.accumulate_grad_batches),
+            "gradient_clip_val": trainer.gradient_clip_val,
+            "gradient_clip_algorithm": trainer.gradient_clip_algorithm,
+            "schedulers": len(trainer.lr_scheduler_configs),
+        }
+        try:
+            self.rec = Recorder(
+                self.path,
+                objects=objects,
+                step_fn=train_step,
+                build_fn=build,
+                build_kwargs={"module": type(pl_module), **settings},
+                **self.recorder_kwargs,
+            )
+        except Exception as e:  # noqa: BLE001 - the recorder must never take training down
+            warnings.warn(
+                f"replay: ReplayCallback records nothing ({type(e).__name__}: {e})",
+                RecorderWarning,
+                stacklevel=2,
+            )
+            self.rec = None
+            return
+        self.rec.__enter__()
+
+    # -- one optimisation step -------------------------------------------------------------
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if self.rec is None:
+            return
+        if self._window is None:
+            if not self.rec.observe_begin():
+                return
+            self._window, self._micro_rng, self._losses = [], [], []
+            self._first_idx, self._epoch = batch_idx, trainer.current_epoch
+            self._sched_before = [_sched_count(c.scheduler) for c in trainer.lr_scheduler_configs]
+        self._window.append(_clone(batch))
+        self._micro_rng.append(torch.get_rng_state())
+
+    def on_before_optimizer_step(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any
+    ) -> None:
+        if self.rec is not None:
+            self.rec.measure_grads()
+
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        if self.rec is None or self._window is None:
+            return
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        if loss is not None:
+            self._losses.append(loss)
+        if trainer.fit_loop._should_accumulate():
+            return  # the window goes on: Lightning steps the optimizer at its last micro-batch
+        window, self._window = self._window, None
+        stepped = [
+            _sched_count(c.scheduler) - b
+            for c, b in zip(trainer.lr_scheduler_configs, self._sched_before)
+        ]
+        self.rec.observe_end(
+            window,
+            {
+                "batch_idx": self._first_idx,
+                "epoch": self._epoch,
+                "micro_rng": self._micro_rng,
+                "sched_steps": stepped,
+            },
+            ret=_total(self._losses),
+        )
+
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        if self.rec is None:
+            return
+        if self._window is not None and not isinstance(exception, NonFiniteLossError):
+            window, self._window = self._window, None
+            self.rec.observe_end(
+                window,
+                {
+                    "batch_idx": self._first_idx,
+                    "epoch": self._epoch,
+                    "micro_rng": self._micro_rng,
+                    "sched_steps": [0] * len(trainer.lr_scheduler_configs),
+                },
+                exception=exception,
+            )
+        self._close()
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._close()
+
+    def _close(self) -> None:
+        if self.rec is not None:
+            self.rec.close()
+            self.rec = None
+
+
+def _total(losses: list[Any]) -> Any:
+    """The step's loss: the sum of the normalised micro-batch losses, in order (the mean over
+    the window), the same sum on replay."""
+    total = None
+    for v in losses:
+        total = v if total is None else total + v
+    return total
+
+
+# -- replay ---------------------------------------------------------------------------------
+
+
+class _MeasureGrads(Callback):
+    """On replay, where the callback measured when recording: the gradients are complete."""
+
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        probe = running_probe()
+        if probe is not None:
+            probe.measure_now()
+
+
+def build(
+    module: type,
+    hparams: dict[str, Any],
+    precision: str,
+    device: str,
+    accumulate_grad_batches: int,
+    gradient_clip_val: Any,
+    gradient_clip_algorithm: Any,
+    schedulers: int,
+) -> dict[str, Any]:
+    """Rebuild the recorded module, a Trainer with the recorded settings (no loop runs) and the
+    module's ``configure_optimizers``; the names are the ones the callback recorded."""
+    model = module(**hparams)
+    quiet = [logging.getLogger(n) for n in ("lightning.pytorch", "lightning.fabric")]
+    levels = [lg.level for lg in quiet]
+    for lg in quiet:
+        lg.setLevel(logging.WARNING)  # Lightning's notes about this idle trainer: not the user's
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        # The recorded plugin as Lightning made it: a "16-mixed" flag alone becomes bf16 on a CPU.
+        mixed = precision in ("16-mixed", "bf16-mixed")
+        trainer = pl.Trainer(
+            accelerator="gpu" if device == "cuda" else "cpu",
+            devices=1,
+            precision=None if mixed else precision,  # type: ignore[arg-type]
+            plugins=[MixedPrecision(precision, device)] if mixed else None,  # type: ignore[arg-type]
+            accumulate_grad_batches=accumulate_grad_batches,
+            gradient_clip_val=gradient_clip_val,
+            gradient_clip_algorithm=gradient_clip_algorithm,
+            barebones=True,
+            callbacks=[_MeasureGrads()],
+        )
+    for lg, level in zip(quiet, levels):
+        lg.setLevel(level)
+    trainer.strategy.connect(model)
+    model.trainer = trainer
+    trainer.state.fn = TrainerFn.FITTING
+    trainer.state.stage = RunningStage.TRAINING
+    trainer.strategy.setup(trainer)
+    model.train()
+    objects: dict[str, Any] = {
+        "model": model,
+        "optimizer": trainer.optimizers[0],
+        "trainer": trainer,
+    }
+    configs = trainer.lr_scheduler_configs
+    if len(configs) != schedulers:
+        raise ValueError(
+            f"configure_optimizers made {len(configs)} schedulers, the recording has {schedulers}"
+        )
+    for i, cfg in enumerate(configs):
+        objects["scheduler" if i == 0 else f"scheduler_{i}"] = cfg.scheduler
+    scaler = getattr(trainer.precision_plugin, "scaler", None)
+    if scaler is not None:
+        objects["scaler"] = scaler
+    return objects
+
+
+def train_step(
+    trainer: Any,
+    batch: list[Any],
+    batch_idx: int,
+    epoch: int,
+    micro_rng: list[torch.Tensor],
+    sched_steps: list[int],
+) -> Any:
+    """One recorded optimisation step through Lightning's own automatic-optimisation code."""
+    probe = running_probe()
+    if probe is not None:
+        probe.measure_at_hooks()  # as when recording: at on_before_optimizer_step
+    loop = trainer.fit_loop.epoch_loop
+    loop.batch_progress.current.ready = int(batch_idx)
+    trainer.fit_loop.epoch_progress.current.completed = int(epoch)
+    module = trainer.lightning_module
+    losses = []
+    n = len(batch)
+    for i, (micro, rng) in enumerate(zip(batch, micro_rng)):
+        idx = int(batch_idx) + i
+        torch.set_rng_state(rng.cpu())
+        loop.batch_progress.current.ready = idx + 1
+        loop.batch_progress.is_last_batch = i == n - 1
+        kwargs = loop._build_kwargs(OrderedDict(), micro, idx)
+        with warnings.catch_warnings():
+            # self.log() in training_step: nothing logs on replay, and Lightning says so.
+            warnings.filterwarnings("ignore", message=".*self.log.*")
+            out = loop.automatic_optimization.run(trainer.optimizers[0], idx, kwargs)
+        if out.get("loss") is not None:
+            losses.append(out["loss"])
+    for cfg, times in zip(trainer.lr_scheduler_configs, sched_steps):
+        for _ in range(int(times)):
+            call._call_lightning_module_hook(trainer, "lr_scheduler_step", cfg.scheduler, None)
+    del module
+    return _total(losses)

@@ -1,0 +1,133 @@
+"""ReplayCallback for PyTorch Lightning: a real ``Trainer.fit()`` recorded in a subprocess, then
+replayed by the real CLI without a training loop (tiny MLP, random data, CPU, a few seconds)."""
+
+import difflib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("lightning")
+
+HERE = Path(__file__).with_name("scripts")
+ROOT = HERE.parents[2]
+
+
+def _env() -> dict[str, str]:
+    e = dict(os.environ)
+    e["PYTHONPATH"] = str(ROOT) + os.pathsep + e.get("PYTHONPATH", "")
+    return e
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, *args], env=_env(), capture_output=True, text=True, timeout=180
+    )
+
+
+def _fit(out: Path, *flags: str) -> tuple[Path, subprocess.CompletedProcess]:
+    p = _run(str(HERE / "lightning_recorded.py"), str(out), *flags)
+    return out / "run.h5", p
+
+
+def _cli_json(*args: str) -> tuple[int, dict, str]:
+    p = _run("-m", "replay", *args, "--json")
+    return p.returncode, json.loads(p.stdout) if p.stdout.strip() else {}, p.stderr
+
+
+@pytest.mark.parametrize("precision", ["32-true", "16-mixed"])
+def test_a_healthy_fit_replays_bitwise(tmp_path, precision):
+    """Accumulation 2, clipping 0.5, dropout, a step-interval StepLR; 16-mixed adds the
+    GradScaler (scale, unscale, skipped steps) that Lightning's precision plugin drives."""
+    run, p = _fit(tmp_path, "--precision", precision)
+    assert p.returncode == 0, p.stderr[-2000:]
+    rc, v, err = _cli_json("verify", str(run))
+    assert rc == 0, err
+    # 96 samples, batches of 8, 2 epochs: 24 micro-batches, 12 optimisation steps
+    assert v["deterministic"] is True and v["window"] == [0, 11]
+    assert all(s["match"] and s["compared"] for s in v["steps"])
+    losses = [s["loss"] for s in v["steps"]]
+    assert len(set(losses)) == len(losses)  # real, different steps
+    info = _run("-m", "replay", "info", str(run), "--json")
+    meta = json.loads(info.stdout)
+    text = json.dumps(meta)
+    assert "replay.integrations.lightning" in text
+    assert ("GradScaler" in text) == (precision == "16-mixed")
+
+
+def test_nan_is_found_at_its_step_with_its_op(tmp_path):
+    """The 10th training_step call (micro-batch 1 of optimisation step 4) takes sqrt(h - 100)."""
+    run, p = _fit(tmp_path, "--nan-at", "9")
+    assert p.returncode != 0 and "NonFiniteLossError" in p.stderr
+    rc, v, err = _cli_json("bisect", str(run))
+    assert rc == 0, err
+    assert v["first_bad_step"] == 4 and v["kind"] == "nonfinite"
+    assert v["op"] == "aten::sqrt" and v["phase"] == "forward"
+    assert v["reproducible"] is True
+    assert "torch.sqrt(h - 100.0)" in json.dumps(v["source"])
+
+
+def test_the_callback_is_the_only_change_to_the_script():
+    plain = (HERE / "lightning_plain.py").read_text().splitlines()
+    recorded = (HERE / "lightning_recorded.py").read_text().splitlines()
+    changed = [
+        line
+        for line in difflib.unified_diff(plain, recorded, lineterm="", n=0)
+        if line[:1] in "+-" and not line.startswith(("+++", "---"))
+    ]
+    code = [c for c in changed if not c[1:].startswith(('"""', "(counted", "Usage"))]
+    code = [c for c in code if c[1:].strip()]
+    assert code == [
+        "+from replay.integrations.lightning import ReplayCallback",
+        '+        callbacks=[ReplayCallback(f"{args.out}/run.h5")],',
+    ], changed
+    # and the plain script still trains
+    with_plain = _run(str(HERE / "lightning_plain.py"), "/nonexistent-out")
+    assert with_plain.returncode == 0, with_plain.stderr[-2000:]
+
+
+def test_manual_optimisation_is_refused_once_and_training_goes_on(tmp_path):
+    script = tmp_path / "manual.py"
+    script.write_text(
+        (HERE / "lightning_recorded.py")
+        .read_text()
+        .replace(
+            "self.save_hyperparameters()",
+            "self.save_hyperparameters()\n        self.automatic_optimization = False",
+        )
+        .replace(
+            "        loss = nn.functional.cross_entropy(self.head(h), y)\n",
+            "        loss = nn.functional.cross_entropy(self.head(h), y)\n"
+            "        opt = self.optimizers()\n"
+            "        opt.zero_grad()\n"
+            "        self.manual_backward(loss)\n"
+            "        opt.step()\n",
+        )
+        .replace("        accumulate_grad_batches=2,\n        gradient_clip_val=0.5,\n", "")
+    )
+    p = _run(str(script), str(tmp_path))
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stderr.count("manual optimisation") == 1
+    assert "records nothing" in p.stderr
+    assert not (tmp_path / "run.h5").exists()
+
+
+def test_hyper_parameters_replay_cannot_keep_are_said_once_and_training_goes_on(tmp_path):
+    script = tmp_path / "tensor_hparam.py"
+    script.write_text(
+        (HERE / "lightning_recorded.py")
+        .read_text()
+        .replace(
+            "self.save_hyperparameters()",
+            'self.save_hyperparameters({"width": width, "lr": lr, "nan_at": nan_at, '
+            '"scale": torch.ones(2)})',
+        )
+    )
+    p = _run(str(script), str(tmp_path))
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stderr.count("hyper-parameters are not JSON") == 1
+    assert "Traceback" not in p.stderr
+    assert not (tmp_path / "run.h5").exists()
