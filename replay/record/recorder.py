@@ -329,23 +329,7 @@ class Recorder:
                 "raised": 0.0,
             }
             modes = [m.training for m in self._modules]
-            # Into the step log when the step lives in host memory: safe once step() returns.
-            direct = (
-                self._log is not None
-                and not (self._cuda_built and torch.cuda.is_initialized())  # type: ignore[no-untyped-call]  # torch stubs
-                and on_host(batch)
-                and on_host(values)
-                and self._log.begin(t, rng, hparams, modes, batch, values)
-            )
-            job = StepJob(
-                step=t,
-                rng=rng,
-                batch=None if direct else copy_tree(batch, stats=copied, pool=self._pool),
-                hparams=hparams,
-                modes=modes,
-                health=health,
-                values=copy_tree(values, stats=copied) if values and not direct else None,
-            )
+            direct, job = self._capture(t, rng, hparams, modes, health, batch, values, copied)
             scale = getattr(self.scaler, "_scale", None) if self.scaler is not None else None
             if scale is not None:
                 health["scale"] = scale.detach().clone()
@@ -428,22 +412,7 @@ class Recorder:
         self._observed = None
         values = dict(values or {})
         try:
-            direct = (
-                self._log is not None
-                and not (self._cuda_built and torch.cuda.is_initialized())  # type: ignore[no-untyped-call]  # torch stubs
-                and on_host(batch)
-                and on_host(values)
-                and self._log.begin(t, rng, hparams, modes, batch, values)
-            )
-            job = StepJob(
-                step=t,
-                rng=rng,
-                batch=None if direct else copy_tree(batch, stats=copied, pool=self._pool),
-                hparams=hparams,
-                modes=modes,
-                health=health,
-                values=copy_tree(values, stats=copied) if values and not direct else None,
-            )
+            direct, job = self._capture(t, rng, hparams, modes, health, batch, values, copied)
         except Exception as e:  # noqa: BLE001 - the recorder must never take training down
             self._probe_grads.end(measure=False)
             self._give_up("capturing the step", e)
@@ -451,9 +420,40 @@ class Recorder:
             return
         if exception is not None:
             self._probe_grads.end(measure=False)
-            self._record_exception(t, job, bool(direct), health, t0, copied, exception)
+            self._record_exception(t, job, direct, health, t0, copied, exception)
             return
-        self._finish(t, job, bool(direct), health, ret, t0, scale, copied)
+        self._finish(t, job, direct, health, ret, t0, scale, copied)
+
+    def _capture(
+        self,
+        t: int,
+        rng: Any,
+        hparams: Any,
+        modes: list[bool],
+        health: dict[str, Any],
+        batch: Any,
+        values: Any,
+        copied: CopyStats,
+    ) -> tuple[bool, StepJob]:
+        """The step's record: into the step log when the step lives in host memory (safe once
+        the step returns, ``direct``), else copied for the writer thread."""
+        direct = bool(
+            self._log is not None
+            and not (self._cuda_built and torch.cuda.is_initialized())  # type: ignore[no-untyped-call]  # torch stubs
+            and on_host(batch)
+            and on_host(values)
+            and self._log.begin(t, rng, hparams, modes, batch, values)
+        )
+        job = StepJob(
+            step=t,
+            rng=rng,
+            batch=None if direct else copy_tree(batch, stats=copied, pool=self._pool),
+            hparams=hparams,
+            modes=modes,
+            health=health,
+            values=copy_tree(values, stats=copied) if values and not direct else None,
+        )
+        return direct, job
 
     def _record_exception(
         self,
