@@ -319,20 +319,8 @@ class Recorder:
         t = self.next_step
         copied = CopyStats()
         try:
-            if (t - self._start_step) % self.snapshot_every == 0:
-                self._snapshot(t)
-            rng = capture_rng()
-            hparams = self._hparams(copied)
-            lr = hparams[0].get("lr") if hparams else values.get("lr")
-            health: dict[str, Any] = {
-                "lr": lr if isinstance(lr, (int, float, torch.Tensor)) else None,
-                "raised": 0.0,
-            }
-            modes = [m.training for m in self._modules]
+            rng, hparams, modes, health, scale = self._before_step(t, copied, values.get("lr"))
             direct, job = self._capture(t, rng, hparams, modes, health, batch, values, copied)
-            scale = getattr(self.scaler, "_scale", None) if self.scaler is not None else None
-            if scale is not None:
-                health["scale"] = scale.detach().clone()
         except Exception as e:  # noqa: BLE001 - the recorder must never take training down
             self._give_up("capturing the step", e)
             return self._unrecorded_step(batch, values)
@@ -369,19 +357,7 @@ class Recorder:
         t = self.next_step
         copied = CopyStats()
         try:
-            if (t - self._start_step) % self.snapshot_every == 0:
-                self._snapshot(t)
-            rng = capture_rng()
-            hparams = self._hparams(copied)
-            lr = hparams[0].get("lr") if hparams else None
-            health: dict[str, Any] = {
-                "lr": lr if isinstance(lr, (int, float, torch.Tensor)) else None,
-                "raised": 0.0,
-            }
-            modes = [m.training for m in self._modules]
-            scale = getattr(self.scaler, "_scale", None) if self.scaler is not None else None
-            if scale is not None:
-                health["scale"] = scale.detach().clone()
+            rng, hparams, modes, health, scale = self._before_step(t, copied, None)
         except Exception as e:  # noqa: BLE001 - the recorder must never take training down
             self._give_up("capturing the step", e)
             self._observed = None
@@ -423,6 +399,27 @@ class Recorder:
             self._record_exception(t, job, direct, health, t0, copied, exception)
             return
         self._finish(t, job, direct, health, ret, t0, scale, copied)
+
+    def _before_step(
+        self, t: int, copied: CopyStats, lr: Any
+    ) -> tuple[Any, Any, list[bool], dict[str, Any], Any]:
+        """What a replay needs from before step ``t`` runs: the snapshot when one is due, RNG
+        states, hyper-parameters, module modes, and the health row begun (lr, the scaler's
+        scale). ``lr``: the loop's own value, for a run without an optimizer."""
+        if (t - self._start_step) % self.snapshot_every == 0:
+            self._snapshot(t)
+        rng = capture_rng()
+        hparams = self._hparams(copied)
+        lr = hparams[0].get("lr") if hparams else lr
+        health: dict[str, Any] = {
+            "lr": lr if isinstance(lr, (int, float, torch.Tensor)) else None,
+            "raised": 0.0,
+        }
+        modes = [m.training for m in self._modules]
+        scale = getattr(self.scaler, "_scale", None) if self.scaler is not None else None
+        if scale is not None:
+            health["scale"] = scale.detach().clone()
+        return rng, hparams, modes, health, scale
 
     def _capture(
         self,
