@@ -22,14 +22,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..capture.health import health_row
+from ..capture.health import health_values
 from ..capture.rng import rng_to_tree
 from ..capture.tensors import to_leaves
 from ..store.contracts import StepException, StepRecord
 from ..store.layout import HEALTH_COLUMNS
 from ..store.step_log import StepLog
 from ..store.tree import Spliced, decode, encode
-from ..store.writer import manifest_text, pack_parts
+from ..store.writer import PackCache, manifest_text, pack_parts
 
 __all__ = ["StepLogWriter", "on_host"]
 
@@ -56,24 +56,32 @@ class StepLogWriter:
         self._begun = False
         self._hp_key: bytes | None = None  # the last hyper-parameters seen, and their manifest
         self._hp_text = ""
+        self._hp_src: Any = None  # the object those were taken from
+        self._packer = PackCache()  # the record's manifest, reused while its layout holds
 
-    def _hparams(self, hparams: Any) -> tuple[Any, str | None]:
+    def _hparams(self, hparams: Any) -> tuple[Any, tuple[str, ...]]:
         """The hyper-parameters for the record, and their manifest text when it can be reused:
         they rarely change between steps, and encoding them was the largest part of the
         manifest (an AdamW group: 11 values, 23 nodes). The key is ``marshal``'s exact bytes
         (``-0.0`` is not ``0.0``, ``True`` is not ``1``); values it cannot take (a tensor ``lr``)
-        or any array are encoded every time, as before."""
+        or any array are encoded every time, as before. The recorder passes the very same object
+        while no hyper-parameter changed (it copies them anew on a change, never in place): then
+        not even the key is computed."""
+        if hparams is self._hp_src:  # the recorder hands over the same copy while none changed
+            return Spliced(), (self._hp_text,)
+        self._hp_src = None
         leaves = to_leaves(hparams)
         try:
             key = marshal.dumps(leaves, 2)  # (version 2: no back-references, same bytes)
         except ValueError:
-            return leaves, None
+            return leaves, ()
         if key != self._hp_key:
             manifest, buffers = encode(leaves)
             if buffers:
-                return leaves, None
+                return leaves, ()
             self._hp_key, self._hp_text = key, manifest_text(manifest)
-        return Spliced(), self._hp_text
+        self._hp_src = hparams  # (held: its id cannot go to another object meanwhile)
+        return Spliced(), (self._hp_text,)
 
     def begin(
         self,
@@ -91,7 +99,7 @@ class StepLogWriter:
         that process lives (a bounded backlog is what bounds a kill's loss, and memory)."""
         hp, hp_text = self._hparams(hparams)
         record: StepRecord = {
-            "step": step,
+            "step": Spliced(),  # type: ignore[typeddict-item]  # its text is spliced in below
             "rng": rng_to_tree(rng),
             "hparams": hp,
             "modes": np.asarray(modes, dtype=bool),
@@ -99,7 +107,8 @@ class StepLogWriter:
             "exception": None,
             "values": to_leaves(values) if values else None,
         }
-        parts, mlen = pack_parts(record, splice=hp_text)
+        # The step number changes every step and nothing else in the layout usually does.
+        parts, mlen = self._packer.pack(record, (f'{{"t":"int","v":{int(step)}}}', *hp_text))
         ncols = len(HEALTH_COLUMNS)
         if self.log.begin(step, parts, mlen, ncols):
             self._begun = True
@@ -124,11 +133,11 @@ class StepLogWriter:
         parts, mlen = pack_parts({"step": step, **to_leaves(state)})
         if not self.log.begin(step, parts, mlen, 0, slot=slot):
             return False
-        self.log.publish(np.empty(0))
+        self.log.publish(())
         return True
 
     def publish(self, health: dict[str, Any]) -> None:
-        self.log.publish(health_row(health))
+        self.log.publish(health_values(health))
         self._begun = False
 
     def abandon(self, exception: StepException) -> StepRecord:

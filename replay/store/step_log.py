@@ -27,7 +27,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,6 +37,9 @@ __all__ = ["StepLog", "LogRecord", "LOG_BYTES"]
 LOG_BYTES = 64 << 20
 _CTRL = 64
 _HEAD = struct.Struct("<QqqQQQQ")  # length, step, slot, seq, mlen, payload length, columns
+
+
+_heads: dict[int, struct.Struct] = {}  # the header and a health row of so many columns
 
 
 def _align(n: int) -> int:
@@ -143,17 +146,28 @@ class StepLog:
         """Drop the record begun and not published (the step raised: it goes another way)."""
         self._open = None
 
-    def publish(self, health: np.ndarray) -> None:
+    def publish(self, health: Sequence[float]) -> None:
         """Write the begun record's header and health row, then make it visible."""
         assert self._open is not None
         start, step, slot, mlen, n, ncols = self._open
-        assert health.size == ncols
+        assert len(health) == ncols
         total = _align(_HEAD.size + 8 * ncols + n)
-        at = start % self.size
         self.seq += 1
-        _HEAD.pack_into(self._mm, _CTRL + at, total, step, slot, self.seq, mlen, n, ncols)
-        row = self.data[at + _HEAD.size : at + _HEAD.size + 8 * ncols]
-        row.view(np.float64)[:] = health
+        head = _heads.get(ncols) or _heads.setdefault(
+            ncols, struct.Struct(f"{_HEAD.format}{ncols}d")
+        )
+        head.pack_into(
+            self._mm,
+            _CTRL + start % self.size,
+            total,
+            step,
+            slot,
+            self.seq,
+            mlen,
+            n,
+            ncols,
+            *health,
+        )
         self.head = start + total
         self._open = None
         self._published[0] = self.head  # last: the record is whole before it is visible

@@ -25,7 +25,16 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["TensorLeaf", "Opaque", "Spliced", "SPLICE_MARK", "encode", "decode", "iter_leaves"]
+__all__ = [
+    "TensorLeaf",
+    "Opaque",
+    "Spliced",
+    "SPLICE_MARK",
+    "encode",
+    "layout_key",
+    "decode",
+    "iter_leaves",
+]
 
 
 @dataclass
@@ -62,7 +71,8 @@ class Spliced:
     no buffers: its text does not depend on where it sits). It is encoded as ``SPLICE_MARK``,
     which the caller replaces by that text: the manifest is the same as if the subtree had been
     encoded in its place. The mark cannot come from data: every string in the manifest is a JSON
-    string, its quotes escaped."""
+    string, its quotes escaped. Several marks are replaced in the order the encoder meets them
+    (dicts: keys first, then values, in insertion order)."""
 
 
 SPLICE_MARK = '{"t":"spliced"}'
@@ -159,6 +169,52 @@ def encode(tree: Any) -> tuple[dict[str, Any], list[np.ndarray | bytes]]:
     enc = _Encoder()
     manifest = enc.node(tree)
     return manifest, enc.buffers
+
+
+def layout_key(obj: Any, key: list[Any], buffers: list[np.ndarray | bytes]) -> bool:
+    """Append to ``key`` everything ``encode`` would write into the manifest for ``obj`` (types,
+    dtypes, shapes, scalar values; buffer offsets follow from the sizes), and to ``buffers`` the
+    buffers in the order ``encode`` places them. Two trees with equal keys have the same
+    manifest, so its text can be reused: a step's record has the same layout step after step.
+
+    ``False``: a node this does not cover exactly (a subclass, an opaque object, an array that
+    is not contiguous), for which ``encode`` must run. Types are compared exactly (``True`` is not
+    ``1``); floats by their hex text (``-0.0`` is not ``0.0``), as the manifest writes them.
+    """
+    t = type(obj)
+    if obj is None or t is Spliced:
+        key.append(t)
+    elif t is TensorLeaf:
+        a = obj.data
+        if type(a) is not np.ndarray or not a.flags.c_contiguous:
+            return False
+        key.append((t, obj.dtype, a.dtype.str, a.shape, obj.device, obj.requires_grad))
+        buffers.append(a)
+    elif t is np.ndarray:
+        if obj.dtype.hasobject or not obj.flags.c_contiguous:
+            return False
+        key.append((t, obj.dtype.str, obj.shape))
+        buffers.append(obj)
+    elif t is str or t is int or t is bool:
+        key.append((t, obj))
+    elif t is float:
+        key.append((t, obj.hex()))
+    elif t is dict or t is collections.OrderedDict:
+        key.append((t, len(obj)))
+        for k in obj:
+            if not layout_key(k, key, buffers):
+                return False
+        for v in obj.values():
+            if not layout_key(v, key, buffers):
+                return False
+    elif t is tuple or t is list or _is_namedtuple(obj):
+        key.append((t, len(obj)))
+        for v in obj:
+            if not layout_key(v, key, buffers):
+                return False
+    else:
+        return False
+    return True
 
 
 _NT_CACHE: dict[tuple[str, tuple[str, ...]], type] = {}

@@ -143,3 +143,20 @@ def test_run_meta_reads_archived_files_and_writes_their_json_back_unchanged(name
         assert sum(p.numel for p in meta.model.params) > 0
         if name == "recording_v2.h5":  # the current format (v1 files lack "objects")
             assert json.dumps(RunMeta.from_json(rec.meta).to_json()) == json.dumps(rec.meta)
+
+
+def test_rss_is_read_at_most_every_rss_every_seconds(monkeypatch):
+    """Memory is read from /proc at most every RSS_EVERY: a fast loop's steps in between repeat
+    the last reading (reading it right after the backward cost more than the rest of the row)."""
+    import replay.capture.health as health
+
+    clock = [1000.0]
+    monkeypatch.setattr(health.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(health, "_last_rss", [-math.inf, math.nan])
+    first = health_row({"loss": 1.0})[COL["rss"]]
+    assert first > 0
+    ballast = np.ones(64 << 20, np.uint8)  # 64 MiB more resident
+    clock[0] += health.RSS_EVERY / 2
+    assert health_row({"loss": 1.0})[COL["rss"]] == first
+    clock[0] += health.RSS_EVERY
+    assert health_row({"loss": 1.0})[COL["rss"]] >= first + ballast.nbytes * 0.9
