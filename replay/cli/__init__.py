@@ -20,6 +20,7 @@ from ..safetext import term_safe
 from ._process import own_process
 from .bisect import bisect
 from .doctor import doctor
+from .export import export
 from .info import info
 from .overfit import overfit
 from .preflight import preflight
@@ -43,6 +44,7 @@ def cli() -> None:
     replay overfit RUN.h5   can the model overfit one recorded batch? (the first law)
     replay trace RUN.h5     trace any step per op (--step N) for the TUI's op views
     replay tui RUN.h5       browse a recording and its forensics in the terminal
+    replay export RUN.h5 --out DIR   the state before a step as a torch checkpoint, to resume
     replay preflight -- python train.py ...   before a long run: will its steps replay bitwise?
     """
 
@@ -55,6 +57,7 @@ cli.add_command(overfit)
 cli.add_command(trace)
 cli.add_command(tui)
 cli.add_command(preflight)
+cli.add_command(export)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,70 @@
+"""``replay export RUN.h5 --out DIR``: the state before a step as a plain torch checkpoint."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from ._process import big_imports, user_stdout_to_stderr
+from ._replaying import engine_options
+
+__all__ = ["export"]
+
+
+@click.command()
+@click.argument("run", type=click.Path(dir_okay=False, path_type=str))
+@click.option(
+    "--out",
+    required=True,
+    type=click.Path(file_okay=False, path_type=str),
+    help="A new (or empty) directory to write the checkpoint into.",
+)
+@click.option(
+    "--step",
+    type=int,
+    default=None,
+    help="Export the state right before this step. Default: the last healthy snapshot kept "
+    "before the failure (the newest snapshot when nothing failed).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+@engine_options
+def export(
+    run: str,
+    out: str,
+    step: int | None,
+    as_json: bool,
+    device: str | None,
+    entry: str | None,
+    trust: bool,
+) -> int:
+    """Write the state before a step of RUN as a torch.save checkpoint to resume the real run.
+
+    One file per recorded object (model.pt, optimizer.pt, scheduler.pt, scaler.pt, others),
+    grads.pt, rng.pt and skip.json (where to resume, which steps to skip), and a README.md
+    showing how to load them without replay installed. A state between two snapshots is
+    replayed from the one before it. Exit codes: 0 written, 2 usage error (--out not empty,
+    --step outside the window), 3 unusable recording, 4 unusable entry point, 5 replay failed.
+    """
+    from ..workflows.export import run_export
+
+    with user_stdout_to_stderr(as_json), big_imports() as phase:
+        report = run_export(run, out, step=step, device=device, entry=entry, trust=trust)
+        phase.end()
+    if as_json:
+        click.echo(json.dumps(report.to_json(), indent=2))
+        return 0
+    how = (
+        f"the snapshot of step {report.snapshot}"
+        if report.replayed == 0
+        else f"replayed {report.replayed} step(s) from the snapshot of step {report.snapshot}"
+    )
+    click.echo(f"exported the state before step {report.step} ({how}) to {report.out}/")
+    click.echo("  " + ", ".join(report.files.values()))
+    for s in report.skip:
+        ident = f" (values {json.dumps(s['values'])})" if s.get("values") else ""
+        click.echo(f"  skip on resume: step {s['step']}{ident}")
+    for n in report.notes:
+        click.echo(f"  note: {n}")
+    click.echo(f"  how to load it: {report.out}/README.md")
+    return 0

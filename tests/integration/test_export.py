@@ -1,0 +1,167 @@
+"""``replay export``: the state before a step as a plain torch checkpoint that the user's own
+resume code loads without replay, and from which the recorded steps come out bitwise."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).with_name("scripts")
+ROOT = SCRIPTS.parents[2]
+
+
+def _env() -> dict[str, str]:
+    e = dict(os.environ)
+    e["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(SCRIPTS), e.get("PYTHONPATH", "")])
+    return e
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, *args], env=_env(), capture_output=True, text=True, timeout=300
+    )
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("export")
+    paths = {"healthy": (), "bad": ("--bad", "14"), "no_sched": ("--no-sched",)}
+    for name, flags in paths.items():
+        p = _run(str(SCRIPTS / "export_train.py"), str(d / f"{name}.h5"), *flags)
+        assert p.returncode == 0, p.stderr[-2000:]
+    return d / "healthy.h5", d / "bad.h5", d / "no_sched.h5"
+
+
+# Runs the recorded steps from an exported directory with torch alone: the way a user's resume
+# code would, with the loop's own build/step functions. Prints each step's loss as float.hex.
+RESUME = textwrap.dedent(
+    """
+    import json, random, sys
+    import numpy as np
+    import torch
+    import export_train as T
+
+    d, last = sys.argv[1], int(sys.argv[2])
+    model, opt, *rest = T.build()
+    sched = rest[0] if rest else None
+    model.load_state_dict(torch.load(f"{d}/model.pt"))
+    opt.load_state_dict(torch.load(f"{d}/optimizer.pt"))
+    if sched is not None:
+        sched.load_state_dict(torch.load(f"{d}/scheduler.pt"))
+    grads = torch.load(f"{d}/grads.pt")
+    for name, p in model.named_parameters():
+        p.grad = grads.get(name)
+    skip = json.load(open(f"{d}/skip.json"))
+    start = skip["resume_step"]
+    rng = torch.load(f"{d}/rng.pt")
+    skipped = {s["step"] for s in skip["skip"]}
+    losses = {}
+    for it in range(start, last + 1):
+        batch = T.batch_for(it)
+        if it == start:  # the states the recorder took right before this step
+            torch.set_rng_state(rng["torch"])
+            kind, keys, pos, has_gauss, gauss = rng["numpy"]
+            np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+            version, state, gauss_next = rng["python"]
+            random.setstate((version, tuple(state), gauss_next))
+        if it in skipped:
+            continue
+        losses[it] = float(T.train_step(model, opt, batch, it=it)).hex()
+        if sched is not None:
+            sched.step()
+    assert "replay" not in sys.modules, "the resume side imported replay"
+    print(json.dumps(losses))
+    """
+)
+
+
+def _recorded_losses(run: Path) -> dict[int, str]:
+    from replay.store import open_recording
+
+    with open_recording(str(run)) as rec:
+        h = rec.health()
+        return {int(s): float(v).hex() for s, v in zip(h["step"], h["loss"])}
+
+
+@pytest.mark.parametrize(
+    "run, step",
+    [("healthy", 8), ("no_sched", 8), ("no_sched", 11)],  # a snapshot's state, one replayed to
+)
+def test_an_exported_state_resumes_bitwise_without_replay(tmp_path, runs, run, step):
+    healthy = runs[0] if run == "healthy" else runs[2]
+    out = tmp_path / "ckpt"
+    p = _run(
+        "-m", "replay", "export", str(healthy), "--out", str(out), "--step", str(step), "--json"
+    )
+    assert p.returncode == 0, p.stderr[-2000:]
+    report = json.loads(p.stdout)
+    assert report["step"] == step and report["snapshot"] == 8
+    assert report["replayed"] == step - 8 and report["skip"] == []
+    files = {"model.pt", "optimizer.pt", "grads.pt", "rng.pt", "skip.json", "README.md"}
+    if run == "healthy":
+        files.add("scheduler.pt")
+    assert set(os.listdir(out)) == files
+    (tmp_path / "resume.py").write_text(RESUME)
+    flags = ("--no-sched",) if run == "no_sched" else ()
+    r = _run(str(tmp_path / "resume.py"), str(out), "20", *flags)
+    assert r.returncode == 0, r.stderr[-2000:]
+    resumed = {int(k): v for k, v in json.loads(r.stdout).items()}
+    recorded = _recorded_losses(healthy)
+    assert sorted(resumed) == list(range(step, 21))
+    assert resumed == {t: recorded[t] for t in resumed}
+
+
+def test_a_failed_run_exports_the_last_healthy_snapshot_and_the_step_to_skip(tmp_path, runs):
+    _, bad, _ = runs
+    out = tmp_path / "ckpt"
+    p = _run("-m", "replay", "export", str(bad), "--out", str(out), "--json")
+    assert p.returncode == 0, p.stderr[-2000:]
+    report = json.loads(p.stdout)
+    # NaN at step 14: the snapshot before it is 12, still healthy (the update of 13 was fine)
+    assert report["first_bad"] == 14 and report["step"] == 12 and report["replayed"] == 0
+    assert report["skip"] == [{"step": 14, "values": {"it": 14}}]
+    skip = json.loads((out / "skip.json").read_text())
+    assert skip["resume_step"] == 12 and skip["skip"][0]["step"] == 14
+    readme = (out / "README.md").read_text()
+    assert "optimizer.load_state_dict" in readme and "step 14" in readme
+    # Resuming and skipping step 14's batch: the steps before it are the recorded ones, and
+    # training goes on with finite losses past the failure.
+    (tmp_path / "resume.py").write_text(RESUME)
+    r = _run(str(tmp_path / "resume.py"), str(out), "18")
+    assert r.returncode == 0, r.stderr[-2000:]
+    resumed = {int(k): float.fromhex(v) for k, v in json.loads(r.stdout).items()}
+    recorded = _recorded_losses(bad)
+    assert [float.fromhex(recorded[t]) for t in (12, 13)] == [resumed[12], resumed[13]]
+    assert 14 not in resumed and all(resumed[t] == resumed[t] for t in (15, 16, 17, 18))
+
+
+def test_a_state_between_snapshots_is_refused_when_the_loop_steps_an_object_itself(tmp_path, runs):
+    """The loop steps its scheduler outside the step function, which replay does not run: the
+    scheduler's state at step 11 is unknown, so only the snapshots' states can be exported."""
+    healthy, _, _ = runs
+    out = tmp_path / "ckpt"
+    p = _run("-m", "replay", "export", str(healthy), "--out", str(out), "--step", "11")
+    assert p.returncode == 2, p.stderr
+    assert [ln for ln in p.stderr.splitlines() if "error" in ln] == [p.stderr.splitlines()[-1]]
+    assert "scheduler" in p.stderr and "8, 12" in p.stderr
+    assert not out.exists()
+
+
+def test_export_never_writes_into_a_directory_that_holds_files(tmp_path, runs):
+    healthy, _, _ = runs
+    out = tmp_path / "ckpt"
+    out.mkdir()
+    (out / "mine.txt").write_text("keep me")
+    p = _run("-m", "replay", "export", str(healthy), "--out", str(out))
+    assert p.returncode == 2
+    assert len(p.stderr.strip().splitlines()) == 1 and "not an empty directory" in p.stderr
+    assert os.listdir(out) == ["mine.txt"]
+    p = _run("-m", "replay", "export", str(healthy), "--out", str(tmp_path / "n"), "--step", "99")
+    assert p.returncode == 2 and "outside the replayable window" in p.stderr
+    assert not (tmp_path / "n").exists()
