@@ -128,7 +128,9 @@ def _why_not(trainer: Any) -> str | None:
         return "FSDP"
     nproc = int(getattr(trainer.accelerator, "num_processes", 1) or 1)
     if nproc > 1 or int(trainer.args.world_size) > 1:
-        return f"{max(nproc, int(trainer.args.world_size))} processes (only one process is replayed)"
+        return (
+            f"{max(nproc, int(trainer.args.world_size))} processes (only one process is replayed)"
+        )
     if int(trainer.args.n_gpu) > 1:
         return f"DataParallel over {trainer.args.n_gpu} GPUs"
     if trainer.model_wrapped is not trainer.model:
@@ -417,7 +419,9 @@ def build(
         config_cls = _lookup(config_class, transformers.PretrainedConfig)
         model = _lookup(model_class, PreTrainedModel)(config_cls.from_dict(config or {}))
     elif model_init is not None:
-        model = model_init()
+        # As Trainer.call_model_init: with the trial when it takes one (none on replay).
+        takes = len(inspect.signature(model_init).parameters)
+        model = model_init(None) if takes == 1 else model_init()
     else:
         raise ValueError("the recording names neither a model class with its config nor model_init")
     model = model.to(getattr(torch, dtype))

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from replay.store.reader import open_recording
+
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
@@ -31,7 +33,9 @@ def _run(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-def _train(out: Path, *flags: str, script: Path = RECORDED) -> tuple[Path, subprocess.CompletedProcess]:
+def _train(
+    out: Path, *flags: str, script: Path = RECORDED
+) -> tuple[Path, subprocess.CompletedProcess]:
     p = _run(str(script), str(out), *flags)
     return out / "run.h5", p
 
@@ -56,9 +60,12 @@ def test_a_healthy_train_replays_bitwise(tmp_path, precision):
     assert all(s["match"] and s["compared"] for s in v["steps"])
     losses = [s["loss"] for s in v["steps"]]
     assert len(set(losses)) == len(losses)  # real, different steps
-    info = json.loads(_run("-m", "replay", "info", str(run), "--json").stdout)
-    text = json.dumps(info)
-    assert "replay.integrations.transformers" in text and "GPT2LMHeadModel" in text
+    # the norm before the clip to 0.5, as the Trainer logs it
+    assert max(open_recording(run).health()["grad_norm"]) > 0.5
+    if precision == "fp32":
+        info = json.loads(_run("-m", "replay", "info", str(run), "--json").stdout)
+        text = json.dumps(info)
+        assert "replay.integrations.transformers" in text and "GPT2LMHeadModel" in text
 
 
 def test_nan_is_found_at_its_step_with_its_op(tmp_path):
@@ -103,15 +110,53 @@ def test_the_callback_is_the_only_change_to_the_script():
     assert with_plain.returncode == 0, with_plain.stderr[-2000:]
 
 
-def test_a_model_replay_cannot_rebuild_is_said_once_and_training_goes_on(tmp_path):
-    """A plain nn.Module has no config to rebuild it from (and no model_init is given)."""
-    script = tmp_path / "plain_module.py"
-    script.write_text(
-        RECORDED.read_text()
+def _plain_module(script: Path) -> str:
+    """The recorded script with TinyClassifier a plain nn.Module (no PreTrainedModel)."""
+    return (
+        script.read_text()
         .replace("class TinyClassifier(PreTrainedModel):", "class TinyClassifier(nn.Module):")
         .replace("super().__init__(config)", "super().__init__()\n        self.config = config")
         .replace("        self.post_init()\n", "")
     )
+
+
+def test_model_init_and_a_trainer_subclass_replay_bitwise(tmp_path):
+    """A plain nn.Module made by a module-level model_init, and a Trainer subclass whose own
+    compute_loss smooths the labels: replay uses both."""
+    script = tmp_path / "model_init.py"
+    script.write_text(
+        _plain_module(RECORDED)
+        .replace(
+            "def main() -> None:",
+            "def make_model():\n"
+            "    return TinyClassifier(TinyConfig())\n\n\n"
+            "class SmoothTrainer(Trainer):\n"
+            "    def compute_loss(self, model, inputs, return_outputs=False, "
+            "num_items_in_batch=None):\n"
+            "        out = model(**inputs)\n"
+            "        loss = nn.functional.cross_entropy(\n"
+            '            out["logits"], inputs["labels"], label_smoothing=0.1\n'
+            "        )\n"
+            "        return (loss, out) if return_outputs else loss\n\n\n"
+            "def main() -> None:",
+        )
+        .replace(
+            "    trainer = Trainer(\n        model=model,",
+            "    trainer = SmoothTrainer(\n        model_init=make_model,",
+        )
+    )
+    run, p = _train(tmp_path, "--model", "tiny", script=script)
+    assert p.returncode == 0, p.stderr[-2000:]
+    rc, v, err = _cli_json("verify", str(run))
+    assert rc == 0, err
+    assert v["deterministic"] is True and v["window"] == [0, 11]
+    assert all(s["match"] and s["compared"] for s in v["steps"])
+
+
+def test_a_model_replay_cannot_rebuild_is_said_once_and_training_goes_on(tmp_path):
+    """A plain nn.Module has no config to rebuild it from (and no model_init is given)."""
+    script = tmp_path / "plain_module.py"
+    script.write_text(_plain_module(RECORDED))
     run, p = _train(tmp_path, "--model", "tiny", script=script)
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stderr.count("not a PreTrainedModel") == 1
