@@ -116,7 +116,8 @@ def _inner(optimizer: Any) -> Any:
 def _args_dict(args: TrainingArguments) -> dict[str, Any]:
     """The TrainingArguments a replay's Trainer is made with: every init field, as JSON."""
     init = {f.name for f in dataclasses.fields(args) if f.init}
-    kept = {k: v for k, v in args.to_dict().items() if k in init}
+    # The hub tokens (to_dict hides them anyway) are no business of a replay.
+    kept = {k: v for k, v in args.to_dict().items() if k in init and not k.endswith("_token")}
     json.dumps(kept)  # a value that is not JSON cannot be recorded: the caller says so
     return kept
 
@@ -185,6 +186,7 @@ def _settings(trainer: Any, max_steps: int) -> dict[str, Any]:
     model = trainer.model
     kw: dict[str, Any] = {
         "args": _args_dict(trainer.args),
+        "args_class": _name(type(trainer.args)),
         "max_steps": int(max_steps),
         "trainer_class": _name(type(trainer)),
         "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
@@ -233,7 +235,8 @@ class ReplayCallback(TrainerCallback):
         trainer.train()
 
     The model must be a ``PreTrainedModel`` (rebuilt from its class and config) or made by the
-    Trainer's module-level ``model_init``. ``recorder_kwargs`` go to :class:`replay.Recorder`
+    Trainer's module-level ``model_init``. Recorded step ``t`` is the optimisation step after
+    which the Trainer's ``global_step`` is ``t + 1`` (a resumed run starts at its global step). ``recorder_kwargs`` go to :class:`replay.Recorder`
     (``snapshot_every=50``, ``raise_on_nonfinite=True``, ...): a NaN loss is recorded and then
     :class:`replay.NonFiniteLossError` ends ``train()``.
     """
@@ -281,6 +284,9 @@ class ReplayCallback(TrainerCallback):
         scaler = getattr(trainer.accelerator, "scaler", None)
         if scaler is not None:
             objects["scaler"] = scaler
+        # Step t of the recording is the optimisation step that makes the Trainer's global_step
+        # t + 1, in a resumed run too.
+        kwargs = {"start_step": int(state.global_step), **self.recorder_kwargs}
         try:
             self.rec = Recorder(
                 self.path,
@@ -288,7 +294,7 @@ class ReplayCallback(TrainerCallback):
                 step_fn=train_step,
                 build_fn=build,
                 build_kwargs=settings,
-                **self.recorder_kwargs,
+                **kwargs,
             )
         except Exception as e:  # noqa: BLE001 - the recorder must never take training down
             warnings.warn(
@@ -405,6 +411,7 @@ def build(
     max_steps: int,
     trainer_class: type | str,
     dtype: str,
+    args_class: type | str = "transformers.training_args:TrainingArguments",
     model_class: type | str | None = None,
     config_class: type | str | None = None,
     config: dict[str, Any] | None = None,
@@ -432,7 +439,7 @@ def build(
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            targs = TrainingArguments(**kw)
+            targs = _lookup(args_class, TrainingArguments)(**kw)
             extra = {"compute_loss_func": compute_loss_func} if compute_loss_func else {}
             trainer = _lookup(trainer_class, transformers.Trainer)(model=model, args=targs, **extra)
             trainer.state.max_steps = int(max_steps)

@@ -1,7 +1,8 @@
 """hf_plain.py with ReplayCallback added (to OUT_DIR/run.h5), nothing else: a tiny model built from a config on random data,
-dropout, gradient accumulation 2, clipping to max_grad_norm, AdamW and a linear schedule with
-warm-up. ``--model gpt2`` trains a 2-layer GPT-2 (vocab 64, width 16) on random tokens;
-``--model tiny`` a small classifier whose ``--nan-at K``-th forward call (counted from 0) takes
+dropout, gradient accumulation 2 (an epoch's 11 batches: its last window has one), clipping to
+max_grad_norm, AdamW and a linear schedule with warm-up. ``--model gpt2`` trains a 2-layer
+GPT-2 (vocab 64, width 16) on random tokens; ``--model tiny`` a small classifier whose
+``--nan-at K``-th forward call (counted from 0) takes
 log of a negative number. Usage: python hf_recorded.py OUT_DIR [--model gpt2|tiny] [--bf16]"""
 
 import argparse
@@ -49,7 +50,7 @@ class TinyClassifier(PreTrainedModel):
 
 
 class RandomData(torch.utils.data.Dataset):
-    def __init__(self, kind: str, n: int = 96) -> None:
+    def __init__(self, kind: str, n: int = 88) -> None:
         g = torch.Generator().manual_seed(1)
         if kind == "gpt2":
             ids = torch.randint(0, 64, (n, 12), generator=g)
