@@ -10,8 +10,11 @@ One recorded step is one optimisation step: the ``gradient_accumulation_steps`` 
 of its window, each through the Trainer's own ``training_step`` (``compute_loss`` under the
 accelerator's autocast, the loss normalised for accumulation as the Trainer does it, the
 accelerator's backward), clipping to ``max_grad_norm`` by the accelerator, the optimizer step
-(with the accelerator's GradScaler under fp16) and the learning-rate scheduler the Trainer
-stepped after it.
+and the learning-rate scheduler the Trainer stepped after it. Precision: fp32 and bf16 (the
+accelerator's autocast, on a CPU too) replay bitwise on the CPU (tests/integrations). fp16 on a
+CPU gets neither autocast nor a GradScaler from accelerate, so it trains, and replays, as fp32;
+fp16 on a GPU adds the accelerator's GradScaler, which is recorded and restored like any
+scaler, but no test covers it (the test machines have no GPU).
 
 How: a ``TrainerCallback`` gets no batch and no Trainer, so at ``on_train_begin`` the callback
 finds its Trainer (the caller of the callback handler) and wraps that instance's
@@ -21,9 +24,11 @@ fetched the whole window by then, so no data loading draws from the RNG inside t
 each ``training_step`` call adds a copy of its micro-batch; ``on_pre_optimizer_step`` measures
 the gradients if the clip did not already (before clipping, as everywhere in replay);
 ``on_step_end`` records the window, its ``num_items_in_batch``, how often the scheduler stepped
-and the summed micro-batch losses. An exception inside the epoch is recorded with the window
-it broke (through a wrapper of the instance's ``_run_epoch``, a private Trainer method: when a
-release renames it, exceptions are not recorded, steps still are).
+and the summed micro-batch losses. Recorded step ``t`` is the one after which the Trainer's
+``global_step`` is ``t + 1`` (a resumed run starts at its checkpoint's step). An exception
+inside the epoch is recorded with the window it broke (through a wrapper of the instance's
+``_run_epoch``, a private Trainer method: when a release renames it, exceptions are not
+recorded, steps still are); a ``KeyboardInterrupt`` is not a step's result and is not.
 
 On replay, :func:`build` makes the model again from its class and ``config.to_dict()`` (a
 ``PreTrainedModel``) or the Trainer's module-level ``model_init``, a Trainer of the recorded
@@ -37,7 +42,10 @@ Not replayed (said once at the start, and then nothing of the run is recorded): 
 FSDP, more than one process (DDP) or DataParallel over several GPUs, a model that is neither a
 ``PreTrainedModel`` nor made by a module-level ``model_init``, an optimizer or scheduler passed
 to the Trainer (``optimizers=``/``optimizer_cls_and_kwargs``: replay cannot make them again),
-and a Trainer subclass or ``compute_loss_func`` that is not module-level. Other callbacks that
+a model, config, Trainer or ``compute_loss_func`` of another installed package (peft, trl:
+replay imports no installed package's code as an entry point; transformers' own classes are
+looked up by name), a Trainer subclass or ``compute_loss_func`` that is not module-level, a
+model config or ``TrainingArguments`` value that is not JSON. Other callbacks that
 change gradients, weights or the learning rate inside a step, and a ``ReduceLROnPlateau``
 stepped at evaluation (its learning rate is restored from the recording at every step), make a
 replay differ, which ``replay verify`` reports.
@@ -106,11 +114,11 @@ def _find_trainer(callback: TrainerCallback) -> Any:
 
 
 def _inner(optimizer: Any) -> Any:
-    """The torch optimizer inside accelerate's ``AcceleratedOptimizer``."""
-    while hasattr(optimizer, "optimizer") and not isinstance(optimizer, torch.optim.Optimizer):
+    """The torch optimizer inside accelerate's ``AcceleratedOptimizer`` (itself an Optimizer
+    whose step hooks never run: the recorder's gradient probe hooks the inner one)."""
+    while isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer):
         optimizer = optimizer.optimizer
-    inner = getattr(optimizer, "optimizer", None)
-    return inner if isinstance(inner, torch.optim.Optimizer) else optimizer
+    return optimizer
 
 
 def _args_dict(args: TrainingArguments) -> dict[str, Any]:
@@ -286,7 +294,7 @@ class ReplayCallback(TrainerCallback):
             objects["scaler"] = scaler
         # Step t of the recording is the optimisation step that makes the Trainer's global_step
         # t + 1, in a resumed run too.
-        kwargs = {"start_step": int(state.global_step), **self.recorder_kwargs}
+        options = {"start_step": int(state.global_step), **self.recorder_kwargs}
         try:
             self.rec = Recorder(
                 self.path,
@@ -294,7 +302,7 @@ class ReplayCallback(TrainerCallback):
                 step_fn=train_step,
                 build_fn=build,
                 build_kwargs=settings,
-                **kwargs,
+                **options,
             )
         except Exception as e:  # noqa: BLE001 - the recorder must never take training down
             warnings.warn(
@@ -379,7 +387,13 @@ class ReplayCallback(TrainerCallback):
     def _record_exception(self, e: BaseException) -> None:
         if self.rec is None:
             return
-        if self._window is not None and not isinstance(e, NonFiniteLossError):
+        # As Recorder.step: an Exception is the step's result; a KeyboardInterrupt or
+        # SystemExit is not (the window it cut short is left out).
+        if (
+            self._window is not None
+            and isinstance(e, Exception)
+            and not isinstance(e, NonFiniteLossError)
+        ):
             window, self._window = self._window, None
             self.rec.observe_end(window, self._values(0), exception=e)
         self._close()
