@@ -1,0 +1,503 @@
+"""Record a Hugging Face ``Trainer.train()`` with one callback; replay it without a Trainer's loop.
+
+Usage (the only change to a training script)::
+
+    from replay.integrations.transformers import ReplayCallback
+    trainer = Trainer(model=model, args=args, train_dataset=ds,
+                      callbacks=[ReplayCallback("run.h5")])
+
+One recorded step is one optimisation step: the ``gradient_accumulation_steps`` micro-batches
+of its window, each through the Trainer's own ``training_step`` (``compute_loss`` under the
+accelerator's autocast, the loss normalised for accumulation as the Trainer does it, the
+accelerator's backward), clipping to ``max_grad_norm`` by the accelerator, the optimizer step
+and the learning-rate scheduler the Trainer stepped after it. Precision: fp32 and bf16 (the
+accelerator's autocast, on a CPU too) replay bitwise on the CPU (tests/integrations). fp16 on a
+CPU gets neither autocast nor a GradScaler from accelerate, so it trains, and replays, as fp32;
+fp16 on a GPU adds the accelerator's GradScaler, which is recorded and restored like any
+scaler, but no test covers it (the test machines have no GPU).
+
+How: a ``TrainerCallback`` gets no batch and no Trainer, so at ``on_train_begin`` the callback
+finds its Trainer (the caller of the callback handler) and wraps that instance's
+``training_step``, which sees every micro-batch after collation. ``on_step_begin`` begins the
+step (``Recorder.observe_begin``: snapshot, RNG states, hyper-parameters; the Trainer has
+fetched the whole window by then, so no data loading draws from the RNG inside the step);
+each ``training_step`` call adds a copy of its micro-batch; ``on_pre_optimizer_step`` measures
+the gradients if the clip did not already (before clipping, as everywhere in replay);
+``on_step_end`` records the window, its ``num_items_in_batch``, how often the scheduler stepped
+and the summed micro-batch losses. Recorded step ``t`` is the one after which the Trainer's
+``global_step`` is ``t + 1`` (a resumed run starts at its checkpoint's step). An exception
+inside the epoch is recorded with the window it broke (through a wrapper of the instance's
+``_run_epoch``, a private Trainer method: when a release renames it, exceptions are not
+recorded, steps still are); a ``KeyboardInterrupt`` is not a step's result and is not.
+
+On replay, :func:`build` makes the model again from its class and ``config.to_dict()`` (a
+``PreTrainedModel``) or the Trainer's module-level ``model_init``, a Trainer of the recorded
+class with the recorded ``TrainingArguments`` (no loop runs), and the optimizer and scheduler
+the Trainer creates from them, prepared by its accelerator as ``train()`` does;
+:func:`train_step` runs the window through that Trainer's ``training_step``, ``_clip_grad_norm``,
+optimizer and scheduler. Bitwise equality with the recording is checked by ``replay verify``,
+never assumed.
+
+Not replayed (said once at the start, and then nothing of the run is recorded): DeepSpeed,
+FSDP, more than one process (DDP) or DataParallel over several GPUs, a model that is neither a
+``PreTrainedModel`` nor made by a module-level ``model_init``, an optimizer or scheduler passed
+to the Trainer (``optimizers=``/``optimizer_cls_and_kwargs``: replay cannot make them again),
+a model, config, Trainer or ``compute_loss_func`` of another installed package (peft, trl:
+replay imports no installed package's code as an entry point; transformers' own classes are
+looked up by name), a Trainer subclass or ``compute_loss_func`` that is not module-level, a
+model config or ``TrainingArguments`` value that is not JSON. Other callbacks that
+change gradients, weights or the learning rate inside a step, and a ``ReduceLROnPlateau``
+stepped at evaluation (its learning rate is restored from the recording at every step), make a
+replay differ, which ``replay verify`` reports.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import inspect
+import json
+import logging
+import os
+import sys
+import tempfile
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import transformers
+from transformers import PreTrainedModel, TrainerCallback, TrainingArguments
+
+from ..errors import NonFiniteLossError, RecorderWarning
+from ..record.recorder import Recorder
+
+__all__ = ["ReplayCallback", "build", "train_step"]
+
+# TrainingArguments that only say where the run writes and reports: a replay writes nothing.
+_QUIET = {"report_to": "none", "disable_tqdm": True, "save_strategy": "no", "push_to_hub": False}
+
+
+def _clone(batch: Any) -> Any:
+    """A copy the training step cannot change under us, as plain dicts and lists (a
+    ``BatchEncoding`` is a mapping, not a dict; ``training_step`` takes either)."""
+    if isinstance(batch, torch.Tensor):
+        return batch.detach().clone()
+    if isinstance(batch, Mapping):
+        return {k: _clone(v) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)) and not hasattr(batch, "_fields"):
+        return type(batch)(_clone(b) for b in batch)
+    return batch
+
+
+def _sched_count(s: Any) -> int:
+    n = getattr(s, "_step_count", None)
+    return int(n) if isinstance(n, int) else int(getattr(s, "last_epoch", 0))
+
+
+def _find_trainer(callback: TrainerCallback) -> Any:
+    """The Trainer whose callback handler calls ``callback`` now: a hook gets no Trainer, but
+    the handler is called from a Trainer method a few frames up."""
+    frame = sys._getframe(1)
+    for _ in range(12):
+        if frame is None:
+            break
+        owner = frame.f_locals.get("self")
+        handler = getattr(owner, "callback_handler", None)
+        if isinstance(owner, transformers.Trainer) and callback in getattr(
+            handler, "callbacks", ()
+        ):
+            return owner
+        frame = frame.f_back
+    return None
+
+
+def _inner(optimizer: Any) -> Any:
+    """The torch optimizer inside accelerate's ``AcceleratedOptimizer`` (itself an Optimizer
+    whose step hooks never run: the recorder's gradient probe hooks the inner one)."""
+    while isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer):
+        optimizer = optimizer.optimizer
+    return optimizer
+
+
+def _args_dict(args: TrainingArguments) -> dict[str, Any]:
+    """The TrainingArguments a replay's Trainer is made with: every init field, as JSON."""
+    init = {f.name for f in dataclasses.fields(args) if f.init}
+    # The hub tokens (to_dict hides them anyway) are no business of a replay.
+    kept = {k: v for k, v in args.to_dict().items() if k in init and not k.endswith("_token")}
+    json.dumps(kept)  # a value that is not JSON cannot be recorded: the caller says so
+    return kept
+
+
+def _why_not(trainer: Any) -> str | None:
+    if getattr(trainer, "is_deepspeed_enabled", False):
+        return "DeepSpeed"
+    if getattr(trainer, "is_fsdp_enabled", False) or getattr(trainer, "is_fsdp_xla_enabled", False):
+        return "FSDP"
+    nproc = int(getattr(trainer.accelerator, "num_processes", 1) or 1)
+    if nproc > 1 or int(trainer.args.world_size) > 1:
+        return (
+            f"{max(nproc, int(trainer.args.world_size))} processes (only one process is replayed)"
+        )
+    if int(trainer.args.n_gpu) > 1:
+        return f"DataParallel over {trainer.args.n_gpu} GPUs"
+    if trainer.model_wrapped is not trainer.model:
+        return f"the model wrapped in {type(trainer.model_wrapped).__name__}"
+    model = trainer.model
+    if not isinstance(model, PreTrainedModel) and trainer.model_init is None:
+        return (
+            f"a {type(model).__name__} that is not a PreTrainedModel (replay rebuilds a model "
+            "from its config; pass a PreTrainedModel, or model_init= a module-level function)"
+        )
+    if trainer.optimizer_cls_and_kwargs is not None:
+        return "optimizer_cls_and_kwargs (replay makes the optimizer from TrainingArguments)"
+    expected, _ = transformers.Trainer.get_optimizer_cls_and_kwargs(trainer.args, model)
+    if type(_inner(trainer.optimizer)) is not expected:
+        return (
+            f"an optimizer passed to the Trainer ({type(_inner(trainer.optimizer)).__name__}; "
+            "replay makes the optimizer from TrainingArguments)"
+        )
+    if not getattr(trainer, "_created_lr_scheduler", True):
+        return "a scheduler passed to the Trainer (replay makes it from TrainingArguments)"
+    return None
+
+
+def _name(cls: type) -> str | type:
+    """A class of transformers itself is recorded by name (``module:qualname``) and looked up
+    in transformers on replay (replay never imports an installed package's file as an entry
+    point); the user's own class is recorded as an entry point (:class:`replay.Recorder`)."""
+    module = cls.__module__
+    if module == "transformers" or module.startswith("transformers."):
+        return f"{module}:{cls.__qualname__}"
+    return cls
+
+
+def _installed(obj: Any) -> str | None:
+    """The module of ``obj`` when it lives in an installed package other than transformers
+    (peft, trl): replay cannot import it as an entry point."""
+    from ..engine.entry import _installed_dirs  # where replay refuses to import entry points
+
+    module = getattr(obj, "__module__", "") or ""
+    if module == "transformers" or module.startswith("transformers."):
+        return None
+    try:
+        path = os.path.realpath(inspect.getsourcefile(obj) or "")
+    except TypeError:
+        return None
+    return module if any(path.startswith(d + os.sep) for d in _installed_dirs()) else None
+
+
+def _settings(trainer: Any, max_steps: int) -> dict[str, Any]:
+    """What :func:`build` takes: the user's classes and functions are recorded as entry
+    points, transformers' classes by name, the rest as JSON."""
+    model = trainer.model
+    kw: dict[str, Any] = {
+        "args": _args_dict(trainer.args),
+        "args_class": _name(type(trainer.args)),
+        "max_steps": int(max_steps),
+        "trainer_class": _name(type(trainer)),
+        "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+    }
+    if isinstance(model, PreTrainedModel):
+        config = model.config.to_dict()
+        json.dumps(config)
+        kw.update(
+            model_class=_name(type(model)), config_class=_name(type(model.config)), config=config
+        )
+    else:
+        kw["model_init"] = trainer.model_init
+    if trainer.compute_loss_func is not None:
+        kw["compute_loss_func"] = trainer.compute_loss_func
+    for k, v in kw.items():
+        where = _installed(v) if isinstance(v, type) or inspect.isfunction(v) else None
+        if where is not None:
+            raise ValueError(f"{k} comes from the installed package {where.split('.')[0]}")
+    return kw
+
+
+def _lookup(name: Any, base: type) -> Any:
+    """A class :func:`_name` recorded: a ``transformers`` class by name (only there, and only
+    a subclass of ``base``), or the user's class the engine imported."""
+    if not isinstance(name, str):
+        return name
+    module, _, qualname = name.partition(":")
+    if not (module == "transformers" or module.startswith("transformers.")):
+        raise ValueError(f"{name!r} is not a transformers class")
+    obj: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    if not (isinstance(obj, type) and issubclass(obj, base)):
+        raise ValueError(f"{name!r} is not a {base.__name__}")
+    return obj
+
+
+class ReplayCallback(TrainerCallback):
+    """Record every optimisation step of ``Trainer.train()`` into ``path`` for ``replay bisect``.
+
+    Example::
+
+        args = TrainingArguments("out", gradient_accumulation_steps=2, max_grad_norm=1.0)
+        trainer = Trainer(model=model, args=args, train_dataset=ds,
+                          callbacks=[ReplayCallback("run.h5")])
+        trainer.train()
+
+    The model must be a ``PreTrainedModel`` (rebuilt from its class and config) or made by the
+    Trainer's module-level ``model_init``. Recorded step ``t`` is the optimisation step after
+    which the Trainer's ``global_step`` is ``t + 1`` (a resumed run starts at its global step). ``recorder_kwargs`` go to :class:`replay.Recorder`
+    (``snapshot_every=50``, ``raise_on_nonfinite=True``, ...): a NaN loss is recorded and then
+    :class:`replay.NonFiniteLossError` ends ``train()``.
+    """
+
+    def __init__(self, path: str, **recorder_kwargs: Any) -> None:
+        self.path = path
+        self.recorder_kwargs = recorder_kwargs
+        self.rec: Recorder | None = None
+        self._trainer: Any = None
+        self._window: list[Any] | None = None
+        self._losses: list[Any] = []
+        self._num_items: Any = None
+        self._sched_before = 0
+        self._global_step = 0
+
+    # -- set-up --------------------------------------------------------------------------
+
+    def _refuse(self, why: str) -> None:
+        warnings.warn(
+            f"replay: {why} cannot be replayed; ReplayCallback records nothing of this run",
+            RecorderWarning,
+            stacklevel=3,
+        )
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        trainer = _find_trainer(self)
+        if trainer is None:
+            self._refuse("a training loop that is not a transformers.Trainer's")
+            return
+        why = _why_not(trainer)
+        if why is not None:
+            self._refuse(why)
+            return
+        try:
+            settings = _settings(trainer, state.max_steps)
+        except (TypeError, ValueError) as e:
+            self._refuse(f"this set-up ({e})")
+            return
+        objects: dict[str, Any] = {
+            "model": trainer.model,
+            "optimizer": _inner(trainer.optimizer),
+            "scheduler": trainer.lr_scheduler,
+            "trainer": trainer,
+        }
+        scaler = getattr(trainer.accelerator, "scaler", None)
+        if scaler is not None:
+            objects["scaler"] = scaler
+        # Step t of the recording is the optimisation step that makes the Trainer's global_step
+        # t + 1, in a resumed run too.
+        options = {"start_step": int(state.global_step), **self.recorder_kwargs}
+        try:
+            self.rec = Recorder(
+                self.path,
+                objects=objects,
+                step_fn=train_step,
+                build_fn=build,
+                build_kwargs=settings,
+                **options,
+            )
+        except Exception as e:  # noqa: BLE001 - the recorder must never take training down
+            warnings.warn(
+                f"replay: ReplayCallback records nothing ({type(e).__name__}: {e})",
+                RecorderWarning,
+                stacklevel=2,
+            )
+            self.rec = None
+            return
+        self.rec.__enter__()
+        self._trainer = trainer
+        self._wrap(trainer)
+
+    def _wrap(self, trainer: Any) -> None:
+        """Instance attributes over the Trainer's methods (its class is left alone), removed
+        when training ends."""
+        step = trainer.training_step
+
+        @functools.wraps(step)
+        def training_step(model: Any, inputs: Any, num_items_in_batch: Any = None) -> Any:
+            if self._window is not None:
+                if not self._window:
+                    self._num_items = _clone(num_items_in_batch)
+                self._window.append(_clone(inputs))
+            loss = step(model, inputs, num_items_in_batch)
+            if self._window is not None:
+                self._losses.append(loss)
+            return loss
+
+        trainer.training_step = training_step
+        epoch = getattr(trainer, "_run_epoch", None)
+        if epoch is None:
+            return
+
+        @functools.wraps(epoch)
+        def run_epoch(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return epoch(*args, **kwargs)
+            except BaseException as e:
+                self._record_exception(e)
+                raise
+
+        trainer._run_epoch = run_epoch
+
+    def _unwrap(self) -> None:
+        trainer, self._trainer = self._trainer, None
+        if trainer is not None:
+            for name in ("training_step", "_run_epoch"):
+                trainer.__dict__.pop(name, None)
+
+    # -- one optimisation step -------------------------------------------------------------
+
+    def _values(self, sched_steps: int) -> dict[str, Any]:
+        return {
+            "num_items_in_batch": self._num_items,
+            "sched_steps": sched_steps,
+            "global_step": self._global_step,
+        }
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.rec is None or not self.rec.observe_begin():
+            return
+        self._window, self._losses, self._num_items = [], [], None
+        self._global_step = int(state.global_step)
+        self._sched_before = _sched_count(self._trainer.lr_scheduler)
+
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.rec is not None:
+            self.rec.measure_grads()  # when no clip measured them (max_grad_norm = 0)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.rec is None or self._window is None:
+            return
+        window, self._window = self._window, None
+        stepped = _sched_count(self._trainer.lr_scheduler) - self._sched_before
+        try:
+            self.rec.observe_end(window, self._values(stepped), ret=_total(self._losses))
+        except NonFiniteLossError:
+            self._close()
+            raise
+
+    def _record_exception(self, e: BaseException) -> None:
+        if self.rec is None:
+            return
+        # As Recorder.step: an Exception is the step's result; a KeyboardInterrupt or
+        # SystemExit is not (the window it cut short is left out).
+        if (
+            self._window is not None
+            and isinstance(e, Exception)
+            and not isinstance(e, NonFiniteLossError)
+        ):
+            window, self._window = self._window, None
+            self.rec.observe_end(window, self._values(0), exception=e)
+        self._close()
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._close()
+
+    def _close(self) -> None:
+        self._unwrap()
+        if self.rec is not None:
+            self.rec.close()
+            self.rec = None
+
+
+def _total(losses: list[Any]) -> Any:
+    """The step's loss: the sum of the micro-batch losses ``training_step`` returned (each
+    normalised for accumulation: the window's mean), in order, the same sum on replay."""
+    total = None
+    for v in losses:
+        total = v if total is None else total + v
+    return total
+
+
+# -- replay ---------------------------------------------------------------------------------
+
+
+def build(
+    args: dict[str, Any],
+    max_steps: int,
+    trainer_class: type | str,
+    dtype: str,
+    args_class: type | str = "transformers.training_args:TrainingArguments",
+    model_class: type | str | None = None,
+    config_class: type | str | None = None,
+    config: dict[str, Any] | None = None,
+    model_init: Any = None,
+    compute_loss_func: Any = None,
+) -> dict[str, Any]:
+    """Rebuild the recorded model, a Trainer of the recorded class and ``TrainingArguments``
+    (no loop runs; it writes and reports nothing) and the optimizer and scheduler it creates,
+    prepared by its accelerator as ``train()`` does; the names are the ones the callback
+    recorded."""
+    if model_class is not None and config_class is not None:
+        config_cls = _lookup(config_class, transformers.PretrainedConfig)
+        model = _lookup(model_class, PreTrainedModel)(config_cls.from_dict(config or {}))
+    elif model_init is not None:
+        # As Trainer.call_model_init: with the trial when it takes one (none on replay).
+        takes = len(inspect.signature(model_init).parameters)
+        model = model_init(None) if takes == 1 else model_init()
+    else:
+        raise ValueError("the recording names neither a model class with its config nor model_init")
+    model = model.to(getattr(torch, dtype))
+    kw = {**args, **_QUIET, "output_dir": tempfile.gettempdir()}
+    quiet = logging.getLogger("transformers")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)  # notes about this idle Trainer are not the user's business
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            targs = _lookup(args_class, TrainingArguments)(**kw)
+            extra = {"compute_loss_func": compute_loss_func} if compute_loss_func else {}
+            trainer = _lookup(trainer_class, transformers.Trainer)(model=model, args=targs, **extra)
+            trainer.state.max_steps = int(max_steps)
+            trainer._prepare_for_training(int(max_steps), None, None)
+    finally:
+        quiet.setLevel(level)
+    trainer.model.train()
+    objects: dict[str, Any] = {
+        "model": trainer.model,
+        "optimizer": _inner(trainer.optimizer),
+        "scheduler": trainer.lr_scheduler,
+        "trainer": trainer,
+    }
+    scaler = getattr(trainer.accelerator, "scaler", None)
+    if scaler is not None:
+        objects["scaler"] = scaler
+    return objects
+
+
+def train_step(
+    trainer: Any,
+    batch: list[Any],
+    num_items_in_batch: Any,
+    sched_steps: int,
+    global_step: int,
+) -> Any:
+    """One recorded optimisation step, as ``Trainer._run_epoch`` runs it: each micro-batch
+    through ``training_step`` (gradients synchronised at the last one), the clip, the
+    optimizer step, the scheduler as often as it stepped when recording, ``zero_grad``."""
+    model = trainer.model_wrapped
+    acc = trainer.accelerator
+    trainer.state.global_step = int(global_step)
+    trainer.current_gradient_accumulation_steps = len(batch)
+    losses = []
+    for i, inputs in enumerate(batch):
+        acc.gradient_state._set_sync_gradients(i == len(batch) - 1)
+        losses.append(trainer.training_step(model, inputs, num_items_in_batch))
+    grad_norm = None
+    if trainer.args.max_grad_norm > 0:
+        grad_norm = trainer._clip_grad_norm(model)
+    trainer._get_grad_norm(model, grad_norm=grad_norm)
+    trainer.optimizer.step()
+    for _ in range(int(sched_steps)):
+        trainer.lr_scheduler.step()
+    model.zero_grad()
+    trainer.state.global_step = int(global_step) + 1
+    return _total(losses)
