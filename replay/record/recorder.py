@@ -45,9 +45,9 @@ from ..store.contracts import (
 from ..store.step_log import LOG_BYTES
 from ..store.writer import RingSpec
 from ..store.writer_process import WriterClient
-from .ddp.consistency import ConsistentStop
+from .config import RecorderConfig
 from .ddp.context import detect, unwrap
-from .ddp.hook import LocalGradProbe
+from .ddp.policy import DdpRanks, RankPolicy, SingleProcess
 from .entry import describe_entry, read_source
 from .env import collect_env
 from .step_log_writer import StepLogWriter, on_host
@@ -156,16 +156,21 @@ class Recorder:
         build_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         refuse_if_replaying()  # before anything is started or created
-        if snapshot_every < 1 or keep_snapshots < 2:
-            raise ValueError("snapshot_every must be >= 1 and keep_snapshots >= 2")
         self.preflight = preflight_from_env()
         if self.preflight is not None:
-            # Two snapshots inside the steps preflight records: the second one is where state
-            # changed outside the step shows.
             path = self.preflight.path
-            snapshot_every = max(1, self.preflight.steps // 2)
-            keep_snapshots = max(keep_snapshots, 3)
-            fingerprint_every = 1
+        self.config = RecorderConfig(
+            snapshot_every=snapshot_every,
+            fingerprint_every=fingerprint_every,
+            keep_snapshots=keep_snapshots,
+            keep_health=keep_health,
+            raise_on_nonfinite=raise_on_nonfinite,
+            start_step=start_step,
+            max_pending_bytes=max_pending_bytes,
+            max_pending_steps=max_pending_steps,
+            max_pending_seconds=max_pending_seconds,
+            handle_signals=handle_signals,
+        ).for_preflight(self.preflight)
         self.objects = self._objects(objects, model, optimizer, scheduler, scaler)
         model, optimizer = self.objects.model, self.objects.optimizer
         scheduler, scaler = self.objects.scheduler, self.objects.scaler
@@ -197,17 +202,7 @@ class Recorder:
                 self.entry[k] = describe_entry(v, k)
             else:
                 self.build_kwargs[k] = v
-        self.snapshot_every, self.keep_snapshots = snapshot_every, keep_snapshots
-        self.fingerprint_every = max(1, fingerprint_every)
-        self.step_slots = snapshot_every * keep_snapshots
-        self.health_slots = max(keep_health, self.step_slots)
-        self.raise_on_nonfinite = raise_on_nonfinite
-        self.max_pending_bytes = max_pending_bytes
-        self.max_pending_steps = max_pending_steps
-        self.max_pending_seconds = max_pending_seconds
-        self.handle_signals = handle_signals
         self.next_step = start_step
-        self._start_step = start_step
         self._snapshots_taken = 0
         self._modules = [m for _, m in self._inner.named_modules()]
         self._params = [p for p in self._inner.parameters()]
@@ -227,29 +222,22 @@ class Recorder:
         self._closed = False
         self._pending_check: tuple[int, torch.Tensor] | None = None
         self._observed: Any = None  # observe_begin's capture, until observe_end
-        self._pending_loss: Any = None
         self._hp_items: Any = None
         self._hp_tensors = False
         self._hp_copy: list[dict[str, Any]] | None = None
         self._cuda_built = torch.cuda.is_available()  # ~16 us a call inside a training loop
         self._prev_sigterm: Any = None
         self.enabled = True
-        self._probe: LocalGradProbe | None = None
-        self._stop: ConsistentStop | None = None
+        self._ranks: RankPolicy = SingleProcess()
         if self.dist is not None and self.dist.collective:
-            if self._inner is not model:
-                self._probe = LocalGradProbe(model, self._opt_params)
-                why = self._probe.install()
-                if why is not None:
-                    self._probe = None
-                    warnings.warn(
-                        f"replay: no per-rank gradient check ({why}); local_grad_norm is not "
-                        "recorded and a stop is agreed on the loss alone",
-                        RecorderWarning,
-                        stacklevel=2,
-                    )
-            if raise_on_nonfinite:
-                self._stop = ConsistentStop(self.dist.rank, self.dist.world_size, self.dist.group)
+            self._ranks = DdpRanks(
+                self.dist,
+                model,
+                self._inner,
+                self._opt_params,
+                stop=self.config.raise_on_nonfinite,
+                on_bad=self._raise_ranks_bad,
+            )
 
     @staticmethod
     def _objects(
@@ -284,7 +272,7 @@ class Recorder:
     # -- context manager ----------------------------------------------------------------------
 
     def __enter__(self) -> Recorder:
-        if self.handle_signals and threading.current_thread() is threading.main_thread():
+        if self.config.handle_signals and threading.current_thread() is threading.main_thread():
             if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
                 self._prev_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
         atexit.register(self.close)
@@ -306,10 +294,11 @@ class Recorder:
         ``values``: per-step values computed outside the step (``lr=lr``, ``it=it``) that the
         step function takes as parameters; they are recorded and handed back on replay.
         """
-        if self._stop is not None and self._stop.deferred:
-            loss, self._pending_loss = self._pending_loss, None
-            self._raise_if_ranks_bad(self._stop.result(), loss)
-        if self.preflight is not None and self.next_step - self._start_step >= self.preflight.steps:
+        self._ranks.before_step()
+        if (
+            self.preflight is not None
+            and self.next_step - self.config.start_step >= self.preflight.steps
+        ):
             self._end_preflight()  # (also when recording stopped: preflight ends the run anyway)
         if self.enabled:
             self._check_writer()
@@ -346,7 +335,10 @@ class Recorder:
         that runs the backward inside ``optimizer.step(closure)`` would have it measured before
         the gradients exist. Returns whether the step is recorded.
         """
-        if self.preflight is not None and self.next_step - self._start_step >= self.preflight.steps:
+        if (
+            self.preflight is not None
+            and self.next_step - self.config.start_step >= self.preflight.steps
+        ):
             self._end_preflight()
         if self.enabled:
             self._check_writer()
@@ -406,7 +398,7 @@ class Recorder:
         """What a replay needs from before step ``t`` runs: the snapshot when one is due, RNG
         states, hyper-parameters, module modes, and the health row begun (lr, the scaler's
         scale). ``lr``: the loop's own value, for a run without an optimizer."""
-        if (t - self._start_step) % self.snapshot_every == 0:
+        if self.config.is_snapshot_step(t):
             self._snapshot(t)
         rng = capture_rng()
         hparams = self._hparams(copied)
@@ -507,11 +499,11 @@ class Recorder:
             health["optimizer_stepped"] = float(stepped)
             health["grad_norm"] = gn
             health["grad_absmax"] = gmax  # not a column: decides grad_nonfinite exactly
-            if (t - self._start_step) % self.fingerprint_every == 0 or _looks_bad(loss, gn):
+            if self.config.is_fingerprint_step(t) or _looks_bad(loss, gn):
                 fp = param_fingerprint(self._params)
                 health["param_fingerprint"] = fp
                 health["param_absmax"] = exact_if_needed(fp, lambda: absmax(self._params))
-            local_gn = self._probe.take() if self._probe is not None else None
+            local_gn = self._ranks.local_grad_norm()
             if local_gn is not None:
                 health["local_grad_norm"] = local_gn
             if self.scaler is not None:
@@ -532,22 +524,22 @@ class Recorder:
         except Exception as e:  # noqa: BLE001 - the recorder must never take training down
             self._give_up("recording the step's health", e)
             self.next_step = t + 1
-            if self._stop is not None:  # the other ranks still wait for this one's vote
-                self._agree(t, loss, local_gn)
+            # (the other ranks still wait for this one's vote)
+            self._ranks.after_step(t, loss, local_gn)
             return ret
         self.next_step = t + 1
-        if t == self._start_step:
+        if t == self.config.start_step:
             # Once, at the first step: wait until the file exists and holds it (the writer
             # process starting up, about 0.3 s), so a crash right after still leaves a file.
             self.flush()
-        if self._stop is not None:
-            self._agree(t, loss, local_gn)
-        elif self.raise_on_nonfinite and isinstance(loss, torch.Tensor):
+        if self._ranks.agrees:
+            self._ranks.after_step(t, loss, local_gn)
+        elif self.config.raise_on_nonfinite and isinstance(loss, torch.Tensor):
             if loss.is_cuda:
                 self._pending_check = (t, loss)  # read one step late: no sync now
             elif not bool(torch.isfinite(loss)):
                 self._raise_nonfinite(t, float(loss))
-        elif self.raise_on_nonfinite and isinstance(loss, float) and not math.isfinite(loss):
+        elif self.config.raise_on_nonfinite and isinstance(loss, float) and not math.isfinite(loss):
             self._raise_nonfinite(t, loss)
         return ret
 
@@ -592,7 +584,7 @@ class Recorder:
         self._writer_or_start().submit(job)
 
     def _snapshot(self, t: int) -> None:
-        slot = self._snapshots_taken % self.keep_snapshots
+        slot = self._snapshots_taken % self.config.keep_snapshots
         self._snapshots_taken += 1
         live = gather_state(self.objects, self._inner)
         writer = self._writer_or_start()  # (it creates the file; the log's records wait)
@@ -628,24 +620,12 @@ class Recorder:
         """Recording stopped (write failure): train on, but still join the ranks' agreement,
         or the other ranks would wait for this one forever."""
         ret = self._call(batch, values)
-        if self._stop is not None:
-            local_gn = self._probe.take() if self._probe is not None else None
-            self._agree(self.next_step, loss_of(ret), local_gn)
+        if self._ranks.agrees:
+            self._ranks.after_step(self.next_step, loss_of(ret), self._ranks.local_grad_norm())
         self.next_step += 1
         return ret
 
-    def _agree(self, t: int, loss: Any, local_gn: torch.Tensor | None) -> None:
-        assert self._stop is not None
-        self._stop.post(t, loss, local_gn)
-        if not self._stop.deferred:
-            self._raise_if_ranks_bad(self._stop.result(), loss)
-        else:
-            self._pending_loss = loss
-
-    def _raise_if_ranks_bad(self, verdict: tuple[int, tuple[int, ...]] | None, loss: Any) -> None:
-        if verdict is None:
-            return
-        t, ranks = verdict
+    def _raise_ranks_bad(self, t: int, ranks: tuple[int, ...], loss: Any) -> None:
         value = float(loss) if isinstance(loss, (torch.Tensor, float, int)) else math.nan
         if self.enabled:
             self.flush()
@@ -669,9 +649,9 @@ class Recorder:
         if self._writer is None:
             self._writer = BackgroundWriter(
                 self._make_store,
-                max_pending_bytes=self.max_pending_bytes,
-                max_pending_steps=self.max_pending_steps,
-                max_pending_seconds=self.max_pending_seconds,
+                max_pending_bytes=self.config.max_pending_bytes,
+                max_pending_steps=self.config.max_pending_steps,
+                max_pending_seconds=self.config.max_pending_seconds,
                 pool=self._pool,
             )
         return self._writer
@@ -681,15 +661,7 @@ class Recorder:
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         model_bytes = sum(t.numel() * t.element_size() for t in self._inner.state_dict().values())
         meta = RunMeta(
-            config={
-                "snapshot_every": self.snapshot_every,
-                "fingerprint_every": self.fingerprint_every,
-                "keep_snapshots": self.keep_snapshots,
-                "step_slots": self.step_slots,
-                "health_slots": self.health_slots,
-                "start_step": self._start_step,
-                "raise_on_nonfinite": self.raise_on_nonfinite,
-            },
+            config=self.config.meta(),
             entry=self.entry,
             env=collect_env(),
             model=ModelMeta(
@@ -724,9 +696,11 @@ class Recorder:
             run_id=uuid.uuid4().hex,
             meta=meta,
             sources=sources,
-            steps=RingSpec(self.step_slots, _pow2(step_guess, 4096, 1 << 20), step_guess),
-            snapshots=RingSpec(self.keep_snapshots, _pow2(snap_guess, 4096, 1 << 20), snap_guess),
-            health_slots=self.health_slots,
+            steps=RingSpec(self.config.step_slots, _pow2(step_guess, 4096, 1 << 20), step_guess),
+            snapshots=RingSpec(
+                self.config.keep_snapshots, _pow2(snap_guess, 4096, 1 << 20), snap_guess
+            ),
+            health_slots=self.config.health_slots,
         )
 
     def flush(self, timeout: float | None = 60.0) -> None:

@@ -1,0 +1,74 @@
+"""What a :class:`~replay.Recorder` is told: how often to snapshot, how much to keep, when
+training waits for the writer. One validated value, read by the recorder and written into the
+file's run metadata (``meta.config``, docs/format.md) as it is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ..capture.guard import Preflight
+from ..store.contracts import RunConfig
+
+__all__ = ["RecorderConfig"]
+
+
+@dataclass(frozen=True)
+class RecorderConfig:
+    """The :class:`~replay.Recorder`'s settings (its keyword arguments of the same names)."""
+
+    snapshot_every: int = 50
+    fingerprint_every: int = 10
+    keep_snapshots: int = 3
+    keep_health: int = 100_000
+    raise_on_nonfinite: bool = True
+    start_step: int = 0
+    max_pending_bytes: int = 1 << 30
+    max_pending_steps: int = 64
+    max_pending_seconds: float = 1.0
+    handle_signals: bool = True
+
+    def __post_init__(self) -> None:
+        if self.snapshot_every < 1 or self.keep_snapshots < 2:
+            raise ValueError("snapshot_every must be >= 1 and keep_snapshots >= 2")
+        if self.fingerprint_every < 1:
+            object.__setattr__(self, "fingerprint_every", 1)
+
+    @property
+    def step_slots(self) -> int:
+        """Steps the batch ring keeps: every step after the oldest kept snapshot."""
+        return self.snapshot_every * self.keep_snapshots
+
+    @property
+    def health_slots(self) -> int:
+        return max(self.keep_health, self.step_slots)
+
+    def for_preflight(self, preflight: Preflight | None) -> RecorderConfig:
+        """``replay preflight`` records a few steps: two snapshots inside them (the second one
+        is where state changed outside the step shows) and a fingerprint at every step."""
+        if preflight is None:
+            return self
+        return replace(
+            self,
+            snapshot_every=max(1, preflight.steps // 2),
+            keep_snapshots=max(self.keep_snapshots, 3),
+            fingerprint_every=1,
+        )
+
+    def is_snapshot_step(self, t: int) -> bool:
+        return (t - self.start_step) % self.snapshot_every == 0
+
+    def is_fingerprint_step(self, t: int) -> bool:
+        return (t - self.start_step) % self.fingerprint_every == 0
+
+    def meta(self) -> RunConfig:
+        """``meta.config`` of the file (docs/format.md)."""
+        return {
+            "snapshot_every": self.snapshot_every,
+            "fingerprint_every": self.fingerprint_every,
+            "keep_snapshots": self.keep_snapshots,
+            "step_slots": self.step_slots,
+            "health_slots": self.health_slots,
+            "start_step": self.start_step,
+            "raise_on_nonfinite": self.raise_on_nonfinite,
+        }

@@ -1,0 +1,95 @@
+"""What recording does about the other ranks: nothing in a single process, and under DDP the
+per-rank gradient probe and the rank-consistent stop (``consistency.py``, ``hook.py``).
+
+The recorder asks the same three questions every step, of :class:`SingleProcess` or of
+:class:`DdpRanks`: is a verdict of the ranks pending from the last step (``before_step``), what
+was this rank's own gradient norm (``local_grad_norm``), and, once the step is over, do the
+ranks agree that it went bad (``after_step``, which raises on every rank at the same step).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ...errors import RecorderWarning
+from .consistency import ConsistentStop
+from .hook import LocalGradProbe
+
+__all__ = ["RankPolicy", "SingleProcess", "DdpRanks"]
+
+#: Called with ``(step, bad ranks, loss)`` when the ranks agree a step went bad: it raises.
+OnBad = Callable[[int, tuple[int, ...], Any], None]
+
+
+class RankPolicy:
+    """The interface; :class:`SingleProcess` is the one that does nothing."""
+
+    #: Whether the ranks agree on the non-finite stop (then the recorder's own check is off).
+    agrees = False
+
+    def before_step(self) -> None:
+        """Raise the verdict of the last step's agreement when it was read a step late."""
+
+    def local_grad_norm(self) -> torch.Tensor | None:
+        return None
+
+    def after_step(self, t: int, loss: Any, local_gn: torch.Tensor | None) -> None:
+        """This rank's vote on step ``t`` (every rank must vote every step, recorded or not)."""
+
+
+class SingleProcess(RankPolicy):
+    pass
+
+
+class DdpRanks(RankPolicy):
+    def __init__(
+        self,
+        dist: Any,
+        model: torch.nn.Module,
+        inner: torch.nn.Module,
+        params: list[torch.Tensor],
+        *,
+        stop: bool,
+        on_bad: OnBad,
+    ) -> None:
+        self._probe: LocalGradProbe | None = None
+        if inner is not model:  # a DDP wrapper: its communication hook sees the local grads
+            self._probe = LocalGradProbe(model, params)
+            why = self._probe.install()
+            if why is not None:
+                self._probe = None
+                warnings.warn(
+                    f"replay: no per-rank gradient check ({why}); local_grad_norm is not "
+                    "recorded and a stop is agreed on the loss alone",
+                    RecorderWarning,
+                    stacklevel=3,
+                )
+        self._stop = ConsistentStop(dist.rank, dist.world_size, dist.group) if stop else None
+        self.agrees = self._stop is not None
+        self._on_bad = on_bad
+        self._pending_loss: Any = None
+
+    def before_step(self) -> None:
+        if self._stop is not None and self._stop.deferred:
+            loss, self._pending_loss = self._pending_loss, None
+            self._raise_if_bad(self._stop.result(), loss)
+
+    def local_grad_norm(self) -> torch.Tensor | None:
+        return self._probe.take() if self._probe is not None else None
+
+    def after_step(self, t: int, loss: Any, local_gn: torch.Tensor | None) -> None:
+        if self._stop is None:
+            return
+        self._stop.post(t, loss, local_gn)
+        if not self._stop.deferred:
+            self._raise_if_bad(self._stop.result(), loss)
+        else:
+            self._pending_loss = loss
+
+    def _raise_if_bad(self, verdict: tuple[int, tuple[int, ...]] | None, loss: Any) -> None:
+        if verdict is not None:
+            self._on_bad(verdict[0], verdict[1], loss)
