@@ -8,12 +8,14 @@ taken right before it. With a forensics sidecar, its per-module statistics are u
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 
+from .context import Context
 from .registry import Finding, rule
 
-_ELEMENTWISE = {
+_ELEMENTWISE: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "ReLU": lambda z: np.maximum(z, 0),
     "LeakyReLU": lambda z: np.where(z > 0, z, 0.01 * z),
     "Tanh": np.tanh,
@@ -25,17 +27,17 @@ _ELEMENTWISE = {
 }
 
 
-def forward_chain(ctx) -> list[tuple[str, str, np.ndarray]]:
+def forward_chain(ctx: Context) -> list[tuple[str, str, np.ndarray]]:
     """``(module, class, output)`` for the leading Linear/element-wise modules, in numpy."""
-    snaps = [s for s in ctx.snapshots if s["step"] in set(int(x) for x in ctx.batch_steps)]
+    snaps = [s for s in ctx.snapshots if s.step in set(int(x) for x in ctx.batch_steps)]
     if not snaps:
         return []
     snap = snaps[-1]
-    leaves = ctx.batch_leaves(snap["step"])
+    leaves = ctx.batch_leaves(snap.step)
     mods = ctx.leaf_modules
-    if not mods or mods[0][1] != "Linear":
+    if not mods or mods[0].cls != "Linear":
         return []
-    w = snap["weights"].get(f"{mods[0][0]}.weight")
+    w = snap.weights.get(f"{mods[0].name}.weight")
     if w is None or w.ndim != 2:
         return []
     x = next(
@@ -48,13 +50,14 @@ def forward_chain(ctx) -> list[tuple[str, str, np.ndarray]]:
     )
     if x is None:
         return []
-    out = []
-    for name, cls in mods:
+    out: list[tuple[str, str, np.ndarray]] = []
+    for m in mods:
+        name, cls = m.name, m.cls
         if cls == "Linear":
-            w = snap["weights"].get(f"{name}.weight")
+            w = snap.weights.get(f"{name}.weight")
             if w is None or w.ndim != 2 or w.shape[1] != x.shape[-1]:
                 break
-            b = snap["weights"].get(f"{name}.bias")
+            b = snap.weights.get(f"{name}.bias")
             x = x @ w.T + (b if b is not None else 0)
         elif cls in _ELEMENTWISE:
             with np.errstate(over="ignore", invalid="ignore"):
@@ -68,7 +71,7 @@ def forward_chain(ctx) -> list[tuple[str, str, np.ndarray]]:
 
 
 @rule("dead_relu")
-def dead_relu(ctx):
+def dead_relu(ctx: Context) -> Finding | None:
     """ReLU units that output zero for every sample of a batch (they get no gradient)."""
     layers = {}
     for name, cls, y in forward_chain(ctx):
@@ -105,7 +108,7 @@ def dead_relu(ctx):
 
 
 @rule("activations_saturated")
-def activations_saturated(ctx):
+def activations_saturated(ctx: Context) -> Finding | None:
     """Sigmoid/tanh units pinned at their limits, where the gradient is ~0."""
     layers = {}
     for name, cls, y in forward_chain(ctx):
@@ -128,11 +131,11 @@ def activations_saturated(ctx):
 
 
 @rule("softmax_before_cross_entropy")
-def softmax_before_cross_entropy(ctx):
+def softmax_before_cross_entropy(ctx: Context) -> Finding | None:
     """The model ends in Softmax while the labels are class indices (cross-entropy on probs)."""
     mods = ctx.leaf_modules
     c = ctx.n_classes
-    if not mods or mods[-1][1] != "Softmax" or c is None:
+    if not mods or mods[-1].cls != "Softmax" or c is None:
         return None
     floor = math.log(1 + (c - 1) / math.e)
     _, loss = ctx.loss
@@ -140,9 +143,9 @@ def softmax_before_cross_entropy(ctx):
     return Finding(
         "softmax_before_cross_entropy",
         "error",
-        f"the model's last layer is Softmax ({mods[-1][0]}) and the labels are class indices: "
+        f"the model's last layer is Softmax ({mods[-1].name}) and the labels are class indices: "
         "cross_entropy applies log-softmax again",
-        {"module": mods[-1][0], "classes": c, "loss_floor": floor, "lowest_loss": lowest},
+        {"module": mods[-1].name, "classes": c, "loss_floor": floor, "lowest_loss": lowest},
         f"F.cross_entropy / nn.CrossEntropyLoss expect raw logits. Fed probabilities, the loss "
         f"cannot go below ln(1 + (C-1)/e) = {floor:.3g} and its gradients are squashed. Remove "
         "the Softmax from the model (apply it only at inference), or end with LogSoftmax and "

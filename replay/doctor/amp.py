@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from .context import Context
 from .registry import Finding, rule
 
 
-def _scaler(ctx):
+def _scaler(ctx: Context) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """``(steps, scale, skipped)`` of a run with a GradScaler (a finite scale recorded), else
+    None; ``skipped`` is a bool mask."""
     h = ctx.health
     scale = h["scale"]
     if not np.isfinite(scale).any():
@@ -16,7 +19,7 @@ def _scaler(ctx):
 
 
 @rule("amp_steps_skipped")
-def amp_steps_skipped(ctx):
+def amp_steps_skipped(ctx: Context) -> Finding | None:
     """The GradScaler skipped some steps (inf/NaN in the scaled gradients): normal in moderation."""
     s = _scaler(ctx)
     if s is None:
@@ -45,7 +48,7 @@ def amp_steps_skipped(ctx):
 
 
 @rule("amp_scale_collapse")
-def amp_scale_collapse(ctx):
+def amp_scale_collapse(ctx: Context) -> Finding | None:
     """The loss scale shrinks to tiny values, or most steps are skipped."""
     s = _scaler(ctx)
     if s is None:

@@ -7,16 +7,31 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..store.contracts import ModuleMeta, ParamMeta
 from ..store.reader import DamagedSlot, Recording
 from ..store.tree import iter_leaves
 from .arrays import as_array, as_float
 
-__all__ = ["Context"]
+if TYPE_CHECKING:
+    from ..store.forensics import ForensicsReader
+
+__all__ = ["Context", "Snapshot", "per_step_ratio"]
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One kept snapshot as the rules see it: the floating weights by parameter name, as float64,
+    and the optimizer's state dict as recorded (untrusted: ``Context.optimizer_state`` reads it)."""
+
+    step: int
+    weights: dict[str, np.ndarray]
+    optimizer: Any
 
 
 class Context:
@@ -47,39 +62,42 @@ class Context:
 
     # -- meta ----------------------------------------------------------------------------------
 
-    @cached_property
-    def params(self) -> list[tuple[str, tuple[int, ...], str, bool]]:
-        """``(name, shape, dtype, requires_grad)`` per parameter, in ``named_parameters()`` order."""
-        return [(p.name, p.shape, p.dtype, p.requires_grad) for p in self.rec.run_meta.model.params]
+    @property
+    def params(self) -> tuple[ParamMeta, ...]:
+        """The parameters, in ``named_parameters()`` order."""
+        return self.rec.run_meta.model.params
+
+    @property
+    def modules(self) -> tuple[ModuleMeta, ...]:
+        """The modules, in ``named_modules()`` order (the order of a step's ``modes``)."""
+        return self.rec.run_meta.model.modules
 
     @cached_property
-    def modules(self) -> list[tuple[str, str]]:
-        return [(m.name, m.cls) for m in self.rec.run_meta.model.modules]
-
-    @cached_property
-    def leaf_modules(self) -> list[tuple[str, str]]:
+    def leaf_modules(self) -> list[ModuleMeta]:
         """Modules without children, in registration order (the execution order of a Sequential)."""
-        names = [n for n, _ in self.modules]
+        names = [m.name for m in self.modules]
         return [
-            (n, c) for n, c in self.modules if n and not any(o.startswith(n + ".") for o in names)
+            m for m in self.modules if m.name and not any(o.startswith(m.name + ".") for o in names)
         ]
 
     @cached_property
     def n_outputs(self) -> int | None:
         """out_features of the model's last Linear (the last 2-D weight), if any."""
-        for name, shape, _, _ in reversed(self.params):
-            if name.endswith("weight") and len(shape) == 2:
-                return shape[0]
+        for p in reversed(self.params):
+            if p.name.endswith("weight") and len(p.shape) == 2:
+                return p.shape[0]
         return None
 
     # -- batches -------------------------------------------------------------------------------
 
     def batch_leaves(self, step: int) -> list[tuple[str, np.ndarray]]:
+        """``(path, values)`` of the non-empty array leaves of step ``step``'s recorded batch
+        (bfloat16 as float32); none when the step's record is not kept or is damaged."""
         try:
             batch = self.rec.read_step(step)["batch"]
         except (KeyError, DamagedSlot):  # a damaged record counts as missing
             return []
-        out = []
+        out: list[tuple[str, np.ndarray]] = []
         for path, leaf in iter_leaves(batch):
             a = as_array(leaf)
             if a is not None and a.size:
@@ -112,30 +130,30 @@ class Context:
     # -- snapshots -----------------------------------------------------------------------------
 
     @cached_property
-    def snapshots(self) -> list[dict[str, Any]]:
-        """Kept snapshots, oldest first: ``{"step", "weights": {name: float64}, "optimizer"}``."""
-        out = []
-        names = {p[0] for p in self.params}
+    def snapshots(self) -> list[Snapshot]:
+        """Kept snapshots, oldest first (damaged ones skipped)."""
+        out: list[Snapshot] = []
+        names = {p.name for p in self.params}
         for s in self.rec.snapshot_steps():
             try:
                 snap = self.rec.read_snapshot(int(s))
             except (KeyError, DamagedSlot):
                 continue
-            weights = {}
+            weights: dict[str, np.ndarray] = {}
             for k, v in (snap.get("model") or {}).items():
                 a = as_float(v)
                 if k in names and a is not None:
                     weights[k] = a
-            out.append({"step": int(s), "weights": weights, "optimizer": snap.get("optimizer")})
+            out.append(Snapshot(int(s), weights, snap.get("optimizer")))
         return out
 
-    def optimizer_state(self, snap: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    def optimizer_state(self, snap: Snapshot) -> dict[str, Any]:
         """Optimizer state per parameter name (Adam's exp_avg_sq, SGD's momentum_buffer...).
 
         The state dict numbers parameters in param-group order; they map onto
         ``named_parameters()`` when the optimizer got all of them, or all trainable ones.
         """
-        opt = snap.get("optimizer") or {}
+        opt = snap.optimizer or {}
         groups = opt.get("param_groups", [])
         # A recording is untrusted input: a state dict of another shape (a custom optimizer's,
         # or a crafted one) means "no per-parameter state", never an exception.
@@ -146,8 +164,8 @@ class Context:
         ids = [i for g in groups for i in g.get("params", [])]
         if not all(isinstance(i, int) for i in ids):
             return {}
-        every = [p[0] for p in self.params]
-        trainable = [p[0] for p in self.params if p[3]]
+        every = [p.name for p in self.params]
+        trainable = [p.name for p in self.params if p.requires_grad]
         if len(ids) == len(every):
             names = every
         elif len(ids) == len(trainable):
@@ -181,7 +199,7 @@ class Context:
     def modes_at(self, steps: list[int]) -> dict[int, np.ndarray]:
         """``module.training`` per module (``modules`` order) at each of ``steps`` whose record
         is kept."""
-        out = {}
+        out: dict[int, np.ndarray] = {}
         for s in steps:
             try:
                 modes = self.rec.read_step(int(s)).get("modes")
@@ -195,7 +213,7 @@ class Context:
     # -- forensics (optional) ------------------------------------------------------------------
 
     @cached_property
-    def forensics(self) -> Any:
+    def forensics(self) -> ForensicsReader | None:
         """The sidecar's reader when ``RUN.forensics.h5`` exists and is readable, else None."""
         path = self.rec.forensics_path
         if not os.path.exists(path):

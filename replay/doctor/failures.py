@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from .context import Context
 from .registry import Finding, rule
 
 
 @rule("nonfinite_recorded")
-def nonfinite_recorded(ctx):
+def nonfinite_recorded(ctx: Context) -> Finding | None:
     """A NaN/Inf loss, gradient or weight was recorded (AMP-skipped steps excluded)."""
     step = ctx.rec.first_bad()["nonfinite"]
     if step is None:
@@ -26,7 +27,7 @@ def nonfinite_recorded(ctx):
 
 
 @rule("exception_recorded")
-def exception_recorded(ctx):
+def exception_recorded(ctx: Context) -> Finding | None:
     """A step raised an exception."""
     step = ctx.rec.first_bad()["exception"]
     if step is None:

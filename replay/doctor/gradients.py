@@ -5,11 +5,12 @@ from __future__ import annotations
 import numpy as np
 
 from .arrays import as_float
+from .context import Context
 from .registry import Finding, rule
 
 
 @rule("grad_norm_exploding")
-def grad_norm_exploding(ctx):
+def grad_norm_exploding(ctx: Context) -> Finding | None:
     """The gradient norm grows by orders of magnitude within a few steps."""
     steps, g = ctx.grad_norm
     if g.size < 6:
@@ -53,7 +54,7 @@ def grad_norm_exploding(ctx):
 
 
 @rule("grad_norm_vanishing")
-def grad_norm_vanishing(ctx):
+def grad_norm_vanishing(ctx: Context) -> Finding | None:
     """The global gradient norm is essentially zero while the loss is not."""
     steps, g = ctx.grad_norm
     _, loss = ctx.loss
@@ -74,7 +75,7 @@ def grad_norm_vanishing(ctx):
 
 
 @rule("grad_accumulating")
-def grad_accumulating(ctx):
+def grad_accumulating(ctx: Context) -> Finding | None:
     """The gradient norm grows steadily step after step: gradients are never zeroed."""
     steps, g = ctx.grad_norm
     if g.size < 15:
@@ -98,12 +99,12 @@ def grad_accumulating(ctx):
     )
 
 
-def _layer_grad_rms(ctx) -> dict[str, float]:
+def _layer_grad_rms(ctx: Context) -> dict[str, float]:
     """Per-parameter gradient RMS from Adam's second moment in the newest snapshot."""
     if not ctx.snapshots:
         return {}
     state = ctx.optimizer_state(ctx.snapshots[-1])
-    out = {}
+    out: dict[str, float] = {}
     for name, st in state.items():
         v = as_float(st.get("exp_avg_sq")) if isinstance(st, dict) else None
         if v is None:
@@ -113,7 +114,7 @@ def _layer_grad_rms(ctx) -> dict[str, float]:
 
 
 @rule("layer_grad_vanishing")
-def layer_grad_vanishing(ctx):
+def layer_grad_vanishing(ctx: Context) -> Finding | None:
     """Some layers get gradients orders of magnitude smaller than the largest (per layer)."""
     rms = {k: v for k, v in _layer_grad_rms(ctx).items() if k.endswith("weight")}
     source = "Adam's second moment (exp_avg_sq) in the newest snapshot"

@@ -2,13 +2,27 @@
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 import numpy as np
 
+from .context import Context
 from .registry import Finding, rule
 
 
+class _LeafScale(TypedDict):
+    """The evidence on one input leaf that is not normalised."""
+
+    why: list[str]
+    mean: float
+    std: float
+    min: float
+    max: float
+    feature_std_spread: float
+
+
 @rule("inputs_not_normalised")
-def inputs_not_normalised(ctx):
+def inputs_not_normalised(ctx: Context) -> Finding | None:
     """Float inputs have a mean or spread far from a standardised scale."""
     steps = ctx.batch_steps
     if not steps.size:
@@ -22,7 +36,7 @@ def inputs_not_normalised(ctx):
     # A carried state (an RNN's hidden state fed back as part of the batch) starts as zeros and
     # is the model's own output afterwards: it is not data, and its scale is the model's.
     carried = [p for p, arrs in stats.items() if len(arrs) > 1 and not arrs[0].any()]
-    bad = {}
+    bad: dict[str, _LeafScale] = {}
     for path, arrs in stats.items():
         if path in carried:
             continue

@@ -6,12 +6,13 @@ import math
 
 import numpy as np
 
+from .context import Context
 from .registry import Finding, rule
 
 MIN_STEPS = 12  # fewer points than this say nothing about a curve's shape
 
 
-def _thirds(ctx) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+def _thirds(ctx: Context) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
     steps, loss = ctx.loss
     if loss.size < MIN_STEPS:
         return None
@@ -20,7 +21,7 @@ def _thirds(ctx) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None
 
 
 @rule("initial_loss")
-def initial_loss(ctx):
+def initial_loss(ctx: Context) -> Finding | None:
     """The first loss of a classifier is far from ln(C), what a fresh model should give."""
     c = ctx.n_classes
     steps, loss = ctx.loss
@@ -54,7 +55,7 @@ def initial_loss(ctx):
 
 
 @rule("loss_rising")
-def loss_rising(ctx):
+def loss_rising(ctx: Context) -> Finding | None:
     """The loss ends much higher than it started."""
     t = _thirds(ctx)
     h = ctx.health
@@ -87,7 +88,7 @@ def loss_rising(ctx):
 
 
 @rule("loss_flat")
-def loss_flat(ctx):
+def loss_flat(ctx: Context) -> Finding | None:
     """The loss does not move."""
     t = _thirds(ctx)
     if t is None:
@@ -111,7 +112,7 @@ def loss_flat(ctx):
 
 
 @rule("loss_oscillating")
-def loss_oscillating(ctx):
+def loss_oscillating(ctx: Context) -> Finding | None:
     """The loss jumps up and down by a large fraction of its level from step to step."""
     steps, loss = ctx.loss
     if loss.size < MIN_STEPS:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .context import Context
 from .gradients import grad_norm_exploding
 from .loss import loss_flat, loss_oscillating, loss_rising
 from .registry import Finding, rule
@@ -9,7 +10,7 @@ from .updates import update_ratios
 
 
 @rule("learning_rate")
-def learning_rate(ctx):
+def learning_rate(ctx: Context) -> Finding | None:
     """The learning rate looks too high (diverging, oscillating) or too low (flat, tiny updates)."""
     lr = ctx.lr
     if lr is None:

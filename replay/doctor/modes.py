@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .context import Context
 from .registry import Finding, rule
 
 # Modules whose forward differs between train() and eval(): in eval mode Dropout does nothing
@@ -11,10 +12,10 @@ _MODE_SENSITIVE = ("Dropout", "BatchNorm", "InstanceNorm")
 
 
 @rule("model_in_eval_mode")
-def model_in_eval_mode(ctx):
+def model_in_eval_mode(ctx: Context) -> Finding | None:
     """The model trained in eval() mode: Dropout and BatchNorm behaved as at inference."""
     modules = ctx.modules
-    sensitive = [i for i, (_, cls) in enumerate(modules) if any(k in cls for k in _MODE_SENSITIVE)]
+    sensitive = [i for i, m in enumerate(modules) if any(k in m.cls for k in _MODE_SENSITIVE)]
     steps = ctx.batch_steps
     if not sensitive or not steps.size:
         return None
@@ -24,7 +25,7 @@ def model_in_eval_mode(ctx):
         return None
     if any(m[0] for m in modes.values()):  # the model itself was in train() at some step
         return None
-    frozen = [modules[i][0] for i in sensitive if not any(m[i] for m in modes.values())]
+    frozen = [modules[i].name for i in sensitive if not any(m[i] for m in modes.values())]
     if not frozen:
         return None
     return Finding(

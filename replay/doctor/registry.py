@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from .context import Context
 
 __all__ = ["Finding", "Rule", "RULES", "rule", "SEVERITIES"]
 
@@ -26,24 +29,30 @@ class Finding:
         return asdict(self)
 
 
+#: What a rule returns: one finding, several, or None when it has nothing to say.
+Check = Callable[["Context"], Iterable[Finding] | Finding | None]
+_C = TypeVar("_C", bound=Check)
+
+
 @dataclass(frozen=True)
 class Rule:
     name: str
     family: str
-    check: Callable[[Any], Iterable[Finding] | Finding | None]
+    check: Check
     doc: str
 
 
 RULES: dict[str, Rule] = {}
 
 
-def rule(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Register ``fn(ctx) -> Finding | list[Finding] | None`` as rule ``name``.
+def rule(name: str) -> Callable[[_C], _C]:
+    """Register ``fn(ctx) -> Finding | list[Finding] | None`` as rule ``name``; ``fn`` is
+    returned as it is (other rules may call it: ``lr`` asks ``loss_rising``).
 
     The rule's family is the module that defines it (``loss``, ``gradients``...).
     """
 
-    def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+    def register(fn: _C) -> _C:
         if name in RULES:
             raise ValueError(f"doctor rule {name!r} is registered twice")
         family = fn.__module__.rsplit(".", 1)[-1]

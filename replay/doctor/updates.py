@@ -8,18 +8,18 @@ import math
 import numpy as np
 
 from .arrays import as_float
-from .context import per_step_ratio
+from .context import Context, per_step_ratio
 from .registry import Finding, rule
 
 
-def update_ratios(ctx) -> dict[str, float]:
+def update_ratios(ctx: Context) -> dict[str, float]:
     """Per weight tensor: median over consecutive snapshot pairs of the per-step relative change."""
     snaps = ctx.snapshots
     out: dict[str, list[float]] = {}
     for a, b in zip(snaps, snaps[1:]):
-        gap = b["step"] - a["step"]
-        for name, w0 in a["weights"].items():
-            w1 = b["weights"].get(name)
+        gap = b.step - a.step
+        for name, w0 in a.weights.items():
+            w1 = b.weights.get(name)
             if w1 is None or w0.ndim < 2 or w1.shape != w0.shape:
                 continue
             if not (np.isfinite(w0).all() and np.isfinite(w1).all()):
@@ -31,7 +31,7 @@ def update_ratios(ctx) -> dict[str, float]:
 
 
 @rule("update_ratio")
-def update_ratio(ctx):
+def update_ratio(ctx: Context) -> Finding | None:
     """The update-to-weight ratio is far from ~1e-3 (from consecutive snapshots)."""
     ratios = {k: v for k, v in update_ratios(ctx).items() if v > 0}
     if not ratios:
@@ -49,7 +49,7 @@ def update_ratio(ctx):
             "median_ratio": med,
             "per_tensor": ratios,
             "lr": ctx.lr,
-            "snapshots": [s["step"] for s in ctx.snapshots],
+            "snapshots": [s.step for s in ctx.snapshots],
         },
         (
             "Updates this large rewrite the weights every few steps: lower the learning rate."
@@ -58,24 +58,24 @@ def update_ratio(ctx):
             "10x), or check that it is not decayed to ~0 and that the gradients are not tiny."
         )
         + " (Measured between snapshots, so it is a lower bound when steps point different ways.)",
-        [s["step"] for s in ctx.snapshots],
+        [s.step for s in ctx.snapshots],
     )
 
 
 @rule("params_frozen")
-def params_frozen(ctx):
+def params_frozen(ctx: Context) -> Finding | None:
     """Parameters have requires_grad=False."""
-    frozen = [(n, s) for n, s, _, rg in ctx.params if not rg]
+    frozen = [p for p in ctx.params if not p.requires_grad]
     if not frozen:
         return None
-    total = sum(math.prod(s) for _, s, _, _ in ctx.params) or 1
-    n = sum(math.prod(s) for _, s in frozen)
+    total = sum(p.numel for p in ctx.params) or 1
+    n = sum(p.numel for p in frozen)
     return Finding(
         "params_frozen",
         "warning",
         f"{len(frozen)} parameter tensors ({n:,} values, {n / total:.0%} of the model) have "
-        "requires_grad=False: " + ", ".join(name for name, _ in frozen[:6]),
-        {"frozen": [name for name, _ in frozen], "frozen_values": n, "total_values": total},
+        "requires_grad=False: " + ", ".join(p.name for p in frozen[:6]),
+        {"frozen": [p.name for p in frozen], "frozen_values": n, "total_values": total},
         "Frozen parameters never learn. If they are a pretrained backbone, that is intended; "
         "if they are freshly initialised, unfreeze them (requires_grad_(True)) or the model "
         "learns on top of random features.",
@@ -84,7 +84,7 @@ def params_frozen(ctx):
 
 
 @rule("optimizer_never_stepped")
-def optimizer_never_stepped(ctx):
+def optimizer_never_stepped(ctx: Context) -> Finding | None:
     """optimizer.step() never ran inside the step function."""
     h = ctx.health
     stepped = h["optimizer_stepped"][np.isfinite(h["optimizer_stepped"])]
@@ -103,17 +103,17 @@ def optimizer_never_stepped(ctx):
 
 
 @rule("params_never_updated")
-def params_never_updated(ctx):
+def params_never_updated(ctx: Context) -> Finding | None:
     """Trainable parameters are bit-identical in every snapshot."""
     snaps = ctx.snapshots
     if len(snaps) < 2:
         return None
-    trainable = [n for n, _, _, rg in ctx.params if rg]
+    trainable = [p.name for p in ctx.params if p.requires_grad]
     same = [
         n
         for n in trainable
-        if all(n in s["weights"] for s in snaps)
-        and all(np.array_equal(snaps[0]["weights"][n], s["weights"][n]) for s in snaps[1:])
+        if all(n in s.weights for s in snaps)
+        and all(np.array_equal(snaps[0].weights[n], s.weights[n]) for s in snaps[1:])
     ]
     if not same:
         return None
@@ -122,26 +122,26 @@ def params_never_updated(ctx):
         "params_never_updated",
         "error" if every else "warning",
         f"{len(same)} of {len(trainable)} trainable parameter tensors never changed between "
-        f"snapshots {snaps[0]['step']}..{snaps[-1]['step']}: " + ", ".join(same[:6]),
-        {"unchanged": same, "snapshots": [s["step"] for s in snaps]},
+        f"snapshots {snaps[0].step}..{snaps[-1].step}: " + ", ".join(same[:6]),
+        {"unchanged": same, "snapshots": [s.step for s in snaps]},
         "A trainable parameter that never changes gets no gradient (it is unused in forward, "
         "behind a .detach() or torch.no_grad(), or behind dead units) or is not in the "
         "optimizer (the optimizer was built before the layer was added or replaced).",
-        [s["step"] for s in snaps],
+        [s.step for s in snaps],
     )
 
 
 @rule("params_without_grad")
-def params_without_grad(ctx):
+def params_without_grad(ctx: Context) -> Finding | None:
     """Parameters in the optimizer have no gradient statistics (Adam state absent or zero)."""
     if not ctx.snapshots:
         return None
     snap = ctx.snapshots[-1]
-    if snap["step"] <= int(ctx.rec.config.get("start_step", 0)):
+    if snap.step <= int(ctx.rec.config.get("start_step", 0)):
         return None
     state = ctx.optimizer_state(snap)
-    rg = {n: r for n, _, _, r in ctx.params}
-    none = []
+    rg = {p.name: p.requires_grad for p in ctx.params}
+    none: list[str] = []
     for name, st in state.items():
         if not rg.get(name, True):
             continue
@@ -156,11 +156,11 @@ def params_without_grad(ctx):
     return Finding(
         "params_without_grad",
         "error",
-        f"{len(none)} parameter tensors have received no gradient by step {snap['step']}: "
+        f"{len(none)} parameter tensors have received no gradient by step {snap.step}: "
         + ", ".join(none[:6]),
-        {"without_grad": none, "snapshot": snap["step"]},
+        {"without_grad": none, "snapshot": snap.step},
         "Their gradient has been exactly zero or None at every step so far: the units feeding "
         "them are dead (ReLU outputs all 0), the tensor is unused in forward, or the graph is "
         "cut (.detach(), .item(), numpy round-trips, torch.no_grad()).",
-        [snap["step"]],
+        [snap.step],
     )

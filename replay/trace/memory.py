@@ -13,12 +13,44 @@ from __future__ import annotations
 
 import heapq
 import weakref
+from dataclasses import dataclass
+from typing import TypedDict
 
 import torch
 
-__all__ = ["MemoryTracker"]
+__all__ = ["MemoryTracker", "LargeStorage", "MemoryPicture"]
 
 N_LARGEST = 8
+
+
+class LargeStorage(TypedDict):
+    """One of the largest storages alive at the peak, as the sidecar lists it."""
+
+    shape: list[int]
+    dtype: str
+    bytes: int
+    op_index: int  # the op that first showed it
+    op: str
+
+
+class MemoryPicture(TypedDict):
+    """The sidecar's ``/memory``."""
+
+    peak_bytes: int
+    peak_op: int
+    largest: list[LargeStorage]
+
+
+@dataclass(slots=True)
+class _Storage:
+    """A storage being counted, described by the first tensor seen using it."""
+
+    nbytes: int
+    tensors: int  # tracked tensors alive that use it
+    shape: list[int]
+    dtype: str
+    op_index: int
+    op: str
 
 
 class MemoryTracker:
@@ -27,12 +59,11 @@ class MemoryTracker:
         self.live_bytes = 0
         self.peak_bytes = 0
         self.peak_op = -1
-        self.largest: list[dict] = []
+        self.largest: list[LargeStorage] = []
         self._peak_dirty = False
-        # storage key -> [bytes, n tracked tensors, shape, dtype, op index]
-        self._storages: dict[int, list] = {}
+        self._storages: dict[int, _Storage] = {}  # by storage key (its data pointer)
         self._tensors: set[int] = set()
-        self._finalizers: list[weakref.finalize] = []
+        self._finalizers: list[weakref.finalize[[int, int], torch.Tensor]] = []
 
     def see(self, t: torch.Tensor, op_index: int, op_name: str) -> None:
         """Count ``t``'s storage (once) until the last tensor using it dies."""
@@ -48,10 +79,12 @@ class MemoryTracker:
         self._tensors.add(tid)
         entry = self._storages.get(key)
         if entry is None:
-            self._storages[key] = [nbytes, 1, list(t.shape), str(t.dtype)[6:], op_index, op_name]
+            self._storages[key] = _Storage(
+                nbytes, 1, list(t.shape), str(t.dtype)[6:], op_index, op_name
+            )
             self.live_bytes += nbytes
         else:
-            entry[1] += 1
+            entry.tensors += 1
         self._finalizers.append(weakref.finalize(t, self._release, tid, key))
 
     def _release(self, tid: int, key: int) -> None:
@@ -59,18 +92,24 @@ class MemoryTracker:
         entry = self._storages.get(key)
         if entry is None:
             return
-        entry[1] -= 1
-        if entry[1] <= 0:
+        entry.tensors -= 1
+        if entry.tensors <= 0:
             if self._peak_dirty:
                 self._snapshot()
             del self._storages[key]
-            self.live_bytes -= entry[0]
+            self.live_bytes -= entry.nbytes
 
     def _snapshot(self) -> None:
         self._peak_dirty = False
-        top = heapq.nlargest(N_LARGEST, self._storages.values(), key=lambda e: e[0])
+        top = heapq.nlargest(N_LARGEST, self._storages.values(), key=lambda e: e.nbytes)
         self.largest = [
-            {"shape": e[2], "dtype": e[3], "bytes": int(e[0]), "op_index": int(e[4]), "op": e[5]}
+            {
+                "shape": e.shape,
+                "dtype": e.dtype,
+                "bytes": int(e.nbytes),
+                "op_index": int(e.op_index),
+                "op": e.op,
+            }
             for e in top
         ]
 
@@ -82,6 +121,10 @@ class MemoryTracker:
             self.peak_op = op_index
             self._peak_dirty = True
         return now
+
+    def picture(self) -> MemoryPicture:
+        """What the sidecar's ``/memory`` holds."""
+        return {"peak_bytes": self.peak_bytes, "peak_op": self.peak_op, "largest": self.largest}
 
     def finish(self) -> None:
         if self._peak_dirty:

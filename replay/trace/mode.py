@@ -24,28 +24,58 @@ import math
 import sys
 import time
 import weakref
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any, NamedTuple, TypedDict
 
 import numpy as np
 import torch
+from torch._ops import OpOverload
+from torch.autograd.graph import Node
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
+from torch.utils.hooks import RemovableHandle
 
 from replay.store.contracts import OpStatus, Phase
 from replay.trace.memory import MemoryTracker
 from replay.trace.origins import Origins
 from replay.trace.source import Interner, Locations
-from replay.trace.stats import N_BINS, NAN_ROW, finite_kind, kind_of_row, tensor_stats
+from replay.trace.stats import N_BINS, NO_STATS, Stats, finite_kind, kind_of_row, tensor_stats
 
-__all__ = ["Tracer", "FORWARD", "BACKWARD", "OPTIMIZER", "OTHER", "TAG"]
+__all__ = [
+    "Tracer",
+    "OpSite",
+    "NonFinite",
+    "RaisedOp",
+    "Activation",
+    "TensorInfo",
+    "InputInfo",
+    "Tag",
+    "FORWARD",
+    "BACKWARD",
+    "OPTIMIZER",
+    "OTHER",
+    "TAG",
+]
 
-# The phase column holds the codes of store.contracts.Phase (the forensics file's encoding).
+# The phase column holds the codes of store.contracts.Phase (the forensics file's encoding), the
+# status column those of OpStatus.
 FORWARD, BACKWARD, OPTIMIZER, OTHER = (p.code for p in Phase)
-TAG = "replay.trace"  # key of our tag in grad_fn.metadata: (module, location, stack, function)
+_FINITE, _PRODUCER, _PROPAGATOR, _RAISED, _EXEMPT = (s.code for s in OpStatus)
+TAG = "replay.trace"  # key of our Tag in grad_fn.metadata
+#: What ``Tracer.tag`` stores under ``TAG`` in an autograd node's metadata: the forward op's
+#: ``(module, location, stack, function)``; function: a custom ``autograd.Function``'s name.
+Tag = tuple[int, int, int, str | None]
 MAX_DETAILED = 64  # non-finite ops whose inputs get full statistics
 SINGLE_THREAD_NUMEL = 1 << 20
 _NO_HIST = np.zeros(N_BINS, dtype=np.float32)
+# ``on_op`` is called by ``_DispatchMode.__torch_dispatch__``, which the code running the op
+# called: in ``on_op``, ``sys._getframe(_OP_CALLER)`` is that code's frame, where the op ran.
+# Only ``on_op`` reads it, and only when it needs it (a frame object is made on demand).
+_OP_CALLER = 2
+_ShapeKey = tuple[tuple[torch.dtype, torch.Size, torch.device], ...]
 
 
 @dataclass
@@ -56,6 +86,47 @@ class _OpInfo:
     mutated_kw: tuple[str, ...]
 
 
+@dataclass(slots=True)
+class OpSite:
+    """Where and when one op ran, decided before it runs: one value per op, handed to what
+    records it. ``module``, ``location``, ``stack`` and ``node`` index the string tables (-1:
+    none); a backward op's location and stack are those of the forward op that made its node.
+    """
+
+    index: int  # the op's row in the table
+    op: _OpInfo
+    phase: int  # a Phase code
+    module: int
+    location: int
+    stack: int
+    node: int  # the autograd node running it (backward ops), else -1
+
+
+class TensorInfo(TypedDict):
+    """A tensor named in the verdict: ``{"shape", "dtype" (float32), "device"}``."""
+
+    shape: list[int]
+    dtype: str
+    device: str
+
+
+class InputInfo(TensorInfo, total=False):
+    """A failing op's input, with its statistics (``STATS_COLUMNS``) unless it is too large."""
+
+    stats: dict[str, float]
+
+
+class Activation(NamedTuple):
+    """A module's output in the traced step (its first floating tensor): the ``act_*`` columns
+    of the module table."""
+
+    mean: float
+    std: float
+    absmax: float
+    zero_frac: float
+    nonfinite: float  # NaN, +inf and -inf values
+
+
 @dataclass
 class NonFinite:
     """What the tracer knows about an op whose output was not finite."""
@@ -64,9 +135,23 @@ class NonFinite:
     klass: str
     origins: frozenset[int]
     out_kind: str
-    inputs: list[dict] = field(default_factory=list)
-    output: dict = field(default_factory=dict)
+    output: TensorInfo  # its first floating output
+    # Filled for the first MAX_DETAILED of them, and for every producer (``detailed``): the
+    # inputs with their statistics, and the location of the code that ran the op.
+    inputs: list[InputInfo] = field(default_factory=list)
     executed_at: int = -1
+    detailed: bool = False
+
+
+@dataclass
+class RaisedOp:
+    """An op that raised: its row, the exception (set to None once the verdict is built: its
+    traceback holds the step's frames), its inputs and the location of the code that ran it."""
+
+    index: int
+    exc: BaseException | None
+    inputs: list[InputInfo]
+    executed_at: int
 
 
 def _tensors(x: object) -> list[torch.Tensor]:
@@ -89,12 +174,28 @@ def _describe(t: torch.Tensor) -> str:
     return f"{str(t.dtype)[6:]}[{','.join(map(str, t.shape))}]@{t.device}"
 
 
-class _DispatchMode(TorchDispatchMode):
+def _metadata(node: Node) -> dict[str, Any]:
+    """An autograd node's metadata dict, free for any tool to write to (torch's stubs declare
+    the property a method)."""
+    return node.metadata  # type: ignore[return-value]  # torch stubs
+
+
+def _tensor_info(t: torch.Tensor) -> TensorInfo:
+    return {"shape": list(t.shape), "dtype": str(t.dtype)[6:], "device": str(t.device)}
+
+
+class _DispatchMode(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch: untyped __init_subclass__
     def __init__(self, tracer: Tracer) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]  # torch stubs
         self.tracer = tracer
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    def __torch_dispatch__(
+        self,
+        func: OpOverload[..., object],
+        types: Collection[type],
+        args: tuple[object, ...] = (),
+        kwargs: dict[str, object] | None = None,
+    ) -> object:
         kwargs = kwargs or {}
         if self.tracer.off or func.namespace == "profiler":  # record_function markers
             return func(*args, **kwargs)
@@ -106,7 +207,13 @@ class _FunctionMode(TorchFunctionMode):
         super().__init__()
         self.tracer = tracer
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
+    def __torch_function__(
+        self,
+        func: Callable[..., object],
+        types: Collection[type],
+        args: Sequence[object] = (),
+        kwargs: dict[str, object] | None = None,
+    ) -> object:
         kwargs = kwargs or {}
         tr = self.tracer
         if tr.off or tr.fn_frame is not None:
@@ -132,16 +239,17 @@ class Tracer:
     def __init__(
         self,
         model: torch.nn.Module,
-        optimizer,
-        batch_keys: set,
-        present_keys: set,
+        optimizer: torch.optim.Optimizer | None,
+        batch_keys: set[int],
+        present_keys: set[int],
         cuda: bool = False,
-        mask_keys: set | None = None,
+        mask_keys: set[int] | None = None,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
         self.off = False
-        self.fn_frame = None
+        # the torch function running (set by _FunctionMode) and its (location, stack), once known
+        self.fn_frame: FrameType | None = None
         self.fn_site: tuple[int, int] | None = None
         self.locs = Locations()
         self.op_names = Interner()
@@ -166,22 +274,24 @@ class Tracer:
             "mem_bytes",
             "time_ns",
         )
-        self.cols: dict[str, list] = {c: [] for c in cols}
-        self.stats: list[tuple] = []
+        self.cols: dict[str, list[int]] = {c: [] for c in cols}
+        self.stats: list[Stats] = []
         self.hist: list[np.ndarray] = []
         self.nonfinite: dict[int, NonFinite] = {}
-        self.raised: list[tuple[int, BaseException, list[dict], int]] = []
-        self.module_acts: dict[int, tuple] = {}  # module index -> activation row
+        self.raised: list[RaisedOp] = []
+        self.module_acts: dict[int, Activation] = {}  # module index -> its output
         self.in_optimizer = False
         self.after_backward = False
-        self.on_optimizer_pre = None  # callback, set by the caller
+        self.on_optimizer_pre: Callable[[], None] | None = None  # set by the caller
         self._module_stack: list[int] = []
-        self._module_names: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        self._opinfo: dict = {}
-        self._shape_key: dict[tuple, int] = {}
-        self._handles: list = []
-        self._modes: list = []
-        self._apply = None
+        self._module_names: weakref.WeakKeyDictionary[torch.nn.Module, int] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._opinfo: dict[OpOverload[..., object], _OpInfo] = {}
+        self._shape_key: dict[_ShapeKey, int] = {}
+        self._handles: list[RemovableHandle] = []
+        self._modes: list[_FunctionMode | _DispatchMode] = []
+        self._apply: object = None  # Function.apply as it was, while it is patched
 
     # ---------------------------------------------------------------- setup and teardown
     def __enter__(self) -> Tracer:
@@ -195,30 +305,31 @@ class Tracer:
         self._patch_function_apply()
         self._modes = [_FunctionMode(self), _DispatchMode(self)]
         for m in self._modes:
-            m.__enter__()
+            m.__enter__()  # type: ignore[no-untyped-call]  # torch stubs
         return self
 
     def __exit__(self, *exc: object) -> None:
         for m in reversed(self._modes):
-            m.__exit__(None, None, None)
+            m.__exit__(None, None, None)  # type: ignore[no-untyped-call]  # torch stubs
         self._modes = []
         for h in self._handles:
             h.remove()
         self._handles = []
-        fn = torch.autograd.function.Function
         if self._apply is not None:
-            fn.apply = self._apply
+            # restored with setattr, as it was patched: an assignment reads to mypy as
+            # overriding a method
+            setattr(torch.autograd.function.Function, "apply", self._apply)  # noqa: B010
             self._apply = None
         self.memory.finish()
         self.memory.close()
 
     def _patch_function_apply(self) -> None:
         fn = torch.autograd.function.Function
-        original = fn.__dict__["apply"]
+        original: classmethod[Any, ..., Any] = fn.__dict__["apply"]
         self._apply = original
         tracer = self
 
-        def apply(cls, *args, **kwargs):
+        def apply(cls: type[torch.autograd.Function], /, *args: object, **kwargs: object) -> object:
             out = original.__func__(cls, *args, **kwargs)
             if tracer.off:
                 return out
@@ -232,14 +343,14 @@ class Tracer:
                 tracer.off = False
             return out
 
-        fn.apply = classmethod(apply)
+        setattr(fn, "apply", classmethod(apply))  # noqa: B010  (see __exit__)
 
     # ---------------------------------------------------------------- hooks
-    def _pre_forward(self, mod, args):
+    def _pre_forward(self, mod: torch.nn.Module, args: tuple[object, ...]) -> None:
         self._module_stack.append(self._module_names.get(mod, -1))
         self.after_backward = False
 
-    def _post_forward(self, mod, args, out):
+    def _post_forward(self, mod: torch.nn.Module, args: tuple[object, ...], out: object) -> None:
         if self._module_stack:
             self._module_stack.pop()
         if self.off:
@@ -250,19 +361,17 @@ class Tracer:
             try:
                 with torch.no_grad():
                     row, _ = tensor_stats(ts[0], hist=False)
-                n = max(row[9], 1.0)
-                bad = row[5] + row[6] + row[7]
-                self.module_acts[self._module_names.get(mod, -1)] = (
-                    row[2],
-                    row[3],
-                    row[4],
-                    row[8] / n,
-                    bad,
+                n = max(row.numel, 1.0)
+                bad = row.nan + row.posinf + row.neginf
+                self.module_acts[self._module_names.get(mod, -1)] = Activation(
+                    row.mean, row.std, row.absmax, row.zeros / n, bad
                 )
             finally:
                 self.off = False
 
-    def _pre_step(self, opt, args, kwargs):
+    def _pre_step(
+        self, opt: torch.optim.Optimizer, args: tuple[object, ...], kwargs: dict[str, object]
+    ) -> None:
         if self.on_optimizer_pre is not None and not self.in_optimizer:
             self.off = True
             try:
@@ -271,45 +380,51 @@ class Tracer:
                 self.off = False
         self.in_optimizer = True
 
-    def _post_step(self, opt, args, kwargs):
+    def _post_step(
+        self, opt: torch.optim.Optimizer, args: tuple[object, ...], kwargs: dict[str, object]
+    ) -> None:
         self.in_optimizer = False
 
     # ---------------------------------------------------------------- attribution
-    def _site(self) -> tuple[int, int]:
-        if self.fn_frame is not None:
-            if self.fn_site is None:
-                self.fn_site = self.locs.here(self.fn_frame)
-            return self.fn_site
-        return self.locs.here(sys._getframe(3))
+    def _fn_site(self) -> tuple[int, int]:
+        """``(location, stack)`` of the torch function running (``fn_frame``), found once per
+        call: the ops it runs and the nodes it makes share it."""
+        if self.fn_site is None:
+            self.fn_site = self.locs.here(self.fn_frame)
+        return self.fn_site
 
-    def tag(self, node, frame, function: str | None = None) -> None:
+    def tag(self, node: Node, frame: FrameType | None, function: str | None = None) -> None:
         """Tag ``node`` (and untagged nodes it leads to, e.g. a weight's ``t()``) with the
-        current module and the forward site."""
-        if TAG in node.metadata:
+        current module and the forward site: ``frame``'s, or (None) the torch function's."""
+        if TAG in _metadata(node):
             return
-        loc, stack = self.locs.here(frame) if frame is not None else self._site()
+        loc, stack = self.locs.here(frame) if frame is not None else self._fn_site()
         mod = self._module_stack[-1] if self._module_stack else -1
-        value = (mod, loc, stack, function)
+        value: Tag = (mod, loc, stack, function)
         todo = [node]
         while todo:
             n = todo.pop()
-            md = n.metadata
+            md = _metadata(n)
             if TAG in md:
                 continue
             md[TAG] = value
             for nxt, _ in n.next_functions:
-                if nxt is not None and TAG not in nxt.metadata and nxt.next_functions:
+                if nxt is not None and TAG not in _metadata(nxt) and nxt.next_functions:
                     todo.append(nxt)
 
-    def _opinfo_of(self, func) -> _OpInfo:
+    def _opinfo_of(self, func: OpOverload[..., object]) -> _OpInfo:
         info = self._opinfo.get(func)
         if info is None:
             schema = func._schema
             name = schema.name if "::" in schema.name else f"aten::{schema.name}"
-            pos, kw = [], []
+            pos: list[int] = []
+            kw: list[str] = []
             for i, a in enumerate(schema.arguments):
                 if a.alias_info is not None and a.alias_info.is_write:
-                    (kw if a.kwarg_only else pos).append(i if not a.kwarg_only else a.name)
+                    if a.kwarg_only:
+                        kw.append(a.name)
+                    else:
+                        pos.append(i)
             info = self._opinfo[func] = _OpInfo(name, self.op_names(name), tuple(pos), tuple(kw))
         return info
 
@@ -321,16 +436,20 @@ class Tracer:
         return i
 
     # ---------------------------------------------------------------- the op
-    def on_op(self, func, args, kwargs):
+    def on_op(
+        self, func: OpOverload[..., object], args: tuple[object, ...], kwargs: dict[str, object]
+    ) -> object:
         index = len(self.stats)
         info = self._opinfo_of(func)
-        node = torch._C._current_autograd_node()
-        tag = node.metadata.get(TAG) if node is not None else None
+        node: Node | None = torch._C._current_autograd_node()  # None outside backward
         if node is not None:
-            phase = BACKWARD
             self.after_backward = True
-            mod, loc, stack = tag[:3] if tag is not None else (-1, -1, -1)
-            node_idx = self.nodes(node.name())
+            tag: Tag | None = _metadata(node).get(TAG)
+            if tag is not None:
+                mod, loc, stack, _ = tag
+            else:
+                mod = loc = stack = -1
+            site = OpSite(index, info, BACKWARD, mod, loc, stack, self.nodes(node.name()))
         else:
             # Inside optimizer.step with grad mode on is a closure's forward (Lightning runs the
             # last micro-batch's training_step in optimizer.step(closure)); the update itself
@@ -338,9 +457,13 @@ class Tracer:
             in_opt = self.in_optimizer and not self._module_stack and not torch.is_grad_enabled()
             phase = OPTIMIZER if in_opt else OTHER if self.after_backward else FORWARD
             mod = self._module_stack[-1] if self._module_stack else -1
-            loc, stack = self._site()
-            node_idx = -1
-        ins = _tensors((args, kwargs))
+            if self.fn_frame is not None:
+                loc, stack = self._fn_site()
+            else:
+                loc, stack = self.locs.here(sys._getframe(_OP_CALLER))
+            site = OpSite(index, info, phase, mod, loc, stack, -1)
+        call = (args, kwargs)
+        ins = _tensors(call)
         mutated = [args[i] for i in info.mutated if i < len(args)]
         mutated += [kwargs[k] for k in info.mutated_kw if k in kwargs]
         pre_bad = (
@@ -354,7 +477,7 @@ class Tracer:
         except Exception as e:
             self.off = True
             try:
-                self._record_raise(index, info, e, ins, phase, mod, loc, stack, node_idx)
+                self._record_raise(site, e, ins, sys._getframe(_OP_CALLER))
             finally:
                 self.off = False
             raise
@@ -362,76 +485,55 @@ class Tracer:
         self.off = True
         try:
             outs = _tensors(out) or [t for t in mutated if isinstance(t, torch.Tensor)]
-            self._record(
-                index,
-                info,
-                (args, kwargs),
-                ins,
-                outs,
-                mutated,
-                pre_bad,
-                phase,
-                mod,
-                loc,
-                stack,
-                node_idx,
-                elapsed,
-            )
+            detailed = self._record(site, call, ins, outs, mutated, pre_bad, elapsed)
+            if detailed is not None:  # a non-finite op described in full: where it ran, too
+                detailed.executed_at = self.locs.here(sys._getframe(_OP_CALLER))[0]
         finally:
             self.off = False
         return out
 
     def _append(
         self,
-        index,
-        info,
-        phase,
-        mod,
-        loc,
-        stack,
-        node_idx,
-        status,
-        ins_idx,
-        outs_idx,
-        row,
-        hist,
-        elapsed,
+        site: OpSite,
+        status: int,
+        inputs: int,
+        outputs: int,
+        row: Stats,
+        hist: np.ndarray,
+        elapsed: int,
     ) -> None:
+        """One row of the op table: ``inputs``/``outputs`` index the shapes table (-1: none)."""
         c = self.cols
-        c["phase"].append(phase)
-        c["name"].append(info.index)
-        c["module"].append(mod)
-        c["source"].append(loc)
-        c["stack"].append(stack)
-        c["node"].append(node_idx)
+        c["phase"].append(site.phase)
+        c["name"].append(site.op.index)
+        c["module"].append(site.module)
+        c["source"].append(site.location)
+        c["stack"].append(site.stack)
+        c["node"].append(site.node)
         c["status"].append(status)
-        c["inputs"].append(ins_idx)
-        c["outputs"].append(outs_idx)
+        c["inputs"].append(inputs)
+        c["outputs"].append(outputs)
         c["time_ns"].append(elapsed)
         self.stats.append(row)
         self.hist.append(hist)
-        c["mem_bytes"].append(self.memory.after_op(index))
+        c["mem_bytes"].append(self.memory.after_op(site.index))
 
     def _record(
         self,
-        index,
-        info,
-        call,
-        ins,
-        outs,
-        mutated,
-        pre_bad,
-        phase,
-        mod,
-        loc,
-        stack,
-        node_idx,
-        elapsed,
-    ) -> None:
+        site: OpSite,
+        call: tuple[tuple[object, ...], dict[str, object]],
+        ins: list[torch.Tensor],
+        outs: list[torch.Tensor],
+        mutated: list[object],
+        pre_bad: dict[int, bool],
+        elapsed: int,
+    ) -> NonFinite | None:
+        """Measure the op's outputs and append its row; the op's ``NonFinite`` when it is to be
+        described in full (``on_op`` adds where it ran), else None."""
         for t in ins:
-            self.memory.see(t, index, info.name)
+            self.memory.see(t, site.index, site.op.name)
         for t in outs:
-            self.memory.see(t, index, info.name)
+            self.memory.see(t, site.index, site.op.name)
         floats = [t for t in outs if t.is_floating_point()]
         main = floats[0] if floats else (outs[0] if outs else None)
         # Small reductions are latency-bound: an OpenMP fork/join per reduction costs more
@@ -444,40 +546,44 @@ class Tracer:
             if main is not None:
                 row, hist = tensor_stats(main)
             else:
-                row, hist = (*NAN_ROW, 0.0), _NO_HIST
+                row, hist = NO_STATS, _NO_HIST
             kinds = [kind_of_row(row)] if floats else []
             kinds += [finite_kind(t) for t in floats[1:]]
         finally:
             if single:
                 torch.set_num_threads(threads)
-        status = OpStatus.FINITE.code
+        status = _FINITE
+        nf = None
         if any(k != "finite" for k in kinds):
-            out_kind = "nan" if "nan" in kinds else "inf" if "inf" in kinds else "neginf"
-            status = self._nonfinite(
-                index, info, call, ins, mutated, pre_bad, floats, kinds, out_kind
+            nf = self._nonfinite(site, call, ins, mutated, pre_bad, floats, kinds)
+            status = (
+                _EXEMPT
+                if nf.role == "exempt"
+                else _PRODUCER
+                if nf.role == "producer"
+                else _PROPAGATOR
             )
         elif self.origins.by_storage:
             for t in floats:
                 self.origins.set_output(t, None)
-        self._append(
-            index,
-            info,
-            phase,
-            mod,
-            loc,
-            stack,
-            node_idx,
-            status,
-            self._shapes(ins),
-            self._shapes(outs),
-            row,
-            hist,
-            elapsed,
-        )
+        self._append(site, status, self._shapes(ins), self._shapes(outs), row, hist, elapsed)
+        return nf if nf is not None and nf.detailed else None
 
-    def _nonfinite(self, index, info, call, ins, mutated, pre_bad, floats, kinds, out_kind) -> int:
+    def _nonfinite(
+        self,
+        site: OpSite,
+        call: tuple[tuple[object, ...], dict[str, object]],
+        ins: list[torch.Tensor],
+        mutated: list[object],
+        pre_bad: dict[int, bool],
+        floats: list[torch.Tensor],
+        kinds: list[str],
+    ) -> NonFinite:
+        """Classify an op whose floating outputs ``floats`` (of ``kinds``) are not all finite,
+        and record the origins its outputs carry (``origins.py``)."""
+        out_kind = "nan" if "nan" in kinds else "inf" if "inf" in kinds else "neginf"
         mutated_ids = {id(t) for t in mutated}
-        checked = []
+        checked: list[tuple[torch.Tensor, str]] = []
         for t in ins:
             if not t.is_floating_point():
                 continue
@@ -487,68 +593,28 @@ class Tracer:
                 k = finite_kind(t)
             checked.append((t, k))
         role, klass, origins = self.origins.classify(
-            index, info.name, checked, out_kind, _arg_kind(call)
+            site.index, site.op.name, checked, out_kind, _arg_kind(call)
         )
         for t, k in zip(floats, kinds):
             self.origins.set_output(t, origins if k != "finite" else None)
-        nf = NonFinite(role, klass, origins, out_kind)
-        main = floats[0]
-        nf.output = {
-            "shape": list(main.shape),
-            "dtype": str(main.dtype)[6:],
-            "device": str(main.device),
-        }
+        nf = NonFinite(role, klass, origins, out_kind, _tensor_info(floats[0]))
         if len(self.nonfinite) < MAX_DETAILED or role == "producer":
             nf.inputs = [self._input_info(t) for t in ins]
-            nf.executed_at = self.locs.here(sys._getframe(4))[0]
-        self.nonfinite[index] = nf
-        return (
-            OpStatus.EXEMPT
-            if role == "exempt"
-            else OpStatus.PRODUCER
-            if role == "producer"
-            else OpStatus.PROPAGATOR
-        ).code
+            nf.detailed = True
+        self.nonfinite[site.index] = nf
+        return nf
 
-    def _input_info(self, t: torch.Tensor) -> dict:
-        d = {"shape": list(t.shape), "dtype": str(t.dtype)[6:], "device": str(t.device)}
+    def _input_info(self, t: torch.Tensor) -> InputInfo:
+        d: InputInfo = {"shape": list(t.shape), "dtype": str(t.dtype)[6:], "device": str(t.device)}
         if t.numel() <= 1 << 24:
             row, _ = tensor_stats(t, hist=False)
-            d["stats"] = dict(
-                zip(
-                    (
-                        "min",
-                        "max",
-                        "mean",
-                        "std",
-                        "absmax",
-                        "nan",
-                        "posinf",
-                        "neginf",
-                        "zeros",
-                        "numel",
-                    ),
-                    row,
-                )
-            )
+            d["stats"] = row._asdict()
         return d
 
-    def _record_raise(self, index, info, exc, ins, phase, mod, loc, stack, node_idx) -> None:
+    def _record_raise(
+        self, site: OpSite, exc: BaseException, ins: list[torch.Tensor], caller: FrameType
+    ) -> None:
+        """The row of an op that raised (``caller``: the frame of the code that ran it)."""
         inputs = [self._input_info(t) for t in ins]
-        executed = self.locs.here(sys._getframe(3))[0]
-        self.raised.append((index, exc, inputs, executed))
-        self._append(
-            index,
-            info,
-            phase,
-            mod,
-            loc,
-            stack,
-            node_idx,
-            3,
-            self._shapes(ins),
-            -1,
-            (*NAN_ROW, 0.0),
-            _NO_HIST,
-            0,
-        )
+        self.raised.append(RaisedOp(site.index, exc, inputs, self.locs.here(caller)[0]))
+        self._append(site, _RAISED, self._shapes(ins), -1, NO_STATS, _NO_HIST, 0)

@@ -4,15 +4,19 @@ per sample, and the tensors present before the step (for the origins of non-fini
 from __future__ import annotations
 
 import math
+from typing import NamedTuple, TypedDict
 
 import numpy as np
 import torch
-from torch.utils._pytree import tree_flatten_with_path
+from torch.utils._pytree import KeyPath, tree_flatten_with_path
 
 from replay.trace.origins import storage_key
 
 __all__ = [
     "ParamPicture",
+    "BatchPicture",
+    "BatchLeaf",
+    "BatchNonFinite",
     "batch_leaves",
     "batch_picture",
     "batch_nonfinite",
@@ -24,7 +28,60 @@ NAN = float("nan")
 N_POSITIONS = 8  # positions listed per non-finite batch tensor
 
 
-def _path_str(path) -> str:
+class BatchNonFinite(TypedDict):
+    """A floating tensor of the batch holding NaN/Inf (the verdict's ``data.tensors``)."""
+
+    name: str  # batch[0], batch['x']
+    path: str  # as batch_leaves says
+    shape: list[int]
+    dtype: str
+    nan: int
+    posinf: int
+    neginf: int
+    count: int
+    positions: list[list[int]]  # the first N_POSITIONS, as index lists
+
+
+class PerSample(TypedDict):
+    mean: list[float]
+    absmax: list[float]
+    nonfinite: list[int]
+
+
+class _Leaf(TypedDict):
+    path: str
+    shape: list[int]
+    dtype: str
+
+
+class BatchLeaf(_Leaf, total=False):
+    """A tensor leaf of the batch; ``per_sample`` when its dim 0 is the batch size."""
+
+    per_sample: PerSample
+
+
+class BatchPicture(TypedDict):
+    """The sidecar's ``/batch``: ``culprits`` are the culprit samples once they are known
+    (``TraceResult.set_samples``)."""
+
+    batch_size: int | None
+    leaves: list[BatchLeaf]
+    culprits: list[int] | list[list[int]]
+
+
+class _GradStats(NamedTuple):
+    """A parameter's gradient when the optimizer started (or at the end of the step)."""
+
+    has_grad: bool
+    norm: float  # of its finite part; NaN when nothing is finite
+    nan: float
+    inf: float
+
+
+_NO_GRAD = _GradStats(False, NAN, NAN, NAN)
+
+
+def _path_str(path: KeyPath) -> str:
     parts = []
     for k in path:
         for attr in ("key", "idx", "name"):
@@ -36,19 +93,19 @@ def _path_str(path) -> str:
     return ".".join(parts)
 
 
-def batch_leaves(batch) -> list[tuple[str, torch.Tensor]]:
+def batch_leaves(batch: object) -> list[tuple[str, torch.Tensor]]:
     """``(path, tensor)`` for every tensor leaf of a nested batch; paths like ``x`` or ``0``."""
     leaves, _ = tree_flatten_with_path(batch)
     return [(_path_str(p) or "batch", t) for p, t in leaves if isinstance(t, torch.Tensor)]
 
 
-def batch_nonfinite(batch) -> list[dict]:
+def batch_nonfinite(batch: object) -> list[BatchNonFinite]:
     """Every floating tensor of the batch that holds NaN/Inf: where it sits in the batch
     (``name``: ``batch[0]``, ``batch['x']``; ``path``: as ``batch_leaves`` says), its shape, how
     many NaN, +inf and -inf it holds, and the first ``N_POSITIONS`` positions (index lists)."""
     from torch.utils._pytree import keystr
 
-    out = []
+    out: list[BatchNonFinite] = []
     leaves, _ = tree_flatten_with_path(batch)
     with torch.no_grad():
         for p, t in leaves:
@@ -89,7 +146,7 @@ def mask_buffer_keys(model: torch.nn.Module) -> set[int]:
     return keys
 
 
-def present_keys(model: torch.nn.Module, optimizer) -> set[int]:
+def present_keys(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> set[int]:
     """Storages of parameters, gradients, buffers and optimizer state before the step."""
     keys: set[int] = set()
     ts = list(model.parameters()) + list(model.buffers())
@@ -104,13 +161,17 @@ def present_keys(model: torch.nn.Module, optimizer) -> set[int]:
     return keys
 
 
-def batch_picture(batch, batch_size: int | None) -> dict:
+def batch_picture(
+    batch: object, batch_size: int | None
+) -> tuple[BatchPicture, dict[str, list[int]]]:
     """Per-sample mean, absmax and non-finite count of every tensor leaf whose dim 0 is the
-    batch size, and which samples hold NaN/Inf (``nonfinite``: leaf -> sample indices)."""
-    leaves_out, bad = [], {}
+    batch size; and which samples hold NaN/Inf (leaf path -> sample indices, none listed for a
+    leaf without the batch dimension)."""
+    leaves_out: list[BatchLeaf] = []
+    bad: dict[str, list[int]] = {}
     with torch.no_grad():
         for path, t in batch_leaves(batch):
-            leaf = {"path": path, "shape": list(t.shape), "dtype": str(t.dtype)[6:]}
+            leaf: BatchLeaf = {"path": path, "shape": list(t.shape), "dtype": str(t.dtype)[6:]}
             if batch_size and t.dim() >= 1 and t.shape[0] == batch_size and t.numel():
                 f = t.detach().reshape(batch_size, -1).to(torch.float64)
                 finite = torch.isfinite(f)
@@ -128,11 +189,12 @@ def batch_picture(batch, batch_size: int | None) -> dict:
             elif t.is_floating_point() and not torch.isfinite(t).all():
                 bad[path] = []
             leaves_out.append(leaf)
-    return {"batch_size": batch_size, "leaves": leaves_out, "culprits": [], "nonfinite": bad}
+    return {"batch_size": batch_size, "leaves": leaves_out, "culprits": []}, bad
 
 
 def _norm(t: torch.Tensor) -> float:
-    return torch.linalg.vector_norm(t.detach().double()).item()
+    norm: float = torch.linalg.vector_norm(t.detach().double()).item()
+    return norm
 
 
 class ParamPicture:
@@ -143,23 +205,23 @@ class ParamPicture:
         self.params = [p for _, p in model.named_parameters()]
         with torch.no_grad():
             self.before = [p.detach().clone() for p in self.params]
-        self.grads: list[tuple] | None = None
+        self.grads: list[_GradStats] | None = None
 
     def take_grads(self) -> None:
         if self.grads is not None:
             return
-        rows = []
+        rows: list[_GradStats] = []
         with torch.no_grad():
             for p in self.params:
                 g = p.grad
                 if g is None:
-                    rows.append((False, NAN, NAN, NAN))
+                    rows.append(_NO_GRAD)
                     continue
                 f = g.detach().double()
                 nan, inf = float(torch.isnan(f).sum()), float(torch.isinf(f).sum())
                 # The norm of the finite part; NaN when nothing is finite (0 would read "dead").
                 norm = _norm(torch.nan_to_num(f, 0.0, 0.0, 0.0)) if nan + inf < f.numel() else NAN
-                rows.append((True, norm, nan, inf))
+                rows.append(_GradStats(True, norm, nan, inf))
         self.grads = rows
 
     def bad_grads(self) -> list[tuple[str, torch.Tensor]]:
@@ -178,9 +240,10 @@ class ParamPicture:
             if p.is_floating_point() and not torch.isfinite(p).all()
         ]
 
-    def table(self) -> dict:
+    def table(self) -> dict[str, np.ndarray]:
+        """The sidecar's ``/params`` columns (the names are ``self.names``)."""
         self.take_grads()
-        cols: dict[str, list] = {
+        cols: dict[str, list[float]] = {
             k: []
             for k in (
                 "numel",
@@ -201,10 +264,10 @@ class ParamPicture:
                 w = b.double()  # weight statistics: the weights this step started from
                 cols["numel"].append(p.numel())
                 cols["requires_grad"].append(p.requires_grad)
-                cols["has_grad"].append(g[0])
-                cols["grad_norm"].append(g[1])
-                cols["grad_nan"].append(g[2])
-                cols["grad_inf"].append(g[3])
+                cols["has_grad"].append(g.has_grad)
+                cols["grad_norm"].append(g.norm)
+                cols["grad_nan"].append(g.nan)
+                cols["grad_inf"].append(g.inf)
                 wn = _norm(b)
                 cols["weight_norm"].append(wn)
                 cols["weight_mean"].append(w.mean().item() if p.numel() else NAN)
@@ -213,9 +276,7 @@ class ParamPicture:
                 cols["update_norm"].append(un)
                 ratio = un / wn if wn > 0 and math.isfinite(wn) else NAN
                 cols["update_ratio"].append(ratio)
-        out = {k: np.asarray(v) for k, v in cols.items()}
-        out["names"] = list(self.names)
-        return out
+        return {k: np.asarray(v) for k, v in cols.items()}
 
     def release(self) -> None:
         self.before = []

@@ -3,13 +3,30 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, SupportsInt, TypedDict
 
 import numpy as np
 
 from replay.store.forensics import OPS_COLUMNS, PHASES, STATS_COLUMNS, STATUSES, write_forensics
 
-__all__ = ["TraceResult"]
+if TYPE_CHECKING:  # their modules import torch; this one is read without it
+    from replay.trace.memory import MemoryPicture
+    from replay.trace.picture import BatchPicture
+    from replay.trace.source import SourceFile, SourceLine
+
+__all__ = ["TraceResult", "TraceException"]
+
+
+class TraceException(TypedDict):
+    """The traced step's exception (the verdict's ``exception``)."""
+
+    type: str
+    message: str
+    op_index: int | None  # the op being dispatched when it raised; None: raised in Python
+    source: SourceLine | None  # the innermost user line of its traceback
+    traceback: str
 
 
 @dataclass
@@ -23,28 +40,28 @@ class TraceResult:
         r.write("run.forensics.h5", run_id="abc", step=123)
     """
 
-    verdict: dict
+    verdict: dict[str, Any]  # a JSON document: docs/forensics.md, /verdict
     ops: dict[str, np.ndarray]
     strings: dict[str, list[str]]
     modules: dict[str, np.ndarray]
     params: dict[str, np.ndarray]
-    memory: dict
-    sources: dict
-    batch: dict
+    memory: MemoryPicture
+    sources: dict[str, SourceFile]
+    batch: BatchPicture
     loss: float | None = None
-    exception: dict | None = None
+    exception: TraceException | None = None
     notes: list[str] = field(default_factory=list)
 
     @property
     def n_ops(self) -> int:
         return len(self.ops["phase"])
 
-    def op_row(self, i: int) -> dict:
+    def op_row(self, i: int) -> dict[str, Any]:
         """One op with its strings decoded (the same shape as ``ForensicsReader.op_row``)."""
         s = self.strings
         c = {k: v[i] for k, v in self.ops.items()}
 
-        def get(table: str, idx) -> str | None:
+        def get(table: str, idx: SupportsInt) -> str | None:
             return s[table][int(idx)] if int(idx) >= 0 else None
 
         return {
@@ -68,13 +85,20 @@ class TraceResult:
             k = self.strings["ops"].index(op)
         except ValueError:
             return []
-        return np.flatnonzero(self.ops["name"] == k).tolist()
+        rows: list[int] = np.flatnonzero(self.ops["name"] == k).tolist()
+        return rows
 
-    def set_samples(self, samples: list, exact: bool, axes: list[int] | None = None) -> None:
+    def set_samples(
+        self, samples: Sequence[Any], exact: bool, axes: Sequence[int] | None = None
+    ) -> None:
         """Record the culprit samples: positions along the sample axis ``axes[0]`` (default
         dim 0), or ``[micro-batch, row]`` pairs when ``axes`` names two (micro-batches)."""
         axes = [0] if axes is None else [int(a) for a in axes]
-        norm = [int(s) if len(axes) == 1 else [int(i) for i in s] for s in samples]
+        norm: list[int] | list[list[int]]
+        if len(axes) == 1:
+            norm = [int(s) for s in samples]
+        else:
+            norm = [[int(i) for i in s] for s in samples]
         self.verdict["samples"] = norm
         self.verdict["samples_exact"] = bool(exact)
         self.verdict["sample_axes"] = axes
@@ -86,7 +110,7 @@ class TraceResult:
     def add_notes(self, notes: list[str]) -> None:
         self.verdict.setdefault("notes", []).extend(notes)
 
-    def to_tables(self, step: int | None = None) -> dict:
+    def to_tables(self, step: int | None = None) -> dict[str, Any]:
         """What ``replay.store.forensics.write_forensics`` takes."""
         verdict = dict(self.verdict)
         if step is not None:
@@ -106,5 +130,5 @@ class TraceResult:
             "batch": self.batch,
         }
 
-    def write(self, path: str | os.PathLike, run_id: str, step: int) -> None:
+    def write(self, path: str | os.PathLike[str], run_id: str, step: int) -> None:
         write_forensics(path, run_id=run_id, step=step, tables=self.to_tables(step))

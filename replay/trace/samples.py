@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
+from typing import TypeVar, cast
 
 import torch
 import torch.nn.functional as F
@@ -37,9 +38,10 @@ __all__ = [
 ]
 
 REL_TOL = 1e-4  # a loss unchanged by permuting samples, up to the order of float sums
+_Batch = TypeVar("_Batch")
 
 
-def _per_sample_leaves(batch) -> list[torch.Tensor]:
+def _per_sample_leaves(batch: object) -> list[torch.Tensor]:
     """The leaves that hold samples: those whose dim 0 has the most common dim-0 size."""
     from replay.trace.picture import batch_leaves
 
@@ -51,7 +53,7 @@ def _per_sample_leaves(batch) -> list[torch.Tensor]:
     return [t for t in leaves if t.shape[0] == size]
 
 
-def batch_size_of(batch, axis: int = 0) -> int | None:
+def batch_size_of(batch: object, axis: int = 0) -> int | None:
     """The size of ``axis`` in the batch: by default the most common dim-0 size among the
     tensor leaves (None without any)."""
     if axis == 0:
@@ -60,7 +62,7 @@ def batch_size_of(batch, axis: int = 0) -> int | None:
     return dict(candidate_axes(batch)).get(axis)
 
 
-def candidate_axes(batch) -> list[tuple[int, int]]:
+def candidate_axes(batch: object) -> list[tuple[int, int]]:
     """``(axis, size)`` of every dimension that could index samples: dim 0 as ``batch_size_of``
     says, and each further dimension that every per-sample leaf has, with one size > 1.
 
@@ -78,15 +80,16 @@ def candidate_axes(batch) -> list[tuple[int, int]]:
     return out
 
 
-def slice_batch(batch, indices: list[int], axis: int = 0):
+def slice_batch(batch: _Batch, indices: Sequence[int], axis: int = 0) -> _Batch:
     """The same nested structure (dict, list, tuple, namedtuple) with every tensor leaf whose
     ``axis`` has the batch's size along it indexed by ``indices`` there; other leaves are kept
     as they are."""
     size = batch_size_of(batch, axis)
-    return _map(batch, lambda t: _take(t, list(indices), axis, size))
+    # _map rebuilds each container with its own type: the result has the batch's type
+    return cast(_Batch, _map(batch, lambda t: _take(t, list(indices), axis, size)))
 
 
-def permute_batch(batch, axis: int):
+def permute_batch(batch: _Batch, axis: int) -> _Batch:
     """The batch with the order of its samples along ``axis`` reversed."""
     size = batch_size_of(batch, axis)
     return slice_batch(batch, list(range(size - 1, -1, -1)), axis) if size else batch
@@ -99,13 +102,14 @@ def _take(x: torch.Tensor, indices: list[int], axis: int, size: int | None) -> t
     return x
 
 
-def _map(x, fn):
+def _map(x: object, fn: Callable[[torch.Tensor], torch.Tensor]) -> object:
     if isinstance(x, torch.Tensor):
         return fn(x)
     if isinstance(x, dict):
         return type(x)((k, _map(v, fn)) for k, v in x.items())
-    if isinstance(x, tuple) and hasattr(x, "_fields"):  # namedtuple
-        return type(x)(*(_map(v, fn) for v in x))
+    if isinstance(x, tuple) and hasattr(x, "_fields"):  # namedtuple: takes its fields
+        make: Callable[..., object] = type(x)
+        return make(*(_map(v, fn) for v in x))
     if isinstance(x, (list, tuple)):
         return type(x)(_map(v, fn) for v in x)
     return x
@@ -131,10 +135,17 @@ class no_dropout(TorchFunctionMode):
     """Dropout is the identity inside: a random mask does not move with permuted samples, so
     the permutation probe of ``choose_sample_axes`` runs without it."""
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
+    def __torch_function__(
+        self,
+        func: Callable[..., object],
+        types: Collection[type],
+        args: Sequence[object] = (),
+        kwargs: dict[str, object] | None = None,
+    ) -> object:
+        kwargs = kwargs or {}
         if func in _DROPOUTS:
             return args[0] if args else kwargs["input"]
-        return func(*args, **(kwargs or {}))
+        return func(*args, **kwargs)
 
 
 def _same(a: float | None, b: float | None) -> bool:
@@ -143,7 +154,7 @@ def _same(a: float | None, b: float | None) -> bool:
     return abs(a - b) <= REL_TOL * max(abs(a), abs(b), 1e-12)
 
 
-def hinted_axes(batch, hint) -> tuple[list[int] | None, list[str]]:
+def hinted_axes(batch: object, hint: object) -> tuple[list[int] | None, list[str]]:
     """The axes a ``batch_axis`` hint names (an int, or ``(micro-batch axis, row axis)``), or
     None with a note when the hint does not fit the batch."""
     axes = (
@@ -159,7 +170,7 @@ def hinted_axes(batch, hint) -> tuple[list[int] | None, list[str]]:
 
 
 def choose_sample_axes(
-    batch, probe: Callable[[object], tuple[float | None, int]], hint=None
+    batch: object, probe: Callable[[object], tuple[float | None, int]], hint: object = None
 ) -> tuple[list[int], list[str]]:
     """The batch axes that index samples, and notes on how they were found.
 

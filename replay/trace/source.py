@@ -11,10 +11,18 @@ import os
 import sys
 import sysconfig
 from types import CodeType, FrameType, TracebackType
+from typing import TypedDict
 
 import torch
 
-__all__ = ["Interner", "Locations", "is_user_file", "snapshot_sources"]
+__all__ = [
+    "Interner",
+    "Locations",
+    "SourceLine",
+    "SourceFile",
+    "is_user_file",
+    "snapshot_sources",
+]
 
 CONTEXT_LINES = 3
 MAX_STACK = 16
@@ -34,6 +42,23 @@ def is_user_file(filename: str) -> bool:
     if filename.startswith("<") or filename.startswith(_SKIP_PREFIXES):
         return False
     return not any(p in filename for p in _SKIP_PARTS)
+
+
+class SourceLine(TypedDict):
+    """A location as the verdict names it."""
+
+    file: str
+    line: int
+    function: str
+    code: str  # the line's text, stripped ("" when it cannot be read)
+
+
+class SourceFile(TypedDict):
+    """A referenced file in the sidecar's ``/sources``: its sha256 (None when it cannot be read)
+    and the lines kept, by line number (a string: JSON keys)."""
+
+    sha256: str | None
+    lines: dict[str, str]
 
 
 class Interner:
@@ -82,7 +107,7 @@ class Locations:
 
     def here(self, frame: FrameType | None = None) -> tuple[int, int]:
         """``(location, stack)`` indices of the calling user code; ``(-1, -1)`` if none."""
-        f = frame if frame is not None else sys._getframe(1)
+        f: FrameType | None = frame if frame is not None else sys._getframe(1)
         locs: list[int] = []
         while f is not None and len(locs) < MAX_STACK:
             code = f.f_code
@@ -107,7 +132,7 @@ class Locations:
         locs = locs[-MAX_STACK:]
         return locs[-1], self._stack(tuple(locs))
 
-    def describe(self, index: int) -> dict | None:
+    def describe(self, index: int) -> SourceLine | None:
         """``{"file", "line", "function", "code"}`` for a location index."""
         if index < 0:
             return None
@@ -116,7 +141,7 @@ class Locations:
         return {"file": filename, "line": int(line), "function": func, "code": code}
 
 
-def snapshot_sources(locations: list[str]) -> dict:
+def snapshot_sources(locations: list[str]) -> dict[str, SourceFile]:
     """The referenced lines, with ``CONTEXT_LINES`` of context, per file, plus the file's sha256."""
     wanted: dict[str, set[int]] = {}
     for loc in locations:
@@ -125,14 +150,14 @@ def snapshot_sources(locations: list[str]) -> dict:
         wanted.setdefault(filename, set()).update(
             range(max(1, n - CONTEXT_LINES), n + CONTEXT_LINES + 1)
         )
-    out: dict[str, dict] = {}
+    out: dict[str, SourceFile] = {}
     for filename, lines in wanted.items():
         try:
             with open(filename, "rb") as fh:
                 digest: str | None = hashlib.sha256(fh.read()).hexdigest()
         except OSError:
             digest = None
-        text = {}
+        text: dict[str, str] = {}
         for n in sorted(lines):
             s = linecache.getline(filename, n)
             if s:

@@ -11,25 +11,49 @@ NB: call these with the tracing modes switched off; they never keep a reference 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
 __all__ = [
+    "Stats",
     "STATS_COLUMNS",
     "N_BINS",
-    "NAN_ROW",
+    "NO_STATS",
     "tensor_stats",
     "stats_dict",
     "finite_kind",
     "kind_of_row",
 ]
 
-STATS_COLUMNS = ("min", "max", "mean", "std", "absmax", "nan", "posinf", "neginf", "zeros", "numel")
 N_BINS = 16
 HIST_SAMPLE = 1024
 NAN = float("nan")
-NAN_ROW = (NAN,) * 9
+
+
+class Stats(NamedTuple):
+    """One tensor's statistics: one row of ``/ops/stats``, in the file's column order.
+
+    min/max/mean/std/absmax are over the finite values; the counts are over all values, as
+    floats (the column is float64). A tuple, so that a list of them is the column as it is.
+    """
+
+    min: float
+    max: float
+    mean: float
+    std: float
+    absmax: float
+    nan: float
+    posinf: float
+    neginf: float
+    zeros: float
+    numel: float
+
+
+STATS_COLUMNS = Stats._fields
+#: The row of an op without a tensor output (or one that raised): nothing measured.
+NO_STATS = Stats(NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, 0.0)
 _EMPTY_HIST = np.zeros(N_BINS, dtype=np.float32)
 
 
@@ -67,25 +91,26 @@ def _moments(f: torch.Tensor) -> tuple[float, float]:
     return mean, math.sqrt(var)
 
 
-def tensor_stats(t: torch.Tensor, *, hist: bool = True) -> tuple[tuple, np.ndarray]:
-    """``(row, hist)``: row = the 10 STATS_COLUMNS values over the finite values (counts over
-    all values); non-floating tensors get min/max/mean over their values and zero NaN counts.
+def tensor_stats(t: torch.Tensor, *, hist: bool = True) -> tuple[Stats, np.ndarray]:
+    """``(row, hist)``: the tensor's :class:`Stats` and histogram; non-floating tensors get
+    min/max/mean over their values and zero NaN counts.
     """
     n = t.numel()
     if n == 0:
-        return (NAN, NAN, NAN, NAN, NAN, 0.0, 0.0, 0.0, 0.0, 0.0), _EMPTY_HIST
+        return Stats(NAN, NAN, NAN, NAN, NAN, 0.0, 0.0, 0.0, 0.0, 0.0), _EMPTY_HIST
     if t.dtype == torch.bool:
         z = float(n - torch.count_nonzero(t).item())
-        return (0.0, 1.0, 1.0 - z / n, NAN, 1.0, 0.0, 0.0, 0.0, z, float(n)), _EMPTY_HIST
+        return Stats(0.0, 1.0, 1.0 - z / n, NAN, 1.0, 0.0, 0.0, 0.0, z, float(n)), _EMPTY_HIST
     if t.is_complex():
-        return (*NAN_ROW, float(n)), _EMPTY_HIST
+        return Stats(NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, float(n)), _EMPTY_HIST
     f = _flat(t)
-    lo, hi = (v.item() for v in torch.aminmax(f))
+    lo_t, hi_t = torch.aminmax(f)
+    lo, hi = lo_t.item(), hi_t.item()
     zeros = float(n - torch.count_nonzero(f).item())
     if math.isfinite(lo) and math.isfinite(hi):
         mean, std = _moments(f)
         absmax = max(abs(lo), abs(hi))
-        row = (lo, hi, mean, std, absmax, 0.0, 0.0, 0.0, zeros, float(n))
+        row = Stats(lo, hi, mean, std, absmax, 0.0, 0.0, 0.0, zeros, float(n))
         return row, (_hist(f, lo, hi) if hist else _EMPTY_HIST)
     finite = torch.isfinite(f)
     n_nan = float(torch.isnan(f).sum().item())
@@ -93,10 +118,11 @@ def tensor_stats(t: torch.Tensor, *, hist: bool = True) -> tuple[tuple, np.ndarr
     n_neg = float((f == -math.inf).sum().item())
     good = f[finite]
     if good.numel() == 0:
-        return (NAN, NAN, NAN, NAN, NAN, n_nan, n_pos, n_neg, zeros, float(n)), _EMPTY_HIST
-    lo, hi = (v.item() for v in torch.aminmax(good))
+        return Stats(NAN, NAN, NAN, NAN, NAN, n_nan, n_pos, n_neg, zeros, float(n)), _EMPTY_HIST
+    lo_t, hi_t = torch.aminmax(good)
+    lo, hi = lo_t.item(), hi_t.item()
     mean, std = _moments(good)
-    row = (lo, hi, mean, std, max(abs(lo), abs(hi)), n_nan, n_pos, n_neg, zeros, float(n))
+    row = Stats(lo, hi, mean, std, max(abs(lo), abs(hi)), n_nan, n_pos, n_neg, zeros, float(n))
     return row, (_hist(good, lo, hi) if hist else _EMPTY_HIST)
 
 
@@ -107,7 +133,8 @@ def finite_kind(t: torch.Tensor) -> str:
     """
     if not t.is_floating_point() or t.numel() == 0:
         return "finite"
-    lo, hi = (v.item() for v in torch.aminmax(_flat(t)))
+    lo_t, hi_t = torch.aminmax(_flat(t))
+    lo, hi = lo_t.item(), hi_t.item()
     if math.isfinite(lo) and math.isfinite(hi):
         return "finite"
     if math.isnan(lo) or math.isnan(hi):
@@ -115,14 +142,15 @@ def finite_kind(t: torch.Tensor) -> str:
     return "inf" if hi == math.inf else "neginf"
 
 
-def kind_of_row(row: tuple) -> str:
+def kind_of_row(row: Stats) -> str:
     """The same classification as ``finite_kind``, from a statistics row."""
-    if row[5] > 0:
+    if row.nan > 0:
         return "nan"
-    if row[6] > 0:
+    if row.posinf > 0:
         return "inf"
-    return "neginf" if row[7] > 0 else "finite"
+    return "neginf" if row.neginf > 0 else "finite"
 
 
-def stats_dict(row: tuple) -> dict:
+def stats_dict(row: Stats) -> dict[str, float]:
+    """``{column: value}`` (the JSON form of a row, ``ForensicsReader.op_row``'s ``stats``)."""
     return dict(zip(STATS_COLUMNS, (float(v) for v in row)))

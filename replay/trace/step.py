@@ -5,13 +5,16 @@ from __future__ import annotations
 import math
 import traceback
 import warnings
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
 
-from replay.trace.mode import Tracer
+from replay.trace.mode import Activation, Tracer
 from replay.trace.origins import storage_key
 from replay.trace.picture import (
+    BatchPicture,
     ParamPicture,
     batch_leaves,
     batch_nonfinite,
@@ -19,35 +22,48 @@ from replay.trace.picture import (
     mask_buffer_keys,
     present_keys,
 )
-from replay.trace.result import TraceResult
+from replay.trace.result import TraceException, TraceResult
 from replay.trace.samples import batch_size_of
 from replay.trace.source import snapshot_sources
 from replay.trace.verdict import build_verdict
 
-__all__ = ["trace_step"]
+__all__ = ["trace_step", "StepFn"]
+
+#: ``step_fn(model, optimizer, batch)``: the user's training step; what it returns (the loss,
+#: a tensor or a float, or anything else) is looked at, not required.
+StepFn = Callable[[torch.nn.Module, torch.optim.Optimizer | None, Any], object]
+_NO_ACTIVATION = Activation(np.nan, np.nan, np.nan, np.nan, np.nan)  # a module that never ran
 
 
-def _eager(model: torch.nn.Module, step_fn):
+def _eager(model: torch.nn.Module, step_fn: StepFn) -> tuple[torch.nn.Module, StepFn]:
     """A ``torch.compile``\\ d model is traced eagerly: its ``_orig_mod``, with dynamo off."""
-    eager = getattr(model, "_orig_mod", model)
+    eager: torch.nn.Module = getattr(model, "_orig_mod", model)
     if eager is not model or any(hasattr(m, "_orig_mod") for m in eager.modules()):
         with warnings.catch_warnings():  # torch.jit deprecation noise on importing dynamo
             warnings.simplefilter("ignore", DeprecationWarning)
             import torch._dynamo
 
-        return eager, torch._dynamo.disable(step_fn)
+        return eager, torch._dynamo.disable(step_fn)  # type: ignore[no-untyped-call]  # torch stubs
     return eager, step_fn
 
 
 def _match_raise(tracer: Tracer, exc: BaseException) -> int | None:
     text = str(exc)
-    for index, raised, _, _ in reversed(tracer.raised):
+    for r in reversed(tracer.raised):
+        raised = r.exc
         if raised is exc or (str(raised) and (str(raised) in text or text in str(raised))):
-            return index
+            return r.index
     return None
 
 
-def trace_step(model, optimizer, step_fn, batch, *, scaler=None) -> TraceResult:
+def trace_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    step_fn: StepFn,
+    batch: Any,
+    *,
+    scaler: object = None,
+) -> TraceResult:
     """Run ``step_fn(model, optimizer, batch)`` once, recording every aten op of forward,
     backward and the optimizer step, and return what was seen with a verdict.
 
@@ -61,8 +77,7 @@ def trace_step(model, optimizer, step_fn, batch, *, scaler=None) -> TraceResult:
     """
     eager, run = _eager(model, step_fn)
     bsize = batch_size_of(batch)
-    batch_pic = batch_picture(batch, bsize)
-    batch_bad = batch_pic.pop("nonfinite")
+    batch_pic, batch_bad = batch_picture(batch, bsize)
     data = batch_nonfinite(batch) if batch_bad else []
     params = ParamPicture(eager)
     batch_keys = {k for _, t in batch_leaves(batch) if (k := storage_key(t)) is not None}
@@ -77,7 +92,7 @@ def trace_step(model, optimizer, step_fn, batch, *, scaler=None) -> TraceResult:
     )
     sinks: list[tuple[str, frozenset[int]]] = []
     notes: list[str] = []
-    ran_optimizer = []
+    ran_optimizer: list[bool] = []
 
     def grad_sink() -> None:
         params.take_grads()
@@ -91,7 +106,8 @@ def trace_step(model, optimizer, step_fn, batch, *, scaler=None) -> TraceResult:
         grad_sink()
 
     tracer.on_optimizer_pre = at_optimizer
-    loss_value, exc_info = None, None
+    loss_value: float | None = None
+    exc_info: Exception | None = None
     with tracer:
         try:
             loss = run(eager, optimizer, batch)
@@ -122,7 +138,7 @@ def trace_step(model, optimizer, step_fn, batch, *, scaler=None) -> TraceResult:
         origins = frozenset().union(*(tracer.origins.of(p) for _, p in bad_params))
         sinks.append((f"parameters ({', '.join(n for n, _ in bad_params[:4])})", origins))
 
-    exception = None
+    exception: TraceException | None = None
     if exc_info is not None:
         index = _match_raise(tracer, exc_info)
         loc, _ = tracer.locs.from_traceback(exc_info.__traceback__)
@@ -142,7 +158,8 @@ def trace_step(model, optimizer, step_fn, batch, *, scaler=None) -> TraceResult:
         data=data,
         notes=notes,
     )
-    tracer.raised = [(i, None, ins, at) for i, _, ins, at in tracer.raised]  # drop frames
+    for r in tracer.raised:
+        r.exc = None  # drop its traceback, and the step's frames with it
     result = _result(tracer, eager, params, batch_pic, verdict, exception, loss_value)
     params.release()
     return result
@@ -150,16 +167,16 @@ def trace_step(model, optimizer, step_fn, batch, *, scaler=None) -> TraceResult:
 
 def _result(
     tracer: Tracer,
-    model,
+    model: torch.nn.Module,
     params: ParamPicture,
-    batch_pic: dict,
-    verdict: dict,
-    exception: dict | None,
+    batch_pic: BatchPicture,
+    verdict: dict[str, Any],
+    exception: TraceException | None,
     loss: float | None,
 ) -> TraceResult:
     c = tracer.cols
     n = len(tracer.stats)
-    ops = {
+    ops: dict[str, np.ndarray] = {
         "phase": np.asarray(c["phase"], dtype=np.uint8),
         "name": np.asarray(c["name"], dtype=np.int32),
         "module": np.asarray(c["module"], dtype=np.int32),
@@ -175,9 +192,10 @@ def _result(
         "time_ns": np.asarray(c["time_ns"], dtype=np.int64),
     }
     names = tracer.modules.items
-    kinds, kind_index = [], {}
+    kinds: list[str] = []
+    kind_index: dict[str, int] = {}
     mods = dict(model.named_modules())
-    rows: dict[str, list] = {
+    rows: dict[str, list[float]] = {
         k: []
         for k in (
             "name",
@@ -201,7 +219,7 @@ def _result(
         rows["name"].append(i)
         rows["kind"].append(kind_index[kind])
         rows["parent"].append(tracer.modules.index.get(parent, -1) if parent is not None else -1)
-        act = tracer.module_acts.get(i, (np.nan,) * 5)
+        act = tracer.module_acts.get(i, _NO_ACTIVATION)
         for k, v in zip(
             ("act_mean", "act_std", "act_absmax", "act_zero_frac", "act_nonfinite"), act
         ):
@@ -209,20 +227,15 @@ def _result(
         rows["n_ops"].append(int(counts[i]) if i < len(counts) else 0)
     modules = {k: np.asarray(v) for k, v in rows.items()}
     param_table = params.table()
-    strings = {
+    strings: dict[str, list[str]] = {
         "ops": tracer.op_names.items,
         "modules": names,
         "locations": tracer.locs.locations.items,
         "stacks": tracer.locs.stacks.items,
         "shapes": tracer.shapes.items,
         "module_kinds": kinds,
-        "params": param_table.pop("names"),
+        "params": list(params.names),
         "nodes": tracer.nodes.items,
-    }
-    memory = {
-        "peak_bytes": tracer.memory.peak_bytes,
-        "peak_op": tracer.memory.peak_op,
-        "largest": tracer.memory.largest,
     }
     return TraceResult(
         verdict=verdict,
@@ -230,7 +243,7 @@ def _result(
         strings=strings,
         modules=modules,
         params=param_table,
-        memory=memory,
+        memory=tracer.memory.picture(),
         sources=snapshot_sources(tracer.locs.locations.items),
         batch=batch_pic,
         loss=loss,

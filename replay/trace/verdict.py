@@ -32,10 +32,14 @@ every other non-finite op is exempt (4), ops that raised are 3.
 
 from __future__ import annotations
 
+from typing import Any
+
 from replay.store.contracts import OpStatus, Phase
 from replay.store.forensics import PHASES
-from replay.trace.mode import Tracer
+from replay.trace.mode import InputInfo, Tracer
 from replay.trace.origins import BATCH, PRESENT
+from replay.trace.picture import BatchNonFinite
+from replay.trace.result import TraceException
 from replay.trace.stats import stats_dict
 
 __all__ = ["build_verdict", "PHASE_NAMES"]
@@ -46,7 +50,7 @@ N_PROPAGATORS = 8
 N_PREVIOUS = 8
 
 
-def _op_ref(tr: Tracer, i: int) -> dict:
+def _op_ref(tr: Tracer, i: int) -> dict[str, Any]:
     mod = tr.cols["module"][i]
     return {
         "op_index": i,
@@ -56,7 +60,7 @@ def _op_ref(tr: Tracer, i: int) -> dict:
     }
 
 
-def _describe_op(tr: Tracer, i: int, inputs: list[dict], executed_at: int) -> dict:
+def _describe_op(tr: Tracer, i: int, inputs: list[InputInfo], executed_at: int) -> dict[str, Any]:
     ref = _op_ref(tr, i)
     backward = tr.cols["phase"][i] == Phase.BACKWARD.code
     node = tr.cols["node"][i]
@@ -81,7 +85,7 @@ def _first_consumer(tr: Tracer, origin: int) -> int | None:
     return None
 
 
-def _nan_from_inf(tr: Tracer, culprit: int, first: frozenset[int]) -> dict | None:
+def _nan_from_inf(tr: Tracer, culprit: int, first: frozenset[int]) -> dict[str, Any] | None:
     """The first converter that turned the culprit's infinity into NaN, on the way to the sink."""
     if tr.origins.kind.get(culprit) not in ("inf", "neginf"):
         return None
@@ -98,14 +102,16 @@ def build_verdict(
     tr: Tracer,
     *,
     sinks: list[tuple[str, frozenset[int]]],
-    exception: dict | None,
-    batch_nonfinite: dict | None,
+    exception: TraceException | None,
+    batch_nonfinite: dict[str, list[int]] | None,
     notes: list[str],
-    data: list[dict] | None = None,
-) -> dict:
-    """``sinks``: (name, origins) of each non-finite sink, in the order they were computed;
-    ``data``: the batch's non-finite tensors (``picture.batch_nonfinite``)."""
-    v: dict = {
+    data: list[BatchNonFinite] | None = None,
+) -> dict[str, Any]:
+    """The verdict, a JSON document (docs/forensics.md, ``/verdict``). ``sinks``: (name,
+    origins) of each non-finite sink, in the order they were computed; ``batch_nonfinite``:
+    the samples of each batch leaf that hold NaN/Inf; ``data``: the batch's non-finite tensors
+    (``picture.batch_nonfinite``)."""
+    v: dict[str, Any] = {
         "step": None,
         "kind": "none",
         "cause": None,
@@ -136,17 +142,17 @@ def build_verdict(
     status = tr.cols["status"]
     for i in tr.nonfinite:
         status[i] = EXEMPT
-    for i, *_ in tr.raised:
-        status[i] = RAISED
+    for r in tr.raised:
+        status[r.index] = RAISED
     if exception is not None:
         v["kind"] = "exception"
-        i = exception.get("op_index")
-        if i is not None:
-            raised = next(r for r in tr.raised if r[0] == i)
-            v.update(_describe_op(tr, i, raised[2], raised[3]))
-            v["previous"] = [_op_ref(tr, j) for j in range(max(0, i - N_PREVIOUS), i)]
+        at = exception["op_index"]
+        if at is not None:
+            raised = next(r for r in tr.raised if r.index == at)
+            v.update(_describe_op(tr, at, raised.inputs, raised.executed_at))
+            v["previous"] = [_op_ref(tr, j) for j in range(max(0, at - N_PREVIOUS), at)]
         else:
-            v["source"] = exception.get("source")
+            v["source"] = exception["source"]
             n = len(status)
             v["previous"] = [_op_ref(tr, j) for j in range(max(0, n - N_PREVIOUS), n)]
         return v

@@ -14,11 +14,13 @@ import torch.nn.functional as F
 
 from replay.store.forensics import (
     OPS_COLUMNS,
+    STATS_COLUMNS,
     ForensicsReader,
     NotAForensicsFile,
     write_forensics,
 )
 from replay.trace import trace_step
+from replay.trace.stats import Stats
 
 
 class Head(nn.Module):
@@ -37,6 +39,11 @@ def step(model, optimizer, batch):
     loss.backward()
     optimizer.step()
     return loss
+
+
+def test_the_tracers_stats_row_is_in_the_files_column_order():
+    # The tracer appends Stats rows as they are: the /ops/stats column is their stack.
+    assert Stats._fields == STATS_COLUMNS
 
 
 def test_traced_step_round_trips(tmp_path):
