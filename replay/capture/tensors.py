@@ -132,6 +132,19 @@ def _tensor_leaf(t: torch.Tensor) -> TensorLeaf:
     return TensorLeaf(dtype_name(t.dtype), data, device, grad)
 
 
+def tree_nbytes(obj: Any) -> int:
+    """Bytes of the tensors and arrays in a nested structure (a size hint; nothing is copied)."""
+    if isinstance(obj, torch.Tensor):
+        return int(obj.numel() * obj.element_size())
+    if isinstance(obj, np.ndarray):
+        return int(obj.nbytes)
+    if isinstance(obj, dict):
+        return sum(tree_nbytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(tree_nbytes(v) for v in obj)
+    return 0
+
+
 def to_leaves(obj: Any) -> Any:
     """Replace tensors by :class:`TensorLeaf` (writer thread; no copy for CPU clones)."""
     if isinstance(obj, torch.Tensor):

@@ -32,7 +32,7 @@ from ..capture.objects import RunObjects, StepCall, gather_state, objects_from_b
 from ..capture.pool import HostPool
 from ..capture.probe import GradProbe
 from ..capture.rng import capture_rng
-from ..capture.tensors import CopyStats, copy_tree
+from ..capture.tensors import CopyStats, copy_tree, tree_nbytes
 from ..distributed.ranks import base_path, rank_path
 from ..errors import NonFiniteLossError, RecorderWarning
 from ..store.contracts import (
@@ -209,6 +209,7 @@ class Recorder:
         self._opt_params = self.objects.trained_params()
         self._probe_grads = GradProbe(self._opt_params, optimizer)
         self._writer: BackgroundWriter | None = None
+        self._step_hint: int | None = None  # bytes of the first step's batch and values
         self._pool = HostPool()  # the batch copies' buffers, given back by the writer thread
         # Started early: its imports overlap the first steps. The step log holds a few
         # snapshots (weights, moments, gradients: about 4x the model) besides the steps.
@@ -307,6 +308,8 @@ class Recorder:
             return self._unrecorded_step(batch, values)
         t = self.next_step
         copied = CopyStats()
+        if self._step_hint is None:  # the first step: its size shapes the file (_make_store)
+            self._step_hint = tree_nbytes(batch) + tree_nbytes(values)
         try:
             rng, hparams, modes, health, scale = self._before_step(t, copied, values.get("lr"))
             direct, job = self._capture(t, rng, hparams, modes, health, batch, values, copied)
@@ -689,14 +692,20 @@ class Recorder:
             text = read_source(e["path"])
             if text is not None:
                 sources[e["path"]] = text
-        step_guess = 16 << 10
+        # A step's record: the batch (sized at the first step, when the loop handed one over)
+        # and about 16 KiB of RNG states and manifest. Chunks of about a quarter of it: each
+        # chunk is one write call in the writer process (a 146 KB step in 16 KiB chunks cost 33
+        # us there, in 64 KiB chunks 16 us), and a slot wastes at most one chunk's padding.
+        step_guess = (16 << 10) + (self._step_hint or 0)
         snap_guess = 4 * model_bytes + 4096  # weights, Adam's two moments, pending gradients
         return self._client.create(
             self.path,
             run_id=uuid.uuid4().hex,
             meta=meta,
             sources=sources,
-            steps=RingSpec(self.config.step_slots, _pow2(step_guess, 4096, 1 << 20), step_guess),
+            steps=RingSpec(
+                self.config.step_slots, _pow2(step_guess // 4, 16 << 10, 1 << 20), step_guess
+            ),
             snapshots=RingSpec(
                 self.config.keep_snapshots, _pow2(snap_guess, 4096, 1 << 20), snap_guess
             ),
