@@ -79,7 +79,7 @@ def health_values(h: dict[str, Any]) -> list[float]:
         if i is not None:  # else one of HEALTH_INPUTS, read below
             row[i] = host_value(value)
     isfinite = math.isfinite
-    if "loss" in h:
+    if h.get("loss") is not None:  # (a step that returned no loss has no loss to flag)
         row[COL["loss_nonfinite"]] = float(not isfinite(row[_LOSS]))
     # The flags come from the largest |element| when measured: norms overflow while every
     # element is still finite.

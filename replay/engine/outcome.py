@@ -59,7 +59,9 @@ class StepOutcome:
         row["grad_norm"] = _f(self.grad_norm)
         row["param_fingerprint"] = _f(self.param_fingerprint)
         row["optimizer_stepped"] = _f(self.optimizer_stepped)
-        row["loss_nonfinite"] = float(not math.isfinite(row["loss"]))
+        row["loss_nonfinite"] = (
+            math.nan if self.loss is None else float(not math.isfinite(row["loss"]))
+        )
         gflag = self.grad_absmax if self.grad_absmax is not None else self.grad_norm
         pflag = self.param_absmax if self.param_absmax is not None else self.param_fingerprint
         row["grad_nonfinite"] = math.nan if gflag is None else float(not math.isfinite(gflag))

@@ -59,3 +59,30 @@ def test_training_goes_on_whatever_the_step_returns(tmp_path):
     assert len(loss) == len(RETURNS)
     for got, want in zip(loss, EXPECTED):
         assert math.isnan(got) if want is None else got == want, (got, want)
+
+
+def test_a_step_that_returns_no_loss_is_not_a_non_finite_loss(tmp_path):
+    """A step returning None (or a complex or empty tensor) has no loss: its loss_nonfinite flag
+    was set to 1 from the NaN that stands for "no loss", and bisect named it the failure."""
+    model, opt = build()
+    path = tmp_path / "run.h5"
+    with replay.Recorder(
+        path,
+        model=model,
+        optimizer=opt,
+        step_fn=odd_step,
+        build_fn=build,
+        raise_on_nonfinite=False,
+        snapshot_every=4,
+    ) as rec:
+        for i in range(len(RETURNS)):
+            rec.step(torch.full((3, 2), float(i)))
+    with open_recording(path) as r:
+        flags = r.health()["loss_nonfinite"]
+        first = r.first_bad()["nonfinite"]
+    for flag, want in zip(flags, EXPECTED):
+        if want is None:
+            assert math.isnan(flag)
+        else:
+            assert flag == float(not math.isfinite(want))
+    assert first == 0  # the inf of step 0, the only non-finite loss returned
