@@ -37,6 +37,7 @@ def _steps_summary(rec: Any) -> dict[str, Any]:
         "batch_steps": [int(steps[0]), int(steps[-1])] if len(steps) else None,
         "snapshots": [int(s) for s in rec.snapshot_steps()],
         "replayable_window": [window.first, window.last] if window else None,
+        "not_replayable": rec.run_meta.not_replayable,
         "first_bad": rec.first_bad(),
         "last_loss": float(losses[-1]) if losses.size else None,
         "closed_cleanly": bool(status["closed"]),
@@ -119,9 +120,12 @@ def render(d: dict[str, Any]) -> str:
     snaps = d["snapshots"]
     lines.append(f"  snapshots       {', '.join(map(str, snaps)) if snaps else 'none'}")
     w = d["replayable_window"]
-    lines.append(
-        f"  replayable      {_fmt_range(w) if w else 'nothing (no kept snapshot with its batches)'}"
+    nothing = (
+        f"nothing: recorded without replay ({d['not_replayable']})"
+        if d.get("not_replayable")
+        else "nothing (no kept snapshot with its batches)"
     )
+    lines.append(f"  replayable      {_fmt_range(w) if w else nothing}")
     if d.get("damaged_steps") or d.get("damaged_health"):
         parts = []
         if d.get("damaged_steps"):

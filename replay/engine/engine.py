@@ -103,6 +103,19 @@ class Engine:
     ) -> None:
         self.rec = rec
         self.log = log
+        why = rec.run_meta.not_replayable
+        if why is not None:
+            bad = rec.first_bad()
+            first = min((s for s in bad.values() if s is not None), default=None)
+            shows = (
+                f"the first failure in its health is at step {first}"
+                if first is not None
+                else "its health shows no failure"
+            )
+            raise RecordingError(
+                f"{rec.path}: recorded without replay ({why}); {shows}, and replay info, "
+                "doctor and tui read it"
+            )
         window = rec.replayable_window()
         if window is None:
             raise RecordingError(

@@ -21,8 +21,11 @@ loop runs: ``barebones``) and the optimizers and schedulers of ``configure_optim
 (``_AutomaticOptimization.run``, the module's hooks, the precision plugin). Bitwise equality
 with the recording is checked by ``replay verify``, never assumed.
 
-Not replayed (said once at the start): manual optimisation, and strategies other than a
-single device (DDP/FSDP/DeepSpeed): the callback then records nothing. Other callbacks that
+Not replayed (said once at the start): manual optimisation, several optimizers, strategies
+other than a single device, hyper-parameters that are not JSON: the callback then records each
+step's health, batch and RNG states without snapshots (``Recorder(not_replayable=...)``), which
+``info``/``doctor``/``tui`` read and ``bisect`` refuses with the reason. FSDP and DeepSpeed
+shard the parameters (measuring them would take collectives): nothing is recorded. Other callbacks that
 change gradients or weights, ``ReduceLROnPlateau`` stepping (its learning rate is restored
 from the recording at every step) and a ``training_step`` that reads ``self.trainer`` state
 (``global_step`` is 0 on replay) make a replay differ, which ``replay verify`` reports.
@@ -65,6 +68,13 @@ def _clone(batch: Any) -> Any:
 def _sched_count(s: Any) -> int:
     n = getattr(s, "_step_count", None)
     return int(n) if isinstance(n, int) else int(getattr(s, "last_epoch", 0))
+
+
+def _sharded(trainer: pl.Trainer) -> str | None:
+    """A strategy whose parameters are sharded across ranks: measuring them (the gradient norm)
+    would take collectives, so nothing is recorded there."""
+    name = type(trainer.strategy).__name__
+    return f"the {name} strategy" if "FSDP" in name or "DeepSpeed" in name else None
 
 
 def _why_not(trainer: pl.Trainer, module: pl.LightningModule) -> str | None:
@@ -116,30 +126,36 @@ class ReplayCallback(Callback):
     # -- set-up --------------------------------------------------------------------------
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        sharded = _sharded(trainer)
+        if sharded is not None:
+            warnings.warn(
+                f"replay: {sharded} shards the parameters; ReplayCallback records nothing of "
+                "this run (measuring them would take collectives)",
+                RecorderWarning,
+                stacklevel=2,
+            )
+            return
         why = _why_not(trainer, pl_module)
+        hparams: dict[str, Any] = {}
+        if why is None:
+            try:
+                hparams = _hparams(pl_module)
+            except (TypeError, ValueError) as e:
+                why = (
+                    f"the module's hyper-parameters are not JSON ({e}; pass plain values to "
+                    "save_hyperparameters, or ignore= the others)"
+                )
         if why is not None:
             warnings.warn(
-                f"replay: {why} cannot be replayed; ReplayCallback records nothing of this run",
+                f"replay: {why}: replay cannot rebuild this run's steps; ReplayCallback "
+                "records their health, batches and RNG states (no snapshots): replay info, "
+                "doctor and tui read them, bisect names the first bad step without replaying it",
                 RecorderWarning,
                 stacklevel=2,
             )
-            return
-        try:
-            hparams = _hparams(pl_module)
-        except (TypeError, ValueError) as e:
-            warnings.warn(
-                f"replay: the module's hyper-parameters are not JSON ({e}); replay cannot "
-                "rebuild it and ReplayCallback records nothing (pass plain values to "
-                "save_hyperparameters, or ignore= the others)",
-                RecorderWarning,
-                stacklevel=2,
-            )
-            return
-        objects: dict[str, Any] = {
-            "model": pl_module,
-            "optimizer": trainer.optimizers[0],
-            "trainer": trainer,
-        }
+        objects: dict[str, Any] = {"model": pl_module, "trainer": trainer}
+        for i, opt in enumerate(trainer.optimizers):
+            objects["optimizer" if i == 0 else f"optimizer_{i}"] = opt
         for i, cfg in enumerate(trainer.lr_scheduler_configs):
             objects["scheduler" if i == 0 else f"scheduler_{i}"] = cfg.scheduler
         scaler = getattr(trainer.precision_plugin, "scaler", None)
@@ -160,7 +176,8 @@ class ReplayCallback(Callback):
                 objects=objects,
                 step_fn=train_step,
                 build_fn=build,
-                build_kwargs={"module": type(pl_module), **settings},
+                build_kwargs={"module": type(pl_module), **settings} if why is None else None,
+                not_replayable=why,
                 **self.recorder_kwargs,
             )
         except Exception as e:  # noqa: BLE001 - the recorder must never take training down

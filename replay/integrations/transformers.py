@@ -38,14 +38,17 @@ the Trainer creates from them, prepared by its accelerator as ``train()`` does;
 optimizer and scheduler. Bitwise equality with the recording is checked by ``replay verify``,
 never assumed.
 
-Not replayed (said once at the start, and then nothing of the run is recorded): DeepSpeed,
-FSDP, more than one process (DDP) or DataParallel over several GPUs, a model that is neither a
+Not replayed (said once at the start; then each step's health, batch and RNG states are
+recorded without snapshots, ``Recorder(not_replayable=...)``, which ``info``/``doctor``/``tui``
+read and ``bisect`` refuses with the reason): more than one process (DDP) or DataParallel over
+several GPUs, a model that is neither a
 ``PreTrainedModel`` nor made by a module-level ``model_init``, an optimizer or scheduler passed
 to the Trainer (``optimizers=``/``optimizer_cls_and_kwargs``: replay cannot make them again),
 a model, config, Trainer or ``compute_loss_func`` of another installed package (peft, trl:
 replay imports no installed package's code as an entry point; transformers' own classes are
 looked up by name), a Trainer subclass or ``compute_loss_func`` that is not module-level, a
-model config or ``TrainingArguments`` value that is not JSON. Other callbacks that
+model config or ``TrainingArguments`` value that is not JSON. DeepSpeed and FSDP shard the parameters (measuring them would take
+collectives): nothing is recorded. Other callbacks that
 change gradients, weights or the learning rate inside a step, and a ``ReduceLROnPlateau``
 stepped at evaluation (its learning rate is restored from the recording at every step), make a
 replay differ, which ``replay verify`` reports.
@@ -274,15 +277,27 @@ class ReplayCallback(TrainerCallback):
         if trainer is None:
             self._refuse("a training loop that is not a transformers.Trainer's")
             return
+        if getattr(trainer, "is_deepspeed_enabled", False) or getattr(
+            trainer, "is_fsdp_enabled", False
+        ):
+            # Sharded parameters: measuring them (the gradient norm) would take collectives.
+            self._refuse("DeepSpeed or FSDP (sharded parameters)")
+            return
         why = _why_not(trainer)
+        settings: dict[str, Any] | None = None
+        if why is None:
+            try:
+                settings = _settings(trainer, state.max_steps)
+            except (TypeError, ValueError) as e:
+                why = f"this set-up ({e})"
         if why is not None:
-            self._refuse(why)
-            return
-        try:
-            settings = _settings(trainer, state.max_steps)
-        except (TypeError, ValueError) as e:
-            self._refuse(f"this set-up ({e})")
-            return
+            warnings.warn(
+                f"replay: {why}: replay cannot rebuild this run's steps; ReplayCallback "
+                "records their health, batches and RNG states (no snapshots): replay info, "
+                "doctor and tui read them, bisect names the first bad step without replaying it",
+                RecorderWarning,
+                stacklevel=2,
+            )
         objects: dict[str, Any] = {
             "model": trainer.model,
             "optimizer": _inner(trainer.optimizer),
@@ -302,6 +317,7 @@ class ReplayCallback(TrainerCallback):
                 step_fn=train_step,
                 build_fn=build,
                 build_kwargs=settings,
+                not_replayable=why,
                 **options,
             )
         except Exception as e:  # noqa: BLE001 - the recorder must never take training down

@@ -154,6 +154,7 @@ class Recorder:
         rank: int | None = None,
         world_size: int | None = None,
         build_kwargs: Mapping[str, Any] | None = None,
+        not_replayable: str | None = None,
     ) -> None:
         refuse_if_replaying()  # before anything is started or created
         self.preflight = preflight_from_env()
@@ -209,6 +210,9 @@ class Recorder:
         self._opt_params = self.objects.trained_params()
         self._probe_grads = GradProbe(self._opt_params, optimizer)
         self._writer: BackgroundWriter | None = None
+        # Why this run's steps cannot be replayed (a framework feature replay does not rebuild):
+        # then no snapshot is taken; the steps' health, batches and RNG states are recorded.
+        self.not_replayable = not_replayable
         self._step_hint: int | None = None  # bytes of the first step's batch and values
         self._pool = HostPool()  # the batch copies' buffers, given back by the writer thread
         # Started early: its imports overlap the first steps. The step log holds a few
@@ -401,7 +405,10 @@ class Recorder:
         """What a replay needs from before step ``t`` runs: the snapshot when one is due, RNG
         states, hyper-parameters, module modes, and the health row begun (lr, the scaler's
         scale). ``lr``: the loop's own value, for a run without an optimizer."""
-        if self.config.is_snapshot_step(t):
+        if self.not_replayable is not None:
+            if self._writer is None:
+                self._writer_or_start()  # (it creates the file; the log's records wait)
+        elif self.config.is_snapshot_step(t):
             self._snapshot(t)
         rng = capture_rng()
         hparams = self._hparams(copied)
@@ -686,6 +693,7 @@ class Recorder:
             scaler=type(self.scaler).__name__ if self.scaler else None,
             distributed=self.dist.meta() if self.dist is not None else None,
             build_kwargs=self.build_kwargs or None,
+            not_replayable=self.not_replayable,
         )
         sources = {}
         for e in self.entry.values():

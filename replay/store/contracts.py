@@ -268,12 +268,17 @@ class RunMeta:
     # keyword arguments replay passes to build_fn (replay.integrations); written only when set,
     # so that a plain run's blob is what it always was
     build_kwargs: dict[str, Any] | None = None
+    # why the steps cannot be replayed (a framework feature replay does not rebuild): no
+    # snapshots, the health and batches only; written only when set
+    not_replayable: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         def named(c: str | None) -> dict[str, str] | None:
             return {"class": c} if c is not None else None
 
-        extra = {"build_kwargs": self.build_kwargs} if self.build_kwargs else {}
+        extra: dict[str, Any] = {"build_kwargs": self.build_kwargs} if self.build_kwargs else {}
+        if self.not_replayable is not None:
+            extra["not_replayable"] = self.not_replayable
         return {
             "config": dict(self.config),
             "entry": self.entry,
@@ -300,4 +305,5 @@ class RunMeta:
             scaler=_class_of(d.get("scaler")),
             distributed=d.get("distributed"),
             build_kwargs=d.get("build_kwargs") or None,
+            not_replayable=d.get("not_replayable"),
         )

@@ -566,6 +566,7 @@ def check_meta(meta: Any, where: str, *, slots: dict[str, int] | None = None) ->
         raise _BAD(f"{w} is not an object")
     for key in ("config", "entry", "env", "model", "build_kwargs"):
         _opt(meta, key, dict, w)
+    _opt(meta, "not_replayable", str, w)
     config = meta.get("config") or {}
     for key, v in config.items():
         if v is not None and not isinstance(v, (int, float, bool, str)):

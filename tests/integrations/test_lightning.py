@@ -89,7 +89,10 @@ def test_the_callback_is_the_only_change_to_the_script():
     assert with_plain.returncode == 0, with_plain.stderr[-2000:]
 
 
-def test_manual_optimisation_is_refused_once_and_training_goes_on(tmp_path):
+def test_manual_optimisation_records_what_it_can_and_bisect_says_why_it_cannot_replay(tmp_path):
+    """Replay does not rebuild manual optimisation: said once, and the steps' health, batches
+    and RNG states are recorded without snapshots. info reads them; bisect and verify refuse
+    with the reason, naming the first failure the health shows."""
     script = tmp_path / "manual.py"
     script.write_text(
         (HERE / "lightning_recorded.py")
@@ -108,11 +111,24 @@ def test_manual_optimisation_is_refused_once_and_training_goes_on(tmp_path):
         )
         .replace("        accumulate_grad_batches=2,\n        gradient_clip_val=0.5,\n", "")
     )
-    p = _run(str(script), str(tmp_path))
-    assert p.returncode == 0, p.stderr[-2000:]
-    assert p.stderr.count("manual optimisation") == 1
-    assert "records nothing" in p.stderr
-    assert not (tmp_path / "run.h5").exists()
+    p = _run(str(script), str(tmp_path), "--nan-at", "5")
+    assert p.stderr.count("manual optimisation") == 1, p.stderr[-2000:]
+    assert "records their health, batches and RNG states" in p.stderr
+    assert "NonFiniteLossError" in p.stderr  # the NaN of step 5 ended fit(), as recorded
+    info = _run("-m", "replay", "info", str(tmp_path / "run.h5"), "--json")
+    assert info.returncode == 0, info.stderr
+    d = json.loads(info.stdout)
+    assert d["steps_recorded"] == 6 and d["snapshots"] == [] and d["replayable_window"] is None
+    assert "manual optimisation" in d["not_replayable"]
+    assert d["first_bad"]["nonfinite"] == 5
+    text = _run("-m", "replay", "info", str(tmp_path / "run.h5")).stdout
+    assert "nothing: recorded without replay (manual optimisation" in text
+    for cmd in ("bisect", "verify"):
+        b = _run("-m", "replay", cmd, str(tmp_path / "run.h5"))
+        assert b.returncode == 3, b.stderr
+        assert "recorded without replay (manual optimisation" in b.stderr
+        assert "first failure in its health is at step 5" in b.stderr
+        assert "Traceback" not in b.stderr
 
 
 def test_hyper_parameters_replay_cannot_keep_are_said_once_and_training_goes_on(tmp_path):
@@ -130,4 +146,6 @@ def test_hyper_parameters_replay_cannot_keep_are_said_once_and_training_goes_on(
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stderr.count("hyper-parameters are not JSON") == 1
     assert "Traceback" not in p.stderr
-    assert not (tmp_path / "run.h5").exists()
+    info = _run("-m", "replay", "info", str(tmp_path / "run.h5"), "--json")
+    d = json.loads(info.stdout)
+    assert d["steps_recorded"] == 12 and "not JSON" in d["not_replayable"]

@@ -153,13 +153,21 @@ def test_model_init_and_a_trainer_subclass_replay_bitwise(tmp_path):
     assert all(s["match"] and s["compared"] for s in v["steps"])
 
 
-def test_a_model_replay_cannot_rebuild_is_said_once_and_training_goes_on(tmp_path):
-    """A plain nn.Module has no config to rebuild it from (and no model_init is given)."""
+def test_a_model_replay_cannot_rebuild_is_said_once_and_its_steps_health_is_recorded(tmp_path):
+    """A plain nn.Module has no config to rebuild it from (and no model_init is given): said
+    once; the steps' health, batches and RNG states are recorded (no snapshots), and bisect
+    refuses to replay with the reason."""
     script = tmp_path / "plain_module.py"
     script.write_text(_plain_module(RECORDED))
     run, p = _train(tmp_path, "--model", "tiny", script=script)
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stderr.count("not a PreTrainedModel") == 1
-    assert "records nothing" in p.stderr
+    assert "records their health, batches and RNG states" in p.stderr
     assert "Traceback" not in p.stderr
-    assert not run.exists()
+    rc, d, err = _cli_json("info", str(run))
+    assert rc == 0, err
+    assert d["steps_recorded"] == 12 and d["snapshots"] == []
+    assert "not a PreTrainedModel" in d["not_replayable"]
+    assert d["last_loss"] is not None and d["first_bad"]["nonfinite"] is None
+    rc, _, err = _cli_json("bisect", str(run))
+    assert rc == 3 and "recorded without replay" in err and "no failure" in err
