@@ -155,6 +155,8 @@ class Engine:
         self._snap: tuple[int, dict[str, Any]] | None = None
         self.steps_run = 0  # step_fn calls so far (the cost a bisect reports)
         self.on_step: Callable[[int], None] | None = None  # progress: called after each step
+        self._tweak: Callable[[int], None] | None = None  # see off_record
+        self._off_record = False
 
     # -- the objects (for the tracer) ------------------------------------------------------
 
@@ -274,6 +276,8 @@ class Engine:
             restore_rng(r["rng"], cuda=self.device.startswith("cuda"))
         with _restoring(f"step {t}'s hyper-parameters and module modes"):
             self._put_hparams_and_modes(t, r)
+        if self._tweak is not None:
+            self._tweak(t)
 
     def _put_hparams_and_modes(self, t: int, r: dict[str, Any]) -> None:
         opt = self.objs.optimizer
@@ -337,6 +341,23 @@ class Engine:
             self.run_step(i)
         self._prepare(s)
 
+    @contextlib.contextmanager
+    def off_record(self, tweak: Callable[[int], None] | None = None) -> Iterator[None]:
+        """Run steps on a state no recording holds (``replay whatif``'s experiments).
+
+        Inside, ``run_step(t)`` runs on the live state whatever it is (a skipped step, a step
+        run on another batch or with other hyper-parameters before it), and ``tweak(t)`` is
+        called after step ``t``'s recorded RNG states, hyper-parameters and modes are put in
+        place, to change them. On exit the live state is forgotten: the next ``state_before``
+        restores from a checkpoint or a snapshot. NB: not reentrant.
+        """
+        self._tweak, self._off_record = tweak, True
+        try:
+            yield
+        finally:
+            self._tweak, self._off_record = None, False
+            self.invalidate()
+
     def invalidate(self) -> None:
         """Forget where the live objects are (after someone else ran a step on them, e.g. the
         tracer); the next ``state_before`` restores from a checkpoint or a snapshot."""
@@ -349,7 +370,7 @@ class Engine:
 
         Exceptions raised by ``step_fn`` are caught and returned in ``StepOutcome.exception``.
         """
-        if self._pos != t:
+        if self._pos != t and not self._off_record:
             self.state_before(t)
         self._prepare(t)
         b = self.batch(t) if batch is None else batch
