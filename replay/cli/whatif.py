@@ -184,8 +184,8 @@ def whatif(
     """Replay RUN's failing steps as recorded, then once per change: does the failure go away?
 
     \b
-    Replays steps S..T (default: from the snapshot bisect starts at, through the first bad
-    step + 3) from the state before S, first as recorded (checked bitwise against the
+    Replays steps S..T (default: from the snapshot bisect starts at, or the one before when
+    that one is at the failing step, through the first bad step + 3) from the state before S, first as recorded (checked bitwise against the
     recording), then once per change, each from that same state. Every flag may repeat; each
     occurrence is its own experiment:
       --set KEY=VALUE      a param-group hyper-parameter (lr, weight_decay...), every group, every step

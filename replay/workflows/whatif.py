@@ -1,7 +1,8 @@
 """What if...: replay the failing stretch of a recording once as recorded and once per change.
 
 ``run_whatif(run, [parse_change("scale", "lr=0.1")])`` replays steps ``from_step..to_step``
-(default: from the snapshot ``replay bisect`` would start at, through the first bad step + 3)
+(default: from the snapshot ``replay bisect`` would start at, or the one before it when that
+one is at the failing step itself, through the first bad step + 3, clamped to the window)
 from the state right before ``from_step``: first as recorded (the baseline, checked bitwise
 against the recording), then once per change, each from that same state. Each experiment says
 whether the failure still happens, and where; its loss and gradient norm per step; how far its
@@ -509,6 +510,11 @@ def _range(
                     f"every kept snapshot at or before step {bound} already holds NaN/Inf; "
                     "pass --from-step to replay part of the window anyway"
                 )
+        if start is not None and start == bad and candidates.index(start) > 0:
+            # The snapshot is taken right before the failing step: starting there leaves a
+            # change one step to act on, after the state already went bad. Start a snapshot
+            # earlier (it is healthy: health only goes bad once).
+            start = candidates[candidates.index(start) - 1]
         from_step = start
     assert from_step is not None
     if to_step is None:

@@ -1,0 +1,108 @@
+"""``replay whatif RUN.h5 CHANGE...``: the failing steps replayed as recorded, then once per
+change, on real recordings of the examples (each recorded once, in about 3 s)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import ROOT, replay_cli, run_py
+
+# examples/poisoned_sample.py: POISONED_ROW = 37 * BATCH + 5 (step 37, sample 5)
+POISONED_STEP, POISONED_SAMPLE = 37, 5
+
+
+@pytest.fixture(scope="module")
+def recordings(tmp_path_factory):
+    d = tmp_path_factory.mktemp("whatif")
+    out = {}
+    for name in ("gpt_diverging_lr", "poisoned_sample"):
+        path = d / f"{name}.h5"
+        run_py(str(ROOT / "examples" / f"{name}.py"), str(path), check=True, cwd=d)
+        out[name] = path
+    return out
+
+
+def whatif(*args, cwd):
+    return replay_cli("whatif", *map(str, args), cwd=cwd)
+
+
+def test_a_lower_lr_removes_the_divergence_and_another_seed_does_not(recordings, tmp_path):
+    run = recordings["gpt_diverging_lr"]
+    p = whatif(run, "--scale", "lr=0.1", "--seed", "1", "--json", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    d = json.loads(p.stdout)
+    # The baseline reproduces the recording, failure included.
+    assert d["reproduces"] is True and d["divergence"] is None
+    bad = d["recorded_failure"]
+    assert bad is not None and d["baseline_failure"] == bad and d["kind"] == "nonfinite"
+    assert d["from_step"] <= bad <= d["to_step"]
+    recorded = {s["step"]: s["loss"] for s in d["recorded"]}
+    assert {s["step"]: s["loss"] for s in d["baseline"]["steps"]} == recorded
+    lower, seed = d["experiments"]
+    assert lower["change"] == "--scale lr=0.1" and lower["removes_failure"] is True
+    assert lower["first_failure"] is None and lower["final_step"] == d["to_step"]
+    assert isinstance(lower["final_loss"], float)
+    lrs = {s["step"]: s["lr"] for s in lower["steps"]}
+    assert all(abs(lr - 0.2) < 1e-12 for lr in lrs.values())  # the recorded 2.0, scaled
+    assert seed["change"] == "--seed 1" and seed["removes_failure"] is False
+    assert seed["first_failure"] == bad
+    assert d["removed_by"] == ["--scale lr=0.1"]
+
+    only_seed = whatif(run, "--seed", "1", cwd=tmp_path)
+    assert only_seed.returncode == 1, only_seed.stderr
+    assert "reproduces the recording bitwise" in only_seed.stdout
+    assert "verdict: no change removes the failure" in only_seed.stdout
+
+
+def test_dropping_the_poisoned_sample_removes_the_failure_another_does_not(recordings, tmp_path):
+    run = recordings["poisoned_sample"]
+    poisoned = f"{POISONED_STEP}:{POISONED_SAMPLE}"
+    other = f"{POISONED_STEP}:{POISONED_SAMPLE + 1}"
+    p = whatif(run, "--drop-samples", poisoned, "--drop-samples", other, "--json", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    d = json.loads(p.stdout)
+    assert d["reproduces"] is True and d["baseline_failure"] == POISONED_STEP
+    dropped, kept = d["experiments"]
+    assert dropped["removes_failure"] is True and dropped["first_failure"] is None
+    step = next(s for s in dropped["steps"] if s["step"] == POISONED_STEP)
+    assert step["samples"] == 31 and not step["failed"]  # 32 samples, one dropped
+    assert kept["removes_failure"] is False and kept["first_failure"] == POISONED_STEP
+    text = whatif(run, "--drop-samples", other, cwd=tmp_path)
+    assert text.returncode == 1, text.stderr
+    assert "--drop-samples " + other in text.stdout
+
+
+def one_error_line(p) -> str:
+    assert "Traceback" not in p.stderr and p.stdout == ""
+    errors = [line for line in p.stderr.splitlines() if line.startswith("replay: error:")]
+    assert len(errors) == 1, p.stderr
+    return errors[0]
+
+
+def test_a_change_the_run_cannot_take_is_refused_before_anything_runs(recordings, tmp_path):
+    run = recordings["poisoned_sample"]
+    p = whatif(run, "--scale", "no_such_key=2", cwd=tmp_path)
+    assert p.returncode == 2
+    assert p.stderr.count("\n") == 1  # one line: refused before the entry points are imported
+    assert "no hyper-parameter 'no_such_key'" in one_error_line(p)
+    p = whatif(run, "--drop-samples", f"{POISONED_STEP}:32", cwd=tmp_path)
+    assert p.returncode == 2 and "has 32 samples" in one_error_line(p)
+    p = whatif(run, "--skip-step", "999", cwd=tmp_path)
+    assert p.returncode == 2 and "outside the replayable window" in one_error_line(p)
+    p = whatif(run, "--dtype", "bfloat16", cwd=tmp_path)
+    assert p.returncode == 2 and "not supported yet" in one_error_line(p)
+
+
+def test_a_range_without_failure_exits_1_and_says_so(recordings, tmp_path):
+    run = recordings["gpt_diverging_lr"]
+    p = whatif(
+        run, "--from-step", "10", "--to-step", "12", "--skip-step", "11", "--json", cwd=tmp_path
+    )
+    assert p.returncode == 1, p.stderr
+    d = json.loads(p.stdout)
+    assert d["baseline_failure"] is None and d["snapshot"] == 10
+    skipped = [s["step"] for s in d["experiments"][0]["steps"] if s["skipped"]]
+    assert skipped == [11]
+    assert "the baseline has no failure in steps 10..12" in p.stderr
