@@ -118,7 +118,8 @@ def render_whatif(d: dict[str, Any]) -> str:
     else:
         lines.append(f"verdict: no change removes the failure (the baseline fails at step {bf})")
     for n in d["notes"]:
-        lines.append(f"note: {term_safe(n)}")
+        if not n.startswith("the baseline has no failure"):  # the verdict just said so
+            lines.append(f"note: {term_safe(n)}")
     return "\n".join(lines)
 
 
@@ -230,7 +231,7 @@ def whatif(
         bar.close()
     d = report.json()
     click.echo(json.dumps(d, indent=2) if as_json else render_whatif(d))
-    if report.baseline.first_failure is None:
+    if as_json and report.baseline.first_failure is None:  # (the text report's verdict says so)
         click.echo(
             f"replay: the baseline has no failure in steps {d['from_step']}..{d['to_step']}: "
             "nothing for a change to remove",

@@ -416,4 +416,9 @@ class Engine:
         if scaler is not None:
             after = _num(getattr(scaler, "_scale", None))
             out.scale_after = math.nan if after is None else after
+            if out.scale is None and after is not None:
+                # As the recorder: GradScaler makes its scale tensor lazily (a scaler fresh from
+                # a snapshot has none), so the step ran with init_scale. Without this a skip in
+                # the first step after a snapshot read as a non-finite failure.
+                out.scale = _num(getattr(scaler, "_init_scale", None))
         return out

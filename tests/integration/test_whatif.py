@@ -17,7 +17,7 @@ POISONED_STEP, POISONED_SAMPLE = 37, 5
 def recordings(tmp_path_factory):
     d = tmp_path_factory.mktemp("whatif")
     out = {}
-    for name in ("gpt_diverging_lr", "poisoned_sample"):
+    for name in ("gpt_diverging_lr", "poisoned_sample", "amp_bf16_scaler"):
         path = d / f"{name}.h5"
         run_py(str(ROOT / "examples" / f"{name}.py"), str(path), check=True, cwd=d)
         out[name] = path
@@ -106,3 +106,15 @@ def test_a_range_without_failure_exits_1_and_says_so(recordings, tmp_path):
     skipped = [s["step"] for s in d["experiments"][0]["steps"] if s["skipped"]]
     assert skipped == [11]
     assert "the baseline has no failure in steps 10..12" in p.stderr
+
+
+def test_a_gradscaler_skip_right_after_a_snapshot_is_not_a_failure(recordings, tmp_path):
+    """Regression: the engine read a scaler fresh from a snapshot (no scale tensor yet) as
+    "scale unknown", so the skip of the first replayed step looked like a non-finite failure."""
+    p = whatif(recordings["amp_bf16_scaler"], "--seed", "1", "--json", cwd=tmp_path)
+    d = json.loads(p.stdout)
+    first = d["recorded"][0]
+    assert d["snapshot"] == d["from_step"] == first["step"] and first["grad_norm"] == "inf"
+    assert d["recorded_failure"] is None and d["baseline_failure"] is None
+    assert d["baseline"]["steps"][0]["failed"] is False
+    assert p.returncode == 1 and "the baseline has no failure" in p.stderr
