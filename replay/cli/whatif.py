@@ -84,7 +84,7 @@ def render_whatif(d: dict[str, Any]) -> str:
     lines.append("")
     lines.append(
         f"  {'':{name_w}}  {'loss':{col_w}}  {'grad norm':{col_w}}  "
-        f"{'fails at':>8}  {'final loss':>10}  {'vs baseline':>11}"
+        f"{'fails at':>8}  {'final loss':>10}  {'param dist':>10}"
     )
     for name, steps, e in runs:
         first = next((s["step"] for s in steps if s.get("failed")), None)
@@ -94,12 +94,12 @@ def render_whatif(d: dict[str, Any]) -> str:
             f"  {name:{name_w}}  {_spark(steps, 'loss', *scales['loss'], col_w)}  "
             f"{_spark(steps, 'grad_norm', *scales['grad_norm'], col_w)}  "
             f"{'-' if first is None else first:>8}  "
-            f"{_num(None if last is None else last.get('loss')):>10}  {dist:>11}"
+            f"{_num(None if last is None else last.get('loss')):>10}  {dist:>10}"
         )
     lines.append(
         f"  (log scale per column, one character a step from {lo}; {_BAD} non-finite or raised, "
-        f"{_SKIPPED} skipped; vs baseline: parameter distance relative to the baseline's at "
-        f"the end)"
+        f"{_SKIPPED} skipped; param dist: |params - baseline's| / |baseline's| at the end, - when "
+        "the baseline's are not finite)"
     )
     lines.append("")
     for e in d["experiments"]:
@@ -120,7 +120,7 @@ def render_whatif(d: dict[str, Any]) -> str:
     for n in d["notes"]:
         if not n.startswith("the baseline has no failure"):  # the verdict just said so
             lines.append(f"note: {term_safe(n)}")
-    return "\n".join(lines)
+    return "\n".join(line.rstrip() for line in lines)
 
 
 def _changes(
