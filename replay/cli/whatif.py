@@ -188,7 +188,7 @@ def whatif(
     Replays steps S..T (default: from the snapshot bisect starts at, or the one before when
     that one is at the failing step, through the first bad step + 3) from the state before S, first as recorded (checked bitwise against the
     recording), then once per change, each from that same state. Every flag may repeat; each
-    occurrence is its own experiment:
+    occurrence is its own experiment (run grouped by flag, in the order below):
       --set KEY=VALUE      a param-group hyper-parameter (lr, weight_decay...), every group, every step
       --scale KEY=FACTOR   the recorded hyper-parameter times FACTOR, every group, every step
       --clip MAXNORM       clip the gradient norm right before every optimizer step

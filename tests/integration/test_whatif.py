@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.conftest import ROOT, replay_cli, run_py
+from tests.conftest import ROOT, SCRIPTS, replay_cli, run_py
 
 # examples/poisoned_sample.py: POISONED_ROW = 37 * BATCH + 5 (step 37, sample 5)
 POISONED_STEP, POISONED_SAMPLE = 37, 5
@@ -93,6 +93,26 @@ def test_a_change_the_run_cannot_take_is_refused_before_anything_runs(recordings
     assert p.returncode == 2 and "outside the replayable window" in one_error_line(p)
     p = whatif(run, "--dtype", "bfloat16", cwd=tmp_path)
     assert p.returncode == 2 and "not supported yet" in one_error_line(p)
+    for bad in (["--drop-samples", "37"], ["--clip", "0"], ["--set", "lr"], ["--seed", "x"]):
+        p = whatif(run, *bad, cwd=tmp_path)
+        assert p.returncode == 2 and one_error_line(p).startswith(f"replay: error: {bad[0]} ")
+
+
+def test_another_seed_changes_the_dropout_masks_not_the_failure(tmp_path):
+    """The test MLP has dropout and a NaN injected at step 10: other draws of the random
+    numbers change every loss, and the failure stays (it is not the luck)."""
+    run = tmp_path / "mlp.h5"
+    args = ["--steps", "12", "--snapshot-every", "5", "--nan-at", "10"]
+    run_py(str(SCRIPTS / "mlp_train.py"), str(run), *args, cwd=tmp_path)
+    p = whatif(run, "--seed", "1", "--skip-step", "10", "--json", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    d = json.loads(p.stdout)
+    assert d["reproduces"] and d["baseline_failure"] == 10
+    skip, seed = d["experiments"]
+    assert skip["change"] == "--skip-step 10" and skip["removes_failure"] is True
+    assert seed["first_failure"] == 10 and not seed["removes_failure"]
+    base = [s["loss"] for s in d["baseline"]["steps"][:-1]]
+    assert all(a != b for a, b in zip(base, [s["loss"] for s in seed["steps"]]))
 
 
 def test_a_range_without_failure_exits_1_and_says_so(recordings, tmp_path):
