@@ -123,31 +123,39 @@ def render_whatif(d: dict[str, Any]) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
-def _changes(
-    sets: tuple[str, ...],
-    scales: tuple[str, ...],
-    clips: tuple[str, ...],
-    skips: tuple[str, ...],
-    drops: tuple[str, ...],
-    seeds: tuple[str, ...],
-) -> list[Any]:
-    """The changes in command-line order within each flag (checked before torch is imported)."""
+_FLAGS = ("set", "scale", "clip", "skip-step", "drop-samples", "seed")
+_ORDER = "replay.whatif.order"
+
+
+class _InOrder(click.Command):
+    """Remembers the order the change flags came in: click hands each flag's values over
+    apart, and the experiments run in the order given."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        order: list[tuple[str, str | None]] = []
+        it = iter(args)
+        for a in it:
+            if a == "--":
+                break
+            name, eq, val = a.partition("=")
+            if name.startswith("--") and name[2:] in _FLAGS:
+                order.append((name[2:], val if eq else next(it, None)))
+        ctx.meta[_ORDER] = order
+        return super().parse_args(ctx, args)
+
+
+def _changes(given: dict[str, tuple[str, ...]]) -> list[Any]:
+    """The changes in command-line order (checked before torch is imported)."""
     from ..workflows.whatif import parse_change
 
-    out = []
-    for kind, args in (
-        ("set", sets),
-        ("scale", scales),
-        ("clip", clips),
-        ("skip-step", skips),
-        ("drop-samples", drops),
-        ("seed", seeds),
-    ):
-        out += [parse_change(kind, a) for a in args]
-    return out
+    grouped = [(kind, a) for kind in _FLAGS for a in given[kind]]
+    order = click.get_current_context().meta.get(_ORDER) or []
+    if sorted(order, key=str) != sorted(grouped, key=str):
+        order = grouped  # an option's value looked like a flag: keep click's reading
+    return [parse_change(kind, a) for kind, a in order if a is not None]
 
 
-@click.command()
+@click.command(cls=_InOrder)
 @click.argument("run", type=click.Path(dir_okay=False, path_type=str))
 @click.option("--from-step", type=int, default=None, metavar="S", help="First step changed.")
 @click.option("--to-step", type=int, default=None, metavar="T", help="Last step replayed.")
@@ -184,17 +192,21 @@ def whatif(
 ) -> int:
     """Replay RUN's failing steps as recorded, then once per change: does the failure go away?
 
-    \b
     Replays steps S..T (default: from the snapshot bisect starts at, or the one before when
-    that one is at the failing step, through the first bad step + 3) from the state before S, first as recorded (checked bitwise against the
-    recording), then once per change, each from that same state. Every flag may repeat; each
-    occurrence is its own experiment (run grouped by flag, in the order below):
-      --set KEY=VALUE      a param-group hyper-parameter (lr, weight_decay...), every group, every step
-      --scale KEY=FACTOR   the recorded hyper-parameter times FACTOR, every group, every step
-      --clip MAXNORM       clip the gradient norm right before every optimizer step
-      --skip-step N        step N is not run; the state carries over to N+1
-      --drop-samples N:I,J step N runs without samples I, J (along the batch axis bisect uses)
-      --seed K             each step's recorded RNG, reseeded from K: is it the data or the luck?
+    that one is at the failing step, through the first bad step + 3) from the state before S:
+    first as recorded (checked bitwise against the recording), then once per change, each from
+    that same state. Every flag may repeat; each occurrence is its own experiment, run in the
+    order given.
+
+    \b
+      --set KEY=VALUE       a param-group hyper-parameter (lr, weight_decay...),
+                            in every group, at every step
+      --scale KEY=FACTOR    the recorded hyper-parameter times FACTOR
+      --clip MAXNORM        clip the gradient norm right before every optimizer step
+      --skip-step N         step N is not run; the state carries over to N+1
+      --drop-samples N:I,J  step N without samples I, J (along bisect's batch axis)
+      --seed K              each step's recorded RNG, reseeded from K: data or luck?
+
     Exit codes: 0 some change removes the failure, 1 none does (or the baseline has no
     failure), 2 usage error or a change the run cannot take, 3 unusable recording, 4 unusable
     entry point, 5 replay failed, 6 internal error.
@@ -208,7 +220,16 @@ def whatif(
         raise UsageError(
             f"{flag} is not supported yet: the step function chooses its own dtypes and autocast"
         )
-    changes = _changes(sets, scales, clips, skips, drops, seeds)
+    changes = _changes(
+        {
+            "set": sets,
+            "scale": scales,
+            "clip": clips,
+            "skip-step": skips,
+            "drop-samples": drops,
+            "seed": seeds,
+        }
+    )
     if not changes:
         raise click.UsageError(
             "name at least one change: --set, --scale, --clip, --skip-step, --drop-samples, --seed"

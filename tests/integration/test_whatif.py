@@ -108,7 +108,7 @@ def test_another_seed_changes_the_dropout_masks_not_the_failure(tmp_path):
     assert p.returncode == 0, p.stderr
     d = json.loads(p.stdout)
     assert d["reproduces"] and d["baseline_failure"] == 10
-    skip, seed = d["experiments"]
+    seed, skip = d["experiments"]  # in the order given on the command line
     assert skip["change"] == "--skip-step 10" and skip["removes_failure"] is True
     assert seed["first_failure"] == 10 and not seed["removes_failure"]
     base = [s["loss"] for s in d["baseline"]["steps"][:-1]]
