@@ -17,6 +17,7 @@ __all__ = ["whatif", "render_whatif"]
 _BARS = "▁▂▃▄▅▆▇█"
 _BAD = "×"  # a non-finite value, or the step raised
 _SKIPPED = "·"
+SPARK_MAX = 60  # characters a sparkline; longer ranges show runs of steps per character
 
 
 def _finite(x: Any) -> TypeGuard[float]:
@@ -28,16 +29,20 @@ def _log(x: float) -> float:
 
 
 def _spark(steps: list[dict[str, Any]], key: str, lo: float, hi: float, width: int) -> str:
-    """One character a step, on a log scale shared by every line (``lo``..``hi`` in log10)."""
+    """One character a step (a run of steps past ``SPARK_MAX``), on a log scale shared by every
+    line (``lo``..``hi`` in log10). A run with a non-finite value shows it; else its largest."""
+    per = max(1, math.ceil(len(steps) / SPARK_MAX))
     out = []
-    for s in steps:
-        v = s.get(key)
-        if s.get("skipped"):
+    for i in range(0, len(steps), per):
+        chunk = [s for s in steps[i : i + per] if not s.get("skipped")]
+        vals = [x for x in (s.get(key) for s in chunk) if _finite(x)]
+        if not chunk:
             out.append(_SKIPPED)
-        elif not _finite(v):
+        elif len(vals) < len(chunk):
             out.append(_BAD)
         else:
-            f = 0.0 if hi <= lo else (_log(v) - lo) / (hi - lo)
+            v = max(_log(x) for x in vals)
+            f = 0.0 if hi <= lo else (v - lo) / (hi - lo)
             out.append(_BARS[min(len(_BARS) - 1, max(0, round(f * (len(_BARS) - 1))))])
     return "".join(out).ljust(width)
 
@@ -74,7 +79,8 @@ def render_whatif(d: dict[str, Any]) -> str:
         ("recorded", d["recorded"], None),
         ("baseline", d["baseline"]["steps"], d["baseline"]),
     ] + [(term_safe(e["change"]), e["steps"], e) for e in d["experiments"]]
-    width = hi - lo + 1
+    per = max(1, math.ceil((hi - lo + 1) / SPARK_MAX))
+    width = math.ceil((hi - lo + 1) / per)
     scales = {}
     for key in ("loss", "grad_norm"):
         vals = [_log(s[key]) for _, steps, _ in runs for s in steps if _finite(s.get(key))]
@@ -97,7 +103,8 @@ def render_whatif(d: dict[str, Any]) -> str:
             f"{_num(None if last is None else last.get('loss')):>10}  {dist:>10}"
         )
     lines.append(
-        f"  (log scale per column, one character a step from {lo}; {_BAD} non-finite or raised, "
+        f"  (log scale per column, one character {'a step' if per == 1 else f'per {per} steps'} "
+        f"from {lo}; {_BAD} non-finite or raised, "
         f"{_SKIPPED} skipped; param dist: |params - baseline's| / |baseline's| at the end, - when "
         "the baseline's are not finite)"
     )
