@@ -138,3 +138,21 @@ def test_a_gradscaler_skip_right_after_a_snapshot_is_not_a_failure(recordings, t
     assert d["recorded_failure"] is None and d["baseline_failure"] is None
     assert d["baseline"]["steps"][0]["failed"] is False
     assert p.returncode == 1 and "the baseline has no failure" in p.stderr
+
+
+def test_samples_are_dropped_along_the_axis_the_diagnosis_finds(tmp_path):
+    """A time-major batch ``tokens[T, B]``: its samples are columns (dim 1), as bisect finds
+    with a probe. Regression: the probe loaded a snapshot whose optimizer state then shared
+    memory with the engine's cached copy, so the baseline loaded it again already stepped and
+    no longer reproduced the recording."""
+    run = tmp_path / "tm.h5"
+    run_py(str(SCRIPTS / "diag_time_major.py"), str(run), cwd=tmp_path)
+    p = whatif(run, "--drop-samples", "7:7", "--drop-samples", "7:3", "--json", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    d = json.loads(p.stdout)
+    assert d["reproduces"] is True, d["divergence"]
+    column, row = d["experiments"]
+    assert column["removes_failure"] is True and row["first_failure"] == 7
+    assert next(s for s in column["steps"] if s["step"] == 7)["samples"] == 9  # of 10 columns
+    p = whatif(run, "--drop-samples", "7:10", cwd=tmp_path)
+    assert p.returncode == 2 and "10 samples along dim 1" in one_error_line(p)
