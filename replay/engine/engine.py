@@ -66,6 +66,25 @@ def _num(x: Any) -> float | None:
     return float(x)
 
 
+def _owned(tree: Any) -> Any:
+    """``tree`` with every CPU tensor copied. On the CPU, tensors rebuilt from a record share
+    memory with the record the engine caches (torch.from_numpy): a step that changes its batch
+    in place (``x.mul_(0.5)``) changed the cache, and the next replay of that step (bisect's
+    re-check, a whatif experiment) ran on the changed batch. Tensors moved to another device
+    are copies already."""
+    if isinstance(tree, torch.Tensor):
+        if tree.device.type != "cpu":
+            return tree
+        return tree.detach().clone().requires_grad_(tree.requires_grad)
+    if isinstance(tree, dict):
+        return type(tree)((k, _owned(v)) for k, v in tree.items())
+    if isinstance(tree, tuple) and hasattr(tree, "_fields"):  # namedtuple
+        return type(tree)(*(_owned(v) for v in tree))
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_owned(v) for v in tree)
+    return tree
+
+
 @contextlib.contextmanager
 def _restoring(what: str) -> Iterator[None]:
     """Restoring recorded state must fail as one ``ReplayError`` (exit 5) that says what was
@@ -211,13 +230,13 @@ class Engine:
         return r
 
     def batch(self, t: int) -> Any:
-        """Step ``t``'s recorded batch as tensors on the replay device."""
-        return from_leaves(self.record(t)["batch"], self._leaf_device)
+        """Step ``t``'s recorded batch as tensors on the replay device, the caller's own."""
+        return _owned(from_leaves(self.record(t)["batch"], self._leaf_device))
 
     def values(self, t: int) -> dict[str, Any]:
         """The per-step values the loop passed to ``rec.step(batch, **values)`` at step ``t``."""
         v = self.record(t).get("values")
-        return from_leaves(v, self._leaf_device) if v else {}
+        return _owned(from_leaves(v, self._leaf_device)) if v else {}
 
     def step_callable(self, t: int, **override: Any) -> Callable[[Any, Any, Any], Any]:
         """``fn(model, optimizer, batch)`` running step ``t``'s step function with its recorded

@@ -156,3 +156,31 @@ def test_samples_are_dropped_along_the_axis_the_diagnosis_finds(tmp_path):
     assert next(s for s in column["steps"] if s["step"] == 7)["samples"] == 9  # of 10 columns
     p = whatif(run, "--drop-samples", "7:10", cwd=tmp_path)
     assert p.returncode == 2 and "10 samples along dim 1" in one_error_line(p)
+
+
+def test_a_step_that_changes_its_batch_in_place_does_not_change_the_next_experiment(tmp_path):
+    """Regression: the engine handed the step a batch sharing memory with the record it
+    caches, so ``x.mul_(0.5)`` in the step halved the batch every later replay of that step
+    ran on: experiments that change nothing (another seed, no RNG used) differed."""
+    run = tmp_path / "inplace.h5"
+    run_py(str(SCRIPTS / "inplace_batch.py"), str(run), check=True, cwd=tmp_path)
+    p = whatif(
+        run,
+        "--from-step",
+        "1",
+        "--to-step",
+        "3",
+        "--seed",
+        "1",
+        "--seed",
+        "2",
+        "--json",
+        cwd=tmp_path,
+    )
+    assert p.returncode == 1, p.stderr  # a healthy run: nothing to remove
+    d = json.loads(p.stdout)
+    assert d["reproduces"] is True
+    base = [s["loss"] for s in d["baseline"]["steps"]]
+    assert len(base) == 3
+    for e in d["experiments"]:
+        assert [s["loss"] for s in e["steps"]] == base, e["change"]
