@@ -480,9 +480,14 @@ def _distance(engine: Any, ref: list[Any]) -> float | None:
 
 
 def _range(
-    engine: Any, rows: list[dict[str, Any]], from_step: int | None, to_step: int | None
+    engine: Any,
+    rows: list[dict[str, Any]],
+    from_step: int | None,
+    to_step: int | None,
+    notes: list[str],
 ) -> tuple[int, int, int, str, int | None]:
-    """``(snapshot, from, to, kind, first bad step recorded)`` for the replay."""
+    """``(snapshot, from, to, kind, first bad step recorded)`` for the replay; a default that
+    needs saying goes to ``notes``."""
     from ..bisect import auto_criterion, newest_healthy
 
     w = engine.window
@@ -515,6 +520,10 @@ def _range(
             # change one step to act on, after the state already went bad. Start a snapshot
             # earlier (it is healthy: health only goes bad once).
             start = candidates[candidates.index(start) - 1]
+            notes.append(
+                f"the snapshot bisect starts from is taken right before the failing step {bad}: "
+                f"the replay starts from the one before it, at step {start}"
+            )
         from_step = start
     assert from_step is not None
     if to_step is None:
@@ -549,7 +558,8 @@ def run_whatif(
         if opened is not None:
             opened()
         rows = engine.recorded_rows()
-        snap, lo, hi, kind, bad = _range(engine, rows, from_step, to_step)
+        notes: list[str] = []
+        snap, lo, hi, kind, bad = _range(engine, rows, from_step, to_step, notes)
         # (The checks may replay steps; whatever they leave, the engine knows: a step run on
         # another batch marks the live state as unknown.)
         plans = [_check_change(engine, c, lo, hi) for c in changes]
@@ -594,7 +604,6 @@ def run_whatif(
         engine.close()
         rec.close()
 
-    notes = []
     if divergence is not None:
         notes.append(
             f"the baseline differs from the recording at step {divergence['step']} "

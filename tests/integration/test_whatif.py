@@ -30,7 +30,19 @@ def whatif(*args, cwd):
 
 def test_a_lower_lr_removes_the_divergence_and_another_seed_does_not(recordings, tmp_path):
     run = recordings["gpt_diverging_lr"]
-    p = whatif(run, "--scale", "lr=0.1", "--seed", "1", "--json", cwd=tmp_path)
+    p = whatif(
+        run,
+        "--scale",
+        "lr=0.1",
+        "--seed",
+        "1",
+        "--set",
+        "lr=0.1",
+        "--clip",
+        "1",
+        "--json",
+        cwd=tmp_path,
+    )
     assert p.returncode == 0, p.stderr
     d = json.loads(p.stdout)
     # The baseline reproduces the recording, failure included.
@@ -40,7 +52,7 @@ def test_a_lower_lr_removes_the_divergence_and_another_seed_does_not(recordings,
     assert d["from_step"] <= bad <= d["to_step"]
     recorded = {s["step"]: s["loss"] for s in d["recorded"]}
     assert {s["step"]: s["loss"] for s in d["baseline"]["steps"]} == recorded
-    lower, seed = d["experiments"]
+    lower, seed, set_lr, clip = d["experiments"]
     assert lower["change"] == "--scale lr=0.1" and lower["removes_failure"] is True
     assert lower["first_failure"] is None and lower["final_step"] == d["to_step"]
     assert isinstance(lower["final_loss"], float)
@@ -48,7 +60,12 @@ def test_a_lower_lr_removes_the_divergence_and_another_seed_does_not(recordings,
     assert all(abs(lr - 0.2) < 1e-12 for lr in lrs.values())  # the recorded 2.0, scaled
     assert seed["change"] == "--seed 1" and seed["removes_failure"] is False
     assert seed["first_failure"] == bad
-    assert d["removed_by"] == ["--scale lr=0.1"]
+    assert set_lr["removes_failure"] and {s["lr"] for s in set_lr["steps"]} == {0.1}
+    # The clip happens after the gradient norm is measured: the first step's norm is the
+    # baseline's, and the failure is gone.
+    assert clip["removes_failure"] is True
+    assert clip["steps"][0]["grad_norm"] == d["baseline"]["steps"][0]["grad_norm"]
+    assert d["removed_by"] == ["--scale lr=0.1", "--set lr=0.1", "--clip 1"]
 
     only_seed = whatif(run, "--seed", "1", cwd=tmp_path)
     assert only_seed.returncode == 1, only_seed.stderr
