@@ -27,6 +27,7 @@ from .preflight import preflight
 from .trace import trace
 from .tui import tui
 from .verify import verify
+from .whatif import whatif
 
 __all__ = ["cli", "main"]
 
@@ -42,6 +43,7 @@ def cli() -> None:
     replay verify RUN.h5    replay the recorded window and check it is bitwise deterministic
     replay doctor RUN.h5    the debugging checklist: what looks wrong in the run, and what to do
     replay overfit RUN.h5   can the model overfit one recorded batch? (the first law)
+    replay whatif RUN.h5 --scale lr=0.1   would the failure still happen with this change?
     replay trace RUN.h5     trace any step per op (--step N) for the TUI's op views
     replay tui RUN.h5       browse a recording and its forensics in the terminal
     replay export RUN.h5 --out DIR   the state before a step as a torch checkpoint, to resume
@@ -54,6 +56,7 @@ cli.add_command(bisect)
 cli.add_command(verify)
 cli.add_command(doctor)
 cli.add_command(overfit)
+cli.add_command(whatif)
 cli.add_command(trace)
 cli.add_command(tui)
 cli.add_command(preflight)

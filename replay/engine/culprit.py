@@ -25,7 +25,7 @@ from .engine import Engine
 if TYPE_CHECKING:
     from ..trace.result import TraceResult
 
-__all__ = ["trace_culprit", "tracer_available"]
+__all__ = ["trace_culprit", "tracer_available", "sample_axes"]
 
 
 def tracer_available() -> bool:
@@ -137,12 +137,22 @@ def trace_culprit(
     return fields
 
 
-def _samples(engine: Engine, step: int, kind: str, batch: Any, result: TraceResult) -> None:
-    from replay.trace import batch_size_of, choose_sample_axes, has_batch_coupling, slice_batch
+def sample_axes(engine: Engine, step: int, batch: Any) -> tuple[list[int], list[str]]:
+    """The axes of step ``step``'s ``batch`` that index samples, and notes on how they were
+    found: the step function's ``batch_axis`` when it fits, else ``choose_sample_axes`` (which
+    may replay the step, or the one before it, to tell candidate axes apart). The diagnosis and
+    ``replay whatif --drop-samples`` slice along the same axes."""
+    from replay.trace import choose_sample_axes
 
     pstep, pbatch = _probe_step(engine, step, batch)
     hint = getattr(engine.step_fn, "batch_axis", None)
-    axes, notes = choose_sample_axes(pbatch, _probe(engine, pstep), hint)
+    return choose_sample_axes(pbatch, _probe(engine, pstep), hint)
+
+
+def _samples(engine: Engine, step: int, kind: str, batch: Any, result: TraceResult) -> None:
+    from replay.trace import batch_size_of, has_batch_coupling, slice_batch
+
+    axes, notes = sample_axes(engine, step, batch)
     result.add_notes(notes)
     if not axes:
         return

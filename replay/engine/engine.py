@@ -66,6 +66,25 @@ def _num(x: Any) -> float | None:
     return float(x)
 
 
+def _owned(tree: Any) -> Any:
+    """``tree`` with every CPU tensor copied. On the CPU, tensors rebuilt from a record share
+    memory with the record the engine caches (torch.from_numpy): a step that changes its batch
+    in place (``x.mul_(0.5)``) changed the cache, and the next replay of that step (bisect's
+    re-check, a whatif experiment) ran on the changed batch. Tensors moved to another device
+    are copies already."""
+    if isinstance(tree, torch.Tensor):
+        if tree.device.type != "cpu":
+            return tree
+        return tree.detach().clone().requires_grad_(tree.requires_grad)
+    if isinstance(tree, dict):
+        return type(tree)((k, _owned(v)) for k, v in tree.items())
+    if isinstance(tree, tuple) and hasattr(tree, "_fields"):  # namedtuple
+        return type(tree)(*(_owned(v) for v in tree))
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_owned(v) for v in tree)
+    return tree
+
+
 @contextlib.contextmanager
 def _restoring(what: str) -> Iterator[None]:
     """Restoring recorded state must fail as one ``ReplayError`` (exit 5) that says what was
@@ -168,6 +187,8 @@ class Engine:
         self._snap: tuple[int, dict[str, Any]] | None = None
         self.steps_run = 0  # step_fn calls so far (the cost a bisect reports)
         self.on_step: Callable[[int], None] | None = None  # progress: called after each step
+        self._tweak: Callable[[int], None] | None = None  # see off_record
+        self._off_record = False
 
     # -- the objects (for the tracer) ------------------------------------------------------
 
@@ -222,13 +243,13 @@ class Engine:
         return r
 
     def batch(self, t: int) -> Any:
-        """Step ``t``'s recorded batch as tensors on the replay device."""
-        return from_leaves(self.record(t)["batch"], self._leaf_device)
+        """Step ``t``'s recorded batch as tensors on the replay device, the caller's own."""
+        return _owned(from_leaves(self.record(t)["batch"], self._leaf_device))
 
     def values(self, t: int) -> dict[str, Any]:
         """The per-step values the loop passed to ``rec.step(batch, **values)`` at step ``t``."""
         v = self.record(t).get("values")
-        return from_leaves(v, self._leaf_device) if v else {}
+        return _owned(from_leaves(v, self._leaf_device)) if v else {}
 
     def step_callable(self, t: int, **override: Any) -> Callable[[Any, Any, Any], Any]:
         """``fn(model, optimizer, batch)`` running step ``t``'s step function with its recorded
@@ -287,6 +308,8 @@ class Engine:
             restore_rng(r["rng"], cuda=self.device.startswith("cuda"))
         with _restoring(f"step {t}'s hyper-parameters and module modes"):
             self._put_hparams_and_modes(t, r)
+        if self._tweak is not None:
+            self._tweak(t)
 
     def _put_hparams_and_modes(self, t: int, r: dict[str, Any]) -> None:
         opt = self.objs.optimizer
@@ -350,6 +373,23 @@ class Engine:
             self.run_step(i)
         self._prepare(s)
 
+    @contextlib.contextmanager
+    def off_record(self, tweak: Callable[[int], None] | None = None) -> Iterator[None]:
+        """Run steps on a state no recording holds (``replay whatif``'s experiments).
+
+        Inside, ``run_step(t)`` runs on the live state whatever it is (a skipped step, a step
+        run on another batch or with other hyper-parameters before it), and ``tweak(t)`` is
+        called after step ``t``'s recorded RNG states, hyper-parameters and modes are put in
+        place, to change them. On exit the live state is forgotten: the next ``state_before``
+        restores from a checkpoint or a snapshot. NB: not reentrant.
+        """
+        self._tweak, self._off_record = tweak, True
+        try:
+            yield
+        finally:
+            self._tweak, self._off_record = None, False
+            self.invalidate()
+
     def invalidate(self) -> None:
         """Forget where the live objects are (after someone else ran a step on them, e.g. the
         tracer); the next ``state_before`` restores from a checkpoint or a snapshot."""
@@ -362,7 +402,7 @@ class Engine:
 
         Exceptions raised by ``step_fn`` are caught and returned in ``StepOutcome.exception``.
         """
-        if self._pos != t:
+        if self._pos != t and not self._off_record:
             self.state_before(t)
         self._prepare(t)
         b = self.batch(t) if batch is None else batch
@@ -408,4 +448,9 @@ class Engine:
         if scaler is not None:
             after = _num(getattr(scaler, "_scale", None))
             out.scale_after = math.nan if after is None else after
+            if out.scale is None and after is not None:
+                # As the recorder: GradScaler makes its scale tensor lazily (a scaler fresh from
+                # a snapshot has none), so the step ran with init_scale. Without this a skip in
+                # the first step after a snapshot read as a non-finite failure.
+                out.scale = _num(getattr(scaler, "_init_scale", None))
         return out

@@ -65,8 +65,19 @@ def _int_keys(sd: dict[str, Any]) -> dict[str, Any]:
 
 def load_snapshot(objs: RunObjects, snap: dict[str, Any], leaf_device: str | None) -> None:
     """Load a snapshot read from the store (``TensorLeaf`` trees) into the live objects."""
+
+    # The engine caches the snapshot it read, and on the CPU its tensors share memory with
+    # that cache (torch.from_numpy). The model copies into its parameters, but
+    # optimizer.load_state_dict keeps tensors that already fit, and a kept gradient is set as
+    # it is: a replayed step then updated the cache in place, and loading the same snapshot
+    # again (a second experiment, a probe, then the replay) restored a later state. Everything
+    # but the model gets its own copy, as restore_state does.
+    def convert(key: str, v: Any) -> Any:
+        live = from_leaves(v, leaf_device)
+        return live if key == "model" else copy.deepcopy(live)
+
     try:
-        load_state(objs, snap, lambda _, v: from_leaves(v, leaf_device), int_keys=_int_keys)
+        load_state(objs, snap, convert, int_keys=_int_keys)
     except (RuntimeError, KeyError, ValueError, TypeError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ReplayError(

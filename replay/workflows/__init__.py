@@ -8,6 +8,7 @@ knows nothing of click or of how the report is printed (``replay/cli`` parses, c
 ``bisect``     the first bad step, why, whether it reproduces, the per-op trace
 ``verify``     replay the whole window bitwise; when a step differs, why
 ``trace``      any step, per op, into the forensics sidecar
+``whatif``     replay the failing steps once as recorded and once per change
 =============  ===========================================================================
 
 ``replay.overfit`` and ``replay.preflight`` are workflows too, each one module.
@@ -17,5 +18,6 @@ from .bisect import run_bisect
 from .session import open_engine, parse_entry
 from .trace import run_trace
 from .verify import run_verify
+from .whatif import run_whatif
 
-__all__ = ["open_engine", "parse_entry", "run_bisect", "run_trace", "run_verify"]
+__all__ = ["open_engine", "parse_entry", "run_bisect", "run_trace", "run_verify", "run_whatif"]

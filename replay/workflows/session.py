@@ -51,10 +51,15 @@ def parse_entry(entry: str | None) -> Any:
 
 
 def open_engine(
-    run: str, device: str | None = None, entry: str | None = None, trust: bool = False
+    run: str,
+    device: str | None = None,
+    entry: str | None = None,
+    trust: bool = False,
+    check: Callable[[Any], None] | None = None,
 ) -> tuple[Any, Any]:
     """``(recording, engine)``: the recording opened, the entry points imported, the objects
-    built. The caller closes both (``engine.close()``, ``rec.close()``)."""
+    built. The caller closes both (``engine.close()``, ``rec.close()``). ``check(recording)``
+    runs before any user code is imported (to refuse a request the file alone shows wrong)."""
     override = parse_entry(entry)
     from ..engine import Engine
     from ..store import open_recording
@@ -62,6 +67,8 @@ def open_engine(
     wait_until_drained(run)
     rec = open_recording(run)
     try:
+        if check is not None:
+            check(rec)
         return rec, Engine(rec, device=device, entry=override, trust=trust)
     except BaseException:
         rec.close()

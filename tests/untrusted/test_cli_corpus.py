@@ -172,10 +172,11 @@ def test_info_json_of_escapes_is_valid_json_and_safe(corpus):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("command", ["verify", "bisect"])
+@pytest.mark.parametrize("command", ["verify", "bisect", "whatif"])
 @pytest.mark.parametrize("name", REPLAY_CASES)
 def test_replay_commands_refuse_before_replaying(corpus, name, command):
     """torch needs far more address space than 2 GiB to import: no memory limit here."""
     case = corpus[name]
-    proc = run_replay(command, case.path, limit_memory=False)
+    change = ("--seed", "1") if command == "whatif" else ()  # whatif needs a change to try
+    proc = run_replay(command, case.path, *change, limit_memory=False)
     check(proc, BAD, case.fragment if name != "world_size_1e9" else "world_size", command)

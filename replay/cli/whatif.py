@@ -1,0 +1,268 @@
+"""``replay whatif RUN.h5 CHANGE...``: would the failure still happen with this change?"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, TypeGuard
+
+import click
+
+from ..safetext import term_safe
+from ._process import big_imports, user_stdout_to_stderr
+from ._replaying import engine_options
+
+__all__ = ["whatif", "render_whatif"]
+
+_BARS = "▁▂▃▄▅▆▇█"
+_BAD = "×"  # a non-finite value, or the step raised
+_SKIPPED = "·"
+SPARK_MAX = 60  # characters a sparkline; longer ranges show runs of steps per character
+
+
+def _finite(x: Any) -> TypeGuard[float]:
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def _log(x: float) -> float:
+    return math.log10(max(abs(x), 1e-30))
+
+
+def _spark(steps: list[dict[str, Any]], key: str, lo: float, hi: float, width: int) -> str:
+    """One character a step (a run of steps past ``SPARK_MAX``), on a log scale shared by every
+    line (``lo``..``hi`` in log10). A run with a non-finite value shows it; else its largest."""
+    per = max(1, math.ceil(len(steps) / SPARK_MAX))
+    out = []
+    for i in range(0, len(steps), per):
+        chunk = [s for s in steps[i : i + per] if not s.get("skipped")]
+        vals = [x for x in (s.get(key) for s in chunk) if _finite(x)]
+        if not chunk:
+            out.append(_SKIPPED)
+        elif len(vals) < len(chunk):
+            out.append(_BAD)
+        else:
+            v = max(_log(x) for x in vals)
+            f = 0.0 if hi <= lo else (v - lo) / (hi - lo)
+            out.append(_BARS[min(len(_BARS) - 1, max(0, round(f * (len(_BARS) - 1))))])
+    return "".join(out).ljust(width)
+
+
+def _num(x: Any) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, str):  # json_safe's "nan", "inf"
+        return x
+    return f"{x:.4g}"
+
+
+def render_whatif(d: dict[str, Any]) -> str:
+    """The report a person reads, from :meth:`WhatIfReport.json`."""
+    lo, hi = d["from_step"], d["to_step"]
+    lines = [
+        f"replay whatif {term_safe(d['recording'])}: steps {lo}..{hi}, from the snapshot of "
+        f"step {d['snapshot']}; failure looked for: {d['kind']}"
+    ]
+    rf, bf = d["recorded_failure"], d["baseline_failure"]
+    lines.append(
+        f"  recorded  fails at step {rf}" if rf is not None else "  recorded  no failure in range"
+    )
+    if d["reproduces"]:
+        lines.append("  baseline  reproduces the recording bitwise")
+    else:
+        dv = d["divergence"] or {}
+        lines.append(
+            f"  baseline  DIFFERS from the recording at step {dv.get('step')} "
+            f"({dv.get('column')}: recorded {_num(dv.get('recorded'))}, "
+            f"replayed {_num(dv.get('replayed'))})"
+        )
+    runs: list[tuple[str, list[dict[str, Any]], dict[str, Any] | None]] = [
+        ("recorded", d["recorded"], None),
+        ("baseline", d["baseline"]["steps"], d["baseline"]),
+    ] + [(term_safe(e["change"]), e["steps"], e) for e in d["experiments"]]
+    per = max(1, math.ceil((hi - lo + 1) / SPARK_MAX))
+    width = math.ceil((hi - lo + 1) / per)
+    scales = {}
+    for key in ("loss", "grad_norm"):
+        vals = [_log(s[key]) for _, steps, _ in runs for s in steps if _finite(s.get(key))]
+        scales[key] = (min(vals), max(vals)) if vals else (0.0, 0.0)
+    name_w = max(12, *(len(n) for n, _, _ in runs))
+    col_w = max(width, 9)
+    lines.append("")
+    lines.append(
+        f"  {'':{name_w}}  {'loss':{col_w}}  {'grad norm':{col_w}}  "
+        f"{'fails at':>8}  {'final loss':>10}  {'param dist':>10}"
+    )
+    for name, steps, e in runs:
+        first = next((s["step"] for s in steps if s.get("failed")), None)
+        last = next((s for s in reversed(steps) if not s.get("skipped")), None)
+        dist = "" if e is None or e is d["baseline"] else _num(e.get("param_distance"))
+        lines.append(
+            f"  {name:{name_w}}  {_spark(steps, 'loss', *scales['loss'], col_w)}  "
+            f"{_spark(steps, 'grad_norm', *scales['grad_norm'], col_w)}  "
+            f"{'-' if first is None else first:>8}  "
+            f"{_num(None if last is None else last.get('loss')):>10}  {dist:>10}"
+        )
+    lines.append(
+        f"  (log scale per column, one character {'a step' if per == 1 else f'per {per} steps'} "
+        f"from {lo}; {_BAD} non-finite or raised, "
+        f"{_SKIPPED} skipped; param dist: |params - baseline's| / |baseline's| at the end, - when "
+        "the baseline's are not finite)"
+    )
+    lines.append("")
+    for e in d["experiments"]:
+        name = term_safe(e["change"])
+        if e["stopped"] is not None:
+            exc = next((s["exception"] for s in e["steps"] if s["step"] == e["stopped"]), None)
+            lines.append(f"  {name}: step {e['stopped']} raised {term_safe(exc)}; stopped there")
+    removed = d["removed_by"]
+    if bf is None:
+        lines.append(f"verdict: the baseline has no failure in steps {lo}..{hi}")
+    elif removed:
+        lines.append(
+            f"verdict: {', '.join(term_safe(r) for r in removed)} "
+            f"remove{'s' if len(removed) == 1 else ''} the failure (no failure through step {hi})"
+        )
+    else:
+        lines.append(f"verdict: no change removes the failure (the baseline fails at step {bf})")
+    for n in d["notes"]:
+        if not n.startswith("the baseline has no failure"):  # the verdict just said so
+            lines.append(f"note: {term_safe(n)}")
+    return "\n".join(line.rstrip() for line in lines)
+
+
+_FLAGS = ("set", "scale", "clip", "skip-step", "drop-samples", "seed")
+_ORDER = "replay.whatif.order"
+
+
+class _InOrder(click.Command):
+    """Remembers the order the change flags came in: click hands each flag's values over
+    apart, and the experiments run in the order given."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        order: list[tuple[str, str | None]] = []
+        it = iter(args)
+        for a in it:
+            if a == "--":
+                break
+            name, eq, val = a.partition("=")
+            if name.startswith("--") and name[2:] in _FLAGS:
+                order.append((name[2:], val if eq else next(it, None)))
+        ctx.meta[_ORDER] = order
+        return super().parse_args(ctx, args)
+
+
+def _changes(given: dict[str, tuple[str, ...]]) -> list[Any]:
+    """The changes in command-line order (checked before torch is imported)."""
+    from ..workflows.whatif import parse_change
+
+    grouped = [(kind, a) for kind in _FLAGS for a in given[kind]]
+    order = click.get_current_context().meta.get(_ORDER) or []
+    if sorted(order, key=str) != sorted(grouped, key=str):
+        order = grouped  # an option's value looked like a flag: keep click's reading
+    return [parse_change(kind, a) for kind, a in order if a is not None]
+
+
+@click.command(cls=_InOrder)
+@click.argument("run", type=click.Path(dir_okay=False, path_type=str))
+@click.option("--from-step", type=int, default=None, metavar="S", help="First step changed.")
+@click.option("--to-step", type=int, default=None, metavar="T", help="Last step replayed.")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Set a hyper-parameter.")
+@click.option(
+    "--scale", "scales", multiple=True, metavar="KEY=FACTOR", help="Scale a hyper-parameter."
+)
+@click.option("--clip", "clips", multiple=True, metavar="MAXNORM", help="Clip the grad norm.")
+@click.option("--skip-step", "skips", multiple=True, metavar="N", help="Do not run step N.")
+@click.option(
+    "--drop-samples", "drops", multiple=True, metavar="N:I,J", help="Drop samples of step N."
+)
+@click.option("--seed", "seeds", multiple=True, metavar="K", help="Another RNG draw.")
+@click.option("--dtype", default=None, metavar="DTYPE", help="Not supported yet.")
+@click.option("--no-autocast", is_flag=True, help="Not supported yet.")
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+@engine_options
+def whatif(
+    run: str,
+    from_step: int | None,
+    to_step: int | None,
+    sets: tuple[str, ...],
+    scales: tuple[str, ...],
+    clips: tuple[str, ...],
+    skips: tuple[str, ...],
+    drops: tuple[str, ...],
+    seeds: tuple[str, ...],
+    dtype: str | None,
+    no_autocast: bool,
+    as_json: bool,
+    device: str | None,
+    entry: str | None,
+    trust: bool,
+) -> int:
+    """Replay RUN's failing steps as recorded, then once per change: does the failure go away?
+
+    Replays steps S..T (default: from the snapshot bisect starts at, or the one before when
+    that one is at the failing step, through the first bad step + 3) from the state before S:
+    first as recorded (checked bitwise against the recording), then once per change, each from
+    that same state. Every flag may repeat; each occurrence is its own experiment, run in the
+    order given.
+
+    \b
+      --set KEY=VALUE       a param-group hyper-parameter (lr, weight_decay...),
+                            in every group, at every step
+      --scale KEY=FACTOR    the recorded hyper-parameter times FACTOR
+      --clip MAXNORM        clip the gradient norm right before every optimizer step
+      --skip-step N         step N is not run; the state carries over to N+1
+      --drop-samples N:I,J  step N without samples I, J (along bisect's batch axis)
+      --seed K              each step's recorded RNG, reseeded from K: data or luck?
+
+    Exit codes: 0 some change removes the failure, 1 none does (or the baseline has no
+    failure), 2 usage error or a change the run cannot take, 3 unusable recording, 4 unusable
+    entry point, 5 replay failed, 6 internal error.
+    """
+    from ..bisect.progress import Progress
+    from ..errors import UsageError
+    from ..workflows.whatif import run_whatif
+
+    if dtype is not None or no_autocast:
+        flag = "--dtype" if dtype is not None else "--no-autocast"
+        raise UsageError(
+            f"{flag} is not supported yet: the step function chooses its own dtypes and autocast"
+        )
+    changes = _changes(
+        {
+            "set": sets,
+            "scale": scales,
+            "clip": clips,
+            "skip-step": skips,
+            "drop-samples": drops,
+            "seed": seeds,
+        }
+    )
+    if not changes:
+        raise click.UsageError(
+            "name at least one change: --set, --scale, --clip, --skip-step, --drop-samples, --seed"
+        )
+    bar = Progress("replay whatif")
+    try:
+        with user_stdout_to_stderr(as_json), big_imports() as phase:
+            report = run_whatif(
+                run,
+                changes,
+                from_step=from_step,
+                to_step=to_step,
+                device=device,
+                entry=entry,
+                trust=trust,
+                progress=bar,
+                opened=phase.end,
+            )
+    finally:
+        bar.close()
+    d = report.json()
+    click.echo(json.dumps(d, indent=2) if as_json else render_whatif(d))
+    if as_json and report.baseline.first_failure is None:  # (the text report's verdict says so)
+        click.echo(
+            f"replay: the baseline has no failure in steps {d['from_step']}..{d['to_step']}: "
+            "nothing for a change to remove",
+            err=True,
+        )
+    return 0 if report.helpful else 1
