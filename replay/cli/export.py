@@ -46,7 +46,7 @@ def export(
     replayed from the one before it. Exit codes: 0 written, 2 usage error (--out not empty,
     --step outside the window), 3 unusable recording, 4 unusable entry point, 5 replay failed.
     """
-    from ..workflows.export import run_export
+    from ..workflows import run_export
 
     with user_stdout_to_stderr(as_json), big_imports() as phase:
         report = run_export(run, out, step=step, device=device, entry=entry, trust=trust)

@@ -9,15 +9,26 @@ knows nothing of click or of how the report is printed (``replay/cli`` parses, c
 ``verify``     replay the whole window bitwise; when a step differs, why
 ``trace``      any step, per op, into the forensics sidecar
 ``whatif``     replay the failing steps once as recorded and once per change
+``export``     the state before a step as plain torch.save files, to resume the real run
 =============  ===========================================================================
 
 ``replay.overfit`` and ``replay.preflight`` are workflows too, each one module.
 """
 
 from .bisect import run_bisect
+from .export import ExportReport, run_export
 from .session import open_engine, parse_entry
 from .trace import run_trace
 from .verify import run_verify
 from .whatif import run_whatif
 
-__all__ = ["open_engine", "parse_entry", "run_bisect", "run_trace", "run_verify", "run_whatif"]
+__all__ = [
+    "ExportReport",
+    "open_engine",
+    "parse_entry",
+    "run_bisect",
+    "run_export",
+    "run_trace",
+    "run_verify",
+    "run_whatif",
+]
