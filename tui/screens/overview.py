@@ -3,8 +3,10 @@ with marks, the run's metadata and entry points, and the health of the step unde
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from typing import Any
 
 import numpy as np
 from rich.text import Text
@@ -20,6 +22,7 @@ from ..model import shorten_path
 from ..widgets.marks import LEGEND, MARK_STYLES, MarkStrip
 from ..widgets.plot import SeriesPlot, fmt_num
 from .base import RunScreen
+from .whatif import WhatIfForm
 
 __all__ = ["OverviewScreen"]
 
@@ -43,6 +46,7 @@ class OverviewScreen(RunScreen):
         Binding("end", "jump('last')", "last", show=False),
         Binding("f", "jump('bad')", "first bad"),
         Binding("t", "trace", "trace step"),
+        Binding("w", "whatif", "what-if"),
     ]
 
     def compose(self) -> ComposeResult:
@@ -52,6 +56,13 @@ class OverviewScreen(RunScreen):
                 for key, title, log in PLOTS:
                     yield SeriesPlot(title + (" (log)" if log else ""), log=log, id=f"plot-{key}")
                 yield MarkStrip(id="marks")
+                with Vertical(id="whatif-panel"):
+                    yield Static(id="whatif-verdict")
+                    with Horizontal(id="whatif-plots"):
+                        yield SeriesPlot("loss as recorded (log)", log=True, id="whatif-recorded")
+                        yield SeriesPlot(
+                            "loss with the change (log)", log=True, id="whatif-changed"
+                        )
             with VerticalScroll(id="side"):
                 yield Static(id="cursor-info")
                 yield Static(id="run-info")
@@ -154,6 +165,75 @@ class OverviewScreen(RunScreen):
         self.update_from_model()
         self.notify(f"step {step} traced: views 2-6 show its ops")
 
+    # -- what-if -------------------------------------------------------------------------------
+
+    def action_whatif(self) -> None:
+        """Ask for one change, then run ``replay whatif RUN --json CHANGE`` in a child process
+        (it imports the recorded entry points; the TUI runs no user code) and plot its loss
+        beside the recorded one."""
+
+        def chosen(args: list[str] | None) -> None:
+            if not args:
+                return
+            files = ", ".join(sorted({str(e.get("path")) for e in self.model.rec.entry.values()}))
+            self.notify(f"what-if {' '.join(args)}: replay whatif imports {files}", timeout=6)
+            self._whatif(args)
+
+        self.app.push_screen(WhatIfForm(self.model.focus_step()), chosen)
+
+    @work(thread=True, exclusive=True, group="whatif")
+    def _whatif(self, args: list[str]) -> None:
+        proc = subprocess.run(
+            [sys.executable, "-m", "replay", "whatif", self.model.rec.path, "--json", *args],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            errors="replace",
+        )
+        report: Any = None
+        if proc.returncode in (0, 1):
+            try:
+                report = json.loads(proc.stdout)
+            except ValueError:
+                report = None
+        if not isinstance(report, dict) or not report.get("experiments"):
+            why = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+            self.app.call_from_thread(self.notify, why, severity="error", timeout=10)
+            return
+        self.app.call_from_thread(self._show_whatif, report)
+
+    def _show_whatif(self, report: dict[str, Any]) -> None:
+        exp = report["experiments"][0]
+        steps = [int(s["step"]) for s in report.get("recorded", [])]
+        recorded = _losses(report.get("recorded", []))
+        by_step = {int(s["step"]): s for s in exp.get("steps", [])}
+        changed = _losses([by_step.get(t, {}) for t in steps])
+        both = np.concatenate([recorded, changed])
+        with np.errstate(all="ignore"):
+            logs = np.log10(both[np.isfinite(both) & (both > 0)])
+        shared = (float(logs.min()), float(logs.max())) if logs.size else None
+        span = f"steps {report['from_step']}..{report['to_step']}"
+        for wid, values, title in (
+            ("#whatif-recorded", recorded, f"loss as recorded, {span} (log)"),
+            ("#whatif-changed", changed, f"with {exp['change']}"),
+        ):
+            plot = self.query_one(wid, SeriesPlot)
+            plot.shared_range = shared
+            plot.border_title = title
+            plot.set_data(values)
+        if exp.get("removes_failure"):
+            line = Text(f"{exp['change']} removes the failure", style="bold green")
+            line.append(f" (no failure through step {report['to_step']})", style="")
+        elif exp.get("first_failure") is not None:
+            line = Text(f"{exp['change']}: still fails", style="bold red")
+            line.append(f" at step {exp['first_failure']}", style="")
+        else:
+            line = Text(f"{exp['change']}: no failure in these steps, nor as recorded")
+        if not report.get("reproduces", True):
+            line.append("  (the replay as recorded differs from the recording)", style="yellow")
+        self.query_one("#whatif-verdict", Static).update(line)
+        self.query_one("#whatif-panel").display = True
+
     # -- text panels ---------------------------------------------------------------------------
 
     def _cursor_info(self) -> Text:
@@ -239,3 +319,15 @@ class OverviewScreen(RunScreen):
         t.append("marks\n", style="bold underline")
         t.append("  " + LEGEND.replace("  ", "\n  ") + "\n", style="dim")
         return t
+
+
+def _losses(steps: list[Any]) -> np.ndarray:
+    """The ``loss`` of what-if steps (JSON: ``"nan"``/``"inf"`` strings, ``None``) as floats."""
+    out = []
+    for st in steps:
+        v = st.get("loss") if isinstance(st, dict) else None
+        try:
+            out.append(float(v) if v is not None else np.nan)
+        except (TypeError, ValueError):
+            out.append(np.nan)
+    return np.asarray(out, dtype=np.float64)

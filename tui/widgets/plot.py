@@ -48,6 +48,8 @@ class SeriesPlot(Widget):
         self.values = np.zeros(0)
         self.marks: dict[int, str] = {}
         self.border_title = title
+        # Plots shown side by side share their range (in plotted units) to be read together.
+        self.shared_range: tuple[float, float] | None = None
 
     def set_data(self, values: np.ndarray, marks: dict[int, str] | None = None) -> None:
         self.values = np.asarray(values, dtype=np.float64)
@@ -76,7 +78,9 @@ class SeriesPlot(Widget):
         y = self._scaled()
         lo, hi, bad = column_ranges(y, cells * 2)
         finite = y[np.isfinite(y)]
-        if finite.size:
+        if self.shared_range is not None:
+            vmin, vmax = self.shared_range
+        elif finite.size:
             vmin, vmax = float(finite.min()), float(finite.max())
         else:
             vmin, vmax = 0.0, 1.0

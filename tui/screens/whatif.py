@@ -1,0 +1,82 @@
+"""The what-if form: one change typed in, ``replay whatif`` run on it (from the overview, ``w``).
+
+The form only reads and checks what was typed; the overview runs ``replay whatif RUN --json``
+in a child process (the TUI imports no torch and runs no user code) and plots the result.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Input, Static
+
+__all__ = ["WhatIfForm", "parse_change", "CHANGES"]
+
+#: The changes ``replay whatif`` takes, each with what its value looks like.
+CHANGES = {
+    "--set": "KEY=VALUE",
+    "--scale": "KEY=FACTOR",
+    "--clip": "MAXNORM",
+    "--skip-step": "N",
+    "--drop-samples": "N:3,17",
+    "--seed": "K",
+}
+
+
+def parse_change(text: str) -> list[str]:
+    """``"scale lr=0.1"`` or ``"--scale lr=0.1"`` as ``["--scale", "lr=0.1"]``; a ``ValueError``
+    says what is wrong. One change: its flag and its value."""
+    try:
+        words = shlex.split(text)
+    except ValueError as e:
+        raise ValueError(f"cannot read that: {e}") from None
+    if not words:
+        raise ValueError("type a change, e.g. scale lr=0.1")
+    flag = words[0] if words[0].startswith("--") else "--" + words[0]
+    if flag not in CHANGES:
+        raise ValueError(f"{words[0]!r} is not a change; one of: {', '.join(CHANGES)}")
+    if len(words) != 2:
+        raise ValueError(f"{flag} takes one value: {flag} {CHANGES[flag]}")
+    return [flag, words[1]]
+
+
+class WhatIfForm(ModalScreen[list[str] | None]):
+    """Dismissed with the change's arguments, or ``None`` (escape)."""
+
+    DEFAULT_CSS = """
+    WhatIfForm { align: center middle; }
+    #whatif-box { width: 76; max-width: 95%; height: auto; border: round $accent;
+                  padding: 0 2; background: $surface; }
+    #whatif-error { color: $error; height: auto; }
+    """
+    BINDINGS = [Binding("escape", "cancel", "cancel")]
+
+    def __init__(self, step: int | None) -> None:
+        super().__init__()
+        self.step = step
+
+    def compose(self) -> ComposeResult:
+        at = f" (the failure at step {self.step})" if self.step is not None else ""
+        with Vertical(id="whatif-box"):
+            yield Static(
+                f"[b]what if[/b]{at}: replay the steps before it with one change\n"
+                + "\n".join(f"  {flag} {value}" for flag, value in CHANGES.items())
+                + "\nenter runs it (replay whatif, in a child process); escape cancels"
+            )
+            yield Input(placeholder="scale lr=0.1", id="whatif-input")
+            yield Static("", id="whatif-error")
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        try:
+            args = parse_change(event.value)
+        except ValueError as e:
+            self.query_one("#whatif-error", Static).update(str(e))
+            return
+        self.dismiss(args)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
