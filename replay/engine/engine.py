@@ -155,6 +155,14 @@ class Engine:
         self._snap: tuple[int, dict[str, Any]] | None = None
         self.steps_run = 0  # step_fn calls so far (the cost a bisect reports)
         self.on_step: Callable[[int], None] | None = None  # progress: called after each step
+        self.wrapper: torch.nn.Module | None = None  # see use_wrapper
+
+    def use_wrapper(self, wrapper: torch.nn.Module) -> None:
+        """Hand ``step_fn`` ``wrapper`` (a ``DistributedDataParallel`` around :attr:`model`) as
+        its model, as the recorded loop did; snapshots, modes and fingerprints stay on the plain
+        module ``build_fn`` made (what the recorder kept)."""
+        self.wrapper = wrapper
+        self.call = self.call.with_objects(model=wrapper)
 
     # -- the objects (for the tracer) ------------------------------------------------------
 
@@ -222,8 +230,11 @@ class Engine:
         values (``override`` replaces some), for tools that drive the step themselves (the
         tracer, overfit). ``model`` may be the eager module inside a compiled one."""
         values = {**self.values(t), **override}
+        wrapper = self.wrapper
 
         def run(model: Any, optimizer: Any, batch: Any) -> Any:
+            if wrapper is not None and model is self.objs.model:
+                model = wrapper  # (a multi-rank replay: the step gets the DDP wrapper)
             return self.call.with_objects(model=model, optimizer=optimizer)(batch, values)
 
         return run

@@ -1,0 +1,207 @@
+"""One rank of a multi-rank replay: ``python -m replay.distributed.worker SPEC.json``.
+
+Started by :func:`replay.distributed.replay_ranks.replay_rank_set` the way torchrun starts
+ranks (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``). It joins a
+process group of the recorded world size, opens its own rank file, wraps the model ``build_fn``
+makes in ``DistributedDataParallel`` as the recorded loop did, and replays in lockstep with the
+other ranks (``lockstep.py``): the leader runs the workflow, the others follow. It writes
+``rank<r>.json`` into the spec's ``out`` directory: its report, or its error in one line.
+
+SPEC holds ``mode`` (``verify`` or ``bisect``), ``files`` (rank -> path), ``leader``,
+``out``, ``backend``, ``timeout`` (seconds, the process group's), ``device``, ``entry``,
+``trust``, ``trace`` and ``criterion`` (bisect: ``null``, ``{"kind": ...}`` or
+``{"until": EXPR}``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import sys
+import traceback
+from typing import Any
+
+from ..errors import EXIT_INTERNAL, ReplayError
+
+__all__ = ["main"]
+
+
+def _criterion(spec: dict[str, Any] | None) -> Any:
+    from ..bisect import Expression, NonFinite, Predicate, Raised
+    from ..store.layout import HEALTH_COLUMNS
+
+    if not spec:
+        return None
+    if "until" in spec:
+        return Predicate(Expression.parse(spec["until"], HEALTH_COLUMNS))
+    return {"nonfinite": NonFinite, "exception": Raised}[spec["kind"]]()
+
+
+def _wrap_ddp(engine: Any, device: str, rec: Any) -> None:
+    """The model in ``DistributedDataParallel``, as the recorded loop had it.
+
+    The recorder's per-rank gradient probe (``local_grad_norm``) ran DDP's default all-reduce
+    hook; where the recording shows it, the replay runs that hook too, so the gradients are
+    averaged by the same arithmetic.
+    """
+    import math
+
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.nn.parallel import DistributedDataParallel
+
+    ids = [device] if device.startswith("cuda") else None
+    ddp = DistributedDataParallel(engine.model, device_ids=ids)
+    h = rec.health()
+    probed = "local_grad_norm" in h and any(not math.isnan(float(x)) for x in h["local_grad_norm"])
+    if probed:
+        ddp.register_comm_hook(None, default_hooks.allreduce_hook)
+    engine.use_wrapper(ddp)
+
+
+def _same_windows(engine: Any, group: Any, world: int) -> None:
+    import torch.distributed as dist
+
+    mine = (engine.window.first, engine.window.last, list(engine.window.snapshots))
+    every: list[Any] = [None] * world
+    dist.all_gather_object(every, mine, group=group)
+    if any(tuple(w) != tuple(every[0]) for w in every):
+        shown = "; ".join(f"rank {r}: steps {w[0]}..{w[1]}" for r, w in enumerate(every))
+        raise ReplayError(
+            f"the ranks' replayable windows differ ({shown}): the ranks cannot replay the same "
+            "steps together; replay one rank alone with --rank N --alone"
+        )
+
+
+def _lead_verify(engine: Any, rec: Any) -> dict[str, Any]:
+    from ..bisect import verify_window
+    from ..bisect.report import verify_json
+    from ..engine.subject import EngineSubject
+    from ..engine.why import explain_divergence
+
+    report = verify_window(EngineSubject(engine))
+    fd = report.first_divergence
+    if fd is not None:
+        report.cause = explain_divergence(engine, fd, report.replayed_exception(int(fd["step"])))
+    return verify_json(report, recording=rec.path, entry_files=engine.entry_files)
+
+
+def _lead_bisect(engine: Any, rec: Any, spec: dict[str, Any]) -> dict[str, Any]:
+    from ..bisect import SearchError, auto_criterion, find_culprit
+    from ..bisect.report import verdict_json
+    from ..engine.culprit import trace_culprit, tracer_available
+    from ..engine.subject import EngineSubject
+    from ..engine.why import explain_divergence
+
+    subject = EngineSubject(engine)
+    criterion = _criterion(spec.get("criterion"))
+    if criterion is None:
+        criterion = auto_criterion(subject.recorded_rows())
+    try:
+        verdict = find_culprit(subject, criterion)
+    except SearchError as e:
+        raise ReplayError(str(e)) from None
+    extra: dict[str, Any] = {"recording": rec.path, "entry_files": engine.entry_files}
+    t = verdict.first_bad_step
+    if t is not None and verdict.reproducible is not None and spec.get("trace", True):
+        if not tracer_available():
+            verdict.notes.append("per-op tracing is not available in this installation")
+        else:
+            extra.update(
+                trace_culprit(
+                    engine,
+                    t,
+                    verdict.kind,
+                    forensics_path=rec.forensics_path,
+                    run_id=rec.run_id,
+                )
+            )
+    if verdict.divergence is not None:
+        extra["divergence_cause"] = explain_divergence(
+            engine, verdict.divergence, verdict.exception
+        )
+    return verdict_json(verdict, **extra)
+
+
+def run(spec: dict[str, Any]) -> dict[str, Any]:
+    """Replay this rank (``RANK`` in the environment); returns what ``rank<r>.json`` holds."""
+    import torch
+    import torch.distributed as dist
+
+    from ..workflows.session import open_engine
+    from .lockstep import Leader, StepLog, follow, rank_summary
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    leader = int(spec["leader"])
+    backend = spec.get("backend") or "gloo"
+    device = spec.get("device")
+    if backend == "nccl":
+        torch.cuda.set_device(local)
+        device = device or f"cuda:{local}"
+    timeout = datetime.timedelta(seconds=float(spec.get("timeout") or 300))
+    dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout)
+    try:
+        # Commands travel on their own gloo group (CPU objects, also when the model uses NCCL).
+        group = dist.new_group(backend="gloo", timeout=timeout)
+        rec, engine = open_engine(spec["files"][str(rank)], device, spec.get("entry"), bool(spec.get("trust")))
+        try:
+            _same_windows(engine, group, world)
+            _wrap_ddp(engine, engine.device, rec)
+            log = StepLog()
+            log.attach(engine)
+            report: dict[str, Any] | None = None
+            if rank == leader:
+                lead = Leader(engine, rank, group)
+                lead.install()
+                try:
+                    if spec["mode"] == "verify":
+                        report = _lead_verify(engine, rec)
+                    else:
+                        report = _lead_bisect(engine, rec, spec)
+                except BaseException as e:
+                    lead.finish(f"{type(e).__name__}: {e}".splitlines()[0])
+                    raise
+                lead.finish()
+            else:
+                follow(engine, leader, group)
+            return {
+                "rank": rank,
+                "ok": True,
+                "leader": rank == leader,
+                "report": report,
+                "replay": rank_summary(engine, log, rank),
+            }
+        finally:
+            engine.close()
+            rec.close()
+    finally:
+        dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    with open(argv[0]) as fh:
+        spec = json.load(fh)
+    rank = int(os.environ.get("RANK", "-1"))
+    out = os.path.join(spec["out"], f"rank{rank}.json")
+    from ..jsonsafe import json_safe
+
+    try:
+        result = run(spec)
+        code = 0
+    except ReplayError as e:
+        result, code = {"rank": rank, "ok": False, "error": str(e), "exit_code": e.exit_code}, 1
+    except Exception as e:  # noqa: BLE001 - one line for the parent, the traceback on stderr
+        traceback.print_exc()
+        first = (str(e).strip().splitlines() or [""])[0]
+        result = {"rank": rank, "ok": False, "error": f"{type(e).__name__}: {first}"}
+        result["exit_code"], code = EXIT_INTERNAL, 1
+    with open(out + ".tmp", "w") as fh:
+        json.dump(json_safe(result), fh)
+    os.replace(out + ".tmp", out)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
