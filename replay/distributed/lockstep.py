@@ -31,7 +31,7 @@ import torch.distributed as dist
 from ..bisect.compare import compare_rows
 from ..errors import ReplayError
 
-__all__ = ["Leader", "StepLog", "follow", "rank_summary"]
+__all__ = ["Leader", "StepLog", "follow", "rank_summary", "run_own_step"]
 
 # The engine methods that may run a step (and so a collective), mirrored on every rank.
 _MIRRORED = ("state_before", "run_step", "replay_through", "invalidate")
@@ -131,14 +131,7 @@ def follow(
     Raises :class:`ReplayError` when the leader failed.
     """
 
-    def call(t: int) -> None:
-        fn = engine.step_callable(t)
-        try:
-            fn(engine.model, engine.optimizer, engine.batch(t))
-        except Exception:  # noqa: BLE001, S110 - the step's own failure: the tracer's to describe
-            pass
-
-    run_call = on_call or call
+    run_call = on_call or (lambda t: run_own_step(engine, t))
     while True:
         cmd = _send(None, leader, group)
         op = cmd[0]
@@ -159,6 +152,16 @@ def follow(
             run_call(cmd[1])
         else:
             raise ReplayError(f"internal error: unknown lockstep command {op!r}")
+
+
+def run_own_step(engine: Any, t: int) -> None:
+    """Run step ``t``'s step function on this rank's recorded batch, as the leader's tracer
+    runs its own (its exception is the tracer's to describe, not a replay failure)."""
+    fn = engine.step_callable(t)
+    try:
+        fn(engine.model, engine.optimizer, engine.batch(t))
+    except Exception:  # noqa: BLE001, S110 - see the docstring
+        pass
 
 
 def rank_summary(engine: Any, log: StepLog, rank: int) -> dict[str, Any]:

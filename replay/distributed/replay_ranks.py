@@ -150,7 +150,9 @@ def _run_ranks(
                     start_new_session=True,  # its own process group: killed as one
                 )
         if log is not None:
-            log(f"replaying {world} ranks together ({spec['backend']}, leader rank {spec['leader']})")
+            log(
+                f"replaying {world} ranks together ({spec['backend']}, leader rank {spec['leader']})"
+            )
         while True:
             codes = {r: p.poll() for r, p in procs.items()}
             bad = [r for r, c in codes.items() if c not in (None, 0)]
@@ -200,7 +202,9 @@ def replay_rank_set(
     """
     with open_rank_set(spec) as rs:
         paths, world, missing = rs.paths, rs.world_size, rs.missing
-        backends = {(rec.meta.get("distributed") or {}).get("backend") for rec in rs.recordings.values()}
+        backends = {
+            (rec.meta.get("distributed") or {}).get("backend") for rec in rs.recordings.values()
+        }
         failure = first_bad_rank(rs) if mode == "bisect" else None
     if missing:
         raise RecordingError(
@@ -249,6 +253,14 @@ def replay_rank_set(
             "replayed_rank": leader,
             "summary": _summary(failure),
         }
+    if failure is not None:
+        for r, summary in ranks.items():
+            tr = summary.get("trace")
+            if tr is not None and int(r) not in failure.ranks and tr.get("op") is None:
+                tr["received"] = (
+                    f"rank {r}'s own values stayed finite at step {failure.step}; what went "
+                    f"non-finite reached it from rank {leader} through DDP's gradient all-reduce"
+                )
     report["multi_rank"] = {
         "world_size": world,
         "backend": job["backend"],

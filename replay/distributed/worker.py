@@ -123,6 +123,38 @@ def _lead_bisect(engine: Any, rec: Any, spec: dict[str, Any]) -> dict[str, Any]:
     return verdict_json(verdict, **extra)
 
 
+_TRACE_KEYS = ("cause", "op", "phase", "module", "source", "made", "forensics")
+
+
+def _tracer(engine: Any, rec: Any, traced: dict[str, Any]) -> Any:
+    """A follower's answer to the leader tracing its culprit step: trace its own step the same
+    way, into its own forensics sidecar (``replay tui`` shows every rank's). Only the first
+    call is traced (the leader's later ones probe sliced batches)."""
+    from ..engine.culprit import tracer_available
+    from ..jsonsafe import json_safe
+    from .lockstep import run_own_step
+
+    def on_call(t: int) -> None:
+        if traced or not tracer_available():
+            run_own_step(engine, t)
+            return
+        from replay.trace import trace_step
+
+        result = trace_step(
+            engine.model,
+            engine.optimizer,
+            engine.step_callable(t),
+            engine.batch(t),
+            scaler=engine.scaler,
+        )
+        result.write(rec.forensics_path, run_id=rec.run_id, step=t)
+        v = result.verdict
+        traced.update(json_safe({k: v.get(k) for k in (*_TRACE_KEYS, "kind", "notes") if k in v}))
+        traced.update(step=t, forensics=rec.forensics_path)
+
+    return on_call
+
+
 def run(spec: dict[str, Any]) -> dict[str, Any]:
     """Replay this rank (``RANK`` in the environment); returns what ``rank<r>.json`` holds."""
     import torch
@@ -144,7 +176,9 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     try:
         # Commands travel on their own gloo group (CPU objects, also when the model uses NCCL).
         group = dist.new_group(backend="gloo", timeout=timeout)
-        rec, engine = open_engine(spec["files"][str(rank)], device, spec.get("entry"), bool(spec.get("trust")))
+        rec, engine = open_engine(
+            spec["files"][str(rank)], device, spec.get("entry"), bool(spec.get("trust"))
+        )
         try:
             _same_windows(engine, group, world)
             _wrap_ddp(engine, engine.device, rec)
@@ -164,13 +198,22 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                     raise
                 lead.finish()
             else:
-                follow(engine, leader, group)
+                traced: dict[str, Any] = {}
+                tracing = spec["mode"] == "bisect" and spec.get("trace", True)
+                on_call = _tracer(engine, rec, traced) if tracing else None
+                follow(engine, leader, group, on_call)
+            summary = rank_summary(engine, log, rank)
+            if rank == leader and report is not None and report.get("forensics"):
+                summary["trace"] = {k: report.get(k) for k in _TRACE_KEYS}
+                summary["trace"].update(step=report.get("first_bad_step"), kind=report.get("kind"))
+            elif rank != leader and traced:
+                summary["trace"] = traced
             return {
                 "rank": rank,
                 "ok": True,
                 "leader": rank == leader,
                 "report": report,
-                "replay": rank_summary(engine, log, rank),
+                "replay": summary,
             }
         finally:
             engine.close()
