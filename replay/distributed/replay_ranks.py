@@ -256,7 +256,15 @@ def replay_rank_set(
     if failure is not None:
         for r, summary in ranks.items():
             tr = summary.get("trace")
-            if tr is not None and int(r) not in failure.ranks and tr.get("op") is None:
+            if tr is None or int(r) in failure.ranks or tr.get("op") is not None:
+                continue
+            if failure.step in summary.get("peer_failed_steps", ()):
+                tr["received"] = (
+                    f"rank {r}'s gradient all-reduce at step {failure.step} failed in the "
+                    f"recording because rank {leader} raised before joining it; replayed "
+                    "without the all-reduce (not compared with the recording)"
+                )
+            elif failure.kind == "nonfinite":
                 tr["received"] = (
                     f"rank {r}'s own values stayed finite at step {failure.step}; what went "
                     f"non-finite reached it from rank {leader} through DDP's gradient all-reduce"

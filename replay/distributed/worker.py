@@ -20,6 +20,7 @@ import json
 import os
 import sys
 import traceback
+from contextlib import nullcontext
 from typing import Any
 
 from ..errors import EXIT_INTERNAL, ReplayError
@@ -38,7 +39,7 @@ def _criterion(spec: dict[str, Any] | None) -> Any:
     return {"nonfinite": NonFinite, "exception": Raised}[spec["kind"]]()
 
 
-def _wrap_ddp(engine: Any, device: str, rec: Any) -> None:
+def _wrap_ddp(engine: Any, device: str, rec: Any) -> set[int]:
     """The model in ``DistributedDataParallel``, as the recorded loop had it.
 
     The recorder's per-rank gradient probe (``local_grad_norm``) ran DDP's default all-reduce
@@ -57,6 +58,36 @@ def _wrap_ddp(engine: Any, device: str, rec: Any) -> None:
     if probed:
         ddp.register_comm_hook(None, default_hooks.allreduce_hook)
     engine.use_wrapper(ddp)
+    peer_failed = peer_failed_steps(engine)
+    if peer_failed:
+        # This rank's all-reduce at those steps failed because a peer raised before joining
+        # it; replayed, the peer raises again and never joins: run them without the all-reduce.
+        engine.around_step = lambda t: ddp.no_sync() if t in peer_failed else nullcontext()
+    return peer_failed
+
+
+def peer_failed_steps(engine: Any) -> set[int]:
+    """Steps at which this rank recorded a collective error (a peer failed), not its own."""
+    from .ranks import is_collective_error
+
+    out = set()
+    for row in engine.recorded_rows():
+        t = int(row["step"])
+        if row.get("raised") == 1.0 and t in engine.window:
+            try:
+                exc = engine.recorded_exception(t)
+            except ReplayError:
+                continue
+            if is_collective_error(exc):
+                out.add(t)
+    return out
+
+
+def _without(recorded_rows: Any, steps: set[int]) -> Any:
+    def rows() -> list[dict[str, Any]]:
+        return [r for r in recorded_rows() if int(r["step"]) not in steps]
+
+    return rows
 
 
 def _same_windows(engine: Any, group: Any, world: int) -> None:
@@ -181,7 +212,10 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         )
         try:
             _same_windows(engine, group, world)
-            _wrap_ddp(engine, engine.device, rec)
+            peer_failed = _wrap_ddp(engine, engine.device, rec)
+            if peer_failed:
+                # Not compared on this rank: the recording holds the collective's failure.
+                engine.recorded_rows = _without(engine.recorded_rows, peer_failed)
             log = StepLog()
             log.attach(engine)
             report: dict[str, Any] | None = None
@@ -203,6 +237,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                 on_call = _tracer(engine, rec, traced) if tracing else None
                 follow(engine, leader, group, on_call)
             summary = rank_summary(engine, log, rank)
+            summary["peer_failed_steps"] = sorted(peer_failed)
             if rank == leader and report is not None and report.get("forensics"):
                 summary["trace"] = {k: report.get(k) for k in _TRACE_KEYS}
                 summary["trace"].update(step=report.get("first_bad_step"), kind=report.get("kind"))

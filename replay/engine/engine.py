@@ -156,6 +156,12 @@ class Engine:
         self.steps_run = 0  # step_fn calls so far (the cost a bisect reports)
         self.on_step: Callable[[int], None] | None = None  # progress: called after each step
         self.wrapper: torch.nn.Module | None = None  # see use_wrapper
+        # A context around step t's step function (a multi-rank replay: DDP's no_sync() at a
+        # step whose all-reduce a peer never joined in the recording).
+        self.around_step: Callable[[int], contextlib.AbstractContextManager[Any]] | None = None
+
+    def _around(self, t: int) -> contextlib.AbstractContextManager[Any]:
+        return contextlib.nullcontext() if self.around_step is None else self.around_step(t)
 
     def use_wrapper(self, wrapper: torch.nn.Module) -> None:
         """Hand ``step_fn`` ``wrapper`` (a ``DistributedDataParallel`` around :attr:`model`) as
@@ -235,7 +241,8 @@ class Engine:
         def run(model: Any, optimizer: Any, batch: Any) -> Any:
             if wrapper is not None and model is self.objs.model:
                 model = wrapper  # (a multi-rank replay: the step gets the DDP wrapper)
-            return self.call.with_objects(model=model, optimizer=optimizer)(batch, values)
+            with self._around(t):
+                return self.call.with_objects(model=model, optimizer=optimizer)(batch, values)
 
         return run
 
@@ -380,7 +387,8 @@ class Engine:
         t0 = time.perf_counter()
         self._probe.begin()
         try:
-            ret = self.call(b, values)
+            with self._around(t):
+                ret = self.call(b, values)
         except Exception as e:  # noqa: BLE001 - the step's own failure is a result, not a replay failure
             self._probe.end(measure=False)
             out.exception = {

@@ -261,3 +261,30 @@ def test_bisect_replays_every_rank_and_names_the_rank_step_and_op(tmp_path: Any)
     assert v["ranks"]["1"]["trace"]["op"] == "aten::addmm"
     assert v["ranks"]["0"]["trace"]["op"] is None
     assert "through DDP's gradient all-reduce" in v["ranks"]["0"]["trace"]["received"]
+
+
+def test_a_rank_that_raises_is_named_and_its_step_replayed_on_every_rank(tmp_path: Any) -> None:
+    """Issue 21, part 4: rank 1 raises a shape error at step 5; rank 0, left alone in the
+    gradient all-reduce, records gloo's "connection closed by peer". Bisect names rank 1 (its
+    exception is its own) and replays step 5 on both ranks: rank 1 raises again, rank 0 runs it
+    without the all-reduce its peer never joins (not compared with its recorded failure)."""
+    run_ranks(tmp_path, steps=8, snapshot_every=2, raise_rank=1, raise_step=5, pg_timeout=10)
+    base = str(tmp_path / "run.h5")
+    with open_rank_set(base) as rs:
+        assert {r: rec.health()["raised"][5] for r, rec in rs.recordings.items()} == {0: 1, 1: 1}
+        failure = first_bad_rank(rs)
+        assert failure is not None
+        assert (failure.step, failure.ranks, failure.kind) == (5, (1,), "exception")
+    out = replay_cli("bisect", base, "--json")
+    assert out.returncode == 0, out.stderr
+    v = json.loads(out.stdout)
+    assert (v["rank"], v["first_bad_step"], v["kind"]) == (1, 5, "exception")
+    assert v["exception"]["type"] == "RuntimeError"
+    assert "mat1 and mat2 shapes cannot be multiplied" in v["exception"]["message"]
+    assert (v["op"], v["phase"]) == ("aten::addmm", "forward")
+    assert v["deterministic"] is True and v["reproducible"] is True
+    r0, r1 = v["ranks"]["0"], v["ranks"]["1"]
+    assert r0["peer_failed_steps"] == [5] and r1["peer_failed_steps"] == []
+    assert r0["replayed_steps"] == r1["replayed_steps"] == [4, 5]
+    assert r0["deterministic"] and r1["deterministic"]
+    assert "rank 1 raised before joining it" in r0["trace"]["received"]
