@@ -176,6 +176,13 @@ def _run_ranks(
     except BaseException:
         _kill(procs)
         raise
+    # What the leader said (the engine's notes and warnings: a changed entry file...) is what
+    # a single-process replay would have printed; the followers say the same for their ranks.
+    with open(os.path.join(tmp, f"rank{spec['leader']}.err"), errors="replace") as fh:
+        said = fh.read()
+    if said.strip():
+        sys.stderr.write(said if said.endswith("\n") else said + "\n")
+        sys.stderr.flush()
     results = {}
     for r in sorted(paths):
         with open(os.path.join(tmp, f"rank{r}.json")) as fh:

@@ -138,15 +138,20 @@ def _lead_bisect(engine: Any, rec: Any, spec: dict[str, Any]) -> dict[str, Any]:
         if not tracer_available():
             verdict.notes.append("per-op tracing is not available in this installation")
         else:
-            extra.update(
-                trace_culprit(
-                    engine,
-                    t,
-                    verdict.kind,
-                    forensics_path=rec.forensics_path,
-                    run_id=rec.run_id,
+            try:
+                extra.update(
+                    trace_culprit(
+                        engine,
+                        t,
+                        verdict.kind,
+                        forensics_path=rec.forensics_path,
+                        run_id=rec.run_id,
+                    )
                 )
-            )
+            except ReplayError:
+                raise
+            except Exception as e:  # noqa: BLE001 - the step verdict stands without the trace
+                verdict.notes.append(f"tracing step {t} failed: {type(e).__name__}: {e}")
     if verdict.divergence is not None:
         extra["divergence_cause"] = explain_divergence(
             engine, verdict.divergence, verdict.exception
