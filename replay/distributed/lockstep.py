@@ -28,7 +28,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from ..bisect.compare import compare_rows
+from ..bisect.compare import HINT_RAISED, compare_rows
 from ..errors import ReplayError
 
 __all__ = ["Leader", "StepLog", "follow", "rank_summary", "run_own_step"]
@@ -43,14 +43,27 @@ class StepLog:
 
     runs: list[tuple[int, bool, dict[str, Any]]] = field(default_factory=list)
 
-    def attach(self, engine: Any) -> None:
-        """Log every ``run_step`` of ``engine`` (the nested ones of ``state_before`` too)."""
+    def attach(self, engine: Any, rank: int) -> None:
+        """Log every ``run_step`` of ``engine`` (the nested ones of ``state_before`` too).
+
+        A step that raises on its recorded batch where the recording did not ends the replay
+        at once (:class:`ReplayError`): its peers wait in an all-reduce it never joins, and
+        would only learn of it when the process group times out.
+        """
         inner = engine.run_step
+        raised = {int(r["step"]) for r in engine.recorded_rows() if r.get("raised") == 1.0}
 
         @functools.wraps(inner)
         def run_step(t: int, batch: Any = None) -> Any:
             out = inner(t, batch)
             self.runs.append((int(t), batch is None, out.row()))
+            e = out.exception
+            if e is not None and batch is None and int(t) not in raised:
+                raise ReplayError(
+                    f"the replay of step {t} raised {e['type']}: {str(e['message'])[:200]}, "
+                    f"which rank {rank}'s recording does not show; its peers cannot go on "
+                    f"without it: {HINT_RAISED}"
+                )
             return out
 
         engine.run_step = run_step

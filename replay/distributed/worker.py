@@ -222,7 +222,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                 # Not compared on this rank: the recording holds the collective's failure.
                 engine.recorded_rows = _without(engine.recorded_rows, peer_failed)
             log = StepLog()
-            log.attach(engine)
+            log.attach(engine, rank)
             report: dict[str, Any] | None = None
             if rank == leader:
                 lead = Leader(engine, rank, group)

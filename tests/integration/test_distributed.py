@@ -236,6 +236,22 @@ def test_verify_replays_every_rank_together_bitwise(tmp_path: Any) -> None:
     assert len(bad.stderr.strip().splitlines()) <= 3, bad.stderr
     assert time.monotonic() - t0 < 60
 
+    # A step that raises on one rank only on replay (its peers would wait in the all-reduce it
+    # never joins until the process group times out) ends the replay at once, naming it.
+    (tmp_path / "entry2.py").write_text(
+        "import os\n"
+        "from ddp_worker import build, train_step as _step\n\n"
+        "def train_step(model, optimizer, batch):\n"
+        "    if os.environ['RANK'] == '1' and optimizer.state and batch[0][0, 0] > -9:\n"
+        "        raise KeyError('a global the loop set')\n"
+        "    return _step(model, optimizer, batch)\n"
+    )
+    t0 = time.monotonic()
+    bad = replay_cli("verify", base, "--entry", f"{tmp_path / 'entry2.py'}:build,train_step")
+    assert bad.returncode == 5, bad.stderr
+    assert "rank 1: the replay of step 1 raised KeyError" in bad.stderr, bad.stderr
+    assert time.monotonic() - t0 < 25  # not the process group's 30 s timeout
+
 
 def test_bisect_replays_every_rank_and_names_the_rank_step_and_op(tmp_path: Any) -> None:
     """Issue 21: an inf in rank 1's batch at step 5; the ranks replayed together find it at
