@@ -55,7 +55,7 @@ def run_bisect(
             log=log,
         )
     d = _bisect_one(choice.path, criterion, trace, device, entry, trust, progress, log, opened)
-    if choice.files is not None:
+    if choice.approximate:
         d["approximate"] = True
         d["notes"] = [*d.get("notes", []), APPROXIMATE]
     return d

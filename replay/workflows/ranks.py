@@ -9,6 +9,7 @@ own gradients, not the all-reduced average), so its report says ``"approximate":
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from ..errors import UsageError
@@ -30,6 +31,24 @@ class RankChoice:
     files: dict[int, str] | None
     together: bool
     path: str
+    lone_rank: bool = False  # ``path`` is one rank's file named on its own
+
+    @property
+    def approximate(self) -> bool:
+        """One rank of a DDP run replayed in this process, without its peers."""
+        return not self.together and (self.files is not None or self.lone_rank)
+
+
+def _is_rank_file(path: str) -> bool:
+    from ..errors import RecordingError
+    from ..store import open_recording
+
+    try:
+        with open_recording(path) as rec:
+            d = rec.meta.get("distributed") or {}
+    except (RecordingError, OSError):
+        return False  # the replay itself says what is wrong with the file
+    return int(d.get("world_size") or 1) > 1
 
 
 def choose_ranks(run: str, rank: int | None, alone: bool) -> RankChoice:
@@ -45,7 +64,7 @@ def choose_ranks(run: str, rank: int | None, alone: bool) -> RankChoice:
     if found is None:
         if rank is not None or alone:
             raise UsageError(f"--rank/--alone: {run} is not a DDP rank set (NAME.rank<N>.h5)")
-        return RankChoice(None, False, run)
+        return RankChoice(None, False, run, lone_rank=os.path.isfile(run) and _is_rank_file(run))
     with open_rank_set(found) as rs:
         files = rs.paths
     if not alone:

@@ -43,7 +43,7 @@ def run_verify(
     if choice.files is not None and choice.path == run:  # --alone without --rank: rank 0
         choice = choose_ranks(run, min(choice.files), True)
     d = _verify_one(choice.path, device, entry, trust, progress, opened)
-    if choice.files is not None:
+    if choice.approximate:
         d["approximate"] = True
         d["notes"] = [APPROXIMATE]
     return d
