@@ -224,6 +224,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             log = StepLog()
             log.attach(engine, rank)
             report: dict[str, Any] | None = None
+            traced: dict[str, Any] = {}  # a follower's own trace of the culprit step
             if rank == leader:
                 lead = Leader(engine, rank, group)
                 lead.install()
@@ -237,7 +238,6 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                     raise
                 lead.finish()
             else:
-                traced: dict[str, Any] = {}
                 tracing = spec["mode"] == "bisect" and spec.get("trace", True)
                 on_call = _tracer(engine, rec, traced) if tracing else None
                 follow(engine, leader, group, on_call)
@@ -246,7 +246,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             if rank == leader and report is not None and report.get("forensics"):
                 summary["trace"] = {k: report.get(k) for k in _TRACE_KEYS}
                 summary["trace"].update(step=report.get("first_bad_step"), kind=report.get("kind"))
-            elif rank != leader and traced:
+            elif traced:
                 summary["trace"] = traced
             return {
                 "rank": rank,
