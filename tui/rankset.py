@@ -15,7 +15,7 @@ import numpy as np
 from replay.distributed.ranks import describe_failure, first_bad_rank, open_rank_set, own_failures
 from replay.safetext import term_safe
 
-__all__ = ["RankRow", "RankSetSummary", "read_rank_set"]
+__all__ = ["RankRow", "RankSetSummary", "read_rank_set", "trace_line"]
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,7 @@ class RankRow:
     loss: np.ndarray  # float64, NaN/Inf kept (the sparkline marks them)
     steps_total: int
     own_bad: tuple[int, tuple[str, ...]] | None  # (step, reasons: loss / local_grad / exception)
+    trace: str | None = None  # what this rank's forensics sidecar says (replay bisect, all ranks)
 
     @property
     def last_loss(self) -> float | None:
@@ -50,6 +51,39 @@ class RankSetSummary:
         return tuple((r.rank, r.steps_total) for r in self.rows)
 
 
+def trace_line(path: str, run_id: str) -> str | None:
+    """One line from a rank's forensics sidecar: the step traced and the op its verdict names.
+
+    ``replay bisect`` on a rank set traces the culprit step on every rank, each into its own
+    sidecar; a rank whose NaN/Inf only came through the all-reduce names no op of its own.
+    ``None`` when there is no sidecar, or it belongs to another run or cannot be read.
+    """
+    if not os.path.exists(path):
+        return None
+    from replay.store.forensics import ForensicsReader, NotAForensicsFile
+
+    try:
+        with ForensicsReader.open(path) as f:
+            if f.run_id != run_id:
+                return None
+            v, step = f.verdict, f.step
+    except (NotAForensicsFile, OSError):
+        return None
+    kind = v.get("kind")
+    if v.get("op"):
+        what = f"{v['op']} ({v.get('phase')})"
+        if v.get("module") is not None:
+            what += f" in {v['module'] or '<model>'}"
+        if kind == "exception":
+            exc = v.get("exception") or {}
+            what = f"raised {exc.get('type', 'an exception')} at {what}"
+    elif kind == "nonfinite":
+        what = "no op of its own made it: NaN/Inf arrived through the all-reduce"
+    else:
+        what = "nothing non-finite, no exception"
+    return term_safe(f"step {step}: {what}")
+
+
 def read_rank_set(spec: str, opened_rank: int) -> RankSetSummary:
     """Summarise the rank set ``spec`` (raises ``RecordingError`` when it is unreadable)."""
     with open_rank_set(spec) as rs:
@@ -66,6 +100,7 @@ def read_rank_set(spec: str, opened_rank: int) -> RankSetSummary:
                     loss=np.asarray(h["loss"], dtype=np.float64),
                     steps_total=int(rec.status().get("steps_total", len(h["step"]))),
                     own_bad=None if first is None else (first, tuple(own[first])),
+                    trace=trace_line(rec.forensics_path, rec.run_id),
                 )
             )
         failure = first_bad_rank(rs)

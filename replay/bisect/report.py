@@ -16,6 +16,7 @@ __all__ = [
     "verify_json",
     "render_verify",
     "render_cause",
+    "render_ranks",
     "TRACE_FIELDS",
 ]
 
@@ -173,9 +174,52 @@ def render_verdict(d: dict[str, Any]) -> str:
     )
     if d.get("forensics"):
         lines.append(f"  forensics     {d['forensics']}  (replay tui shows them)")
+    lines.extend(render_ranks(d))
     for n in d.get("notes") or []:
         lines.append(f"  note: {n}")
     return "\n".join(lines)
+
+
+def _span(steps: list[int]) -> str:
+    if not steps:
+        return "no steps"
+    if steps == list(range(steps[0], steps[-1] + 1)):
+        return f"steps {steps[0]}..{steps[-1]}" if len(steps) > 1 else f"step {steps[0]}"
+    return "steps " + ", ".join(map(str, steps))
+
+
+def render_ranks(d: dict[str, Any]) -> list[str]:
+    """The lines of a multi-rank replay (``d["ranks"]``): each rank's own bitwise check and
+    what its trace found. Empty for a single process."""
+    mr, ranks = d.get("multi_rank"), d.get("ranks")
+    if not mr or not ranks:
+        return []
+    lines = [
+        f"  ranks         {mr['world_size']} replayed together ({mr['backend']}), "
+        f"led by rank {mr['leader']}"
+    ]
+    for r, s in sorted(ranks.items(), key=lambda kv: int(kv[0])):
+        dv = s.get("divergence")
+        check = (
+            "bitwise"
+            if dv is None
+            else f"DIFFERS at step {dv['step']} ({dv['column']}: recorded {dv['recorded']}, "
+            f"replayed {dv['replayed']})"
+        )
+        line = f"    rank {r:<7}{_span(s['replayed_steps'])} {check}"
+        if s.get("peer_failed_steps"):
+            line += f"; {_span(s['peer_failed_steps'])} without the all-reduce (a peer raised)"
+        lines.append(line)
+        tr = s.get("trace")
+        if tr:
+            if tr.get("op"):
+                what = f"{tr['op']} ({tr.get('phase')})"
+                if tr.get("module") is not None:
+                    what += f" in {tr['module'] or '<model>'}"
+            else:
+                what = tr.get("received") or "no op made a non-finite value"
+            lines.append(f"      trace     {what}  [{tr.get('forensics')}]")
+    return lines
 
 
 def _cause_json(c: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -245,11 +289,20 @@ def render_verify(d: dict[str, Any]) -> str:
     w = d["window"]
     n = d["replayed_steps"]
     bad = [s for s in d["steps"] if not s["match"]]
-    if not bad:
-        return (
-            f"deterministic: all {n} steps of the window ({w[0]}..{w[1]}) replay bitwise "
-            f"(loss and parameter fingerprint) on {d['device']}"
+    extra = render_ranks(d)
+    if d.get("approximate"):
+        extra += [f"  note: {n}" for n in d.get("notes") or []]
+    if not bad and d["deterministic"]:
+        every = " on every rank" if d.get("multi_rank") else ""
+        return "\n".join(
+            [
+                f"deterministic: all {n} steps of the window ({w[0]}..{w[1]}) replay bitwise "
+                f"(loss and parameter fingerprint){every} on {d['device']}",
+                *extra,
+            ]
         )
+    if not bad:  # the leading rank matched, another did not
+        return "\n".join(["NOT bitwise on every rank", *extra])
     fd = d["first_divergence"]
     cause = d.get("cause")
     head = _HEADLINES.get(str((cause or {}).get("kind")), "NOT bitwise")
@@ -262,5 +315,6 @@ def render_verify(d: dict[str, Any]) -> str:
         + ", ".join(str(s["step"]) for s in bad[:20])
         + (" ..." if len(bad) > 20 else ""),
         *render_cause(cause),
+        *extra,
     ]
     return "\n".join(lines)

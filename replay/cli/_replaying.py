@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-__all__ = ["engine_options"]
+__all__ = ["engine_options", "rank_options"]
 
 
 def engine_options(fn: Any) -> Any:
@@ -27,5 +27,23 @@ def engine_options(fn: Any) -> Any:
         default=None,
         metavar="MODULE_OR_FILE:build,step",
         help="Import build_fn and step_fn from here instead of where the recording says.",
+    )(fn)
+    return fn
+
+
+def rank_options(fn: Any) -> Any:
+    """``--rank N --alone``: replay one rank of a DDP rank set in this process (approximate)."""
+    fn = click.option(
+        "--alone",
+        is_flag=True,
+        help="With a DDP rank set: replay one rank in this process, without its peers "
+        "(approximate after the first step from a snapshot: no all-reduce).",
+    )(fn)
+    fn = click.option(
+        "--rank",
+        type=click.IntRange(min=0),
+        default=None,
+        metavar="N",
+        help="With --alone: the rank to replay (default: the first that went bad).",
     )(fn)
     return fn

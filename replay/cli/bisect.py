@@ -7,7 +7,7 @@ import json
 import click
 
 from ._process import big_imports, user_stdout_to_stderr
-from ._replaying import engine_options
+from ._replaying import engine_options, rank_options
 
 __all__ = ["bisect"]
 
@@ -51,6 +51,7 @@ def _criterion(kind: str, until: str | None, spike: float | None) -> object:
 @click.option("--no-trace", is_flag=True, help="Skip the per-op trace of the culprit step.")
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 @engine_options
+@rank_options
 def bisect(
     run: str,
     kind: str,
@@ -61,6 +62,8 @@ def bisect(
     device: str | None,
     entry: str | None,
     trust: bool,
+    rank: int | None,
+    alone: bool,
 ) -> int:
     """Find the first step of RUN that fails, replaying only from the last healthy snapshot.
 
@@ -69,7 +72,9 @@ def bisect(
     GradScaler skipped is not a failure), exception (the step raised), or a predicate
     over the recorded metrics (--until, --spike; see docs/bisect.md).
     A DDP run: RUN names its rank set (run.h5 for run.rank0.h5, run.rank1.h5, ..., a directory
-    or a glob); the first (step, rank) whose own values went bad picks the rank to replay.
+    or a glob); every rank is replayed together, one process each, led by the first (step,
+    rank) whose own values went bad. --rank N --alone replays one rank in this process
+    (approximate: no all-reduce).
     Exit codes: 0 culprit found, 1 the recorded window is healthy, 2 usage error,
     3 unusable recording, 4 unusable entry point, 5 replay failed, 6 internal error.
     """
@@ -91,6 +96,8 @@ def bisect(
                 progress=bar,
                 log=None if as_json else lambda m: click.echo(m, err=True),
                 opened=phase.end,
+                rank=rank,
+                alone=alone,
             )
     finally:
         bar.close()

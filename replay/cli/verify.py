@@ -7,22 +7,38 @@ import json
 import click
 
 from ._process import big_imports, user_stdout_to_stderr
-from ._replaying import engine_options
+from ._replaying import engine_options, rank_options
 
 __all__ = ["verify"]
 
 
 @click.command()
-@click.argument("run", type=click.Path(dir_okay=False, path_type=str))
+@click.argument("run", type=click.Path(path_type=str))
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 @engine_options
-def verify(run: str, as_json: bool, device: str | None, entry: str | None, trust: bool) -> int:
+@rank_options
+def verify(
+    run: str,
+    as_json: bool,
+    device: str | None,
+    entry: str | None,
+    trust: bool,
+    rank: int | None,
+    alone: bool,
+) -> int:
     """Replay every step of RUN's replayable window and check it reproduces bitwise.
 
     Compares each replayed loss and parameter fingerprint with the recorded ones. When a step
     differs, says why: the replay raised (the step needs state build_fn does not create), state
     changed outside the step (which objects drifted by the next snapshot), or real
-    non-determinism (two replays from the same state disagree). Exit codes: 0 every step
+    non-determinism (two replays from the same state disagree).
+
+    \b
+    A DDP run: RUN names its rank set (run.h5 for run.rank0.h5, run.rank1.h5, ...); every rank
+    is replayed together, one process each, and checked against its own file.
+    --rank N --alone replays one rank in this process (approximate: no all-reduce).
+
+    Exit codes: 0 every step
     matches, 1 some step differs, 3 unusable recording, 4 unusable entry point,
     5 replay failed, 6 internal error.
     """
@@ -34,7 +50,15 @@ def verify(run: str, as_json: bool, device: str | None, entry: str | None, trust
     try:
         with user_stdout_to_stderr(as_json), big_imports() as phase:
             d = run_verify(
-                run, device=device, entry=entry, trust=trust, progress=bar, opened=phase.end
+                run,
+                device=device,
+                entry=entry,
+                trust=trust,
+                progress=bar,
+                opened=phase.end,
+                rank=rank,
+                alone=alone,
+                log=None if as_json else lambda m: click.echo(m, err=True),
             )
     finally:
         bar.close()

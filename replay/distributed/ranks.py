@@ -30,6 +30,7 @@ __all__ = [
     "base_path",
     "describe_failure",
     "first_bad_rank",
+    "is_collective_error",
     "own_failures",
     "pick_rank_file",
     "open_rank_set",
@@ -42,6 +43,17 @@ _RANK_RE = re.compile(r"^(?P<root>.*)\.rank(?P<rank>\d+)(?P<ext>\.[^./]*)?$")
 # Exceptions a rank raises because *another* rank failed (a collective timed out or its peer
 # vanished): never the culprit when a rank with its own failure exists at the same step.
 _COLLECTIVE_ERRORS = {"DistError", "DistBackendError", "DistNetworkError", "DistStoreError"}
+# What gloo and NCCL say, inside a plain RuntimeError (DDP's all-reduce runs in a comm hook
+# future: "Got the following error when running the callback: ..."), when a peer crashed or
+# never joined the collective.
+_PEER_GONE = (
+    "connection closed by peer",
+    "connection reset by peer",
+    "remote worker crashing",
+    "timed out waiting",
+    "nccl communicator was aborted",
+    "watchdog caught collective operation timeout",
+)
 
 
 def rank_path(path: str, rank: int) -> str:
@@ -220,14 +232,25 @@ class RankFailure:
         return self.ranks[0]
 
 
+def is_collective_error(exc: dict[str, Any] | None) -> bool:
+    """Whether a recorded exception (``{type, module, message}``) is a collective that failed
+    because a peer did (timed out, or its process vanished), not the rank's own failure."""
+    if not exc:
+        return False
+    if exc.get("type") in _COLLECTIVE_ERRORS or str(exc.get("module", "")).startswith(
+        "torch.distributed"
+    ):
+        return True
+    msg = str(exc.get("message", "")).lower()
+    return any(p in msg for p in _PEER_GONE)
+
+
 def _is_collective_exception(rec: Recording, step: int) -> bool:
     try:
         exc = rec.read_step(step).get("exception") or {}  # (a dict of strings: check_record)
     except KeyError:  # its record left the ring: judge it by its health alone
         return False
-    return exc.get("type") in _COLLECTIVE_ERRORS or str(exc.get("module", "")).startswith(
-        "torch.distributed"
-    )
+    return is_collective_error(exc)
 
 
 def own_failures(rec: Recording, h: dict[str, np.ndarray] | None = None) -> dict[int, list[str]]:

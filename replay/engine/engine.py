@@ -189,6 +189,20 @@ class Engine:
         self.on_step: Callable[[int], None] | None = None  # progress: called after each step
         self._tweak: Callable[[int], None] | None = None  # see off_record
         self._off_record = False
+        self.wrapper: torch.nn.Module | None = None  # see use_wrapper
+        # A context around step t's step function (a multi-rank replay: DDP's no_sync() at a
+        # step whose all-reduce a peer never joined in the recording).
+        self.around_step: Callable[[int], contextlib.AbstractContextManager[Any]] | None = None
+
+    def _around(self, t: int) -> contextlib.AbstractContextManager[Any]:
+        return contextlib.nullcontext() if self.around_step is None else self.around_step(t)
+
+    def use_wrapper(self, wrapper: torch.nn.Module) -> None:
+        """Hand ``step_fn`` ``wrapper`` (a ``DistributedDataParallel`` around :attr:`model`) as
+        its model, as the recorded loop did; snapshots, modes and fingerprints stay on the plain
+        module ``build_fn`` made (what the recorder kept)."""
+        self.wrapper = wrapper
+        self.call = self.call.with_objects(model=wrapper)
 
     # -- the objects (for the tracer) ------------------------------------------------------
 
@@ -256,9 +270,13 @@ class Engine:
         values (``override`` replaces some), for tools that drive the step themselves (the
         tracer, overfit). ``model`` may be the eager module inside a compiled one."""
         values = {**self.values(t), **override}
+        wrapper = self.wrapper
 
         def run(model: Any, optimizer: Any, batch: Any) -> Any:
-            return self.call.with_objects(model=model, optimizer=optimizer)(batch, values)
+            if wrapper is not None and model is self.objs.model:
+                model = wrapper  # (a multi-rank replay: the step gets the DDP wrapper)
+            with self._around(t):
+                return self.call.with_objects(model=model, optimizer=optimizer)(batch, values)
 
         return run
 
@@ -422,7 +440,8 @@ class Engine:
         t0 = time.perf_counter()
         self._probe.begin()
         try:
-            ret = self.call(b, values)
+            with self._around(t):
+                ret = self.call(b, values)
         except Exception as e:  # noqa: BLE001 - the step's own failure is a result, not a replay failure
             self._probe.end(measure=False)
             out.exception = {

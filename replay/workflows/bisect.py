@@ -22,6 +22,8 @@ def run_bisect(
     progress: Callable[[int, int], None] | None = None,
     log: Callable[[str], None] | None = None,
     opened: Callable[[], None] | None = None,
+    rank: int | None = None,
+    alone: bool = False,
 ) -> dict[str, Any]:
     """The ``replay bisect --json`` report of ``run``.
 
@@ -29,7 +31,47 @@ def run_bisect(
     shows first. ``run`` may name a DDP rank set: the rank whose own values went bad first is
     replayed (``log`` hears which). ``trace``: trace the culprit step per op and write the
     forensics sidecar. ``opened``: called once the engine is up.
+
+    A rank set is replayed with every rank together (``replay.distributed.replay_ranks``),
+    led by the rank whose own values went bad first; ``alone`` replays one rank in this process
+    (``rank``, or that culprit rank), labelled ``"approximate": true``.
     """
+    from .ranks import APPROXIMATE, choose_ranks
+
+    choice = choose_ranks(run, rank, alone)
+    if choice.together:
+        from ..distributed.replay_ranks import replay_rank_set
+
+        if opened is not None:
+            opened()
+        return replay_rank_set(
+            run,
+            "bisect",
+            criterion=criterion,
+            trace=trace,
+            device=device,
+            entry=entry,
+            trust=trust,
+            log=log,
+        )
+    d = _bisect_one(choice.path, criterion, trace, device, entry, trust, progress, log, opened)
+    if choice.approximate:
+        d["approximate"] = True
+        d["notes"] = [*d.get("notes", []), APPROXIMATE]
+    return d
+
+
+def _bisect_one(
+    run: str,
+    criterion: Any,
+    trace: bool,
+    device: str | None,
+    entry: str | None,
+    trust: bool,
+    progress: Callable[[int, int], None] | None,
+    log: Callable[[str], None] | None,
+    opened: Callable[[], None] | None,
+) -> dict[str, Any]:
     from ..bisect import SearchError, auto_criterion, find_culprit
     from ..bisect.report import verdict_json
     from ..distributed.bisect import RankSubject, adjust_verdict, is_rank_recording

@@ -18,12 +18,45 @@ def run_verify(
     trust: bool = False,
     progress: Callable[[int, int], None] | None = None,
     opened: Callable[[], None] | None = None,
+    rank: int | None = None,
+    alone: bool = False,
+    log: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """The ``replay verify --json`` report of ``run`` (``deterministic``, ``steps``, ``cause``...).
 
     ``opened`` is called once the engine is up (user code imported and built), before the
     replay: the command uses it to end its start-up phase.
+
+    ``run`` may name a DDP rank set: every rank is replayed together, one process each
+    (``replay.distributed.replay_ranks``), and ``ranks`` holds each rank's own check;
+    ``rank`` with ``alone`` replays that rank alone in this process (``"approximate": true``).
     """
+    from .ranks import APPROXIMATE, choose_ranks
+
+    choice = choose_ranks(run, rank, alone)
+    if choice.together:
+        from ..distributed.replay_ranks import replay_rank_set
+
+        if opened is not None:
+            opened()
+        return replay_rank_set(run, "verify", device=device, entry=entry, trust=trust, log=log)
+    if choice.files is not None and choice.path == run:  # --alone without --rank: rank 0
+        choice = choose_ranks(run, min(choice.files), True)
+    d = _verify_one(choice.path, device, entry, trust, progress, opened)
+    if choice.approximate:
+        d["approximate"] = True
+        d["notes"] = [APPROXIMATE]
+    return d
+
+
+def _verify_one(
+    run: str,
+    device: str | None,
+    entry: str | None,
+    trust: bool,
+    progress: Callable[[int, int], None] | None,
+    opened: Callable[[], None] | None,
+) -> dict[str, Any]:
     from ..bisect import verify_window
     from ..bisect.report import verify_json
     from ..engine.subject import EngineSubject

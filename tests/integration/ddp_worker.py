@@ -68,6 +68,8 @@ def worker(rank: int, cfg: dict[str, Any]) -> None:
                 x, y = batch_for(rank, s)
                 if rank == cfg.get("nan_rank") and s == cfg.get("nan_step"):
                     x[3, 5] = float("nan")
+                if rank == cfg.get("inf_rank") and s == cfg.get("inf_step"):
+                    x[2, 7] = float("inf")  # tanh saturates: the loss stays finite, grads go NaN
                 if rank == cfg.get("raise_rank") and s == cfg.get("raise_step"):
                     x = x[:, :7]  # a shape error inside forward, on this rank only
                 rec.step((x, y))

@@ -1,10 +1,12 @@
 """DDP with the gloo backend on the CPU: two real processes per test (about 6-8 s each).
 
-What "replays bitwise per rank" means here: a single-process replay of rank r's step from a
-snapshot reproduces that rank's *local* loss and *local* gradient norm (``local_grad_norm``, taken
-before the all-reduce) bit for bit. The recorded run then updated the parameters with the average
-of every rank's gradients, so the replayed parameters (and ``param_fingerprint``, ``grad_norm``)
-are not comparable without the other ranks: only the first step after a snapshot is exact.
+Two ways to replay a rank set. Alone (``--rank N --alone``, and ``replay_rank_step`` below): a
+single-process replay of rank r's step from a snapshot reproduces that rank's *local* loss and
+*local* gradient norm (``local_grad_norm``, taken before the all-reduce) bit for bit, but the
+recorded run then updated the parameters with the average of every rank's gradients, so only the
+first step after a snapshot is exact. Together (the default of ``replay verify``/``bisect`` on a
+rank set): one process per rank, a gloo process group, the model in DDP, and every step of every
+rank is the recording bit for bit.
 """
 
 from __future__ import annotations
@@ -62,6 +64,24 @@ def run_ranks(tmp_path: Any, **cfg: Any) -> dict[int, dict[str, Any]]:
                 p.kill()
             pytest.fail(f"ranks still running after {JOIN_TIMEOUT:.0f} s: some rank hangs")
     return {r: json.loads((out / f"rank{r}.json").read_text()) for r in range(cfg["world_size"])}
+
+
+def replay_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``python -m replay ARGS`` with the recorded entry module (ddp_worker) importable, as in
+    the user's training directory; a multi-rank replay gets short timeouts (a hang fails)."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]),
+        "REPLAY_RANKS_TIMEOUT": "90",
+        "REPLAY_PG_TIMEOUT": "30",
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "replay", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
 
 
 def replay_rank_step(path: str, step: int) -> dict[str, float]:
@@ -150,16 +170,12 @@ def test_nan_on_one_rank_stops_every_rank_at_the_same_step(tmp_path: Any) -> Non
     assert info.returncode == 0, info.stderr
     assert "rank set of 2" in info.stdout
     assert "first bad at step 5 on rank 1" in info.stdout
-    bisect = subprocess.run(
-        [sys.executable, "-m", "replay", "bisect", base, "--no-trace", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        # the recorded entry module (ddp_worker) is importable, as in the user's training dir
-        env={**os.environ, "PYTHONPATH": os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")])},
-    )
+    # One rank alone, in this process: the old path, labelled approximate.
+    bisect = replay_cli("bisect", base, "--alone", "--no-trace", "--json")
     assert bisect.returncode == 0, bisect.stderr
     verdict = json.loads(bisect.stdout)
+    assert verdict["approximate"] is True
+    assert any("replayed alone" in n for n in verdict["notes"])
     assert verdict["rank_set"]["replayed_rank"] == 1
     assert verdict["rank_set"]["first_bad"] == {
         "step": 5,
@@ -169,3 +185,122 @@ def test_nan_on_one_rank_stops_every_rank_at_the_same_step(tmp_path: Any) -> Non
     }
     assert verdict["recording"].endswith("run.rank1.h5")
     assert verdict["first_bad_step"] == 5 and verdict["reproducible"] is True
+
+
+def test_verify_replays_every_rank_together_bitwise(tmp_path: Any) -> None:
+    """Issue 21: the ranks replayed together, with DDP's all-reduce, are the run on every rank;
+    one rank alone is not (and says so)."""
+    run_ranks(tmp_path, steps=6, snapshot_every=2)
+    base = str(tmp_path / "run.h5")
+    out = replay_cli("verify", base, "--json")
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    assert d["deterministic"] is True
+    assert d["multi_rank"] == {
+        "world_size": 2,
+        "backend": "gloo",
+        "leader": 0,
+        "approximate": False,
+    }
+    assert [s["step"] for s in d["steps"]] == list(range(6))
+    assert all(s["match"] and s["compared"] for s in d["steps"])
+    for r in ("0", "1"):
+        rank = d["ranks"][r]
+        assert rank["recording"].endswith(f"run.rank{r}.h5")
+        assert rank["replayed_steps"] == list(range(6)) and rank["compared"] == 6
+        assert rank["deterministic"] is True and rank["divergence"] is None, rank
+
+    alone = replay_cli("verify", base, "--rank", "1", "--alone", "--json")
+    assert alone.returncode == 1, alone.stderr  # its own gradients instead of the average
+    a = json.loads(alone.stdout)
+    assert a["approximate"] is True and a["deterministic"] is False
+    assert a["first_divergence"]["column"] == "param_fingerprint"
+    assert a["recording"].endswith("run.rank1.h5")
+
+    misuse = replay_cli("verify", base, "--rank", "1")
+    assert misuse.returncode == 2 and "--alone" in misuse.stderr
+
+    # A rank that fails ends every rank at once, with one line naming it.
+    (tmp_path / "entry.py").write_text(
+        "import os\n"
+        "from ddp_worker import build as _build, train_step\n\n"
+        "def build():\n"
+        "    if os.environ['RANK'] == '1':\n"
+        "        raise RuntimeError('rank 1 cannot build')\n"
+        "    return _build()\n"
+    )
+    t0 = time.monotonic()
+    bad = replay_cli("verify", base, "--entry", f"{tmp_path / 'entry.py'}:build,train_step")
+    assert bad.returncode == 4, bad.stderr
+    assert "rank 1: build_fn build() raised RuntimeError: rank 1 cannot build" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) <= 3, bad.stderr
+    assert time.monotonic() - t0 < 60
+
+    # A step that raises on one rank only on replay (its peers would wait in the all-reduce it
+    # never joins until the process group times out) ends the replay at once, naming it.
+    (tmp_path / "entry2.py").write_text(
+        "import os\n"
+        "from ddp_worker import build, train_step as _step\n\n"
+        "def train_step(model, optimizer, batch):\n"
+        "    if os.environ['RANK'] == '1' and optimizer.state and batch[0][0, 0] > -9:\n"
+        "        raise KeyError('a global the loop set')\n"
+        "    return _step(model, optimizer, batch)\n"
+    )
+    t0 = time.monotonic()
+    bad = replay_cli("verify", base, "--entry", f"{tmp_path / 'entry2.py'}:build,train_step")
+    assert bad.returncode == 5, bad.stderr
+    assert "rank 1: the replay of step 1 raised KeyError" in bad.stderr, bad.stderr
+    assert time.monotonic() - t0 < 25  # not the process group's 30 s timeout
+
+
+def test_bisect_replays_every_rank_and_names_the_rank_step_and_op(tmp_path: Any) -> None:
+    """Issue 21: an inf in rank 1's batch at step 5; the ranks replayed together find it at
+    (rank 1, step 5, the first op that read it), deterministic on every rank, and rank 0's trace
+    says the non-finite values reached it through the all-reduce."""
+    run_ranks(tmp_path, steps=8, snapshot_every=2, inf_rank=1, inf_step=5)
+    base = str(tmp_path / "run.h5")
+    out = replay_cli("bisect", base, "--json")
+    assert out.returncode == 0, out.stderr
+    v = json.loads(out.stdout)
+    assert (v["rank"], v["first_bad_step"]) == (1, 5)
+    assert v["rank_set"]["first_bad"]["ranks"] == [1]
+    assert v["deterministic"] is True and v["reproducible"] is True
+    assert v["multi_rank"]["approximate"] is False and v["multi_rank"]["leader"] == 1
+    assert (v["op"], v["phase"], v["cause"]) == ("aten::addmm", "forward", "data")
+    assert v["samples"] == [2]
+    assert v["recording"].endswith("run.rank1.h5")
+    for r in ("0", "1"):
+        rank = v["ranks"][r]
+        assert rank["deterministic"] is True and rank["replayed_steps"] == [4, 5], rank
+        assert os.path.exists(rank["trace"]["forensics"])
+        assert rank["trace"]["step"] == 5
+    assert v["ranks"]["1"]["trace"]["op"] == "aten::addmm"
+    assert v["ranks"]["0"]["trace"]["op"] is None
+    assert "through DDP's gradient all-reduce" in v["ranks"]["0"]["trace"]["received"]
+
+
+def test_a_rank_that_raises_is_named_and_its_step_replayed_on_every_rank(tmp_path: Any) -> None:
+    """Issue 21, part 4: rank 1 raises a shape error at step 5; rank 0, left alone in the
+    gradient all-reduce, records gloo's "connection closed by peer". Bisect names rank 1 (its
+    exception is its own) and replays step 5 on both ranks: rank 1 raises again, rank 0 runs it
+    without the all-reduce its peer never joins (not compared with its recorded failure)."""
+    run_ranks(tmp_path, steps=8, snapshot_every=2, raise_rank=1, raise_step=5, pg_timeout=10)
+    base = str(tmp_path / "run.h5")
+    with open_rank_set(base) as rs:
+        assert {r: rec.health()["raised"][5] for r, rec in rs.recordings.items()} == {0: 1, 1: 1}
+        failure = first_bad_rank(rs)
+        assert failure is not None
+        assert (failure.step, failure.ranks, failure.kind) == (5, (1,), "exception")
+    out = replay_cli("bisect", base, "--json")
+    assert out.returncode == 0, out.stderr
+    v = json.loads(out.stdout)
+    assert (v["rank"], v["first_bad_step"], v["kind"]) == (1, 5, "exception")
+    assert v["exception"]["type"] == "RuntimeError"
+    assert "mat1 and mat2 shapes cannot be multiplied" in v["exception"]["message"]
+    assert (v["op"], v["phase"]) == ("aten::addmm", "forward")
+    assert v["deterministic"] is True and v["reproducible"] is True
+    r0, r1 = v["ranks"]["0"], v["ranks"]["1"]
+    assert r0["peer_failed_steps"] == [5] and r1["peer_failed_steps"] == []
+    assert r0["replayed_steps"] == r1["replayed_steps"] == [4, 5]
+    assert r0["deterministic"] and r1["deterministic"]
+    assert "rank 1 raised before joining it" in r0["trace"]["received"]

@@ -80,3 +80,34 @@ def test_a_folder_without_rank_files_is_one_line_exit_3(tmp_path):
     )
     assert r.returncode == 3 and "without rank recordings" in r.stderr
     assert r.stderr.strip().count("\n") == 0
+
+
+async def test_every_ranks_trace_is_listed(rank_set, tmp_path):
+    """After ``replay bisect`` on a rank set each rank has its own sidecar: the view lists what
+    each one's trace names (the culprit's op; a rank whose NaN arrived through the all-reduce)."""
+    import shutil
+
+    from synthetic import synthetic_tables
+
+    from replay.store import open_recording
+    from replay.store.forensics import write_forensics
+
+    folder = tmp_path / "ddp"
+    folder.mkdir()
+    for r in (0, 1):
+        src = rank_set.replace("run.h5", f"run.rank{r}.h5")
+        shutil.copy(src, folder / f"run.rank{r}.h5")
+        with open_recording(str(folder / f"run.rank{r}.h5")) as rec:
+            run_id, sidecar = rec.run_id, rec.forensics_path
+        tables = synthetic_tables(50, 10)
+        if r == 0:
+            tables["verdict"].update(op=None, op_index=None, phase=None, module=None)
+        write_forensics(sidecar, run_id=run_id, step=RANK_NAN_STEP, tables=tables)
+    app = make_app(str(folder / "run.h5"), poll=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        await press(pilot, "8")
+        head = str(app.screen.query_one("#ranks-head").render())
+        assert "per-op traces (replay bisect, every rank):" in head
+        assert f"rank 1  step {RANK_NAN_STEP}: aten::log (forward) in enc.layers.0.mlp" in head
+        assert f"rank 0  step {RANK_NAN_STEP}: no op of its own made it" in head

@@ -54,6 +54,12 @@ class RanksScreen(RunScreen):
         else:
             t.append(s.reason + "\n", style="green")
         t.append(f"views 1-7 show rank {s.opened_rank} ({self.model.name})", style="dim")
+        traced = [r for r in s.rows if r.trace is not None]
+        if traced:
+            t.append("\nper-op traces (replay bisect, every rank):", style="bold")
+            for r in traced:
+                style = "red" if r.rank in s.culprit_ranks else ""
+                t.append(f"\n  rank {r.rank}  {r.trace}", style=style)
         head.update(t)
 
     def _single_recording(self) -> Text:

@@ -1,0 +1,213 @@
+"""Every rank's engine runs the same calls in the same order, so DDP's collectives match.
+
+A multi-rank replay has one process per rank, each driving its own :class:`~replay.engine.Engine`
+on its own rank file. One of them, the *leader*, runs the workflow (the bisector, ``verify``,
+the tracer, the divergence experiments) on its engine as a single process would. Every call of
+the leader's engine that may run a step (``state_before``, ``run_step``, ``replay_through``,
+``invalidate``, and the step function the tracer runs itself) is first broadcast to the other
+ranks, the *followers*, which make the same call on their own engines. The engine's choices
+(which snapshot or in-memory checkpoint to start from, which steps to replay in between) depend
+only on the sequence of calls, never on the values replayed, so both sides then run the same
+steps in the same order and every DDP all-reduce finds its peers.
+
+What differs: a step the leader runs on a batch of its own making (the tracer's sample search
+slices the culprit batch) is run by a follower on its own recorded batch; such runs are not
+compared with the recording on either side.
+
+Every rank logs each step it ran on its recorded batch; :func:`rank_summary` compares those
+rows bitwise with that rank's recorded health: the replay is verified on every rank, not only
+on the leader.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch.distributed as dist
+
+from ..bisect.compare import HINT_RAISED, compare_rows
+from ..errors import ReplayError
+
+__all__ = ["Leader", "StepLog", "follow", "rank_summary", "run_own_step"]
+
+# The engine methods that may run a step (and so a collective), mirrored on every rank.
+_MIRRORED = ("state_before", "run_step", "replay_through", "invalidate")
+
+
+@dataclass
+class StepLog:
+    """The steps an engine ran: ``(step, on its recorded batch, health row)``."""
+
+    runs: list[tuple[int, bool, dict[str, Any]]] = field(default_factory=list)
+
+    def attach(self, engine: Any, rank: int) -> None:
+        """Log every ``run_step`` of ``engine`` (the nested ones of ``state_before`` too).
+
+        A step that raises on its recorded batch where the recording did not ends the replay
+        at once (:class:`ReplayError`): its peers wait in an all-reduce it never joins, and
+        would only learn of it when the process group times out.
+        """
+        inner = engine.run_step
+        raised = {int(r["step"]) for r in engine.recorded_rows() if r.get("raised") == 1.0}
+
+        @functools.wraps(inner)
+        def run_step(t: int, batch: Any = None) -> Any:
+            out = inner(t, batch)
+            self.runs.append((int(t), batch is None, out.row()))
+            e = out.exception
+            if e is not None and batch is None and int(t) not in raised:
+                raise ReplayError(
+                    f"the replay of step {t} raised {e['type']}: {str(e['message'])[:200]}, "
+                    f"which rank {rank}'s recording does not show; its peers cannot go on "
+                    f"without it: {HINT_RAISED}"
+                )
+            return out
+
+        engine.run_step = run_step
+
+
+def _send(cmd: Any, src: int, group: Any) -> Any:
+    box = [cmd]
+    dist.broadcast_object_list(box, src=src, group=group)
+    return box[0]
+
+
+class Leader:
+    """Broadcasts the leader engine's step-running calls to the followers (see the module doc).
+
+    ``install()`` wraps the engine's methods; only calls made from outside the engine are sent
+    (``state_before`` replaying the steps in between is one call, on every rank).
+    ``finish(error)`` ends the followers' loop: call it exactly once, also when the workflow
+    failed (``error``: one line, which each follower reports).
+    """
+
+    def __init__(self, engine: Any, rank: int, group: Any) -> None:
+        self.engine, self.rank, self.group = engine, rank, group
+        self._depth = 0
+        self.sent = 0
+
+    def _mirror(self, name: str, cmd: Callable[..., tuple[Any, ...]]) -> None:
+        inner = getattr(self.engine, name)
+
+        @functools.wraps(inner)
+        def call(*args: Any, **kw: Any) -> Any:
+            if self._depth == 0:
+                self.sent += 1
+                _send(cmd(*args, **kw), self.rank, self.group)
+            self._depth += 1
+            try:
+                return inner(*args, **kw)
+            finally:
+                self._depth -= 1
+
+        setattr(self.engine, name, call)
+
+    def install(self) -> None:
+        self._mirror("state_before", lambda t, keep=False: ("state_before", int(t), bool(keep)))
+        # A batch the leader made (a slice of the culprit's): each follower uses its own.
+        self._mirror("run_step", lambda t, batch=None: ("run_step", int(t), batch is None))
+        self._mirror("replay_through", lambda s: ("replay_through", int(s)))
+        self._mirror("invalidate", lambda: ("invalidate",))
+        step_callable = self.engine.step_callable
+
+        @functools.wraps(step_callable)
+        def mirrored_callable(t: int, **override: Any) -> Callable[[Any, Any, Any], Any]:
+            fn = step_callable(t, **override)
+
+            def run(model: Any, optimizer: Any, batch: Any) -> Any:
+                if self._depth == 0:
+                    self.sent += 1
+                    _send(("call", int(t)), self.rank, self.group)
+                return fn(model, optimizer, batch)
+
+            return run
+
+        self.engine.step_callable = mirrored_callable
+
+    def finish(self, error: str | None = None) -> None:
+        _send(("done", error), self.rank, self.group)
+
+
+def follow(
+    engine: Any,
+    leader: int,
+    group: Any,
+    on_call: Callable[[int], None] | None = None,
+) -> None:
+    """Make the leader's calls on this rank's ``engine`` until it says it is done.
+
+    ``on_call(t)``: runs this rank's step ``t`` when the leader's tracer runs its own (default:
+    the step function on the recorded batch, its exception swallowed as the tracer does).
+    Raises :class:`ReplayError` when the leader failed.
+    """
+
+    run_call = on_call or (lambda t: run_own_step(engine, t))
+    while True:
+        cmd = _send(None, leader, group)
+        op = cmd[0]
+        if op == "done":
+            if cmd[1] is not None:
+                raise ReplayError(f"rank {leader} (leading the replay) failed: {cmd[1]}")
+            return
+        if op == "state_before":
+            engine.state_before(cmd[1], keep=cmd[2])
+        elif op == "run_step":
+            t = cmd[1]
+            engine.run_step(t, None if cmd[2] else engine.batch(t))
+        elif op == "replay_through":
+            engine.replay_through(cmd[1])
+        elif op == "invalidate":
+            engine.invalidate()
+        elif op == "call":
+            run_call(cmd[1])
+        else:
+            raise ReplayError(f"internal error: unknown lockstep command {op!r}")
+
+
+def run_own_step(engine: Any, t: int) -> None:
+    """Run step ``t``'s step function on this rank's recorded batch, as the leader's tracer
+    runs its own (its exception is the tracer's to describe, not a replay failure)."""
+    fn = engine.step_callable(t)
+    try:
+        fn(engine.model, engine.optimizer, engine.batch(t))
+    except Exception:  # noqa: BLE001, S110 - see the docstring
+        pass
+
+
+def rank_summary(engine: Any, log: StepLog, rank: int) -> dict[str, Any]:
+    """This rank's replay checked bitwise against its own recording.
+
+    ``deterministic``: every step run on its recorded batch matched the recorded health row
+    (loss and parameter fingerprint; a raised step by its exception type). ``divergence``: the
+    first that did not.
+    """
+    by_step = {int(r["step"]): r for r in engine.recorded_rows()}
+    first: dict[str, Any] | None = None
+    compared = 0
+    steps: set[int] = set()
+    for t, own, row in log.runs:
+        if not own:
+            continue
+        steps.add(t)
+        recorded = by_step.get(t)
+        if recorded is None:
+            continue
+        if recorded.get("raised") == 1.0:
+            exc = engine.recorded_exception(t) or {}
+            recorded = {**recorded, "exception_type": exc.get("type")}
+        compared += 1
+        diff = compare_rows(recorded, row)
+        if diff is not None and first is None:
+            first = diff
+    return {
+        "rank": rank,
+        "recording": engine.rec.path,
+        "replayed_steps": sorted(steps),
+        "runs": sum(1 for _, own, _ in log.runs if own),
+        "compared": compared,
+        "deterministic": first is None,
+        "divergence": first,
+    }

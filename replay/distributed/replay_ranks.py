@@ -1,0 +1,292 @@
+"""Replaying every rank of a DDP run together: one process per rank, real collectives.
+
+Replaying one rank alone updates its parameters with its own gradients instead of the
+all-reduced average, so from the first step after a snapshot it is no longer the run. Here each
+rank gets a process (``python -m replay.distributed.worker``, started with the environment
+torchrun gives: ``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``), a
+process group of the recorded world size (gloo; NCCL when the run used it and this machine has
+a GPU per rank), its own snapshot, RNG states and batches, and the model in
+``DistributedDataParallel``. The workflow runs on one rank, the leader, and the others follow
+it call by call (``lockstep.py``), so the replay is the recording on every rank, bit for bit,
+and each rank checks that against its own file.
+
+A rank that fails or hangs never hangs the caller: the process group has a timeout, the whole
+set has a deadline, and the first rank that exits with an error ends the others; the error is
+one line naming the rank.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import EntryPointError, RecordingError, ReplayError, UsageError
+from .ranks import first_bad_rank, open_rank_set
+
+__all__ = ["replay_rank_set", "DEADLINE"]
+
+DEADLINE = 900.0  # seconds for the whole replay; REPLAY_RANKS_TIMEOUT overrides
+PG_TIMEOUT = 300.0  # seconds a rank waits in a collective; REPLAY_PG_TIMEOUT overrides
+_ERRORS: dict[int, type[ReplayError]] = {
+    2: UsageError,
+    3: RecordingError,
+    4: EntryPointError,
+}
+
+
+def _env_seconds(name: str, default: float) -> float:
+    try:
+        return float(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _backend(recorded: str | None, world: int) -> str:
+    """NCCL where the run used it and this machine has a GPU per rank, gloo otherwise."""
+    if recorded == "nccl":
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.device_count() >= world:
+            return "nccl"
+    return "gloo"
+
+
+def _criterion_spec(criterion: Any) -> dict[str, Any] | None:
+    from ..bisect import NonFinite, Predicate, Raised
+
+    if criterion is None:
+        return None
+    if isinstance(criterion, Predicate):
+        return {"until": criterion.expr.text}
+    if isinstance(criterion, NonFinite):
+        return {"kind": "nonfinite"}
+    if isinstance(criterion, Raised):
+        return {"kind": "exception"}
+    raise UsageError(f"a multi-rank replay cannot pass the criterion {criterion!r} to its ranks")
+
+
+def _kill(procs: dict[int, subprocess.Popen[bytes]]) -> None:
+    for p in procs.values():
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)  # the rank and anything it started
+            except ProcessLookupError:
+                pass
+    for p in procs.values():
+        p.wait()
+
+
+def _tail(path: str, lines: int = 3) -> str:
+    try:
+        with open(path, errors="replace") as fh:
+            text = [ln.rstrip() for ln in fh.read().splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return " | ".join(text[-lines:])
+
+
+def _failure(rank: int, tmp: str, code: int | None) -> ReplayError:
+    try:
+        with open(os.path.join(tmp, f"rank{rank}.json")) as fh:
+            res = json.load(fh)
+    except (OSError, ValueError):
+        res = None
+    if res is not None and not res.get("ok"):
+        cls = _ERRORS.get(int(res.get("exit_code") or 5), ReplayError)
+        return cls(f"rank {rank}: {res.get('error')}")
+    why = _tail(os.path.join(tmp, f"rank{rank}.err"))
+    return ReplayError(
+        f"rank {rank}'s replay process exited with code {code}" + (f" ({why})" if why else "")
+    )
+
+
+def _run_ranks(
+    paths: dict[int, str], spec: dict[str, Any], tmp: str, log: Callable[[str], None] | None
+) -> dict[int, dict[str, Any]]:
+    world = len(paths)
+    spec = {**spec, "files": {str(r): p for r, p in paths.items()}, "out": tmp}
+    spec_path = os.path.join(tmp, "spec.json")
+    with open(spec_path, "w") as fh:
+        json.dump(spec, fh)
+    port = _free_port()
+    procs: dict[int, subprocess.Popen[bytes]] = {}
+    deadline = time.monotonic() + _env_seconds("REPLAY_RANKS_TIMEOUT", DEADLINE)
+    try:
+        for r in sorted(paths):
+            env = {
+                **os.environ,
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "RANK": str(r),
+                "WORLD_SIZE": str(world),
+                "LOCAL_RANK": str(r),
+            }
+            with (
+                open(os.path.join(tmp, f"rank{r}.out"), "wb") as out,
+                open(os.path.join(tmp, f"rank{r}.err"), "wb") as err,
+            ):
+                procs[r] = subprocess.Popen(
+                    [sys.executable, "-m", "replay.distributed.worker", spec_path],
+                    env=env,
+                    stdout=out,
+                    stderr=err,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,  # its own process group: killed as one
+                )
+        if log is not None:
+            log(
+                f"replaying {world} ranks together ({spec['backend']}, leader rank {spec['leader']})"
+            )
+        while True:
+            codes = {r: p.poll() for r, p in procs.items()}
+            bad = [r for r, c in codes.items() if c not in (None, 0)]
+            if bad:
+                # Name a rank's own error before a follower's "the leader failed".
+                errors = {r: _failure(r, tmp, codes[r]) for r in bad}
+                own = [r for r in bad if "(leading the replay)" not in str(errors[r])]
+                _kill(procs)
+                raise errors[(own or bad)[0]]
+            if all(c == 0 for c in codes.values()):
+                break
+            if time.monotonic() > deadline:
+                _kill(procs)
+                waiting = [r for r, c in codes.items() if c is None]
+                raise ReplayError(
+                    f"the multi-rank replay did not finish in time (ranks {waiting} still "
+                    "running: a rank waits in a collective its peers never joined); set "
+                    "REPLAY_RANKS_TIMEOUT for a longer run, or replay one rank with --rank N --alone"
+                )
+            time.sleep(0.05)
+    except BaseException:
+        _kill(procs)
+        raise
+    # What the leader said (the engine's notes and warnings: a changed entry file...) is what
+    # a single-process replay would have printed; the followers say the same for their ranks.
+    with open(os.path.join(tmp, f"rank{spec['leader']}.err"), errors="replace") as fh:
+        said = fh.read()
+    if said.strip():
+        sys.stderr.write(said if said.endswith("\n") else said + "\n")
+        sys.stderr.flush()
+    results = {}
+    for r in sorted(paths):
+        with open(os.path.join(tmp, f"rank{r}.json")) as fh:
+            results[r] = json.load(fh)
+    return results
+
+
+def replay_rank_set(
+    spec: str,
+    mode: str,
+    *,
+    criterion: Any = None,
+    trace: bool = True,
+    device: str | None = None,
+    entry: str | None = None,
+    trust: bool = False,
+    log: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """``replay verify`` / ``replay bisect`` (``mode``) of every rank of the rank set ``spec``.
+
+    Returns the leader's report (rank 0 for ``verify``; for ``bisect`` the rank whose own values
+    went bad first), with ``ranks``: every rank's own bitwise check (``deterministic``,
+    ``divergence``, ``replayed_steps``), and ``deterministic`` true only when every rank's is.
+    """
+    with open_rank_set(spec) as rs:
+        paths, world, missing = rs.paths, rs.world_size, rs.missing
+        backends = {
+            (rec.meta.get("distributed") or {}).get("backend") for rec in rs.recordings.values()
+        }
+        failure = first_bad_rank(rs) if mode == "bisect" else None
+    if missing:
+        raise RecordingError(
+            f"{spec}: no recording of rank(s) {', '.join(map(str, missing))}; every rank is "
+            "needed to replay them together: replay one rank with --rank N --alone"
+        )
+    if world is None or world != len(paths):
+        raise RecordingError(f"{spec}: the files do not say the run's world size")
+    leader = failure.rank if failure is not None else min(paths)
+    recorded_backend = next(iter(backends)) if len(backends) == 1 else None
+    job = {
+        "mode": mode,
+        "leader": leader,
+        "backend": _backend(recorded_backend, world),
+        "timeout": _env_seconds("REPLAY_PG_TIMEOUT", PG_TIMEOUT),
+        "device": device,
+        "entry": entry,
+        "trust": trust,
+        "trace": trace,
+        "criterion": _criterion_spec(criterion),
+    }
+    tmp = tempfile.mkdtemp(prefix="replay-ranks-")
+    try:
+        results = _run_ranks(paths, job, tmp, log)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    report: dict[str, Any] = dict(results[leader]["report"])
+    ranks = {str(r): results[r]["replay"] for r in sorted(results)}
+    every = all(s["deterministic"] for s in ranks.values())
+    report["deterministic"] = bool(report.get("deterministic")) and every
+    if mode == "bisect":
+        if report.get("reproducible") is not None:
+            report["reproducible"] = bool(report["reproducible"]) and every
+        report["rank"] = leader
+        report["rank_set"] = {
+            "spec": spec,
+            "ranks": sorted(paths),
+            "first_bad": None
+            if failure is None
+            else {
+                "step": failure.step,
+                "ranks": list(failure.ranks),
+                "kind": failure.kind,
+                "local": failure.local,
+            },
+            "replayed_rank": leader,
+            "summary": _summary(failure),
+        }
+    if failure is not None:
+        for r, summary in ranks.items():
+            tr = summary.get("trace")
+            if tr is None or int(r) in failure.ranks or tr.get("op") is not None:
+                continue
+            if failure.step in summary.get("peer_failed_steps", ()):
+                tr["received"] = (
+                    f"rank {r}'s gradient all-reduce at step {failure.step} failed in the "
+                    f"recording because rank {leader} raised before joining it; replayed "
+                    "without the all-reduce (not compared with the recording)"
+                )
+            elif failure.kind == "nonfinite":
+                tr["received"] = (
+                    f"rank {r}'s own values stayed finite at step {failure.step}; what went "
+                    f"non-finite reached it from rank {leader} through DDP's gradient all-reduce"
+                )
+    report["multi_rank"] = {
+        "world_size": world,
+        "backend": job["backend"],
+        "leader": leader,
+        "approximate": False,
+    }
+    report["ranks"] = ranks
+    return report
+
+
+def _summary(failure: Any) -> str:
+    from .ranks import describe_failure
+
+    return describe_failure(failure)

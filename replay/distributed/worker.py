@@ -1,0 +1,290 @@
+"""One rank of a multi-rank replay: ``python -m replay.distributed.worker SPEC.json``.
+
+Started by :func:`replay.distributed.replay_ranks.replay_rank_set` the way torchrun starts
+ranks (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``). It joins a
+process group of the recorded world size, opens its own rank file, wraps the model ``build_fn``
+makes in ``DistributedDataParallel`` as the recorded loop did, and replays in lockstep with the
+other ranks (``lockstep.py``): the leader runs the workflow, the others follow. It writes
+``rank<r>.json`` into the spec's ``out`` directory: its report, or its error in one line.
+
+SPEC holds ``mode`` (``verify`` or ``bisect``), ``files`` (rank -> path), ``leader``,
+``out``, ``backend``, ``timeout`` (seconds, the process group's), ``device``, ``entry``,
+``trust``, ``trace`` and ``criterion`` (bisect: ``null``, ``{"kind": ...}`` or
+``{"until": EXPR}``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import sys
+import traceback
+from contextlib import nullcontext
+from typing import Any
+
+from ..errors import EXIT_INTERNAL, ReplayError
+
+__all__ = ["main"]
+
+
+def _criterion(spec: dict[str, Any] | None) -> Any:
+    from ..bisect import Expression, NonFinite, Predicate, Raised
+    from ..store.layout import HEALTH_COLUMNS
+
+    if not spec:
+        return None
+    if "until" in spec:
+        return Predicate(Expression.parse(spec["until"], HEALTH_COLUMNS))
+    return {"nonfinite": NonFinite, "exception": Raised}[spec["kind"]]()
+
+
+def _wrap_ddp(engine: Any, device: str, rec: Any) -> set[int]:
+    """The model in ``DistributedDataParallel``, as the recorded loop had it.
+
+    The recorder's per-rank gradient probe (``local_grad_norm``) ran DDP's default all-reduce
+    hook; where the recording shows it, the replay runs that hook too, so the gradients are
+    averaged by the same arithmetic.
+    """
+    import math
+
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.nn.parallel import DistributedDataParallel
+
+    ids = [device] if device.startswith("cuda") else None
+    ddp = DistributedDataParallel(engine.model, device_ids=ids)
+    h = rec.health()
+    probed = "local_grad_norm" in h and any(not math.isnan(float(x)) for x in h["local_grad_norm"])
+    if probed:
+        ddp.register_comm_hook(None, default_hooks.allreduce_hook)
+    engine.use_wrapper(ddp)
+    peer_failed = peer_failed_steps(engine)
+    if peer_failed:
+        # This rank's all-reduce at those steps failed because a peer raised before joining
+        # it; replayed, the peer raises again and never joins: run them without the all-reduce.
+        engine.around_step = lambda t: ddp.no_sync() if t in peer_failed else nullcontext()
+    return peer_failed
+
+
+def peer_failed_steps(engine: Any) -> set[int]:
+    """Steps at which this rank recorded a collective error (a peer failed), not its own."""
+    from .ranks import is_collective_error
+
+    out = set()
+    for row in engine.recorded_rows():
+        t = int(row["step"])
+        if row.get("raised") == 1.0 and t in engine.window:
+            try:
+                exc = engine.recorded_exception(t)
+            except ReplayError:
+                continue
+            if is_collective_error(exc):
+                out.add(t)
+    return out
+
+
+def _without(recorded_rows: Any, steps: set[int]) -> Any:
+    def rows() -> list[dict[str, Any]]:
+        return [r for r in recorded_rows() if int(r["step"]) not in steps]
+
+    return rows
+
+
+def _same_windows(engine: Any, group: Any, world: int) -> None:
+    import torch.distributed as dist
+
+    mine = (engine.window.first, engine.window.last, list(engine.window.snapshots))
+    every: list[Any] = [None] * world
+    dist.all_gather_object(every, mine, group=group)
+    if any(tuple(w) != tuple(every[0]) for w in every):
+        shown = "; ".join(f"rank {r}: steps {w[0]}..{w[1]}" for r, w in enumerate(every))
+        raise ReplayError(
+            f"the ranks' replayable windows differ ({shown}): the ranks cannot replay the same "
+            "steps together; replay one rank alone with --rank N --alone"
+        )
+
+
+def _lead_verify(engine: Any, rec: Any) -> dict[str, Any]:
+    from ..bisect import verify_window
+    from ..bisect.report import verify_json
+    from ..engine.subject import EngineSubject
+    from ..engine.why import explain_divergence
+
+    report = verify_window(EngineSubject(engine))
+    fd = report.first_divergence
+    if fd is not None:
+        report.cause = explain_divergence(engine, fd, report.replayed_exception(int(fd["step"])))
+    return verify_json(report, recording=rec.path, entry_files=engine.entry_files)
+
+
+def _lead_bisect(engine: Any, rec: Any, spec: dict[str, Any]) -> dict[str, Any]:
+    from ..bisect import SearchError, auto_criterion, find_culprit
+    from ..bisect.report import verdict_json
+    from ..engine.culprit import trace_culprit, tracer_available
+    from ..engine.subject import EngineSubject
+    from ..engine.why import explain_divergence
+
+    subject = EngineSubject(engine)
+    criterion = _criterion(spec.get("criterion"))
+    if criterion is None:
+        criterion = auto_criterion(subject.recorded_rows())
+    try:
+        verdict = find_culprit(subject, criterion)
+    except SearchError as e:
+        raise ReplayError(str(e)) from None
+    extra: dict[str, Any] = {"recording": rec.path, "entry_files": engine.entry_files}
+    t = verdict.first_bad_step
+    if t is not None and verdict.reproducible is not None and spec.get("trace", True):
+        if not tracer_available():
+            verdict.notes.append("per-op tracing is not available in this installation")
+        else:
+            try:
+                extra.update(
+                    trace_culprit(
+                        engine,
+                        t,
+                        verdict.kind,
+                        forensics_path=rec.forensics_path,
+                        run_id=rec.run_id,
+                    )
+                )
+            except ReplayError:
+                raise
+            except Exception as e:  # noqa: BLE001 - the step verdict stands without the trace
+                verdict.notes.append(f"tracing step {t} failed: {type(e).__name__}: {e}")
+    if verdict.divergence is not None:
+        extra["divergence_cause"] = explain_divergence(
+            engine, verdict.divergence, verdict.exception
+        )
+    return verdict_json(verdict, **extra)
+
+
+_TRACE_KEYS = ("cause", "op", "phase", "module", "source", "made", "forensics")
+
+
+def _tracer(engine: Any, rec: Any, traced: dict[str, Any]) -> Any:
+    """A follower's answer to the leader tracing its culprit step: trace its own step the same
+    way, into its own forensics sidecar (``replay tui`` shows every rank's). Only the first
+    call is traced (the leader's later ones probe sliced batches)."""
+    from ..engine.culprit import tracer_available
+    from ..jsonsafe import json_safe
+    from .lockstep import run_own_step
+
+    def on_call(t: int) -> None:
+        if traced or not tracer_available():
+            run_own_step(engine, t)
+            return
+        from replay.trace import trace_step
+
+        result = trace_step(
+            engine.model,
+            engine.optimizer,
+            engine.step_callable(t),
+            engine.batch(t),
+            scaler=engine.scaler,
+        )
+        result.write(rec.forensics_path, run_id=rec.run_id, step=t)
+        v = result.verdict
+        traced.update(json_safe({k: v.get(k) for k in (*_TRACE_KEYS, "kind", "notes") if k in v}))
+        traced.update(step=t, forensics=rec.forensics_path)
+
+    return on_call
+
+
+def run(spec: dict[str, Any]) -> dict[str, Any]:
+    """Replay this rank (``RANK`` in the environment); returns what ``rank<r>.json`` holds."""
+    import torch
+    import torch.distributed as dist
+
+    from ..workflows.session import open_engine
+    from .lockstep import Leader, StepLog, follow, rank_summary
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    leader = int(spec["leader"])
+    backend = spec.get("backend") or "gloo"
+    device = spec.get("device")
+    if backend == "nccl":
+        torch.cuda.set_device(local)
+        device = device or f"cuda:{local}"
+    timeout = datetime.timedelta(seconds=float(spec.get("timeout") or 300))
+    dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout)
+    try:
+        # Commands travel on their own gloo group (CPU objects, also when the model uses NCCL).
+        group = dist.new_group(backend="gloo", timeout=timeout)
+        rec, engine = open_engine(
+            spec["files"][str(rank)], device, spec.get("entry"), bool(spec.get("trust"))
+        )
+        try:
+            _same_windows(engine, group, world)
+            peer_failed = _wrap_ddp(engine, engine.device, rec)
+            if peer_failed:
+                # Not compared on this rank: the recording holds the collective's failure.
+                engine.recorded_rows = _without(engine.recorded_rows, peer_failed)
+            log = StepLog()
+            log.attach(engine, rank)
+            report: dict[str, Any] | None = None
+            traced: dict[str, Any] = {}  # a follower's own trace of the culprit step
+            if rank == leader:
+                lead = Leader(engine, rank, group)
+                lead.install()
+                try:
+                    if spec["mode"] == "verify":
+                        report = _lead_verify(engine, rec)
+                    else:
+                        report = _lead_bisect(engine, rec, spec)
+                except BaseException as e:
+                    lead.finish(f"{type(e).__name__}: {e}".splitlines()[0])
+                    raise
+                lead.finish()
+            else:
+                tracing = spec["mode"] == "bisect" and spec.get("trace", True)
+                on_call = _tracer(engine, rec, traced) if tracing else None
+                follow(engine, leader, group, on_call)
+            summary = rank_summary(engine, log, rank)
+            summary["peer_failed_steps"] = sorted(peer_failed)
+            if rank == leader and report is not None and report.get("forensics"):
+                summary["trace"] = {k: report.get(k) for k in _TRACE_KEYS}
+                summary["trace"].update(step=report.get("first_bad_step"), kind=report.get("kind"))
+            elif traced:
+                summary["trace"] = traced
+            return {
+                "rank": rank,
+                "ok": True,
+                "leader": rank == leader,
+                "report": report,
+                "replay": summary,
+            }
+        finally:
+            engine.close()
+            rec.close()
+    finally:
+        dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    with open(argv[0]) as fh:
+        spec = json.load(fh)
+    rank = int(os.environ.get("RANK", "-1"))
+    out = os.path.join(spec["out"], f"rank{rank}.json")
+    from ..jsonsafe import json_safe
+
+    try:
+        result = run(spec)
+        code = 0
+    except ReplayError as e:
+        result, code = {"rank": rank, "ok": False, "error": str(e), "exit_code": e.exit_code}, 1
+    except Exception as e:  # noqa: BLE001 - one line for the parent, the traceback on stderr
+        traceback.print_exc()
+        first = (str(e).strip().splitlines() or [""])[0]
+        result = {"rank": rank, "ok": False, "error": f"{type(e).__name__}: {first}"}
+        result["exit_code"], code = EXIT_INTERNAL, 1
+    with open(out + ".tmp", "w") as fh:
+        json.dump(json_safe(result), fh)
+    os.replace(out + ".tmp", out)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
