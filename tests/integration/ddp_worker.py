@@ -36,6 +36,30 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: 
     return loss
 
 
+def train_step_offset(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Any) -> Any:
+    """As ``train_step``, plus a constant from the batch added to the loss it returns: a NaN
+    there makes the loss non-finite while the gradients stay finite."""
+    x, y, offset = batch
+    return train_step(model, optimizer, (x, y)) + offset
+
+
+def count_collectives(fn: Any) -> int:
+    """How many c10d collectives ``fn()`` issues (the profiler records one ``c10d::`` event for
+    each, whether DDP's reducer or Python calls it)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    return sum(1 for e in prof.events() if e.name.startswith("c10d::"))
+
+
+def bare_collectives(rank: int) -> int:
+    """The collectives of one step of bare DDP (after the bucket rebuild of the first step)."""
+    model, opt = build()
+    ddp = DistributedDataParallel(model)
+    for s in range(2):
+        train_step(ddp, opt, batch_for(rank, s))
+    return count_collectives(lambda: train_step(ddp, opt, batch_for(rank, 2)))
+
+
 def batch_for(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(1000 * rank + step)
     return torch.randn(8, 16, generator=g), torch.randn(8, 4, generator=g)
@@ -51,15 +75,19 @@ def worker(rank: int, cfg: dict[str, Any]) -> None:
         world_size=cfg["world_size"],
         timeout=datetime.timedelta(seconds=cfg.get("pg_timeout", 60)),
     )
+    result: dict[str, Any] = {"rank": rank, "finished": False, "collectives": {}}
+    count = cfg.get("count_steps", ())
+    if count:
+        result["bare_collectives"] = bare_collectives(rank)
     model, opt = build()
     ddp = DistributedDataParallel(model)
-    result: dict[str, Any] = {"rank": rank, "finished": False}
+    offset = cfg.get("loss_offset_rank") is not None
     try:
         with replay.Recorder(
             cfg["path"],
             model=ddp,
             optimizer=opt,
-            step_fn=train_step,
+            step_fn=train_step_offset if offset else train_step,
             build_fn=build,
             snapshot_every=cfg.get("snapshot_every", 2),
         ) as rec:
@@ -67,13 +95,22 @@ def worker(rank: int, cfg: dict[str, Any]) -> None:
             for s in range(cfg["steps"]):
                 x, y = batch_for(rank, s)
                 if rank == cfg.get("nan_rank") and s == cfg.get("nan_step"):
-                    x[3, 5] = float("nan")
+                    x[3, 5] = cfg.get("bad_value", float("nan"))
                 if rank == cfg.get("raise_rank") and s == cfg.get("raise_step"):
                     x = x[:, :7]  # a shape error inside forward, on this rank only
-                rec.step((x, y))
+                batch: Any = (x, y)
+                if offset:
+                    bad = rank == cfg["loss_offset_rank"] and s == cfg["loss_offset_step"]
+                    batch = (x, y, torch.tensor(float("nan") if bad else 0.0))
+                if s in count:
+                    n = count_collectives(lambda b=batch: rec.step(b))
+                    result["collectives"][str(s)] = n
+                else:
+                    rec.step(batch)
             result["finished"] = True
     except replay.NonFiniteLossError as e:
         result.update(error="NonFiniteLossError", step=e.step, ranks=list(e.ranks or ()))
+        result.update(stopped_at=e.stopped_at, last_step=rec.next_step - 1)
         result["message"] = str(e)
     except Exception as e:  # noqa: BLE001 - the test asserts on what each rank saw
         result.update(error=type(e).__name__, message=str(e).splitlines()[0])

@@ -17,6 +17,7 @@ import sys
 import time
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 import torch.multiprocessing as mp
@@ -88,8 +89,10 @@ def replay_rank_step(path: str, step: int) -> dict[str, float]:
 
 def test_healthy_ddp_run_replays_bitwise_per_rank(tmp_path: Any) -> None:
     threads = torch.get_num_threads()
-    results = run_ranks(tmp_path, steps=6, snapshot_every=2)
+    results = run_ranks(tmp_path, steps=6, snapshot_every=2, count_steps=[3, 4])
     assert all(r["finished"] for r in results.values()), results
+    for r in results.values():  # the stop's votes ride DDP's own all-reduce
+        assert r["collectives"] == {"3": r["bare_collectives"], "4": r["bare_collectives"]}
     with open_rank_set(str(tmp_path / "run.h5")) as rs:
         assert sorted(rs.paths) == [0, 1]
         assert os.path.basename(rs.paths[1]) == "run.rank1.h5"
@@ -169,3 +172,39 @@ def test_nan_on_one_rank_stops_every_rank_at_the_same_step(tmp_path: Any) -> Non
     }
     assert verdict["recording"].endswith("run.rank1.h5")
     assert verdict["first_bad_step"] == 5 and verdict["reproducible"] is True
+
+
+def test_inf_on_one_rank_stops_every_rank_without_a_collective_of_its_own(tmp_path: Any) -> None:
+    # An inf input saturates tanh: the loss stays finite, the local gradients go NaN (0 * inf).
+    results = run_ranks(
+        tmp_path, steps=8, nan_rank=0, nan_step=4, bad_value=float("inf"), count_steps=[2, 3]
+    )
+    for r in (0, 1):
+        res = results[r]
+        assert res["error"] == "NonFiniteLossError", results
+        assert (res["step"], res["stopped_at"], res["last_step"]) == (4, 4, 4), results
+        assert res["ranks"] == [0], results
+        assert res["collectives"] == {"2": res["bare_collectives"], "3": res["bare_collectives"]}
+    assert "on rank 0 at step 4" in results[1]["message"]
+    with open_rank_set(str(tmp_path / "run.h5")) as rs:
+        h0, h1 = (rs.recordings[r].health() for r in (0, 1))
+        assert h0["local_grad_nonfinite"][4] == 1 and h0["loss_nonfinite"][4] == 0
+        assert h1["local_grad_nonfinite"][4] == 0
+
+
+def test_nonfinite_loss_with_finite_gradients_stops_every_rank_one_step_later(
+    tmp_path: Any,
+) -> None:
+    """The loss exists only after the step's backward handed DDP its gradients: it votes at the
+    next all-reduce, and every rank stops there, naming the step it went bad at."""
+    results = run_ranks(tmp_path, steps=8, loss_offset_rank=1, loss_offset_step=3)
+    for r in (0, 1):
+        res = results[r]
+        assert res["error"] == "NonFiniteLossError", results
+        assert (res["step"], res["stopped_at"], res["last_step"]) == (3, 4, 4), results
+        assert res["ranks"] == [1], results
+    assert "on rank 1 at step 3; every rank stops at step 4" in results[0]["message"]
+    with open_rank_set(str(tmp_path / "run.h5")) as rs:
+        h1 = rs.recordings[1].health()
+        assert h1["loss_nonfinite"][3] == 1 and h1["local_grad_nonfinite"][3] == 0
+        assert (h1["param_nonfinite"][~np.isnan(h1["param_nonfinite"])] == 0).all()

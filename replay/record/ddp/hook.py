@@ -1,15 +1,31 @@
-"""This rank's own gradient norm, taken in DDP's communication hook before the all-reduce.
+"""This rank's own gradient norm, taken in DDP's communication hook before the all-reduce, and
+the ranks' stop votes, carried by DDP's own last all-reduce of the step.
 
 After the all-reduce every rank holds the average, so a NaN from one rank's batch shows on all of
 them. The hook sees ``bucket.buffer()`` while it is still local: it takes one norm
 per parameter (``bucket.parameters()`` maps the slices back, also after DDP rebuilds its buckets
-following the first iteration) and then delegates to DDP's default all-reduce hook, so training
-computes exactly what it would without it.
+following the first iteration) and then averages the bucket as DDP's default all-reduce hook does
+(divide by the world size, then sum), so training computes what it would without it.
 
 The per-parameter norms are combined at the end of the step the way
 ``replay.capture.fingerprint.grad_norm`` combines them (same order, grouping and dtypes), so a
 single-process replay of this rank's step recomputes ``local_grad_norm`` bitwise.
 Everything stays a tensor: no host sync.
+
+**Votes** (``votes=True``, the rank-consistent stop; ``consistency.py`` reads them). DDP launches
+its buckets in index order, so when the last bucket is handed over every local gradient of the
+step has been measured. Its all-reduce then carries ``2 * world_size`` extra elements, zero but
+for this rank's two slots: ``[r]`` is 1 when this rank's own gradients hold a NaN/Inf,
+``[world_size + r]`` is ``k`` when this rank's *loss* went non-finite ``k`` steps ago with finite
+gradients (the loss is computed after the forward, in the user's step function, and the hook
+cannot see it; the recorder sees it when the step returns and hands it to the next reduction).
+The division by the world size goes straight into the longer buffer (``torch.div(out=)``: the
+copy costs no extra pass), the votes are written after it, and the summed result is handed back
+to DDP as a view of its first ``numel`` elements: no copy out. No collective is added.
+
+With three or more ranks the longer last bucket may change the order in which the backend sums
+some of its elements (last-bit differences from a run without the recorder, as a different
+``bucket_cap_mb`` would make); a sum of two is the same in either order.
 """
 
 from __future__ import annotations
@@ -30,13 +46,33 @@ class LocalGradProbe:
     ``params`` fixes the order of the combination: the optimizer's parameters, as the recorder's
     ``grad_norm`` uses them. DDP accepts one comm hook per model: when the user registered their
     own, :meth:`install` returns why the probe is off (the columns then read NaN).
+
+    With ``votes=True`` the last bucket's all-reduce also carries the ranks' stop votes (see the
+    module docstring): :meth:`take_votes` returns them, summed over the ranks. ``grads_vote``:
+    whether non-finite local gradients vote for a stop (not under a GradScaler, whose skipped
+    steps hold infinities by design). ``late_loss``: this rank's pending loss vote, set by the
+    caller (``0``, or the number of steps since its loss went non-finite; a tensor on a GPU).
     """
 
-    def __init__(self, ddp: Any, params: list[torch.Tensor]) -> None:
+    def __init__(
+        self,
+        ddp: Any,
+        params: list[torch.Tensor],
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        votes: bool = False,
+        grads_vote: bool = True,
+    ) -> None:
         self._ddp = ddp
         self._index = {id(p): i for i, p in enumerate(params)}
         self._norms: dict[int, torch.Tensor] = {}
         self.error: str | None = None
+        self._rank, self._world = rank, world_size
+        self._votes = votes
+        self._grads_vote = grads_vote
+        self.late_loss: float | torch.Tensor = 0.0
+        self._reduced: torch.Tensor | None = None
 
     def install(self) -> str | None:
         if getattr(self._ddp, "_comm_hooks", None):
@@ -59,7 +95,28 @@ class LocalGradProbe:
                         self._norms[i] = n
             except Exception as e:  # noqa: BLE001 - the probe must never break the all-reduce
                 self.error = f"{type(e).__name__}: {e}"
+        if self._votes and bucket.is_last():
+            # Every rank takes this branch at the same bucket of the same step: the tensors that
+            # meet in the all-reduce have the same length everywhere.
+            return self._reduce_with_votes(process_group, bucket.buffer())
         return default_hooks.allreduce_hook(process_group, bucket)
+
+    def _reduce_with_votes(self, process_group: Any, buf: torch.Tensor) -> Any:
+        group: Any = process_group if process_group is not None else torch.distributed.group.WORLD
+        n, w = buf.numel(), self._world
+        ext = torch.empty(n + 2 * w, dtype=buf.dtype, device=buf.device)
+        with torch.no_grad():
+            torch.div(buf, group.size(), out=ext[:n])  # the default hook's average, copied in
+            votes = ext[n:]
+            votes.zero_()
+            if self._grads_vote and self.error is None and self._norms:
+                # any non-finite norm: ~isfinite, reduced without a host sync
+                bad = ~torch.isfinite(torch.stack(list(self._norms.values()))).all()
+                votes[self._rank] = bad.to(buf.dtype)
+            votes[w + self._rank] = self.late_loss
+        self._reduced = votes
+        fut = torch.distributed.all_reduce(ext, group=group, async_op=True).get_future()
+        return fut.then(lambda f: f.value()[0].narrow(0, 0, n))
 
     def take(self) -> torch.Tensor | None:
         """This step's local gradient norm (float64 tensor), ``None`` if no bucket was reduced.
@@ -77,3 +134,9 @@ class LocalGradProbe:
                 sq = torch.stack(g).to(torch.float64).square().sum()
                 total = sq if total is None else total + sq.to(total.device)
             return total.sqrt()  # type: ignore[union-attr]
+
+    def take_votes(self) -> torch.Tensor | None:
+        """The votes summed over the ranks at this step's last reduction (``2 * world_size``
+        elements, read once DDP's backward waited for it), ``None`` when DDP did not reduce."""
+        v, self._reduced = self._reduced, None
+        return v
