@@ -9,11 +9,13 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import warnings
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 import replay
@@ -81,16 +83,22 @@ def worker(rank: int, cfg: dict[str, Any]) -> None:
         result["bare_collectives"] = bare_collectives(rank)
     model, opt = build()
     ddp = DistributedDataParallel(model)
+    if cfg.get("user_hook"):  # the user's own comm hook keeps the recorder's probe out
+        ddp.register_comm_hook(None, default_hooks.allreduce_hook)
     offset = cfg.get("loss_offset_rank") is not None
     try:
-        with replay.Recorder(
-            cfg["path"],
-            model=ddp,
-            optimizer=opt,
-            step_fn=train_step_offset if offset else train_step,
-            build_fn=build,
-            snapshot_every=cfg.get("snapshot_every", 2),
-        ) as rec:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            rec = replay.Recorder(
+                cfg["path"],
+                model=ddp,
+                optimizer=opt,
+                step_fn=train_step_offset if offset else train_step,
+                build_fn=build,
+                snapshot_every=cfg.get("snapshot_every", 2),
+            )
+        result["warnings"] = [str(w.message) for w in seen]
+        with rec:
             result["file"] = rec.path
             for s in range(cfg["steps"]):
                 x, y = batch_for(rank, s)

@@ -208,3 +208,17 @@ def test_nonfinite_loss_with_finite_gradients_stops_every_rank_one_step_later(
         h1 = rs.recordings[1].health()
         assert h1["loss_nonfinite"][3] == 1 and h1["local_grad_nonfinite"][3] == 0
         assert (h1["param_nonfinite"][~np.isnan(h1["param_nonfinite"])] == 0).all()
+
+
+def test_user_comm_hook_falls_back_to_one_extra_all_reduce_on_the_loss(tmp_path: Any) -> None:
+    """DDP takes one comm hook: with the user's own, the recorder cannot see local gradients
+    nor carry votes. It says so once, and the ranks agree on the loss with one extra
+    all-reduce per step (the only case that pays one)."""
+    results = run_ranks(tmp_path, steps=8, user_hook=True, nan_rank=1, nan_step=4, count_steps=[2])
+    for r in (0, 1):
+        res = results[r]
+        assert [w for w in res["warnings"] if "extra all-reduce per step" in w], res
+        assert len(res["warnings"]) == 1, res
+        assert res["collectives"] == {"2": res["bare_collectives"] + 1}, res
+        assert res["error"] == "NonFiniteLossError", results
+        assert (res["step"], res["stopped_at"], res["ranks"]) == (4, 4, [1]), results

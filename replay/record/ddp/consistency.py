@@ -43,7 +43,7 @@ import torch
 
 from .hook import LocalGradProbe
 
-__all__ = ["Verdict", "BucketVotes", "ConsistentStop"]
+__all__ = ["Verdict", "BucketVotes", "ConsistentStop", "device_of"]
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,8 @@ class Verdict:
     stopped_at: int
 
 
-def _device(group: Any) -> torch.device:
+def device_of(group: Any) -> torch.device:
+    """Where the votes live: the current GPU under NCCL, else the CPU."""
     backend = str(torch.distributed.get_backend(group))
     if backend == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
@@ -74,9 +75,8 @@ def _nonfinite(v: Any) -> float | torch.Tensor:
 class BucketVotes:
     """The stop agreed through the probe's votes: no collective of its own."""
 
-    def __init__(self, probe: LocalGradProbe, world_size: int, group: Any) -> None:
-        self.probe, self.world_size = probe, world_size
-        self.device = _device(group)
+    def __init__(self, probe: LocalGradProbe, world_size: int, device: torch.device) -> None:
+        self.probe, self.world_size, self.device = probe, world_size, device
         self._pending: tuple[int, torch.Tensor] | None = None
 
     @property
@@ -108,14 +108,15 @@ class BucketVotes:
         self._pending = None
         v = votes.float().cpu().tolist()
         w = self.world_size
-        grads = tuple(r for r in range(w) if v[r] > 0)
-        if grads:
-            return Verdict(step, grads, step)
-        late = {r: round(v[w + r]) for r in range(w) if v[w + r] > 0}
-        if not late:
+        # When each rank went bad: its gradients at this step, its loss k steps ago.
+        went_bad = {r: step for r in range(w) if v[r] > 0}
+        for r in range(w):
+            if v[w + r] > 0:
+                went_bad[r] = min(went_bad.get(r, step), step - round(v[w + r]))
+        if not went_bad:
             return None
-        first = step - max(late.values())
-        return Verdict(first, tuple(r for r, k in late.items() if step - k == first), step)
+        first = min(went_bad.values())  # name the first bad step, and who went bad there
+        return Verdict(first, tuple(r for r in sorted(went_bad) if went_bad[r] == first), step)
 
 
 class ConsistentStop:
@@ -123,7 +124,7 @@ class ConsistentStop:
 
     def __init__(self, rank: int, world_size: int, group: Any) -> None:
         self.rank, self.world_size, self.group = rank, world_size, group
-        self.device = _device(group)
+        self.device = device_of(group)
         self._pending: tuple[int, torch.Tensor] | None = None
 
     def post(self, step: int, loss: Any, local_grad_norm: torch.Tensor | None) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from ...errors import RecorderWarning
-from .consistency import BucketVotes, ConsistentStop, Verdict
+from .consistency import BucketVotes, ConsistentStop, Verdict, device_of
 from .hook import LocalGradProbe
 
 __all__ = ["RankPolicy", "SingleProcess", "DdpRanks"]
@@ -78,7 +78,7 @@ class DdpRanks(RankPolicy):
                 self._probe = None
         self._stop: BucketVotes | ConsistentStop | None = None
         if stop and self._probe is not None:
-            self._stop = BucketVotes(self._probe, dist.world_size, dist.group)
+            self._stop = BucketVotes(self._probe, dist.world_size, device_of(dist.group))
         elif stop:
             self._stop = ConsistentStop(dist.rank, dist.world_size, dist.group)
         if self._probe is None and (inner is not model or stop):
