@@ -1,7 +1,7 @@
 """The bookkeeping of the DDP stop's votes (replay/record/ddp/consistency.py), without ranks.
 
 The votes ride DDP's last gradient all-reduce; here a fake probe hands over what that
-all-reduce summed. Slots ``[0, W)``: a rank's own gradients went non-finite at this step;
+all-reduce summed. Slots ``[0, W)``: a rank's own gradients went non-finite at this step (NaN);
 ``[W, 2W)``: a rank's loss went non-finite that many steps ago.
 """
 
@@ -14,6 +14,7 @@ import torch
 from replay.record.ddp.consistency import BucketVotes, Verdict
 
 W = 2
+NAN = float("nan")
 
 
 class FakeProbe:
@@ -51,7 +52,7 @@ def test_healthy_steps_give_no_verdict() -> None:
 
 def test_bad_gradients_stop_at_their_own_step_naming_every_bad_rank() -> None:
     probe, stop = _stop()
-    probe.reduced = _votes(grads={0: 1.0, 1: 1.0})
+    probe.reduced = _votes(grads={0: NAN, 1: NAN})
     stop.post(7, 0.5, None)
     assert stop.result() == Verdict(7, (0, 1), 7)
 
@@ -82,7 +83,7 @@ def test_a_pending_loss_vote_ages_across_steps_that_do_not_reduce() -> None:
 
 def test_a_late_loss_vote_names_its_earlier_step_before_bad_gradients() -> None:
     probe, stop = _stop()
-    probe.reduced = _votes(grads={1: 1.0}, late={0: 1.0})
+    probe.reduced = _votes(grads={1: NAN}, late={0: 1.0})
     stop.post(9, 0.5, None)
     assert stop.result() == Verdict(8, (0,), 9)  # rank 0's loss went bad first
 

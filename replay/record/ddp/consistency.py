@@ -108,8 +108,9 @@ class BucketVotes:
         self._pending = None
         v = votes.float().cpu().tolist()
         w = self.world_size
-        # When each rank went bad: its gradients at this step, its loss k steps ago.
-        went_bad = {r: step for r in range(w) if v[r] > 0}
+        # When each rank went bad: its gradients at this step (their slot holds NaN, from
+        # norm - norm), its loss k steps ago.
+        went_bad = {r: step for r in range(w) if v[r] != 0}
         for r in range(w):
             if v[w + r] > 0:
                 went_bad[r] = min(went_bad.get(r, step), step - round(v[w + r]))

@@ -15,10 +15,11 @@ Everything stays a tensor: no host sync.
 **Votes** (``votes=True``, the rank-consistent stop; ``consistency.py`` reads them). DDP launches
 its buckets in index order, so when the last bucket is handed over every local gradient of the
 step has been measured. Its all-reduce then carries ``2 * world_size`` extra elements, zero but
-for this rank's two slots: ``[r]`` is 1 when this rank's own gradients hold a NaN/Inf,
-``[world_size + r]`` is ``k`` when this rank's *loss* went non-finite ``k`` steps ago with finite
-gradients (the loss is computed after the forward, in the user's step function, and the hook
-cannot see it; the recorder sees it when the step returns and hands it to the next reduction).
+for this rank's two slots: ``[r]`` is NaN when this rank's own gradients hold a NaN/Inf (it is
+``norm - norm`` of the local norm the probe records anyway: one op), ``[world_size + r]`` is
+``k`` when this rank's *loss* went non-finite ``k`` steps ago with finite gradients (the loss is
+computed after the forward, in the user's step function, and the hook cannot see it; the
+recorder sees it when the step returns and hands it to the next reduction).
 The division by the world size goes straight into the longer buffer (``torch.div(out=)``: the
 copy costs no extra pass), the votes are written after it, and the summed result is handed back
 to DDP as a view of its first ``numel`` elements: no copy out. No collective is added.
@@ -73,6 +74,9 @@ class LocalGradProbe:
         self._grads_vote = grads_vote
         self.late_loss: float | torch.Tensor = 0.0
         self._reduced: torch.Tensor | None = None
+        self._total: torch.Tensor | None = None  # the step's local norm, once combined
+        # the votes' all-reduce buffer and its views: (all, gradients, votes, own two slots)
+        self._ext: tuple[torch.Tensor, ...] | None = None
 
     def install(self) -> str | None:
         if getattr(self._ddp, "_comm_hooks", None):
@@ -103,27 +107,33 @@ class LocalGradProbe:
 
     def _reduce_with_votes(self, process_group: Any, buf: torch.Tensor) -> Any:
         group: Any = process_group if process_group is not None else torch.distributed.group.WORLD
-        n, w = buf.numel(), self._world
-        ext = torch.empty(n + 2 * w, dtype=buf.dtype, device=buf.device)
+        n = buf.numel()
+        if self._ext is None or self._ext[0].numel() != n or self._ext[0].dtype != buf.dtype:
+            # Kept across steps (DDP has copied the result out by the end of each backward);
+            # reallocated when DDP rebuilds its buckets after the first iteration.
+            w, r = self._world, self._rank
+            ext = torch.empty(n + 2 * w, dtype=buf.dtype, device=buf.device)
+            self._ext = (ext, ext[:n], ext[n:], ext[n + r], ext[n + w + r])
+        ext, head, votes, grads_slot, loss_slot = self._ext
         with torch.no_grad():
-            torch.div(buf, group.size(), out=ext[:n])  # the default hook's average, copied in
-            votes = ext[n:]
-            votes.zero_()
+            torch.div(buf, group.size(), out=head)  # the default hook's average, copied in
+            votes.zero_()  # (it holds the last step's sums)
             if self._grads_vote and self.error is None and self._norms:
-                # any non-finite norm: ~isfinite, reduced without a host sync
-                bad = ~torch.isfinite(torch.stack(list(self._norms.values()))).all()
-                votes[self._rank] = bad.to(buf.dtype)
-            votes[w + self._rank] = self.late_loss
+                # All local gradients are measured now: their norm, which take() hands on, is
+                # also the vote. total - total is 0 when it is finite and NaN when it is not.
+                self._total = total = self._combine()
+                if total is not None:
+                    torch.sub(total, total, out=grads_slot)
+            late = self.late_loss
+            if isinstance(late, torch.Tensor):
+                loss_slot.copy_(late)
+            elif late:
+                loss_slot.fill_(late)
         self._reduced = votes
         fut = torch.distributed.all_reduce(ext, group=group, async_op=True).get_future()
         return fut.then(lambda f: f.value()[0].narrow(0, 0, n))
 
-    def take(self) -> torch.Tensor | None:
-        """This step's local gradient norm (float64 tensor), ``None`` if no bucket was reduced.
-
-        Resets the probe. Gradient accumulation under ``no_sync()`` reduces only on the last
-        micro-step, so only that step has a value.
-        """
+    def _combine(self) -> torch.Tensor | None:
         if not self._norms:
             return None
         norms = [self._norms[i] for i in sorted(self._norms)]
@@ -134,6 +144,17 @@ class LocalGradProbe:
                 sq = torch.stack(g).to(torch.float64).square().sum()
                 total = sq if total is None else total + sq.to(total.device)
             return total.sqrt()  # type: ignore[union-attr]
+
+    def take(self) -> torch.Tensor | None:
+        """This step's local gradient norm (float64 tensor), ``None`` if no bucket was reduced.
+
+        Resets the probe. Gradient accumulation under ``no_sync()`` reduces only on the last
+        micro-step, so only that step has a value.
+        """
+        if self._norms:  # measured after the last vote (a second backward), or without votes
+            self._total = self._combine()
+        total, self._total = self._total, None
+        return total
 
     def take_votes(self) -> torch.Tensor | None:
         """The votes summed over the ranks at this step's last reduction (``2 * world_size``
