@@ -5,7 +5,8 @@
 Each rank trains identical MLPs wrapped in DistributedDataParallel, alternating every round:
 bare DDP; a second bare DDP ("bare, again": how far two identical variants drift on this
 machine); bare DDP with torch's own Python all-reduce comm hook (what any Python hook costs);
-DDP under ``replay.Recorder`` with the rank-consistent stop (the comm-hook probe, the stop's
+the recorder's DDP side alone (its comm hook measuring local gradients and carrying the stop's
+votes, read every step: no recorder); DDP under ``replay.Recorder`` with the rank-consistent stop (the comm-hook probe, the stop's
 votes riding DDP's last bucket); and the recorder with ``raise_on_nonfinite=False`` (probe, no
 votes). Rank 0 prints a markdown table: median ms/step, the median over rounds of the per-round
 ratio to bare DDP, and the c10d collectives one step of each variant issues (profiler count).
@@ -32,6 +33,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import replay  # noqa: E402
+from replay.record.ddp.consistency import BucketVotes  # noqa: E402
+from replay.record.ddp.hook import LocalGradProbe  # noqa: E402
 
 BATCH, D_IN, HIDDEN, D_OUT = 64, 256, 512, 10
 
@@ -66,12 +69,36 @@ def _worker(rank: int, port: int, rounds: int, steps: int, tmp: str, out: str) -
         for _ in range(steps)
     ]
     variants: dict[str, Any] = {}
-    names = ("bare DDP", "bare, again", "Python comm hook", "recorder", "recorder, no stop")
+    names = (
+        "bare DDP",
+        "bare, again",
+        "Python comm hook",
+        "probe + votes alone",
+        "recorder",
+        "recorder, no stop",
+    )
     for name in names:
         model, opt = build()
         ddp = DistributedDataParallel(model)
         if name == "Python comm hook":
             ddp.register_comm_hook(None, default_hooks.allreduce_hook)
+        if name == "probe + votes alone":  # the recorder's DDP side, without the recorder
+            probe = LocalGradProbe(
+                ddp, list(model.parameters()), rank=rank, world_size=2, votes=True
+            )
+            assert probe.install() is None
+            votes = BucketVotes(probe, 2, torch.device("cpu"))
+
+            def probed(
+                b: Any, ddp: Any = ddp, opt: Any = opt, p: Any = probe, v: Any = votes
+            ) -> Any:
+                loss = train_step(ddp, opt, b)
+                v.post(0, float(loss.detach()), p.take())
+                assert v.result() is None
+                return loss
+
+            variants[name] = probed
+            continue
         if not name.startswith("recorder"):
             variants[name] = lambda b, ddp=ddp, opt=opt: train_step(ddp, opt, b)
             continue
