@@ -94,3 +94,15 @@ def test_a_loss_on_the_gpu_is_kept_as_a_tensor_without_a_host_sync() -> None:
     assert isinstance(probe.late_loss, torch.Tensor) and float(probe.late_loss) == 1.0
     stop.post(1, torch.tensor(0.5), None)
     assert float(probe.late_loss) == 2.0
+
+
+def test_two_reductions_in_one_step_merge_their_votes() -> None:
+    from replay.record.ddp.hook import LocalGradProbe
+
+    probe = LocalGradProbe(None, [], rank=0, world_size=W, votes=True)
+    probe._reduced = [_votes(grads={1: NAN}, late={0: 2.0}), _votes(late={0: 2.0, 1: 1.0})]
+    merged = probe.take_votes()
+    assert merged is not None
+    assert merged[1].isnan() and merged[0] == 0
+    assert merged[W:].tolist() == [2.0, 1.0]
+    assert probe.take_votes() is None

@@ -73,7 +73,7 @@ class LocalGradProbe:
         self._votes = votes
         self._grads_vote = grads_vote
         self.late_loss: float | torch.Tensor = 0.0
-        self._reduced: torch.Tensor | None = None
+        self._reduced: list[torch.Tensor] = []  # this step's summed votes, one per reduction
         self._total: torch.Tensor | None = None  # the step's local norm, once combined
         # the votes' all-reduce buffer and its views: (all, gradients, votes, own two slots)
         self._ext: tuple[torch.Tensor, ...] | None = None
@@ -108,13 +108,21 @@ class LocalGradProbe:
     def _reduce_with_votes(self, process_group: Any, buf: torch.Tensor) -> Any:
         group: Any = process_group if process_group is not None else torch.distributed.group.WORLD
         n = buf.numel()
-        if self._ext is None or self._ext[0].numel() != n or self._ext[0].dtype != buf.dtype:
+        parts = self._ext
+        if (
+            parts is None
+            or parts[0].numel() != n + 2 * self._world
+            or parts[0].dtype != buf.dtype
+            or parts[0].device != buf.device
+            or self._reduced
+        ):
             # Kept across steps (DDP has copied the result out by the end of each backward);
-            # reallocated when DDP rebuilds its buckets after the first iteration.
+            # reallocated when DDP rebuilds its buckets after the first iteration, and for a
+            # second backward in one step (the first one's votes are still to be read).
             w, r = self._world, self._rank
-            ext = torch.empty(n + 2 * w, dtype=buf.dtype, device=buf.device)
-            self._ext = (ext, ext[:n], ext[n:], ext[n + r], ext[n + w + r])
-        ext, head, votes, grads_slot, loss_slot = self._ext
+            e = torch.empty(n + 2 * w, dtype=buf.dtype, device=buf.device)
+            parts = self._ext = (e, e[:n], e[n:], e[n + r], e[n + w + r])
+        ext, head, votes, grads_slot, loss_slot = parts
         with torch.no_grad():
             torch.div(buf, group.size(), out=head)  # the default hook's average, copied in
             votes.zero_()  # (it holds the last step's sums)
@@ -129,7 +137,7 @@ class LocalGradProbe:
                 loss_slot.copy_(late)
             elif late:
                 loss_slot.fill_(late)
-        self._reduced = votes
+        self._reduced.append(votes)
         fut = torch.distributed.all_reduce(ext, group=group, async_op=True).get_future()
         return fut.then(lambda f: f.value()[0].narrow(0, 0, n))
 
@@ -157,7 +165,14 @@ class LocalGradProbe:
         return total
 
     def take_votes(self) -> torch.Tensor | None:
-        """The votes summed over the ranks at this step's last reduction (``2 * world_size``
-        elements, read once DDP's backward waited for it), ``None`` when DDP did not reduce."""
-        v, self._reduced = self._reduced, None
-        return v
+        """The votes summed over the ranks at this step's reduction (``2 * world_size``
+        elements, read once DDP's backward waited for it), ``None`` when DDP did not reduce.
+        Several reductions in one step (several backwards) are merged: any gradient vote, the
+        oldest loss vote."""
+        reduced, self._reduced = self._reduced, []
+        if len(reduced) <= 1:
+            return reduced[0] if reduced else None
+        w = self._world
+        with torch.no_grad():
+            v = torch.stack([r.float() for r in reduced])
+            return torch.cat([v[:, :w].sum(0), v[:, w:].amax(0)])
