@@ -777,6 +777,7 @@ class Recorder:
         self._closed = True
         try:
             self._probe_grads.close()
+            self._ranks.close()
         finally:
             if self._writer is not None:
                 self._writer.close()

@@ -67,6 +67,37 @@ def batch_for(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(8, 16, generator=g), torch.randn(8, 4, generator=g)
 
 
+def run(rank: int, cfg: dict[str, Any], ddp: Any, opt: Any, result: dict[str, Any]) -> None:
+    """Record ``cfg["steps"]`` steps of ``ddp``; ``result`` gets what happened."""
+    offset = cfg.get("loss_offset_rank") is not None
+    count = cfg.get("count_steps", ())
+    with replay.Recorder(
+        cfg["path"],
+        model=ddp,
+        optimizer=opt,
+        step_fn=train_step_offset if offset else train_step,
+        build_fn=build,
+        snapshot_every=cfg.get("snapshot_every", 2),
+    ) as rec:
+        result["file"] = rec.path
+        for s in range(cfg["steps"]):
+            x, y = batch_for(rank, s)
+            if rank == cfg.get("nan_rank") and s == cfg.get("nan_step"):
+                x[3, 5] = cfg.get("bad_value", float("nan"))
+            if rank == cfg.get("raise_rank") and s == cfg.get("raise_step"):
+                x = x[:, :7]  # a shape error inside forward, on this rank only
+            batch: Any = (x, y)
+            if offset:
+                bad = rank == cfg["loss_offset_rank"] and s == cfg["loss_offset_step"]
+                batch = (x, y, torch.tensor(float("nan") if bad else 0.0))
+            result["last_step"] = s
+            if s in count:
+                result["collectives"][str(s)] = count_collectives(lambda b=batch: rec.step(b))
+            else:
+                rec.step(batch)
+        result["finished"] = True
+
+
 def worker(rank: int, cfg: dict[str, Any]) -> None:
     """One rank: record ``cfg["steps"]`` steps; write what happened to ``out/rank<r>.json``."""
     torch.set_num_threads(1)
@@ -85,43 +116,19 @@ def worker(rank: int, cfg: dict[str, Any]) -> None:
     ddp = DistributedDataParallel(model)
     if cfg.get("user_hook"):  # the user's own comm hook keeps the recorder's probe out
         ddp.register_comm_hook(None, default_hooks.allreduce_hook)
-    offset = cfg.get("loss_offset_rank") is not None
-    try:
-        with warnings.catch_warnings(record=True) as seen:
-            warnings.simplefilter("always")
-            rec = replay.Recorder(
-                cfg["path"],
-                model=ddp,
-                optimizer=opt,
-                step_fn=train_step_offset if offset else train_step,
-                build_fn=build,
-                snapshot_every=cfg.get("snapshot_every", 2),
-            )
-        result["warnings"] = [str(w.message) for w in seen]
-        with rec:
-            result["file"] = rec.path
-            for s in range(cfg["steps"]):
-                x, y = batch_for(rank, s)
-                if rank == cfg.get("nan_rank") and s == cfg.get("nan_step"):
-                    x[3, 5] = cfg.get("bad_value", float("nan"))
-                if rank == cfg.get("raise_rank") and s == cfg.get("raise_step"):
-                    x = x[:, :7]  # a shape error inside forward, on this rank only
-                batch: Any = (x, y)
-                if offset:
-                    bad = rank == cfg["loss_offset_rank"] and s == cfg["loss_offset_step"]
-                    batch = (x, y, torch.tensor(float("nan") if bad else 0.0))
-                if s in count:
-                    n = count_collectives(lambda b=batch: rec.step(b))
-                    result["collectives"][str(s)] = n
-                else:
-                    rec.step(batch)
-            result["finished"] = True
-    except replay.NonFiniteLossError as e:
-        result.update(error="NonFiniteLossError", step=e.step, ranks=list(e.ranks or ()))
-        result.update(stopped_at=e.stopped_at, last_step=rec.next_step - 1)
-        result["message"] = str(e)
-    except Exception as e:  # noqa: BLE001 - the test asserts on what each rank saw
-        result.update(error=type(e).__name__, message=str(e).splitlines()[0])
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        try:
+            run(rank, cfg, ddp, opt, result)
+        except replay.NonFiniteLossError as e:
+            result.update(error="NonFiniteLossError", step=e.step, ranks=list(e.ranks or ()))
+            result.update(stopped_at=e.stopped_at)
+            result["message"] = str(e)
+        except Exception as e:  # noqa: BLE001 - the test asserts on what each rank saw
+            result.update(error=type(e).__name__, message=str(e).splitlines()[0])
+    result["warnings"] = [
+        str(w.message) for w in seen if issubclass(w.category, replay.RecorderWarning)
+    ]
     with open(os.path.join(cfg["out"], f"rank{rank}.json"), "w") as fh:
         json.dump(result, fh)
     if result.get("error") in (None, "NonFiniteLossError"):

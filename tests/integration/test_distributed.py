@@ -222,3 +222,13 @@ def test_user_comm_hook_falls_back_to_one_extra_all_reduce_on_the_loss(tmp_path:
         assert res["collectives"] == {"2": res["bare_collectives"] + 1}, res
         assert res["error"] == "NonFiniteLossError", results
         assert (res["step"], res["stopped_at"], res["ranks"]) == (4, 4, [1]), results
+
+
+def test_a_bad_loss_at_the_last_step_is_said_at_close(tmp_path: Any) -> None:
+    """No reduction follows the last step, so its loss vote is never cast: nobody stops (a rank
+    raising alone would hang the others in their next collective), and the rank says so."""
+    results = run_ranks(tmp_path, steps=4, loss_offset_rank=0, loss_offset_step=3)
+    assert all(r["finished"] and "error" not in r for r in results.values()), results
+    assert results[1]["warnings"] == []
+    (said,) = results[0]["warnings"]
+    assert "loss went non-finite at step 3" in said and "nobody stopped" in said

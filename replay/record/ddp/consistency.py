@@ -11,7 +11,9 @@ gradient bucket of the step, so the stop costs no collective of its own. What a 
   its backward before the step returns, so the loss rides the *next* reduction: a non-finite
   loss with finite gradients (rare: a NaN loss nearly always makes NaN gradients) stops every
   rank at the end of the next step that reduces, naming the step the loss went bad at. The
-  parameters are still finite then (the update used finite gradients).
+  parameters are still finite then (the update used finite gradients). At the last step of a
+  run no reduction follows: nobody stops (one rank raising alone would hang the others in
+  their next collective), and that rank says so with a warning when recording ends.
 
 Under a GradScaler non-finite gradients do not vote (AMP skips such steps by design; the loss
 does). Steps that do not reduce (``no_sync()`` accumulation) carry no votes: their gradients
@@ -78,13 +80,23 @@ class BucketVotes:
     def __init__(self, probe: LocalGradProbe, world_size: int, device: torch.device) -> None:
         self.probe, self.world_size, self.device = probe, world_size, device
         self._pending: tuple[int, torch.Tensor] | None = None
+        self._last_step: int | None = None
 
     @property
     def deferred(self) -> bool:
         return self.device.type == "cuda"
 
+    def pending_loss(self) -> int | None:
+        """The step this rank's loss went non-finite at, when no reduction has carried its vote
+        yet (read once recording ends)."""
+        k = float(self.probe.late_loss)
+        if k <= 0 or self._last_step is None:
+            return None
+        return self._last_step - round(k) + 1
+
     def post(self, step: int, loss: Any, local_grad_norm: torch.Tensor | None) -> None:
         """Step ``step`` is over: take the votes its reduction carried, queue this rank's loss."""
+        self._last_step = step
         votes = self.probe.take_votes()
         bad_loss = _nonfinite(loss)
         late = self.probe.late_loss

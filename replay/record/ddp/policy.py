@@ -45,6 +45,10 @@ class RankPolicy:
     def after_step(self, t: int, loss: Any, local_gn: torch.Tensor | None) -> None:
         """This rank's vote on step ``t`` (every rank must vote every step, recorded or not)."""
 
+    def close(self) -> None:
+        """Recording ends: say what was left unagreed (no collective: the ranks may not all be
+        here)."""
+
 
 class SingleProcess(RankPolicy):
     pass
@@ -117,3 +121,28 @@ class DdpRanks(RankPolicy):
     def _raise_if_bad(self, verdict: Verdict | None, loss: Any) -> None:
         if verdict is not None:
             self._on_bad(verdict, loss)
+
+    def close(self) -> None:
+        stop, self._stop = self._stop, None
+        if stop is None:
+            return
+        verdict = stop.result() if stop.deferred else None
+        if verdict is not None:  # (identical on every rank: each warns the same)
+            warnings.warn(
+                f"replay: the ranks agreed that step {verdict.step} went non-finite on rank(s) "
+                f"{', '.join(map(str, verdict.ranks))}, read only as recording ended (a GPU "
+                "verdict is read at the next step); it is recorded",
+                RecorderWarning,
+                stacklevel=3,
+            )
+        if isinstance(stop, BucketVotes):
+            pending = stop.pending_loss()
+            if pending is not None:
+                warnings.warn(
+                    f"replay: this rank's loss went non-finite at step {pending} with finite "
+                    "gradients, and the run ended before the next gradient all-reduce could "
+                    "carry that to the other ranks: nobody stopped; the step is recorded "
+                    "(`replay bisect` finds it)",
+                    RecorderWarning,
+                    stacklevel=3,
+                )
