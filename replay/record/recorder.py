@@ -122,7 +122,8 @@ class Recorder:
     last all-reduce of the step (no extra collective): a rank whose own gradients go non-finite
     makes every rank raise :class:`replay.NonFiniteLossError` at the end of that step, naming the
     bad ranks; a non-finite loss with finite gradients votes at the next reduction, so every rank
-    raises one step later, naming the step it went bad at. Under the user's own comm hook (or
+    raises one step later, naming the step it went bad at (after a run's last step nothing
+    follows to carry it: that rank warns at close). Under the user's own comm hook (or
     without a DDP wrapper) the ranks agree on the loss alone, with one extra tiny all-reduce per
     step (a warning says so). Open the rank set with ``replay info run.h5`` /
     ``replay bisect run.h5``. A step that *raises* on one rank cannot be agreed on (see
