@@ -45,6 +45,20 @@ def train_step_offset(model: torch.nn.Module, optimizer: torch.optim.Optimizer, 
     return train_step(model, optimizer, (x, y)) + offset
 
 
+SCALER: Any = None  # the worker's GradScaler, for train_step_amp
+
+
+def train_step_amp(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Any) -> Any:
+    """As ``train_step``, through a GradScaler: steps with inf/NaN gradients are skipped."""
+    x, y = batch
+    optimizer.zero_grad(set_to_none=True)
+    loss = F.mse_loss(model(x), y)
+    SCALER.scale(loss).backward()
+    SCALER.step(optimizer)
+    SCALER.update()
+    return loss.detach()
+
+
 def count_collectives(fn: Any) -> int:
     """How many c10d collectives ``fn()`` issues (the profiler records one ``c10d::`` event for
     each, whether DDP's reducer or Python calls it)."""
@@ -69,13 +83,18 @@ def batch_for(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def run(rank: int, cfg: dict[str, Any], ddp: Any, opt: Any, result: dict[str, Any]) -> None:
     """Record ``cfg["steps"]`` steps of ``ddp``; ``result`` gets what happened."""
+    global SCALER
     offset = cfg.get("loss_offset_rank") is not None
     count = cfg.get("count_steps", ())
+    step_fn = train_step_offset if offset else train_step
+    if cfg.get("amp"):
+        SCALER, step_fn = torch.amp.GradScaler("cpu", init_scale=2.0**8), train_step_amp
     with replay.Recorder(
         cfg["path"],
         model=ddp,
         optimizer=opt,
-        step_fn=train_step_offset if offset else train_step,
+        scaler=SCALER,
+        step_fn=step_fn,
         build_fn=build,
         snapshot_every=cfg.get("snapshot_every", 2),
     ) as rec:

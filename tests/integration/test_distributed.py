@@ -10,6 +10,7 @@ are not comparable without the other ranks: only the first step after a snapshot
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import subprocess
@@ -232,3 +233,13 @@ def test_a_bad_loss_at_the_last_step_is_said_at_close(tmp_path: Any) -> None:
     assert results[1]["warnings"] == []
     (said,) = results[0]["warnings"]
     assert "loss went non-finite at step 3" in said and "nobody stopped" in said
+
+
+def test_under_a_grad_scaler_inf_gradients_are_a_skip_not_a_stop(tmp_path: Any) -> None:
+    """AMP skips steps whose gradients overflow, by design: only the loss votes then."""
+    results = run_ranks(tmp_path, steps=6, amp=True, nan_rank=1, nan_step=3, bad_value=math.inf)
+    assert all(r["finished"] and "error" not in r for r in results.values()), results
+    with open_rank_set(str(tmp_path / "run.h5")) as rs:
+        h0, h1 = (rs.recordings[r].health() for r in (0, 1))
+        assert h1["local_grad_nonfinite"][3] == 1 and h0["local_grad_nonfinite"][3] == 0
+        assert h0["scaler_skipped"][3] == 1 and h1["scaler_skipped"][3] == 1
