@@ -2,11 +2,15 @@
 
     PYTHONPATH=. python benchmarks/bench_ddp.py [--rounds 7] [--steps 40]
 
-Each rank trains three identical MLPs wrapped in DistributedDataParallel, alternating every round:
-bare DDP; DDP under ``replay.Recorder`` with the rank-consistent stop (comm-hook probe plus one
-tiny all-reduce per step); and the recorder with ``raise_on_nonfinite=False`` (probe, no stop
-collective). It also times the stop's all-reduce alone. Rank 0 prints a markdown table: median
-ms/step, and the median over rounds of the per-round ratio to bare DDP.
+Each rank trains identical MLPs wrapped in DistributedDataParallel, alternating every round:
+bare DDP; a second bare DDP ("bare, again": how far two identical variants drift on this
+machine); bare DDP with torch's own Python all-reduce comm hook (what any Python hook costs);
+the recorder's DDP side alone (its comm hook measuring local gradients and carrying the stop's
+votes, read every step: no recorder); DDP under ``replay.Recorder`` with the rank-consistent stop (the comm-hook probe, the stop's
+votes riding DDP's last bucket); and the recorder with ``raise_on_nonfinite=False`` (probe, no
+votes). Rank 0 prints a markdown table: median ms/step, the median over rounds of the per-round
+ratio to bare DDP, and the c10d collectives one step of each variant issues (profiler count).
+It also times one tiny all-reduce alone: what the stop cost per step before it rode DDP's.
 """
 
 from __future__ import annotations
@@ -24,10 +28,13 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import replay  # noqa: E402
+from replay.record.ddp.consistency import BucketVotes  # noqa: E402
+from replay.record.ddp.hook import LocalGradProbe  # noqa: E402
 
 BATCH, D_IN, HIDDEN, D_OUT = 64, 256, 512, 10
 
@@ -62,10 +69,37 @@ def _worker(rank: int, port: int, rounds: int, steps: int, tmp: str, out: str) -
         for _ in range(steps)
     ]
     variants: dict[str, Any] = {}
-    for name in ("bare DDP", "recorder", "recorder, no stop"):
+    names = (
+        "bare DDP",
+        "bare, again",
+        "Python comm hook",
+        "probe + votes alone",
+        "recorder",
+        "recorder, no stop",
+    )
+    for name in names:
         model, opt = build()
         ddp = DistributedDataParallel(model)
-        if name == "bare DDP":
+        if name == "Python comm hook":
+            ddp.register_comm_hook(None, default_hooks.allreduce_hook)
+        if name == "probe + votes alone":  # the recorder's DDP side, without the recorder
+            probe = LocalGradProbe(
+                ddp, list(model.parameters()), rank=rank, world_size=2, votes=True
+            )
+            assert probe.install() is None
+            votes = BucketVotes(probe, 2, torch.device("cpu"))
+
+            def probed(
+                b: Any, ddp: Any = ddp, opt: Any = opt, p: Any = probe, v: Any = votes
+            ) -> Any:
+                loss = train_step(ddp, opt, b)
+                v.post(0, float(loss.detach()), p.take())
+                assert v.result() is None
+                return loss
+
+            variants[name] = probed
+            continue
+        if not name.startswith("recorder"):
             variants[name] = lambda b, ddp=ddp, opt=opt: train_step(ddp, opt, b)
             continue
         rec = replay.Recorder(
@@ -89,6 +123,11 @@ def _worker(rank: int, port: int, rounds: int, steps: int, tmp: str, out: str) -
             dt = (time.perf_counter() - t0) / steps
             if r:
                 times[name].append(dt)
+    collectives = {}
+    for name, fn in variants.items():
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            fn(data[0])
+        collectives[name] = sum(1 for e in prof.events() if e.name.startswith("c10d::"))
     flag = torch.zeros(2)
     dist.barrier()
     t0 = time.perf_counter()
@@ -105,16 +144,22 @@ def _worker(rank: int, port: int, rounds: int, steps: int, tmp: str, out: str) -
             f"2 ranks, gloo, CPU, 1 thread each; MLP {D_IN}-{HIDDEN}-{HIDDEN}-{D_OUT}, batch "
             f"{BATCH}, AdamW; {rounds} rounds x {steps} steps, alternating",
             "",
-            "| variant | ms/step (median) | ratio to bare DDP (median of rounds) | ratio range |",
-            "|---|---|---|---|",
+            "| variant | ms/step (median) | ratio to bare DDP (median of rounds) | ratio range "
+            "| collectives per step |",
+            "|---|---|---|---|---|",
         ]
         for name, ts in times.items():
             ratios = [t / b for t, b in zip(ts, bare)]
             lines.append(
                 f"| {name} | {statistics.median(ts) * 1e3:.2f} | "
-                f"{statistics.median(ratios):.3f} | {min(ratios):.3f}-{max(ratios):.3f} |"
+                f"{statistics.median(ratios):.3f} | {min(ratios):.3f}-{max(ratios):.3f} | "
+                f"{collectives[name]} |"
             )
-        lines += ["", f"stop all-reduce alone (2 float32, MAX): {flag_us:.0f} µs per step"]
+        lines += [
+            "",
+            f"one tiny all-reduce alone (2 float32, MAX; the stop's own collective before it "
+            f"rode DDP's): {flag_us:.0f} µs",
+        ]
         with open(out, "w") as fh:
             fh.write("\n".join(lines) + "\n")
     dist.destroy_process_group()

@@ -66,20 +66,28 @@ class NonFiniteLossError(FloatingPointError):
         *,
         ranks: tuple[int, ...] | None = None,
         bisect_path: str | None = None,
+        stopped_at: int | None = None,
     ) -> None:
         # Under DDP every rank raises at the same step; ``ranks`` names the ones whose own loss
         # or gradients went bad (this rank's loss may well be finite), ``bisect_path`` is the
-        # base path that names the whole rank set.
+        # base path that names the whole rank set. ``stopped_at``: the step the ranks stopped
+        # at when it is later than ``step`` (a loss that went bad with finite gradients is
+        # agreed on at the next gradient all-reduce).
         self.step, self.loss, self.path, self.ranks = step, loss, path, ranks
+        self.stopped_at = step if stopped_at is None else stopped_at
         target = bisect_path or path
         if ranks is None:
             what = f"loss is {loss} at step {step}"
         else:
             who = ", ".join(map(str, ranks))
-            what = (
-                f"non-finite loss or gradients on rank{'s' if len(ranks) > 1 else ''} {who} at "
-                f"step {step} (this rank's loss: {loss}); every rank stops at this step"
-            )
+            what = f"non-finite loss or gradients on rank{'s' if len(ranks) > 1 else ''} {who} at "
+            if self.stopped_at == step:
+                what += f"step {step} (this rank's loss: {loss}); every rank stops at this step"
+            else:
+                what += (
+                    f"step {step}; every rank stops at step {self.stopped_at} (this rank's loss "
+                    f"there: {loss})"
+                )
         super().__init__(
             f"{what}; the step is recorded in {path}. "
             f"Run `replay bisect {target}` to find the first op that produced it."

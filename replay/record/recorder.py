@@ -46,6 +46,7 @@ from ..store.step_log import LOG_BYTES
 from ..store.writer import RingSpec
 from ..store.writer_process import WriterClient
 from .config import RecorderConfig
+from .ddp.consistency import Verdict
 from .ddp.context import detect, unwrap
 from .ddp.policy import DdpRanks, RankPolicy, SingleProcess
 from .entry import describe_entry, read_source
@@ -117,11 +118,16 @@ class Recorder:
     snapshots hold its inner module's state (no ``module.`` prefix), so ``build_fn`` returns the
     plain model and a single process replays any rank. The recorder registers a DDP communication
     hook that measures this rank's own gradient norm before the all-reduce (health columns
-    ``local_grad_norm``, ``local_grad_nonfinite``); and once per step all ranks agree, with one
-    tiny all-reduce, whether any rank's loss or own gradients went non-finite, so that every rank
-    raises :class:`replay.NonFiniteLossError` at the same step, naming the bad ranks. Open the
-    rank set with ``replay info run.h5`` / ``replay bisect run.h5``. A step that *raises* on one
-    rank cannot be agreed on (see ``replay/distributed/consistency.py``).
+    ``local_grad_norm``, ``local_grad_nonfinite``) and appends each rank's stop vote to DDP's own
+    last all-reduce of the step (no extra collective): a rank whose own gradients go non-finite
+    makes every rank raise :class:`replay.NonFiniteLossError` at the end of that step, naming the
+    bad ranks; a non-finite loss with finite gradients votes at the next reduction, so every rank
+    raises one step later, naming the step it went bad at (after a run's last step nothing
+    follows to carry it: that rank warns at close). Under the user's own comm hook (or
+    without a DDP wrapper) the ranks agree on the loss alone, with one extra tiny all-reduce per
+    step (a warning says so). Open the rank set with ``replay info run.h5`` /
+    ``replay bisect run.h5``. A step that *raises* on one rank cannot be agreed on (see
+    ``replay/record/ddp/consistency.py``).
 
     A step whose loss is NaN/Inf is recorded and then :class:`replay.NonFiniteLossError` is raised
     (``raise_on_nonfinite=False`` keeps training; on a GPU the check runs one step late so that it
@@ -242,6 +248,8 @@ class Recorder:
                 self._opt_params,
                 stop=self.config.raise_on_nonfinite,
                 on_bad=self._raise_ranks_bad,
+                # AMP skips steps with inf gradients by design: only the loss votes then
+                grads_vote=scaler is None,
             )
 
     @staticmethod
@@ -635,11 +643,18 @@ class Recorder:
         self.next_step += 1
         return ret
 
-    def _raise_ranks_bad(self, t: int, ranks: tuple[int, ...], loss: Any) -> None:
+    def _raise_ranks_bad(self, verdict: Verdict, loss: Any) -> None:
         value = float(loss) if isinstance(loss, (torch.Tensor, float, int)) else math.nan
         if self.enabled:
             self.flush()
-        raise NonFiniteLossError(t, value, self.path, ranks=ranks, bisect_path=self.base_path)
+        raise NonFiniteLossError(
+            verdict.step,
+            value,
+            self.path,
+            ranks=verdict.ranks,
+            bisect_path=self.base_path,
+            stopped_at=verdict.stopped_at,
+        )
 
     def _raise_nonfinite(self, t: int, loss: float) -> None:
         self.flush()
@@ -780,6 +795,7 @@ class Recorder:
         self._closed = True
         try:
             self._probe_grads.close()
+            self._ranks.close()
         finally:
             if self._writer is not None:
                 self._writer.close()

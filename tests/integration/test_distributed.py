@@ -12,6 +12,7 @@ rank is the recording bit for bit.
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import subprocess
@@ -19,6 +20,7 @@ import sys
 import time
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 import torch.multiprocessing as mp
@@ -108,8 +110,10 @@ def replay_rank_step(path: str, step: int) -> dict[str, float]:
 
 def test_healthy_ddp_run_replays_bitwise_per_rank(tmp_path: Any) -> None:
     threads = torch.get_num_threads()
-    results = run_ranks(tmp_path, steps=6, snapshot_every=2)
+    results = run_ranks(tmp_path, steps=6, snapshot_every=2, count_steps=[3, 4])
     assert all(r["finished"] for r in results.values()), results
+    for r in results.values():  # the stop's votes ride DDP's own all-reduce
+        assert r["collectives"] == {"3": r["bare_collectives"], "4": r["bare_collectives"]}
     with open_rank_set(str(tmp_path / "run.h5")) as rs:
         assert sorted(rs.paths) == [0, 1]
         assert os.path.basename(rs.paths[1]) == "run.rank1.h5"
@@ -304,3 +308,73 @@ def test_a_rank_that_raises_is_named_and_its_step_replayed_on_every_rank(tmp_pat
     assert r0["replayed_steps"] == r1["replayed_steps"] == [4, 5]
     assert r0["deterministic"] and r1["deterministic"]
     assert "rank 1 raised before joining it" in r0["trace"]["received"]
+
+
+def test_inf_on_one_rank_stops_every_rank_without_a_collective_of_its_own(tmp_path: Any) -> None:
+    # An inf input saturates tanh: the loss stays finite, the local gradients go NaN (0 * inf).
+    results = run_ranks(
+        tmp_path, steps=8, nan_rank=0, nan_step=4, bad_value=float("inf"), count_steps=[2, 3]
+    )
+    for r in (0, 1):
+        res = results[r]
+        assert res["error"] == "NonFiniteLossError", results
+        assert (res["step"], res["stopped_at"], res["last_step"]) == (4, 4, 4), results
+        assert res["ranks"] == [0], results
+        assert res["collectives"] == {"2": res["bare_collectives"], "3": res["bare_collectives"]}
+    assert "on rank 0 at step 4" in results[1]["message"]
+    with open_rank_set(str(tmp_path / "run.h5")) as rs:
+        h0, h1 = (rs.recordings[r].health() for r in (0, 1))
+        assert h0["local_grad_nonfinite"][4] == 1 and h0["loss_nonfinite"][4] == 0
+        assert h1["local_grad_nonfinite"][4] == 0
+
+
+def test_nonfinite_loss_with_finite_gradients_stops_every_rank_one_step_later(
+    tmp_path: Any,
+) -> None:
+    """The loss exists only after the step's backward handed DDP its gradients: it votes at the
+    next all-reduce, and every rank stops there, naming the step it went bad at."""
+    results = run_ranks(tmp_path, steps=8, loss_offset_rank=1, loss_offset_step=3)
+    for r in (0, 1):
+        res = results[r]
+        assert res["error"] == "NonFiniteLossError", results
+        assert (res["step"], res["stopped_at"], res["last_step"]) == (3, 4, 4), results
+        assert res["ranks"] == [1], results
+    assert "on rank 1 at step 3; every rank stops at step 4" in results[0]["message"]
+    with open_rank_set(str(tmp_path / "run.h5")) as rs:
+        h1 = rs.recordings[1].health()
+        assert h1["loss_nonfinite"][3] == 1 and h1["local_grad_nonfinite"][3] == 0
+        assert (h1["param_nonfinite"][~np.isnan(h1["param_nonfinite"])] == 0).all()
+
+
+def test_user_comm_hook_falls_back_to_one_extra_all_reduce_on_the_loss(tmp_path: Any) -> None:
+    """DDP takes one comm hook: with the user's own, the recorder cannot see local gradients
+    nor carry votes. It says so once, and the ranks agree on the loss with one extra
+    all-reduce per step (the only case that pays one)."""
+    results = run_ranks(tmp_path, steps=8, user_hook=True, nan_rank=1, nan_step=4, count_steps=[2])
+    for r in (0, 1):
+        res = results[r]
+        assert [w for w in res["warnings"] if "extra all-reduce per step" in w], res
+        assert len(res["warnings"]) == 1, res
+        assert res["collectives"] == {"2": res["bare_collectives"] + 1}, res
+        assert res["error"] == "NonFiniteLossError", results
+        assert (res["step"], res["stopped_at"], res["ranks"]) == (4, 4, [1]), results
+
+
+def test_a_bad_loss_at_the_last_step_is_said_at_close(tmp_path: Any) -> None:
+    """No reduction follows the last step, so its loss vote is never cast: nobody stops (a rank
+    raising alone would hang the others in their next collective), and the rank says so."""
+    results = run_ranks(tmp_path, steps=4, loss_offset_rank=0, loss_offset_step=3)
+    assert all(r["finished"] and "error" not in r for r in results.values()), results
+    assert results[1]["warnings"] == []
+    (said,) = results[0]["warnings"]
+    assert "loss went non-finite at step 3" in said and "nobody stopped" in said
+
+
+def test_under_a_grad_scaler_inf_gradients_are_a_skip_not_a_stop(tmp_path: Any) -> None:
+    """AMP skips steps whose gradients overflow, by design: only the loss votes then."""
+    results = run_ranks(tmp_path, steps=6, amp=True, nan_rank=1, nan_step=3, bad_value=math.inf)
+    assert all(r["finished"] and "error" not in r for r in results.values()), results
+    with open_rank_set(str(tmp_path / "run.h5")) as rs:
+        h0, h1 = (rs.recordings[r].health() for r in (0, 1))
+        assert h1["local_grad_nonfinite"][3] == 1 and h0["local_grad_nonfinite"][3] == 0
+        assert h0["scaler_skipped"][3] == 1 and h1["scaler_skipped"][3] == 1

@@ -1,11 +1,31 @@
 """A rank-consistent stop: when one rank's loss or own gradients go non-finite, all ranks stop at
 the same step with the same error, instead of some raising and the rest hanging in a collective.
 
-Once per step, at the end of ``Recorder.step``, every rank contributes one flag to a
-``world_size``-long tensor reduced with ``MAX`` (one tiny all-reduce; benchmarks/bench_ddp.py
-measures it). The result names the ranks that went bad. On the CPU it is read at once; with NCCL
-it is read at the start of the next step (no host sync on the hot path), so every rank raises
-there, naming the step that went bad.
+**Votes in DDP's own all-reduce** (:class:`BucketVotes`, under a ``DistributedDataParallel``
+model): the recorder's communication hook (``hook.py``) appends every rank's vote to the last
+gradient bucket of the step, so the stop costs no collective of its own. What a vote covers:
+
+- this rank's own gradients at this step, measured before the all-reduce: a NaN/Inf stops every
+  rank at the end of this step, naming the ranks whose gradients went bad;
+- this rank's loss. The loss exists only inside the user's step function, and the hook runs in
+  its backward before the step returns, so the loss rides the *next* reduction: a non-finite
+  loss with finite gradients (rare: a NaN loss nearly always makes NaN gradients) stops every
+  rank at the end of the next step that reduces, naming the step the loss went bad at. The
+  parameters are still finite then (the update used finite gradients). At the last step of a
+  run no reduction follows: nobody stops (one rank raising alone would hang the others in
+  their next collective), and that rank says so with a warning when recording ends.
+
+Under a GradScaler non-finite gradients do not vote (AMP skips such steps by design; the loss
+does). Steps that do not reduce (``no_sync()`` accumulation) carry no votes: their gradients
+accumulate into the next reduction, which votes on them, and a pending loss vote waits for it.
+
+**The fallback** (:class:`ConsistentStop`): without the hook (the user's own comm hook, a model
+that is not DDP-wrapped) every rank contributes its loss's flag to one tiny ``MAX`` all-reduce
+at the end of every step: one extra collective a step (benchmarks/bench_ddp.py measured 472 us
+on 2 CPU ranks). The recorder says so once, with a warning.
+
+Both read the result at once on the CPU; with NCCL at the start of the next step (no host sync
+on the hot path), so every rank raises there, naming the step that went bad.
 
 A step that *raises* on one rank cannot take part: its peers are then blocked in DDP's own
 gradient all-reduce or in this one, and no later collective can be matched safely. That rank
@@ -18,33 +38,116 @@ whose exception was its own.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-__all__ = ["ConsistentStop"]
+from .hook import LocalGradProbe
+
+__all__ = ["Verdict", "BucketVotes", "ConsistentStop", "device_of"]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The ranks agree that step ``step`` went bad on ``ranks``; they stop at ``stopped_at``."""
+
+    step: int
+    ranks: tuple[int, ...]
+    stopped_at: int
+
+
+def device_of(group: Any) -> torch.device:
+    """Where the votes live: the current GPU under NCCL, else the CPU."""
+    backend = str(torch.distributed.get_backend(group))
+    if backend == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _nonfinite(v: Any) -> float | torch.Tensor:
+    """1 when ``v`` (a float, or a tensor: then without a host sync) is NaN/Inf, else 0."""
+    if isinstance(v, torch.Tensor):
+        return (~torch.isfinite(v.detach())).to(torch.float32)
+    if isinstance(v, (float, int)):
+        return 0.0 if math.isfinite(v) else 1.0
+    return 0.0
+
+
+class BucketVotes:
+    """The stop agreed through the probe's votes: no collective of its own."""
+
+    def __init__(self, probe: LocalGradProbe, world_size: int, device: torch.device) -> None:
+        self.probe, self.world_size, self.device = probe, world_size, device
+        self._pending: tuple[int, torch.Tensor] | None = None
+        self._last_step: int | None = None
+
+    @property
+    def deferred(self) -> bool:
+        return self.device.type == "cuda"
+
+    def pending_loss(self) -> int | None:
+        """The step this rank's loss went non-finite at, when no reduction has carried its vote
+        yet (read once recording ends)."""
+        k = float(self.probe.late_loss)
+        if k <= 0 or self._last_step is None:
+            return None
+        return self._last_step - round(k) + 1
+
+    def post(self, step: int, loss: Any, local_grad_norm: torch.Tensor | None) -> None:
+        """Step ``step`` is over: take the votes its reduction carried, queue this rank's loss."""
+        self._last_step = step
+        votes = self.probe.take_votes()
+        bad_loss = _nonfinite(loss)
+        late = self.probe.late_loss
+        if votes is not None:
+            # A pending loss vote was cast now (the verdict stops every rank); this step's loss
+            # votes at the next reduction.
+            self.probe.late_loss = bad_loss
+            self._pending = (step, votes)
+        elif isinstance(late, torch.Tensor) or isinstance(bad_loss, torch.Tensor):
+            late_t = torch.as_tensor(late, dtype=torch.float32, device=self.device)
+            self.probe.late_loss = torch.where(
+                late_t > 0, late_t + 1, torch.as_tensor(bad_loss, device=self.device)
+            )
+        else:  # still waiting for a reduction: one step older
+            self.probe.late_loss = late + 1 if late > 0 else bad_loss
+
+    def result(self) -> Verdict | None:
+        if self._pending is None:
+            return None
+        step, votes = self._pending
+        self._pending = None
+        v = votes.float().cpu().tolist()
+        w = self.world_size
+        # When each rank went bad: its gradients at this step (their slot holds NaN, from
+        # norm - norm), its loss k steps ago.
+        went_bad = {r: step for r in range(w) if v[r] != 0}
+        for r in range(w):
+            if v[w + r] > 0:
+                went_bad[r] = min(went_bad.get(r, step), step - round(v[w + r]))
+        if not went_bad:
+            return None
+        first = min(went_bad.values())  # name the first bad step, and who went bad there
+        return Verdict(first, tuple(r for r in sorted(went_bad) if went_bad[r] == first), step)
 
 
 class ConsistentStop:
+    """The fallback: one tiny all-reduce of the ranks' loss flags at the end of every step."""
+
     def __init__(self, rank: int, world_size: int, group: Any) -> None:
         self.rank, self.world_size, self.group = rank, world_size, group
-        backend = str(torch.distributed.get_backend(group))
-        self.device = (
-            torch.device("cuda", torch.cuda.current_device())
-            if backend == "nccl"
-            else torch.device("cpu")
-        )
+        self.device = device_of(group)
         self._pending: tuple[int, torch.Tensor] | None = None
 
     def post(self, step: int, loss: Any, local_grad_norm: torch.Tensor | None) -> None:
         """Join this step's all-reduce with this rank's flag (no host sync for device tensors)."""
         bad = torch.zeros((), dtype=torch.float32, device=self.device)
         for v in (loss, local_grad_norm):
-            if isinstance(v, torch.Tensor):
-                bad = torch.maximum(
-                    bad, (~torch.isfinite(v.detach())).to(self.device, torch.float32)
-                )
-            elif isinstance(v, float) and not math.isfinite(v):
+            f = _nonfinite(v)
+            if isinstance(f, torch.Tensor):
+                bad = torch.maximum(bad, f.to(self.device))
+            elif f:
                 bad.fill_(1.0)
         flags = torch.zeros(self.world_size, dtype=torch.float32, device=self.device)
         flags[self.rank] = bad
@@ -55,11 +158,11 @@ class ConsistentStop:
     def deferred(self) -> bool:
         return self.device.type == "cuda"
 
-    def result(self) -> tuple[int, tuple[int, ...]] | None:
-        """``(step, bad_ranks)`` of the last posted step when some rank went bad, else ``None``."""
+    def result(self) -> Verdict | None:
+        """The verdict on the last posted step when some rank went bad, else ``None``."""
         if self._pending is None:
             return None
         step, flags = self._pending
         self._pending = None
         bad = torch.nonzero(flags.cpu() > 0).flatten().tolist()
-        return (step, tuple(int(r) for r in bad)) if bad else None
+        return Verdict(step, tuple(int(r) for r in bad), step) if bad else None

@@ -1,6 +1,11 @@
 """What recording does about the other ranks: nothing in a single process, and under DDP the
 per-rank gradient probe and the rank-consistent stop (``consistency.py``, ``hook.py``).
 
+Under a ``DistributedDataParallel`` model the stop's votes ride DDP's own last gradient
+all-reduce of the step (no collective of its own). Only when the probe cannot be installed (the
+user's own comm hook, a model that is not DDP-wrapped) do the ranks agree with one extra tiny
+all-reduce per step, on the loss alone; a :class:`RecorderWarning` says so once.
+
 The recorder asks the same three questions every step, of :class:`SingleProcess` or of
 :class:`DdpRanks`: is a verdict of the ranks pending from the last step (``before_step``), what
 was this rank's own gradient norm (``local_grad_norm``), and, once the step is over, do the
@@ -16,13 +21,13 @@ from typing import Any
 import torch
 
 from ...errors import RecorderWarning
-from .consistency import ConsistentStop
+from .consistency import BucketVotes, ConsistentStop, Verdict, device_of
 from .hook import LocalGradProbe
 
 __all__ = ["RankPolicy", "SingleProcess", "DdpRanks"]
 
-#: Called with ``(step, bad ranks, loss)`` when the ranks agree a step went bad: it raises.
-OnBad = Callable[[int, tuple[int, ...], Any], None]
+#: Called with the verdict and this rank's loss when the ranks agree a step went bad: it raises.
+OnBad = Callable[[Verdict, Any], None]
 
 
 class RankPolicy:
@@ -40,6 +45,10 @@ class RankPolicy:
     def after_step(self, t: int, loss: Any, local_gn: torch.Tensor | None) -> None:
         """This rank's vote on step ``t`` (every rank must vote every step, recorded or not)."""
 
+    def close(self) -> None:
+        """Recording ends: say what was left unagreed (no collective: the ranks may not all be
+        here)."""
+
 
 class SingleProcess(RankPolicy):
     pass
@@ -55,20 +64,39 @@ class DdpRanks(RankPolicy):
         *,
         stop: bool,
         on_bad: OnBad,
+        grads_vote: bool = True,
     ) -> None:
         self._probe: LocalGradProbe | None = None
+        why: str | None = "the model is not wrapped in DistributedDataParallel"
         if inner is not model:  # a DDP wrapper: its communication hook sees the local grads
-            self._probe = LocalGradProbe(model, params)
+            self._probe = LocalGradProbe(
+                model,
+                params,
+                rank=dist.rank,
+                world_size=dist.world_size,
+                votes=stop,
+                grads_vote=grads_vote,
+            )
             why = self._probe.install()
             if why is not None:
                 self._probe = None
-                warnings.warn(
-                    f"replay: no per-rank gradient check ({why}); local_grad_norm is not "
-                    "recorded and a stop is agreed on the loss alone",
-                    RecorderWarning,
-                    stacklevel=3,
-                )
-        self._stop = ConsistentStop(dist.rank, dist.world_size, dist.group) if stop else None
+        self._stop: BucketVotes | ConsistentStop | None = None
+        if stop and self._probe is not None:
+            self._stop = BucketVotes(self._probe, dist.world_size, device_of(dist.group))
+        elif stop:
+            self._stop = ConsistentStop(dist.rank, dist.world_size, dist.group)
+        if self._probe is None and (inner is not model or stop):
+            warnings.warn(
+                f"replay: no per-rank gradient check ({why}); local_grad_norm is not recorded"
+                + (
+                    ", and the ranks agree on a stop on the loss alone, with one extra "
+                    "all-reduce per step"
+                    if stop
+                    else ""
+                ),
+                RecorderWarning,
+                stacklevel=3,
+            )
         self.agrees = self._stop is not None
         self._on_bad = on_bad
         self._pending_loss: Any = None
@@ -90,6 +118,31 @@ class DdpRanks(RankPolicy):
         else:
             self._pending_loss = loss
 
-    def _raise_if_bad(self, verdict: tuple[int, tuple[int, ...]] | None, loss: Any) -> None:
+    def _raise_if_bad(self, verdict: Verdict | None, loss: Any) -> None:
         if verdict is not None:
-            self._on_bad(verdict[0], verdict[1], loss)
+            self._on_bad(verdict, loss)
+
+    def close(self) -> None:
+        stop, self._stop = self._stop, None
+        if stop is None:
+            return
+        verdict = stop.result() if stop.deferred else None
+        if verdict is not None:  # (identical on every rank: each warns the same)
+            warnings.warn(
+                f"replay: the ranks agreed that step {verdict.step} went non-finite on rank(s) "
+                f"{', '.join(map(str, verdict.ranks))}, read only as recording ended (a GPU "
+                "verdict is read at the next step); it is recorded",
+                RecorderWarning,
+                stacklevel=3,
+            )
+        if isinstance(stop, BucketVotes):
+            pending = stop.pending_loss()
+            if pending is not None:
+                warnings.warn(
+                    f"replay: this rank's loss went non-finite at step {pending} with finite "
+                    "gradients, and the run ended before the next gradient all-reduce could "
+                    "carry that to the other ranks: nobody stopped; the step is recorded "
+                    "(`replay bisect` finds it)",
+                    RecorderWarning,
+                    stacklevel=3,
+                )
