@@ -200,15 +200,7 @@ def describe_rank_set(spec: str) -> dict[str, Any]:
             "world_size": rs.world_size,
             "missing_ranks": rs.missing,
             "ranks": ranks,
-            "first_bad": None
-            if failure is None
-            else {
-                "step": failure.step,
-                "ranks": list(failure.ranks),
-                "kind": failure.kind,
-                "local": failure.local,
-                "evidence": {str(r): v for r, v in failure.evidence.items()},
-            },
+            "first_bad": None if failure is None else failure.to_json(evidence=True),
             "summary": describe_failure(failure),
         }
 

@@ -231,6 +231,17 @@ class RankFailure:
         """The rank to replay: the lowest culprit."""
         return self.ranks[0]
 
+    def to_json(self, *, evidence: bool = False) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "step": self.step,
+            "ranks": list(self.ranks),
+            "kind": self.kind,
+            "local": self.local,
+        }
+        if evidence:
+            out["evidence"] = {str(r): v for r, v in self.evidence.items()}
+        return out
+
 
 def is_collective_error(exc: dict[str, Any] | None) -> bool:
     """Whether a recorded exception (``{type, module, message}``) is a collective that failed
@@ -331,9 +342,7 @@ def pick_rank_file(spec: str) -> tuple[str, dict[str, Any] | None]:
     return paths[rank], {
         "spec": spec,
         "ranks": sorted(paths),
-        "first_bad": None
-        if f is None
-        else {"step": f.step, "ranks": list(f.ranks), "kind": f.kind, "local": f.local},
+        "first_bad": None if f is None else f.to_json(),
         "replayed_rank": rank,
         "summary": describe_failure(f),
     }

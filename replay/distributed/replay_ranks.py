@@ -249,14 +249,7 @@ def replay_rank_set(
         report["rank_set"] = {
             "spec": spec,
             "ranks": sorted(paths),
-            "first_bad": None
-            if failure is None
-            else {
-                "step": failure.step,
-                "ranks": list(failure.ranks),
-                "kind": failure.kind,
-                "local": failure.local,
-            },
+            "first_bad": None if failure is None else failure.to_json(),
             "replayed_rank": leader,
             "summary": _summary(failure),
         }

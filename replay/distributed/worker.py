@@ -120,7 +120,7 @@ def _lead_verify(engine: Any, rec: Any) -> dict[str, Any]:
 def _lead_bisect(engine: Any, rec: Any, spec: dict[str, Any]) -> dict[str, Any]:
     from ..bisect import SearchError, auto_criterion, find_culprit
     from ..bisect.report import verdict_json
-    from ..engine.culprit import trace_culprit, tracer_available
+    from ..engine.culprit import trace_verdict
     from ..engine.subject import EngineSubject
     from ..engine.why import explain_divergence
 
@@ -133,25 +133,8 @@ def _lead_bisect(engine: Any, rec: Any, spec: dict[str, Any]) -> dict[str, Any]:
     except SearchError as e:
         raise ReplayError(str(e)) from None
     extra: dict[str, Any] = {"recording": rec.path, "entry_files": engine.entry_files}
-    t = verdict.first_bad_step
-    if t is not None and verdict.reproducible is not None and spec.get("trace", True):
-        if not tracer_available():
-            verdict.notes.append("per-op tracing is not available in this installation")
-        else:
-            try:
-                extra.update(
-                    trace_culprit(
-                        engine,
-                        t,
-                        verdict.kind,
-                        forensics_path=rec.forensics_path,
-                        run_id=rec.run_id,
-                    )
-                )
-            except ReplayError:
-                raise
-            except Exception as e:  # noqa: BLE001 - the step verdict stands without the trace
-                verdict.notes.append(f"tracing step {t} failed: {type(e).__name__}: {e}")
+    if spec.get("trace", True):
+        trace_verdict(engine, rec, verdict, extra, reraise=(ReplayError,))
     if verdict.divergence is not None:
         extra["divergence_cause"] = explain_divergence(
             engine, verdict.divergence, verdict.exception

@@ -93,6 +93,36 @@ def _data_samples(batch: Any, axes: list[int]) -> list[Any]:
     return [p[0] if len(axes) == 1 else list(p) for p in sorted(found)]
 
 
+def trace_verdict(
+    engine: Engine,
+    rec: Any,
+    verdict: Any,
+    extra: dict[str, Any],
+    *,
+    reraise: tuple[type[BaseException], ...] = (),
+) -> None:
+    """Trace a bisect verdict's step per op (when it has one and it replayed) into the
+    forensics sidecar; the trace's report fields go into ``extra``. A tracer that is missing or
+    fails leaves a note instead: the step verdict stands without it (``reraise``: what must
+    still end the replay, as a multi-rank replay's lockstep failure)."""
+    t = verdict.first_bad_step
+    if t is None or verdict.reproducible is None:
+        return
+    if not tracer_available():
+        verdict.notes.append("per-op tracing is not available in this installation")
+        return
+    try:
+        extra.update(
+            trace_culprit(
+                engine, t, verdict.kind, forensics_path=rec.forensics_path, run_id=rec.run_id
+            )
+        )
+    except reraise:
+        raise
+    except Exception as e:  # noqa: BLE001 - the step verdict stands without the trace
+        verdict.notes.append(f"tracing step {t} failed: {type(e).__name__}: {e}")
+
+
 def trace_culprit(
     engine: Engine, step: int, kind: str, *, forensics_path: str, run_id: str
 ) -> dict[str, Any]:

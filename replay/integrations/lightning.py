@@ -48,6 +48,7 @@ from lightning.pytorch.trainer.states import RunningStage, TrainerFn
 from ..capture.probe import running_probe
 from ..errors import NonFiniteLossError, RecorderWarning
 from ..record.recorder import Recorder
+from ._recording import start_recorder, warn_not_replayable
 
 __all__ = ["ReplayCallback", "build", "train_step"]
 
@@ -146,13 +147,7 @@ class ReplayCallback(Callback):
                     "save_hyperparameters, or ignore= the others)"
                 )
         if why is not None:
-            warnings.warn(
-                f"replay: {why}: replay cannot rebuild this run's steps; ReplayCallback "
-                "records their health, batches and RNG states (no snapshots): replay info, "
-                "doctor and tui read them, bisect names the first bad step without replaying it",
-                RecorderWarning,
-                stacklevel=2,
-            )
+            warn_not_replayable(why)
         objects: dict[str, Any] = {"model": pl_module, "trainer": trainer}
         for i, opt in enumerate(trainer.optimizers):
             objects["optimizer" if i == 0 else f"optimizer_{i}"] = opt
@@ -170,25 +165,15 @@ class ReplayCallback(Callback):
             "gradient_clip_algorithm": trainer.gradient_clip_algorithm,
             "schedulers": len(trainer.lr_scheduler_configs),
         }
-        try:
-            self.rec = Recorder(
-                self.path,
-                objects=objects,
-                step_fn=train_step,
-                build_fn=build,
-                build_kwargs={"module": type(pl_module), **settings} if why is None else None,
-                not_replayable=why,
-                **self.recorder_kwargs,
-            )
-        except Exception as e:  # noqa: BLE001 - the recorder must never take training down
-            warnings.warn(
-                f"replay: ReplayCallback records nothing ({type(e).__name__}: {e})",
-                RecorderWarning,
-                stacklevel=2,
-            )
-            self.rec = None
-            return
-        self.rec.__enter__()
+        self.rec = start_recorder(
+            self.path,
+            objects=objects,
+            step_fn=train_step,
+            build_fn=build,
+            build_kwargs={"module": type(pl_module), **settings} if why is None else None,
+            not_replayable=why,
+            **self.recorder_kwargs,
+        )
 
     # -- one optimisation step -------------------------------------------------------------
 

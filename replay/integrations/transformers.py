@@ -75,6 +75,7 @@ from transformers import PreTrainedModel, TrainerCallback, TrainingArguments
 
 from ..errors import NonFiniteLossError, RecorderWarning
 from ..record.recorder import Recorder
+from ._recording import start_recorder, warn_not_replayable
 
 __all__ = ["ReplayCallback", "build", "train_step"]
 
@@ -164,6 +165,20 @@ def _why_not(trainer: Any) -> str | None:
     if not getattr(trainer, "_created_lr_scheduler", True):
         return "a scheduler passed to the Trainer (replay makes it from TrainingArguments)"
     return None
+
+
+def _objects(trainer: Any) -> dict[str, Any]:
+    """The objects a recorded step touches, by the names recording and replay share."""
+    objects: dict[str, Any] = {
+        "model": trainer.model,
+        "optimizer": _inner(trainer.optimizer),
+        "scheduler": trainer.lr_scheduler,
+        "trainer": trainer,
+    }
+    scaler = getattr(trainer.accelerator, "scaler", None)
+    if scaler is not None:
+        objects["scaler"] = scaler
+    return objects
 
 
 def _name(cls: type) -> str | type:
@@ -291,44 +306,22 @@ class ReplayCallback(TrainerCallback):
             except (TypeError, ValueError) as e:
                 why = f"this set-up ({e})"
         if why is not None:
-            warnings.warn(
-                f"replay: {why}: replay cannot rebuild this run's steps; ReplayCallback "
-                "records their health, batches and RNG states (no snapshots): replay info, "
-                "doctor and tui read them, bisect names the first bad step without replaying it",
-                RecorderWarning,
-                stacklevel=2,
-            )
-        objects: dict[str, Any] = {
-            "model": trainer.model,
-            "optimizer": _inner(trainer.optimizer),
-            "scheduler": trainer.lr_scheduler,
-            "trainer": trainer,
-        }
-        scaler = getattr(trainer.accelerator, "scaler", None)
-        if scaler is not None:
-            objects["scaler"] = scaler
+            warn_not_replayable(why)
+        objects = _objects(trainer)
         # Step t of the recording is the optimisation step that makes the Trainer's global_step
         # t + 1, in a resumed run too.
         options = {"start_step": int(state.global_step), **self.recorder_kwargs}
-        try:
-            self.rec = Recorder(
-                self.path,
-                objects=objects,
-                step_fn=train_step,
-                build_fn=build,
-                build_kwargs=settings,
-                not_replayable=why,
-                **options,
-            )
-        except Exception as e:  # noqa: BLE001 - the recorder must never take training down
-            warnings.warn(
-                f"replay: ReplayCallback records nothing ({type(e).__name__}: {e})",
-                RecorderWarning,
-                stacklevel=2,
-            )
-            self.rec = None
+        self.rec = start_recorder(
+            self.path,
+            objects=objects,
+            step_fn=train_step,
+            build_fn=build,
+            build_kwargs=settings,
+            not_replayable=why,
+            **options,
+        )
+        if self.rec is None:
             return
-        self.rec.__enter__()
         self._trainer = trainer
         self._wrap(trainer)
 
@@ -477,16 +470,7 @@ def build(
     finally:
         quiet.setLevel(level)
     trainer.model.train()
-    objects: dict[str, Any] = {
-        "model": trainer.model,
-        "optimizer": _inner(trainer.optimizer),
-        "scheduler": trainer.lr_scheduler,
-        "trainer": trainer,
-    }
-    scaler = getattr(trainer.accelerator, "scaler", None)
-    if scaler is not None:
-        objects["scaler"] = scaler
-    return objects
+    return _objects(trainer)
 
 
 def train_step(

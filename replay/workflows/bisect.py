@@ -76,7 +76,7 @@ def _bisect_one(
     from ..bisect.report import verdict_json
     from ..distributed.bisect import RankSubject, adjust_verdict, is_rank_recording
     from ..distributed.ranks import pick_rank_file
-    from ..engine.culprit import trace_culprit, tracer_available
+    from ..engine.culprit import trace_verdict
     from ..engine.subject import EngineSubject
     from ..engine.why import explain_divergence
 
@@ -101,24 +101,8 @@ def _bisect_one(
         extra: dict[str, Any] = {"recording": run, "entry_files": engine.entry_files}
         if rank_set is not None:
             extra["rank_set"] = rank_set
-        if verdict.first_bad_step is not None and verdict.reproducible is not None and trace:
-            if not tracer_available():
-                verdict.notes.append("per-op tracing is not available in this installation")
-            else:
-                try:
-                    extra.update(
-                        trace_culprit(
-                            engine,
-                            verdict.first_bad_step,
-                            verdict.kind,
-                            forensics_path=rec.forensics_path,
-                            run_id=rec.run_id,
-                        )
-                    )
-                except Exception as e:  # noqa: BLE001 - the step verdict stands without the trace
-                    verdict.notes.append(
-                        f"tracing step {verdict.first_bad_step} failed: {type(e).__name__}: {e}"
-                    )
+        if trace:
+            trace_verdict(engine, rec, verdict, extra)
         if verdict.divergence is not None:
             extra["divergence_cause"] = explain_divergence(
                 engine, verdict.divergence, verdict.exception
