@@ -172,11 +172,15 @@ def test_info_json_of_escapes_is_valid_json_and_safe(corpus):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("command", ["verify", "bisect", "whatif"])
+@pytest.mark.parametrize("command", ["verify", "bisect", "whatif", "export"])
 @pytest.mark.parametrize("name", REPLAY_CASES)
-def test_replay_commands_refuse_before_replaying(corpus, name, command):
+def test_replay_commands_refuse_before_replaying(corpus, name, command, tmp_path):
     """torch needs far more address space than 2 GiB to import: no memory limit here."""
     case = corpus[name]
-    change = ("--seed", "1") if command == "whatif" else ()  # whatif needs a change to try
-    proc = run_replay(command, case.path, *change, limit_memory=False)
+    extra = {  # whatif needs a change to try; export a folder to write into (left empty)
+        "whatif": ("--seed", "1"),
+        "export": ("--out", str(tmp_path / "out")),
+    }.get(command, ())
+    proc = run_replay(command, case.path, *extra, limit_memory=False)
     check(proc, BAD, case.fragment if name != "world_size_1e9" else "world_size", command)
+    assert not (tmp_path / "out").exists()  # nothing written for a file refused
