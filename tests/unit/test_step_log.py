@@ -147,3 +147,56 @@ def test_reused_hyper_parameter_manifests_give_the_bytes_a_fresh_encoding_gives(
         assert type(back["hparams"][0]["foreach"]) is int
     finally:
         log.close()
+
+
+Pair = __import__("collections").namedtuple("Pair", "x y")
+
+# Each differs from the one before it in one way the manifest sees (a dtype, a shape, a
+# container, a scalar's type or sign, the RNG's position, a value among the values).
+BATCHES = [
+    ((torch.arange(6.0).view(2, 3), torch.tensor([1, 0])), {"it": 1}),
+    ((torch.arange(6.0).view(2, 3), torch.tensor([1, 0])), {"it": 2}),  # only the values
+    ((torch.arange(6.0).view(3, 2), torch.tensor([1, 0])), {"it": 2}),
+    ((torch.arange(6.0).view(3, 2).bfloat16(), torch.tensor([1, 0])), {"it": 2}),
+    ([torch.arange(6.0).view(3, 2), torch.tensor([1, 0])], None),
+    (Pair(torch.ones(2, requires_grad=True), torch.tensor([1, 0])), None),
+    ({"x": torch.ones(4, 4)[:, 1], "mask": torch.tensor([True, False])}, None),  # not contiguous
+    ({"x": torch.ones(4), "n": 3, "scale": -0.0, "name": "a"}, {"lr": 0.5, "flag": True}),
+    ({"x": torch.ones(4), "n": True, "scale": 0.0, "name": "a"}, {"lr": 0.5, "flag": 1}),
+    ({"x": torch.ones(4), "size": torch.Size([4])}, {"ids": torch.arange(3)}),  # general path
+    ((torch.arange(6.0).view(2, 3), torch.tensor([1, 0])), {"it": 3}),
+    ((torch.arange(6.0).view(2, 3), torch.tensor([1, 0])), {"it": 3}),  # a module more, below
+]
+
+
+def test_reused_record_manifests_give_the_bytes_a_fresh_encoding_gives():
+    """The step log writer reuses the record's manifest while its layout holds (``PackCache``):
+    batches of every shape and container, values, module modes and a moved RNG, each record
+    byte for byte what encoding everything afresh gives."""
+    log = StepLog.create(1 << 20)
+    assert log is not None
+    writer = StepLogWriter(log, alive=lambda: True)
+    hp = [{"lr": 0.1, "betas": (0.9, 0.999)}]
+    try:
+        for step, (batch, values) in enumerate(BATCHES):
+            if step == 6:
+                np.random.rand()  # the numpy generator moved: its position is in the manifest
+            rng = (random.getstate(), np.random.get_state(), torch.get_rng_state(), None)
+            modes = [True, step % 3 == 0] + ([False] if step == len(BATCHES) - 1 else [])
+            assert writer.begin(step, rng, hp, modes, batch, values)
+            payload, mlen = log.begun()
+            writer.abandon({"type": "E"})
+            fresh = {
+                "step": step,
+                "rng": rng_to_tree(rng),
+                "hparams": to_leaves(hp),
+                "modes": np.asarray(modes),
+                "batch": to_leaves(batch),
+                "exception": None,
+                "values": to_leaves(values) if values else None,
+            }
+            parts, fresh_mlen = pack_parts(fresh)
+            assert payload.tobytes() == b"".join(p.tobytes() for p in parts), step
+            assert mlen == fresh_mlen, step
+    finally:
+        log.close()
