@@ -130,7 +130,7 @@ def render_whatif(d: dict[str, Any]) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
-_FLAGS = ("set", "scale", "clip", "skip-step", "drop-samples", "seed")
+_FLAGS = ("set", "scale", "clip", "skip-step", "drop-samples", "seed", "dtype")
 _ORDER = "replay.whatif.order"
 
 
@@ -145,7 +145,9 @@ class _InOrder(click.Command):
             if a == "--":
                 break
             name, eq, val = a.partition("=")
-            if name.startswith("--") and name[2:] in _FLAGS:
+            if name == "--no-autocast":
+                order.append(("no-autocast", ""))
+            elif name.startswith("--") and name[2:] in _FLAGS:
                 order.append((name[2:], val if eq else next(it, None)))
         ctx.meta[_ORDER] = order
         return super().parse_args(ctx, args)
@@ -155,7 +157,7 @@ def _changes(given: dict[str, tuple[str, ...]]) -> list[Any]:
     """The changes in command-line order (checked before torch is imported)."""
     from ..workflows.whatif import parse_change
 
-    grouped = [(kind, a) for kind in _FLAGS for a in given[kind]]
+    grouped = [(kind, a) for kind in (*_FLAGS, "no-autocast") for a in given[kind]]
     order = click.get_current_context().meta.get(_ORDER) or []
     if sorted(order, key=str) != sorted(grouped, key=str):
         order = grouped  # an option's value looked like a flag: keep click's reading
@@ -176,8 +178,8 @@ def _changes(given: dict[str, tuple[str, ...]]) -> list[Any]:
     "--drop-samples", "drops", multiple=True, metavar="N:I,J", help="Drop samples of step N."
 )
 @click.option("--seed", "seeds", multiple=True, metavar="K", help="Another RNG draw.")
-@click.option("--dtype", default=None, metavar="DTYPE", help="Not supported yet.")
-@click.option("--no-autocast", is_flag=True, help="Not supported yet.")
+@click.option("--dtype", "dtypes", multiple=True, metavar="float32", help="The step in float32.")
+@click.option("--no-autocast", count=True, help="The step with autocast turned off.")
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 @engine_options
 def whatif(
@@ -190,8 +192,8 @@ def whatif(
     skips: tuple[str, ...],
     drops: tuple[str, ...],
     seeds: tuple[str, ...],
-    dtype: str | None,
-    no_autocast: bool,
+    dtypes: tuple[str, ...],
+    no_autocast: int,
     as_json: bool,
     device: str | None,
     entry: str | None,
@@ -213,20 +215,16 @@ def whatif(
       --skip-step N         step N is not run; the state carries over to N+1
       --drop-samples N:I,J  step N without samples I, J (along bisect's batch axis)
       --seed K              each step's recorded RNG, reseeded from K: data or luck?
+      --no-autocast         every autocast region of the step turned off
+      --dtype float32       no autocast, and the batch's floating tensors in float32
 
     Exit codes: 0 some change removes the failure, 1 none does (or the baseline has no
     failure), 2 usage error or a change the run cannot take, 3 unusable recording, 4 unusable
     entry point, 5 replay failed, 6 internal error.
     """
     from ..bisect.progress import Progress
-    from ..errors import UsageError
     from ..workflows.whatif import run_whatif
 
-    if dtype is not None or no_autocast:
-        flag = "--dtype" if dtype is not None else "--no-autocast"
-        raise UsageError(
-            f"{flag} is not supported yet: the step function chooses its own dtypes and autocast"
-        )
     changes = _changes(
         {
             "set": sets,
@@ -235,11 +233,14 @@ def whatif(
             "skip-step": skips,
             "drop-samples": drops,
             "seed": seeds,
+            "dtype": dtypes,
+            "no-autocast": ("",) * no_autocast,
         }
     )
     if not changes:
         raise click.UsageError(
-            "name at least one change: --set, --scale, --clip, --skip-step, --drop-samples, --seed"
+            "name at least one change: --set, --scale, --clip, --skip-step, --drop-samples, "
+            "--seed, --no-autocast, --dtype"
         )
     bar = Progress("replay whatif")
     try:

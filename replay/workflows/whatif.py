@@ -49,7 +49,16 @@ __all__ = [
     "run_whatif",
 ]
 
-CHANGE_KINDS = ("set", "scale", "clip", "skip-step", "drop-samples", "seed")
+CHANGE_KINDS = (
+    "set",
+    "scale",
+    "clip",
+    "skip-step",
+    "drop-samples",
+    "seed",
+    "no-autocast",
+    "dtype",
+)
 AFTER_FAILURE = 3  # default to_step: the first bad step + this, clamped to the window
 _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
@@ -68,8 +77,8 @@ class Change:
 
     @property
     def text(self) -> str:
-        """The change as a command-line flag: ``--scale lr=0.1``."""
-        return f"--{self.kind} {self.arg}"
+        """The change as a command-line flag: ``--scale lr=0.1``, ``--no-autocast``."""
+        return f"--{self.kind} {self.arg}" if self.arg else f"--{self.kind}"
 
 
 def _number(text: str, what: str) -> float:
@@ -123,6 +132,15 @@ def parse_change(kind: str, arg: str) -> Change:
         if k < 0:
             raise UsageError(f"{what}: the seed must be >= 0")
         return Change(kind, arg, seed=k)
+    if kind == "no-autocast":
+        return Change(kind, "")
+    if kind == "dtype":
+        if arg != "float32":
+            raise UsageError(
+                f"{what}: only float32 is supported (the step run without autocast, its "
+                "floating batch tensors in float32)"
+            )
+        return Change(kind, arg)
     raise UsageError(f"unknown change --{kind}; the changes are: " + ", ".join(CHANGE_KINDS))
 
 
@@ -359,6 +377,19 @@ def _check_change(engine: Any, change: Change, lo: int, hi: int) -> _Plan:
             f"{change.text}: the run has no optimizer; the clip runs right before "
             "optimizer.step(), so it needs one"
         )
+    elif change.kind == "dtype":
+        import torch
+
+        narrow = sorted(
+            {str(p.dtype) for p in engine.model.parameters() if p.is_floating_point()}
+            - {str(torch.float32)}
+        )
+        if narrow:
+            raise UsageError(
+                f"{change.text}: the model's parameters are {', '.join(narrow)}; running the "
+                "step in float32 would need them and their optimizer state converted, which "
+                "whatif does not do (--no-autocast turns autocast off alone)"
+            )
     elif change.kind in ("skip-step", "drop-samples"):
         n = change.step
         assert n is not None
@@ -393,6 +424,47 @@ def _check_drop(engine: Any, change: Change, n: int) -> _Plan:
     if not keep:
         raise UsageError(f"{change.text}: that drops every sample of step {n}'s batch")
     return _Plan(change, keep=keep, axis=axes[0])
+
+
+@contextmanager
+def _autocast_off(on: bool) -> Iterator[None]:
+    """Every ``torch.autocast`` region entered meanwhile is entered disabled, however the step
+    function named it (``torch.autocast``, ``torch.amp.autocast``, the deprecated
+    ``torch.cuda.amp.autocast``: one class, or subclasses of it)."""
+    if not on:
+        yield
+        return
+    from torch.amp import autocast_mode
+
+    cls = autocast_mode.autocast
+    init = cls.__init__
+
+    def disabled(self: Any, *args: Any, **kwargs: Any) -> None:
+        kwargs["enabled"] = False
+        if len(args) >= 3:  # (device_type, dtype, enabled, ...) given by position
+            args = (*args[:2], False, *args[3:])
+        init(self, *args, **kwargs)
+
+    cls.__init__ = disabled  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        cls.__init__ = init  # type: ignore[method-assign]
+
+
+def _float32(batch: Any) -> Any:
+    """The batch with its floating tensors in float32 (the rest as it is)."""
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return batch.float() if batch.is_floating_point() else batch
+    if isinstance(batch, dict):
+        return type(batch)((k, _float32(v)) for k, v in batch.items())
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return type(batch)(*(_float32(v) for v in batch))
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_float32(v) for v in batch)
+    return batch
 
 
 @contextmanager
@@ -439,7 +511,9 @@ def _run(
             _reseed(change.seed, t)
 
     clip = change.value if change is not None and change.kind == "clip" else None
-    with engine.off_record(tweak), _clipping(engine, clip):
+    kind = change.kind if change is not None else None
+    wide = kind in ("no-autocast", "dtype")
+    with engine.off_record(tweak), _clipping(engine, clip), _autocast_off(wide):
         for t in range(lo, hi + 1):
             tick()
             if change is not None and change.kind == "skip-step" and t == change.step:
@@ -449,6 +523,8 @@ def _run(
             if plan is not None and plan.keep is not None and t == plan.change.step:
                 batch = slice_batch(engine.batch(t), plan.keep, plan.axis)
                 samples = len(plan.keep)
+            if kind == "dtype":
+                batch = _float32(engine.batch(t) if batch is None else batch)
             row = engine.run_step(t, batch=batch).row()
             rows.append(row)
             r = _result(row)

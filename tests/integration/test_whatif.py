@@ -109,7 +109,7 @@ def test_a_change_the_run_cannot_take_is_refused_before_anything_runs(recordings
     p = whatif(run, "--skip-step", "999", cwd=tmp_path)
     assert p.returncode == 2 and "outside the replayable window" in one_error_line(p)
     p = whatif(run, "--dtype", "bfloat16", cwd=tmp_path)
-    assert p.returncode == 2 and "not supported yet" in one_error_line(p)
+    assert p.returncode == 2 and "only float32 is supported" in one_error_line(p)
     for bad in (["--drop-samples", "37"], ["--clip", "0"], ["--set", "lr"], ["--seed", "x"]):
         p = whatif(run, *bad, cwd=tmp_path)
         assert p.returncode == 2 and one_error_line(p).startswith(f"replay: error: {bad[0]} ")
@@ -201,3 +201,26 @@ def test_a_step_that_changes_its_batch_in_place_does_not_change_the_next_experim
     assert len(base) == 3
     for e in d["experiments"]:
         assert [s["loss"] for s in e["steps"]] == base, e["change"]
+
+
+def test_the_amp_run_in_float32_changes_nothing_bad(recordings, tmp_path):
+    """The AMP example is healthy (its GradScaler skips are normal): without autocast, or in
+    float32, it stays healthy, and the change did take effect (the weights end elsewhere)."""
+    p = whatif(
+        recordings["amp_bf16_scaler"],
+        "--dtype",
+        "float32",
+        "--no-autocast",
+        "--json",
+        cwd=tmp_path,
+    )
+    assert p.returncode == 1, p.stderr  # no failure to remove
+    d = json.loads(p.stdout)
+    assert d["baseline_failure"] is None and d["reproduces"] is True
+    wide, off = d["experiments"]
+    assert (wide["change"], off["change"]) == ("--dtype float32", "--no-autocast")
+    for e in (wide, off):
+        assert e["first_failure"] is None and e["stopped"] is None
+        assert isinstance(e["param_distance"], float) and e["param_distance"] > 0
+    base = [s["loss"] for s in d["baseline"]["steps"]]
+    assert [s["loss"] for s in off["steps"]] != base

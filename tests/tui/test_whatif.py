@@ -18,7 +18,13 @@ from replay_tui.widgets.plot import SeriesPlot
 def test_a_change_is_read_with_or_without_its_dashes_and_checked():
     assert parse_change("scale lr=0.1") == ["--scale", "lr=0.1"]
     assert parse_change("--drop-samples 6:3,5") == ["--drop-samples", "6:3,5"]
-    for bad, why in (("", "type a change"), ("lr=0.1", "not a change"), ("--seed", "one value")):
+    assert parse_change("no-autocast") == ["--no-autocast"]
+    for bad, why in (
+        ("", "type a change"),
+        ("lr=0.1", "not a change"),
+        ("--seed", "one value"),
+        ("no-autocast 1", "no value"),
+    ):
         with pytest.raises(ValueError, match=why):
             parse_change(bad)
 

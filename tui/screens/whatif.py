@@ -24,6 +24,8 @@ CHANGES = {
     "--skip-step": "N",
     "--drop-samples": "N:3,17",
     "--seed": "K",
+    "--no-autocast": "",
+    "--dtype": "float32",
 }
 
 
@@ -39,6 +41,10 @@ def parse_change(text: str) -> list[str]:
     flag = words[0] if words[0].startswith("--") else "--" + words[0]
     if flag not in CHANGES:
         raise ValueError(f"{words[0]!r} is not a change; one of: {', '.join(CHANGES)}")
+    if not CHANGES[flag]:
+        if len(words) != 1:
+            raise ValueError(f"{flag} takes no value")
+        return [flag]
     if len(words) != 2:
         raise ValueError(f"{flag} takes one value: {flag} {CHANGES[flag]}")
     return [flag, words[1]]
@@ -64,7 +70,7 @@ class WhatIfForm(ModalScreen[list[str] | None]):
         with Vertical(id="whatif-box"):
             yield Static(
                 f"[b]what if[/b]{at}: replay the steps before it with one change\n"
-                + "\n".join(f"  {flag} {value}" for flag, value in CHANGES.items())
+                + "\n".join(f"  {flag} {value}".rstrip() for flag, value in CHANGES.items())
                 + "\nenter runs it (replay whatif, in a child process); escape cancels"
             )
             yield Input(placeholder="scale lr=0.1", id="whatif-input")
