@@ -64,6 +64,7 @@ import json
 import logging
 import os
 import sys
+import types
 import tempfile
 import warnings
 from collections.abc import Mapping
@@ -103,7 +104,7 @@ def _sched_count(s: Any) -> int:
 def _find_trainer(callback: TrainerCallback) -> Any:
     """The Trainer whose callback handler calls ``callback`` now: a hook gets no Trainer, but
     the handler is called from a Trainer method a few frames up."""
-    frame = sys._getframe(1)
+    frame: types.FrameType | None = sys._getframe(1)
     for _ in range(12):
         if frame is None:
             break
@@ -129,7 +130,8 @@ def _args_dict(args: TrainingArguments) -> dict[str, Any]:
     """The TrainingArguments a replay's Trainer is made with: every init field, as JSON."""
     init = {f.name for f in dataclasses.fields(args) if f.init}
     # The hub tokens (to_dict hides them anyway) are no business of a replay.
-    kept = {k: v for k, v in args.to_dict().items() if k in init and not k.endswith("_token")}
+    given = args.to_dict()  # type: ignore[no-untyped-call]  # transformers: untyped
+    kept = {k: v for k, v in given.items() if k in init and not k.endswith("_token")}
     json.dumps(kept)  # a value that is not JSON cannot be recorded: the caller says so
     return kept
 
