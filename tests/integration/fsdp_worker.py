@@ -1,0 +1,92 @@
+"""A tiny FSDP2 training run for tests/integration/test_fsdp.py (gloo, CPU).
+
+``build``/``train_step`` are the recorded entry points: ``build`` returns the plain model and
+its optimizer, as for DDP; the loop shards the model with ``fully_shard`` (each Linear, then the
+root) and makes its optimizer over the sharded parameters, and a multi-rank replay does the
+same from ``meta.distributed.fsdp``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import warnings
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.fsdp import fully_shard
+
+import replay
+
+
+def build() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    # 5 outputs over 2 ranks: the last Linear's shards are uneven (3 rows and 2).
+    model = torch.nn.Sequential(
+        torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Dropout(0.1), torch.nn.Linear(32, 5)
+    )
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+
+def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Any) -> Any:
+    x, y = batch
+    optimizer.zero_grad(set_to_none=True)
+    loss = F.mse_loss(model(x), y)
+    loss.backward()
+    optimizer.step()
+    return loss
+
+
+def batch_for(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1000 * rank + step)
+    return torch.randn(8, 16, generator=g), torch.randn(8, 5, generator=g)
+
+
+def shard(model: torch.nn.Module) -> torch.optim.Optimizer:
+    for m in model:
+        if isinstance(m, torch.nn.Linear):
+            fully_shard(m)
+    fully_shard(model)
+    return torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+
+def worker(rank: int, cfg: dict[str, Any]) -> None:
+    """One rank: record ``cfg["steps"]`` steps; write what happened to ``out/rank<r>.json``."""
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{cfg['port']}",
+        rank=rank,
+        world_size=cfg["world_size"],
+        timeout=datetime.timedelta(seconds=cfg.get("pg_timeout", 60)),
+    )
+    result: dict[str, Any] = {"rank": rank, "finished": False}
+    model, _ = build()
+    opt = shard(model)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        try:
+            with replay.Recorder(
+                cfg["path"],
+                model=model,
+                optimizer=opt,
+                step_fn=train_step,
+                build_fn=build,
+                snapshot_every=cfg.get("snapshot_every", 2),
+            ) as rec:
+                result["file"] = rec.path
+                for s in range(cfg["steps"]):
+                    rec.step(batch_for(rank, s))
+            result["finished"] = True
+        except Exception as e:  # noqa: BLE001 - the test asserts on what each rank saw
+            result.update(error=type(e).__name__, message=str(e).splitlines()[0])
+    result["warnings"] = [
+        str(w.message) for w in seen if issubclass(w.category, replay.RecorderWarning)
+    ]
+    result["local_shapes"] = {n: list(p.to_local().shape) for n, p in model.named_parameters()}
+    with open(os.path.join(cfg["out"], f"rank{rank}.json"), "w") as fh:
+        json.dump(result, fh)
+    dist.destroy_process_group()
