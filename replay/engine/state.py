@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from ..capture.objects import RunObjects, gather_state, load_state, objects_from_build
+from ..capture.sharded import globalize, mesh_of
 from ..capture.tensors import from_leaves
 from ..errors import EntryPointError, ReplayError
 
@@ -72,8 +73,22 @@ def load_snapshot(objs: RunObjects, snap: dict[str, Any], leaf_device: str | Non
     # it is: a replayed step then updated the cache in place, and loading the same snapshot
     # again (a second experiment, a probe, then the replay) restored a later state. Everything
     # but the model gets its own copy, as restore_state does.
+    # FSDP2: the snapshot holds this rank's local shards; each goes back into a DTensor of the
+    # recorded layout on the mesh the replay sharded the model on (capture/sharded.py).
+    dtensors = snap.get("dtensors") or []
+    mesh = mesh_of(objs.model) if dtensors else None
+    if dtensors and mesh is None:
+        raise ReplayError(
+            f"the snapshot of step {snap.get('step')} holds this rank's FSDP2 (fully_shard) "
+            "shards, which only a model sharded the same way can take: replay every rank "
+            "together (without --rank N --alone)"
+        )
+
     def convert(key: str, v: Any) -> Any:
         live = from_leaves(v, leaf_device)
+        mine = [{**d, "path": d["path"][1:]} for d in dtensors if d["path"][0] == key]
+        if mine:
+            live = globalize(live, mine, mesh)
         return live if key == "model" else copy.deepcopy(live)
 
     try:
