@@ -76,11 +76,19 @@ def worker(rank: int, cfg: dict[str, Any]) -> None:
                 step_fn=train_step,
                 build_fn=build,
                 snapshot_every=cfg.get("snapshot_every", 2),
+                keep_snapshots=cfg.get("keep_snapshots", 3),
+                fingerprint_every=1,  # every step's parameter shards compared on replay
             ) as rec:
                 result["file"] = rec.path
                 for s in range(cfg["steps"]):
-                    rec.step(batch_for(rank, s))
+                    x, y = batch_for(rank, s)
+                    if rank == cfg.get("nan_rank") and s == cfg.get("nan_step"):
+                        x[3, 5] = float("nan")
+                    result["last_step"] = s
+                    rec.step((x, y))
             result["finished"] = True
+        except replay.NonFiniteLossError as e:
+            result.update(error="NonFiniteLossError", step=e.step, ranks=list(e.ranks or ()))
         except Exception as e:  # noqa: BLE001 - the test asserts on what each rank saw
             result.update(error=type(e).__name__, message=str(e).splitlines()[0])
     result["warnings"] = [
