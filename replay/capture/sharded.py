@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import sys
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -176,7 +176,7 @@ def layout(model: torch.nn.Module) -> dict[str, Any] | None:
     for n, m in model.named_modules():
         if n not in names:
             continue
-        group = getattr(m._get_fsdp_state(), "_fsdp_param_group", None)  # type: ignore[operator]
+        group = getattr(m._get_fsdp_state(), "_fsdp_param_group", None)
         mp = getattr(group, "mp_policy", None)
         if mp is None:
             continue
@@ -227,7 +227,7 @@ def shard_like(model: torch.nn.Module, spec: dict[str, Any], device: str) -> Non
 
 
 def rebind_optimizer(
-    optimizer: torch.optim.Optimizer, before: dict[str, torch.Tensor], model: torch.nn.Module
+    optimizer: torch.optim.Optimizer, before: Mapping[str, torch.Tensor], model: torch.nn.Module
 ) -> None:
     """``fully_shard`` replaces the model's parameters with new DTensor ones: point the
     optimizer ``build_fn`` made over the old ones at the new ones, by parameter name (its

@@ -256,9 +256,7 @@ def replay_rank_set(
             "replayed_rank": leader,
             "summary": _summary(failure),
         }
-    reduction = (
-        "FSDP2's gradient reduce-scatter" if sharded else "DDP's gradient all-reduce"
-    )
+    reduction = "FSDP2's gradient reduce-scatter" if sharded else "DDP's gradient all-reduce"
     if failure is not None:
         for r, summary in ranks.items():
             tr = summary.get("trace")

@@ -117,7 +117,11 @@ def _copy(src: Any, old: Any) -> Any:
         prev = old.to_local() if is_dtensor(old) else None
         kept = _copy(mine, prev) if prev is not None else mine.clone()
         out = DTensor.from_local(
-            kept, src.device_mesh, src.placements, run_check=False, shape=src.shape,
+            kept,
+            src.device_mesh,
+            src.placements,
+            run_check=False,
+            shape=src.shape,
             stride=src.stride(),
         )
         return out.requires_grad_(src.requires_grad) if src.requires_grad else out
