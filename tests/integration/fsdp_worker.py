@@ -95,6 +95,11 @@ def worker(rank: int, cfg: dict[str, Any]) -> None:
         str(w.message) for w in seen if issubclass(w.category, replay.RecorderWarning)
     ]
     result["local_shapes"] = {n: list(p.to_local().shape) for n, p in model.named_parameters()}
+    if result["finished"]:
+        # The last step's full gradient norm, through DTensor ops (a collective every rank runs).
+        norms = [torch.linalg.vector_norm(p.grad) for p in model.parameters()]
+        full = torch.linalg.vector_norm(torch.stack([n.full_tensor() for n in norms]))
+        result["full_grad_norm"] = float(full)
     with open(os.path.join(cfg["out"], f"rank{rank}.json"), "w") as fh:
         json.dump(result, fh)
     dist.destroy_process_group()

@@ -9,6 +9,7 @@ recording bit for bit (loss, gradient norm and parameter fingerprint of the loca
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -77,6 +78,15 @@ def test_fsdp2_ranks_record_their_own_shards_and_replay_together_bitwise(tmp_pat
         assert spec[("model", "3.weight")]["placements"] == [["shard", 0]]
         assert ("optimizer", "state", 2, "exp_avg") in spec
         assert ("optimizer", "state", 2, "step") not in spec  # a plain tensor stays one
+
+    # Each rank's grad_norm is its own shard's: together they make the step's full norm.
+    shard_norms = []
+    for r in (0, 1):
+        with open_recording(str(tmp_path / f"run.rank{r}.h5")) as rec:
+            shard_norms.append(float(rec.health()["grad_norm"][6]))
+    full = math.sqrt(sum(g * g for g in shard_norms))
+    assert full == pytest.approx(results[0]["full_grad_norm"], rel=1e-6)
+    assert min(shard_norms) < full
 
     out = replay_cli("verify", str(tmp_path / "run.h5"), "--json")
     assert out.returncode == 0, out.stderr
