@@ -151,8 +151,8 @@ def layout(model: torch.nn.Module) -> dict[str, Any] | None:
     """How ``model`` was sharded with ``fully_shard``, for ``meta.distributed.fsdp``; ``None``
     when it was not. ``modules``: the names of the modules ``fully_shard`` was applied to (the
     root is ``""``), in the order ``named_modules`` lists them; ``mesh``: the mesh's shape, dim
-    names and device type; ``mp_policy``: the mixed-precision dtypes (``None``: full
-    precision)."""
+    names and device type; ``mp_policy``: ``{module name: its mixed-precision dtypes}`` for the
+    modules that have any (``None``: full precision everywhere)."""
     if "torch.distributed.fsdp" not in sys.modules:
         return None
     from torch.distributed.fsdp import FSDPModule
@@ -173,11 +173,14 @@ def layout(model: torch.nn.Module) -> dict[str, Any] | None:
         },
         "mp_policy": None,
     }
+    policies = {}
     for n, m in model.named_modules():
         if n not in names:
             continue
-        group = getattr(m._get_fsdp_state(), "_fsdp_param_group", None)
-        mp = getattr(group, "mp_policy", None)
+        state = m._get_fsdp_state()
+        mp = getattr(state, "_mp_policy", None)  # what fully_shard was given (torch 2.13)
+        if mp is None:
+            mp = getattr(getattr(state, "_fsdp_param_group", None), "mp_policy", None)
         if mp is None:
             continue
         dtypes = {
@@ -185,8 +188,8 @@ def layout(model: torch.nn.Module) -> dict[str, Any] | None:
             for k in ("param_dtype", "reduce_dtype", "output_dtype")
         }
         if any(v is not None for v in dtypes.values()):
-            out["mp_policy"] = {**dtypes, "cast_forward_inputs": bool(mp.cast_forward_inputs)}
-        break
+            policies[n] = {**dtypes, "cast_forward_inputs": bool(mp.cast_forward_inputs)}
+    out["mp_policy"] = policies or None
     return out
 
 
@@ -202,16 +205,21 @@ def shard_like(model: torch.nn.Module, spec: dict[str, Any], device: str) -> Non
     names = m.get("dim_names")
     device_type = "cuda" if device.startswith("cuda") else "cpu"
     mesh = init_device_mesh(device_type, shape, mesh_dim_names=tuple(names) if names else None)
-    kw: dict[str, Any] = {"mesh": mesh}
-    mp = spec.get("mp_policy")
-    if mp:
-        kw["mp_policy"] = MixedPrecisionPolicy(
+    policies = spec.get("mp_policy") or {}
+
+    def options(name: str) -> dict[str, Any]:
+        mp = policies.get(name)
+        if not mp:
+            return {"mesh": mesh}
+        policy = MixedPrecisionPolicy(
             **{
                 k: None if mp.get(k) is None else getattr(torch, mp[k])
                 for k in ("param_dtype", "reduce_dtype", "output_dtype")
             },
             cast_forward_inputs=bool(mp.get("cast_forward_inputs", True)),
         )
+        return {"mesh": mesh, "mp_policy": policy}
+
     modules = dict(model.named_modules())
     missing = [n for n in spec["modules"] if n not in modules]
     if missing:
@@ -223,7 +231,7 @@ def shard_like(model: torch.nn.Module, spec: dict[str, Any], device: str) -> Non
         )
     # Deepest first: fully_shard on a parent leaves its sharded children's parameters to them.
     for n in sorted(spec["modules"], key=lambda n: -(n.count(".") + bool(n))):
-        fully_shard(modules[n], **kw)
+        fully_shard(modules[n], **options(n))
 
 
 def rebind_optimizer(

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 import replay
 
@@ -34,7 +34,7 @@ def build() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Any) -> Any:
     x, y = batch
     optimizer.zero_grad(set_to_none=True)
-    loss = F.mse_loss(model(x), y)
+    loss = F.mse_loss(model(x).float(), y)
     loss.backward()
     optimizer.step()
     return loss
@@ -45,11 +45,17 @@ def batch_for(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(8, 16, generator=g), torch.randn(8, 5, generator=g)
 
 
-def shard(model: torch.nn.Module) -> torch.optim.Optimizer:
+def shard(model: torch.nn.Module, bf16: bool = False) -> torch.optim.Optimizer:
+    # bf16: compute in bfloat16, reduce gradients in float32, keep float32 shards.
+    kw: dict[str, Any] = {}
+    if bf16:
+        kw["mp_policy"] = MixedPrecisionPolicy(
+            param_dtype=torch.bfloat16, reduce_dtype=torch.float32
+        )
     for m in model:
         if isinstance(m, torch.nn.Linear):
-            fully_shard(m)
-    fully_shard(model)
+            fully_shard(m, **kw)
+    fully_shard(model, **kw)
     return torch.optim.AdamW(model.parameters(), lr=1e-2)
 
 
@@ -65,7 +71,7 @@ def worker(rank: int, cfg: dict[str, Any]) -> None:
     )
     result: dict[str, Any] = {"rank": rank, "finished": False}
     model, _ = build()
-    opt = shard(model)
+    opt = shard(model, bool(cfg.get("bf16")))
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         try:

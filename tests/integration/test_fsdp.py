@@ -120,3 +120,19 @@ def test_fsdp2_bisect_names_the_rank_and_the_op_a_nan_came_from(tmp_path: Any) -
     assert report["cause"] == "data"
     peer = report["ranks"]["0"]["trace"]
     assert "FSDP2's gradient reduce-scatter" in peer["received"]
+
+
+def test_fsdp2_mixed_precision_is_sharded_again_as_recorded(tmp_path: Any) -> None:
+    """bfloat16 compute, float32 reduction: the replay must apply the same policy to be exact."""
+    results = record(tmp_path, steps=5, snapshot_every=2, keep_snapshots=2, bf16=True)
+    assert all(r["finished"] for r in results.values()), results
+    with open_recording(str(tmp_path / "run.rank0.h5")) as rec:
+        policies = rec.meta["distributed"]["fsdp"]["mp_policy"]
+    want = {"param_dtype": "bfloat16", "reduce_dtype": "float32", "output_dtype": None}
+    assert sorted(policies) == ["", "0", "3"]
+    assert all({k: p[k] for k in want} == want for p in policies.values())
+    out = replay_cli("verify", str(tmp_path / "run.h5"), "--json")
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["deterministic"] is True
+    assert all(s["deterministic"] for s in report["ranks"].values())
