@@ -130,6 +130,12 @@ class Recorder:
     ``replay bisect run.h5``. A step that *raises* on one rank cannot be agreed on (see
     ``replay/record/ddp/consistency.py``).
 
+    **FSDP2** (``model`` sharded with ``torch.distributed.fsdp.fully_shard``, the optimizer made
+    over its sharded parameters; ``build_fn`` returns the plain model and its optimizer): each
+    rank's snapshots keep only its own shards, never gathered (``replay/capture/sharded.py``),
+    and ``meta.distributed.fsdp`` says how to shard the model again on replay. ``grad_norm``
+    and ``param_fingerprint`` are the rank's own shards'.
+
     A step whose loss is NaN/Inf is recorded and then :class:`replay.NonFiniteLossError` is raised
     (``raise_on_nonfinite=False`` keeps training; on a GPU the check runs one step late so that it
     never syncs). A step that raises is recorded with its exception, flushed, and the exception
