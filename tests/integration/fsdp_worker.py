@@ -40,6 +40,20 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: 
     return loss
 
 
+def train_step_accumulate(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Any
+) -> Any:
+    """Gradients accumulate over two steps: an odd step leaves its (sharded) gradients pending,
+    so the snapshot taken before the next step holds them."""
+    x, y, update = batch
+    loss = F.mse_loss(model(x).float(), y)
+    loss.backward()
+    if bool(update):
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return loss
+
+
 def batch_for(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(1000 * rank + step)
     return torch.randn(8, 16, generator=g), torch.randn(8, 5, generator=g)
@@ -79,7 +93,7 @@ def worker(rank: int, cfg: dict[str, Any]) -> None:
                 cfg["path"],
                 model=model,
                 optimizer=opt,
-                step_fn=train_step,
+                step_fn=train_step_accumulate if cfg.get("accumulate") else train_step,
                 build_fn=build,
                 snapshot_every=cfg.get("snapshot_every", 2),
                 keep_snapshots=cfg.get("keep_snapshots", 3),
@@ -91,7 +105,10 @@ def worker(rank: int, cfg: dict[str, Any]) -> None:
                     if rank == cfg.get("nan_rank") and s == cfg.get("nan_step"):
                         x[3, 5] = float("nan")
                     result["last_step"] = s
-                    rec.step((x, y))
+                    if cfg.get("accumulate"):
+                        rec.step((x, y, torch.tensor(s % 2 == 0)))
+                    else:
+                        rec.step((x, y))
             result["finished"] = True
         except replay.NonFiniteLossError as e:
             result.update(error="NonFiniteLossError", step=e.step, ranks=list(e.ranks or ()))
@@ -101,7 +118,7 @@ def worker(rank: int, cfg: dict[str, Any]) -> None:
         str(w.message) for w in seen if issubclass(w.category, replay.RecorderWarning)
     ]
     result["local_shapes"] = {n: list(p.to_local().shape) for n, p in model.named_parameters()}
-    if result["finished"]:
+    if result["finished"] and not cfg.get("accumulate"):
         # The last step's full gradient norm, through DTensor ops (a collective every rank runs).
         norms = [torch.linalg.vector_norm(p.grad) for p in model.parameters()]
         full = torch.linalg.vector_norm(torch.stack([n.full_tensor() for n in norms]))

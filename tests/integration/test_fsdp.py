@@ -124,12 +124,20 @@ def test_fsdp2_bisect_names_the_rank_and_the_op_a_nan_came_from(tmp_path: Any) -
     assert "FSDP2's gradient reduce-scatter" in peer["received"]
 
 
-def test_fsdp2_mixed_precision_is_sharded_again_as_recorded(tmp_path: Any) -> None:
-    """bfloat16 compute, float32 reduction: the replay must apply the same policy to be exact."""
-    results = record(tmp_path, steps=5, snapshot_every=2, keep_snapshots=2, bf16=True)
+def test_fsdp2_mixed_precision_and_pending_sharded_gradients_replay_bitwise(
+    tmp_path: Any,
+) -> None:
+    """bfloat16 compute, float32 reduction: the replay must apply the same policy to be exact.
+    Gradients accumulate over two steps: the snapshots (before even steps) hold the shards of
+    the gradients still pending, and the replay starts from them."""
+    cfg = {"steps": 7, "snapshot_every": 2, "keep_snapshots": 2}
+    results = record(tmp_path, **cfg, bf16=True, accumulate=True)
     assert all(r["finished"] for r in results.values()), results
-    with open_recording(str(tmp_path / "run.rank0.h5")) as rec:
+    with open_recording(str(tmp_path / "run.rank1.h5")) as rec:
         policies = rec.meta["distributed"]["fsdp"]["mp_policy"]
+        snap = rec.read_snapshot(4)
+    assert snap["grads"]["3.weight"].shape == (2, 32)  # rank 1's shard of the pending gradient
+    assert ["grads", "3.weight"] in [d["path"] for d in snap["dtensors"]]
     want = {"param_dtype": "bfloat16", "reduce_dtype": "float32", "output_dtype": None}
     assert sorted(policies) == ["", "0", "3"]
     assert all({k: p[k] for k in want} == want for p in policies.values())
@@ -137,4 +145,5 @@ def test_fsdp2_mixed_precision_is_sharded_again_as_recorded(tmp_path: Any) -> No
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
     assert report["deterministic"] is True
+    assert report["window"] == [4, 6]
     assert all(s["deterministic"] for s in report["ranks"].values())
