@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from .sharded import any_dtensor, local
+
 __all__ = [
     "param_fingerprint",
     "grad_norm",
@@ -62,7 +64,8 @@ def _sum_of_norms(groups: list[list[torch.Tensor]]) -> torch.Tensor | None:
 def param_fingerprint(params: Sequence[torch.Tensor]) -> torch.Tensor | None:
     """Sum of per-parameter L2 norms in float64: changes with any update, NaN if any is NaN."""
     with torch.no_grad():
-        return _sum_of_norms(group_by_dtype(p.detach() for p in params))
+        # A DTensor's local shard (FSDP2): no collective, each rank its own (sharded.py).
+        return _sum_of_norms(group_by_dtype(local(p).detach() for p in params))
 
 
 def grad_norm(params: list[torch.Tensor]) -> torch.Tensor | None:
@@ -72,7 +75,7 @@ def grad_norm(params: list[torch.Tensor]) -> torch.Tensor | None:
     the optimizer's pre-hook, where each op costs ~15 us on the CPU (cold caches after the
     backward), so the op count is what matters.
     """
-    grads = [p.grad for p in params if p.grad is not None]
+    grads = [local(p.grad) for p in params if p.grad is not None]
     if not grads:
         return None
     if any(g.requires_grad for g in grads):  # backward(create_graph=True): record no graph
@@ -112,9 +115,10 @@ class GradMeter:
     def __init__(self, params: list[torch.Tensor]) -> None:
         self.params = params
         self._groups = group_by_dtype(params)
+        self._sharded = any_dtensor(params)  # FSDP2: the local shards, through grad_norm
 
     def grad_norm(self) -> torch.Tensor | None:
-        if len(self._groups) != 1:
+        if len(self._groups) != 1 or self._sharded:
             return grad_norm(self.params)
         grads = [p.grad for p in self._groups[0] if p.grad is not None]
         if not grads:
@@ -172,7 +176,7 @@ def absmax(tensors: Sequence[torch.Tensor]) -> torch.Tensor | None:
         return None
     with torch.no_grad():
         total = None
-        for g in group_by_dtype(t.detach() for t in tensors):
+        for g in group_by_dtype(local(t).detach() for t in tensors):
             if g[0].device.type == "cpu":
                 m = _cpu_absmax(g)
             else:  # one fused kernel, launched asynchronously

@@ -213,6 +213,9 @@ def replay_rank_set(
             (rec.meta.get("distributed") or {}).get("backend") for rec in rs.recordings.values()
         }
         failure = first_bad_rank(rs) if mode == "bisect" else None
+        sharded = any(
+            (rec.meta.get("distributed") or {}).get("fsdp") for rec in rs.recordings.values()
+        )
     if missing:
         raise RecordingError(
             f"{spec}: no recording of rank(s) {', '.join(map(str, missing))}; every rank is "
@@ -253,6 +256,7 @@ def replay_rank_set(
             "replayed_rank": leader,
             "summary": _summary(failure),
         }
+    reduction = "FSDP2's gradient reduce-scatter" if sharded else "DDP's gradient all-reduce"
     if failure is not None:
         for r, summary in ranks.items():
             tr = summary.get("trace")
@@ -267,7 +271,7 @@ def replay_rank_set(
             elif failure.kind == "nonfinite":
                 tr["received"] = (
                     f"rank {r}'s own values stayed finite at step {failure.step}; what went "
-                    f"non-finite reached it from rank {leader} through DDP's gradient all-reduce"
+                    f"non-finite reached it from rank {leader} through {reduction}"
                 )
     report["multi_rank"] = {
         "world_size": world,

@@ -3,7 +3,8 @@
 Started by :func:`replay.distributed.replay_ranks.replay_rank_set` the way torchrun starts
 ranks (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``). It joins a
 process group of the recorded world size, opens its own rank file, wraps the model ``build_fn``
-makes in ``DistributedDataParallel`` as the recorded loop did, and replays in lockstep with the
+makes in ``DistributedDataParallel`` as the recorded loop did (or shards it with FSDP2's
+``fully_shard``, when ``meta.distributed.fsdp`` says the loop did), and replays in lockstep with the
 other ranks (``lockstep.py``): the leader runs the workflow, the others follow. It writes
 ``rank<r>.json`` into the spec's ``out`` directory: its report, or its error in one line.
 
@@ -64,6 +65,20 @@ def _wrap_ddp(engine: Any, device: str, rec: Any) -> set[int]:
         # it; replayed, the peer raises again and never joins: run them without the all-reduce.
         engine.around_step = lambda t: ddp.no_sync() if t in peer_failed else nullcontext()
     return peer_failed
+
+
+def _shard(engine: Any, spec: dict[str, Any]) -> set[int]:
+    """The model sharded with FSDP2's ``fully_shard`` as the recorded loop had it
+    (``meta.distributed.fsdp``), its optimizer over the sharded parameters; each rank then
+    loads its own shards from its own snapshot. Its collectives (all-gather in the forward,
+    reduce-scatter in the backward) run in the step itself, on every rank in lockstep."""
+    from ..capture.sharded import shard_like
+
+    engine.shard_model(lambda model: shard_like(model, spec, engine.device))
+    # A peer that raised before joining a collective: replaying the step without the
+    # collective is DDP's no_sync; FSDP2 all-gathers the parameters in the forward, so there
+    # is no such step here (the rank that raised is still named by the replay's failure).
+    return set()
 
 
 def peer_failed_steps(engine: Any) -> set[int]:
@@ -200,7 +215,11 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         )
         try:
             _same_windows(engine, group, world)
-            peer_failed = _wrap_ddp(engine, engine.device, rec)
+            fsdp = (rec.meta.get("distributed") or {}).get("fsdp")
+            if fsdp:
+                peer_failed = _shard(engine, fsdp)
+            else:
+                peer_failed = _wrap_ddp(engine, engine.device, rec)
             if peer_failed:
                 # Not compared on this rank: the recording holds the collective's failure.
                 engine.recorded_rows = _without(engine.recorded_rows, peer_failed)

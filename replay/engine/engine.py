@@ -204,6 +204,27 @@ class Engine:
         self.wrapper = wrapper
         self.call = self.call.with_objects(model=wrapper)
 
+    def shard_model(self, shard: Callable[[torch.nn.Module], None]) -> None:
+        """Shard :attr:`model` in place with ``shard`` (FSDP2's ``fully_shard``, as the recorded
+        loop did; ``replay.capture.sharded.shard_like``), before any step or snapshot.
+
+        ``fully_shard`` replaces the parameters with DTensor ones: the optimizer ``build_fn``
+        made is pointed at them by name, and the fingerprint and gradient probe measure them.
+        """
+        from ..capture.sharded import rebind_optimizer
+
+        model = self.objs.model
+        before = dict(model.named_parameters())
+        shard(model)
+        if self.objs.optimizer is not None:
+            rebind_optimizer(self.objs.optimizer, before, model)
+        self._params = list(model.parameters())
+        self._opt_params = self.objs.trained_params()
+        self._probe.close()
+        self._probe = GradProbe(self._opt_params, self.objs.optimizer)
+        self._pos = None
+        self._checkpoints.clear()
+
     # -- the objects (for the tracer) ------------------------------------------------------
 
     @property

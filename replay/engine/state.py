@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from ..capture.objects import RunObjects, gather_state, load_state, objects_from_build
+from ..capture.sharded import globalize, is_dtensor, mesh_of
 from ..capture.tensors import from_leaves
 from ..errors import EntryPointError, ReplayError
 
@@ -72,8 +73,22 @@ def load_snapshot(objs: RunObjects, snap: dict[str, Any], leaf_device: str | Non
     # it is: a replayed step then updated the cache in place, and loading the same snapshot
     # again (a second experiment, a probe, then the replay) restored a later state. Everything
     # but the model gets its own copy, as restore_state does.
+    # FSDP2: the snapshot holds this rank's local shards; each goes back into a DTensor of the
+    # recorded layout on the mesh the replay sharded the model on (capture/sharded.py).
+    dtensors = snap.get("dtensors") or []
+    mesh = mesh_of(objs.model) if dtensors else None
+    if dtensors and mesh is None:
+        raise ReplayError(
+            f"the snapshot of step {snap.get('step')} holds this rank's FSDP2 (fully_shard) "
+            "shards, which only a model sharded the same way can take: replay every rank "
+            "together (without --rank N --alone)"
+        )
+
     def convert(key: str, v: Any) -> Any:
         live = from_leaves(v, leaf_device)
+        mine = [{**d, "path": d["path"][1:]} for d in dtensors if d["path"][0] == key]
+        if mine:
+            live = globalize(live, mine, mesh)
         return live if key == "model" else copy.deepcopy(live)
 
     try:
@@ -93,6 +108,23 @@ def _copy(src: Any, old: Any) -> Any:
     checkpoint it evicts instead of allocating new ones (``copy.deepcopy``) took the cost from
     9 ms to about 1.5 ms a step on the 1.8M-parameter benchmark MLP: fresh memory page-faults.
     """
+    if is_dtensor(src):
+        # FSDP2: copy the local shard (deepcopy of a sharded parameter's DTensor fails: "invalid
+        # python storage") and wrap it again, as it was; no collective.
+        from torch.distributed.tensor import DTensor
+
+        mine = src.to_local().detach()
+        prev = old.to_local() if is_dtensor(old) else None
+        kept = _copy(mine, prev) if prev is not None else mine.clone()
+        out = DTensor.from_local(
+            kept,
+            src.device_mesh,
+            src.placements,
+            run_check=False,
+            shape=src.shape,
+            stride=src.stride(),
+        )
+        return out.requires_grad_(src.requires_grad) if src.requires_grad else out
     if isinstance(src, torch.Tensor):
         if (
             isinstance(old, torch.Tensor)
@@ -129,4 +161,5 @@ def restore_state(objs: RunObjects, state: dict[str, Any]) -> None:
     # load_state_dict of schedulers adopts the dict's objects, and a restored gradient is
     # accumulated into in place: hand over copies, keep the checkpoint pristine. The model's
     # load_state_dict copies into the parameters by itself.
-    load_state(objs, state, lambda k, v: v if k == "model" else copy.deepcopy(v))
+    # (_copy, not copy.deepcopy: it also copies FSDP2's DTensors)
+    load_state(objs, state, lambda k, v: v if k == "model" else _copy(v, None))

@@ -32,6 +32,7 @@ from ..capture.objects import RunObjects, StepCall, gather_state, objects_from_b
 from ..capture.pool import HostPool
 from ..capture.probe import GradProbe
 from ..capture.rng import capture_rng
+from ..capture.sharded import layout, localize
 from ..capture.tensors import CopyStats, copy_tree, tree_nbytes
 from ..distributed.ranks import base_path, rank_path
 from ..errors import NonFiniteLossError, RecorderWarning
@@ -129,6 +130,12 @@ class Recorder:
     ``replay bisect run.h5``. A step that *raises* on one rank cannot be agreed on (see
     ``replay/record/ddp/consistency.py``).
 
+    **FSDP2** (``model`` sharded with ``torch.distributed.fsdp.fully_shard``, the optimizer made
+    over its sharded parameters; ``build_fn`` returns the plain model and its optimizer): each
+    rank's snapshots keep only its own shards, never gathered (``replay/capture/sharded.py``),
+    and ``meta.distributed.fsdp`` says how to shard the model again on replay. ``grad_norm``
+    and ``param_fingerprint`` are the rank's own shards'.
+
     A step whose loss is NaN/Inf is recorded and then :class:`replay.NonFiniteLossError` is raised
     (``raise_on_nonfinite=False`` keeps training; on a GPU the check runs one step late so that it
     never syncs). A step that raises is recorded with its exception, flushed, and the exception
@@ -192,6 +199,8 @@ class Recorder:
         # What replay rebuilds with build_fn: the module inside a DDP wrapper. step_fn still
         # gets the wrapper, which is what the training loop passes.
         self._inner = unwrap(model)
+        # FSDP2 (fully_shard): how, for meta.distributed.fsdp; snapshots keep local shards.
+        self._fsdp = layout(self._inner) if self.dist is not None else None
         self.scheduler, self.scaler = scheduler, scaler
         self.step_fn = step_fn
         self.entry = {
@@ -605,6 +614,10 @@ class Recorder:
         slot = self._snapshots_taken % self.config.keep_snapshots
         self._snapshots_taken += 1
         live = gather_state(self.objects, self._inner)
+        # FSDP2: this rank's shards only, never gathered, and where they go back (sharded.py).
+        live, dtensors = localize(live)
+        if dtensors:
+            live["dtensors"] = dtensors
         writer = self._writer_or_start()  # (it creates the file; the log's records wait)
         if (
             self._log is not None
@@ -706,7 +719,9 @@ class Recorder:
             objects=self.objects.describe(),
             scheduler=type(self.scheduler).__name__ if self.scheduler else None,
             scaler=type(self.scaler).__name__ if self.scaler else None,
-            distributed=self.dist.meta() if self.dist is not None else None,
+            distributed=None
+            if self.dist is None
+            else {**self.dist.meta(), **({"fsdp": self._fsdp} if self._fsdp else {})},
             build_kwargs=self.build_kwargs or None,
             not_replayable=self.not_replayable,
         )

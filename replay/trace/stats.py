@@ -16,6 +16,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from ..capture.sharded import local
+
 __all__ = [
     "Stats",
     "STATS_COLUMNS",
@@ -95,6 +97,9 @@ def tensor_stats(t: torch.Tensor, *, hist: bool = True) -> tuple[Stats, np.ndarr
     """``(row, hist)``: the tensor's :class:`Stats` and histogram; non-floating tensors get
     min/max/mean over their values and zero NaN counts.
     """
+    # An FSDP2 DTensor: this rank's shard (reading a DTensor's statistics would be a
+    # collective that only this rank makes; each rank traces its own step).
+    t = local(t)
     n = t.numel()
     if n == 0:
         return Stats(NAN, NAN, NAN, NAN, NAN, 0.0, 0.0, 0.0, 0.0, 0.0), _EMPTY_HIST
@@ -131,6 +136,7 @@ def finite_kind(t: torch.Tensor) -> str:
 
     One ``aminmax`` (NaN propagates through it); non-floating tensors are "finite".
     """
+    t = local(t)  # an FSDP2 DTensor: this rank's shard, as in tensor_stats
     if not t.is_floating_point() or t.numel() == 0:
         return "finite"
     lo_t, hi_t = torch.aminmax(_flat(t))

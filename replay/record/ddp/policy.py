@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from ...capture.sharded import layout
 from ...errors import RecorderWarning
 from .consistency import BucketVotes, ConsistentStop, Verdict, device_of
 from .hook import LocalGradProbe
@@ -68,6 +69,11 @@ class DdpRanks(RankPolicy):
     ) -> None:
         self._probe: LocalGradProbe | None = None
         why: str | None = "the model is not wrapped in DistributedDataParallel"
+        if layout(inner) is not None:
+            why = (
+                "FSDP2's fully_shard has no DDP communication hook to measure in; grad_norm is "
+                "this rank's shard's"
+            )
         if inner is not model:  # a DDP wrapper: its communication hook sees the local grads
             self._probe = LocalGradProbe(
                 model,
