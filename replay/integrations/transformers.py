@@ -64,8 +64,8 @@ import json
 import logging
 import os
 import sys
-import types
 import tempfile
+import types
 import warnings
 from collections.abc import Mapping
 from typing import Any
