@@ -32,7 +32,7 @@ def run_bisect(
     replayed (``log`` hears which). ``trace``: trace the culprit step per op and write the
     forensics sidecar. ``opened``: called once the engine is up.
 
-    A rank set is replayed with every rank together (``replay.distributed.replay_ranks``),
+    A rank set is replayed with every rank together (``replay.multirank.launch``),
     led by the rank whose own values went bad first; ``alone`` replays one rank in this process
     (``rank``, or that culprit rank), labelled ``"approximate": true``.
     """
@@ -40,7 +40,7 @@ def run_bisect(
 
     choice = choose_ranks(run, rank, alone)
     if choice.together:
-        from ..distributed.replay_ranks import replay_rank_set
+        from ..multirank.launch import replay_rank_set
 
         if opened is not None:
             opened()

@@ -1,7 +1,7 @@
 """Which way a command replays a DDP rank set: every rank together, or one rank alone.
 
 A rank set (``run.h5`` naming ``run.rank0.h5``, ``run.rank1.h5``, ...) is replayed with every
-rank together by default (``replay.distributed.replay_ranks``): the collectives happen for real
+rank together by default (``replay.multirank.launch``): the collectives happen for real
 and the replay is the recording on every rank. ``--rank N --alone`` replays one rank in this
 process, as before: exact at the first step after a snapshot only (it updates with that rank's
 own gradients, not the all-reduced average), so its report says ``"approximate": true``.

@@ -28,14 +28,14 @@ def run_verify(
     replay: the command uses it to end its start-up phase.
 
     ``run`` may name a DDP rank set: every rank is replayed together, one process each
-    (``replay.distributed.replay_ranks``), and ``ranks`` holds each rank's own check;
+    (``replay.multirank.launch``), and ``ranks`` holds each rank's own check;
     ``rank`` with ``alone`` replays that rank alone in this process (``"approximate": true``).
     """
     from .ranks import APPROXIMATE, choose_ranks
 
     choice = choose_ranks(run, rank, alone)
     if choice.together:
-        from ..distributed.replay_ranks import replay_rank_set
+        from ..multirank.launch import replay_rank_set
 
         if opened is not None:
             opened()

@@ -1,4 +1,4 @@
-"""Lockstep (replay/distributed/lockstep.py): the followers make the leader's engine calls, and so
+"""Lockstep (replay/multirank/lockstep.py): the followers make the leader's engine calls, and so
 run the same steps in the same order (every DDP all-reduce finds its peers). No process group:
 the broadcast is replaced by a queue."""
 
@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from replay.distributed import lockstep
 from replay.distributed.ranks import is_collective_error
 from replay.errors import ReplayError
+from replay.multirank import lockstep
 
 
 class FakeEngine:

@@ -2,7 +2,7 @@
 
 Replaying one rank alone updates its parameters with its own gradients instead of the
 all-reduced average, so from the first step after a snapshot it is no longer the run. Here each
-rank gets a process (``python -m replay.distributed.worker``, started with the environment
+rank gets a process (``python -m replay.multirank.worker``, started with the environment
 torchrun gives: ``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``), a
 process group of the recorded world size (gloo; NCCL when the run used it and this machine has
 a GPU per rank), its own snapshot, RNG states and batches, and the model in
@@ -29,8 +29,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..distributed.ranks import first_bad_rank, open_rank_set
 from ..errors import EntryPointError, RecordingError, ReplayError, UsageError
-from .ranks import first_bad_rank, open_rank_set
 
 __all__ = ["replay_rank_set", "DEADLINE"]
 
@@ -142,7 +142,7 @@ def _run_ranks(
                 open(os.path.join(tmp, f"rank{r}.err"), "wb") as err,
             ):
                 procs[r] = subprocess.Popen(
-                    [sys.executable, "-m", "replay.distributed.worker", spec_path],
+                    [sys.executable, "-m", "replay.multirank.worker", spec_path],
                     env=env,
                     stdout=out,
                     stderr=err,
@@ -284,6 +284,6 @@ def replay_rank_set(
 
 
 def _summary(failure: Any) -> str:
-    from .ranks import describe_failure
+    from ..distributed.ranks import describe_failure
 
     return describe_failure(failure)

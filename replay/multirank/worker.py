@@ -1,6 +1,6 @@
-"""One rank of a multi-rank replay: ``python -m replay.distributed.worker SPEC.json``.
+"""One rank of a multi-rank replay: ``python -m replay.multirank.worker SPEC.json``.
 
-Started by :func:`replay.distributed.replay_ranks.replay_rank_set` the way torchrun starts
+Started by :func:`replay.multirank.launch.replay_rank_set` the way torchrun starts
 ranks (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``). It joins a
 process group of the recorded world size, opens its own rank file, wraps the model ``build_fn``
 makes in ``DistributedDataParallel`` as the recorded loop did (or shards it with FSDP2's
@@ -83,7 +83,7 @@ def _shard(engine: Any, spec: dict[str, Any]) -> set[int]:
 
 def peer_failed_steps(engine: Any) -> set[int]:
     """Steps at which this rank recorded a collective error (a peer failed), not its own."""
-    from .ranks import is_collective_error
+    from ..distributed.ranks import is_collective_error
 
     out = set()
     for row in engine.recorded_rows():
