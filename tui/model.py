@@ -17,6 +17,7 @@ from replay.distributed.ranks import pick_rank_file, resolve_rank_files
 from replay.errors import RecordingError
 from replay.safetext import term_safe, term_safe_tree
 from replay.store import Recording, open_recording
+from replay.store.liveness import WriterState, writer_state
 
 from .rankset import RankSetSummary, read_rank_set
 
@@ -131,6 +132,7 @@ class RunModel:
         self._forensics_mtime: float | None = None
         self.health: dict[str, np.ndarray] = {}
         self.status: dict[str, int] = {}
+        self.writer: WriterState | None = None  # the live writer of the file, if any
         self.refresh()
 
     @property
@@ -172,8 +174,14 @@ class RunModel:
 
     def refresh(self) -> bool:
         """Re-read health and status, open a sidecar that appeared; True when anything changed."""
-        old = (self.status.get("steps_total"), self.status.get("last_step"), self._forensics_mtime)
+        old = (
+            self.status.get("steps_total"),
+            self.status.get("last_step"),
+            self._forensics_mtime,
+            self.writer,
+        )
         self.status = self.rec.status()
+        self.writer = writer_state(self.rec.path)
         self.health = self.rec.health()
         self._load_forensics()
         old_ranks = self.ranks.signature() if self.ranks is not None else None
@@ -184,8 +192,26 @@ class RunModel:
             except (RecordingError, OSError):
                 pass  # a rank file mid-rewrite: keep the last summary, the next poll retries
         new_ranks = self.ranks.signature() if self.ranks is not None else None
-        new = (self.status.get("steps_total"), self.status.get("last_step"), self._forensics_mtime)
+        new = (
+            self.status.get("steps_total"),
+            self.status.get("last_step"),
+            self._forensics_mtime,
+            self.writer,
+        )
         return old != new or old_ranks != new_ranks
+
+    def state_text(self) -> str:
+        """How the recording stands: closed, still written, or its training dead and its
+        writer still committing what training published (``replay info`` says the same)."""
+        w = self.writer
+        if w is not None and w.draining:
+            more = f": {w.steps_to_come} steps to come" if w.steps_to_come else ""
+            return f"training died; its writer is still committing{more}"
+        if self.status.get("closed"):
+            return "closed"
+        if w is not None:
+            return "live (being recorded)"
+        return "not closed (its training and writer died)"
 
     def _load_forensics(self) -> None:
         path = self.rec.forensics_path

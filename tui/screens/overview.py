@@ -274,8 +274,7 @@ class OverviewScreen(RunScreen):
         meta = m.meta  # strings made safe for the terminal (tui/model.py)
         t = Text()
         t.append("run\n", style="bold underline")
-        state = "closed" if m.status.get("closed") else "live (or writer died)"
-        t.append(f"  {m.name}, {state}\n")
+        t.append(f"  {m.name}, {m.state_text()}\n")
         t.append(f"  {m.status.get('steps_total', 0)} steps recorded\n")
         window = rec.replayable_window()
         t.append(
