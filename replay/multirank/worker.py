@@ -43,21 +43,35 @@ def _criterion(spec: dict[str, Any] | None) -> Any:
 def _wrap_ddp(engine: Any, device: str, rec: Any) -> set[int]:
     """The model in ``DistributedDataParallel``, as the recorded loop had it.
 
-    The recorder's per-rank gradient probe (``local_grad_norm``) ran DDP's default all-reduce
-    hook; where the recording shows it, the replay runs that hook too, so the gradients are
-    averaged by the same arithmetic.
+    The recorder's per-rank gradient probe (``local_grad_norm``) averaged the buckets as DDP's
+    default all-reduce hook does and, with the rank-consistent stop on, carried the ranks'
+    votes in the last bucket's all-reduce (``replay/record/ddp/hook.py``). Where the recording
+    shows the probe, the replay runs that same hook: the buckets that meet in each all-reduce
+    then have the recorded lengths, and with three or more ranks the backend sums every
+    element in the recorded order (a longer bucket moves the chunks a ring all-reduce sums).
     """
     import math
 
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel
+
+    from ..record.ddp.hook import LocalGradProbe
 
     ids = [device] if device.startswith("cuda") else None
     ddp = DistributedDataParallel(engine.model, device_ids=ids)
     h = rec.health()
     probed = "local_grad_norm" in h and any(not math.isnan(float(x)) for x in h["local_grad_norm"])
     if probed:
-        ddp.register_comm_hook(None, default_hooks.allreduce_hook)
+        dist_meta = rec.meta.get("distributed") or {}
+        probe = LocalGradProbe(
+            ddp,
+            engine.objs.trained_params(),
+            rank=int(dist_meta.get("rank", 0)),
+            world_size=int(dist_meta.get("world_size", 1)),
+            votes=bool((rec.meta.get("config") or {}).get("raise_on_nonfinite", True)),
+        )
+        why = probe.install()
+        if why is not None:
+            raise ReplayError(f"the recorded DDP communication hook cannot be installed: {why}")
     engine.use_wrapper(ddp)
     peer_failed = peer_failed_steps(engine)
     if peer_failed:
