@@ -233,6 +233,19 @@ class Recorder:
         # Started early: its imports overlap the first steps. The step log holds a few
         # snapshots (weights, moments, gradients: about 4x the model) besides the steps.
         model_bytes = sum(t.numel() * t.element_size() for t in self._inner.state_dict().values())
+        # What the file says of the model, read here on the training thread: the writer thread
+        # makes the file while training runs, and FSDP2 swaps a module's parameters for their
+        # unsharded views during forward and backward (reading them from another thread then
+        # failed at random: "setStorage ... out of bounds for storage of size 0").
+        self._model_meta = ModelMeta(
+            cls=f"{type(self._inner).__module__}.{type(self._inner).__qualname__}",
+            modules=tuple(ModuleMeta(n, type(m).__name__) for n, m in self._inner.named_modules()),
+            params=tuple(
+                ParamMeta(n, tuple(p.shape), str(p.dtype).removeprefix("torch."), p.requires_grad)
+                for n, p in self._inner.named_parameters()
+            ),
+            param_bytes=model_bytes,
+        )
         self._client = WriterClient(min(max(LOG_BYTES, 12 * model_bytes), 1 << 30))
         log = self._client.step_log
         self._log = StepLogWriter(log, alive=self._writer_alive) if log is not None else None
@@ -697,24 +710,12 @@ class Recorder:
     def _make_store(self) -> WriterClient:
         """Runs on the writer thread at the first commit, when sizes are known."""
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        model_bytes = sum(t.numel() * t.element_size() for t in self._inner.state_dict().values())
+        model_bytes = self._model_meta.param_bytes
         meta = RunMeta(
             config=self.config.meta(),
             entry=self.entry,
             env=collect_env(),
-            model=ModelMeta(
-                cls=f"{type(self._inner).__module__}.{type(self._inner).__qualname__}",
-                modules=tuple(
-                    ModuleMeta(n, type(m).__name__) for n, m in self._inner.named_modules()
-                ),
-                params=tuple(
-                    ParamMeta(
-                        n, tuple(p.shape), str(p.dtype).removeprefix("torch."), p.requires_grad
-                    )
-                    for n, p in self._inner.named_parameters()
-                ),
-                param_bytes=model_bytes,
-            ),
+            model=self._model_meta,
             optimizer=type(self.optimizer).__name__ if self.optimizer else None,
             objects=self.objects.describe(),
             scheduler=type(self.scheduler).__name__ if self.scheduler else None,
