@@ -76,12 +76,13 @@ class ReplayApp(App[None]):
         the failure and exits. ``run_test`` still re-raises it (Textual keeps it in
         ``_exception``), so a pilot test that hits it fails loudly.
         """
+        cause: BaseException = error
         if isinstance(error, WorkerFailed):  # a @work thread's exception, wrapped
-            error = error.error
+            cause = error.error
         if self.failure is None:
-            self.failure = error
+            self.failure = cause
         if self._exception is None:
-            self._exception = error
+            self._exception = cause if isinstance(cause, Exception) else error
             self._exception_event.set()
         code = EXIT_BAD_RECORDING if isinstance(error, RecordingError) else EXIT_INTERNAL
         self.exit(return_code=code)

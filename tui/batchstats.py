@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,9 +19,9 @@ def _numbers(data: np.ndarray) -> np.ndarray:
     strings, bytes, dates and anything else a batch may hold."""
     kind = data.dtype.kind
     if kind in "biuf":
-        return data.astype(np.float64, copy=False)
+        return np.asarray(data, dtype=np.float64)
     if kind == "c":
-        return np.abs(data).astype(np.float64)
+        return np.asarray(np.abs(data), dtype=np.float64)
     return np.full(data.shape, np.nan)
 
 
@@ -75,7 +76,7 @@ def _per_sample(path: str, leaf: Any) -> LeafStats:
     return LeafStats(path, shape, dtype, mean, std, absmax, bad.sum(axis=1))
 
 
-def _walk(tree: Any, path: str):
+def _walk(tree: Any, path: str) -> Iterator[tuple[str, Any]]:
     if isinstance(tree, dict):
         for k, v in tree.items():
             yield from _walk(v, f"{path}.{k}" if path else str(k))

@@ -62,7 +62,7 @@ class SafeForensics:
         self.step = reader.step
         self.n_ops = reader.n_ops
         self.stats_columns = reader.stats_columns
-        self.verdict: dict = term_safe_tree(reader.verdict)
+        self.verdict: dict[str, Any] = term_safe_tree(reader.verdict)
         self._strings: dict[str, list[str]] = {}
 
     def strings(self, name: str) -> list[str]:
@@ -70,26 +70,35 @@ class SafeForensics:
             self._strings[name] = [term_safe(s) for s in self._r.strings(name)]
         return self._strings[name]
 
-    def ops_columns(self, start: int, stop: int, columns: tuple[str, ...] | None = None) -> dict:
-        return self._r.ops_columns(start, stop, columns)
+    def ops_columns(
+        self, start: int, stop: int, columns: tuple[str, ...] | None = None
+    ) -> dict[str, Any]:
+        out: dict[str, Any] = self._r.ops_columns(start, stop, columns)
+        return out
 
-    def op_row(self, i: int) -> dict:
-        return term_safe_tree(self._r.op_row(i))
+    def op_row(self, i: int) -> dict[str, Any]:
+        out: dict[str, Any] = term_safe_tree(self._r.op_row(i))
+        return out
 
-    def modules(self) -> list[dict]:
-        return term_safe_tree(self._r.modules())
+    def modules(self) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = term_safe_tree(self._r.modules())
+        return out
 
-    def params(self) -> list[dict]:
-        return term_safe_tree(self._r.params())
+    def params(self) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = term_safe_tree(self._r.params())
+        return out
 
-    def memory(self) -> dict:
-        return term_safe_tree(self._r.memory())
+    def memory(self) -> dict[str, Any]:
+        out: dict[str, Any] = term_safe_tree(self._r.memory())
+        return out
 
-    def sources(self) -> dict:
-        return term_safe_tree(self._r.sources())
+    def sources(self) -> dict[str, Any]:
+        out: dict[str, Any] = term_safe_tree(self._r.sources())
+        return out
 
-    def batch(self) -> dict:
-        return term_safe_tree(self._r.batch())
+    def batch(self) -> dict[str, Any]:
+        out: dict[str, Any] = term_safe_tree(self._r.batch())
+        return out
 
     def close(self) -> None:
         self._r.close()

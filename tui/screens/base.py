@@ -15,7 +15,7 @@ from ..widgets.notice import NoForensics
 __all__ = ["RunScreen", "ForensicsScreen"]
 
 
-class RunScreen(Screen):
+class RunScreen(Screen[None]):
     """A view of one run. Subclasses implement ``update_from_model`` (called when the view is
     shown and whenever a live recording grew)."""
 

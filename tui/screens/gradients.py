@@ -11,6 +11,7 @@ from textual.binding import Binding
 from textual.containers import Vertical
 from textual.widgets import DataTable, Static
 
+from ..model import RunModel
 from ..widgets.plot import fmt_num
 from .base import ForensicsScreen
 
@@ -21,9 +22,9 @@ RATIO_LOW, RATIO_HIGH = 1e-5, 1e-1  # two decades either side of the healthy ~1e
 SORT_KEYS = ("name", "grad_norm", "nonfinite", "update_ratio", "warnings")
 
 
-def warnings_of(p: dict) -> list[str]:
+def warnings_of(p: dict[str, Any]) -> list[str]:
     """The warning signs of one parameter row (``ForensicsReader.params()``)."""
-    out = []
+    out: list[str] = []
     if not p.get("requires_grad", True):
         return out
     if not p.get("has_grad"):
@@ -43,7 +44,7 @@ def warnings_of(p: dict) -> list[str]:
     return out
 
 
-def _sort_value(p: dict, key: str):
+def _sort_value(p: dict[str, Any], key: str) -> Any:
     if key == "name":
         return p["name"] or ""
     if key == "nonfinite":
@@ -67,16 +68,16 @@ class GradientsScreen(ForensicsScreen):
     #grad-status { height: 1; background: $panel; padding: 0 1; }
     """
 
-    def __init__(self, model) -> None:
+    def __init__(self, model: RunModel) -> None:
         super().__init__(model)
-        self.params: list[dict] = []
+        self.params: list[dict[str, Any]] = []
         self.sort_key = "warnings"
         self.descending = True
         self.only_warnings = False
 
     async def build_body(self, body: Vertical, reader: Any) -> None:
         self.params = reader.params()
-        table: DataTable = DataTable(id="grad-table", cursor_type="row", zebra_stripes=True)
+        table: DataTable[Any] = DataTable(id="grad-table", cursor_type="row", zebra_stripes=True)
         for col in ("parameter", "numel", "grad norm", "NaN", "Inf", "update/weight", "signs"):
             table.add_column(col, key=col)
         await body.mount(table, Static(id="grad-status"))
@@ -84,7 +85,7 @@ class GradientsScreen(ForensicsScreen):
         table.focus()
 
     def _fill(self) -> None:
-        table = self.query_one("#grad-table", DataTable)
+        table: DataTable[Any] = self.query_one("#grad-table", DataTable)
         table.clear()
         rows = sorted(
             self.params, key=lambda p: _sort_value(p, self.sort_key), reverse=self.descending

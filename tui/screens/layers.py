@@ -11,15 +11,17 @@ from textual import on
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.widgets import Tree
+from textual.widgets.tree import TreeNode
 
 from ..messages import ModuleChosen
+from ..model import RunModel
 from ..widgets.plot import fmt_num
 from .base import ForensicsScreen
 
 __all__ = ["LayersScreen", "module_label"]
 
 
-def module_label(row: dict, culprit: bool) -> Text:
+def module_label(row: dict[str, Any], culprit: bool) -> Text:
     name = row["name"] or "(root)"
     short = name.rsplit(".", 1)[-1]
     t = Text()
@@ -48,16 +50,16 @@ class LayersScreen(ForensicsScreen):
     ]
     DEFAULT_CSS = "LayersScreen Tree { height: 1fr; }"
 
-    def __init__(self, model) -> None:
+    def __init__(self, model: RunModel) -> None:
         super().__init__(model)
-        self.culprit_node = None
+        self.culprit_node: TreeNode[str] | None = None
 
     async def build_body(self, body: Vertical, reader: Any) -> None:
         rows = reader.modules()
         culprit = reader.verdict.get("module")
         tree: Tree[str] = Tree("model", id="module-tree")
         tree.show_root = False
-        nodes = {}
+        nodes: dict[int, TreeNode[str]] = {}
         for i, row in enumerate(rows):
             parent = nodes.get(row["parent"], tree.root)
             is_culprit = culprit is not None and row["name"] == culprit
@@ -90,14 +92,15 @@ class LayersScreen(ForensicsScreen):
         self.call_after_refresh(tree.move_cursor, node)
 
     def action_show_ops(self) -> None:
-        trees = self.query(Tree)
-        if trees and trees.first().cursor_node is not None:
-            self.post_message(ModuleChosen(trees.first().cursor_node.data))
+        tree = next(iter(self.query(Tree).results(Tree)), None)
+        node = tree.cursor_node if tree is not None else None
+        if node is not None and node.data is not None:
+            self.post_message(ModuleChosen(node.data))
 
     @on(Tree.NodeSelected)
-    def _selected(self, event: Tree.NodeSelected) -> None:
+    def _selected(self, event: Tree.NodeSelected[str]) -> None:
         event.stop()
-        if not event.node.children:
+        if not event.node.children and event.node.data is not None:
             self.post_message(ModuleChosen(event.node.data))
 
     def action_expand_all(self) -> None:

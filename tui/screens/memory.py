@@ -38,12 +38,12 @@ class MemoryScreen(ForensicsScreen):
     def __init__(self, model: Any) -> None:
         super().__init__(model)
         self.mem: np.ndarray | None = None
-        self.info: dict | None = None
+        self.info: dict[str, Any] = {}
         self.cursor = 0
 
     async def build_body(self, body: Vertical, reader: Any) -> None:
         self.info = reader.memory()
-        table: DataTable = DataTable(id="mem-table", cursor_type="row")
+        table: DataTable[Any] = DataTable(id="mem-table", cursor_type="row")
         for col in ("bytes", "shape", "dtype", "made by op", "op"):
             table.add_column(col, key=col)
         for t in self.info["largest"][:2000]:
@@ -100,9 +100,10 @@ class MemoryScreen(ForensicsScreen):
             self._apply_cursor()
 
     def action_open_op(self) -> None:
-        table = self.query("#mem-table")
-        if table and table.first().has_focus and self.info and self.info["largest"]:
-            row = table.first().cursor_row
+        tables = self.query("#mem-table").results(DataTable)
+        table = next(iter(tables), None)
+        if table is not None and table.has_focus and self.info and self.info["largest"]:
+            row = table.cursor_row
             self.post_message(OpChosen(int(self.info["largest"][row]["op_index"]), "ops"))
         elif self.mem is not None:
             self.post_message(OpChosen(self.cursor, "ops"))

@@ -132,7 +132,9 @@ class OpsScreen(ForensicsScreen):
         sources = self.model.sources()
         self.app.call_from_thread(self._detail_loaded, op_index, row, sources)
 
-    def _detail_loaded(self, op_index: int, row: dict, sources: dict) -> None:
+    def _detail_loaded(
+        self, op_index: int, row: dict[str, Any], sources: dict[str, dict[int, str]]
+    ) -> None:
         if op_index == self.selected:
             verdict = self.model.forensics.verdict if self.model.forensics else None
             self.query_one(OpDetail).show(row, sources, self.model.base, verdict)

@@ -80,9 +80,8 @@ class OpDetail(Static):
         t.append(f"  {glyph} {word}\n", style=gstyle)
         if why:
             t.append(f"  {why}\n", style=gstyle or "dim")
-        _field(
-            t, "module", row.get("module") if row.get("module") is not None else "(outside modules)"
-        )
+        module = row.get("module")
+        _field(t, "module", str(module) if module is not None else "(outside modules)")
         _field(t, "inputs", row.get("inputs") or "-")
         _field(t, "output", row.get("outputs") or "-")
         st = row.get("stats") or {}
@@ -104,10 +103,10 @@ class OpDetail(Static):
         _field(t, "memory", fmt_bytes(row.get("mem_bytes", 0)) + " in use after")
         loc = split_location(row.get("source"))
         if loc:
-            path, line, func = loc
+            path, lineno, func = loc
             t.append("  source   ", style="dim")
-            t.append(f"{shorten_path(path, base)}:{line} in {func}\n", style="bold")
-            code = sources.get(path, {}).get(line)
+            t.append(f"{shorten_path(path, base)}:{lineno} in {func}\n", style="bold")
+            code = sources.get(path, {}).get(lineno)
             if code is not None:
                 t.append(f"    {code.strip()}\n", style="yellow")
         self.update(t)

@@ -96,9 +96,9 @@ class SeriesPlot(Widget):
                 for c in np.flatnonzero(bad[0::2] | bad[1::2]):
                     line = line[:c] + Text("×", style="bold red") + line[c + 1 :]
             for idx, style in self.marks.items():
-                c = column_of(idx, n, cells)
-                if r == height - 1 and line.plain[c] == chr(0x2800):
-                    line = line[:c] + Text("┴", style=style) + line[c + 1 :]
+                col = column_of(idx, n, cells)
+                if r == height - 1 and line.plain[col] == chr(0x2800):
+                    line = line[:col] + Text("┴", style=style) + line[col + 1 :]
             line.stylize("reverse", cur, cur + 1)
             out.append_text(line)
             if r < height - 1:

@@ -6,6 +6,8 @@ loss drifted away from the others stands out at a glance.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from rich.text import Text
 from textual.widget import Widget
@@ -37,7 +39,7 @@ def sparkline(
     return braille_rows(lo, hi, SPARK_ROWS, vmin, vmax), bad[0::2] | bad[1::2]
 
 
-def _own_bad(row) -> str:
+def _own_bad(row: Any) -> str:
     if row.own_bad is None:
         return "-"
     step, reasons = row.own_bad
