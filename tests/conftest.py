@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -43,6 +44,12 @@ def run_py(
 
 def replay_cli(*args: str, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
     return run_py("-m", "replay", *args, timeout=timeout, **kw)
+
+
+def replay_json(*args: str, **kw) -> tuple[int, dict, str]:
+    """``replay ARGS --json``: the exit code, the report it printed ({} for none), stderr."""
+    p = replay_cli(*args, "--json", **kw)
+    return p.returncode, json.loads(p.stdout) if p.stdout.strip() else {}, p.stderr
 
 
 @pytest.fixture(scope="session")

@@ -3,39 +3,21 @@ replayed by the real CLI without a training loop (tiny MLP, random data, CPU, a 
 
 import difflib
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import replay_cli, replay_json, run_py
+
 pytest.importorskip("lightning")
 
 HERE = Path(__file__).with_name("scripts")
-ROOT = HERE.parents[2]
-
-
-def _env() -> dict[str, str]:
-    e = dict(os.environ)
-    e["PYTHONPATH"] = str(ROOT) + os.pathsep + e.get("PYTHONPATH", "")
-    return e
-
-
-def _run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, *args], env=_env(), capture_output=True, text=True, timeout=180
-    )
 
 
 def _fit(out: Path, *flags: str) -> tuple[Path, subprocess.CompletedProcess]:
-    p = _run(str(HERE / "lightning_recorded.py"), str(out), *flags)
+    p = run_py(str(HERE / "lightning_recorded.py"), str(out), *flags, timeout=180)
     return out / "run.h5", p
-
-
-def _cli_json(*args: str) -> tuple[int, dict, str]:
-    p = _run("-m", "replay", *args, "--json")
-    return p.returncode, json.loads(p.stdout) if p.stdout.strip() else {}, p.stderr
 
 
 @pytest.mark.parametrize("precision", ["32-true", "16-mixed"])
@@ -44,14 +26,14 @@ def test_a_healthy_fit_replays_bitwise(tmp_path, precision):
     GradScaler (scale, unscale, skipped steps) that Lightning's precision plugin drives."""
     run, p = _fit(tmp_path, "--precision", precision)
     assert p.returncode == 0, p.stderr[-2000:]
-    rc, v, err = _cli_json("verify", str(run))
+    rc, v, err = replay_json("verify", str(run))
     assert rc == 0, err
     # 96 samples, batches of 8, 2 epochs: 24 micro-batches, 12 optimisation steps
     assert v["deterministic"] is True and v["window"] == [0, 11]
     assert all(s["match"] and s["compared"] for s in v["steps"])
     losses = [s["loss"] for s in v["steps"]]
     assert len(set(losses)) == len(losses)  # real, different steps
-    info = _run("-m", "replay", "info", str(run), "--json")
+    info = replay_cli("info", str(run), "--json")
     meta = json.loads(info.stdout)
     text = json.dumps(meta)
     assert "replay.integrations.lightning" in text
@@ -62,7 +44,7 @@ def test_nan_is_found_at_its_step_with_its_op(tmp_path):
     """The 10th training_step call (micro-batch 1 of optimisation step 4) takes sqrt(h - 100)."""
     run, p = _fit(tmp_path, "--nan-at", "9")
     assert p.returncode != 0 and "NonFiniteLossError" in p.stderr
-    rc, v, err = _cli_json("bisect", str(run))
+    rc, v, err = replay_json("bisect", str(run))
     assert rc == 0, err
     assert v["first_bad_step"] == 4 and v["kind"] == "nonfinite"
     assert v["op"] == "aten::sqrt" and v["phase"] == "forward"
@@ -85,7 +67,7 @@ def test_the_callback_is_the_only_change_to_the_script():
         '+        callbacks=[ReplayCallback(f"{args.out}/run.h5")],',
     ], changed
     # and the plain script still trains
-    with_plain = _run(str(HERE / "lightning_plain.py"), "/nonexistent-out")
+    with_plain = run_py(str(HERE / "lightning_plain.py"), "/nonexistent-out", timeout=180)
     assert with_plain.returncode == 0, with_plain.stderr[-2000:]
 
 
@@ -111,20 +93,20 @@ def test_manual_optimisation_records_what_it_can_and_bisect_says_why_it_cannot_r
         )
         .replace("        accumulate_grad_batches=2,\n        gradient_clip_val=0.5,\n", "")
     )
-    p = _run(str(script), str(tmp_path), "--nan-at", "5")
+    p = run_py(str(script), str(tmp_path), "--nan-at", "5", timeout=180)
     assert p.stderr.count("manual optimisation") == 1, p.stderr[-2000:]
     assert "records their health, batches and RNG states" in p.stderr
     assert "NonFiniteLossError" in p.stderr  # the NaN of step 5 ended fit(), as recorded
-    info = _run("-m", "replay", "info", str(tmp_path / "run.h5"), "--json")
+    info = replay_cli("info", str(tmp_path / "run.h5"), "--json")
     assert info.returncode == 0, info.stderr
     d = json.loads(info.stdout)
     assert d["steps_recorded"] == 6 and d["snapshots"] == [] and d["replayable_window"] is None
     assert "manual optimisation" in d["not_replayable"]
     assert d["first_bad"]["nonfinite"] == 5
-    text = _run("-m", "replay", "info", str(tmp_path / "run.h5")).stdout
+    text = replay_cli("info", str(tmp_path / "run.h5")).stdout
     assert "nothing: recorded without replay (manual optimisation" in text
     for cmd in ("bisect", "verify"):
-        b = _run("-m", "replay", cmd, str(tmp_path / "run.h5"))
+        b = replay_cli(cmd, str(tmp_path / "run.h5"))
         assert b.returncode == 3, b.stderr
         assert "recorded without replay (manual optimisation" in b.stderr
         assert "first failure in its health is at step 5" in b.stderr
@@ -142,10 +124,10 @@ def test_hyper_parameters_replay_cannot_keep_are_said_once_and_training_goes_on(
             '"scale": torch.ones(2)})',
         )
     )
-    p = _run(str(script), str(tmp_path))
+    p = run_py(str(script), str(tmp_path), timeout=180)
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stderr.count("hyper-parameters are not JSON") == 1
     assert "Traceback" not in p.stderr
-    info = _run("-m", "replay", "info", str(tmp_path / "run.h5"), "--json")
+    info = replay_cli("info", str(tmp_path / "run.h5"), "--json")
     d = json.loads(info.stdout)
     assert d["steps_recorded"] == 12 and "not JSON" in d["not_replayable"]

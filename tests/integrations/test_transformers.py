@@ -4,45 +4,26 @@ classifier, both built from a config; random data; CPU; a few seconds each)."""
 
 import difflib
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from replay.store.reader import open_recording
+from tests.conftest import replay_cli, replay_json, run_py
 
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
 HERE = Path(__file__).with_name("scripts")
-ROOT = HERE.parents[2]
 RECORDED = HERE / "hf_recorded.py"
-
-
-def _env() -> dict[str, str]:
-    e = dict(os.environ)
-    e["PYTHONPATH"] = str(ROOT) + os.pathsep + e.get("PYTHONPATH", "")
-    return e
-
-
-def _run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, *args], env=_env(), capture_output=True, text=True, timeout=180
-    )
 
 
 def _train(
     out: Path, *flags: str, script: Path = RECORDED
 ) -> tuple[Path, subprocess.CompletedProcess]:
-    p = _run(str(script), str(out), *flags)
+    p = run_py(str(script), str(out), *flags, timeout=180)
     return out / "run.h5", p
-
-
-def _cli_json(*args: str) -> tuple[int, dict, str]:
-    p = _run("-m", "replay", *args, "--json")
-    return p.returncode, json.loads(p.stdout) if p.stdout.strip() else {}, p.stderr
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
@@ -53,7 +34,7 @@ def test_a_healthy_train_replays_bitwise(tmp_path, precision):
     run, p = _train(tmp_path, *flags)
     assert p.returncode == 0, p.stderr[-2000:]
     assert "RecorderWarning" not in p.stderr
-    rc, v, err = _cli_json("verify", str(run))
+    rc, v, err = replay_json("verify", str(run))
     assert rc == 0, err
     # 88 samples, batches of 8, 2 epochs: 22 micro-batches, windows of 2,2,2,2,2,1: 12 steps
     assert v["deterministic"] is True and v["window"] == [0, 11]
@@ -63,7 +44,7 @@ def test_a_healthy_train_replays_bitwise(tmp_path, precision):
     # the norm before the clip to 0.5, as the Trainer logs it
     assert max(open_recording(run).health()["grad_norm"]) > 0.5
     if precision == "fp32":
-        info = json.loads(_run("-m", "replay", "info", str(run), "--json").stdout)
+        info = json.loads(replay_cli("info", str(run), "--json").stdout)
         text = json.dumps(info)
         assert "replay.integrations.transformers" in text and "GPT2LMHeadModel" in text
 
@@ -72,7 +53,7 @@ def test_nan_is_found_at_its_step_with_its_op(tmp_path):
     """The 10th forward call (micro-batch 1 of optimisation step 4) takes log(h - 100)."""
     run, p = _train(tmp_path, "--model", "tiny", "--nan-at", "9")
     assert p.returncode != 0 and "NonFiniteLossError" in p.stderr
-    rc, v, err = _cli_json("bisect", str(run))
+    rc, v, err = replay_json("bisect", str(run))
     assert rc == 0, err
     assert v["first_bad_step"] == 4 and v["kind"] == "nonfinite"
     assert v["op"] == "aten::log" and v["phase"] == "forward"
@@ -85,7 +66,7 @@ def test_an_exception_is_recorded_with_its_window(tmp_path):
     script.write_text(RECORDED.read_text().replace("h = torch.log(h - 100.0)", "h = h @ h"))
     run, p = _train(tmp_path, "--model", "tiny", "--nan-at", "9", script=script)
     assert p.returncode != 0 and "RuntimeError" in p.stderr
-    rc, v, err = _cli_json("bisect", str(run))
+    rc, v, err = replay_json("bisect", str(run))
     assert rc == 0, err
     assert v["first_bad_step"] == 4 and v["kind"] == "exception"
     assert v["exception"]["type"] == "RuntimeError" and v["op"] == "aten::mm"
@@ -106,7 +87,9 @@ def test_the_callback_is_the_only_change_to_the_script():
         '+        callbacks=[ReplayCallback(f"{args.out}/run.h5")],',
     ], changed
     # and the plain script still trains
-    with_plain = _run(str(HERE / "hf_plain.py"), "/nonexistent-out", "--model", "tiny")
+    with_plain = run_py(
+        str(HERE / "hf_plain.py"), "/nonexistent-out", "--model", "tiny", timeout=180
+    )
     assert with_plain.returncode == 0, with_plain.stderr[-2000:]
 
 
@@ -147,7 +130,7 @@ def test_model_init_and_a_trainer_subclass_replay_bitwise(tmp_path):
     )
     run, p = _train(tmp_path, "--model", "tiny", script=script)
     assert p.returncode == 0, p.stderr[-2000:]
-    rc, v, err = _cli_json("verify", str(run))
+    rc, v, err = replay_json("verify", str(run))
     assert rc == 0, err
     assert v["deterministic"] is True and v["window"] == [0, 11]
     assert all(s["match"] and s["compared"] for s in v["steps"])
@@ -164,10 +147,10 @@ def test_a_model_replay_cannot_rebuild_is_said_once_and_its_steps_health_is_reco
     assert p.stderr.count("not a PreTrainedModel") == 1
     assert "records their health, batches and RNG states" in p.stderr
     assert "Traceback" not in p.stderr
-    rc, d, err = _cli_json("info", str(run))
+    rc, d, err = replay_json("info", str(run))
     assert rc == 0, err
     assert d["steps_recorded"] == 12 and d["snapshots"] == []
     assert "not a PreTrainedModel" in d["not_replayable"]
     assert d["last_loss"] is not None and d["first_bad"]["nonfinite"] is None
-    rc, _, err = _cli_json("bisect", str(run))
+    rc, _, err = replay_json("bisect", str(run))
     assert rc == 3 and "recorded without replay" in err and "no failure" in err
