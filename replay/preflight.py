@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import subprocess
 import sys
 import tempfile
@@ -22,7 +21,7 @@ from typing import Any
 
 from .capture.guard import PREFLIGHT_ENV
 
-__all__ = ["PreflightReport", "run_preflight", "render_preflight"]
+__all__ = ["PreflightReport", "run_preflight"]
 
 _TAIL = 12  # lines of the run's own output kept for a report
 
@@ -155,47 +154,3 @@ def run_preflight(
     elif rep.verify_error is not None:
         rep.reason = rep.verify_error
     return rep
-
-
-_KIND_WORDS = {
-    "raised": "the replayed step raised",
-    "outside_state": "state changed outside the step",
-    "nondeterministic": "the same inputs give different bits (non-determinism)",
-}
-
-
-def render_preflight(rep: PreflightReport) -> str:
-    lines = [f"replay preflight: {shlex.join(rep.command)}"]
-    v = rep.verify or {}
-    if rep.recording is not None:
-        lines.append(
-            f"  recorded      up to {rep.steps} steps in {rep.run_seconds:.1f} s "
-            f"(the run exited {rep.run_exit})"
-        )
-    if v:
-        lines.append(
-            f"  replayed      {v.get('replayed_steps')} steps in a fresh process on "
-            f"{v.get('device')}, window {v.get('window')}"
-        )
-    if rep.replayable:
-        lines.append("  verdict       REPLAYABLE: every step's loss and parameters match bitwise")
-        lines.append(
-            "                a crash of this run can be bisected and traced with replay bisect"
-        )
-        return "\n".join(lines)
-    cause = v.get("cause") or {}
-    kind = str(cause.get("kind"))
-    lines.append(f"  verdict       NOT replayable: {_KIND_WORDS.get(kind, rep.reason)}")
-    if cause:
-        lines.append(f"  why           {cause.get('summary')}")
-        for d in cause.get("differs") or []:
-            lines.append(f"    differs     {d['object']}: {', '.join(d['names'])}")
-        lines.append(f"  what to do    {cause.get('hint')}")
-    elif rep.verify_error:
-        lines.append(f"  why           {rep.verify_error}")
-    if rep.run_exit not in (0, None) or rep.recording is None:
-        lines.append("  the run's last output:")
-        lines.extend(f"    | {ln}" for ln in rep.run_tail[-8:])
-    if rep.kept:
-        lines.append(f"  recording     {rep.kept}")
-    return "\n".join(lines)

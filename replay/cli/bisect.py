@@ -79,8 +79,8 @@ def bisect(
     3 unusable recording, 4 unusable entry point, 5 replay failed, 6 internal error.
     """
     from ..bisect.progress import Progress
-    from ..bisect.report import render_verdict
     from ..workflows import run_bisect
+    from .render import render_verdict
 
     criterion = _criterion(kind, until, spike)
     bar = Progress("replay bisect")

@@ -3,11 +3,84 @@
 from __future__ import annotations
 
 import json
+import math
+from typing import Any
 
 import click
 
 from ._process import user_stdout_to_stderr
 from ._replaying import engine_options
+
+_BARS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: list[float], width: int = 60) -> str:
+    """The curve in block characters (log scale when it spans decades); '×' for non-finite."""
+    if not values:
+        return ""
+    step = max(1, math.ceil(len(values) / width))
+    pts = [values[i] for i in range(0, len(values), step)]
+    fin = [v for v in pts if math.isfinite(v)]
+    if not fin:
+        return "×" * len(pts)
+    use_log = min(fin) > 0 and max(fin) / min(fin) > 100
+    f = (lambda v: math.log10(v)) if use_log else (lambda v: v)
+    lo, hi = f(min(fin)), f(max(fin))
+    span = (hi - lo) or 1.0
+    return "".join(
+        _BARS[min(7, int((f(v) - lo) / span * 7.999))] if math.isfinite(v) else "×" for v in pts
+    )
+
+
+def render(r: dict[str, Any]) -> str:
+    """``overfit_batch``'s result as a person reads it."""
+    from ..workflows.overfit import CLOSE
+
+    head = f"{r['path']}: overfitting the batch of step {r['step']} for {r['iters']} iterations"
+    if r.get("lr") is not None:
+        head += f" (lr {r['lr']:.3g})"
+    lines = [head, f"  loss  {sparkline(r['curve'])}"]
+    c = r["curve"]
+    marks = [0, 9, 49, 99, 199, 499, 999]
+    pts = [f"{i + 1}: {c[i]:.4g}" for i in marks if i < len(c)]
+    if c and len(c) - 1 not in marks:
+        pts.append(f"{len(c)}: {c[-1]:.4g}")
+    lines.append("  " + ", ".join(pts))
+    if r["error"]:
+        lines.append(f"  ✗ stopped: {r['error']}")
+    verdict = r.get("verdict")
+    how_far = (
+        f" ({100 * r['progress']:.0f}% of the way from {r['first_loss']:.4g} to the goal)"
+        if r.get("progress") is not None
+        else ""
+    )
+    if verdict == "overfits":
+        lines.append(
+            f"  ✓ overfits: the loss reached {r['goal']:.3g} at iteration {r['reached_at']} "
+            f"(from {r['first_loss']:.4g}); the data, forward, loss and update path can learn"
+        )
+    elif verdict == "close":
+        lines.append(
+            f"  ✓ nearly overfits: lowest loss {r['min_loss']:.4g}, within "
+            f"{100 * (CLOSE - 1):.0f}% of the goal {r['goal']:.3g}{how_far}; the model learns "
+            "this batch (more --iters would get there)"
+        )
+    elif verdict == "still_falling":
+        lines.append(
+            f"  ~ not there yet: lowest loss {r['min_loss']:.4g} (goal {r['goal']:.3g}){how_far}, "
+            f"and still falling ({100 * r['recent_drop']:.0f}% over the last quarter): run "
+            "longer (--iters) or with a larger --lr before concluding anything"
+        )
+    else:
+        lines.append(
+            f"  ✗ does not overfit: lowest loss {r['min_loss']:.4g} (goal {r['goal']:.3g})"
+            f"{how_far}, and it stopped falling. A "
+            "model that cannot memorise one batch has a bug: check labels vs outputs, the loss "
+            "(no softmax before cross_entropy), zero_grad/step, frozen or dead layers, the "
+            "learning rate (try --lr), and run `replay doctor`."
+        )
+    return "\n".join(lines)
+
 
 __all__ = ["overfit"]
 
@@ -47,8 +120,8 @@ def overfit(
     to about zero has a bug in its data, forward, loss or update path, whatever its size.
     Exit 0 when the loss gets there, 1 when it does not.
     """
-    from ..overfit import overfit_batch, render
     from ..store import open_recording
+    from ..workflows.overfit import overfit_batch
 
     with open_recording(run) as rec:
         if rec.replayable_window() is None:

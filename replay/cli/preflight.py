@@ -3,10 +3,54 @@
 from __future__ import annotations
 
 import json
+import shlex
 
 import click
 
-__all__ = ["preflight"]
+from ..preflight import PreflightReport
+from .render import render_cause
+
+__all__ = ["preflight", "render_preflight"]
+
+_KIND_WORDS = {
+    "raised": "the replayed step raised",
+    "outside_state": "state changed outside the step",
+    "nondeterministic": "the same inputs give different bits (non-determinism)",
+}
+
+
+def render_preflight(rep: PreflightReport) -> str:
+    lines = [f"replay preflight: {shlex.join(rep.command)}"]
+    v = rep.verify or {}
+    if rep.recording is not None:
+        lines.append(
+            f"  recorded      up to {rep.steps} steps in {rep.run_seconds:.1f} s "
+            f"(the run exited {rep.run_exit})"
+        )
+    if v:
+        lines.append(
+            f"  replayed      {v.get('replayed_steps')} steps in a fresh process on "
+            f"{v.get('device')}, window {v.get('window')}"
+        )
+    if rep.replayable:
+        lines.append("  verdict       REPLAYABLE: every step's loss and parameters match bitwise")
+        lines.append(
+            "                a crash of this run can be bisected and traced with replay bisect"
+        )
+        return "\n".join(lines)
+    cause = v.get("cause") or {}
+    kind = str(cause.get("kind"))
+    lines.append(f"  verdict       NOT replayable: {_KIND_WORDS.get(kind, rep.reason)}")
+    if cause:
+        lines += render_cause(cause)
+    elif rep.verify_error:
+        lines.append(f"  why           {rep.verify_error}")
+    if rep.run_exit not in (0, None) or rep.recording is None:
+        lines.append("  the run's last output:")
+        lines.extend(f"    | {ln}" for ln in rep.run_tail[-8:])
+    if rep.kept:
+        lines.append(f"  recording     {rep.kept}")
+    return "\n".join(lines)
 
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -49,7 +93,7 @@ def preflight(
     non-determinism; and what to change. The run's own output goes to stderr.
     Exit codes: 0 replayable, 1 not replayable, 2 usage error.
     """
-    from ..preflight import render_preflight, run_preflight
+    from ..preflight import run_preflight
 
     rep = run_preflight(
         list(command),

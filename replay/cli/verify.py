@@ -43,8 +43,8 @@ def verify(
     5 replay failed, 6 internal error.
     """
     from ..bisect.progress import Progress
-    from ..bisect.report import render_verify
     from ..workflows import run_verify
+    from .render import render_verify
 
     bar = Progress("replay verify")
     try:

@@ -10,9 +10,12 @@ knows nothing of click or of how the report is printed (``replay/cli`` parses, c
 ``trace``      any step, per op, into the forensics sidecar
 ``whatif``     replay the failing steps once as recorded and once per change
 ``export``     the state before a step as plain torch.save files, to resume the real run
+``overfit``    train on one recorded batch until the loss goes to ~0, and judge the curve
 =============  ===========================================================================
 
-``replay.overfit`` and ``replay.preflight`` are workflows too, each one module.
+``replay.preflight`` is a workflow too (torch-free: it runs the user's script and ``replay verify``
+in child processes). What a person reads is worded in ``replay/cli``: ``cli/render.py`` for the
+bisect, verify and trace reports, each other command in its own module.
 """
 
 from .bisect import run_bisect

@@ -92,7 +92,7 @@ def test_overfit_refuses_without_replayable_state(tmp_path):
 
 def test_overfit_judges_close_still_falling_and_plateau_apart():
     """Regression: a healthy model that came within 15% of the goal was told it "has a bug"."""
-    from replay.overfit import judge
+    from replay.workflows.overfit import judge
 
     goal = 0.02
     close = [2.0 * 0.97**i for i in range(150)] + [0.022] * 50  # stalls at 1.1x the goal

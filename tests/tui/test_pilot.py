@@ -217,7 +217,7 @@ async def test_200k_ops_open_and_navigate(runs):
 async def test_detail_and_status_word_the_culprit_as_the_bisect_report_does(runs):
     """Verdict and TUI agree: the op detail, the status line and ``replay bisect``'s report use
     the words of ``replay.words`` for the same op."""
-    from replay.bisect.report import render_verdict
+    from replay.cli.render import render_verdict
     from replay.words import op_role, role_text
 
     with ForensicsReader.open(runs["traced"].replace(".h5", ".forensics.h5")) as f:
@@ -265,7 +265,7 @@ def test_batch_view_words_samples_along_other_axes_as_the_report_does():
     names them in its title with the report's words instead of marking rows."""
     from types import SimpleNamespace
 
-    from replay.bisect.report import render_verdict
+    from replay.cli.render import render_verdict
     from replay_tui.model import RunModel
 
     m = RunModel.__new__(RunModel)

@@ -30,7 +30,6 @@ LAYERS = {
     "engine": 3,  # replaying steps (never imports the recorder: see test below)
     "workflows": 4,  # what each command does, as library calls
     "multirank": 4,  # every rank of a rank set replayed together (one engine per rank process)
-    "overfit": 4,
     "preflight": 4,
     "integrations": 4,  # framework callbacks: a Recorder driven by the framework's hooks
     "cli": 5,  # parse, call, render

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from replay.bisect.report import render_verdict
+from replay.cli.render import render_verdict
 from replay.words import cause_text, op_role, role_text
 
 ENTROPY = {

@@ -10,27 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["overfit_batch", "render", "sparkline"]
-
-_BARS = "▁▂▃▄▅▆▇█"
-
-
-def sparkline(values: list[float], width: int = 60) -> str:
-    """The curve in block characters (log scale when it spans decades); '×' for non-finite."""
-    if not values:
-        return ""
-    step = max(1, math.ceil(len(values) / width))
-    pts = [values[i] for i in range(0, len(values), step)]
-    fin = [v for v in pts if math.isfinite(v)]
-    if not fin:
-        return "×" * len(pts)
-    use_log = min(fin) > 0 and max(fin) / min(fin) > 100
-    f = (lambda v: math.log10(v)) if use_log else (lambda v: v)
-    lo, hi = f(min(fin)), f(max(fin))
-    span = (hi - lo) or 1.0
-    return "".join(
-        _BARS[min(7, int((f(v) - lo) / span * 7.999))] if math.isfinite(v) else "×" for v in pts
-    )
+__all__ = ["overfit_batch", "judge", "CLOSE"]
 
 
 CLOSE = 1.15  # within 15% of the goal: a healthy model that needs a few more iterations
@@ -85,9 +65,9 @@ def overfit_batch(
     "Overfits" means the loss falls below ``target`` (absolute), or below ``target`` times its
     first value when that is large (a loss in the thousands going to 1% of itself).
     """
-    from .capture.fingerprint import loss_of
-    from .errors import ReplayError
-    from .workflows.session import open_engine
+    from ..capture.fingerprint import loss_of
+    from ..errors import ReplayError
+    from .session import open_engine
 
     rec, eng = open_engine(path, device, entry, trust)
     try:
@@ -145,50 +125,3 @@ def overfit_batch(
     finally:
         eng.close()
         rec.close()
-
-
-def render(r: dict[str, Any]) -> str:
-    head = f"{r['path']}: overfitting the batch of step {r['step']} for {r['iters']} iterations"
-    if r.get("lr") is not None:
-        head += f" (lr {r['lr']:.3g})"
-    lines = [head, f"  loss  {sparkline(r['curve'])}"]
-    c = r["curve"]
-    marks = [0, 9, 49, 99, 199, 499, 999]
-    pts = [f"{i + 1}: {c[i]:.4g}" for i in marks if i < len(c)]
-    if c and len(c) - 1 not in marks:
-        pts.append(f"{len(c)}: {c[-1]:.4g}")
-    lines.append("  " + ", ".join(pts))
-    if r["error"]:
-        lines.append(f"  ✗ stopped: {r['error']}")
-    verdict = r.get("verdict")
-    how_far = (
-        f" ({100 * r['progress']:.0f}% of the way from {r['first_loss']:.4g} to the goal)"
-        if r.get("progress") is not None
-        else ""
-    )
-    if verdict == "overfits":
-        lines.append(
-            f"  ✓ overfits: the loss reached {r['goal']:.3g} at iteration {r['reached_at']} "
-            f"(from {r['first_loss']:.4g}); the data, forward, loss and update path can learn"
-        )
-    elif verdict == "close":
-        lines.append(
-            f"  ✓ nearly overfits: lowest loss {r['min_loss']:.4g}, within "
-            f"{100 * (CLOSE - 1):.0f}% of the goal {r['goal']:.3g}{how_far}; the model learns "
-            "this batch (more --iters would get there)"
-        )
-    elif verdict == "still_falling":
-        lines.append(
-            f"  ~ not there yet: lowest loss {r['min_loss']:.4g} (goal {r['goal']:.3g}){how_far}, "
-            f"and still falling ({100 * r['recent_drop']:.0f}% over the last quarter): run "
-            "longer (--iters) or with a larger --lr before concluding anything"
-        )
-    else:
-        lines.append(
-            f"  ✗ does not overfit: lowest loss {r['min_loss']:.4g} (goal {r['goal']:.3g})"
-            f"{how_far}, and it stopped falling. A "
-            "model that cannot memorise one batch has a bug: check labels vs outputs, the loss "
-            "(no softmax before cross_entropy), zero_grad/step, frozen or dead layers, the "
-            "learning rate (try --lr), and run `replay doctor`."
-        )
-    return "\n".join(lines)

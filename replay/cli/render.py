@@ -1,0 +1,219 @@
+"""The reports of ``replay bisect``, ``verify`` and ``trace`` as a person reads them.
+
+The library builds each report as JSON (``replay.bisect.report``: ``verdict_json``,
+``verify_json``); the CLI prints that JSON with ``--json`` and these words without. Strings that
+came from a file pass through ``term_safe_tree`` first, so none reaches the terminal raw.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..safetext import term_safe_tree
+from ..words import cause_text, op_role, role_text
+
+__all__ = ["render_cause", "render_ranks", "render_verdict", "render_verify"]
+
+
+def _source_line(src: Any) -> str | None:
+    if not isinstance(src, dict):
+        return None
+    where = f"{src.get('file')}:{src.get('line')}"
+    if src.get("function"):
+        where += f" in {src['function']}"
+    code = (src.get("code") or "").strip()
+    return f"{where}\n      {code}" if code else where
+
+
+def render_verdict(d: dict[str, Any]) -> str:
+    d = term_safe_tree(d)  # op names, modules, sources, messages come from files
+    w = d["window"]
+    if d["healthy"]:
+        checked = d.get("checked")
+        span = f"steps {checked[0]}..{checked[1]}" if checked else "no steps"
+        return (
+            f"healthy: no step matches {d['criterion']!r} in the recorded health ({span}; "
+            f"replayable window steps {w[0]}..{w[1]})"
+        )
+    lines = []
+    first, sym = d["first_bad_step"], d["symptom_step"]
+    head = f"first bad step: {first}"
+    if sym is not None and sym != first:
+        head += f"  (the symptom was recorded at step {sym})"
+    lines.append(head)
+    lines.append(f"  kind          {d['kind']}: {d['criterion']}")
+    if d.get("exception"):
+        e = d["exception"]
+        lines.append(f"  exception     {e['type']}: {e['message']}")
+    if d.get("loss") is not None and not d.get("exception"):
+        lines.append(f"  loss          {d['loss']}   grad norm {d.get('grad_norm')}")
+    cause = cause_text(d)
+    if cause:
+        lines.append(f"  cause         {cause}")
+    for t in (d.get("data") or {}).get("tensors") or []:
+        counts = ", ".join(
+            f"{t[k]} {w}"
+            for k, w in (("nan", "NaN"), ("posinf", "+inf"), ("neginf", "-inf"))
+            if t[k]
+        )
+        at = " ".join(str(p) for p in t["positions"]) + (
+            " ..." if t["count"] > len(t["positions"]) else ""
+        )
+        lines.append(f"  data          {t['name']} {t['dtype']}{t['shape']}: {counts} at {at}")
+    if d.get("op"):
+        where = f"  op            {d['op']} ({d.get('phase')})"
+        if d.get("module") is not None:
+            where += f" in {d['module'] or '<model>'}"
+        # the word only: the cause line above gives the why
+        lines.append(where + f"  [{op_role(d, d.get('op_index'), 'producer')[0]}]")
+    src = _source_line(d.get("source"))
+    if src:
+        lines.append(f"  source        {src}")
+    conv = d.get("nan_from_inf")
+    if conv:
+        where = f"  NaN from      {conv['op']} ({conv.get('phase')})"
+        if conv.get("module") is not None:
+            where += f" in {conv['module'] or '<model>'}"
+        lines.append(where + f"  [{role_text(d, conv.get('op_index'), 'propagator')}]")
+        src = _source_line(conv.get("source"))
+        if src:
+            lines.append(f"                {src}")
+    if d.get("samples"):
+        exact = "" if d.get("samples_exact", True) else " (approximate: batch-coupled layers)"
+        axes = d.get("sample_axes") or [0]
+        if len(axes) > 1:
+            what = f"[micro-batch, row] along dims {axes[0]}, {axes[1]}: "
+            shown = ", ".join(f"[{m}, {r}]" for m, r in d["samples"])
+        else:
+            what = f"along dim {axes[0]}: " if axes != [0] else ""
+            shown = ", ".join(map(str, d["samples"]))
+        lines.append(f"  samples       {what}{shown}{exact}")
+    rep = d["reproducible"]
+    lines.append(
+        "  reproducible  "
+        + (
+            "yes (two replays and the recording agree bitwise)"
+            if rep
+            else "NO: suspect hardware or non-determinism"
+        )
+    )
+    det = "yes" if d["deterministic"] else "no"
+    if d.get("divergence"):
+        dv = d["divergence"]
+        det += (
+            f" (step {dv['step']}, {dv['column']}: recorded {dv['recorded']}, replayed "
+            f"{dv['replayed']}, |diff| {dv['abs_diff']})"
+        )
+    lines.append(f"  deterministic {det}")
+    lines.extend(render_cause(d.get("divergence_cause")))
+    lines.append(
+        f"  replayed      {d['replayed_steps']} steps from the snapshot before step {d['snapshot']}"
+        f" (+{d['rechecked_steps']} to re-check) on {d['device']}; window steps {w[0]}..{w[1]}"
+    )
+    if d.get("forensics"):
+        lines.append(f"  forensics     {d['forensics']}  (replay tui shows them)")
+    lines.extend(render_ranks(d))
+    for n in d.get("notes") or []:
+        lines.append(f"  note: {n}")
+    return "\n".join(lines)
+
+
+def _span(steps: list[int]) -> str:
+    if not steps:
+        return "no steps"
+    if steps == list(range(steps[0], steps[-1] + 1)):
+        return f"steps {steps[0]}..{steps[-1]}" if len(steps) > 1 else f"step {steps[0]}"
+    return "steps " + ", ".join(map(str, steps))
+
+
+def render_ranks(d: dict[str, Any]) -> list[str]:
+    """The lines of a multi-rank replay (``d["ranks"]``): each rank's own bitwise check and
+    what its trace found. Empty for a single process."""
+    mr, ranks = d.get("multi_rank"), d.get("ranks")
+    if not mr or not ranks:
+        return []
+    lines = [
+        f"  ranks         {mr['world_size']} replayed together ({mr['backend']}), "
+        f"led by rank {mr['leader']}"
+    ]
+    for r, s in sorted(ranks.items(), key=lambda kv: int(kv[0])):
+        dv = s.get("divergence")
+        check = (
+            "bitwise"
+            if dv is None
+            else f"DIFFERS at step {dv['step']} ({dv['column']}: recorded {dv['recorded']}, "
+            f"replayed {dv['replayed']})"
+        )
+        line = f"    rank {r:<7}{_span(s['replayed_steps'])} {check}"
+        if s.get("peer_failed_steps"):
+            line += f"; {_span(s['peer_failed_steps'])} without the all-reduce (a peer raised)"
+        lines.append(line)
+        tr = s.get("trace")
+        if tr:
+            if tr.get("op"):
+                what = f"{tr['op']} ({tr.get('phase')})"
+                if tr.get("module") is not None:
+                    what += f" in {tr['module'] or '<model>'}"
+            else:
+                what = tr.get("received") or "no op made a non-finite value"
+            lines.append(f"      trace     {what}  [{tr.get('forensics')}]")
+    return lines
+
+
+_HEADLINES = {
+    "raised": "replay FAILED: the replayed step raised",
+    "outside_state": "NOT replayable as recorded: state changed outside the step",
+    "nondeterministic": "NOT deterministic: the same inputs give different bits",
+}
+
+
+def render_cause(c: dict[str, Any] | None, indent: str = "  ") -> list[str]:
+    """The ``cause`` lines shared by the verify and bisect reports."""
+    if not c:
+        return []
+    lines = [f"{indent}why differs   {c['kind']}: {c['summary']}"]
+    for d in c.get("differs") or []:
+        size = d.get("max_abs_diff")
+        more = f" (+{d['count'] - len(d['names'])} more)" if d["count"] > len(d["names"]) else ""
+        lines.append(
+            f"{indent}  differs     {d['object']}: {', '.join(d['names'])}{more}"
+            + (f", max |diff| {size:.3g}" if isinstance(size, float) else "")
+        )
+    lines.append(f"{indent}what to do    {c['hint']}")
+    return lines
+
+
+def render_verify(d: dict[str, Any]) -> str:
+    d = term_safe_tree(d)
+    w = d["window"]
+    n = d["replayed_steps"]
+    bad = [s for s in d["steps"] if not s["match"]]
+    extra = render_ranks(d)
+    if d.get("approximate"):
+        extra += [f"  note: {n}" for n in d.get("notes") or []]
+    if not bad and d["deterministic"]:
+        every = " on every rank" if d.get("multi_rank") else ""
+        return "\n".join(
+            [
+                f"deterministic: all {n} steps of the window ({w[0]}..{w[1]}) replay bitwise "
+                f"(loss and parameter fingerprint){every} on {d['device']}",
+                *extra,
+            ]
+        )
+    if not bad:  # the leading rank matched, another did not
+        return "\n".join(["NOT bitwise on every rank", *extra])
+    fd = d["first_divergence"]
+    cause = d.get("cause")
+    head = _HEADLINES.get(str((cause or {}).get("kind")), "NOT bitwise")
+    lines = [
+        f"{head}: {len(bad)} of {n} steps differ from the recording "
+        f"(window {w[0]}..{w[1]}, on {d['device']})",
+        f"  first divergence at step {fd['step']}, {fd['column']}: recorded {fd['recorded']}, "
+        f"replayed {fd['replayed']}, |diff| {fd['abs_diff']}, {fd['ulps']} ulps",
+        "  differing steps: "
+        + ", ".join(str(s["step"]) for s in bad[:20])
+        + (" ..." if len(bad) > 20 else ""),
+        *render_cause(cause),
+        *extra,
+    ]
+    return "\n".join(lines)
