@@ -15,6 +15,14 @@ from ..words import cause_text, op_role, role_text
 __all__ = ["render_cause", "render_ranks", "render_verdict", "render_verify"]
 
 
+def _op_where(o: dict[str, Any]) -> str:
+    """``op (phase) in module``: an op as every report names it (``<model>``: the root)."""
+    where = f"{o['op']} ({o.get('phase')})"
+    if o.get("module") is not None:
+        where += f" in {o['module'] or '<model>'}"
+    return where
+
+
 def _source_line(src: Any) -> str | None:
     if not isinstance(src, dict):
         return None
@@ -61,20 +69,16 @@ def render_verdict(d: dict[str, Any]) -> str:
         )
         lines.append(f"  data          {t['name']} {t['dtype']}{t['shape']}: {counts} at {at}")
     if d.get("op"):
-        where = f"  op            {d['op']} ({d.get('phase')})"
-        if d.get("module") is not None:
-            where += f" in {d['module'] or '<model>'}"
         # the word only: the cause line above gives the why
-        lines.append(where + f"  [{op_role(d, d.get('op_index'), 'producer')[0]}]")
+        word = op_role(d, d.get("op_index"), "producer")[0]
+        lines.append(f"  op            {_op_where(d)}  [{word}]")
     src = _source_line(d.get("source"))
     if src:
         lines.append(f"  source        {src}")
     conv = d.get("nan_from_inf")
     if conv:
-        where = f"  NaN from      {conv['op']} ({conv.get('phase')})"
-        if conv.get("module") is not None:
-            where += f" in {conv['module'] or '<model>'}"
-        lines.append(where + f"  [{role_text(d, conv.get('op_index'), 'propagator')}]")
+        role = role_text(d, conv.get("op_index"), "propagator")
+        lines.append(f"  NaN from      {_op_where(conv)}  [{role}]")
         src = _source_line(conv.get("source"))
         if src:
             lines.append(f"                {src}")
@@ -151,9 +155,7 @@ def render_ranks(d: dict[str, Any]) -> list[str]:
         tr = s.get("trace")
         if tr:
             if tr.get("op"):
-                what = f"{tr['op']} ({tr.get('phase')})"
-                if tr.get("module") is not None:
-                    what += f" in {tr['module'] or '<model>'}"
+                what = _op_where(tr)
             else:
                 what = tr.get("received") or "no op made a non-finite value"
             lines.append(f"      trace     {what}  [{tr.get('forensics')}]")
