@@ -84,7 +84,7 @@ class ReplayApp(App[None]):
         if self._exception is None:
             self._exception = cause if isinstance(cause, Exception) else error
             self._exception_event.set()
-        code = EXIT_BAD_RECORDING if isinstance(error, RecordingError) else EXIT_INTERNAL
+        code = EXIT_BAD_RECORDING if isinstance(cause, RecordingError) else EXIT_INTERNAL
         self.exit(return_code=code)
 
     def on_mount(self) -> None:
