@@ -18,14 +18,16 @@ from replay.store.liveness import lock_path, writer_state
 from replay.store.writer import RingSpec, StoreWriter
 from tests.conftest import ROOT, SCRIPTS, replay_cli
 
+# Holds the lock as a draining writer does until a line arrives on its stdin (or argv[2] seconds
+# pass), then removes the lock file and exits, as a writer that finished does.
 HOLDER = """
-import fcntl, json, os, sys, time
+import fcntl, json, os, select, sys
 fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
 fcntl.flock(fd, fcntl.LOCK_EX)
 os.write(fd, json.dumps({"pid": 1, "writer_pid": os.getpid(), "state": "draining",
                          "steps_to_come": 7}).encode())
 print("held", flush=True)
-time.sleep(float(sys.argv[2]))
+select.select([sys.stdin], [], [], float(sys.argv[2]))
 os.unlink(sys.argv[1])
 """
 
@@ -58,11 +60,19 @@ def nan_run(tmp_path_factory):
 def _hold(path, seconds):
     proc = subprocess.Popen(
         [sys.executable, "-c", HOLDER, lock_path(str(path)), str(seconds)],
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
     )
     assert proc.stdout.readline().strip() == "held"
     return proc
+
+
+def _end(holder):
+    holder.kill()
+    holder.wait()
+    holder.stdin.close()
+    holder.stdout.close()
 
 
 def test_the_writer_says_it_is_draining_in_its_lock_file(tmp_path):
@@ -103,23 +113,39 @@ def test_info_says_the_writer_is_draining(nan_run):
         d = json.loads(replay_cli("info", str(nan_run), "--json").stdout)
         assert d["writer"]["draining"] and d["writer"]["steps_to_come"] == 7
     finally:
-        holder.kill()
-        holder.wait()
-        holder.stdout.close()
+        _end(holder)
 
 
 def test_bisect_waits_for_a_draining_writer_then_replays(nan_run):
-    holder = _hold(nan_run, 2.0)
+    # The writer lets go only once bisect has said it is waiting: however slowly bisect starts
+    # (torch's import on a loaded machine takes seconds), it must find the writer still there.
+    holder = _hold(nan_run, 120)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    bisect = subprocess.Popen(
+        [sys.executable, "-m", "replay", "bisect", str(nan_run), "--json", "--no-trace"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
-        t0 = time.monotonic()
-        proc = replay_cli("bisect", str(nan_run), "--json", "--no-trace")
-        assert proc.returncode == 0, proc.stderr  # the culprit found
-        assert time.monotonic() - t0 >= 1.5  # it waited for the writer to let go
-        assert "waiting for its writer to finish (7 steps to come)" in proc.stderr
-        assert json.loads(proc.stdout)["first_bad_step"] == 22
+        said = []
+        for line in bisect.stderr:
+            said.append(line)
+            if "waiting for its writer" in line:
+                break
+        assert "waiting for its writer to finish (7 steps to come)" in "".join(said), said
+        assert bisect.poll() is None  # it waits: nothing replayed while the writer commits
+        holder.stdin.write("done\n")
+        holder.stdin.flush()
+        out, err = bisect.communicate(timeout=300)
+        assert bisect.returncode == 0, "".join(said) + err  # the culprit found
+        assert json.loads(out)["first_bad_step"] == 22
     finally:
-        holder.wait()
-        holder.stdout.close()
+        if bisect.poll() is None:
+            bisect.kill()
+            bisect.communicate()
+        _end(holder)
 
 
 def test_verify_gives_up_on_a_writer_that_never_finishes_with_one_line(nan_run):
@@ -138,6 +164,4 @@ def test_verify_gives_up_on_a_writer_that_never_finishes_with_one_line(nan_run):
         assert len(lines) == 1 and "still committing" in lines[0], proc.stderr
         assert "Traceback" not in proc.stderr
     finally:
-        holder.kill()
-        holder.wait()
-        holder.stdout.close()
+        _end(holder)
