@@ -24,12 +24,17 @@ demo: setup
 # Coverage of replay/ and tui/ (package replay_tui), child processes included; the floor is
 # what the suite measured when it was set (92% on 2026-12-03), less a little slack.
 COV_FLOOR ?= 90
+# Two pytest workers, a test file each at a time: most tests wait on a child process (a training
+# script, a `replay` command), so one worker leaves a core idle. More workers oversubscribe a
+# small machine (every child's torch starts a thread per core); `make test JOBS=0` runs serially.
+JOBS ?= 2
+XDIST = $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadfile)
 
 test: setup typecheck
-	$(PY) -m pytest -q --cov --cov-report=term --cov-fail-under=$(COV_FLOOR)
+	$(PY) -m pytest -q $(XDIST) --cov --cov-report=term --cov-fail-under=$(COV_FLOOR)
 
 test-fast: setup
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q $(XDIST) -m "not slow"
 
 # On a machine with a CUDA device: the GPU-marked tests (a CUDA run recorded, verified bitwise
 # on the GPU, a CUDA failure bisected and reproduced). Everywhere else they are skipped.
