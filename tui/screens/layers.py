@@ -27,6 +27,10 @@ def module_label(row: dict[str, Any], culprit: bool) -> Text:
     t = Text()
     t.append(short, style="bold red reverse" if culprit else "bold")
     t.append(f" {row.get('kind') or ''}", style="dim")
+    if not np.isfinite(row["act_nonfinite"]):  # never called (a ModuleList): no output to show
+        t.append("  not called", style="dim")
+        t.append(f"  {row['n_ops']} ops", style="dim")
+        return t
     t.append(f"  mean {fmt_num(row['act_mean'])} std {fmt_num(row['act_std'])}")
     t.append(f" |max| {fmt_num(row['act_absmax'])}")
     zf = row["act_zero_frac"]
