@@ -306,9 +306,13 @@ class Tracer:
         self._modes = [_FunctionMode(self), _DispatchMode(self)]
         for m in self._modes:
             m.__enter__()  # type: ignore[no-untyped-call]  # torch stubs
+        # Whatever called the step runs in the frame that entered the tracer or outside it:
+        # the `replay` command, click, a notebook. Stacks stop there.
+        self.locs.outer = sys._getframe(1)
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.locs.outer = None
         for m in reversed(self._modes):
             m.__exit__(None, None, None)  # type: ignore[no-untyped-call]  # torch stubs
         self._modes = []

@@ -85,6 +85,9 @@ class Locations:
         self._user: dict[CodeType, bool] = {}
         self._loc_key: dict[tuple[str, int, str], int] = {}
         self._stack_key: dict[tuple[int, ...], int] = {}
+        # The frame that called into the traced step (set while tracing): it and the frames
+        # outside it are the caller's, not the step's, whatever files they are in.
+        self.outer: FrameType | None = None
 
     def _is_user(self, code: CodeType) -> bool:
         u = self._user.get(code)
@@ -109,7 +112,7 @@ class Locations:
         """``(location, stack)`` indices of the calling user code; ``(-1, -1)`` if none."""
         f: FrameType | None = frame if frame is not None else sys._getframe(1)
         locs: list[int] = []
-        while f is not None and len(locs) < MAX_STACK:
+        while f is not None and f is not self.outer and len(locs) < MAX_STACK:
             code = f.f_code
             if self._is_user(code):
                 locs.append(self._loc(code.co_filename, f.f_lineno, code.co_name))

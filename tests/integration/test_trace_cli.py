@@ -32,3 +32,20 @@ def test_a_healthy_step_is_traced_into_the_forensics_file(tmp_path):
     outside = replay_cli("trace", str(run), "--step", "99", cwd=tmp_path)
     assert outside.returncode == 2 and "outside the replayable window" in outside.stderr
     assert "Traceback" not in outside.stderr
+
+
+def test_stacks_end_at_the_step_function_not_in_the_replay_command(tmp_path):
+    """Regression: every op's stack began with click's frames (``main``, ``invoke`` x3 in
+    site-packages), the `replay` command that called the step, above the user's train_step."""
+    run = tmp_path / "run.h5"
+    run_py(str(SCRIPTS / "mlp_train.py"), str(run), "--steps", "6", check=True)
+    p = replay_cli("trace", str(run), "--step", "3", "--json", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    with ForensicsReader.open(json.loads(p.stdout)["forensics"]) as f:
+        locations = f.strings("locations")
+        stacks = [json.loads(s) for s in f.strings("stacks")]
+    assert stacks
+    for stack in stacks:
+        outermost = locations[stack[0]]
+        assert outermost.rsplit(":", 2)[0] == str(SCRIPTS / "mlp_train.py"), outermost
+    assert not [loc for loc in locations if "click" in loc]
