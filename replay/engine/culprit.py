@@ -25,7 +25,7 @@ from .engine import Engine
 if TYPE_CHECKING:
     from ..trace.result import TraceResult
 
-__all__ = ["trace_culprit", "tracer_available", "sample_axes"]
+__all__ = ["trace_culprit", "tracer_available", "sample_axes", "no_culprit_note"]
 
 
 def tracer_available() -> bool:
@@ -34,6 +34,23 @@ def tracer_available() -> bool:
     except ImportError:
         return False
     return True
+
+
+def no_culprit_note(what: str, picked: list[int], size: int, dim: int) -> str:
+    """Why no ``what`` (sample, micro-batch) is named: ``picked`` fail alone, and so does the
+    rest of the ``size`` along ``dim`` (or nothing is left when every one fails)."""
+    if len(picked) == size:
+        return (
+            f"no {what} is to blame: every part of the batch along dim {dim} fails on its own "
+            "(a bad learning rate, a NaN made whatever the data)"
+        )
+    whats = "micro-batches" if what == "micro-batch" else f"{what}s"
+    who = (
+        f"{what} {picked[0]} fails"
+        if len(picked) == 1
+        else f"{whats} {', '.join(map(str, picked))} fail"
+    )
+    return f"no {what} is to blame: {who} alone, and so does the rest of the batch without them"
 
 
 def _step_fails(kind: str, row: dict[str, Any]) -> bool:
@@ -229,15 +246,7 @@ def _search(
     # (a NaN injected in the gradient, a bad learning rate) no sample is to blame.
     if len(picked) == size or (rest and fails_on(slice_batch(batch, rest, outer))):
         what = "micro-batch" if len(axes) > 1 else "sample"
-        result.add_notes(
-            [
-                f"no {what} is to blame: every part of the batch along dim {outer} fails on its "
-                "own (a bad learning rate, a NaN made whatever the data)"
-                if len(picked) == size
-                else f"no {what} is to blame: {what}s {', '.join(map(str, picked))} fail alone, "
-                "and so does the rest of the batch without them"
-            ]
-        )
+        result.add_notes([no_culprit_note(what, picked, size, outer)])
         return
     if len(axes) == 1:
         result.set_samples(picked, exact, axes)
