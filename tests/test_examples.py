@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import run_py
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
@@ -41,10 +41,7 @@ def promise(path: Path) -> tuple[dict[str, str] | str, list[str]]:
 
 
 def run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run(
-        [sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
-    )
+    return run_py(*args, cwd=cwd, timeout=300)
 
 
 def test_every_example_promises_a_verdict():

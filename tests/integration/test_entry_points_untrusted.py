@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import h5py
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.conftest import replay_cli, run_py
 
 USERMOD = textwrap.dedent(
     """
@@ -58,19 +57,8 @@ DRIVER = textwrap.dedent(
 )
 
 
-def _env() -> dict[str, str]:
-    return dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-
-
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "replay", *args],
-        cwd=cwd,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    return replay_cli(*args, cwd=cwd, timeout=180)
 
 
 def rewrite_meta(path: Path, change) -> None:
@@ -92,14 +80,7 @@ def module_run(tmp_path_factory):
     proj = tmp_path_factory.mktemp("proj")
     (proj / "usermod.py").write_text(USERMOD)
     (proj / "driver.py").write_text(DRIVER)
-    p = subprocess.run(
-        [sys.executable, "driver.py", "run.h5"],
-        cwd=proj,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    p = run_py("driver.py", "run.h5", cwd=proj, timeout=180)
     assert p.returncode == 0, p.stderr[-2000:]
     return proj
 

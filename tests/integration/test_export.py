@@ -6,26 +6,21 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import run_py
+
 SCRIPTS = Path(__file__).with_name("scripts")
 ROOT = SCRIPTS.parents[2]
 
 
-def _env() -> dict[str, str]:
-    e = dict(os.environ)
-    e["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(SCRIPTS), e.get("PYTHONPATH", "")])
-    return e
-
-
 def _run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, *args], env=_env(), capture_output=True, text=True, timeout=300
-    )
+    """``python ARGS`` with this checkout and the scripts folder importable."""
+    path = os.pathsep.join([str(ROOT), str(SCRIPTS), os.environ.get("PYTHONPATH", "")])
+    return run_py(*args, env={"PYTHONPATH": path}, timeout=300)
 
 
 @pytest.fixture(scope="module")

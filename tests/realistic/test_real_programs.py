@@ -6,7 +6,6 @@ explained with the right cause."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -16,41 +15,20 @@ import h5py
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.conftest import replay_cli, run_py
+
 PROGRAMS = Path(__file__).with_name("programs")
-
-
-def _env() -> dict[str, str]:
-    e = dict(os.environ)
-    e["PYTHONPATH"] = str(ROOT) + os.pathsep + e.get("PYTHONPATH", "")
-    e.setdefault("OMP_NUM_THREADS", "1")
-    return e
 
 
 def record(tmp: Path, program: str, *args: str) -> tuple[Path, subprocess.CompletedProcess]:
     """Copy ``program`` into ``tmp`` and run it there with ``args``; the run writes run.h5."""
     script = tmp / program
     shutil.copy(PROGRAMS / program, script)
-    p = subprocess.run(
-        [sys.executable, str(script), *args],
-        cwd=tmp,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    return tmp / "run.h5", p
+    return tmp / "run.h5", run_py(str(script), *args, cwd=tmp, timeout=180)
 
 
 def replay(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "replay", *args],
-        cwd=cwd,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return replay_cli(*args, cwd=cwd)
 
 
 def verify_json(run: Path, cwd: Path) -> tuple[int, dict, str]:
