@@ -14,6 +14,14 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = Path(__file__).resolve().parent / "integration" / "scripts"
 
 
+def run_env() -> dict[str, str]:
+    """The environment of a child Python: this checkout importable, one torch thread."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
 def run_py(
     *args: str,
     timeout: float = 120,
@@ -22,9 +30,7 @@ def run_py(
     cwd: str | os.PathLike | None = None,
 ) -> subprocess.CompletedProcess:
     """Run ``python args...`` with this checkout importable; capture text output."""
-    full_env = dict(os.environ)
-    full_env["PYTHONPATH"] = str(ROOT) + os.pathsep + full_env.get("PYTHONPATH", "")
-    full_env.setdefault("OMP_NUM_THREADS", "1")
+    full_env = run_env()
     if env:
         full_env.update(env)
     proc = subprocess.run(

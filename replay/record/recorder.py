@@ -57,6 +57,10 @@ from .writer_thread import BackgroundWriter, SnapshotJob, StepJob
 
 __all__ = ["Recorder"]
 
+#: Times the SIGTERM handler takes up a close that another signal handler raised into (one
+#: SIGCHLD per dead DataLoader worker can each raise once).
+_CLOSE_TRIES = 16
+
 
 def _looks_bad(loss: Any, gn: torch.Tensor | None) -> bool:
     """On the CPU, where reading is free: a NaN/Inf loss or gradient norm at this step.
@@ -253,6 +257,7 @@ class Recorder:
         self._warned = False
         self._warned_wait = False  # training waited for a writer that fell behind: said once
         self._closed = False
+        self._pid = os.getpid()  # the process recording (a fork's children inherit this object)
         self._pending_check: tuple[int, torch.Tensor] | None = None
         self._observed: Any = None  # observe_begin's capture, until observe_end
         self._hp_items: Any = None
@@ -317,9 +322,28 @@ class Recorder:
         self.close()
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
-        self.close()
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTERM)
+        """Close the file, then die of SIGTERM as the process would have without a Recorder.
+
+        A SIGTERM sent to the process group also kills a DataLoader's workers, and torch's
+        SIGCHLD handler then raises into this one while it waits for the writer: the wait is
+        taken up again (the file is finished) and the death still follows, never an exit 1
+        with a traceback through the recorder. A forked child (a DataLoader worker) inherits
+        this handler but not the recording: it only dies.
+        """
+        try:
+            if os.getpid() == self._pid:
+                for _ in range(_CLOSE_TRIES):
+                    try:
+                        if not self._closed:
+                            self.close()
+                        elif self._writer is not None:
+                            self._writer.close()  # an interrupted close: finish its wait
+                        break
+                    except Exception:  # noqa: BLE001 - another handler raised into the wait
+                        continue
+        finally:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
 
     # -- the hot path -----------------------------------------------------------------------
 

@@ -6,16 +6,19 @@ explained with the right cause."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import h5py
 import numpy as np
 import pytest
 
-from tests.conftest import replay_cli, run_py
+from tests.conftest import replay_cli, run_env, run_py
 
 PROGRAMS = Path(__file__).with_name("programs")
 
@@ -149,6 +152,55 @@ def test_real_non_determinism_is_told_apart_from_drifted_state(tmp_path, elsewhe
     rc, v, _ = verify_json(run, elsewhere)
     assert rc == 1 and v["cause"]["kind"] == "nondeterministic", v["cause"]
     assert "two replays of step 0" in v["cause"]["summary"]
+
+
+def test_dataloader_workers_forked_each_epoch_replay_bitwise(tmp_path, elsewhere):
+    run, p = record(tmp_path, "dataloader_workers.py", "run.h5", "--steps", "30")
+    assert p.returncode == 0, p.stderr[-2000:]
+    rc, v, _ = verify_json(run, elsewhere)
+    assert rc == 0 and v["deterministic"] is True and v["replayed_steps"] == 15, v["cause"]
+
+
+def test_sigterm_to_the_process_group_with_dataloader_workers_dies_of_sigterm_file_intact(
+    tmp_path, elsewhere
+):
+    """Regression: SIGTERM to the whole group (a scheduler, ``timeout``, ``kill -- -PGID``) killed
+    the DataLoader's workers too; torch's SIGCHLD handler raised into the Recorder's SIGTERM
+    handler while it closed the file, and the run ended with exit 1 and a traceback through
+    replay's code instead of dying of SIGTERM as it does without replay."""
+    shutil.copy(PROGRAMS / "dataloader_workers.py", tmp_path)
+    proc = subprocess.Popen(
+        [sys.executable, "dataloader_workers.py", "run.h5", "--steps", "100000", "--sleep", "0.01"],
+        cwd=tmp_path,
+        env=run_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, as a job is
+    )
+    last = -1
+    for line in proc.stdout:
+        last = int(line.split()[1])
+        if last >= 40:
+            break
+    os.killpg(proc.pid, signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    last = max([last] + [int(ln.split()[1]) for ln in out.splitlines()])
+    assert proc.returncode == -signal.SIGTERM, err[-2000:]
+    assert "Traceback" not in err, err[-2000:]
+    deadline = time.monotonic() + 60  # the writer process (SIGTERM ignored) commits, then exits
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError("a process of the run's group outlived it")
+    with h5py.File(tmp_path / "run.h5", "r") as f:
+        assert int(f["health/step"][:].max()) >= last  # every step the run printed is kept
+    rc, v, _ = verify_json(tmp_path / "run.h5", elsewhere)
+    assert rc == 0 and v["deterministic"] is True, v["cause"]
 
 
 @pytest.mark.slow
