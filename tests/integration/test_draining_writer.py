@@ -16,7 +16,7 @@ import pytest
 
 from replay.store.liveness import lock_path, writer_state
 from replay.store.writer import RingSpec, StoreWriter
-from tests.conftest import ROOT, SCRIPTS, replay_cli
+from tests.conftest import ROOT, SCRIPTS, replay_cli, run_env
 
 # Holds the lock as a draining writer does until a line arrives on its stdin (or argv[2] seconds
 # pass), then removes the lock file and exits, as a writer that finished does.
@@ -120,13 +120,12 @@ def test_bisect_waits_for_a_draining_writer_then_replays(nan_run):
     # The writer lets go only once bisect has said it is waiting: however slowly bisect starts
     # (torch's import on a loaded machine takes seconds), it must find the writer still there.
     holder = _hold(nan_run, 120)
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
     bisect = subprocess.Popen(
         [sys.executable, "-m", "replay", "bisect", str(nan_run), "--json", "--no-trace"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=env,
+        env=run_env(),
     )
     try:
         said = []
