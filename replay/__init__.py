@@ -24,8 +24,18 @@ __all__ = [
     "EntryPointError",
     "NonFiniteLossError",
     "RecorderWarning",
+    "replaying",
     "__version__",
 ]
+
+
+def replaying() -> bool:
+    """True while ``replay`` runs this program again to replay its recording: everything before
+    the Recorder runs again, then the Recorder replays and ends the program (docs/reentry.md).
+    Use it to skip what a replay must not do again (a logging service, an upload)."""
+    from .capture.guard import replaying as _replaying
+
+    return _replaying()
 
 
 def __getattr__(name: str) -> Any:

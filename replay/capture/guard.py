@@ -1,4 +1,11 @@
-"""Two process-wide modes a Recorder must know about: replay importing user code, and preflight.
+"""Three process-wide modes a Recorder must know about: replay re-entering the program, replay
+importing user code, and preflight.
+
+**Replay re-entering the program** (docs/reentry.md). ``replay bisect`` runs the recorded
+program again in its own process (:func:`reentering`); the first Recorder (or framework
+callback) the program constructs hands its live objects and step function to replay
+(:func:`take_over`), which restores the snapshot into them and replays; the Recorder then
+raises :class:`ReplayFinished`, which unwinds the program before any training.
 
 **Replay importing user code.** ``replay bisect`` imports the recorded script to find
 ``build_fn`` and ``step_fn``. A script that trains at import time (its loop not under
@@ -16,19 +23,23 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import EntryPointError
 
 __all__ = [
+    "LiveProgram",
+    "ReplayFinished",
+    "reentering",
+    "replaying",
+    "take_over",
     "TrainingAtImportError",
     "PreflightStop",
     "Preflight",
     "replay_runs_user_code",
     "refuse_if_replaying",
-    "recorder_started_during",
     "preflight_from_env",
     "PREFLIGHT_ENV",
 ]
@@ -84,8 +95,69 @@ def refuse_if_replaying() -> None:
     raise TrainingAtImportError(msg)
 
 
-def recorder_started_during() -> bool:
-    return bool(_refused)
+@dataclass
+class LiveProgram:
+    """What the re-run program handed its first Recorder: the objects (``model`` the plain
+    module), the step function, and the model the step is called with (a DDP or compiled
+    wrapper, ``None`` when it is the plain module)."""
+
+    objects: Any  # capture.objects.RunObjects
+    step_fn: Callable[..., Any]
+    wrapper: Any = None
+    who: str = "replay.Recorder"
+
+
+class ReplayFinished(BaseException):
+    """Unwinds the re-run program once replay is done with it.
+
+    A ``BaseException`` that is neither ``SystemExit`` nor ``KeyboardInterrupt``: the program's
+    ``except Exception`` lets it through, its ``finally`` blocks and context managers run, and
+    frameworks that tear down on any exception (Lightning's ``fit``) tear down and re-raise.
+    """
+
+    def __init__(self) -> None:
+        super().__init__("replay took over this program; its training does not run")
+
+
+_reentry: list[Callable[[LiveProgram], None]] = []
+_taken: list[bool] = []
+
+
+@contextlib.contextmanager
+def reentering(on_takeover: Callable[[LiveProgram], None]) -> Iterator[list[bool]]:
+    """Around replay's run of the recorded program: its first Recorder calls ``on_takeover``.
+    Yields a list that holds ``True`` once a Recorder took over. NB: not reentrant."""
+    _reentry[:] = [on_takeover]
+    _taken.clear()
+    try:
+        yield _taken
+    finally:
+        _reentry.clear()
+
+
+def replaying() -> bool:
+    """True while ``replay`` runs this program again to replay its recording (everything before
+    the Recorder runs again; the Recorder then replays and ends the program). A program may skip
+    a logging service or a slow download with it::
+
+        if not replay.replaying():
+            wandb.init(...)
+    """
+    return bool(_reentry) or bool(_taken)
+
+
+def take_over(live: Callable[[], LiveProgram]) -> None:
+    """Called first thing by a Recorder: under re-entry, replay takes the program's objects and
+    then :class:`ReplayFinished` ends the program; otherwise nothing. A Recorder constructed
+    after the take-over (the program caught ``ReplayFinished``) ends it again."""
+    if _taken:
+        raise ReplayFinished()
+    if not _reentry:
+        return
+    on = _reentry.pop()
+    _taken.append(True)
+    on(live())  # never raises: the replay's outcome, or its error, is kept by the caller
+    raise ReplayFinished()
 
 
 @dataclass

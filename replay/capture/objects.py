@@ -153,8 +153,11 @@ class StepCall:
 
     Named style: each parameter of ``step_fn`` is bound by name to a run object, to ``batch``
     or to a per-step value; a ``**kwargs`` parameter takes the values no parameter names.
-    Positional style: ``step_fn(model, optimizer, batch, **values)``. In both, a value no
-    parameter takes is recorded but not passed (``it=it`` kept for the record).
+    Positional style: ``step_fn(model, optimizer, batch, **values)``, unless the function cannot
+    take that (fewer than three positional parameters, or a first one named ``batch``: a closure
+    ``step(batch)`` over the loop's own objects): then it is called by name as in the named
+    style. In both, a value no parameter takes is recorded but not passed (``it=it`` kept for the
+    record).
     """
 
     def __init__(self, step_fn: Callable[..., Any], objects: RunObjects) -> None:
@@ -162,14 +165,19 @@ class StepCall:
         self.objects = objects
         self._takes: list[str] = []
         self._var_kw = False
-        if objects.style == "named":
+        self._by_name = objects.style == "named"
+        if self._by_name:
             self._plan(step_fn)
         else:
             try:
-                params = inspect.signature(step_fn).parameters.values()
+                params = list(inspect.signature(step_fn).parameters.values())
             except (TypeError, ValueError):  # unreadable: pass every value, as written
                 self._var_kw = True
             else:
+                if _takes_batch_alone(params):
+                    self._by_name = True
+                    self._plan(step_fn)
+                    return
                 self._var_kw = any(p.kind is p.VAR_KEYWORD for p in params)
                 self._takes = [p.name for p in params if p.kind is not p.VAR_KEYWORD]
 
@@ -211,7 +219,7 @@ class StepCall:
 
     def __call__(self, batch: Any, values: Mapping[str, Any] | None = None) -> Any:
         objs = self.objects
-        if objs.style != "named":
+        if not self._by_name:
             given = {k: v for k, v in (values or {}).items() if self._var_kw or k in self._takes}
             return self.step_fn(objs.model, objs.optimizer, batch, **given)
         kw: dict[str, Any] = {}
@@ -226,6 +234,17 @@ class StepCall:
             for k, v in values.items():
                 kw.setdefault(k, v)
         return self.step_fn(**kw)
+
+
+def _takes_batch_alone(params: list[inspect.Parameter]) -> bool:
+    """A step that cannot be called ``step_fn(model, optimizer, batch)``: it names its own
+    objects (a closure, a bound method) and takes the batch by name."""
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return False
+    slots = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return bool(slots) and (slots[0].name == "batch" or len(slots) < 3) and any(
+        p.name == "batch" for p in slots
+    )
 
 
 def _param_names(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:

@@ -1,4 +1,5 @@
-"""The options of every command that replays (``bisect``, ``verify``, ``overfit``)."""
+"""The options of every command that replays (``bisect``, ``verify``, ``trace``, ``whatif``,
+``export``, ``overfit``)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,12 @@ def engine_options(fn: Any) -> Any:
         is_flag=True,
         help="Import the entry points of a recording made by another user or on another host "
         "(read the files it names first).",
+    )(fn)
+    fn = click.option(
+        "--reenter",
+        is_flag=True,
+        help="Run the recorded program again up to its Recorder and replay on its objects, "
+        "even when the recording names a build_fn (the default without one).",
     )(fn)
     fn = click.option(
         "--entry",

@@ -62,6 +62,7 @@ def bisect(
     device: str | None,
     entry: str | None,
     trust: bool,
+    reenter: bool,
     rank: int | None,
     alone: bool,
 ) -> int:
@@ -92,6 +93,7 @@ def bisect(
                 trace=not no_trace,
                 device=device,
                 entry=entry,
+                reenter=reenter,
                 trust=trust,
                 progress=bar,
                 log=None if as_json else lambda m: click.echo(m, err=True),

@@ -37,6 +37,7 @@ def export(
     device: str | None,
     entry: str | None,
     trust: bool,
+    reenter: bool,
 ) -> int:
     """Write the state before a step of RUN as a torch.save checkpoint to resume the real run.
 
@@ -49,7 +50,9 @@ def export(
     from ..workflows import run_export
 
     with user_stdout_to_stderr(as_json), big_imports() as phase:
-        report = run_export(run, out, step=step, device=device, entry=entry, trust=trust)
+        report = run_export(
+            run, out, step=step, device=device, entry=entry, trust=trust, reenter=reenter
+        )
         phase.end()
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))

@@ -113,6 +113,7 @@ def overfit(
     device: str | None,
     entry: str | None,
     trust: bool,
+    reenter: bool,
 ) -> int:
     """Rebuild the model from RUN's state and train it on one recorded batch, again and again.
 
@@ -133,7 +134,14 @@ def overfit(
             )
     with user_stdout_to_stderr(as_json):
         result = overfit_batch(
-            run, step=step, iters=iters, lr=lr, device=device, entry=entry, trust=trust
+            run,
+            step=step,
+            iters=iters,
+            lr=lr,
+            device=device,
+            entry=entry,
+            trust=trust,
+            reenter=reenter,
         )
     click.echo(json.dumps(result, indent=2) if as_json else render(result))
     return 0 if result["overfits"] else 1

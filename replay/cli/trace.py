@@ -24,6 +24,7 @@ def trace(
     device: str | None,
     entry: str | None,
     trust: bool,
+    reenter: bool,
 ) -> int:
     """Replay one step of RUN under per-op hooks, healthy or not, and write its forensics.
 
@@ -36,7 +37,7 @@ def trace(
     from ..workflows.trace import run_trace
 
     with user_stdout_to_stderr(as_json), big_imports():
-        d = run_trace(run, step, device=device, entry=entry, trust=trust)
+        d = run_trace(run, step, device=device, entry=entry, trust=trust, reenter=reenter)
     if as_json:
         click.echo(json.dumps(d, indent=2))
     else:

@@ -23,6 +23,7 @@ def verify(
     device: str | None,
     entry: str | None,
     trust: bool,
+    reenter: bool,
     rank: int | None,
     alone: bool,
 ) -> int:
@@ -53,6 +54,7 @@ def verify(
                 run,
                 device=device,
                 entry=entry,
+                reenter=reenter,
                 trust=trust,
                 progress=bar,
                 opened=phase.end,

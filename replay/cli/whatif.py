@@ -198,6 +198,7 @@ def whatif(
     device: str | None,
     entry: str | None,
     trust: bool,
+    reenter: bool,
 ) -> int:
     """Replay RUN's failing steps as recorded, then once per change: does the failure go away?
 
@@ -252,6 +253,7 @@ def whatif(
                 to_step=to_step,
                 device=device,
                 entry=entry,
+                reenter=reenter,
                 trust=trust,
                 progress=bar,
                 opened=phase.end,

@@ -26,13 +26,13 @@ from typing import Any
 import torch
 
 from ..capture.fingerprint import absmax, exact_if_needed, loss_of, param_fingerprint
-from ..capture.guard import replay_runs_user_code
+from ..capture.guard import LiveProgram, replay_runs_user_code
 from ..capture.objects import RunObjects, StepCall
 from ..capture.probe import GradProbe
 from ..capture.rng import restore_rng
 from ..capture.tensors import from_leaves, leaf_finite
 from ..errors import EntryPointError, RecordingError, ReplayError
-from ..store.reader import Recording
+from ..store.reader import Recording, Window
 from ..store.tree import TensorLeaf
 from .device import choose_device
 from .entry import (
@@ -103,7 +103,8 @@ def _restoring(what: str) -> Iterator[None]:
 
 
 class Engine:
-    """Replays steps of a recording with the recorded ``build_fn``/``step_fn``.
+    """Replays steps of a recording: on the objects the re-run program handed over (``live``,
+    replay/engine/reentry.py), or on those the recorded ``build_fn`` makes.
 
     ``device``: where to replay (default: where it was recorded when possible, else the CPU with
     a warning). ``entry``: an :class:`EntryOverride` (``--entry``). ``trust``: import the entry
@@ -119,9 +120,74 @@ class Engine:
         entry: EntryOverride | None = None,
         log: Callable[[str], None] = _stderr,
         trust: bool = False,
+        live: LiveProgram | None = None,
     ) -> None:
         self.rec = rec
         self.log = log
+        window = self.check_replayable(rec)
+        self.window = window
+        env = rec.env
+        self.recorded_device = rec.snapshot_devices(window.first).get("model", "cpu")
+        self.device = choose_device(self.recorded_device, device, log)
+        # Leaves go back where they were recorded unless we replay elsewhere.
+        self._leaf_device = None if self.device == self.recorded_device else self.device
+        self._configure_torch(env)
+        self.objs: RunObjects
+        if live is not None:
+            # Re-entry: the re-run program handed its own objects over (replay/engine/reentry.py).
+            self.objs = live.objects
+            self.objs.model.to(self.device)
+            step_fn, files = live.step_fn, [str(rec.program["path"])] if rec.program else []
+        else:
+            self.check_origin(rec, entry, trust)
+            # The user's file is imported and build_fn called as in the recorded process: its
+            # sys.argv (argparse at import time) and working directory (relative paths).
+            with recorded_process(env, log):
+                with replay_runs_user_code("importing the recorded entry points"):
+                    eps = load_entry_points(rec.entry, env, rec.sources, entry, log)
+                with replay_runs_user_code(
+                    f"build_fn {getattr(eps.build_fn, '__qualname__', '')}()"
+                ):
+                    kwargs = {**(rec.meta.get("build_kwargs") or {}), **eps.build_args}
+                    self.objs = build_objects(
+                        eps.build_fn, self.device, rec.meta.get("objects"), kwargs
+                    )
+            step_fn, files = eps.step_fn, eps.files
+        self.entry_files = files
+        self.step_fn = step_fn
+        self.call = StepCall(step_fn, self.objs)
+        self._modules = [m for _, m in self.objs.model.named_modules()]
+        recorded_modules = rec.run_meta.model.modules
+        if "modules" in (rec.meta.get("model") or {}) and len(recorded_modules) != len(
+            self._modules
+        ):
+            who = "the program" if live is not None else "build_fn"
+            raise ReplayError(
+                f"{who} made a model with {len(self._modules)} modules, the recording has "
+                f"{len(recorded_modules)}: the model changed since the recording"
+            )
+        self._params = list(self.objs.model.parameters())
+        self._opt_params = self.objs.trained_params()
+        # Same place, same function as the recorder: before any clip, before the update.
+        self._probe = GradProbe(self._opt_params, self.objs.optimizer)
+        self._pos: int | None = None  # the live objects hold the state before this step
+        self._checkpoints: OrderedDict[int, dict[str, Any]] = OrderedDict()
+        self._records: OrderedDict[int, dict[str, Any]] = OrderedDict()
+        self._snap: tuple[int, dict[str, Any]] | None = None
+        self.steps_run = 0  # step_fn calls so far (the cost a bisect reports)
+        self.on_step: Callable[[int], None] | None = None  # progress: called after each step
+        self._tweak: Callable[[int], None] | None = None  # see off_record
+        self._off_record = False
+        self.wrapper: torch.nn.Module | None = None  # see use_wrapper
+        # A context around step t's step function (a multi-rank replay: DDP's no_sync() at a
+        # step whose all-reduce a peer never joined in the recording).
+        self.around_step: Callable[[int], contextlib.AbstractContextManager[Any]] | None = None
+        if live is not None and live.wrapper is not None:
+            self.use_wrapper(live.wrapper)  # the step runs through the program's DDP/compile
+
+    @staticmethod
+    def check_replayable(rec: Recording) -> Window:
+        """The recording's replayable window; a ``RecordingError`` (exit 3) when it has none."""
         why = rec.run_meta.not_replayable
         if why is not None:
             bad = rec.first_bad()
@@ -141,58 +207,19 @@ class Engine:
                 f"{rec.path}: nothing can be replayed (no kept snapshot with the batches after "
                 "it); record with a smaller snapshot_every or a larger keep_snapshots"
             )
-        self.window = window
-        env = rec.env
-        self.recorded_device = rec.snapshot_devices(window.first).get("model", "cpu")
-        self.device = choose_device(self.recorded_device, device, log)
-        # Leaves go back where they were recorded unless we replay elsewhere.
-        self._leaf_device = None if self.device == self.recorded_device else self.device
-        self._configure_torch(env)
-        origin = foreign_origin(env) if entry is None else None
+        return window
+
+    @staticmethod
+    def check_origin(rec: Recording, entry: EntryOverride | None, trust: bool) -> None:
+        """A recording made by another user or on another host runs its code only with trust."""
+        origin = foreign_origin(rec.env) if entry is None else None
         if origin is not None and not trust:
+            files = entry_files(rec.entry) or ([str(rec.program["path"])] if rec.program else [])
             raise EntryPointError(
                 f"{rec.path} was recorded on {origin}, not by you here; replaying it imports and "
-                f"runs {', '.join(entry_files(rec.entry)) or 'its entry points'}: read them, then "
+                f"runs {', '.join(files) or 'its entry points'}: read them, then "
                 "pass --trust (or --entry to name your own)"
             )
-        # The user's file is imported and build_fn called as in the recorded process: its
-        # sys.argv (argparse at import time) and working directory (relative paths).
-        with recorded_process(env, log):
-            with replay_runs_user_code("importing the recorded entry points"):
-                eps = load_entry_points(rec.entry, env, rec.sources, entry, log)
-            with replay_runs_user_code(f"build_fn {getattr(eps.build_fn, '__qualname__', '')}()"):
-                kwargs = {**(rec.meta.get("build_kwargs") or {}), **eps.build_args}
-                self.objs: RunObjects = build_objects(
-                    eps.build_fn, self.device, rec.meta.get("objects"), kwargs
-                )
-        self.entry_files = eps.files
-        self.step_fn = eps.step_fn
-        self.call = StepCall(eps.step_fn, self.objs)
-        self._modules = [m for _, m in self.objs.model.named_modules()]
-        recorded_modules = rec.run_meta.model.modules
-        if "modules" in (rec.meta.get("model") or {}) and len(recorded_modules) != len(
-            self._modules
-        ):
-            raise ReplayError(
-                f"build_fn made a model with {len(self._modules)} modules, the recording has "
-                f"{len(recorded_modules)}: the model changed since the recording"
-            )
-        self._params = list(self.objs.model.parameters())
-        self._opt_params = self.objs.trained_params()
-        # Same place, same function as the recorder: before any clip, before the update.
-        self._probe = GradProbe(self._opt_params, self.objs.optimizer)
-        self._pos: int | None = None  # the live objects hold the state before this step
-        self._checkpoints: OrderedDict[int, dict[str, Any]] = OrderedDict()
-        self._records: OrderedDict[int, dict[str, Any]] = OrderedDict()
-        self._snap: tuple[int, dict[str, Any]] | None = None
-        self.steps_run = 0  # step_fn calls so far (the cost a bisect reports)
-        self.on_step: Callable[[int], None] | None = None  # progress: called after each step
-        self._tweak: Callable[[int], None] | None = None  # see off_record
-        self._off_record = False
-        self.wrapper: torch.nn.Module | None = None  # see use_wrapper
-        # A context around step t's step function (a multi-rank replay: DDP's no_sync() at a
-        # step whose all-reduce a peer never joined in the recording).
-        self.around_step: Callable[[int], contextlib.AbstractContextManager[Any]] | None = None
 
     def _around(self, t: int) -> contextlib.AbstractContextManager[Any]:
         return contextlib.nullcontext() if self.around_step is None else self.around_step(t)

@@ -2,8 +2,9 @@
 
 Started by :func:`replay.multirank.launch.replay_rank_set` the way torchrun starts
 ranks (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``). It joins a
-process group of the recorded world size, opens its own rank file, wraps the model ``build_fn``
-makes in ``DistributedDataParallel`` as the recorded loop did (or shards it with FSDP2's
+process group of the recorded world size (or, replaying by re-entry, runs the recorded program
+again, which makes the process group and its DDP wrapper itself), opens its own rank file, wraps
+the model ``build_fn`` makes in ``DistributedDataParallel`` as the recorded loop did (or shards it with FSDP2's
 ``fully_shard``, when ``meta.distributed.fsdp`` says the loop did), and replays in lockstep with the
 other ranks (``lockstep.py``): the leader runs the workflow, the others follow. It writes
 ``rank<r>.json`` into the spec's ``out`` directory: its report, or its error in one line.
@@ -57,7 +58,9 @@ def _wrap_ddp(engine: Any, device: str, rec: Any) -> set[int]:
     from ..record.ddp.hook import LocalGradProbe
 
     ids = [device] if device.startswith("cuda") else None
-    ddp = DistributedDataParallel(engine.model, device_ids=ids)
+    ddp = engine.wrapper  # a re-run program's own wrapper
+    if not isinstance(ddp, DistributedDataParallel):
+        ddp = DistributedDataParallel(engine.model, device_ids=ids)
     h = rec.health()
     probed = "local_grad_norm" in h and any(not math.isnan(float(x)) for x in h["local_grad_norm"])
     if probed:
@@ -203,79 +206,115 @@ def _tracer(engine: Any, rec: Any, traced: dict[str, Any]) -> Any:
     return on_call
 
 
+def _reenters(path: str, spec: dict[str, Any]) -> bool:
+    """Whether this rank's replay runs the recorded program again (it then makes the process
+    group itself, as it did when it trained) rather than importing ``build_fn``."""
+    if spec.get("entry"):
+        return False
+    if spec.get("reenter"):
+        return True
+    from ..store import open_recording
+
+    rec = open_recording(path)
+    try:
+        return "build_fn" not in rec.entry
+    finally:
+        rec.close()
+
+
 def run(spec: dict[str, Any]) -> dict[str, Any]:
     """Replay this rank (``RANK`` in the environment); returns what ``rank<r>.json`` holds."""
     import torch
     import torch.distributed as dist
 
-    from ..workflows.session import open_engine
-    from .lockstep import Leader, StepLog, follow, rank_summary
+    from ..workflows.session import with_engine
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local = int(os.environ.get("LOCAL_RANK", rank))
-    leader = int(spec["leader"])
     backend = spec.get("backend") or "gloo"
     device = spec.get("device")
     if backend == "nccl":
         torch.cuda.set_device(local)
         device = device or f"cuda:{local}"
     timeout = datetime.timedelta(seconds=float(spec.get("timeout") or 300))
-    dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout)
+    path = spec["files"][str(rank)]
+    reenter = _reenters(path, spec)
+    if not reenter:  # re-entry: the program makes its process group, from this environment
+        dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout)
     try:
-        # Commands travel on their own gloo group (CPU objects, also when the model uses NCCL).
-        group = dist.new_group(backend="gloo", timeout=timeout)
-        rec, engine = open_engine(
-            spec["files"][str(rank)], device, spec.get("entry"), bool(spec.get("trust"))
+        return with_engine(
+            path,
+            lambda rec, engine: _replay_rank(rec, engine, spec, rank, world, timeout),
+            device=device,
+            entry=spec.get("entry"),
+            trust=bool(spec.get("trust")),
+            reenter=reenter,
         )
-        try:
-            _same_windows(engine, group, world)
-            fsdp = (rec.meta.get("distributed") or {}).get("fsdp")
-            if fsdp:
-                peer_failed = _shard(engine, fsdp)
-            else:
-                peer_failed = _wrap_ddp(engine, engine.device, rec)
-            if peer_failed:
-                # Not compared on this rank: the recording holds the collective's failure.
-                engine.recorded_rows = _without(engine.recorded_rows, peer_failed)
-            log = StepLog()
-            log.attach(engine, rank)
-            report: dict[str, Any] | None = None
-            traced: dict[str, Any] = {}  # a follower's own trace of the culprit step
-            if rank == leader:
-                lead = Leader(engine, rank, group)
-                lead.install()
-                try:
-                    if spec["mode"] == "verify":
-                        report = _lead_verify(engine, rec)
-                    else:
-                        report = _lead_bisect(engine, rec, spec)
-                except BaseException as e:
-                    lead.finish(f"{type(e).__name__}: {e}".splitlines()[0])
-                    raise
-                lead.finish()
-            else:
-                tracing = spec["mode"] == "bisect" and spec.get("trace", True)
-                on_call = _tracer(engine, rec, traced) if tracing else None
-                follow(engine, leader, group, on_call)
-            summary = rank_summary(engine, log, rank)
-            summary["peer_failed_steps"] = sorted(peer_failed)
-            if rank == leader and report is not None and report.get("forensics"):
-                summary["trace"] = {k: report.get(k) for k in _TRACE_KEYS}
-                summary["trace"].update(step=report.get("first_bad_step"), kind=report.get("kind"))
-            elif traced:
-                summary["trace"] = traced
-            return {
-                "rank": rank,
-                "ok": True,
-                "leader": rank == leader,
-                "report": report,
-                "replay": summary,
-            }
-        finally:
-            engine.close()
-            rec.close()
     finally:
-        dist.destroy_process_group()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _replay_rank(
+    rec: Any, engine: Any, spec: dict[str, Any], rank: int, world: int, timeout: Any
+) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    from ..capture.sharded import mesh_of
+    from .lockstep import Leader, StepLog, follow, rank_summary
+
+    if not dist.is_initialized():
+        raise ReplayError(
+            "the recorded program reached its Recorder without a process group "
+            "(torch.distributed.init_process_group): it cannot be replayed as a rank set"
+        )
+    leader = int(spec["leader"])
+    # Commands travel on their own gloo group (CPU objects, also when the model uses NCCL).
+    group = dist.new_group(backend="gloo", timeout=timeout)
+    _same_windows(engine, group, world)
+    fsdp = (rec.meta.get("distributed") or {}).get("fsdp")
+    if fsdp:
+        # (a re-run program sharded its model itself)
+        peer_failed = set() if mesh_of(engine.model) is not None else _shard(engine, fsdp)
+    else:
+        peer_failed = _wrap_ddp(engine, engine.device, rec)
+    if peer_failed:
+        # Not compared on this rank: the recording holds the collective's failure.
+        engine.recorded_rows = _without(engine.recorded_rows, peer_failed)
+    log = StepLog()
+    log.attach(engine, rank)
+    report: dict[str, Any] | None = None
+    traced: dict[str, Any] = {}  # a follower's own trace of the culprit step
+    if rank == leader:
+        lead = Leader(engine, rank, group)
+        lead.install()
+        try:
+            if spec["mode"] == "verify":
+                report = _lead_verify(engine, rec)
+            else:
+                report = _lead_bisect(engine, rec, spec)
+        except BaseException as e:
+            lead.finish(f"{type(e).__name__}: {e}".splitlines()[0])
+            raise
+        lead.finish()
+    else:
+        tracing = spec["mode"] == "bisect" and spec.get("trace", True)
+        on_call = _tracer(engine, rec, traced) if tracing else None
+        follow(engine, leader, group, on_call)
+    summary = rank_summary(engine, log, rank)
+    summary["peer_failed_steps"] = sorted(peer_failed)
+    if rank == leader and report is not None and report.get("forensics"):
+        summary["trace"] = {k: report.get(k) for k in _TRACE_KEYS}
+        summary["trace"].update(step=report.get("first_bad_step"), kind=report.get("kind"))
+    elif traced:
+        summary["trace"] = traced
+    return {
+        "rank": rank,
+        "ok": True,
+        "leader": rank == leader,
+        "report": report,
+        "replay": summary,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,9 @@
-"""Recording the entry points (``build_fn``, ``step_fn``) as importable references.
+"""Recording how replay finds the run's objects and step again.
 
-Replay imports them again, so they must be module-level functions: a lambda, a closure or a
+Two ways (docs/reentry.md). **Re-entry** (the default): replay runs the recorded program again
+(:func:`describe_program`) and takes the objects and the step function the program hands its
+first Recorder; the step may then be any callable (:func:`describe_step`). **Entry points**
+(``build_fn`` given): replay imports ``build_fn`` and ``step_fn`` again, so they must be module-level functions: a lambda, a closure or a
 bound method cannot be found by name in a fresh process. We record the module, the qualified
 name, the file (for a script run as ``__main__``), its source text and its sha256, so replay can
 say which file it imports and warn when it changed.
@@ -17,7 +20,7 @@ from typing import Any
 
 from ..errors import EntryPointError
 
-__all__ = ["describe_entry", "read_source"]
+__all__ = ["describe_entry", "describe_program", "describe_step", "read_source"]
 
 
 def read_source(path: str) -> str | None:
@@ -80,3 +83,66 @@ def describe_entry(fn: Callable[..., Any], role: str) -> dict[str, Any]:
         "sha256": hashlib.sha256(source.encode()).hexdigest() if source is not None else None,
         "is_script": module == "__main__",
     }
+
+
+def describe_step(fn: Callable[..., Any]) -> dict[str, Any]:
+    """The step function as the recording shows it when replay re-enters the program: any
+    callable (a closure, a bound method, a lambda) the program hands the Recorder again."""
+    if not callable(fn):
+        raise EntryPointError(f"step_fn must be a function, got {type(fn).__name__}")
+    code = getattr(inspect.unwrap(fn), "__code__", None) or getattr(
+        getattr(fn, "__func__", None), "__code__", None
+    )
+    path = os.path.abspath(code.co_filename) if code is not None else ""
+    return {
+        "module": str(getattr(fn, "__module__", "") or ""),
+        "qualname": str(getattr(fn, "__qualname__", type(fn).__name__)),
+        "path": path,
+        "is_script": getattr(fn, "__module__", None) == "__main__",
+        "reentry": True,
+    }
+
+
+def describe_program() -> tuple[dict[str, Any] | None, str | None]:
+    """How to run this process's program again: ``({"kind", "path", "module", "sha256"}, None)``,
+    or ``(None, why not)`` (an interactive session, a program started by an installed tool such
+    as pytest or a notebook kernel, whose re-run would not be the user's training)."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if main is None or not isinstance(path, str):
+        return None, "the program has no main file (an interactive session or a notebook)"
+    path = os.path.abspath(path)
+    spec = getattr(main, "__spec__", None)
+    name = getattr(spec, "name", None) if spec is not None else None
+    if _installed(path):
+        return None, (
+            f"the program's main file {path} belongs to an installed package (run by a tool, "
+            "not as `python your_script.py`)"
+        )
+    source = read_source(path)
+    program: dict[str, Any] = {
+        "kind": "module" if isinstance(name, str) and name and name != "__main__" else "script",
+        "path": path,
+    }
+    if program["kind"] == "module":
+        program["module"] = name
+    if source is not None:
+        program["sha256"] = hashlib.sha256(source.encode()).hexdigest()
+    return program, None
+
+
+def _installed(path: str) -> bool:
+    import site
+    import sysconfig
+
+    real = os.path.realpath(path)
+    dirs = {sysconfig.get_paths().get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    try:
+        dirs.update(site.getsitepackages())
+    except AttributeError:  # an old virtualenv's site module
+        pass
+    for d in filter(None, dirs):
+        d = os.path.realpath(d)
+        if real.startswith(d.rstrip(os.sep) + os.sep):
+            return True
+    return False

@@ -27,7 +27,13 @@ from typing import Any
 import torch
 
 from ..capture.fingerprint import absmax, exact_if_needed, loss_of, param_fingerprint
-from ..capture.guard import PreflightStop, preflight_from_env, refuse_if_replaying
+from ..capture.guard import (
+    LiveProgram,
+    PreflightStop,
+    preflight_from_env,
+    refuse_if_replaying,
+    take_over,
+)
 from ..capture.objects import RunObjects, StepCall, gather_state, objects_from_build
 from ..capture.pool import HostPool
 from ..capture.probe import GradProbe
@@ -50,7 +56,7 @@ from .config import RecorderConfig
 from .ddp.consistency import Verdict
 from .ddp.context import detect, unwrap
 from .ddp.policy import DdpRanks, RankPolicy, SingleProcess
-from .entry import describe_entry, read_source
+from .entry import describe_entry, describe_program, describe_step, read_source
 from .env import collect_env
 from .step_log_writer import StepLogWriter, on_host
 from .writer_thread import BackgroundWriter, SnapshotJob, StepJob
@@ -154,7 +160,7 @@ class Recorder:
         model: torch.nn.Module | None = None,
         optimizer: torch.optim.Optimizer | None = None,
         step_fn: Callable[..., Any],
-        build_fn: Callable[..., Any],
+        build_fn: Callable[..., Any] | None = None,
         scheduler: Any = None,
         scaler: Any = None,
         objects: Mapping[str, Any] | None = None,
@@ -174,6 +180,9 @@ class Recorder:
         not_replayable: str | None = None,
     ) -> None:
         refuse_if_replaying()  # before anything is started or created
+        # Replay re-running this program: hand it the live objects; it replays, then ends the
+        # program (ReplayFinished) before any training. Nothing is recorded.
+        take_over(lambda: self._live(objects, model, optimizer, scheduler, scaler, step_fn))
         self.preflight = preflight_from_env()
         if self.preflight is not None:
             path = self.preflight.path
@@ -207,10 +216,24 @@ class Recorder:
         self._fsdp = layout(self._inner) if self.dist is not None else None
         self.scheduler, self.scaler = scheduler, scaler
         self.step_fn = step_fn
-        self.entry = {
-            "step_fn": describe_entry(step_fn, "step_fn"),
-            "build_fn": describe_entry(build_fn, "build_fn"),
-        }
+        # Without build_fn, replay runs the program again and takes over here (re-entry); with
+        # it, replay imports build_fn and step_fn by name (no program set-up to redo).
+        self.program, self._no_program = describe_program()
+        if build_fn is None:
+            self.entry = {"step_fn": describe_step(step_fn)}
+            if self.program is None and not_replayable is None:
+                not_replayable = f"no build_fn, and {self._no_program}"
+                warnings.warn(
+                    f"replay: {not_replayable}: replay cannot run it again, so this run's steps "
+                    "will not replay; pass build_fn= (docs/entry-points.md)",
+                    RecorderWarning,
+                    stacklevel=2,
+                )
+        else:
+            self.entry = {
+                "step_fn": describe_entry(step_fn, "step_fn"),
+                "build_fn": describe_entry(build_fn, "build_fn"),
+            }
         # Keyword arguments replay calls build_fn with (a framework integration's build needs
         # the user's class and settings): a class or function is recorded as an entry point
         # (imported on replay under the same rules as build_fn), anything else as JSON.
@@ -278,6 +301,25 @@ class Recorder:
                 # AMP skips steps with inf gradients by design: only the loss votes then
                 grads_vote=scaler is None,
             )
+
+    @classmethod
+    def _live(
+        cls,
+        objects: Mapping[str, Any] | None,
+        model: Any,
+        optimizer: Any,
+        scheduler: Any,
+        scaler: Any,
+        step_fn: Callable[..., Any],
+    ) -> LiveProgram:
+        """What replay takes over when it re-runs this program: the objects with the plain
+        module as ``model`` (what snapshots hold) and the wrapper the step runs through."""
+        objs = cls._objects(objects, model, optimizer, scheduler, scaler)
+        inner = unwrap(objs.model)
+        wrapper = None if inner is objs.model else objs.model
+        if wrapper is not None:
+            objs = RunObjects({**objs.named, "model": inner}, objs.style)
+        return LiveProgram(objs, step_fn, wrapper)
 
     @staticmethod
     def _objects(
@@ -749,12 +791,16 @@ class Recorder:
             else {**self.dist.meta(), **({"fsdp": self._fsdp} if self._fsdp else {})},
             build_kwargs=self.build_kwargs or None,
             not_replayable=self.not_replayable,
+            program=self.program,
         )
         sources = {}
-        for e in self.entry.values():
-            text = read_source(e["path"])
+        paths = [e["path"] for e in self.entry.values()]
+        if self.program is not None:
+            paths.append(self.program["path"])
+        for path in paths:
+            text = read_source(path) if path else None
             if text is not None:
-                sources[e["path"]] = text
+                sources[path] = text
         # A step's record: the batch (sized at the first step, when the loop handed one over)
         # and about 16 KiB of RNG states and manifest. Chunks of about a quarter of it: each
         # chunk is one write call in the writer process (a 146 KB step in 16 KiB chunks cost 33

@@ -271,6 +271,9 @@ class RunMeta:
     # why the steps cannot be replayed (a framework feature replay does not rebuild): no
     # snapshots, the health and batches only; written only when set
     not_replayable: str | None = None
+    # how to run the recorded program again (replay by re-entry, docs/reentry.md): written when
+    # the program can be run again; ``{"kind": "script"|"module", "path", "module", "sha256"}``
+    program: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         def named(c: str | None) -> dict[str, str] | None:
@@ -279,6 +282,8 @@ class RunMeta:
         extra: dict[str, Any] = {"build_kwargs": self.build_kwargs} if self.build_kwargs else {}
         if self.not_replayable is not None:
             extra["not_replayable"] = self.not_replayable
+        if self.program is not None:
+            extra["program"] = self.program
         return {
             "config": dict(self.config),
             "entry": self.entry,
@@ -306,4 +311,5 @@ class RunMeta:
             distributed=d.get("distributed"),
             build_kwargs=d.get("build_kwargs") or None,
             not_replayable=d.get("not_replayable"),
+            program=d.get("program") if isinstance(d.get("program"), dict) else None,
         )

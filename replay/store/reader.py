@@ -435,6 +435,12 @@ class Recording:
         return self.meta.get("entry") or {}
 
     @property
+    def program(self) -> dict[str, Any] | None:
+        """How to run the recorded program again (re-entry), or ``None``."""
+        p = self.meta.get("program")
+        return p if isinstance(p, dict) else None
+
+    @property
     def env(self) -> dict[str, Any]:
         return self.meta.get("env") or {}
 

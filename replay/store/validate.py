@@ -564,8 +564,13 @@ def check_meta(meta: Any, where: str, *, slots: dict[str, int] | None = None) ->
     w = f"{where}: /meta/run"
     if not isinstance(meta, dict):
         raise _BAD(f"{w} is not an object")
-    for key in ("config", "entry", "env", "model", "build_kwargs"):
+    for key in ("config", "entry", "env", "model", "build_kwargs", "program"):
         _opt(meta, key, dict, w)
+    program = meta.get("program") or {}
+    for key in ("kind", "path", "module", "sha256"):
+        _opt(program, key, str, f"{w}.program")
+    if program and program.get("kind") not in ("script", "module"):
+        raise _BAD(f"{w}.program.kind is {str(program.get('kind'))[:40]!r}")
     _opt(meta, "not_replayable", str, w)
     config = meta.get("config") or {}
     for key, v in config.items():

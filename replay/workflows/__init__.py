@@ -4,7 +4,7 @@ Each opens a recording, drives the engine, the bisector and the tracer, and retu
 knows nothing of click or of how the report is printed (``replay/cli`` parses, calls, renders).
 
 =============  ===========================================================================
-``session``    open a recording and start the replay engine on it
+``session``    open a recording, start the replay engine on it (by re-entry or build_fn)
 ``bisect``     the first bad step, why, whether it reproduces, the per-op trace
 ``verify``     replay the whole window bitwise; when a step differs, why
 ``trace``      any step, per op, into the forensics sidecar
@@ -20,18 +20,18 @@ bisect, verify and trace reports, each other command in its own module.
 
 from .bisect import run_bisect
 from .export import ExportReport, run_export
-from .session import open_engine, parse_entry
+from .session import parse_entry, with_engine
 from .trace import run_trace
 from .verify import run_verify
 from .whatif import run_whatif
 
 __all__ = [
     "ExportReport",
-    "open_engine",
     "parse_entry",
     "run_bisect",
     "run_export",
     "run_trace",
     "run_verify",
     "run_whatif",
+    "with_engine",
 ]

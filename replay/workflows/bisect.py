@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..engine import Engine
+    from ..store.reader import Recording
 
 from ..errors import ReplayError
-from .session import open_engine
+from .session import with_engine
 
 __all__ = ["run_bisect"]
 
@@ -24,6 +28,7 @@ def run_bisect(
     opened: Callable[[], None] | None = None,
     rank: int | None = None,
     alone: bool = False,
+    reenter: bool = False,
 ) -> dict[str, Any]:
     """The ``replay bisect --json`` report of ``run``.
 
@@ -54,7 +59,9 @@ def run_bisect(
             trust=trust,
             log=log,
         )
-    d = _bisect_one(choice.path, criterion, trace, device, entry, trust, progress, log, opened)
+    d = _bisect_one(
+        choice.path, criterion, trace, device, entry, trust, progress, log, opened, reenter
+    )
     if choice.approximate:
         d["approximate"] = True
         d["notes"] = [*d.get("notes", []), APPROXIMATE]
@@ -71,6 +78,7 @@ def _bisect_one(
     progress: Callable[[int, int], None] | None,
     log: Callable[[str], None] | None,
     opened: Callable[[], None] | None,
+    reenter: bool = False,
 ) -> dict[str, Any]:
     from ..bisect import SearchError, auto_criterion, find_culprit
     from ..bisect.report import verdict_json
@@ -83,17 +91,16 @@ def _bisect_one(
     run, rank_set = pick_rank_file(run)
     if rank_set is not None and log is not None:
         log(f"rank set: {rank_set['summary']}; replaying {run}")
-    rec, engine = open_engine(run, device, entry, trust)
-    try:
+
+    def work(rec: Recording, engine: Engine) -> dict[str, Any]:
         if opened is not None:
             opened()
         subject: Any = EngineSubject(engine)
         if is_rank_recording(rec.meta):
             subject = RankSubject(subject, int(rec.meta["distributed"]["rank"]))
-        if criterion is None:
-            criterion = auto_criterion(subject.recorded_rows())
+        crit = criterion if criterion is not None else auto_criterion(subject.recorded_rows())
         try:
-            verdict = find_culprit(subject, criterion, progress=progress)
+            verdict = find_culprit(subject, crit, progress=progress)
         except SearchError as e:
             raise ReplayError(str(e)) from None
         if isinstance(subject, RankSubject):
@@ -107,7 +114,6 @@ def _bisect_one(
             extra["divergence_cause"] = explain_divergence(
                 engine, verdict.divergence, verdict.exception
             )
-    finally:
-        engine.close()
-        rec.close()
-    return verdict_json(verdict, **extra)
+        return verdict_json(verdict, **extra)
+
+    return with_engine(run, work, device=device, entry=entry, trust=trust, reenter=reenter)

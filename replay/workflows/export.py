@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ReplayError, UsageError
-from .session import open_engine
+from .session import with_engine
 
 __all__ = ["ExportReport", "run_export"]
 
@@ -175,14 +175,15 @@ def run_export(
     device: str | None = None,
     entry: str | None = None,
     trust: bool = False,
+    reenter: bool = False,
 ) -> ExportReport:
     """Write the state right before ``step`` (default: the last healthy snapshot before the
     failure) to the new directory ``out``; see the module's docstring for what is in it."""
     import torch
 
     _check_out(out)
-    rec, engine = open_engine(run, device, entry, trust)
-    try:
+
+    def work(rec: Any, engine: Any, step: int | None = step) -> ExportReport:
         if step is None:
             step, first_bad, notes = _default_step(rec, engine)
         else:
@@ -255,19 +256,18 @@ def run_export(
                 )
             )
         files["README"] = "README.md"
-    finally:
-        engine.close()
-        rec.close()
-    return ExportReport(
-        out=out,
-        step=step,
-        snapshot=snapshot,
-        replayed=step - snapshot,
-        files=files,
-        first_bad=first_bad,
-        skip=skip,
-        notes=notes,
-    )
+        return ExportReport(
+            out=out,
+            step=step,
+            snapshot=snapshot,
+            replayed=step - snapshot,
+            files=files,
+            first_bad=first_bad,
+            skip=skip,
+            notes=notes,
+        )
+
+    return with_engine(run, work, device=device, entry=entry, trust=trust, reenter=reenter)
 
 
 def _values(engine: Any, t: int, notes: list[str]) -> dict[str, Any] | None:

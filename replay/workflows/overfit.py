@@ -8,7 +8,11 @@ parameters, modes), put them in the state right before step N, then call the use
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..engine import Engine
+    from ..store.reader import Recording
 
 __all__ = ["overfit_batch", "judge", "CLOSE"]
 
@@ -59,6 +63,7 @@ def overfit_batch(
     entry: str | None = None,
     target: float = 0.01,
     trust: bool = False,
+    reenter: bool = False,
 ) -> dict[str, Any]:
     """Train on step ``step``'s recorded batch; report whether the loss reaches ~0 and how fast.
 
@@ -67,10 +72,9 @@ def overfit_batch(
     """
     from ..capture.fingerprint import loss_of
     from ..errors import ReplayError
-    from .session import open_engine
+    from .session import with_engine
 
-    rec, eng = open_engine(path, device, entry, trust)
-    try:
+    def work(rec: Recording, eng: Engine) -> dict[str, Any]:
         t = eng.window.first if step is None else step
         eng.state_before(t)
         opt = eng.optimizer
@@ -122,6 +126,5 @@ def overfit_batch(
             "error": error,
             "curve": losses,
         }
-    finally:
-        eng.close()
-        rec.close()
+
+    return with_engine(path, work, device=device, entry=entry, trust=trust, reenter=reenter)

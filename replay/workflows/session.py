@@ -5,12 +5,20 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar
 
 from ..errors import RecordingError, UsageError
 from ..store.liveness import WriterState, wait_for_drain
 
-__all__ = ["open_engine", "parse_entry", "wait_until_drained"]
+if TYPE_CHECKING:
+    from ..capture.guard import LiveProgram
+    from ..engine import Engine
+    from ..engine.entry import EntryOverride
+    from ..store.reader import Recording
+
+__all__ = ["with_engine", "parse_entry", "wait_until_drained"]
+
+T = TypeVar("T")
 
 DRAIN_WAIT = 600.0  # seconds; REPLAY_DRAIN_WAIT overrides
 
@@ -38,7 +46,7 @@ def wait_until_drained(run: str, notify: Callable[[str], None] = _say) -> None:
         )
 
 
-def parse_entry(entry: str | None) -> Any:
+def parse_entry(entry: str | None) -> EntryOverride | None:
     """``--entry MODULE_OR_FILE:build,step`` as an ``EntryOverride``; a bad one is a usage error."""
     if entry is None:
         return None
@@ -50,16 +58,25 @@ def parse_entry(entry: str | None) -> Any:
         raise UsageError(str(e)) from None
 
 
-def open_engine(
+def with_engine(
     run: str,
+    work: Callable[[Recording, Engine], T],
+    *,
     device: str | None = None,
     entry: str | None = None,
     trust: bool = False,
-    check: Callable[[Any], None] | None = None,
-) -> tuple[Any, Any]:
-    """``(recording, engine)``: the recording opened, the entry points imported, the objects
-    built. The caller closes both (``engine.close()``, ``rec.close()``). ``check(recording)``
-    runs before any user code is imported (to refuse a request the file alone shows wrong)."""
+    check: Callable[[Recording], None] | None = None,
+    reenter: bool = False,
+    log: Callable[[str], None] = _say,
+) -> T:
+    """Open ``run``, start the replay engine on it and return ``work(recording, engine)``.
+
+    The engine's objects come from the recorded program run again up to its Recorder
+    (re-entry: a recording without ``build_fn``, or ``reenter``), or from the recorded
+    ``build_fn`` (``--entry`` names another). ``work`` then runs inside the re-run program,
+    which ends before any training. ``check(recording)`` runs before any user code does (to
+    refuse a request the file alone shows wrong). Both are closed afterwards.
+    """
     override = parse_entry(entry)
     from ..engine import Engine
     from ..store import open_recording
@@ -69,7 +86,35 @@ def open_engine(
     try:
         if check is not None:
             check(rec)
-        return rec, Engine(rec, device=device, entry=override, trust=trust)
-    except BaseException:
+        if override is None and (reenter or "build_fn" not in rec.entry):
+            return _reentered(rec, work, device, trust, log)
+        engine = Engine(rec, device=device, entry=override, trust=trust)
+        try:
+            return work(rec, engine)
+        finally:
+            engine.close()
+    finally:
         rec.close()
-        raise
+
+
+def _reentered(
+    rec: Recording,
+    work: Callable[[Recording, Engine], T],
+    device: str | None,
+    trust: bool,
+    log: Callable[[str], None],
+) -> T:
+    from ..engine import Engine
+    from ..engine.reentry import run_program
+
+    Engine.check_replayable(rec)  # before the program runs: it would run for nothing
+    Engine.check_origin(rec, None, trust)
+
+    def takeover(live: LiveProgram) -> T:
+        engine = Engine(rec, device=device, trust=True, live=live)
+        try:
+            return work(rec, engine)
+        finally:
+            engine.close()
+
+    return run_program(rec.meta, rec.env, rec.sources, takeover, recording=rec.path, log=log)

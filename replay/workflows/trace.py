@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..engine import Engine
+    from ..store.reader import Recording
 
 from ..errors import UsageError
-from .session import open_engine
+from .session import with_engine
 
 __all__ = ["run_trace"]
 
@@ -17,6 +21,7 @@ def run_trace(
     device: str | None = None,
     entry: str | None = None,
     trust: bool = False,
+    reenter: bool = False,
 ) -> dict[str, Any]:
     """Replay ``step`` (default: the last replayable one) under the per-op tracer.
 
@@ -26,8 +31,14 @@ def run_trace(
     """
     from ..engine.culprit import trace_culprit
 
-    rec, engine = open_engine(run, device, entry, trust)
-    try:
+    def check(rec: Recording) -> None:  # before the program runs again
+        w = rec.replayable_window()
+        if w is not None and step is not None and step not in w:
+            raise UsageError(
+                f"--step {step} is outside the replayable window (steps {w.first}..{w.last})"
+            )
+
+    def work(rec: Recording, engine: Engine) -> dict[str, Any]:
         w = engine.window
         t = w.last if step is None else step
         if t not in w:
@@ -37,7 +48,8 @@ def run_trace(
         out = trace_culprit(
             engine, t, "trace", forensics_path=rec.forensics_path, run_id=rec.run_id
         )
-    finally:
-        engine.close()
-        rec.close()
-    return {"recording": run, "step": t, "window": [w.first, w.last], **out}
+        return {"recording": run, "step": t, "window": [w.first, w.last], **out}
+
+    return with_engine(
+        run, work, device=device, entry=entry, trust=trust, check=check, reenter=reenter
+    )

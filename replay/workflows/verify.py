@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .session import open_engine
+if TYPE_CHECKING:
+    from ..engine import Engine
+    from ..store.reader import Recording
+
+from .session import with_engine
 
 __all__ = ["run_verify"]
 
@@ -21,6 +25,7 @@ def run_verify(
     rank: int | None = None,
     alone: bool = False,
     log: Callable[[str], None] | None = None,
+    reenter: bool = False,
 ) -> dict[str, Any]:
     """The ``replay verify --json`` report of ``run`` (``deterministic``, ``steps``, ``cause``...).
 
@@ -42,7 +47,7 @@ def run_verify(
         return replay_rank_set(run, "verify", device=device, entry=entry, trust=trust, log=log)
     if choice.files is not None and choice.path == run:  # --alone without --rank: rank 0
         choice = choose_ranks(run, min(choice.files), True)
-    d = _verify_one(choice.path, device, entry, trust, progress, opened)
+    d = _verify_one(choice.path, device, entry, trust, progress, opened, reenter)
     if choice.approximate:
         d["approximate"] = True
         d["notes"] = [APPROXIMATE]
@@ -56,14 +61,14 @@ def _verify_one(
     trust: bool,
     progress: Callable[[int, int], None] | None,
     opened: Callable[[], None] | None,
+    reenter: bool = False,
 ) -> dict[str, Any]:
     from ..bisect import verify_window
     from ..bisect.report import verify_json
     from ..engine.subject import EngineSubject
     from ..engine.why import explain_divergence
 
-    rec, engine = open_engine(run, device, entry, trust)
-    try:
+    def work(rec: Recording, engine: Engine) -> dict[str, Any]:
         if opened is not None:
             opened()
         report = verify_window(EngineSubject(engine), progress=progress)
@@ -72,7 +77,6 @@ def _verify_one(
             report.cause = explain_divergence(
                 engine, fd, report.replayed_exception(int(fd["step"]))
             )
-    finally:
-        engine.close()
-        rec.close()
-    return verify_json(report, recording=run, entry_files=engine.entry_files)
+        return verify_json(report, recording=run, entry_files=engine.entry_files)
+
+    return with_engine(run, work, device=device, entry=entry, trust=trust, reenter=reenter)

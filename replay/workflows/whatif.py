@@ -33,11 +33,15 @@ import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ReplayError, UsageError
 from ..jsonsafe import json_safe
-from .session import open_engine
+from .session import with_engine
+
+if TYPE_CHECKING:
+    from ..engine import Engine
+    from ..store.reader import Recording
 
 __all__ = [
     "CHANGE_KINDS",
@@ -620,6 +624,7 @@ def run_whatif(
     trust: bool = False,
     progress: Callable[[int, int], None] | None = None,
     opened: Callable[[], None] | None = None,
+    reenter: bool = False,
 ) -> WhatIfReport:
     """Replay ``run`` as recorded and once per change (see the module docstring).
 
@@ -629,8 +634,8 @@ def run_whatif(
 
     if not changes:
         raise UsageError("name at least one change (--set, --scale, --clip, --skip-step, ...)")
-    rec, engine = open_engine(run, device, entry, trust, lambda r: _check_file(r, changes))
-    try:
+
+    def work(rec: Recording, engine: Engine) -> WhatIfReport:
         if opened is not None:
             opened()
         rows = engine.recorded_rows()
@@ -676,35 +681,42 @@ def run_whatif(
             if ref is not None and e.stopped is None:
                 e.param_distance = _distance(engine, ref)
             exps.append(e)
-    finally:
-        engine.close()
-        rec.close()
 
-    if divergence is not None:
-        notes.append(
-            f"the baseline differs from the recording at step {divergence['step']} "
-            f"({divergence['column']}): the experiments are compared with the baseline; "
-            "run `replay verify` to see why"
+        if divergence is not None:
+            notes.append(
+                f"the baseline differs from the recording at step {divergence['step']} "
+                f"({divergence['column']}): the experiments are compared with the baseline; "
+                "run `replay verify` to see why"
+            )
+        if bad is not None and bad > hi:
+            notes.append(f"the recording first fails at step {bad}, after the steps replayed")
+        if base.first_failure is None:
+            notes.append(
+                f"the baseline has no failure in steps {lo}..{hi}: there is nothing for a change "
+                "to remove"
+            )
+        return WhatIfReport(
+            recording=run,
+            window=(engine.window.first, engine.window.last),
+            snapshot=snap,
+            from_step=lo,
+            to_step=hi,
+            kind=kind,
+            recorded_failure=rec_fail,
+            recorded=recorded,
+            baseline=base,
+            reproduces=divergence is None,
+            divergence=divergence,
+            experiments=exps,
+            notes=notes,
         )
-    if bad is not None and bad > hi:
-        notes.append(f"the recording first fails at step {bad}, after the steps replayed")
-    if base.first_failure is None:
-        notes.append(
-            f"the baseline has no failure in steps {lo}..{hi}: there is nothing for a change "
-            "to remove"
-        )
-    return WhatIfReport(
-        recording=run,
-        window=(engine.window.first, engine.window.last),
-        snapshot=snap,
-        from_step=lo,
-        to_step=hi,
-        kind=kind,
-        recorded_failure=rec_fail,
-        recorded=recorded,
-        baseline=base,
-        reproduces=divergence is None,
-        divergence=divergence,
-        experiments=exps,
-        notes=notes,
+
+    return with_engine(
+        run,
+        work,
+        device=device,
+        entry=entry,
+        trust=trust,
+        check=lambda r: _check_file(r, changes),
+        reenter=reenter,
     )

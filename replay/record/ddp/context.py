@@ -68,11 +68,21 @@ def detect(rank: int | None = None, world_size: int | None = None) -> DistContex
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The plain module inside a ``DistributedDataParallel`` wrapper (the model itself otherwise).
+    """The plain module inside a ``DistributedDataParallel`` wrapper and a ``torch.compile``
+    ``OptimizedModule`` (the model itself otherwise).
 
-    Snapshots hold its state dict, without DDP's ``module.`` prefix, so that a single process
-    replay loads them into what ``build_fn`` returns.
+    Snapshots hold its state dict, without DDP's ``module.`` or compile's ``_orig_mod.`` prefix,
+    so that a replay loads them into the plain module; the step still runs through the wrapper.
     """
     from torch.nn.parallel import DistributedDataParallel
 
-    return model.module if isinstance(model, DistributedDataParallel) else model
+    for _ in range(4):  # compile(DDP(m)), DDP(compile(m)): a few layers at most
+        if isinstance(model, DistributedDataParallel):
+            model = model.module
+            continue
+        inner = getattr(model, "_orig_mod", None)
+        if isinstance(inner, torch.nn.Module) and type(model).__name__ == "OptimizedModule":
+            model = inner
+            continue
+        break
+    return model

@@ -1,0 +1,174 @@
+"""Replay by re-entry: run the recorded program again, in this process, up to its Recorder.
+
+The program is run as ``__main__`` (its script with ``runpy.run_path``, or its ``-m`` module)
+with the recorded ``sys.argv``, working directory and ``sys.path[0]``. It builds its model,
+optimizer, data and framework objects exactly as it did when it trained; its first
+``replay.Recorder`` (or framework callback) hands them to ``on_takeover`` and then unwinds the
+program with ``ReplayFinished`` before any training (``replay/capture/guard.py``). What the
+program does before its Recorder runs again (docs/reentry.md); what it does after does not.
+
+``on_takeover`` runs deep inside the user's stack (inside ``trainer.fit()`` for a framework):
+its result, or the exception it raised, is carried out past the user's code, which never sees
+it (a program's ``except Exception`` around its loop cannot swallow a replay error).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import runpy
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any, Generic, TypeVar
+
+from ..capture.guard import LiveProgram, ReplayFinished, reentering
+from ..errors import EntryPointError
+
+__all__ = ["run_program", "program_of", "describe_command"]
+
+T = TypeVar("T")
+
+
+class _Outcome(Generic[T]):
+    def __init__(self) -> None:
+        self.value: T | None = None
+        self.error: BaseException | None = None
+        self.done = False
+
+
+def program_of(meta: dict[str, Any], path: str) -> dict[str, Any]:
+    """The recorded program to run again, or a one-line ``EntryPointError`` saying why none."""
+    program = meta.get("program")
+    if not isinstance(program, dict) or not isinstance(program.get("path"), str):
+        why = meta.get("not_replayable")
+        raise EntryPointError(
+            f"{path} records no program to run again"
+            + (f" ({why})" if why else " (recorded by an older replay)")
+            + "; record with build_fn= to replay through entry points, or pass --entry"
+        )
+    return program
+
+
+def describe_command(program: dict[str, Any], env: dict[str, Any]) -> str:
+    """``python train.py --lr 1`` as the recording ran it, for the log line."""
+    argv = [a for a in env.get("argv") or [] if isinstance(a, str)]
+    head = (
+        ["python", "-m", str(program.get("module"))]
+        if program.get("kind") == "module"
+        else ["python", str(program.get("path"))]
+    )
+    return " ".join(head + argv[1:])
+
+
+@contextlib.contextmanager
+def _as_recorded(
+    program: dict[str, Any], env: dict[str, Any], log: Callable[[str], None]
+) -> Iterator[None]:
+    """The recorded ``sys.argv``, working directory and ``sys.path[0]``, put back afterwards."""
+    saved_argv, saved_cwd, saved_path = list(sys.argv), os.getcwd(), list(sys.path)
+    argv = env.get("argv")
+    if isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv):
+        sys.argv[:] = argv
+    else:
+        sys.argv[:] = [str(program["path"])]
+    cwd = env.get("cwd")
+    if isinstance(cwd, str) and cwd and os.path.isdir(cwd):
+        os.chdir(cwd)
+    elif cwd:
+        log(f"replay: note: the recorded working directory {cwd} does not exist here")
+    # As the interpreter sets it: the script's folder, or the working directory under -m.
+    first = (
+        os.path.dirname(str(program["path"]))
+        if program.get("kind") != "module"
+        else (cwd if isinstance(cwd, str) and cwd else os.getcwd())
+    )
+    sys.path.insert(0, first)
+    try:
+        yield
+    finally:
+        sys.argv[:] = saved_argv
+        sys.path[:] = saved_path
+        os.chdir(saved_cwd)
+
+
+def _check_source(
+    program: dict[str, Any], sources: dict[str, str], log: Callable[[str], None]
+) -> None:
+    path = str(program["path"])
+    if not os.path.isfile(path):
+        raise EntryPointError(
+            f"cannot run the recorded program: {path} does not exist here; pass --entry, or "
+            "replay where it was recorded"
+        )
+    want = program.get("sha256")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except (OSError, UnicodeDecodeError):
+        return
+    if want and hashlib.sha256(text.encode()).hexdigest() != want:
+        from .entry import _short_diff
+
+        old = sources.get(path)
+        msg = f"replay: warning: {path} changed since it was recorded (sha256 differs)"
+        if old is not None:
+            msg += "; replaying with the current code:\n" + _short_diff(old, text, path)
+        log(msg)
+
+
+def run_program(
+    meta: dict[str, Any],
+    env: dict[str, Any],
+    sources: dict[str, str],
+    on_takeover: Callable[[LiveProgram], T],
+    *,
+    recording: str,
+    log: Callable[[str], None],
+) -> T:
+    """Run the recorded program until its first Recorder, call ``on_takeover`` with what it
+    handed over, end the program, and return what ``on_takeover`` returned (or raise what it
+    raised). A program that ends, exits or raises before its Recorder is an ``EntryPointError``
+    (exit 4) that says so."""
+    program = program_of(meta, recording)
+    _check_source(program, sources, log)
+    log(f"replay: running {describe_command(program, env)} again, up to its replay.Recorder")
+    out: _Outcome[T] = _Outcome()
+
+    def taken(live: LiveProgram) -> None:
+        try:
+            out.value = on_takeover(live)
+        except BaseException as e:  # noqa: BLE001 - carried out past the user's code, re-raised below
+            out.error = e
+        out.done = True
+
+    ended: str | None = None
+    with _as_recorded(program, env, log), reentering(taken):
+        try:
+            if program.get("kind") == "module":
+                runpy.run_module(str(program["module"]), run_name="__main__", alter_sys=True)
+            else:
+                runpy.run_path(str(program["path"]), run_name="__main__")
+        except ReplayFinished:
+            pass
+        except SystemExit as e:
+            if not out.done:
+                ended = f"exited (code {e.code!r})"
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:  # noqa: BLE001 - the user's program failing: one line, exit 4
+            if not out.done:
+                first = (str(e).strip().splitlines() or [""])[0][:300]
+                ended = f"raised {type(e).__name__}: {first}"
+        else:
+            if not out.done:
+                ended = "ran to its end"
+    if out.error is not None:
+        raise out.error
+    if not out.done:
+        raise EntryPointError(
+            f"the recorded program {describe_command(program, env)} {ended} before it "
+            "constructed a replay.Recorder; replay takes over at the program's first Recorder "
+            "(or framework callback), so it must construct one as it did when it recorded"
+        )
+    return out.value  # type: ignore[return-value]
