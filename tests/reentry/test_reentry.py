@@ -1,0 +1,137 @@
+"""Replay by re-entry (docs/reentry.md): programs shaped as people write them, with no build_fn,
+recorded as their authors run them and replayed with the real CLI from another directory.
+
+Each failing one must bisect to the right step and op; each healthy one must verify bitwise; the
+replay must run the program only up to its Recorder and write no recording."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import replay_cli, run_py
+
+PROGRAMS = Path(__file__).with_name("programs")
+
+
+def record(tmp: Path, program: str, *args: str, module: bool = False) -> Path:
+    """Copy ``program`` into ``tmp`` and run it there (``python -m`` with ``module``)."""
+    shutil.copy(PROGRAMS / program, tmp / program)
+    cmd = ("-m", program.removesuffix(".py")) if module else (str(tmp / program),)
+    p = run_py(*cmd, *args, cwd=tmp, timeout=180)
+    assert (tmp / "run.h5").exists(), p.stderr[-2000:]
+    return tmp / "run.h5"
+
+
+def replay_json(*args: str, cwd: Path) -> tuple[int, dict, subprocess.CompletedProcess]:
+    p = replay_cli(*args, "--json", cwd=cwd)
+    return p.returncode, json.loads(p.stdout) if p.stdout.strip() else {}, p
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def elsewhere(tmp_path: Path) -> Path:
+    d = tmp_path / "elsewhere"
+    d.mkdir()
+    return d
+
+
+def test_a_closure_over_the_locals_of_main_replays_bitwise_and_trains_nothing(tmp_path, elsewhere):
+    run = record(tmp_path, "closure_in_main.py", "--steps", "12")
+    assert (tmp_path / "trained.log").read_text() == "started\n"
+    before = digest(run)
+    rc, v, p = replay_json("verify", str(run), cwd=elsewhere)
+    assert rc == 0 and v["deterministic"] is True and v["replayed_steps"] == 12, p.stderr[-3000:]
+    assert "again, up to its replay.Recorder" in p.stderr
+    # The program ran only up to its Recorder: it printed no training step, it saw
+    # replay.replaying() (no second "started"), and it wrote no recording.
+    assert "step 0 loss" not in p.stderr + p.stdout
+    assert (tmp_path / "trained.log").read_text() == "started\n"
+    assert digest(run) == before
+    assert sorted(x.name for x in tmp_path.glob("run*.h5")) == ["run.h5"]
+    assert not list(elsewhere.iterdir())
+
+
+def test_a_closure_step_bisects_to_the_step_and_the_op_that_made_the_inf(tmp_path, elsewhere):
+    run = record(tmp_path, "closure_in_main.py", "--steps", "12", "--bad-step", "6")
+    rc, v, p = replay_json("bisect", str(run), cwd=elsewhere)
+    assert rc == 0, p.stderr[-3000:]
+    assert v["first_bad_step"] == 6 and v["op"] == "aten::nll_loss_forward", v
+    assert v["phase"] == "forward" and v["reproducible"] is True
+    assert v["source"]["function"] == "step" and "cross_entropy" in v["source"]["code"]
+
+
+def test_a_script_that_trains_at_import_is_replayed_by_running_it(tmp_path, elsewhere):
+    run = record(tmp_path, "trains_at_import_reentry.py", "3")
+    rc, v, p = replay_json("bisect", str(run), cwd=elsewhere)
+    assert rc == 0, p.stderr[-3000:]
+    assert v["first_bad_step"] == 3 and v["cause"] == "data" and v["samples"] == [2], v
+    assert "done" not in p.stderr  # the script's line after its loop never ran
+
+
+def test_objects_made_inside_main_worker_and_a_partial_step_replay_bitwise(tmp_path, elsewhere):
+    run = record(tmp_path, "main_worker.py", "--epochs", "3", "--lr", "0.05")
+    rc, v, p = replay_json("verify", str(run), cwd=elsewhere)
+    assert rc == 0 and v["deterministic"] is True and v["replayed_steps"] == 12, p.stderr[-3000:]
+
+
+def test_a_trainer_class_run_as_a_module_with_a_bound_method_step(tmp_path, elsewhere):
+    run = record(tmp_path, "trainer_class.py", "--label-bug", module=True)
+    rc, v, p = replay_json("bisect", str(run), cwd=elsewhere)
+    assert rc == 0, p.stderr[-3000:]
+    assert "python -m trainer_class --label-bug" in p.stderr
+    assert v["kind"] == "exception" and v["first_bad_step"] == 7, v
+    assert v["op"] == "aten::nll_loss_forward" and v["samples"] == [2], v
+    assert v["source"]["function"] == "_step"
+
+
+def test_trace_and_overfit_run_through_the_same_door(tmp_path, elsewhere):
+    run = record(tmp_path, "closure_in_main.py", "--steps", "8")
+    rc, v, p = replay_json("trace", str(run), "--step", "5", cwd=elsewhere)
+    assert rc in (0, 1) and v["step"] == 5 and v["op"] is None, p.stderr[-3000:]
+    p = replay_cli("overfit", str(run), "--iters", "30", cwd=elsewhere)
+    assert p.returncode in (0, 1), p.stderr[-3000:]
+    assert "again, up to its replay.Recorder" in p.stderr
+
+
+def test_a_program_that_no_longer_reaches_its_recorder_is_one_line_exit_4(tmp_path, elsewhere):
+    run = record(tmp_path, "closure_in_main.py", "--steps", "6")
+    script = tmp_path / "closure_in_main.py"
+    script.write_text(script.read_text().replace("    main()\n", "    pass\n"))
+    p = replay_cli("verify", str(run), cwd=elsewhere)
+    assert p.returncode == 4, p.stderr[-3000:]
+    last = p.stderr.strip().splitlines()[-1]
+    assert "ran to its end before it constructed a replay.Recorder" in last
+    assert "changed since it was recorded" in p.stderr
+    assert "Traceback" not in p.stderr
+
+
+def test_a_program_that_raises_before_its_recorder_is_one_line_exit_4(tmp_path, elsewhere):
+    run = record(tmp_path, "closure_in_main.py", "--steps", "6")
+    script = tmp_path / "closure_in_main.py"
+    script.write_text(script.read_text().replace("    torch.manual_seed(0)\n", "    1 / 0\n"))
+    p = replay_cli("bisect", str(run), cwd=elsewhere)
+    assert p.returncode == 4 and "Traceback" not in p.stderr, p.stderr[-3000:]
+    assert "raised ZeroDivisionError: division by zero before it constructed" in p.stderr
+
+
+def test_build_fn_recordings_still_replay_through_their_entry_points_and_reenter_on_request(
+    tmp_path, elsewhere
+):
+    shutil.copy(PROGRAMS.parent.parent / "integration" / "scripts" / "mlp_train.py", tmp_path)
+    p = run_py(str(tmp_path / "mlp_train.py"), str(tmp_path / "run.h5"), cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-2000:]
+    rc, v, p = replay_json("verify", str(tmp_path / "run.h5"), cwd=elsewhere)
+    assert rc == 0 and v["deterministic"] is True, p.stderr[-2000:]
+    assert "up to its replay.Recorder" not in p.stderr  # imported, not run
+    rc, v, p = replay_json("verify", str(tmp_path / "run.h5"), "--reenter", cwd=elsewhere)
+    assert rc == 0 and v["deterministic"] is True, p.stderr[-2000:]
+    assert "up to its replay.Recorder" in p.stderr
