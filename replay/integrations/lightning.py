@@ -1,6 +1,7 @@
-"""Record a PyTorch Lightning ``Trainer.fit()`` with one callback; replay it without a Trainer's loop.
+"""Record a PyTorch Lightning ``Trainer.fit()`` with one callback; replay it inside the user's own
+script (re-entry), through Lightning's own optimisation code.
 
-Usage (the only change to a training script)::
+Usage (the only change to a training script; ``lightning.pytorch`` or ``pytorch_lightning``)::
 
     from replay.integrations.lightning import ReplayCallback
     trainer = L.Trainer(..., callbacks=[ReplayCallback("run.h5")])
@@ -14,15 +15,18 @@ Trainer's settings, the optimizer step (with the GradScaler's unscale/step/updat
 How: the callback *observes* Lightning's own step (``Recorder.observe_begin``/``observe_end``):
 before the window, the snapshot, RNG states and hyper-parameters; per micro-batch, a copy of the
 batch and the torch RNG state (data loading between micro-batches may draw from it); after the
-step, the loss and which schedulers stepped. On replay, :func:`build` makes the module again
-from its class and ``save_hyperparameters()`` values, a Trainer with the recorded settings (no
-loop runs: ``barebones``) and the optimizers and schedulers of ``configure_optimizers``;
-:func:`train_step` then runs the window through Lightning's own automatic-optimisation code
-(``_AutomaticOptimization.run``, the module's hooks, the precision plugin). Bitwise equality
-with the recording is checked by ``replay verify``, never assumed.
+step, the loss and which schedulers stepped. On replay, ``replay`` runs the user's script again
+(docs/reentry.md): it builds its own module (no ``save_hyperparameters()`` needed) and Trainer,
+and at ``fit()``'s ``on_train_start`` the callback hands the live module, Trainer, optimizers,
+schedulers and scaler to replay; :func:`train_step` then runs each recorded window through
+Lightning's own automatic-optimisation code (``_AutomaticOptimization.run``, the module's hooks,
+the precision plugin), and ``fit()`` ends before its loop runs. Recordings made by earlier
+releases (with :func:`build`, which makes the module from its ``save_hyperparameters()``
+values) still replay. Bitwise equality with the recording is checked by ``replay verify``,
+never assumed.
 
 Not replayed (said once at the start): manual optimisation, several optimizers, strategies
-other than a single device, hyper-parameters that are not JSON: the callback then records each
+other than a single device: the callback then records each
 step's health, batch and RNG states without snapshots (``Recorder(not_replayable=...)``), which
 ``info``/``doctor``/``tui`` read and ``bisect`` refuses with the reason. FSDP and DeepSpeed
 shard the parameters (measuring them would take collectives): nothing is recorded. Other callbacks that
@@ -33,17 +37,21 @@ from the recording at every step) and a ``training_step`` that reads ``self.trai
 
 from __future__ import annotations
 
+import importlib
 import logging
 import warnings
 from collections import OrderedDict
+from types import ModuleType
 from typing import Any
 
-import lightning.pytorch as pl
 import torch
-from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.plugins import MixedPrecision
-from lightning.pytorch.trainer import call
-from lightning.pytorch.trainer.states import RunningStage, TrainerFn
+
+try:  # the unified package, or the standalone one most tutorials import
+    import lightning.pytorch as pl
+    from lightning.pytorch.callbacks import Callback
+except ImportError:  # pragma: no cover - only pytorch_lightning installed
+    import pytorch_lightning as pl  # type: ignore[no-redef]
+    from pytorch_lightning.callbacks import Callback  # type: ignore[assignment]
 
 from ..capture.probe import running_probe
 from ..errors import NonFiniteLossError, RecorderWarning
@@ -89,13 +97,15 @@ def _why_not(trainer: pl.Trainer, module: pl.LightningModule) -> str | None:
     return None
 
 
-def _hparams(module: pl.LightningModule) -> dict[str, Any]:
-    """The constructor arguments ``save_hyperparameters()`` kept, as JSON (checked here)."""
-    import json
+def _namespace(trainer: Any) -> str:
+    """``lightning.pytorch`` or ``pytorch_lightning``: the package the user's Trainer is from
+    (its hooks are called through that package's own ``trainer.call``)."""
+    root = type(trainer).__module__.split(".")[0]
+    return "pytorch_lightning" if root == "pytorch_lightning" else "lightning.pytorch"
 
-    hp = dict(getattr(module, "_hparams_initial", None) or {})
-    json.dumps(hp)  # a non-JSON value (a Module passed in) cannot be recorded: say so
-    return hp
+
+def _call(trainer: Any) -> ModuleType:
+    return importlib.import_module(f"{_namespace(trainer)}.trainer.call")
 
 
 class ReplayCallback(Callback):
@@ -107,8 +117,9 @@ class ReplayCallback(Callback):
                             callbacks=[ReplayCallback("run.h5")])
         trainer.fit(model, loader)
 
-    The module must be rebuildable from its class and ``self.save_hyperparameters()`` (JSON
-    values), and its class importable (module level). ``recorder_kwargs`` go to
+    Replay runs the script again and takes over in ``fit()`` (docs/reentry.md): the module needs
+    no ``save_hyperparameters()``, and ``pytorch_lightning`` works as ``lightning.pytorch`` does.
+    ``recorder_kwargs`` go to
     :class:`replay.Recorder` (``snapshot_every=50``, ``raise_on_nonfinite=True``, ...): a NaN loss
     is recorded and then :class:`replay.NonFiniteLossError` ends ``fit()``.
     """
@@ -137,15 +148,6 @@ class ReplayCallback(Callback):
             )
             return
         why = _why_not(trainer, pl_module)
-        hparams: dict[str, Any] = {}
-        if why is None:
-            try:
-                hparams = _hparams(pl_module)
-            except (TypeError, ValueError) as e:
-                why = (
-                    f"the module's hyper-parameters are not JSON ({e}; pass plain values to "
-                    "save_hyperparameters, or ignore= the others)"
-                )
         if why is not None:
             warn_not_replayable(why)
         objects: dict[str, Any] = {"model": pl_module, "trainer": trainer}
@@ -156,21 +158,12 @@ class ReplayCallback(Callback):
         scaler = getattr(trainer.precision_plugin, "scaler", None)
         if scaler is not None:
             objects["scaler"] = scaler
-        settings = {
-            "hparams": hparams,
-            "precision": str(trainer.precision),
-            "device": trainer.strategy.root_device.type,
-            "accumulate_grad_batches": int(trainer.accumulate_grad_batches),
-            "gradient_clip_val": trainer.gradient_clip_val,
-            "gradient_clip_algorithm": trainer.gradient_clip_algorithm,
-            "schedulers": len(trainer.lr_scheduler_configs),
-        }
+        # Under replay this is where the re-run script is taken over (the Recorder hands these
+        # live objects to replay and ends fit()); the step is this module's train_step.
         self.rec = start_recorder(
             self.path,
             objects=objects,
             step_fn=train_step,
-            build_fn=build,
-            build_kwargs={"module": type(pl_module), **settings} if why is None else None,
             not_replayable=why,
             **self.recorder_kwargs,
         )
@@ -196,6 +189,10 @@ class ReplayCallback(Callback):
     ) -> None:
         if self.rec is not None:
             self.rec.measure_grads()
+            return
+        probe = running_probe()  # replaying: measured where the recording measured
+        if probe is not None:
+            probe.measure_now()
 
     def on_train_batch_end(
         self,
@@ -288,7 +285,11 @@ def build(
     schedulers: int,
 ) -> dict[str, Any]:
     """Rebuild the recorded module, a Trainer with the recorded settings (no loop runs) and the
-    module's ``configure_optimizers``; the names are the ones the callback recorded."""
+    module's ``configure_optimizers``; the names are the ones the callback recorded. (The
+    entry point of recordings made before re-entry; new ones replay the user's script.)"""
+    from lightning.pytorch.plugins import MixedPrecision
+    from lightning.pytorch.trainer.states import RunningStage, TrainerFn
+
     model = module(**hparams)
     quiet = [logging.getLogger(n) for n in ("lightning.pytorch", "lightning.fabric")]
     levels = [lg.level for lg in quiet]
@@ -365,6 +366,7 @@ def train_step(
             out = loop.automatic_optimization.run(trainer.optimizers[0], idx, kwargs)
         if out.get("loss") is not None:
             losses.append(out["loss"])
+    call = _call(trainer)
     for cfg, times in zip(trainer.lr_scheduler_configs, sched_steps):
         for _ in range(int(times)):
             call._call_lightning_module_hook(trainer, "lr_scheduler_step", cfg.scheduler, None)

@@ -113,21 +113,44 @@ def test_manual_optimisation_records_what_it_can_and_bisect_says_why_it_cannot_r
         assert "Traceback" not in b.stderr
 
 
-def test_hyper_parameters_replay_cannot_keep_are_said_once_and_training_goes_on(tmp_path):
-    script = tmp_path / "tensor_hparam.py"
-    script.write_text(
+def _variant(tmp_path: Path, namespace: str) -> Path:
+    """lightning_recorded.py as most tutorials write it: no save_hyperparameters() (the
+    constructor's arguments kept as attributes), in the ``namespace`` package."""
+    text = (
         (HERE / "lightning_recorded.py")
         .read_text()
-        .replace(
-            "self.save_hyperparameters()",
-            'self.save_hyperparameters({"width": width, "lr": lr, "nan_at": nan_at, '
-            '"scale": torch.ones(2)})',
-        )
+        .replace("self.save_hyperparameters()", "self.nan_at, self.lr = nan_at, lr")
+        .replace("self.hparams.", "self.")
     )
+    if namespace == "pytorch_lightning":
+        text = text.replace("import lightning.pytorch as L", "import pytorch_lightning as L")
+        text = text.replace("from lightning.pytorch.plugins", "from pytorch_lightning.plugins")
+    assert "save_hyperparameters" not in text and "hparams" not in text
+    script = tmp_path / "variant.py"
+    script.write_text(text)
+    return script
+
+
+@pytest.mark.parametrize("namespace", ["lightning.pytorch", "pytorch_lightning"])
+def test_a_module_without_save_hyperparameters_replays_by_reentry_in_both_namespaces(
+    tmp_path, namespace
+):
+    """Lightning's own examples never call save_hyperparameters(); most tutorials import
+    pytorch_lightning. Replay runs the script again and takes over in fit()."""
+    pytest.importorskip(namespace)
+    script = _variant(tmp_path, namespace)
     p = run_py(str(script), str(tmp_path), timeout=180)
-    assert p.returncode == 0, p.stderr[-2000:]
-    assert p.stderr.count("hyper-parameters are not JSON") == 1
-    assert "Traceback" not in p.stderr
-    info = replay_cli("info", str(tmp_path / "run.h5"), "--json")
-    d = json.loads(info.stdout)
-    assert d["steps_recorded"] == 12 and "not JSON" in d["not_replayable"]
+    assert p.returncode == 0 and "RecorderWarning" not in p.stderr, p.stderr[-2000:]
+    rc, v, err = replay_json("verify", str(tmp_path / "run.h5"))
+    assert rc == 0 and v["deterministic"] is True and v["window"] == [0, 11], err[-3000:]
+    assert "again, up to its replay.Recorder" in err
+
+
+def test_pytorch_lightning_nan_is_found_at_its_step_with_its_op(tmp_path):
+    pytest.importorskip("pytorch_lightning")
+    script = _variant(tmp_path, "pytorch_lightning")
+    p = run_py(str(script), str(tmp_path), "--nan-at", "9", timeout=180)
+    assert p.returncode != 0 and "NonFiniteLossError" in p.stderr
+    rc, v, err = replay_json("bisect", str(tmp_path / "run.h5"))
+    assert rc == 0, err[-3000:]
+    assert v["first_bad_step"] == 4 and v["op"] == "aten::sqrt" and v["reproducible"] is True
