@@ -242,8 +242,10 @@ def _takes_batch_alone(params: list[inspect.Parameter]) -> bool:
     if any(p.kind is p.VAR_POSITIONAL for p in params):
         return False
     slots = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    return bool(slots) and (slots[0].name == "batch" or len(slots) < 3) and any(
-        p.name == "batch" for p in slots
+    return (
+        bool(slots)
+        and (slots[0].name == "batch" or len(slots) < 3)
+        and any(p.name == "batch" for p in slots)
     )
 
 

@@ -30,25 +30,19 @@ inside the epoch is recorded with the window it broke (through a wrapper of the 
 ``_run_epoch``, a private Trainer method: when a release renames it, exceptions are not
 recorded, steps still are); a ``KeyboardInterrupt`` is not a step's result and is not.
 
-On replay, :func:`build` makes the model again from its class and ``config.to_dict()`` (a
-``PreTrainedModel``) or the Trainer's module-level ``model_init``, a Trainer of the recorded
-class with the recorded ``TrainingArguments`` (no loop runs), and the optimizer and scheduler
-the Trainer creates from them, prepared by its accelerator as ``train()`` does;
-:func:`train_step` runs the window through that Trainer's ``training_step``, ``_clip_grad_norm``,
-optimizer and scheduler. Bitwise equality with the recording is checked by ``replay verify``,
-never assumed.
+On replay, ``replay`` runs the user's script again (docs/reentry.md): it makes its own model
+(any ``nn.Module``), optimizer, scheduler and Trainer, and at ``train()``'s ``on_train_begin``
+the callback hands them to replay; :func:`train_step` runs each recorded window through that
+Trainer's ``training_step``, ``_clip_grad_norm``, optimizer and scheduler, and ``train()`` ends
+before its loop runs. Recordings made by earlier releases (with :func:`build`, which made the
+model again from its config or ``model_init``) still replay. Bitwise equality with the recording
+is checked by ``replay verify``, never assumed.
 
 Not replayed (said once at the start; then each step's health, batch and RNG states are
 recorded without snapshots, ``Recorder(not_replayable=...)``, which ``info``/``doctor``/``tui``
-read and ``bisect`` refuses with the reason): more than one process (DDP) or DataParallel over
-several GPUs, a model that is neither a
-``PreTrainedModel`` nor made by a module-level ``model_init``, an optimizer or scheduler passed
-to the Trainer (``optimizers=``/``optimizer_cls_and_kwargs``: replay cannot make them again),
-a model, config, Trainer or ``compute_loss_func`` of another installed package (peft, trl:
-replay imports no installed package's code as an entry point; transformers' own classes are
-looked up by name), a Trainer subclass or ``compute_loss_func`` that is not module-level, a
-model config or ``TrainingArguments`` value that is not JSON. DeepSpeed and FSDP shard the parameters (measuring them would take
-collectives): nothing is recorded. Other callbacks that
+read and ``bisect`` refuses with the reason): more than one process (DDP), DataParallel over
+several GPUs, a model the Trainer wrapped. DeepSpeed and FSDP shard the parameters (measuring
+them would take collectives): nothing is recorded. Other callbacks that
 change gradients, weights or the learning rate inside a step, and a ``ReduceLROnPlateau``
 stepped at evaluation (its learning rate is restored from the recording at every step), make a
 replay differ, which ``replay verify`` reports.
@@ -56,13 +50,10 @@ replay differ, which ``replay verify`` reports.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import importlib
 import inspect
-import json
 import logging
-import os
 import sys
 import tempfile
 import types
@@ -126,16 +117,6 @@ def _inner(optimizer: Any) -> Any:
     return optimizer
 
 
-def _args_dict(args: TrainingArguments) -> dict[str, Any]:
-    """The TrainingArguments a replay's Trainer is made with: every init field, as JSON."""
-    init = {f.name for f in dataclasses.fields(args) if f.init}
-    # The hub tokens (to_dict hides them anyway) are no business of a replay.
-    given = args.to_dict()  # type: ignore[no-untyped-call]  # transformers: untyped
-    kept = {k: v for k, v in given.items() if k in init and not k.endswith("_token")}
-    json.dumps(kept)  # a value that is not JSON cannot be recorded: the caller says so
-    return kept
-
-
 def _why_not(trainer: Any) -> str | None:
     if getattr(trainer, "is_deepspeed_enabled", False):
         return "DeepSpeed"
@@ -150,22 +131,6 @@ def _why_not(trainer: Any) -> str | None:
         return f"DataParallel over {trainer.args.n_gpu} GPUs"
     if trainer.model_wrapped is not trainer.model:
         return f"the model wrapped in {type(trainer.model_wrapped).__name__}"
-    model = trainer.model
-    if not isinstance(model, PreTrainedModel) and trainer.model_init is None:
-        return (
-            f"a {type(model).__name__} that is not a PreTrainedModel (replay rebuilds a model "
-            "from its config; pass a PreTrainedModel, or model_init= a module-level function)"
-        )
-    if trainer.optimizer_cls_and_kwargs is not None:
-        return "optimizer_cls_and_kwargs (replay makes the optimizer from TrainingArguments)"
-    expected, _ = transformers.Trainer.get_optimizer_cls_and_kwargs(trainer.args, model)
-    if type(_inner(trainer.optimizer)) is not expected:
-        return (
-            f"an optimizer passed to the Trainer ({type(_inner(trainer.optimizer)).__name__}; "
-            "replay makes the optimizer from TrainingArguments)"
-        )
-    if not getattr(trainer, "_created_lr_scheduler", True):
-        return "a scheduler passed to the Trainer (replay makes it from TrainingArguments)"
     return None
 
 
@@ -181,59 +146,6 @@ def _objects(trainer: Any) -> dict[str, Any]:
     if scaler is not None:
         objects["scaler"] = scaler
     return objects
-
-
-def _name(cls: type) -> str | type:
-    """A class of transformers itself is recorded by name (``module:qualname``) and looked up
-    in transformers on replay (replay never imports an installed package's file as an entry
-    point); the user's own class is recorded as an entry point (:class:`replay.Recorder`)."""
-    module = cls.__module__
-    if module == "transformers" or module.startswith("transformers."):
-        return f"{module}:{cls.__qualname__}"
-    return cls
-
-
-def _installed(obj: Any) -> str | None:
-    """The module of ``obj`` when it lives in an installed package other than transformers
-    (peft, trl): replay cannot import it as an entry point."""
-    from ..engine.entry import _installed_dirs  # where replay refuses to import entry points
-
-    module = getattr(obj, "__module__", "") or ""
-    if module == "transformers" or module.startswith("transformers."):
-        return None
-    try:
-        path = os.path.realpath(inspect.getsourcefile(obj) or "")
-    except TypeError:
-        return None
-    return module if any(path.startswith(d + os.sep) for d in _installed_dirs()) else None
-
-
-def _settings(trainer: Any, max_steps: int) -> dict[str, Any]:
-    """What :func:`build` takes: the user's classes and functions are recorded as entry
-    points, transformers' classes by name, the rest as JSON."""
-    model = trainer.model
-    kw: dict[str, Any] = {
-        "args": _args_dict(trainer.args),
-        "args_class": _name(type(trainer.args)),
-        "max_steps": int(max_steps),
-        "trainer_class": _name(type(trainer)),
-        "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
-    }
-    if isinstance(model, PreTrainedModel):
-        config = model.config.to_dict()
-        json.dumps(config)
-        kw.update(
-            model_class=_name(type(model)), config_class=_name(type(model.config)), config=config
-        )
-    else:
-        kw["model_init"] = trainer.model_init
-    if trainer.compute_loss_func is not None:
-        kw["compute_loss_func"] = trainer.compute_loss_func
-    for k, v in kw.items():
-        where = _installed(v) if isinstance(v, type) or inspect.isfunction(v) else None
-        if where is not None:
-            raise ValueError(f"{k} comes from the installed package {where.split('.')[0]}")
-    return kw
 
 
 def _lookup(name: Any, base: type) -> Any:
@@ -262,8 +174,8 @@ class ReplayCallback(TrainerCallback):
                           callbacks=[ReplayCallback("run.h5")])
         trainer.train()
 
-    The model must be a ``PreTrainedModel`` (rebuilt from its class and config) or made by the
-    Trainer's module-level ``model_init``. Recorded step ``t`` is the optimisation step after
+    Any model, optimizer and scheduler the script gives the Trainer replay (the script runs
+    again up to ``train()``). Recorded step ``t`` is the optimisation step after
     which the Trainer's ``global_step`` is ``t + 1`` (a resumed run starts at its global step). ``recorder_kwargs`` go to :class:`replay.Recorder`
     (``snapshot_every=50``, ``raise_on_nonfinite=True``, ...): a NaN loss is recorded and then
     :class:`replay.NonFiniteLossError` ends ``train()``.
@@ -301,24 +213,19 @@ class ReplayCallback(TrainerCallback):
             self._refuse("DeepSpeed or FSDP (sharded parameters)")
             return
         why = _why_not(trainer)
-        settings: dict[str, Any] | None = None
-        if why is None:
-            try:
-                settings = _settings(trainer, state.max_steps)
-            except (TypeError, ValueError) as e:
-                why = f"this set-up ({e})"
         if why is not None:
             warn_not_replayable(why)
         objects = _objects(trainer)
         # Step t of the recording is the optimisation step that makes the Trainer's global_step
         # t + 1, in a resumed run too.
         options = {"start_step": int(state.global_step), **self.recorder_kwargs}
+        # Under replay this is where the re-run script is taken over (docs/reentry.md): the
+        # Recorder hands the live model, optimizer, scheduler and Trainer to replay, and
+        # train() ends before its loop runs.
         self.rec = start_recorder(
             self.path,
             objects=objects,
             step_fn=train_step,
-            build_fn=build,
-            build_kwargs=settings,
             not_replayable=why,
             **options,
         )

@@ -136,21 +136,21 @@ def test_model_init_and_a_trainer_subclass_replay_bitwise(tmp_path):
     assert all(s["match"] and s["compared"] for s in v["steps"])
 
 
-def test_a_model_replay_cannot_rebuild_is_said_once_and_its_steps_health_is_recorded(tmp_path):
-    """A plain nn.Module has no config to rebuild it from (and no model_init is given): said
-    once; the steps' health, batches and RNG states are recorded (no snapshots), and bisect
-    refuses to replay with the reason."""
+def test_a_plain_module_without_model_init_and_its_own_optimizer_replays_by_reentry(tmp_path):
+    """A plain nn.Module (no config, no model_init) and an optimizer the script hands the
+    Trainer (optimizers=...): replay runs the script again and takes them over in train()."""
     script = tmp_path / "plain_module.py"
-    script.write_text(_plain_module(RECORDED))
+    script.write_text(
+        _plain_module(RECORDED).replace(
+            "    trainer = Trainer(\n        model=model,",
+            "    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)\n"
+            "    trainer = Trainer(\n        optimizers=(opt, None),\n        model=model,",
+        )
+    )
     run, p = _train(tmp_path, "--model", "tiny", script=script)
-    assert p.returncode == 0, p.stderr[-2000:]
-    assert p.stderr.count("not a PreTrainedModel") == 1
-    assert "records their health, batches and RNG states" in p.stderr
-    assert "Traceback" not in p.stderr
+    assert p.returncode == 0 and "RecorderWarning" not in p.stderr, p.stderr[-2000:]
+    rc, v, err = replay_json("verify", str(run))
+    assert rc == 0 and v["deterministic"] is True and v["window"] == [0, 11], err[-3000:]
+    assert "again, up to its replay.Recorder" in err
     rc, d, err = replay_json("info", str(run))
-    assert rc == 0, err
-    assert d["steps_recorded"] == 12 and d["snapshots"] == []
-    assert "not a PreTrainedModel" in d["not_replayable"]
-    assert d["last_loss"] is not None and d["first_bad"]["nonfinite"] is None
-    rc, _, err = replay_json("bisect", str(run))
-    assert rc == 3 and "recorded without replay" in err and "no failure" in err
+    assert "SGD" in json.dumps(d)

@@ -27,8 +27,10 @@ def main() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=4, gamma=0.5)
     g = torch.Generator().manual_seed(1)
-    data = [(torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g))
-            for _ in range(args.steps)]
+    data = [
+        (torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g))
+        for _ in range(args.steps)
+    ]
 
     def step(batch):
         x, y = batch
@@ -43,9 +45,12 @@ def main() -> None:
         with open("trained.log", "a") as fh:
             fh.write("started\n")
 
-    with replay.Recorder(args.out, objects={"model": model, "optimizer": optimizer,
-                                            "scheduler": scheduler},
-                         step_fn=step, snapshot_every=4) as rec:
+    with replay.Recorder(
+        args.out,
+        objects={"model": model, "optimizer": optimizer, "scheduler": scheduler},
+        step_fn=step,
+        snapshot_every=4,
+    ) as rec:
         for i, (x, y) in enumerate(data):
             if i == args.bad_step:
                 x = x * 1e38

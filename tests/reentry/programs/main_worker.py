@@ -22,16 +22,23 @@ def train_one(images, target, model, criterion, optimizer, epoch):
 
 def main_worker(gpu, args):
     torch.manual_seed(args.seed)
-    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
-                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
+    model = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(8, 10),
+    )
     criterion = nn.CrossEntropyLoss()
     optimizer = torch.optim.SGD(model.parameters(), args.lr, momentum=0.9, weight_decay=1e-4)
     g = torch.Generator().manual_seed(3)
     step = functools.partial(
         lambda batch, epoch: train_one(*batch, model, criterion, optimizer, epoch)
     )
-    with replay.Recorder(args.out, model=model, optimizer=optimizer, step_fn=step,
-                         snapshot_every=4) as rec:
+    with replay.Recorder(
+        args.out, model=model, optimizer=optimizer, step_fn=step, snapshot_every=4
+    ) as rec:
         for epoch in range(args.epochs):
             for _ in range(4):
                 images = torch.randn(6, 3, 8, 8, generator=g)

@@ -29,8 +29,13 @@ class Trainer:
 
     def run(self):
         g = torch.Generator().manual_seed(7)
-        with replay.Recorder("run.h5", model=self.model, optimizer=self.optimizer,
-                             step_fn=self._step, snapshot_every=3) as rec:
+        with replay.Recorder(
+            "run.h5",
+            model=self.model,
+            optimizer=self.optimizer,
+            step_fn=self._step,
+            snapshot_every=3,
+        ) as rec:
             while self.iter_num < self.steps:
                 x = torch.randn(5, 6, generator=g)
                 y = torch.randint(0, 3, (5,), generator=g)

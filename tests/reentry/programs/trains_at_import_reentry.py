@@ -23,8 +23,9 @@ def train_step(batch):
     return loss
 
 
-with replay.Recorder("run.h5", model=model, optimizer=opt, step_fn=train_step,
-                     snapshot_every=5) as rec:
+with replay.Recorder(
+    "run.h5", model=model, optimizer=opt, step_fn=train_step, snapshot_every=5
+) as rec:
     for i in range(10):
         x, y = torch.randn(4, 8), torch.randn(4, 1)
         if i == BAD_STEP:
