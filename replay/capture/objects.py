@@ -31,6 +31,7 @@ import torch
 from ..errors import EntryPointError
 
 __all__ = [
+    "inner_optimizer",
     "ROLES",
     "RunObjects",
     "StepCall",
@@ -42,6 +43,19 @@ __all__ = [
 # Objects known by name: the recorder measures and records their hyper-parameters (optimizer),
 # scale (scaler) and keeps their state under these keys in every snapshot.
 ROLES = ("model", "optimizer", "scheduler", "scaler")
+
+
+def inner_optimizer(optimizer: Any) -> Any:
+    """The innermost ``torch.optim.Optimizer`` of a framework's wrapper (accelerate's
+    ``.optimizer``, Lightning's ``._optimizer``), the optimizer itself otherwise."""
+    for _ in range(8):
+        inner = getattr(optimizer, "optimizer", None)
+        if not isinstance(inner, torch.optim.Optimizer):
+            inner = getattr(optimizer, "_optimizer", None)
+        if not isinstance(inner, torch.optim.Optimizer) or inner is optimizer:
+            return optimizer
+        optimizer = inner
+    return optimizer
 
 
 def _stateful(obj: Any) -> bool:
@@ -59,9 +73,16 @@ class RunObjects:
     _extras: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
-        self._extras = {
-            k: v for k, v in self.named.items() if k not in ROLES and v is not None and _stateful(v)
-        }
+        from .frameworks import state_view
+
+        self._extras = {}
+        for k, v in self.named.items():
+            if k in ROLES or v is None:
+                continue
+            if _stateful(v):
+                self._extras[k] = v
+            elif (view := state_view(v)) is not None:  # an Accelerator's micro-batch counter
+                self._extras[k] = view
 
     @property
     def model(self) -> torch.nn.Module:

@@ -69,6 +69,15 @@ def running_probe() -> GradProbe | None:
     return _active[-1] if _active else None
 
 
+def _hookable(optimizer: Any) -> Any:
+    """The torch optimizer that really steps: inside accelerate's ``AcceleratedOptimizer``,
+    Fabric's ``_FabricOptimizer`` and Lightning's ``LightningOptimizer`` (wrappers that may not
+    run, or even have, the step hooks of ``torch.optim.Optimizer``)."""
+    from .objects import inner_optimizer
+
+    return inner_optimizer(optimizer)
+
+
 class GradProbe:
     """Measures the gradients of ``params`` once per step (see the module docstring).
 
@@ -79,7 +88,9 @@ class GradProbe:
     def __init__(self, params: list[torch.Tensor], optimizer: Any) -> None:
         self.meter = GradMeter(params)
         self._hook = (
-            optimizer.register_step_pre_hook(self._pre_step) if optimizer is not None else None
+            _hookable(optimizer).register_step_pre_hook(self._pre_step)
+            if optimizer is not None
+            else None
         )
         self.enabled = True
         self._on = False

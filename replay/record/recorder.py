@@ -202,105 +202,135 @@ class Recorder:
         model, optimizer = self.objects.model, self.objects.optimizer
         scheduler, scaler = self.objects.scheduler, self.objects.scaler
         self._call = StepCall(step_fn, self.objects)
-        self.path = os.path.abspath(os.fspath(path))
-        self.dist = detect(rank, world_size)
-        self.base_path = self.path
-        if self.dist is not None:
-            self.path = rank_path(self.path, self.dist.rank)
-            self.base_path = base_path(self.path) or self.path
-        self.model, self.optimizer = model, optimizer
-        # What replay rebuilds with build_fn: the module inside a DDP wrapper. step_fn still
-        # gets the wrapper, which is what the training loop passes.
-        self._inner = unwrap(model)
-        # FSDP2 (fully_shard): how, for meta.distributed.fsdp; snapshots keep local shards.
-        self._fsdp = layout(self._inner) if self.dist is not None else None
-        self.scheduler, self.scaler = scheduler, scaler
-        self.step_fn = step_fn
-        # Without build_fn, replay runs the program again and takes over here (re-entry); with
-        # it, replay imports build_fn and step_fn by name (no program set-up to redo).
-        self.program, self._no_program = describe_program()
-        if build_fn is None:
-            self.entry = {"step_fn": describe_step(step_fn)}
-            if self.program is None and not_replayable is None:
-                not_replayable = f"no build_fn, and {self._no_program}"
-                warnings.warn(
-                    f"replay: {not_replayable}: replay cannot run it again, so this run's steps "
-                    "will not replay; pass build_fn= (docs/entry-points.md)",
-                    RecorderWarning,
-                    stacklevel=2,
-                )
-        else:
-            self.entry = {
-                "step_fn": describe_entry(step_fn, "step_fn"),
-                "build_fn": describe_entry(build_fn, "build_fn"),
-            }
-        # Keyword arguments replay calls build_fn with (a framework integration's build needs
-        # the user's class and settings): a class or function is recorded as an entry point
-        # (imported on replay under the same rules as build_fn), anything else as JSON.
-        self.build_kwargs: dict[str, Any] = {}
-        for k, v in (build_kwargs or {}).items():
-            if k in ("build_fn", "step_fn"):
-                raise ValueError(f"build_kwargs: {k!r} is reserved")
-            if isinstance(v, type) or inspect.isfunction(v):
-                self.entry[k] = describe_entry(v, k)
+        # From here on nothing raises into training: an object the recorder does not know (an
+        # optimizer wrapper without torch's hooks, a missing private attribute) turns recording
+        # off with one warning, and the loop trains on unrecorded.
+        try:
+            self.path = os.path.abspath(os.fspath(path))
+            self.dist = detect(rank, world_size)
+            self.base_path = self.path
+            if self.dist is not None:
+                self.path = rank_path(self.path, self.dist.rank)
+                self.base_path = base_path(self.path) or self.path
+            self.model, self.optimizer = model, optimizer
+            # What replay rebuilds with build_fn: the module inside a DDP wrapper. step_fn still
+            # gets the wrapper, which is what the training loop passes.
+            self._inner = unwrap(model)
+            # FSDP2 (fully_shard): how, for meta.distributed.fsdp; snapshots keep local shards.
+            self._fsdp = layout(self._inner) if self.dist is not None else None
+            self.scheduler, self.scaler = scheduler, scaler
+            self.step_fn = step_fn
+            # Without build_fn, replay runs the program again and takes over here (re-entry); with
+            # it, replay imports build_fn and step_fn by name (no program set-up to redo).
+            self.program, self._no_program = describe_program()
+            if build_fn is None:
+                self.entry = {"step_fn": describe_step(step_fn)}
+                if self.program is None and not_replayable is None:
+                    not_replayable = f"no build_fn, and {self._no_program}"
+                    warnings.warn(
+                        f"replay: {not_replayable}: replay cannot run it again, so this run's steps "
+                        "will not replay; pass build_fn= (docs/entry-points.md)",
+                        RecorderWarning,
+                        stacklevel=2,
+                    )
             else:
-                self.build_kwargs[k] = v
-        self.next_step = start_step
-        self._snapshots_taken = 0
-        self._modules = [m for _, m in self._inner.named_modules()]
-        self._params = [p for p in self._inner.parameters()]
-        self._opt_params = self.objects.trained_params()
-        self._probe_grads = GradProbe(self._opt_params, optimizer)
-        self._writer: BackgroundWriter | None = None
-        # Why this run's steps cannot be replayed (a framework feature replay does not rebuild):
-        # then no snapshot is taken; the steps' health, batches and RNG states are recorded.
-        self.not_replayable = not_replayable
-        self._step_hint: int | None = None  # bytes of the first step's batch and values
-        self._pool = HostPool()  # the batch copies' buffers, given back by the writer thread
-        # Started early: its imports overlap the first steps. The step log holds a few
-        # snapshots (weights, moments, gradients: about 4x the model) besides the steps.
-        model_bytes = sum(t.numel() * t.element_size() for t in self._inner.state_dict().values())
-        # What the file says of the model, read here on the training thread: the writer thread
-        # makes the file while training runs, and FSDP2 swaps a module's parameters for their
-        # unsharded views during forward and backward (reading them from another thread then
-        # failed at random: "setStorage ... out of bounds for storage of size 0").
-        self._model_meta = ModelMeta(
-            cls=f"{type(self._inner).__module__}.{type(self._inner).__qualname__}",
-            modules=tuple(ModuleMeta(n, type(m).__name__) for n, m in self._inner.named_modules()),
-            params=tuple(
-                ParamMeta(n, tuple(p.shape), str(p.dtype).removeprefix("torch."), p.requires_grad)
-                for n, p in self._inner.named_parameters()
-            ),
-            param_bytes=model_bytes,
-        )
-        self._client = WriterClient(min(max(LOG_BYTES, 12 * model_bytes), 1 << 30))
-        log = self._client.step_log
-        self._log = StepLogWriter(log, alive=self._writer_alive) if log is not None else None
-        self._writer_exit_seen = False
-        self._warned = False
-        self._warned_wait = False  # training waited for a writer that fell behind: said once
-        self._closed = False
-        self._pid = os.getpid()  # the process recording (a fork's children inherit this object)
-        self._pending_check: tuple[int, torch.Tensor] | None = None
-        self._observed: Any = None  # observe_begin's capture, until observe_end
-        self._hp_items: Any = None
-        self._hp_tensors = False
-        self._hp_copy: list[dict[str, Any]] | None = None
-        self._cuda_built = torch.cuda.is_available()  # ~16 us a call inside a training loop
-        self._prev_sigterm: Any = None
-        self.enabled = True
-        self._ranks: RankPolicy = SingleProcess()
-        if self.dist is not None and self.dist.collective:
-            self._ranks = DdpRanks(
-                self.dist,
-                model,
-                self._inner,
-                self._opt_params,
-                stop=self.config.raise_on_nonfinite,
-                on_bad=self._raise_ranks_bad,
-                # AMP skips steps with inf gradients by design: only the loss votes then
-                grads_vote=scaler is None,
+                self.entry = {
+                    "step_fn": describe_entry(step_fn, "step_fn"),
+                    "build_fn": describe_entry(build_fn, "build_fn"),
+                }
+            # Keyword arguments replay calls build_fn with (a framework integration's build needs
+            # the user's class and settings): a class or function is recorded as an entry point
+            # (imported on replay under the same rules as build_fn), anything else as JSON.
+            self.build_kwargs: dict[str, Any] = {}
+            for k, v in (build_kwargs or {}).items():
+                if k in ("build_fn", "step_fn"):
+                    raise ValueError(f"build_kwargs: {k!r} is reserved")
+                if isinstance(v, type) or inspect.isfunction(v):
+                    self.entry[k] = describe_entry(v, k)
+                else:
+                    self.build_kwargs[k] = v
+            self.next_step = start_step
+            self._snapshots_taken = 0
+            self._modules = [m for _, m in self._inner.named_modules()]
+            self._params = [p for p in self._inner.parameters()]
+            self._opt_params = self.objects.trained_params()
+            self._probe_grads = GradProbe(self._opt_params, optimizer)
+            self._writer: BackgroundWriter | None = None
+            # Why this run's steps cannot be replayed (a framework feature replay does not rebuild):
+            # then no snapshot is taken; the steps' health, batches and RNG states are recorded.
+            self.not_replayable = not_replayable
+            self._step_hint: int | None = None  # bytes of the first step's batch and values
+            self._pool = HostPool()  # the batch copies' buffers, given back by the writer thread
+            # Started early: its imports overlap the first steps. The step log holds a few
+            # snapshots (weights, moments, gradients: about 4x the model) besides the steps.
+            model_bytes = sum(
+                t.numel() * t.element_size() for t in self._inner.state_dict().values()
             )
+            # What the file says of the model, read here on the training thread: the writer thread
+            # makes the file while training runs, and FSDP2 swaps a module's parameters for their
+            # unsharded views during forward and backward (reading them from another thread then
+            # failed at random: "setStorage ... out of bounds for storage of size 0").
+            self._model_meta = ModelMeta(
+                cls=f"{type(self._inner).__module__}.{type(self._inner).__qualname__}",
+                modules=tuple(
+                    ModuleMeta(n, type(m).__name__) for n, m in self._inner.named_modules()
+                ),
+                params=tuple(
+                    ParamMeta(
+                        n, tuple(p.shape), str(p.dtype).removeprefix("torch."), p.requires_grad
+                    )
+                    for n, p in self._inner.named_parameters()
+                ),
+                param_bytes=model_bytes,
+            )
+            self._client = WriterClient(min(max(LOG_BYTES, 12 * model_bytes), 1 << 30))
+            log = self._client.step_log
+            self._log = StepLogWriter(log, alive=self._writer_alive) if log is not None else None
+            self._writer_exit_seen = False
+            self._warned = False
+            self._warned_wait = False  # training waited for a writer that fell behind: said once
+            self._closed = False
+            self._pid = os.getpid()  # the process recording (a fork's children inherit this object)
+            self._pending_check: tuple[int, torch.Tensor] | None = None
+            self._observed: Any = None  # observe_begin's capture, until observe_end
+            self._hp_items: Any = None
+            self._hp_tensors = False
+            self._hp_copy: list[dict[str, Any]] | None = None
+            self._cuda_built = torch.cuda.is_available()  # ~16 us a call inside a training loop
+            self._prev_sigterm: Any = None
+            self.enabled = True
+            self._ranks: RankPolicy = SingleProcess()
+            if self.dist is not None and self.dist.collective:
+                self._ranks = DdpRanks(
+                    self.dist,
+                    model,
+                    self._inner,
+                    self._opt_params,
+                    stop=self.config.raise_on_nonfinite,
+                    on_bad=self._raise_ranks_bad,
+                    # AMP skips steps with inf gradients by design: only the loss votes then
+                    grads_vote=scaler is None,
+                )
+        except Exception as e:  # noqa: BLE001 - the recorder must never take training down
+            self._off_from_the_start(path, e)
+
+    def _off_from_the_start(self, path: str | os.PathLike[str], e: Exception) -> None:
+        """A Recorder that could not start: ``step`` runs the step function, nothing else."""
+        self.path = os.path.abspath(os.fspath(path))
+        self.enabled = False
+        self._closed = self._warned = False
+        self._writer = None
+        self._prev_sigterm = None
+        self._ranks = SingleProcess()
+        self._probe_grads = GradProbe([], None)
+        self.next_step = self.config.start_step
+        self._warned = True
+        warnings.warn(
+            f"replay: recording to {self.path} is off (starting the recorder failed: "
+            f"{type(e).__name__}: {e}); training goes on unrecorded",
+            RecorderWarning,
+            stacklevel=3,
+        )
 
     @classmethod
     def _live(

@@ -79,3 +79,56 @@ def test_the_writer_thread_and_process_yield_the_cores_to_training(tmp_path):
         assert os.getpriority(os.PRIO_PROCESS, writer.native_id) == WRITER_NICE
         assert os.getpriority(os.PRIO_PROCESS, rec._client.proc.pid) == WRITER_NICE
         assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == own  # untouched
+
+
+UNKNOWN_WRAPPER = """
+import torch, torch.nn.functional as F, replay
+
+class HalfBuiltOptimizer(torch.optim.Optimizer):
+    # A wrapper that never calls Optimizer.__init__ (accelerate's AcceleratedOptimizer did not):
+    # no step hooks, no .optimizer to find the real one through.
+    def __init__(self, inner):
+        self.inner = inner
+    @property
+    def param_groups(self):
+        return self.inner.param_groups
+    def step(self, closure=None):
+        return self.inner.step(closure)
+    def zero_grad(self, set_to_none=True):
+        self.inner.zero_grad(set_to_none)
+    def state_dict(self):
+        return self.inner.state_dict()
+    def load_state_dict(self, sd):
+        self.inner.load_state_dict(sd)
+
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 2)
+opt = HalfBuiltOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+
+def step(batch):
+    x, y = batch
+    opt.zero_grad()
+    loss = F.mse_loss(model(x), y)
+    loss.backward()
+    opt.step()
+    return loss
+
+with replay.Recorder(RUN, model=model, optimizer=opt, step_fn=step) as rec:
+    for i in range(5):
+        print("step", i, float(rec.step((torch.randn(3, 4), torch.randn(3, 2)))))
+"""
+
+
+def test_an_optimizer_wrapper_without_torch_hooks_never_crashes_training(tmp_path):
+    """accelerate's AcceleratedOptimizer crashed the training script at Recorder(...): an
+    object the recorder does not know turns recording off with one warning, never raises."""
+    run = tmp_path / "run.h5"
+    script = tmp_path / "train.py"
+    script.write_text(f"RUN = {str(run)!r}\n" + UNKNOWN_WRAPPER)
+    proc = run_py(str(script))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "step 4" in proc.stdout
+    warnings = [ln for ln in proc.stderr.splitlines() if "RecorderWarning" in ln]
+    assert len(warnings) == 1 and "training goes on unrecorded" in warnings[0], proc.stderr
+    assert "_optimizer_step_pre_hooks" in warnings[0]
+    assert "Traceback" not in proc.stderr

@@ -135,3 +135,35 @@ def test_build_fn_recordings_still_replay_through_their_entry_points_and_reenter
     rc, v, p = replay_json("verify", str(tmp_path / "run.h5"), "--reenter", cwd=elsewhere)
     assert rc == 0 and v["deterministic"] is True, p.stderr[-2000:]
     assert "up to its replay.Recorder" in p.stderr
+
+
+def test_an_accelerate_loop_with_accumulation_trains_the_same_and_replays_bitwise(
+    tmp_path, elsewhere
+):
+    """accelerate's prepared objects and the Accelerator itself among the objects (its
+    micro-batch counter decides when accumulate() lets the optimizer step): the losses are the
+    same with and without the Recorder, and a replay from a mid-run snapshot steps the
+    optimizer on the same micro-batches as the recording."""
+    pytest.importorskip("accelerate")
+    shutil.copy(PROGRAMS / "accelerate_loop.py", tmp_path)
+    bare = run_py(str(tmp_path / "accelerate_loop.py"), "--no-replay", cwd=tmp_path)
+    recorded = run_py(str(tmp_path / "accelerate_loop.py"), cwd=tmp_path)
+    assert bare.returncode == 0 and recorded.returncode == 0, recorded.stderr[-2000:]
+    losses = [line for line in recorded.stdout.splitlines() if line.startswith("losses")]
+    assert losses and losses == [
+        line for line in bare.stdout.splitlines() if line.startswith("losses")
+    ]
+    rc, v, p = replay_json("verify", str(tmp_path / "run.h5"), cwd=elsewhere)
+    assert rc == 0 and v["deterministic"] is True, p.stderr[-3000:]
+    assert v["window"] == [5, 15]  # from the snapshot of step 5: an odd micro-batch
+
+
+def test_a_fabric_loop_with_its_wrapped_objects_replays_and_bisects(tmp_path, elsewhere):
+    pytest.importorskip("lightning")
+    run = record(tmp_path, "fabric_loop.py")
+    rc, v, p = replay_json("verify", str(run), cwd=elsewhere)
+    assert rc == 0 and v["deterministic"] is True and v["replayed_steps"] == 12, p.stderr[-3000:]
+    (tmp_path / "run.h5").unlink()
+    run = record(tmp_path, "fabric_loop.py", "5")
+    rc, v, p = replay_json("bisect", str(run), cwd=elsewhere)
+    assert rc == 0 and v["first_bad_step"] == 5 and v["reproducible"] is True, p.stderr[-3000:]

@@ -68,8 +68,8 @@ def detect(rank: int | None = None, world_size: int | None = None) -> DistContex
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The plain module inside a ``DistributedDataParallel`` wrapper and a ``torch.compile``
-    ``OptimizedModule`` (the model itself otherwise).
+    """The plain module inside a ``DistributedDataParallel`` wrapper, a ``torch.compile``
+    ``OptimizedModule`` and Fabric's ``_FabricModule`` (the model itself otherwise).
 
     Snapshots hold its state dict, without DDP's ``module.`` or compile's ``_orig_mod.`` prefix,
     so that a replay loads them into the plain module; the step still runs through the wrapper.
@@ -82,6 +82,10 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
             continue
         inner = getattr(model, "_orig_mod", None)
         if isinstance(inner, torch.nn.Module) and type(model).__name__ == "OptimizedModule":
+            model = inner
+            continue
+        inner = getattr(model, "_original_module", None)  # Lightning Fabric's setup()
+        if isinstance(inner, torch.nn.Module) and type(model).__name__ == "_FabricModule":
             model = inner
             continue
         break
