@@ -167,3 +167,30 @@ def test_a_fabric_loop_with_its_wrapped_objects_replays_and_bisects(tmp_path, el
     run = record(tmp_path, "fabric_loop.py", "5")
     rc, v, p = replay_json("bisect", str(run), cwd=elsewhere)
     assert rc == 0 and v["first_bad_step"] == 5 and v["reproducible"] is True, p.stderr[-3000:]
+
+
+def torchrun(tmp: Path, nproc: int, *args: str) -> subprocess.CompletedProcess:
+    """``torchrun --standalone --nproc_per_node=N ddp_torchrun.py ARGS`` in ``tmp``."""
+    shutil.copy(PROGRAMS / "ddp_torchrun.py", tmp)
+    launch = ("-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}")
+    return run_py(*launch, str(tmp / "ddp_torchrun.py"), *args, cwd=tmp, timeout=240)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_a_torchrun_program_is_replayed_rank_by_rank_by_reentry(tmp_path, elsewhere, nproc):
+    """Each rank's replay runs the program again with torchrun's environment: it makes its own
+    process group and DDP wrapper, and its Recorder hands them over."""
+    p = torchrun(tmp_path, nproc, "--steps", "8")
+    assert p.returncode == 0, p.stderr[-3000:]
+    rc, v, err = replay_json("verify", str(tmp_path / "run.h5"), cwd=elsewhere)
+    assert rc == 0 and v["deterministic"] is True, err.stderr[-3000:]
+    assert len(v["ranks"]) == nproc
+    for f in tmp_path.glob("run.rank*.h5"):
+        f.unlink()
+    p = torchrun(tmp_path, nproc, "--steps", "8", "--bad-rank", "1", "--bad-step", "5")
+    assert p.returncode != 0
+    rc, v, err = replay_json("bisect", str(tmp_path / "run.h5"), cwd=elsewhere)
+    assert rc == 0, err.stderr[-3000:]
+    assert v["first_bad_step"] == 5 and v["rank"] == 1 and v["cause"] == "data", v
+    assert v["samples"] == [1] and v["reproducible"] is True

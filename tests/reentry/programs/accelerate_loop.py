@@ -1,4 +1,5 @@
 """An accelerate loop with gradient accumulation (accelerate's examples' shape)."""
+
 import sys
 import torch
 import torch.nn.functional as F
@@ -13,12 +14,15 @@ RECORD = "--no-replay" not in sys.argv
 def main():
     accelerator = Accelerator(gradient_accumulation_steps=2, cpu=True)
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Dropout(0.1),
-                                torch.nn.Linear(16, 3))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Dropout(0.1), torch.nn.Linear(16, 3)
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 3, 0.5)
     data = TensorDataset(torch.randn(64, 8), torch.randint(0, 3, (64,)))
-    loader = DataLoader(data, batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(1))
+    loader = DataLoader(
+        data, batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(1)
+    )
     model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
 
     def step(batch):
@@ -34,9 +38,17 @@ def main():
 
     losses = []
     if RECORD:
-        with replay.Recorder("run.h5", objects={"model": model, "optimizer": optimizer,
-                                                "scheduler": scheduler, "accelerator": accelerator},
-                             step_fn=step, snapshot_every=5) as rec:
+        with replay.Recorder(
+            "run.h5",
+            objects={
+                "model": model,
+                "optimizer": optimizer,
+                "scheduler": scheduler,
+                "accelerator": accelerator,
+            },
+            step_fn=step,
+            snapshot_every=5,
+        ) as rec:
             for batch in loader:
                 losses.append(float(rec.step(batch)))
     else:
