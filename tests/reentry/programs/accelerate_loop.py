@@ -1,6 +1,7 @@
 """An accelerate loop with gradient accumulation (accelerate's examples' shape)."""
 
 import sys
+
 import torch
 import torch.nn.functional as F
 from accelerate import Accelerator

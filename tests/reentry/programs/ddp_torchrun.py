@@ -3,7 +3,6 @@ wrapper made in main(), a closure step, no build_fn. `--bad-rank R --bad-step T`
 rank R's batch at step T."""
 
 import argparse
-import os
 
 import torch
 import torch.distributed as dist

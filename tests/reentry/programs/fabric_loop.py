@@ -2,6 +2,7 @@
 fabric.clip_gradients; the objects handed to the Recorder are Fabric's wrapped ones."""
 
 import sys
+
 import torch
 import torch.nn.functional as F
 from lightning.fabric import Fabric
