@@ -11,6 +11,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# No background self-check (docs/selfcheck.md) in the runs the suite records, in this process
+# and its children: each would replay its run once more. tests/selfcheck turns it on.
+os.environ["REPLAY_SELF_CHECK"] = "0"
 SCRIPTS = Path(__file__).resolve().parent / "integration" / "scripts"
 
 

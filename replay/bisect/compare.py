@@ -25,9 +25,9 @@ HINT_RAISED = (
     "through rec.step(batch, name=value)"
 )
 HINT_OUTSIDE = (
-    "something outside step_fn changes what the step reads: return every stateful object from "
-    "build_fn, and pass values the loop computes (a learning rate, a curriculum knob) through "
-    "rec.step(batch, name=value) instead of a global"
+    "something outside step_fn changes what the step reads: give the Recorder every stateful "
+    "object (objects=..., or from build_fn), and pass values the loop computes (a learning "
+    "rate, a curriculum knob) through rec.step(batch, name=value) instead of a global"
 )
 HINT_NONDET = (
     "the same inputs gave different bits: look for non-deterministic kernels "

@@ -38,7 +38,9 @@ class VerifyReport:
 
 
 def verify_window(
-    subject: Subject, *, progress: Callable[[int, int], None] | None = None
+    subject: Subject,
+    *,
+    progress: Callable[[int, int], None] | None = None,
 ) -> VerifyReport:
     first, last = subject.window
     rep = VerifyReport((first, last), subject.device)

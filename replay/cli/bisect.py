@@ -84,6 +84,7 @@ def bisect(
     from .render import render_verdict
 
     criterion = _criterion(kind, until, spike)
+    _quote_self_check(run)
     bar = Progress("replay bisect")
     try:
         with user_stdout_to_stderr(as_json), big_imports() as phase:
@@ -105,3 +106,13 @@ def bisect(
         bar.close()
     click.echo(json.dumps(d, indent=2) if as_json else render_verdict(d))
     return 1 if d["healthy"] else 0
+
+
+def _quote_self_check(run: str) -> None:
+    """A recording whose self-check failed while it trained: say so first (docs/selfcheck.md)."""
+    from ..safetext import term_safe
+    from ..store.selfcheck import read_selfcheck
+
+    v = read_selfcheck(run)
+    if v is not None and v.failed:
+        click.echo(term_safe(f"replay: note: while it trained, {run} {v.line()}"), err=True)

@@ -44,7 +44,16 @@ def _steps_summary(rec: Any) -> dict[str, Any]:
         "writer": _writer(rec.path),
         "damaged_steps": rec.damaged_steps(),
         "damaged_health": sorted(rec.damaged_health),
+        "self_check": _self_check(rec.path),
     }
+
+
+def _self_check(path: str) -> dict[str, Any] | None:
+    """The background self-check's verdict beside the file (docs/selfcheck.md), with its line."""
+    from ..store.selfcheck import read_selfcheck
+
+    v = read_selfcheck(path)
+    return None if v is None else {**v.to_json(), "line": v.line()}
 
 
 def _writer(path: str) -> dict[str, Any] | None:
@@ -73,6 +82,7 @@ def describe(path: str) -> dict[str, Any]:
             **_steps_summary(rec),
             "config": rec.config,
             "entry": rec.entry,
+            "program": rec.program,
             "env": rec.env,
             "model": {
                 k: v for k, v in rec.meta.get("model", {}).items() if k in ("class", "param_bytes")
@@ -126,6 +136,9 @@ def render(d: dict[str, Any]) -> str:
         else "nothing (no kept snapshot with its batches)"
     )
     lines.append(f"  replayable      {_fmt_range(w) if w else nothing}")
+    check = d.get("self_check")
+    if check:
+        lines.append(f"  self-check      {check['line']}")
     if d.get("damaged_steps") or d.get("damaged_health"):
         parts = []
         if d.get("damaged_steps"):

@@ -297,8 +297,8 @@ class Engine:
             return self._records[t]
         try:
             r = self.rec.read_step(t)
-        except KeyError as e:
-            raise ReplayError(f"step {t} is no longer in the recording ({e})") from None
+        except KeyError as e:  # a live recording's ring moved on: the file, not the replay
+            raise RecordingError(f"step {t} is no longer in the recording ({e})") from None
         self._records[t] = r
         while len(self._records) > _RECORDS:
             self._records.popitem(last=False)
@@ -347,7 +347,12 @@ class Engine:
         """
         if self._snap is None or self._snap[0] != s:
             self._snap = None  # drop the old one before reading the next: bounded memory
-            self._snap = (s, self.rec.read_snapshot(s))
+            try:
+                self._snap = (s, self.rec.read_snapshot(s))
+            except KeyError as e:  # (a live recording's ring moved on)
+                raise RecordingError(
+                    f"the snapshot of step {s} is no longer in the recording ({e})"
+                ) from None
         return self._snap[1]
 
     def snapshot_finite(self, s: int) -> bool:

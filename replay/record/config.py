@@ -27,6 +27,10 @@ class RecorderConfig:
     max_pending_steps: int = 64
     max_pending_seconds: float = 1.0
     handle_signals: bool = True
+    # the background self-check (docs/selfcheck.md): on, after how many steps, up to what state
+    self_check: bool = True
+    self_check_steps: int = 4
+    self_check_budget: int = 2 << 30
 
     def __post_init__(self) -> None:
         if self.snapshot_every < 1 or self.keep_snapshots < 2:

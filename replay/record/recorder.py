@@ -58,6 +58,7 @@ from .ddp.context import detect, unwrap
 from .ddp.policy import DdpRanks, RankPolicy, SingleProcess
 from .entry import describe_entry, describe_program, describe_step, read_source
 from .env import collect_env
+from .selfcheck import SelfCheckLauncher, enabled_by_env, skip_reason
 from .step_log_writer import StepLogWriter, on_host
 from .writer_thread import BackgroundWriter, SnapshotJob, StepJob
 
@@ -174,6 +175,9 @@ class Recorder:
         max_pending_steps: int = 64,
         max_pending_seconds: float = 1.0,
         handle_signals: bool = True,
+        self_check: bool = True,
+        self_check_steps: int = 4,
+        self_check_budget: int = 2 << 30,
         rank: int | None = None,
         world_size: int | None = None,
         build_kwargs: Mapping[str, Any] | None = None,
@@ -197,6 +201,9 @@ class Recorder:
             max_pending_steps=max_pending_steps,
             max_pending_seconds=max_pending_seconds,
             handle_signals=handle_signals,
+            self_check=self_check,
+            self_check_steps=self_check_steps,
+            self_check_budget=self_check_budget,
         ).for_preflight(self.preflight)
         self.objects = self._objects(objects, model, optimizer, scheduler, scaler)
         model, optimizer = self.objects.model, self.objects.optimizer
@@ -311,6 +318,19 @@ class Recorder:
                     # AMP skips steps with inf gradients by design: only the loss votes then
                     grads_vote=scaler is None,
                 )
+            # The background self-check (docs/selfcheck.md): after the first steps, a child
+            # replays them and says at once, on stderr, when they do not replay.
+            self._self_check: SelfCheckLauncher | None = None
+            if self.config.self_check and enabled_by_env() and self.preflight is None:
+                self._self_check = SelfCheckLauncher(
+                    self.path,
+                    self.config.start_step,
+                    self.config.self_check_steps,
+                    self.config.self_check_budget,
+                    4 * model_bytes,
+                    self._inner,
+                    skip_reason(self),
+                )
         except Exception as e:  # noqa: BLE001 - the recorder must never take training down
             self._off_from_the_start(path, e)
 
@@ -323,6 +343,7 @@ class Recorder:
         self._prev_sigterm = None
         self._ranks = SingleProcess()
         self._probe_grads = GradProbe([], None)
+        self._self_check = None
         self.next_step = self.config.start_step
         self._warned = True
         warnings.warn(
@@ -664,6 +685,8 @@ class Recorder:
             self._ranks.after_step(t, loss, local_gn)
             return ret
         self.next_step = t + 1
+        if self._self_check is not None:
+            self._self_check.after_step(t)  # starts a child once; never waits
         if t == self.config.start_step:
             # Once, at the first step: wait until the file exists and holds it (the writer
             # process starting up, about 0.3 s), so a crash right after still leaves a file.

@@ -281,6 +281,10 @@ class Recording:
             self.close()
             raise
         self._sources: dict[str, str] | None = None
+        # what pin() read of a live file, served from memory from then on
+        self._pinned: dict[tuple[str, int], dict[str, Any]] = {}
+        self._pinned_devices: dict[int, dict[str, str]] = {}
+        self._pinned_window: Window | None = None
 
     # -- validation --------------------------------------------------------------------------
 
@@ -579,11 +583,40 @@ class Recording:
 
     def read_step(self, step: int) -> dict[str, Any]:
         """The record of ``step``: ``rng``, ``hparams``, ``modes``, ``batch``, ``exception``."""
-        return self._record("steps", step)
+        pinned = self._pinned.get(("steps", step))
+        return pinned if pinned is not None else self._record("steps", step)
 
     def read_snapshot(self, step: int) -> dict[str, Any]:
         """State before ``step``: ``model``, ``optimizer``, ``scheduler``, ``scaler`` trees."""
-        return self._record("snapshots", step)
+        pinned = self._pinned.get(("snapshots", step))
+        return pinned if pinned is not None else self._record("snapshots", step)
+
+    def pin(self, steps: int) -> Window | None:
+        """Read the first ``steps`` steps of the replayable window, with the snapshots they
+        start from, and serve them (and that window) from memory from now on.
+
+        A live run's ring moves on while a replay of it starts (the self-check re-runs the
+        program for seconds first): what was committed when it was opened is what it replays.
+        A slot overwritten while it is read is read again from the window as it is then.
+        """
+        for _ in range(20):
+            w = self.replayable_window()
+            if w is None:
+                return None
+            last = min(w.last, w.first + max(1, steps) - 1)
+            pinned = Window(w.first, last, tuple(s for s in w.snapshots if s <= last))
+            try:
+                records = {("snapshots", s): self._record("snapshots", s) for s in pinned.snapshots}
+                devices = {s: self.snapshot_devices(s) for s in pinned.snapshots}
+                for t in range(pinned.first, pinned.last + 1):
+                    records[("steps", t)] = self._record("steps", t)
+            except (KeyError, DamagedSlot):  # the ring moved on: take the window as it is now
+                continue
+            self._pinned.update(records)
+            self._pinned_devices.update(devices)
+            self._pinned_window = pinned
+            return pinned
+        raise RecordingError(f"{self.path}: its ring moves on faster than it can be read")
 
     def _record(self, ring: str, step: int) -> dict[str, Any]:
         rec = self._read_slot(ring, step)
@@ -604,6 +637,8 @@ class Recording:
                 stack.extend(n.get("v", []) if isinstance(n.get("v"), list) else [])
             return None
 
+        if step in self._pinned_devices:
+            return dict(self._pinned_devices[step])
         root = self._read_manifest("snapshots", step)  # checked by check_tree: nodes are dicts
         out = {}
         for k, v in zip(root.get("k", []), root.get("v", [])):
@@ -664,6 +699,8 @@ class Recording:
         Step ``t`` is replayable when a snapshot at ``s <= t`` is kept and every step of
         ``[s, t]`` has its record. ``None`` when no step is replayable.
         """
+        if self._pinned_window is not None:
+            return self._pinned_window
         steps = self.steps()
         snaps = [int(s) for s in self.snapshot_steps()]
         if steps.size == 0 or not snaps:

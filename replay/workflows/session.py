@@ -67,6 +67,7 @@ def with_engine(
     trust: bool = False,
     check: Callable[[Recording], None] | None = None,
     reenter: bool = False,
+    pin_steps: int | None = None,
     log: Callable[[str], None] = _say,
 ) -> T:
     """Open ``run``, start the replay engine on it and return ``work(recording, engine)``.
@@ -75,7 +76,9 @@ def with_engine(
     (re-entry: a recording without ``build_fn``, or ``reenter``), or from the recorded
     ``build_fn`` (``--entry`` names another). ``work`` then runs inside the re-run program,
     which ends before any training. ``check(recording)`` runs before any user code does (to
-    refuse a request the file alone shows wrong). Both are closed afterwards.
+    refuse a request the file alone shows wrong). ``pin_steps``: replay only the first steps
+    of the window, read into memory at once (a live run's ring moves on). Both are closed
+    afterwards.
     """
     override = parse_entry(entry)
     from ..engine import Engine
@@ -84,6 +87,8 @@ def with_engine(
     wait_until_drained(run)
     rec = open_recording(run)
     try:
+        if pin_steps is not None:
+            rec.pin(pin_steps)
         if check is not None:
             check(rec)
         if override is None and (reenter or "build_fn" not in rec.entry):

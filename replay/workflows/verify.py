@@ -26,6 +26,7 @@ def run_verify(
     alone: bool = False,
     log: Callable[[str], None] | None = None,
     reenter: bool = False,
+    first_steps: int | None = None,
 ) -> dict[str, Any]:
     """The ``replay verify --json`` report of ``run`` (``deterministic``, ``steps``, ``cause``...).
 
@@ -35,6 +36,8 @@ def run_verify(
     ``run`` may name a DDP rank set: every rank is replayed together, one process each
     (``replay.multirank.launch``), and ``ranks`` holds each rank's own check;
     ``rank`` with ``alone`` replays that rank alone in this process (``"approximate": true``).
+    ``first_steps``: replay only the window's first steps, read at once (the self-check of a
+    live run, whose ring moves on).
     """
     from .ranks import APPROXIMATE, choose_ranks
 
@@ -47,7 +50,7 @@ def run_verify(
         return replay_rank_set(run, "verify", device=device, entry=entry, trust=trust, log=log)
     if choice.files is not None and choice.path == run:  # --alone without --rank: rank 0
         choice = choose_ranks(run, min(choice.files), True)
-    d = _verify_one(choice.path, device, entry, trust, progress, opened, reenter)
+    d = _verify_one(choice.path, device, entry, trust, progress, opened, reenter, first_steps)
     if choice.approximate:
         d["approximate"] = True
         d["notes"] = [APPROXIMATE]
@@ -62,6 +65,7 @@ def _verify_one(
     progress: Callable[[int, int], None] | None,
     opened: Callable[[], None] | None,
     reenter: bool = False,
+    first_steps: int | None = None,
 ) -> dict[str, Any]:
     from ..bisect import verify_window
     from ..bisect.report import verify_json
@@ -79,4 +83,12 @@ def _verify_one(
             )
         return verify_json(report, recording=run, entry_files=engine.entry_files)
 
-    return with_engine(run, work, device=device, entry=entry, trust=trust, reenter=reenter)
+    return with_engine(
+        run,
+        work,
+        device=device,
+        entry=entry,
+        trust=trust,
+        reenter=reenter,
+        pin_steps=first_steps,
+    )

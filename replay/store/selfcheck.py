@@ -1,0 +1,141 @@
+"""The self-check's verdict beside a recording: ``run.h5`` -> ``run.selfcheck.json``.
+
+While a run trains, a background process replays its first steps and says whether they replay
+(docs/selfcheck.md). The writer process owns the recording then (SWMR: nothing can be added to
+the file once it is live), so the verdict is a small JSON file beside it, written whole by a
+rename: a reader sees no verdict or a complete one. Its shape is in docs/format.md. Torch-free:
+``info`` and the TUI read it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["SelfCheck", "selfcheck_path", "read_selfcheck", "write_selfcheck", "STATUSES"]
+
+VERSION = 1
+STATUSES = ("running", "ok", "failed", "skipped", "error")
+_MAX_BYTES = 64 << 10  # a verdict is a few hundred bytes; anything larger is not ours
+
+
+@dataclass(frozen=True)
+class SelfCheck:
+    """``status``: ``running``, ``ok`` (the steps replay), ``failed`` (they do not: ``kind`` is
+    verify's cause, ``raised``, ``nondeterministic`` or ``outside_state``, or ``program`` when
+    the program could not be run again), ``skipped`` (``reason`` says why) or ``error`` (the
+    check itself broke; says nothing of the recording)."""
+
+    status: str
+    check: str = ""  # what ran: "bitwise on cpu", "within rtol 1e-3 on cpu (recorded on cuda)"
+    steps: tuple[int, int] | None = None
+    kind: str | None = None
+    summary: str = ""
+    hint: str = ""
+    seconds: float | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.status == "failed"
+
+    def line(self) -> str:
+        """One line for a person: what the check found and what to do."""
+        span = f" (steps {self.steps[0]}..{self.steps[1]})" if self.steps else ""
+        if self.status == "ok":
+            return f"replays: the self-check replayed the first steps{span} {self.check}"
+        if self.status == "failed":
+            what = f"{self.kind}: " if self.kind else ""
+            return f"does NOT replay: the self-check{span} found {what}{self.summary}" + (
+                f"; {self.hint}" if self.hint else ""
+            )
+        if self.status == "running":
+            return "the self-check is replaying the first steps"
+        if self.status == "skipped":
+            return f"not self-checked: {self.summary}"
+        return f"the self-check could not run ({self.summary}); run `replay preflight`"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": VERSION,
+            "status": self.status,
+            "check": self.check,
+            "steps": list(self.steps) if self.steps else None,
+            "kind": self.kind,
+            "summary": self.summary,
+            "hint": self.hint,
+            "seconds": self.seconds,
+        }
+
+    @classmethod
+    def from_json(cls, d: Any) -> SelfCheck | None:
+        """A verdict read back, or ``None`` when ``d`` is not one (a file is untrusted input)."""
+        if not isinstance(d, dict) or d.get("status") not in STATUSES:
+            return None
+        raw = d.get("steps")
+        steps: list[int] | None = None
+        if (
+            isinstance(raw, list)
+            and len(raw) == 2
+            and all(isinstance(x, int) and not isinstance(x, bool) for x in raw)
+        ):
+            steps = raw
+        seconds = d.get("seconds")
+
+        def text(k: str) -> str:
+            v = d.get(k)
+            return v[:500] if isinstance(v, str) else ""
+
+        return cls(
+            status=str(d["status"]),
+            check=text("check"),
+            steps=(int(steps[0]), int(steps[1])) if steps is not None else None,
+            kind=text("kind") or None,
+            summary=text("summary"),
+            hint=text("hint"),
+            seconds=float(seconds) if isinstance(seconds, (int, float)) else None,
+        )
+
+
+def selfcheck_path(path: str) -> str:
+    root, _ = os.path.splitext(path)
+    return f"{root}.selfcheck.json"
+
+
+def read_selfcheck(path: str) -> SelfCheck | None:
+    """The verdict beside recording ``path``, or ``None`` (none yet, or not a verdict)."""
+    try:
+        fd = os.open(selfcheck_path(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        with os.fdopen(fd, "rb") as fh:
+            if not os.path.isfile(selfcheck_path(path)):
+                return None
+            raw = fh.read(_MAX_BYTES + 1)
+    except OSError:
+        return None
+    if len(raw) > _MAX_BYTES:
+        return None
+    try:
+        return SelfCheck.from_json(json.loads(raw.decode("utf-8")))
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+def write_selfcheck(path: str, verdict: SelfCheck) -> None:
+    """Write the verdict beside ``path`` whole (a temporary file of our own, then a rename)."""
+    final = selfcheck_path(path)
+    tmp = f"{final}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(verdict.to_json(), fh)
+        os.replace(tmp, final)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

@@ -1,0 +1,170 @@
+"""The self-check: replay a live recording's first steps while its run trains (docs/selfcheck.md).
+
+Started by the Recorder (``replay/record/selfcheck.py``) as a child process at the lowest
+priority, one thread::
+
+    python -m replay.workflows.selfcheck RUN --after T --steps K [--device D] [--rtol R]
+
+It waits until the writer process has committed step ``T``, replays ``K`` steps from the
+oldest kept snapshot as
+``replay verify`` would (by re-entry, or through ``build_fn``), and writes its verdict beside the
+recording (``run.selfcheck.json``, ``replay/store/selfcheck.py``). When the steps do not
+replay it writes **one line** to the training's stderr at once; everything else it (and the
+re-run program) prints goes nowhere: the training's output stays the training's. ``--rtol``: a
+replay on another device than the recording's (a GPU run checked on the CPU) cannot be bitwise;
+its losses must then agree within ``R``, which still catches every structural failure (a
+program that cannot be rebuilt, a missing object, state changed outside the step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+from typing import Any
+
+from ..errors import EntryPointError, RecordingError, ReplayError
+from ..store.selfcheck import SelfCheck, write_selfcheck
+
+__all__ = ["run_selfcheck", "judge", "main"]
+
+WAIT = 300.0  # seconds for the writer process to commit the steps to check
+
+
+def _checkable(run: str, after: int, steps: int) -> int | None:
+    """The last step to check once the writer has committed step ``after``: ``steps`` steps
+    from the oldest kept snapshot (a short run may be over, its ring moved on, by now;
+    ``run_verify`` pins them when it opens the file)."""
+    from ..store import open_recording
+
+    try:
+        rec = open_recording(run)
+    except ReplayError:
+        return None
+    try:
+        w = rec.replayable_window()
+        if w is None or w.last < min(after, w.first + steps - 1):
+            return None
+        return min(w.last, w.first + steps - 1)
+    finally:
+        rec.close()
+
+
+def judge(report: dict[str, Any], rtol: float | None, device: str) -> SelfCheck:
+    """The verdict on ``replay verify``'s report of the checked steps."""
+    window = report.get("window") or [0, 0]
+    steps = (int(window[0]), int(window[0]) + max(0, int(report.get("replayed_steps") or 0) - 1))
+    if report.get("deterministic"):
+        return SelfCheck("ok", f"bitwise on {device}", steps)
+    cause = report.get("cause") or {}
+    if rtol is not None and cause.get("kind") != "raised":
+        close = [
+            s
+            for s in report.get("steps") or []
+            if s.get("compared")
+            and _close(s.get("loss"), s.get("recorded_loss"), rtol)
+            and not s.get("exception")
+        ]
+        if close and len(close) == len([s for s in report["steps"] if s.get("compared")]):
+            return SelfCheck("ok", f"within rtol {rtol:g} on {device}", steps)
+    return SelfCheck(
+        "failed",
+        f"bitwise on {device}" if rtol is None else f"within rtol {rtol:g} on {device}",
+        steps,
+        kind=str(cause.get("kind") or "differs"),
+        summary=str(cause.get("summary") or "the replayed steps differ from the recording"),
+        hint=str(cause.get("hint") or ""),
+    )
+
+
+def _close(a: Any, b: Any, rtol: float) -> bool:
+    if not isinstance(a, (int, float)) or not isinstance(b, (int, float)):
+        return a is None and b is None
+    if math.isnan(a) or math.isnan(b):
+        return math.isnan(a) and math.isnan(b)
+    return abs(a - b) <= rtol * max(abs(a), abs(b), 1e-12)
+
+
+def run_selfcheck(
+    run: str, after: int, steps: int, device: str | None = None, rtol: float | None = None
+) -> SelfCheck:
+    """Wait for step ``after`` in ``run``, replay ``steps`` steps from its oldest snapshot,
+    and judge."""
+    deadline = time.monotonic() + WAIT
+    while _checkable(run, after, steps) is None:
+        if time.monotonic() > deadline:
+            return SelfCheck("error", summary=f"step {after} did not reach the file in {WAIT:g} s")
+        time.sleep(0.5)
+    from .verify import run_verify
+
+    t0 = time.monotonic()
+    try:
+        report = run_verify(run, device=device, first_steps=steps)
+    except EntryPointError as e:
+        return SelfCheck(
+            "failed",
+            kind="program",
+            summary=str(e),
+            hint="replay runs the program again up to its Recorder (docs/reentry.md)",
+        )
+    except RecordingError as e:  # the file moved on under the check (a fast run's ring)
+        return SelfCheck("error", summary=str(e))
+    except ReplayError as e:
+        return SelfCheck("failed", kind="replay", summary=str(e))
+    verdict = judge(report, rtol, device or str(report.get("device") or "cpu"))
+    return SelfCheck(
+        verdict.status,
+        verdict.check,
+        verdict.steps,
+        verdict.kind,
+        verdict.summary,
+        verdict.hint,
+        round(time.monotonic() - t0, 3),
+    )
+
+
+def _quiet() -> int:
+    """Send this process's stdout and stderr nowhere; return a descriptor of the old stderr,
+    for the one line a failed check writes."""
+    saved = os.dup(2)
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)
+    os.dup2(null, 2)
+    os.close(null)
+    return saved
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m replay.workflows.selfcheck")
+    p.add_argument("run")
+    p.add_argument("--after", type=int, required=True)
+    p.add_argument("--steps", type=int, required=True)
+    p.add_argument("--device", default=None)
+    p.add_argument("--rtol", type=float, default=None)
+    args = p.parse_args(argv)
+    try:
+        os.nice(19)  # the training's cores come first
+    except OSError:
+        pass
+    err = _quiet()
+    try:
+        verdict = run_selfcheck(args.run, args.after, args.steps, args.device, args.rtol)
+    except BaseException as e:  # noqa: BLE001 - the check breaking says nothing of the recording
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        verdict = SelfCheck("error", summary=f"{type(e).__name__}: {first}")
+    try:
+        write_selfcheck(args.run, verdict)
+    except OSError:
+        pass
+    if verdict.failed:
+        from ..safetext import term_safe
+
+        line = term_safe(f"replay: warning: {args.run} {verdict.line()}; training goes on")
+        os.write(err, (line + "\n").encode("utf-8", "replace"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""A loop that trains until the background self-check has said its word (at most 180 s), so a
+test sees whether the verdict came while training went on. Shapes: `--workers N` (a DataLoader
+with N worker processes), `--amp` (bf16 autocast), `--global-lr` (the step reads a global the
+loop changes: not replayable), `--budget B` (the self-check's state budget, bytes)."""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+import replay
+
+LR_SCALE = 1.0  # changed by the loop: replay cannot see it
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--workers", type=int, default=0)
+    p.add_argument("--amp", action="store_true")
+    p.add_argument("--global-lr", action="store_true")
+    p.add_argument("--budget", type=int, default=2 << 30)
+    args = p.parse_args()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Dropout(0.2), torch.nn.Linear(64, 4)
+    )
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    data = TensorDataset(torch.randn(256, 16), torch.randint(0, 4, (256,)))
+    loader = DataLoader(
+        data,
+        batch_size=16,
+        shuffle=True,
+        num_workers=args.workers,
+        generator=torch.Generator().manual_seed(1),
+    )
+
+    def step(batch):
+        x, y = batch
+        optimizer.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.amp):
+            loss = F.cross_entropy(model(x), y) * LR_SCALE
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    verdict = os.path.join(os.getcwd(), "run.selfcheck.json")
+    deadline = time.monotonic() + 180
+    t = 0
+    with replay.Recorder(
+        "run.h5", model=model, optimizer=optimizer, step_fn=step, self_check_budget=args.budget
+    ) as rec:
+        while time.monotonic() < deadline:
+            for batch in loader:
+                rec.step(batch)
+                t += 1
+                if args.global_lr:
+                    global LR_SCALE
+                    LR_SCALE *= 0.9
+                time.sleep(0.01)
+            try:
+                with open(verdict) as fh:
+                    if json.load(fh)["status"] != "running":
+                        break
+            except (OSError, ValueError):
+                pass
+    print(f"training ended at step {t}", file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    main()

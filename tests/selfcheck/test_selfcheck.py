@@ -1,0 +1,102 @@
+"""The background self-check (docs/selfcheck.md): while a run trains, a child process replays
+its first steps; a recording that cannot replay says so on the training's stderr at once, and
+the verdict is in `replay info`. Real runs, real child processes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from replay.store.selfcheck import SelfCheck, read_selfcheck, selfcheck_path, write_selfcheck
+from tests.conftest import replay_json, run_env
+
+PROGRAM = Path(__file__).with_name("programs") / "train_until_checked.py"
+
+
+def train(tmp: Path, *args: str) -> subprocess.CompletedProcess:
+    """Run the program with the self-check on, stdout and stderr in one stream, in order."""
+    shutil.copy(PROGRAM, tmp)
+    env = {**run_env(), "REPLAY_SELF_CHECK": "1"}
+    return subprocess.run(
+        [sys.executable, str(tmp / PROGRAM.name), *args],
+        cwd=tmp,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=240,
+    )
+
+
+@pytest.mark.slow
+def test_a_global_the_loop_changes_is_flagged_on_stderr_while_the_run_trains(tmp_path):
+    p = train(tmp_path, "--global-lr")
+    assert p.returncode == 0, p.stdout[-3000:]
+    lines = p.stdout.splitlines()
+    warn = [i for i, ln in enumerate(lines) if "does NOT replay" in ln]
+    ended = [i for i, ln in enumerate(lines) if ln.startswith("training ended")]
+    assert len(warn) == 1 and ended and warn[0] < ended[0], p.stdout[-3000:]
+    assert "outside_state" in lines[warn[0]] and "training goes on" in lines[warn[0]]
+    rc, d, err = replay_json("info", str(tmp_path / "run.h5"))
+    assert rc == 0, err
+    check = d["self_check"]
+    assert check["status"] == "failed" and check["kind"] == "outside_state"
+    assert check["check"] == "bitwise on cpu" and check["steps"][1] - check["steps"][0] == 3
+    text = subprocess.run(
+        [sys.executable, "-m", "replay", "info", str(tmp_path / "run.h5")],
+        env=run_env(),
+        capture_output=True,
+        text=True,
+    ).stdout
+    assert "self-check      does NOT replay" in text
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "shape", [[], ["--workers", "2"], ["--amp"]], ids=["plain", "workers", "amp"]
+)
+def test_healthy_runs_are_not_flagged(tmp_path, shape):
+    """Dropout, shuffling, DataLoader worker processes, bf16 autocast: no false alarm."""
+    p = train(tmp_path, *shape)
+    assert p.returncode == 0, p.stdout[-3000:]
+    assert "does NOT replay" not in p.stdout and "self-check" not in p.stdout
+    v = read_selfcheck(str(tmp_path / "run.h5"))
+    assert v is not None and v.status == "ok" and v.check == "bitwise on cpu", (v, p.stdout[-2000:])
+
+
+def test_a_state_over_the_budget_says_it_skipped_the_check_and_why(tmp_path):
+    p = train(tmp_path, "--budget", "1000")
+    assert p.returncode == 0, p.stdout[-3000:]
+    v = read_selfcheck(str(tmp_path / "run.h5"))
+    assert v is not None and v.status == "skipped", v
+    assert "over the self-check's budget" in v.summary and "replay preflight" in v.summary
+    rc, d, _ = replay_json("info", str(tmp_path / "run.h5"))
+    assert d["self_check"]["status"] == "skipped"
+
+
+def test_a_verdict_file_is_untrusted_input(tmp_path):
+    """What info reads beside a recording: garbage, a huge file, a FIFO, a link are no verdict."""
+    import os
+
+    run = str(tmp_path / "run.h5")
+    path = Path(selfcheck_path(run))
+    for junk in (b"not json", b'{"status": "maybe"}', b"[1, 2]", b"{" * 100_000):
+        path.write_bytes(junk)
+        assert read_selfcheck(run) is None
+    path.unlink()
+    os.mkfifo(path)
+    assert read_selfcheck(run) is None  # and it did not block
+    path.unlink()
+    (tmp_path / "victim").write_text('{"status": "ok"}')
+    path.symlink_to(tmp_path / "victim")
+    assert read_selfcheck(run) is None
+    path.unlink()
+    write_selfcheck(run, SelfCheck("failed", "bitwise on cpu", (0, 3), "raised", "x\x1b[2J"))
+    v = read_selfcheck(run)
+    assert v is not None and v.failed and v.steps == (0, 3) and v.kind == "raised"
+    assert json.loads(path.read_text())["version"] == 1
