@@ -76,6 +76,12 @@ BENCHES = [
         ["--repeat", "1", "--moves", "10"],
     ),
     (
+        "The background self-check's cost to training (issue: <= 1.05x while it runs)",
+        "benchmarks/bench_selfcheck.py",
+        ["--rounds", "3"],
+        ["--rounds", "1", "--workloads", "MLP"],
+    ),
+    (
         "Recorder overhead under 2-rank DDP (gloo, CPU)",
         "benchmarks/bench_ddp.py",
         ["--rounds", "7", "--steps", "40"],
