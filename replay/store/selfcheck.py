@@ -56,6 +56,15 @@ class SelfCheck:
             return f"not self-checked: {self.summary}"
         return f"the self-check could not run ({self.summary}); run `replay preflight`"
 
+    def short(self) -> str:
+        """A few words for a narrow panel (the TUI's overview)."""
+        span = f"steps {self.steps[0]}..{self.steps[1]}, " if self.steps else ""
+        if self.status == "ok":
+            return f"replays ({span}{self.check})"
+        if self.status == "failed":
+            return f"does NOT replay ({self.kind or 'differs'}; replay info says why)"
+        return {"running": "running", "skipped": "skipped"}.get(self.status, "could not run")
+
     def to_json(self) -> dict[str, Any]:
         return {
             "version": VERSION,

@@ -16,6 +16,8 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Footer, Header, Static
 
+from replay.safetext import term_safe
+from replay.store.selfcheck import read_selfcheck
 from replay.words import cause_text, op_role
 
 from ..model import shorten_path
@@ -280,6 +282,12 @@ class OverviewScreen(RunScreen):
         t.append(
             f"  replayable {window.first}..{window.last}\n" if window else "  nothing replayable\n"
         )
+        check = read_selfcheck(rec.path)  # the background self-check (docs/selfcheck.md)
+        if check is not None:
+            t.append(
+                f"  self-check: {term_safe(check.short())}\n",
+                style="bold red" if check.failed else ("green" if check.status == "ok" else "dim"),
+            )
         model = meta.get("model", {})
         n_params = sum(p.numel for p in rec.run_meta.model.params)
         t.append(f"  model {model.get('class')} ({n_params:,} params)\n")
