@@ -1,8 +1,9 @@
-"""Recording and bisecting DDP runs: one recording per rank, read back as a rank set.
+"""Reading DDP rank sets: one recording per rank, read back as a set.
 
 ``ranks`` (file sets, the first bad (step, rank), per-rank health) is numpy + h5py only, like the
-store, so ``replay info`` and the TUI use it without torch. ``context``, ``hook`` and
-``consistency`` are the recorder's torch side: import them explicitly.
+store, so ``replay info`` and the TUI use it without torch; ``bisect`` adapts a rank's bisect.
+The recorder's torch side is ``replay/record/ddp``; replaying every rank together is
+``replay/multirank``.
 """
 
 from .ranks import (

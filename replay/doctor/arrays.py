@@ -8,7 +8,7 @@ import numpy as np
 
 from ..store.tree import TensorLeaf
 
-__all__ = ["as_float", "as_array", "robust_median"]
+__all__ = ["as_float", "as_array"]
 
 
 def as_array(leaf: Any) -> np.ndarray | None:
@@ -28,8 +28,3 @@ def as_float(leaf: Any) -> np.ndarray | None:
     if a is None or a.dtype.kind != "f":
         return None
     return a.astype(np.float64, copy=False)
-
-
-def robust_median(x: np.ndarray) -> float:
-    x = x[np.isfinite(x)]
-    return float(np.median(x)) if x.size else float("nan")

@@ -33,9 +33,6 @@ from ..errors import ReplayError
 
 __all__ = ["Leader", "StepLog", "follow", "rank_summary", "run_own_step"]
 
-# The engine methods that may run a step (and so a collective), mirrored on every rank.
-_MIRRORED = ("state_before", "run_step", "replay_through", "invalidate")
-
 
 @dataclass
 class StepLog:
