@@ -9,7 +9,8 @@ import sys
 import time
 
 import pytest
-from conftest import run_env
+
+from tests.conftest import run_env
 
 
 def test_tui_and_store_never_import_torch():
