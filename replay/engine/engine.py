@@ -42,6 +42,7 @@ from .entry import (
     load_entry_points,
     recorded_process,
 )
+from .live import pin_live_window
 from .outcome import StepOutcome
 from .state import build_objects, capture_state, load_snapshot, restore_state
 
@@ -83,6 +84,20 @@ def _owned(tree: Any) -> Any:
     if isinstance(tree, (list, tuple)):
         return type(tree)(_owned(v) for v in tree)
     return tree
+
+
+def _first_device(tree: Any) -> str:
+    """Where the first tensor of a snapshot's part lived (``cpu`` when it holds none)."""
+    stack = [tree]
+    while stack:
+        node = stack.pop(0)
+        if isinstance(node, TensorLeaf):
+            return node.device
+        if isinstance(node, dict):
+            stack.extend(node.values())
+        elif isinstance(node, (list, tuple)):
+            stack.extend(node)
+    return "cpu"
 
 
 @contextlib.contextmanager
@@ -136,6 +151,10 @@ class Engine:
                 "doctor and tui read it"
             )
         window = rec.replayable_window()
+        # A recording still being written: its window's records, read now (see live.py).
+        self.live = pin_live_window(rec, window, log)
+        if self.live is not None:
+            window = self.live.window
         if window is None:
             raise RecordingError(
                 f"{rec.path}: nothing can be replayed (no kept snapshot with the batches after "
@@ -143,7 +162,11 @@ class Engine:
             )
         self.window = window
         env = rec.env
-        self.recorded_device = rec.snapshot_devices(window.first).get("model", "cpu")
+        self.recorded_device = (
+            rec.snapshot_devices(window.first).get("model", "cpu")
+            if self.live is None
+            else _first_device(self.live.snapshots[window.first].get("model"))
+        )
         self.device = choose_device(self.recorded_device, device, log)
         # Leaves go back where they were recorded unless we replay elsewhere.
         self._leaf_device = None if self.device == self.recorded_device else self.device
@@ -265,6 +288,8 @@ class Engine:
 
     def record(self, t: int) -> dict[str, Any]:
         """The recorded record of step ``t`` (RNG, hyper-parameters, modes, batch, exception)."""
+        if self.live is not None and t in self.live.steps:
+            return self.live.steps[t]
         if t in self._records:
             self._records.move_to_end(t)
             return self._records[t]
@@ -318,6 +343,8 @@ class Engine:
         The last one read is kept: bisect checks a snapshot's health and then loads the same
         one (about 0.2 s a read for a 22 MB snapshot).
         """
+        if self.live is not None and s in self.live.snapshots:
+            return self.live.snapshots[s]
         if self._snap is None or self._snap[0] != s:
             self._snap = None  # drop the old one before reading the next: bounded memory
             self._snap = (s, self.rec.read_snapshot(s))
