@@ -254,3 +254,21 @@ def test_export_on_a_full_disk_left_a_partial_checkpoint(tmp_path, runs):
         assert sorted(os.listdir(disk)) == ["filler"]  # no ckpt, no temporary folder
     finally:
         subprocess.run(["umount", str(disk)], check=True)
+
+
+def test_export_wrote_a_replayed_state_nobody_checked(tmp_path):
+    """A step that reads a global the loop changes replays differently: export used to write
+    the state it reached anyway. Every replayed step is compared bitwise with the recording on
+    the way, and the first that differs stops the export (exit 5) before anything is written."""
+    program = ROOT / "tests" / "realistic" / "programs" / "global_lr.py"
+    run = tmp_path / "global_lr.h5"
+    p = run_py(str(program), str(run), cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-2000:]
+    out = tmp_path / "ckpt"
+    p = _run("-m", "replay", "export", str(run), "--out", str(out), "--step", "3")
+    assert p.returncode == 5, p.stderr
+    errors = [ln for ln in p.stderr.splitlines() if "error" in ln]
+    # (step 1's update used the wrong rate; step 2's loss is the first to show it)
+    assert len(errors) == 1 and "replaying step 2 " in errors[0], p.stderr
+    assert "--step 0" in errors[0]
+    assert os.listdir(tmp_path) == ["global_lr.h5"]  # no checkpoint, no temporary folder
