@@ -93,9 +93,7 @@ def main(argv: list[str] | None = None) -> None:
         click.echo("replay: aborted", err=True)
         sys.exit(130)
     except click.UsageError as e:  # click's misuse (a bad option value, a missing argument)
-        sub = e.ctx if e.ctx is not None and e.ctx.parent is not None else None
-        where = f"{sub.info_name}: " if sub is not None else ""
-        fail(f"{where}{e.format_message()}", EXIT_USAGE, as_json)
+        fail(e.format_message(), EXIT_USAGE, as_json)
     except click.ClickException as e:
         fail(e.format_message(), e.exit_code, as_json)
     except ReplayError as e:
