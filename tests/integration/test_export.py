@@ -272,3 +272,25 @@ def test_export_wrote_a_replayed_state_nobody_checked(tmp_path):
     assert len(errors) == 1 and "replaying step 2 " in errors[0], p.stderr
     assert "--step 0" in errors[0]
     assert os.listdir(tmp_path) == ["global_lr.h5"]  # no checkpoint, no temporary folder
+
+
+def test_export_of_a_run_that_failed_at_step_21_offered_resume_step_0(tmp_path):
+    """Issue 31's case: snapshot_every=50, NaN at step 21. Every healthy step was lost to the
+    user who wanted to resume; now the state before step 21 is exported, each of the 21 steps
+    replayed to reach it checked bitwise."""
+    run = tmp_path / "nan21.h5"
+    p = run_py(
+        str(SCRIPTS / "mlp_train.py"), str(run), "--steps", "40", "--nan-at", "21",
+        "--snapshot-every", "50",
+    )  # fmt: skip
+    assert "NonFiniteLossError" in p.stderr, p.stderr[-2000:]
+    out = tmp_path / "ckpt"
+    p = _run("-m", "replay", "export", str(run), "--out", str(out), "--json")
+    assert p.returncode == 0, p.stderr[-2000:]
+    report = json.loads(p.stdout)
+    assert (report["step"], report["snapshot"], report["verified"]) == (21, 0, 21), report
+    skip = json.loads((out / "skip.json").read_text())
+    assert skip["resume_step"] == 21 and [s["step"] for s in skip["skip"]] == [21]
+    p = _run("-m", "replay", "export", str(run), "--out", str(tmp_path / "s9"), "--step", "9")
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "replayed 9 step(s) from the snapshot of step 0, 9 checked bitwise" in p.stdout
