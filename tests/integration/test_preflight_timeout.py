@@ -6,6 +6,7 @@ was killed at 90 s, a forked child holding stdout made ``--timeout 60`` take 125
 from __future__ import annotations
 
 import os
+import stat
 import sys
 import time
 
@@ -84,11 +85,24 @@ def test_preflight_timeout_not_positive_was_an_internal_error(tmp_path, value):
     assert p.stderr.count("\n") == 1 and p.stderr.startswith("replay: error: "), p.stderr
 
 
-def test_preflight_keep_on_a_fifo_replaced_it(tmp_path):
-    fifo = tmp_path / "keep.h5"
-    os.mkfifo(fifo)
-    p, _, _ = _preflight(tmp_path, "--keep", str(fifo), "--", "true")
+@pytest.mark.parametrize("kind", ["FIFO", "character device"])
+def test_preflight_keep_on_a_fifo_or_device_replaced_it(tmp_path, kind):
+    """As root, ``--keep /dev/full`` replaced the machine's /dev/full (here: a node of ours)."""
+    node = tmp_path / "keep.h5"
+    if kind == "FIFO":
+        os.mkfifo(node)
+    elif os.geteuid() == 0:
+        os.mknod(node, stat.S_IFCHR | 0o666, os.makedev(1, 7))
+    else:
+        pytest.skip("mknod of a character device needs root")
+    before = os.lstat(node)
+    p, _, _ = _preflight(tmp_path, "--keep", str(node), "--", "true")
     assert p.returncode == 2, p.stderr
-    assert p.stderr.startswith("replay: error: --keep ") and "FIFO" in p.stderr, p.stderr
+    assert p.stderr.startswith("replay: error: --keep ") and kind in p.stderr, p.stderr
     assert p.stderr.count("\n") == 1
-    assert os.path.exists(fifo) and not os.path.isfile(fifo)
+    after = os.lstat(node)
+    assert (after.st_ino, after.st_mode, after.st_rdev) == (
+        before.st_ino,
+        before.st_mode,
+        before.st_rdev,
+    )
