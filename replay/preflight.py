@@ -165,7 +165,7 @@ def check_keep(keep: str) -> None:
     """``--keep PATH`` names a regular file (replaced) or nothing yet: never a device, a FIFO,
     a socket or a link (as root, ``--keep /dev/full`` replaced the machine's /dev/full)."""
     from .errors import UsageError
-    from .store.writer import UnsafePath, refuse_non_regular
+    from .store.safefile import UnsafePath, refuse_non_regular
 
     try:
         refuse_non_regular(keep, "--keep")

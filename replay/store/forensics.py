@@ -148,7 +148,7 @@ def write_forensics(
     missing -= set(tables)
     if missing:
         raise ValueError(f"write_forensics: tables lack {sorted(missing)}")
-    from .writer import create_new, refuse_non_regular
+    from .safefile import create_new, refuse_non_regular
 
     # Only a regular file is replaced, and the temporary one is made with O_EXCL|O_NOFOLLOW and
     # written through its descriptor: a link or device planted at either name is an error.

@@ -161,7 +161,7 @@ def test_planted_link_or_fifo_at_the_sidecar_was_written_through(tmp_path, plant
     files it created (issue 32, item 2)."""
     import os
 
-    from replay.store.writer import UnsafePath
+    from replay.store.safefile import UnsafePath
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 8), Head())
