@@ -36,6 +36,8 @@ def check_out(out: str) -> None:
     """Refuse, before any user code runs, an ``--out`` that export would write over or through:
     anything there but an empty directory, a link (dangling or not), a parent that is not a
     directory (``/dev/full/x``)."""
+    if not out:
+        raise UsageError("--out: an empty path; name a new directory")
     try:
         st = os.lstat(out)
     except FileNotFoundError:

@@ -206,7 +206,7 @@ def _full_dev(path):
     os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(1, 7))  # /dev/full's numbers, our own node
 
 
-@pytest.mark.parametrize("problem", ["dangling_symlink", "under_a_device", "a_file"])
+@pytest.mark.parametrize("problem", ["dangling_symlink", "under_a_device", "a_file", "empty"])
 def test_export_out_problem_was_an_internal_error(tmp_path, runs, problem):
     healthy = runs[0]
     victim = tmp_path / "victim"
@@ -218,6 +218,8 @@ def test_export_out_problem_was_an_internal_error(tmp_path, runs, problem):
             pytest.skip("mknod of a character device needs root")
         _full_dev(tmp_path / "full")
         out = tmp_path / "full" / "x"
+    elif problem == "empty":
+        out = ""
     else:
         out = tmp_path / "file"
         out.write_text("mine")
