@@ -85,3 +85,14 @@ def test_stale_lock_and_creating_files_of_a_killed_writer_are_reused(tmp_path):
     info = replay_cli("info", out, timeout=60)
     assert info.returncode == 0, info.stderr
     assert not os.path.exists(out + ".creating") and not os.path.exists(out + ".lock")
+
+
+def test_fifo_planted_at_the_lock_hung_info(tmp_path):
+    """Reading who writes a recording opens its lock file: a FIFO there must not block it."""
+    out = str(tmp_path / "run.h5")
+    p = _train(out)
+    assert p.returncode == 0, p.stderr[-2000:]
+    os.mkfifo(out + ".lock")
+    info = replay_cli("info", out, timeout=60)
+    assert info.returncode == 0, info.stderr
+    assert "closed cleanly" in info.stdout
