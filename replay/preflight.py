@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import json
 import os
+import queue
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -58,10 +62,27 @@ class PreflightReport:
         }
 
 
+def _stopped(timeout: float | None) -> str:
+    return f"(replay preflight: stopped the run after {timeout:g} s)"
+
+
+def _end_group(proc: subprocess.Popen[Any]) -> None:
+    """Kill ``proc``'s whole process group (it was started as its own session): the run's
+    forked children, its recorder's writer and DataLoader workers go with it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+
+
 def _run_streaming(
     cmd: list[str], env: dict[str, str], timeout: float | None, echo: Callable[[str], None]
 ) -> tuple[int, list[str]]:
-    """Run ``cmd``, passing its output on line by line (to our stderr); keep the last lines."""
+    """Run ``cmd`` in its own process group, passing its output on line by line (to our
+    stderr); keep the last lines. At ``timeout`` the whole group is killed: a silent command
+    (``sleep 600``) or a forked child still holding the pipe never extends it, since the pipe is
+    read on a thread and waited for only until the deadline."""
     tail: list[str] = []
     proc = subprocess.Popen(
         cmd,
@@ -71,23 +92,85 @@ def _run_streaming(
         stderr=subprocess.STDOUT,
         text=True,
         errors="replace",
+        start_new_session=True,
     )
     deadline = None if timeout is None else time.monotonic() + timeout
-    assert proc.stdout is not None
+    lines: queue.Queue[str | None] = queue.Queue()
+    out = proc.stdout
+    assert out is not None
+
+    def pump() -> None:
+        try:
+            for line in out:
+                lines.put(line.rstrip("\n"))
+        except (OSError, ValueError):
+            pass
+        lines.put(None)
+
+    threading.Thread(target=pump, name="replay-preflight-output", daemon=True).start()
     try:
-        for line in proc.stdout:
-            echo(line.rstrip("\n"))
-            tail.append(line.rstrip("\n"))
-            del tail[:-_TAIL]
-            if deadline is not None and time.monotonic() > deadline:
-                proc.kill()
-                tail.append(f"(replay preflight: stopped the run after {timeout:g} s)")
+        while True:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                _end_group(proc)
+                tail.append(_stopped(timeout))
                 break
-        return proc.wait(), tail
+            try:
+                line = lines.get(timeout=left)
+            except queue.Empty:
+                continue
+            if line is None:
+                break
+            echo(line)
+            tail.append(line)
+            del tail[:-_TAIL]
+        if deadline is None:
+            return proc.wait(), tail
+        try:
+            return proc.wait(timeout=max(0.0, deadline - time.monotonic())), tail
+        except subprocess.TimeoutExpired:
+            _end_group(proc)
+            tail.append(_stopped(timeout))
+            return proc.wait(), tail
     finally:
         if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+            _end_group(proc)
+
+
+def _run_verify(path: str, timeout: float | None) -> tuple[int, str, str]:
+    """``replay verify PATH --json`` in a fresh process group, killed whole at ``timeout``."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "replay", "verify", path, "--json"],
+        env={k: v for k, v in os.environ.items() if k != PREFLIGHT_ENV},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        errors="replace",
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _end_group(proc)
+        proc.communicate()
+        return -1, "", f"replay: error: the replay did not finish in {timeout:g} s"
+    finally:
+        if proc.poll() is None:
+            _end_group(proc)
+    return proc.returncode, stdout, stderr
+
+
+def check_keep(keep: str) -> None:
+    """``--keep PATH`` names a regular file (replaced) or nothing yet: never a device, a FIFO,
+    a socket or a link (as root, ``--keep /dev/full`` replaced the machine's /dev/full)."""
+    from .errors import UsageError
+    from .store.safefile import UnsafePath, refuse_non_regular
+
+    try:
+        refuse_non_regular(keep, "--keep")
+    except UnsafePath as e:
+        raise UsageError(str(e).replace("Record to", "Name")) from None
 
 
 def run_preflight(
@@ -100,51 +183,14 @@ def run_preflight(
 ) -> PreflightReport:
     """Record ``steps`` steps of ``command`` and replay them in a fresh process."""
     rep = PreflightReport(list(command), steps)
-    with tempfile.TemporaryDirectory(prefix="replay-preflight-") as tmp:
-        path = os.path.abspath(keep) if keep else os.path.join(tmp, "preflight.h5")
-        env = dict(os.environ)
-        env[PREFLIGHT_ENV] = json.dumps({"path": path, "steps": steps})
-        t0 = time.perf_counter()
-        try:
-            rep.run_exit, rep.run_tail = _run_streaming(command, env, timeout, echo)
-        except OSError as e:
-            rep.reason = f"the command could not start: {e.strerror or e}"
-            return rep
-        rep.run_seconds = time.perf_counter() - t0
-        if not os.path.exists(path):
-            rep.reason = (
-                "the command created no replay.Recorder (or died before its first step)"
-                if rep.run_exit == 0
-                else f"the command exited with {rep.run_exit} before recording a step"
-            )
-            return rep
-        rep.recording = path
-        rep.kept = path if keep else None
-        if rep.run_exit not in (0, None):
-            rep.reason = f"the command exited with {rep.run_exit} while recording"
-            # its steps may still replay: verify says more than the exit code alone
-        proc = subprocess.run(
-            [sys.executable, "-m", "replay", "verify", path, "--json"],
-            env={k: v for k, v in os.environ.items() if k != PREFLIGHT_ENV},
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            errors="replace",
-            timeout=timeout,
-        )
-        rep.verify_exit = proc.returncode
-        if proc.returncode in (0, 1):
-            try:
-                rep.verify = json.loads(proc.stdout)
-            except ValueError:
-                rep.verify_error = "replay verify printed no JSON"
-        else:
-            errs = [ln for ln in proc.stderr.splitlines() if ln.startswith("replay: error:")]
-            rep.verify_error = (
-                errs[-1].removeprefix("replay: error: ")
-                if errs
-                else (proc.stderr.strip().splitlines() or ["no output"])[-1]
-            )
+    if keep:
+        check_keep(keep)
+    # Removed on every path (a failed run, a timeout, an error), unless the recording is kept.
+    tmp = tempfile.mkdtemp(prefix="replay-preflight-")
+    try:
+        _record_and_verify(rep, command, steps, keep, timeout, echo, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     if rep.verify is not None and rep.verify.get("deterministic") and rep.run_exit == 0:
         rep.replayable = True
         rep.reason = "every replayed step matches the recording bitwise"
@@ -154,3 +200,52 @@ def run_preflight(
     elif rep.verify_error is not None:
         rep.reason = rep.verify_error
     return rep
+
+
+def _record_and_verify(
+    rep: PreflightReport,
+    command: list[str],
+    steps: int,
+    keep: str | None,
+    timeout: float | None,
+    echo: Callable[[str], None],
+    tmp: str,
+) -> None:
+    path = os.path.abspath(keep) if keep else os.path.join(tmp, "preflight.h5")
+    env = dict(os.environ)
+    env[PREFLIGHT_ENV] = json.dumps({"path": path, "steps": steps})
+    t0 = time.perf_counter()
+    try:
+        rep.run_exit, rep.run_tail = _run_streaming(command, env, timeout, echo)
+    except OSError as e:
+        rep.reason = f"the command could not start: {e.strerror or e}"
+        return
+    rep.run_seconds = time.perf_counter() - t0
+    if rep.run_tail[-1:] == [_stopped(timeout)]:
+        rep.reason = f"the command was still running after --timeout {timeout:g} s: ended"
+    if not os.path.exists(path):
+        rep.reason = rep.reason or (
+            "the command created no replay.Recorder (or died before its first step)"
+            if rep.run_exit == 0
+            else f"the command exited with {rep.run_exit} before recording a step"
+        )
+        return
+    rep.recording = path
+    rep.kept = path if keep else None
+    if rep.run_exit not in (0, None) and not rep.reason:
+        rep.reason = f"the command exited with {rep.run_exit} while recording"
+        # its steps may still replay: verify says more than the exit code alone
+    code, stdout, stderr = _run_verify(path, timeout)
+    rep.verify_exit = code
+    if code in (0, 1):
+        try:
+            rep.verify = json.loads(stdout)
+        except ValueError:
+            rep.verify_error = "replay verify printed no JSON"
+    else:
+        errs = [ln for ln in stderr.splitlines() if ln.startswith("replay: error:")]
+        rep.verify_error = (
+            errs[-1].removeprefix("replay: error: ")
+            if errs
+            else (stderr.strip().splitlines() or ["no output"])[-1]
+        )

@@ -9,13 +9,15 @@ terminal (``replay/safetext.py``); ``REPLAY_TRACEBACK=1`` adds the traceback of 
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import traceback
+from typing import NoReturn
 
 import click
 
-from ..errors import EXIT_INTERNAL, ReplayError
+from ..errors import EXIT_INTERNAL, EXIT_USAGE, ReplayError
 from ..safetext import term_safe
 from ._process import own_process
 from .bisect import bisect
@@ -63,40 +65,62 @@ cli.add_command(preflight)
 cli.add_command(export)
 
 
+def _wants_json(argv: list[str]) -> bool:
+    """Whether the command line asks for JSON (before ``--``: preflight's own command follows),
+    read from the raw arguments, since a usage error can come before click parsed them."""
+    return "--json" in (argv[: argv.index("--")] if "--" in argv else argv)
+
+
+def fail(message: str, code: int, as_json: bool) -> NoReturn:
+    """Every error of every command ends here: one line ``replay: error: ...`` on stderr (made
+    safe for the terminal) and, with ``--json``, one JSON document on stdout."""
+    if as_json:
+        click.echo(json.dumps({"error": message, "exit_code": code}))
+    click.echo(f"replay: error: {term_safe(message)}", err=True)
+    sys.exit(code)
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Console entry point: ReplayError -> one line on stderr and its exit code."""
+    """Console entry point: every error is one line on stderr with its exit code (see ``fail``)."""
     if argv is None:
         own_process()  # (see _process.py: garbage collection over torch's heap)
+    as_json = _wants_json(sys.argv[1:] if argv is None else argv)
     try:
         rv = cli.main(args=argv, prog_name="replay", standalone_mode=False)
     except click.exceptions.Abort:
+        if as_json:
+            click.echo(json.dumps({"error": "aborted", "exit_code": 130}))
         click.echo("replay: aborted", err=True)
         sys.exit(130)
+    except click.UsageError as e:  # click's misuse (a bad option value, a missing argument)
+        fail(e.format_message(), EXIT_USAGE, as_json)
     except click.ClickException as e:
-        e.show()
-        sys.exit(e.exit_code)
+        fail(e.format_message(), e.exit_code, as_json)
     except ReplayError as e:
-        click.echo(f"replay: error: {term_safe(e)}", err=True)
-        sys.exit(e.exit_code)
+        fail(str(e), e.exit_code, as_json)
     except KeyboardInterrupt:
+        if as_json:
+            click.echo(json.dumps({"error": "interrupted", "exit_code": 130}))
         click.echo("replay: interrupted", err=True)
         sys.exit(130)
     except BrokenPipeError:
         sys.exit(0)
     except Exception as e:  # noqa: BLE001 - the catch-all: one line and its own exit code
-        internal_error(e)
+        internal_error(e, as_json)
     sys.exit(rv if isinstance(rv, int) else 0)
 
 
-def internal_error(e: BaseException) -> None:
+def internal_error(e: BaseException, as_json: bool = False) -> None:
     """Any exception no command expected: one line on stderr and exit code 6 (never a
     traceback, whose locals and messages could hold raw strings from a file)."""
     if os.environ.get("REPLAY_TRACEBACK"):
         click.echo(term_safe("".join(traceback.format_exception(e)), multiline=True), err=True)
     first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-    click.echo(
-        f"replay: internal error: {type(e).__name__}{': ' + term_safe(first) if first else ''} "
-        "(a bug in replay; REPLAY_TRACEBACK=1 shows where. Please report it)",
-        err=True,
+    message = (
+        f"{type(e).__name__}{': ' + first if first else ''} "
+        "(a bug in replay; REPLAY_TRACEBACK=1 shows where. Please report it)"
     )
+    if as_json:
+        click.echo(json.dumps({"error": f"internal error: {message}", "exit_code": EXIT_INTERNAL}))
+    click.echo(f"replay: internal error: {term_safe(message)}", err=True)
     sys.exit(EXIT_INTERNAL)

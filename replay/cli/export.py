@@ -24,8 +24,9 @@ __all__ = ["export"]
     "--step",
     type=int,
     default=None,
-    help="Export the state right before this step. Default: the last healthy snapshot kept "
-    "before the failure (the newest snapshot when nothing failed).",
+    help="Export the state right before this step (replayed from the snapshot before it, "
+    "every step checked bitwise). Default: the state right before the first failure, after "
+    "the last healthy step (the newest snapshot when nothing failed).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 @engine_options
@@ -44,8 +45,12 @@ def export(
     One file per recorded object (model.pt, optimizer.pt, scheduler.pt, scaler.pt, others),
     grads.pt, rng.pt and skip.json (where to resume, which steps to skip), and a README.md
     showing how to load them without replay installed. A state between two snapshots is
-    replayed from the one before it. Exit codes: 0 written, 2 usage error (--out not empty,
-    --step outside the window), 3 unusable recording, 4 unusable entry point, 5 replay failed.
+    replayed from the one before it, each step checked bitwise against the recording. The
+    checkpoint is written beside --out and renamed into place: never a partial one. Runs the
+    recorded entry points (as bisect does, under the same trust rule). Exit codes: 0 written,
+    2 usage error (--out exists and is not an empty directory, is a link or lies under a
+    non-directory; --step outside the window), 3 unusable recording or the checkpoint could not
+    be written (a full disk), 4 unusable entry point, 5 replay failed (a replayed step differs).
     """
     from ..workflows import run_export
 
@@ -60,7 +65,8 @@ def export(
     how = (
         f"the snapshot of step {report.snapshot}"
         if report.replayed == 0
-        else f"replayed {report.replayed} step(s) from the snapshot of step {report.snapshot}"
+        else f"replayed {report.replayed} step(s) from the snapshot of step {report.snapshot}, "
+        f"{report.verified} checked bitwise against the recording"
     )
     click.echo(f"exported the state before step {report.step} ({how}) to {report.out}/")
     click.echo("  " + ", ".join(report.files.values()))

@@ -16,9 +16,11 @@ from ..distributed.ranks import (
     own_failures,
     resolve_rank_files,
 )
-from ..safetext import term_safe_tree
+from ..errors import EXIT_BAD_RECORDING
+from ..safetext import term_safe, term_safe_tree
 from ..store import open_recording
 from ..store.liveness import writer_state
+from ..store.reader import claimed_size
 
 __all__ = ["info", "describe"]
 
@@ -42,6 +44,7 @@ def _steps_summary(rec: Any) -> dict[str, Any]:
         "last_loss": float(losses[-1]) if losses.size else None,
         "closed_cleanly": bool(status["closed"]),
         "writer": _writer(rec.path),
+        "truncated": None,
         "damaged_steps": rec.damaged_steps(),
         "damaged_health": sorted(rec.damaged_health),
         "self_check": _self_check(rec.path),
@@ -94,7 +97,20 @@ def describe(path: str) -> dict[str, Any]:
             "distributed": rec.meta.get("distributed"),
         }
         out["model"]["n_params"] = sum(p.numel for p in rec.run_meta.model.params)
+    out["truncated"] = _truncated(path, out["writer"])
     return out
+
+
+def _truncated(path: str, writer: dict[str, Any] | None) -> dict[str, int] | None:
+    """``{"size", "claimed"}`` when the file ends before the end its HDF5 superblock claims (a
+    cut copy, a disk that filled up): the status dataset may still say "closed cleanly", and
+    what lies past the cut is gone. A file still being written is not judged (it grows)."""
+    if writer is not None:
+        return None
+    extent = claimed_size(path)
+    if extent is None or extent[0] >= extent[1]:
+        return None
+    return {"size": extent[0], "claimed": extent[1]}
 
 
 def _steps_list(steps: list[int], most: int = 12) -> str:
@@ -113,7 +129,13 @@ def render(d: dict[str, Any]) -> str:
         f"{d['path']}  (replay recording, format v{d['format_version']}, run {d['run_id'][:8]})"
     ]
     w = d.get("writer")
-    if d["closed_cleanly"]:
+    cut = d.get("truncated")
+    if cut:
+        state = (
+            f"TRUNCATED: the file holds {cut['size']} of the {cut['claimed']} bytes it claims "
+            f"({100 * cut['size'] // max(cut['claimed'], 1)}%); what is still readable is below"
+        )
+    elif d["closed_cleanly"]:
         state = "closed cleanly"
     elif w and w["draining"]:
         more = f": {w['steps_to_come']} steps to come" if w["steps_to_come"] is not None else ""
@@ -273,5 +295,15 @@ def info(run: str, as_json: bool) -> int:
     else:
         d = describe(run)
         text = render(d)
+    cut = d.get("truncated")
+    if cut:
+        error = (
+            f"{run}: the file is truncated ({cut['size']} of {cut['claimed']} bytes): a cut "
+            "copy or a full disk; what is still readable is listed"
+        )
+        d = {**d, "error": error, "exit_code": EXIT_BAD_RECORDING}
     click.echo(json.dumps(d, indent=2, default=str) if as_json else text)
+    if cut:
+        click.echo(f"replay: error: {term_safe(error)}", err=True)
+        return EXIT_BAD_RECORDING
     return 0

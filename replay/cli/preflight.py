@@ -71,7 +71,7 @@ def render_preflight(rep: PreflightReport) -> str:
     "--timeout",
     default=600.0,
     show_default=True,
-    type=float,
+    type=click.FloatRange(min=0, min_open=True, max=1e9),
     help="Seconds the run and the replay may take, each.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")

@@ -11,10 +11,14 @@ __all__ = ["choose_device"]
 
 def choose_device(recorded: str, override: str | None, log: Callable[[str], None]) -> str:
     if override:
-        dev = torch.device(override)
-        if dev.type == "cuda" and not torch.cuda.is_available():
-            from ..errors import ReplayError
+        from ..errors import ReplayError, UsageError
 
+        try:
+            dev = torch.device(override)
+        except (RuntimeError, ValueError) as e:
+            first = (str(e).strip().splitlines() or [""])[0]
+            raise UsageError(f"--device {override}: not a device torch knows ({first})") from None
+        if dev.type == "cuda" and not torch.cuda.is_available():
             raise ReplayError(f"--device {override}: no CUDA device is available here")
         if dev.type != torch.device(recorded).type:
             log(

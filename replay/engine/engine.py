@@ -32,6 +32,7 @@ from ..capture.probe import GradProbe
 from ..capture.rng import restore_rng
 from ..capture.tensors import from_leaves, leaf_finite
 from ..errors import EntryPointError, RecordingError, ReplayError
+from ..store.liveness import writer_state
 from ..store.reader import Recording, Window
 from ..store.tree import TensorLeaf
 from .device import choose_device
@@ -42,6 +43,7 @@ from .entry import (
     load_entry_points,
     recorded_process,
 )
+from .live import pin_live_window
 from .outcome import StepOutcome
 from .state import build_objects, capture_state, load_snapshot, restore_state
 
@@ -85,6 +87,20 @@ def _owned(tree: Any) -> Any:
     return tree
 
 
+def _first_device(tree: Any) -> str:
+    """Where the first tensor of a snapshot's part lived (``cpu`` when it holds none)."""
+    stack = [tree]
+    while stack:
+        node = stack.pop(0)
+        if isinstance(node, TensorLeaf):
+            return node.device
+        if isinstance(node, dict):
+            stack.extend(node.values())
+        elif isinstance(node, (list, tuple)):
+            stack.extend(node)
+    return "cpu"
+
+
 @contextlib.contextmanager
 def _restoring(what: str) -> Iterator[None]:
     """Restoring recorded state must fail as one ``ReplayError`` (exit 5) that says what was
@@ -103,8 +119,8 @@ def _restoring(what: str) -> Iterator[None]:
 
 
 class Engine:
-    """Replays steps of a recording: on the objects the re-run program handed over (``live``,
-    replay/engine/reentry.py), or on those the recorded ``build_fn`` makes.
+    """Replays steps of a recording: on the objects the re-run program handed over
+    (``program``, replay/engine/reentry.py), or on those the recorded ``build_fn`` makes.
 
     ``device``: where to replay (default: where it was recorded when possible, else the CPU with
     a warning). ``entry``: an :class:`EntryOverride` (``--entry``). ``trust``: import the entry
@@ -120,24 +136,32 @@ class Engine:
         entry: EntryOverride | None = None,
         log: Callable[[str], None] = _stderr,
         trust: bool = False,
-        live: LiveProgram | None = None,
+        program: LiveProgram | None = None,
     ) -> None:
         self.rec = rec
         self.log = log
-        window = self.check_replayable(rec)
+        self.check_replayable(rec, live_ok=True)
+        # A recording still being written: its window's records, read now (see live.py).
+        self.live = pin_live_window(rec, rec.replayable_window(), log)
+        window = self.check_replayable(rec, self.live.window if self.live is not None else None)
+        assert window is not None  # (check_replayable raised otherwise)
         self.window = window
         env = rec.env
-        self.recorded_device = rec.snapshot_devices(window.first).get("model", "cpu")
+        self.recorded_device = (
+            rec.snapshot_devices(window.first).get("model", "cpu")
+            if self.live is None
+            else _first_device(self.live.snapshots[window.first].get("model"))
+        )
         self.device = choose_device(self.recorded_device, device, log)
         # Leaves go back where they were recorded unless we replay elsewhere.
         self._leaf_device = None if self.device == self.recorded_device else self.device
         self._configure_torch(env)
         self.objs: RunObjects
-        if live is not None:
+        if program is not None:
             # Re-entry: the re-run program handed its own objects over (replay/engine/reentry.py).
-            self.objs = live.objects
+            self.objs = program.objects
             self.objs.model.to(self.device)
-            step_fn, files = live.step_fn, [str(rec.program["path"])] if rec.program else []
+            step_fn, files = program.step_fn, [str(rec.program["path"])] if rec.program else []
         else:
             self.check_origin(rec, entry, trust)
             # The user's file is imported and build_fn called as in the recorded process: its
@@ -161,7 +185,7 @@ class Engine:
         if "modules" in (rec.meta.get("model") or {}) and len(recorded_modules) != len(
             self._modules
         ):
-            who = "the program" if live is not None else "build_fn"
+            who = "the program" if program is not None else "build_fn"
             raise ReplayError(
                 f"{who} made a model with {len(self._modules)} modules, the recording has "
                 f"{len(recorded_modules)}: the model changed since the recording"
@@ -182,12 +206,16 @@ class Engine:
         # A context around step t's step function (a multi-rank replay: DDP's no_sync() at a
         # step whose all-reduce a peer never joined in the recording).
         self.around_step: Callable[[int], contextlib.AbstractContextManager[Any]] | None = None
-        if live is not None and live.wrapper is not None:
-            self.use_wrapper(live.wrapper)  # the step runs through the program's DDP/compile
+        if program is not None and program.wrapper is not None:
+            self.use_wrapper(program.wrapper)  # the step runs through the program's wrapper
 
     @staticmethod
-    def check_replayable(rec: Recording) -> Window:
-        """The recording's replayable window; a ``RecordingError`` (exit 3) when it has none."""
+    def check_replayable(
+        rec: Recording, window: Window | None = None, *, live_ok: bool = False
+    ) -> Window | None:
+        """The recording's replayable window (``window`` when given: a live file's, read at
+        open); a ``RecordingError`` (exit 3) when it has none. ``live_ok``: a file still being
+        written is not judged by a glance at its moving rings (``None``; see live.py)."""
         why = rec.run_meta.not_replayable
         if why is not None:
             bad = rec.first_bad()
@@ -201,7 +229,11 @@ class Engine:
                 f"{rec.path}: recorded without replay ({why}); {shows}, and replay info, "
                 "doctor and tui read it"
             )
-        window = rec.replayable_window()
+        if window is None and live_ok:
+            state = writer_state(rec.path)
+            if state is not None and not state.draining:
+                return None
+        window = window if window is not None else rec.replayable_window()
         if window is None:
             raise RecordingError(
                 f"{rec.path}: nothing can be replayed (no kept snapshot with the batches after "
@@ -292,6 +324,8 @@ class Engine:
 
     def record(self, t: int) -> dict[str, Any]:
         """The recorded record of step ``t`` (RNG, hyper-parameters, modes, batch, exception)."""
+        if self.live is not None and t in self.live.steps:
+            return self.live.steps[t]
         if t in self._records:
             self._records.move_to_end(t)
             return self._records[t]
@@ -345,6 +379,8 @@ class Engine:
         The last one read is kept: bisect checks a snapshot's health and then loads the same
         one (about 0.2 s a read for a 22 MB snapshot).
         """
+        if self.live is not None and s in self.live.snapshots:
+            return self.live.snapshots[s]
         if self._snap is None or self._snap[0] != s:
             self._snap = None  # drop the old one before reading the next: bounded memory
             try:

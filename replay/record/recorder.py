@@ -920,9 +920,14 @@ class Recorder:
         if w is not None and w.error is not None and not self._warned:
             self._warned = True
             self.enabled = False
+            # A path the store refuses to write (a device, a FIFO, a planted link) held nothing.
+            after = (
+                "training goes on unrecorded"
+                if w.error.startswith("UnsafePath")
+                else "training goes on, and the steps flushed before the failure stay readable"
+            )
             warnings.warn(
-                f"replay: recording to {self.path} stopped ({w.error}); training goes on, and "
-                "the steps flushed before the failure stay readable",
+                f"replay: recording to {self.path} stopped ({w.error}); {after}",
                 RecorderWarning,
                 stacklevel=3,
             )

@@ -148,8 +148,16 @@ def write_forensics(
     missing -= set(tables)
     if missing:
         raise ValueError(f"write_forensics: tables lack {sorted(missing)}")
+    from .safefile import create_new, refuse_non_regular
+
+    # Only a regular file is replaced, and the temporary one is made with O_EXCL|O_NOFOLLOW and
+    # written through its descriptor: a link or device planted at either name is an error.
+    refuse_non_regular(path, "the forensics sidecar")
     tmp = path + ".tmp"
-    with h5py.File(tmp, "w") as f:
+    with (
+        os.fdopen(create_new(tmp, os.O_RDWR, stale_ok=True), "w+b") as raw,
+        h5py.File(raw, "w") as f,
+    ):
         f.attrs["format"] = FORMAT
         f.attrs["format_version"] = FORMAT_VERSION
         f.attrs["run_id"] = str(run_id)

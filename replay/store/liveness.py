@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import time
 from dataclasses import dataclass
 
@@ -38,11 +39,15 @@ def writer_state(path: str) -> WriterState | None:
         import fcntl
     except ImportError:  # not POSIX: no lock files are written either
         return None
+    # Never a link, and never blocking: a FIFO planted at the lock's name would hang the open.
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
-        fd = os.open(lock_path(path), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(lock_path(path), flags)
     except OSError:
         return None
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None  # not a lock any writer of ours made
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -41,7 +41,7 @@ from .layout import (
 )
 from .tree import decode
 
-__all__ = ["Recording", "open_recording", "Window", "sidecar_path"]
+__all__ = ["Recording", "open_recording", "Window", "sidecar_path", "claimed_size"]
 
 _HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 
@@ -84,27 +84,38 @@ def _check_signature(path: str, probe: bool = True) -> None:
         _check_not_truncated(path)
 
 
-def _check_not_truncated(path: str) -> None:
-    """Compare the superblock's end-of-file address with the file's size.
+def claimed_size(path: str) -> tuple[int, int] | None:
+    """``(size, claimed)``: the file's real size and the end the HDF5 superblock claims for it
+    (its base plus end-of-file address), or ``None`` where the superblock says nothing we read.
 
-    Needed because HDF5 opening a truncated file in SWMR mode retries its metadata reads for
-    minutes instead of failing. Superblock versions 2 and 3 (what ``libver="latest"`` writes):
-    signature, version, offset size, length size, flags, then base, extension, EOF addresses.
+    Superblock versions 2 and 3 (what ``libver="latest"`` writes): signature, version, offset
+    size, length size, flags, then base, extension, EOF addresses.
     """
     with open(path, "rb") as fh:
         sb = fh.read(48)
+        size = os.fstat(fh.fileno()).st_size
     if len(sb) < 12 or sb[8] not in (2, 3):
-        return
+        return None
     width = sb[9]
     if width not in (4, 8) or len(sb) < 12 + 3 * width:
-        return
+        return None
     fmt = "<I" if width == 4 else "<Q"
     base = struct.unpack_from(fmt, sb, 12)[0]
     eof = struct.unpack_from(fmt, sb, 12 + 2 * width)[0]
-    size = os.path.getsize(path)
-    if base + eof > size and not _opens_in_time(path):
+    return size, int(base + eof)
+
+
+def _check_not_truncated(path: str) -> None:
+    """Refuse a file that ends before the end its superblock claims, unless HDF5 still opens it
+    in time: HDF5 opening a truncated file in SWMR mode retries its metadata reads for minutes
+    instead of failing. (One that opens is read, and ``replay info`` calls it truncated.)"""
+    extent = claimed_size(path)
+    if extent is None:
+        return
+    size, claimed = extent
+    if claimed > size and not _opens_in_time(path):
         raise RecordingError(
-            f"{path}: the file is truncated ({size} of {base + eof} bytes: the copy is "
+            f"{path}: the file is truncated ({size} of {claimed} bytes: the copy is "
             "incomplete, or the writer died before its first flush); it cannot be opened"
         )
 

@@ -32,6 +32,7 @@ from .layout import (
     STATUS_FIELDS,
 )
 from .liveness import lock_path
+from .safefile import create_new, open_lock, refuse_non_regular
 from .tree import SPLICE_MARK, encode, layout_key
 from .validate import LIMITS
 
@@ -67,7 +68,7 @@ def _take_lock(path: str, meta: dict[str, Any]) -> int | None:
         return None
     name = lock_path(path)
     for _ in range(20):
-        fd = os.open(name, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        fd = open_lock(name)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -270,8 +271,20 @@ class StoreWriter:
         ):
             if not 1 <= n <= most:
                 raise ValueError(f"{n} {what}: the format allows 1..{most}")
+        # Checked under the lock, right before the name is replaced: a device or a FIFO at the
+        # recording's path is refused, never replaced (as root, /dev/full was).
+        refuse_non_regular(path)
         tmp = f"{path}.creating"
-        f = h5py.File(tmp, "w", libver="latest")
+        # Made with O_EXCL|O_NOFOLLOW and written through that descriptor: a link planted at
+        # this name is an error, never followed. One a killed writer left is stale (we hold the
+        # lock): it is replaced.
+        raw = os.fdopen(create_new(tmp, os.O_RDWR, stale_ok=True), "w+b")
+        try:
+            f = h5py.File(raw, "w", libver="latest")
+        except BaseException:
+            raw.close()
+            os.unlink(tmp)
+            raise
         try:
             f.attrs["format"] = FORMAT_NAME
             f.attrs["format_version"] = FORMAT_VERSION
@@ -316,9 +329,11 @@ class StoreWriter:
             f.flush()
         except BaseException:
             f.close()
+            raw.close()
             os.unlink(tmp)
             raise
         f.close()
+        raw.close()
         os.replace(tmp, path)  # the file appears complete, never half-created
         self.f = h5py.File(path, "r+", libver="latest")
         self.f.swmr_mode = True

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ReplayError, UsageError
+from .export_state import NotReached, finite, first_failure, reach
+from .outdir import check_out, staged_dir
 from .session import with_engine
 
 __all__ = ["ExportReport", "run_export"]
@@ -45,6 +47,7 @@ class ExportReport:
     replayed: int  # steps replayed from that snapshot to reach it
     files: dict[str, str]  # object name -> file name inside ``out``
     first_bad: int | None  # the recording's first failing step, if any
+    verified: int = 0  # replayed steps checked bitwise against the recording on the way
     skip: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -56,61 +59,42 @@ class ExportReport:
             "replayed": self.replayed,
             "files": dict(self.files),
             "first_bad": self.first_bad,
+            "verified": self.verified,
             "skip": list(self.skip),
             "notes": list(self.notes),
         }
 
 
-def _check_out(out: str) -> None:
-    """Never write over anything: ``out`` is created, or it is an empty directory."""
-    if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
-        raise UsageError(f"--out {out}: exists and is not an empty directory; name a new one")
-
-
-def _default_step(rec: Any, engine: Any) -> tuple[int, int | None, list[str]]:
-    """The newest snapshot before the first failure whose weights are all finite (the last
-    healthy state kept), or the newest snapshot of the window when nothing failed."""
-    notes: list[str] = []
-    bad = rec.first_bad()
-    fails = [s for s in (bad["nonfinite"], bad["exception"]) if s is not None]
-    first_bad = min(fails) if fails else None
+def _last_healthy_snapshot(engine: Any, first_bad: int | None, notes: list[str]) -> int:
+    """The newest snapshot before the first failure whose weights are all finite, or the newest
+    snapshot of the window when nothing failed."""
     window = engine.window
     limit = window.last if first_bad is None else first_bad
     for s in sorted((s for s in window.snapshots if s <= limit), reverse=True):
         if engine.snapshot_finite(s):
-            return s, first_bad, notes
+            return int(s)
         notes.append(f"the snapshot before step {s} holds NaN/Inf: not exported")
     raise ReplayError(
-        f"{rec.path}: no kept snapshot before the failure at step {first_bad} is healthy; "
+        f"{engine.rec.path}: no kept snapshot before the failure at step {first_bad} is healthy; "
         "name a step with --step"
     )
 
 
-def _others(objs: Any) -> dict[str, Any]:
-    """The objects besides the model and the optimizer (which the step function updates)."""
-    named = {n: objs.named.get(n) for n in ("scheduler", "scaler", *objs.extras)}
-    return {n: o for n, o in named.items() if o is not None and hasattr(o, "state_dict")}
-
-
-def _plain(x: Any) -> Any:
-    """A state dict with its tensors as bytes: comparable with ``==``, bit for bit."""
-    import torch
-
-    if isinstance(x, torch.Tensor):
-        t = x.detach().cpu().contiguous()
-        return (
-            "tensor",
-            str(t.dtype),
-            tuple(t.shape),
-            t.reshape(-1).view(torch.uint8).numpy().tobytes(),
-        )
-    if isinstance(x, dict):
-        return {k: _plain(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_plain(v) for v in x]
-    if isinstance(x, float) and x != x:
-        return ("nan",)
-    return x
+def _default_state(engine: Any, first_bad: int | None, notes: list[str]) -> tuple[int, int]:
+    """``(step, verified)``: the state right before the first failure (after the last healthy
+    step), replayed from the snapshot before it and checked bitwise on the way; when that
+    cannot be the recorded state, the last healthy snapshot's. Nothing failed: the newest
+    snapshot."""
+    if first_bad is not None and first_bad in engine.window:
+        try:
+            verified = reach(engine, first_bad)
+            if finite(engine):
+                return first_bad, verified
+            notes.append(f"the parameters before step {first_bad} hold NaN/Inf")
+        except NotReached as e:
+            notes.append(f"the state right before step {first_bad} is not exported: {e}")
+    step = _last_healthy_snapshot(engine, first_bad, notes)
+    return step, reach(engine, step)
 
 
 def _rng_state() -> dict[str, Any]:
@@ -179,39 +163,24 @@ def run_export(
 ) -> ExportReport:
     """Write the state right before ``step`` (default: the last healthy snapshot before the
     failure) to the new directory ``out``; see the module's docstring for what is in it."""
-    import torch
-
-    _check_out(out)
+    check_out(out)
 
     def work(rec: Any, engine: Any, step: int | None = step) -> ExportReport:
+        first_bad = first_failure(rec)
+        notes: list[str] = []
         if step is None:
-            step, first_bad, notes = _default_step(rec, engine)
+            step, verified = _default_state(engine, first_bad, notes)
         else:
-            bad = rec.first_bad()
-            fails = [s for s in (bad["nonfinite"], bad["exception"]) if s is not None]
-            first_bad, notes = (min(fails) if fails else None), []
             if step not in engine.window:
                 w = engine.window
                 raise UsageError(
                     f"--step {step}: outside the replayable window (steps {w.first}..{w.last})"
                 )
+            verified = reach(engine, step)
+            if not finite(engine):
+                notes.append(f"the parameters before step {step} hold NaN/Inf")
         snapshot = engine.window.snapshot_for(step)
         objs = engine.objs
-        if step != snapshot:
-            engine.state_before(snapshot)
-            before = {n: _plain(o.state_dict()) for n, o in _others(objs).items()}
-            engine.state_before(step)  # (from the live state: the steps in between, replayed)
-            stale = [n for n, o in _others(objs).items() if _plain(o.state_dict()) == before[n]]
-            if stale:
-                at = ", ".join(str(s) for s in engine.window.snapshots)
-                raise UsageError(
-                    f"--step {step}: replaying steps {snapshot}..{step - 1} did not change "
-                    f"{', '.join(stale)} (the loop steps it outside the step function, which "
-                    f"replay does not run), so its state before step {step} is unknown; "
-                    f"export the state of a snapshot: --step {at}"
-                )
-        else:
-            engine.state_before(step)
         states: dict[str, Any] = {}
         for name in (*_ROLES, *objs.extras):
             obj = objs.named.get(name)
@@ -222,40 +191,40 @@ def run_export(
         skip: list[dict[str, Any]] = []
         if first_bad is not None and first_bad >= step:
             skip.append({"step": first_bad, "values": _values(engine, first_bad, notes)})
-        os.makedirs(out, exist_ok=True)
-        files: dict[str, str] = {}
-        for name, sd in states.items():
-            files[name] = f"{name}.pt"
-            torch.save(sd, os.path.join(out, files[name]))
-        files["grads"] = "grads.pt"
-        torch.save(grads, os.path.join(out, "grads.pt"))
-        files["rng"] = "rng.pt"
-        torch.save(rng, os.path.join(out, "rng.pt"))
-        with open(os.path.join(out, "skip.json"), "w") as fh:
-            json.dump({"resume_step": step, "first_bad": first_bad, "skip": skip}, fh, indent=2)
-        files["skip"] = "skip.json"
-        loads = "".join(
-            f'{name}.load_state_dict(torch.load(f"{{d}}/{name}.pt"))\n'
-            for name in states
-            if name != "model"
-        )
-        why = (
-            f", the last healthy state kept before the failure at step {first_bad}"
-            if first_bad is not None and first_bad >= step
-            else ""
-        )
-        with open(os.path.join(out, "README.md"), "w") as fh:
-            fh.write(
-                _README.format(
-                    step=step,
-                    run=os.path.basename(run),
-                    why=why,
-                    out=out,
-                    loads=loads,
-                    files="\n".join(f"- `{f}`" for f in files.values()),
-                )
+        with staged_dir(out) as tmp:  # renamed to out once whole: never a partial one
+            files: dict[str, str] = {}
+            for name, sd in states.items():
+                files[name] = f"{name}.pt"
+                _save(sd, os.path.join(tmp, files[name]))
+            files["grads"] = "grads.pt"
+            _save(grads, os.path.join(tmp, "grads.pt"))
+            files["rng"] = "rng.pt"
+            _save(rng, os.path.join(tmp, "rng.pt"))
+            with open(os.path.join(tmp, "skip.json"), "x") as fh:
+                json.dump({"resume_step": step, "first_bad": first_bad, "skip": skip}, fh, indent=2)
+            files["skip"] = "skip.json"
+            loads = "".join(
+                f'{name}.load_state_dict(torch.load(f"{{d}}/{name}.pt"))\n'
+                for name in states
+                if name != "model"
             )
-        files["README"] = "README.md"
+            why = (
+                f", the last healthy state kept before the failure at step {first_bad}"
+                if first_bad is not None and first_bad >= step
+                else ""
+            )
+            with open(os.path.join(tmp, "README.md"), "x") as fh:
+                fh.write(
+                    _README.format(
+                        step=step,
+                        run=os.path.basename(run),
+                        why=why,
+                        out=out,
+                        loads=loads,
+                        files="\n".join(f"- `{f}`" for f in files.values()),
+                    )
+                )
+            files["README"] = "README.md"
         return ExportReport(
             out=out,
             step=step,
@@ -263,11 +232,26 @@ def run_export(
             replayed=step - snapshot,
             files=files,
             first_bad=first_bad,
+            verified=verified,
             skip=skip,
             notes=notes,
         )
 
     return with_engine(run, work, device=device, entry=entry, trust=trust, reenter=reenter)
+
+
+def _save(obj: Any, path: str) -> None:
+    """``torch.save`` through a file we create (``O_EXCL``), so that a full disk is the
+    ``OSError`` it is (torch reports it as ``RuntimeError: ... unexpected pos``)."""
+    import torch
+
+    with open(path, "xb") as fh:
+        try:
+            torch.save(obj, fh)
+        except RuntimeError as e:
+            if isinstance(e.__context__, OSError):
+                raise e.__context__ from None
+            raise
 
 
 def _values(engine: Any, t: int, notes: list[str]) -> dict[str, Any] | None:

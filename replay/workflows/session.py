@@ -112,11 +112,11 @@ def _reentered(
     from ..engine import Engine
     from ..engine.reentry import run_program
 
-    Engine.check_replayable(rec)  # before the program runs: it would run for nothing
+    Engine.check_replayable(rec, live_ok=True)  # before the program runs for nothing
     Engine.check_origin(rec, None, trust)
 
     def takeover(live: LiveProgram) -> T:
-        engine = Engine(rec, device=device, trust=True, live=live)
+        engine = Engine(rec, device=device, trust=True, program=live)
         try:
             return work(rec, engine)
         finally:

@@ -73,6 +73,31 @@ def test_truncated_file(tmp_path, nan_run):
     _assert_one_line_error(replay_cli("info", str(p)), "truncated")
 
 
+@pytest.mark.parametrize("percent", [90, 50])
+def test_truncated_copy_was_called_closed_cleanly(tmp_path, nan_run, percent):
+    """Cut to 90% info said nothing of damage; cut to 50% it listed damaged steps under a status
+    line saying "closed cleanly". Both exited 0 (issue 32, item 9)."""
+    p = tmp_path / f"cut{percent}.h5"
+    data = nan_run.read_bytes()
+    p.write_bytes(data[: len(data) * percent // 100])
+    proc = replay_cli("info", str(p))
+    assert proc.returncode == 3, (proc.returncode, proc.stderr)
+    status = [ln for ln in proc.stdout.splitlines() if ln.strip().startswith("status")]
+    assert len(status) == 1 and "TRUNCATED" in status[0], proc.stdout
+    assert f"of the {len(data)} bytes" in status[0] and "closed cleanly" not in proc.stdout
+    assert "replayable" in proc.stdout  # what is still readable is listed
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("replay: error: ") and "truncated" in lines[0]
+    j = replay_cli("info", str(p), "--json")
+    assert j.returncode == 3
+    d = json.loads(j.stdout)
+    assert d["truncated"] == {"size": len(data) * percent // 100, "claimed": len(data)}
+    assert d["exit_code"] == 3 and "truncated" in d["error"]
+    assert "replayable_window" in d and "damaged_steps" in d
+    whole = json.loads(replay_cli("info", str(nan_run), "--json").stdout)
+    assert whole["truncated"] is None and "error" not in whole
+
+
 def test_directory_is_not_a_recording(tmp_path):
     proc = replay_cli("info", str(tmp_path))
     assert proc.returncode in (2, 3) and "Traceback" not in proc.stderr

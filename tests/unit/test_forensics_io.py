@@ -153,3 +153,32 @@ def test_string_tables_are_json_and_columns_must_agree(tmp_path):
     tables["ops"]["time_ns"] = tables["ops"]["time_ns"][:5]
     with pytest.raises(ValueError, match="differ in length"):
         write_forensics(tmp_path / "b.h5", run_id="r", step=1, tables=tables)
+
+
+@pytest.mark.parametrize("planted", ["tmp_symlink", "sidecar_fifo"])
+def test_planted_link_or_fifo_at_the_sidecar_was_written_through(tmp_path, planted):
+    """The sidecar bisect writes beside a recording follows the recorder's rule: only regular
+    files it created (issue 32, item 2)."""
+    import os
+
+    from replay.store.safefile import UnsafePath
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), Head())
+    r = trace_step(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        step,
+        (torch.randn(16, 8) * 10, torch.randint(0, 4, (16,))),
+    )
+    path = tmp_path / "run.forensics.h5"
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    if planted == "tmp_symlink":
+        os.symlink(victim, str(path) + ".tmp")
+    else:
+        os.mkfifo(path)
+    with pytest.raises(UnsafePath):
+        r.write(path, run_id="run-1", step=42)
+    assert victim.read_text() == "precious"
+    assert os.path.islink(str(path) + ".tmp") or not os.path.isfile(path)

@@ -1,0 +1,130 @@
+"""Reaching the state ``replay export`` writes: a snapshot, then the recorded steps replayed from
+it, each one checked bitwise against the recording on the way (as ``replay verify`` does).
+
+A run that failed at step 21 with ``snapshot_every=50`` used to export the snapshot of step 0:
+the state right before the failure is 21 replayed steps away, and replay can reach it exactly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..bisect.compare import compare_rows
+from ..errors import ReplayError, UsageError
+
+__all__ = [
+    "NotReached",
+    "Diverged",
+    "OutsideState",
+    "finite",
+    "first_failure",
+    "reach",
+    "others",
+    "plain",
+]
+
+
+class NotReached(ReplayError):
+    """The state before the step cannot be exported as the recording had it."""
+
+
+class Diverged(NotReached):
+    """A replayed step on the way differs from the recording (exit 5, as ``verify``)."""
+
+
+class OutsideState(NotReached, UsageError):
+    """An object the loop steps outside the step function: its state in between is unknown."""
+
+
+def first_failure(rec: Any) -> int | None:
+    """The recording's first failing step (non-finite or raised), or ``None``."""
+    bad = rec.first_bad()
+    fails = [s for s in (bad["nonfinite"], bad["exception"]) if s is not None]
+    return min(fails) if fails else None
+
+
+def others(objs: Any) -> dict[str, Any]:
+    """The objects besides the model and the optimizer (which the step function updates)."""
+    named = {n: objs.named.get(n) for n in ("scheduler", "scaler", *objs.extras)}
+    return {n: o for n, o in named.items() if o is not None and hasattr(o, "state_dict")}
+
+
+def plain(x: Any) -> Any:
+    """A state dict with its tensors as bytes: comparable with ``==``, bit for bit."""
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        t = x.detach().cpu().contiguous()
+        return (
+            "tensor",
+            str(t.dtype),
+            tuple(t.shape),
+            t.reshape(-1).view(torch.uint8).numpy().tobytes(),
+        )
+    if isinstance(x, dict):
+        return {k: plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [plain(v) for v in x]
+    if isinstance(x, float) and x != x:
+        return ("nan",)
+    return x
+
+
+def _recorded(engine: Any) -> dict[int, dict[str, Any]]:
+    rows: dict[int, dict[str, Any]] = {}
+    for r in engine.recorded_rows():
+        t = int(r["step"])
+        if r.get("raised") == 1.0:
+            try:
+                exc = engine.recorded_exception(t) or {}
+            except ReplayError:
+                exc = {}
+            r = {**r, "exception_type": exc.get("type")}
+        rows[t] = r
+    return rows
+
+
+def finite(engine: Any) -> bool:
+    """Whether every parameter of the live model is finite."""
+    import torch
+
+    return all(bool(torch.isfinite(p).all()) for p in engine.objs.model.parameters())
+
+
+def reach(engine: Any, step: int) -> int:
+    """Make the engine's live objects hold the state right before ``step``: the newest snapshot
+    at or before it, then the steps in between replayed and each compared bitwise with its
+    recorded health row. Returns how many replayed steps were compared; raises
+    :class:`NotReached` when the state cannot be the recorded one."""
+    snapshot = engine.window.snapshot_for(step)
+    engine.invalidate()  # from the snapshot itself, never from a state left by an earlier try
+    engine.state_before(snapshot)
+    if step == snapshot:
+        return 0
+    objs = engine.objs
+    before = {n: plain(o.state_dict()) for n, o in others(objs).items()}
+    rows = _recorded(engine)
+    compared = 0
+    for t in range(snapshot, step):
+        replayed = engine.run_step(t).row()
+        recorded = rows.get(t)
+        d = compare_rows(recorded, replayed)
+        if d is not None:
+            raise Diverged(
+                f"replaying step {t} from the snapshot of step {snapshot} does not match the "
+                f"recording ({d['column']}: recorded {d['recorded']}, replayed {d['replayed']}), "
+                f"so the state before step {step} would not be the recorded one; run `replay "
+                f"verify` to see why, or export the snapshot's own state: --step {snapshot}"
+            )
+        compared += recorded is not None
+    engine.state_before(step)  # (the live state is there: this puts step's RNG in place)
+    stale = [n for n, o in others(objs).items() if plain(o.state_dict()) == before[n]]
+    if stale:
+        at = ", ".join(str(s) for s in engine.window.snapshots)
+        raise OutsideState(
+            f"--step {step}: replaying steps {snapshot}..{step - 1} did not change "
+            f"{', '.join(stale)} (the loop steps it outside the step function, which "
+            f"replay does not run), so its state before step {step} is unknown; "
+            f"export the state of a snapshot: --step {at}"
+        )
+    return compared
