@@ -43,7 +43,10 @@ class PreflightReport:
     verify: dict[str, Any] | None = None  # ``replay verify --json``'s output
     verify_exit: int | None = None
     verify_error: str | None = None
-    kept: str | None = None  # where the recording was kept (--keep)
+    kept: str | None = None  # where the recording was kept (--keep, or a failed run's)
+    # the run failed within the preflight steps: ``replay bisect --json`` of its recording
+    failure: dict[str, Any] | None = None
+    ranks: int | None = None  # a rank set (a torchrun command): how many rank files
 
     def json(self) -> dict[str, Any]:
         return {
@@ -58,6 +61,8 @@ class PreflightReport:
             "cause": (self.verify or {}).get("cause"),
             "first_divergence": (self.verify or {}).get("first_divergence"),
             "replayed_steps": (self.verify or {}).get("replayed_steps"),
+            "failure": self.failure,
+            "ranks": self.ranks,
             "recording": self.kept,
         }
 
@@ -137,10 +142,10 @@ def _run_streaming(
             _end_group(proc)
 
 
-def _run_verify(path: str, timeout: float | None) -> tuple[int, str, str]:
-    """``replay verify PATH --json`` in a fresh process group, killed whole at ``timeout``."""
+def _run_replay(verb: str, path: str, timeout: float | None) -> tuple[int, str, str]:
+    """``replay VERB PATH --json`` in a fresh process group, killed whole at ``timeout``."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "replay", "verify", path, "--json"],
+        [sys.executable, "-m", "replay", verb, path, "--json"],
         env={k: v for k, v in os.environ.items() if k != PREFLIGHT_ENV},
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
@@ -154,7 +159,7 @@ def _run_verify(path: str, timeout: float | None) -> tuple[int, str, str]:
     except subprocess.TimeoutExpired:
         _end_group(proc)
         proc.communicate()
-        return -1, "", f"replay: error: the replay did not finish in {timeout:g} s"
+        return -1, "", f"replay: error: replay {verb} did not finish in {timeout:g} s"
     finally:
         if proc.poll() is None:
             _end_group(proc)
@@ -223,7 +228,10 @@ def _record_and_verify(
     rep.run_seconds = time.perf_counter() - t0
     if rep.run_tail[-1:] == [_stopped(timeout)]:
         rep.reason = f"the command was still running after --timeout {timeout:g} s: ended"
-    if not os.path.exists(path):
+    files = _recorded_files(path)  # one file, or a torchrun command's rank set
+    if len(files) > 1 or (files and files[0] != path):
+        rep.ranks = len(files)
+    if not files:
         rep.reason = rep.reason or (
             "the command created no replay.Recorder (or died before its first step)"
             if rep.run_exit == 0
@@ -235,7 +243,7 @@ def _record_and_verify(
     if rep.run_exit not in (0, None) and not rep.reason:
         rep.reason = f"the command exited with {rep.run_exit} while recording"
         # its steps may still replay: verify says more than the exit code alone
-    code, stdout, stderr = _run_verify(path, timeout)
+    code, stdout, stderr = _run_replay("verify", path, timeout)
     rep.verify_exit = code
     if code in (0, 1):
         try:
@@ -249,3 +257,82 @@ def _record_and_verify(
             if errs
             else (stderr.strip().splitlines() or ["no output"])[-1]
         )
+    if rep.run_exit not in (0, None) and _health_failed(path):
+        _bisect_failure(rep, path, keep, timeout)
+
+
+def _recorded_files(path: str) -> list[str]:
+    """The recording preflight asked for: ``path``, or the rank files a torchrun command's
+    ranks wrote beside it (``preflight.rank0.h5``, ...)."""
+    if os.path.isfile(path):
+        return [path]
+    from .distributed.ranks import resolve_rank_files
+    from .errors import RecordingError
+
+    try:
+        return resolve_rank_files(path) or []
+    except RecordingError:
+        return []
+
+
+def _health_failed(path: str) -> bool:
+    """Whether the recording's health shows a NaN/Inf or an exception (torch-free)."""
+    from .distributed.ranks import resolve_rank_files
+    from .errors import ReplayError
+    from .store import open_recording
+
+    try:
+        files = [path] if os.path.isfile(path) else (resolve_rank_files(path) or [])
+        for f in files:
+            with open_recording(f) as rec:
+                if any(s is not None for s in rec.first_bad().values()):
+                    return True
+    except ReplayError:
+        return False
+    return False
+
+
+def _bisect_failure(
+    rep: PreflightReport, path: str, keep: str | None, timeout: float | None
+) -> None:
+    """The run failed within the preflight steps: that is the finding. Bisect it, and keep the
+    recording (with its forensics) where the user can open it."""
+    code, stdout, stderr = _run_replay("bisect", path, timeout)
+    try:
+        rep.failure = json.loads(stdout) if code in (0, 1) else None
+    except ValueError:
+        rep.failure = None
+    if rep.failure is None:
+        errs = [ln for ln in stderr.splitlines() if ln.startswith("replay: error:")]
+        rep.failure = {"error": errs[-1].removeprefix("replay: error: ") if errs else "no verdict"}
+    step = rep.failure.get("first_bad_step")
+    rep.reason = (
+        f"the run failed at step {step} within the preflight steps"
+        if step is not None
+        else "the run failed within the preflight steps"
+    )
+    if keep:
+        rep.kept = os.path.abspath(keep)
+        return
+    rep.kept = _keep_out_of_tmp(path)
+    rep.recording = rep.kept
+
+
+def _keep_out_of_tmp(path: str) -> str:
+    """Move a failed run's recording (its rank files, forensics sidecars) out of the temporary
+    folder into the working directory, under a new name: ``replay-preflight-<time>.h5``."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    dest_dir = os.getcwd()
+    base = os.path.join(dest_dir, f"replay-preflight-{stamp}.h5")
+    n = 1
+    while os.path.lexists(base):
+        base = os.path.join(dest_dir, f"replay-preflight-{stamp}-{n}.h5")
+        n += 1
+    src_root = os.path.splitext(path)[0]
+    dst_root = os.path.splitext(base)[0]
+    folder = os.path.dirname(path)
+    for name in sorted(os.listdir(folder)):
+        full = os.path.join(folder, name)
+        if full.startswith(src_root + ".") and os.path.isfile(full) and not os.path.islink(full):
+            shutil.move(full, dst_root + full[len(src_root) :])
+    return base

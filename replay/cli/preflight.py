@@ -32,6 +32,10 @@ def render_preflight(rep: PreflightReport) -> str:
             f"  replayed      {v.get('replayed_steps')} steps in a fresh process on "
             f"{v.get('device')}, window {v.get('window')}"
         )
+    if rep.ranks:
+        lines.append(f"  ranks         {rep.ranks} rank files, replayed together")
+    if rep.failure is not None:
+        return "\n".join(lines + _failure_lines(rep))
     if rep.replayable:
         lines.append("  verdict       REPLAYABLE: every step's loss and parameters match bitwise")
         lines.append(
@@ -51,6 +55,35 @@ def render_preflight(rep: PreflightReport) -> str:
     if rep.kept:
         lines.append(f"  recording     {rep.kept}")
     return "\n".join(lines)
+
+
+def _failure_lines(rep: PreflightReport) -> list[str]:
+    """The run failed within the preflight steps: that failure, bisected, is the finding."""
+    from ..safetext import term_safe_tree
+
+    f = term_safe_tree(rep.failure or {})
+    v = rep.verify or {}
+    out = [f"  verdict       FAILED: {rep.reason}"]
+    if f.get("error"):
+        out.append(f"  bisect        {f['error']}")
+    else:
+        cause = f", cause {f['cause']}" if f.get("cause") else ""
+        out.append(f"  first bad     step {f.get('first_bad_step')} ({f.get('kind')}{cause})")
+        if f.get("op"):
+            where = f" in {f['module']}" if f.get("module") else ""
+            out.append(f"  op            {f['op']} ({f.get('phase')}){where}")
+        src = f.get("source") or {}
+        if src.get("file"):
+            out.append(f"  source        {src.get('file')}:{src.get('line')}")
+        if f.get("exception"):
+            exc = f["exception"]
+            out.append(f"  exception     {exc.get('type')}: {exc.get('message', '')[:200]}")
+    if v:
+        same = "yes, bitwise" if v.get("deterministic") else "NO (replay verify says why)"
+        out.append(f"  replays       {same}")
+    if rep.kept:
+        out.append(f"  recording     {rep.kept}  (kept: replay bisect / replay tui it)")
+    return out
 
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
