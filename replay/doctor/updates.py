@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 
+from ..thresholds import UPDATE_RATIO_BAND
 from .arrays import as_float
 from .context import Context, per_step_ratio
 from .registry import Finding, rule
@@ -37,9 +38,10 @@ def update_ratio(ctx: Context) -> Finding | None:
     if not ratios:
         return None
     med = float(np.median(list(ratios.values())))
-    if 1e-5 <= med <= 5e-2:
+    low, high = UPDATE_RATIO_BAND
+    if low <= med <= high:
         return None
-    big = med > 5e-2
+    big = med > high
     return Finding(
         "update_ratio",
         "warning",

@@ -11,6 +11,8 @@ from textual.binding import Binding
 from textual.containers import Vertical
 from textual.widgets import DataTable, Static
 
+from replay.thresholds import UPDATE_RATIO_BAND
+
 from ..model import RunModel
 from ..widgets.plot import fmt_num
 from .base import ForensicsScreen
@@ -18,7 +20,7 @@ from .base import ForensicsScreen
 __all__ = ["GradientsScreen", "warnings_of", "SORT_KEYS"]
 
 VANISHING, EXPLODING = 1e-7, 1e3
-RATIO_LOW, RATIO_HIGH = 1e-5, 1e-1  # two decades either side of the healthy ~1e-3
+RATIO_LOW, RATIO_HIGH = UPDATE_RATIO_BAND  # the band doctor judges by (replay/thresholds.py)
 SORT_KEYS = ("name", "grad_norm", "nonfinite", "update_ratio", "warnings")
 
 
