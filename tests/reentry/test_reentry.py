@@ -194,3 +194,15 @@ def test_a_torchrun_program_is_replayed_rank_by_rank_by_reentry(tmp_path, elsewh
     assert rc == 0, err.stderr[-3000:]
     assert v["first_bad_step"] == 5 and v["rank"] == 1 and v["cause"] == "data", v
     assert v["samples"] == [1] and v["reproducible"] is True
+
+
+@pytest.mark.slow
+def test_a_compiled_model_replays_bitwise_and_bisects_to_its_op(tmp_path, elsewhere):
+    run = record(tmp_path, "compiled_model.py")
+    rc, v, p = replay_json("verify", str(run), cwd=elsewhere)
+    assert rc == 0 and v["deterministic"] is True and v["replayed_steps"] == 10, p.stderr[-3000:]
+    run.unlink()
+    run = record(tmp_path, "compiled_model.py", "5")
+    rc, v, p = replay_json("bisect", str(run), cwd=elsewhere)
+    assert rc == 0 and v["first_bad_step"] == 5 and v["op"] == "aten::log", p.stderr[-3000:]
+    assert v["reproducible"] is True
