@@ -171,6 +171,8 @@ def trace_culprit(
         "made": v.get("made"),
         "made_from": v.get("made_from"),
         "nan_from_inf": v.get("nan_from_inf"),
+        "closure": v.get("closure"),
+        "surfaced": v.get("surfaced"),
         "data": v.get("data"),
         "samples": v.get("samples"),
         "samples_exact": v.get("samples_exact"),

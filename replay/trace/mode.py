@@ -11,7 +11,15 @@ Attribution:
   own modules, looked up weakly); for backward ops, the module of the forward op that created the
   node, read from the node's ``metadata``;
 - source: the innermost user frame (``source.py`` decides what is user code); for backward ops
-  the forward creation site. Custom ``torch.autograd.Function``\\ s are tagged at ``.apply``
+  the forward creation site;
+- closure: which call of the closure handed to ``optimizer.step(closure)`` (LBFGS calls it many
+  times in one step) the op ran in, counted from 0; -1 outside any closure call. The optimizer's
+  step pre-hook hands ``step`` a wrapped closure that counts its calls.
+
+Where a non-finite value is *noticed* besides the sinks ``step.py`` checks (``Noticed``): a
+backward started from it (each closure call's loss), a Python number read off it (``.item()``,
+``float()``: LBFGS compares losses that way), an op that raised on it. The verdict looks for the
+first producer over all of them, not only over the first sink. Custom ``torch.autograd.Function``\\ s are tagged at ``.apply``
   (``Function.apply`` is wrapped while tracing and restored afterwards).
 
 NB: not reentrant; one ``Tracer`` per traced step. Statistics are computed with ``self.off``
@@ -53,6 +61,7 @@ __all__ = [
     "TensorInfo",
     "InputInfo",
     "Tag",
+    "Noticed",
     "FORWARD",
     "BACKWARD",
     "OPTIMIZER",
@@ -143,6 +152,17 @@ class NonFinite:
     detailed: bool = False
 
 
+@dataclass(frozen=True)
+class Noticed:
+    """A non-finite value that something in the step looked at: ``what`` ("the loss of a
+    backward", "a Python number read by .item()"), ``index``: the op row at which it was seen
+    (the next op's, for a backward's root), ``origins``: where its values came from."""
+
+    what: str
+    index: int
+    origins: frozenset[int]
+
+
 @dataclass
 class RaisedOp:
     """An op that raised: its row, the exception (set to None once the verdict is built: its
@@ -152,6 +172,7 @@ class RaisedOp:
     exc: BaseException | None
     inputs: list[InputInfo]
     executed_at: int
+    bad_origins: frozenset[int] = frozenset()  # origins of its non-finite inputs, if any
 
 
 def _tensors(x: object) -> list[torch.Tensor]:
@@ -273,6 +294,7 @@ class Tracer:
             "outputs",
             "mem_bytes",
             "time_ns",
+            "closure",
         )
         self.cols: dict[str, list[int]] = {c: [] for c in cols}
         self.stats: list[Stats] = []
@@ -280,8 +302,12 @@ class Tracer:
         self.nonfinite: dict[int, NonFinite] = {}
         self.raised: list[RaisedOp] = []
         self.module_acts: dict[int, Activation] = {}  # module index -> its output
+        self.noticed: list[Noticed] = []
         self.in_optimizer = False
         self.after_backward = False
+        self.closure = -1  # the closure call running (see the module docstring), -1: none
+        self.closure_calls = 0
+        self.on_closure: Callable[[int], None] | None = None  # told each closure call's index
         self.on_optimizer_pre: Callable[[], None] | None = None  # set by the caller
         self._module_stack: list[int] = []
         self._module_names: weakref.WeakKeyDictionary[torch.nn.Module, int] = (
@@ -292,6 +318,7 @@ class Tracer:
         self._handles: list[RemovableHandle] = []
         self._modes: list[_FunctionMode | _DispatchMode] = []
         self._apply: object = None  # Function.apply as it was, while it is patched
+        self._backward: object = None  # torch.autograd.backward as it was, while patched
 
     # ---------------------------------------------------------------- setup and teardown
     def __enter__(self) -> Tracer:
@@ -303,6 +330,7 @@ class Tracer:
             self._handles.append(self.optimizer.register_step_pre_hook(self._pre_step))
             self._handles.append(self.optimizer.register_step_post_hook(self._post_step))
         self._patch_function_apply()
+        self._patch_backward()
         self._modes = [_FunctionMode(self), _DispatchMode(self)]
         for m in self._modes:
             m.__enter__()  # type: ignore[no-untyped-call]  # torch stubs
@@ -324,6 +352,9 @@ class Tracer:
             # overriding a method
             setattr(torch.autograd.function.Function, "apply", self._apply)  # noqa: B010
             self._apply = None
+        if self._backward is not None:
+            setattr(torch.autograd, "backward", self._backward)  # noqa: B010
+            self._backward = None
         self.memory.finish()
         self.memory.close()
 
@@ -348,6 +379,36 @@ class Tracer:
             return out
 
         setattr(fn, "apply", classmethod(apply))  # noqa: B010  (see __exit__)
+
+    def _patch_backward(self) -> None:
+        """Note each backward's non-finite roots: a closure's loss that LBFGS only turns into a
+        Python number is never returned, yet its backward made the gradients."""
+        original = torch.autograd.backward
+        self._backward = original
+        tracer = self
+
+        def backward(tensors: Any, *args: Any, **kwargs: Any) -> None:
+            if not tracer.off:
+                roots = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors or [])
+                tracer.off = True
+                try:
+                    for t in roots:
+                        if isinstance(t, torch.Tensor):
+                            tracer.notice(t, "the root of a backward (a loss)")
+                finally:
+                    tracer.off = False
+            original(tensors, *args, **kwargs)
+
+        setattr(torch.autograd, "backward", backward)  # noqa: B010  (restored in __exit__)
+
+    def notice(self, t: torch.Tensor, what: str, index: int | None = None) -> None:
+        """Record that the step looked at ``t`` (``Noticed``) if it holds NaN/Inf."""
+        if not t.is_floating_point() or finite_kind(t) == "finite":
+            return
+        at = len(self.stats) if index is None else index
+        if self.closure >= 0:
+            what += f" in closure call {self.closure}"
+        self.noticed.append(Noticed(what, at, self.origins.of(t)))
 
     # ---------------------------------------------------------------- hooks
     def _pre_forward(self, mod: torch.nn.Module, args: tuple[object, ...]) -> None:
@@ -375,7 +436,7 @@ class Tracer:
 
     def _pre_step(
         self, opt: torch.optim.Optimizer, args: tuple[object, ...], kwargs: dict[str, object]
-    ) -> None:
+    ) -> tuple[tuple[object, ...], dict[str, object]] | None:
         if self.on_optimizer_pre is not None and not self.in_optimizer:
             self.off = True
             try:
@@ -383,6 +444,31 @@ class Tracer:
             finally:
                 self.off = False
         self.in_optimizer = True
+        # optimizer.step(closure): hand it a closure that counts its calls (args holds the
+        # optimizer itself first)
+        for i, a in enumerate(args):
+            if callable(a) and not isinstance(a, torch.optim.Optimizer):
+                return (*args[:i], self._counted(a), *args[i + 1 :]), kwargs
+        closure = kwargs.get("closure")
+        if callable(closure):
+            return args, {**kwargs, "closure": self._counted(closure)}
+        return None
+
+    def _counted(self, closure: Callable[[], object]) -> Callable[[], object]:
+        tracer = self
+
+        def counted() -> object:
+            outer = tracer.closure
+            tracer.closure = tracer.closure_calls
+            tracer.closure_calls += 1
+            if tracer.on_closure is not None:
+                tracer.on_closure(tracer.closure)
+            try:
+                return closure()
+            finally:
+                tracer.closure = outer
+
+        return counted
 
     def _post_step(
         self, opt: torch.optim.Optimizer, args: tuple[object, ...], kwargs: dict[str, object]
@@ -475,6 +561,12 @@ class Tracer:
             if self.origins.by_storage
             else {}
         )
+        if info.name == "aten::_local_scalar_dense" and ins:
+            self.off = True
+            try:
+                self.notice(ins[0], "a Python number read off it (.item(), float())", index)
+            finally:
+                self.off = False
         t0 = time.perf_counter_ns()
         try:
             out = func(*args, **kwargs)
@@ -518,6 +610,7 @@ class Tracer:
         c["inputs"].append(inputs)
         c["outputs"].append(outputs)
         c["time_ns"].append(elapsed)
+        c["closure"].append(self.closure)
         self.stats.append(row)
         self.hist.append(hist)
         c["mem_bytes"].append(self.memory.after_op(site.index))
@@ -620,5 +713,7 @@ class Tracer:
     ) -> None:
         """The row of an op that raised (``caller``: the frame of the code that ran it)."""
         inputs = [self._input_info(t) for t in ins]
-        self.raised.append(RaisedOp(site.index, exc, inputs, self.locs.here(caller)[0]))
+        bad = [t for t in ins if t.is_floating_point() and finite_kind(t) != "finite"]
+        origins: frozenset[int] = frozenset().union(*(self.origins.of(t) for t in bad))
+        self.raised.append(RaisedOp(site.index, exc, inputs, self.locs.here(caller)[0], origins))
         self._append(site, _RAISED, self._shapes(ins), -1, NO_STATS, _NO_HIST, 0)

@@ -77,6 +77,7 @@ class TraceResult:
             "stats": dict(zip(STATS_COLUMNS, (float(x) for x in c["stats"]))),
             "mem_bytes": int(c["mem_bytes"]),
             "time_ns": int(c["time_ns"]),
+            "closure": int(c["closure"]),
         }
 
     def find_ops(self, op: str) -> list[int]:

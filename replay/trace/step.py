@@ -190,6 +190,7 @@ def _result(
         "hist": np.asarray(tracer.hist, dtype=np.float32).reshape(n, 16),
         "mem_bytes": np.asarray(c["mem_bytes"], dtype=np.int64),
         "time_ns": np.asarray(c["time_ns"], dtype=np.int64),
+        "closure": np.asarray(c["closure"], dtype=np.int32),
     }
     names = tracer.modules.items
     kinds: list[str] = []
