@@ -125,9 +125,21 @@ def _blob(g: h5py.Group, name: str, value: Any) -> None:
     g.create_dataset(name, data=_json_bytes(value))
 
 
-def _columns(
-    g: h5py.Group, spec: dict[str, Any], data: dict[str, Any], where: str, chunked: bool
-) -> None:
+def _columns(g: h5py.Group, spec: dict[str, Any], data: Any, where: str, chunked: bool) -> None:
+    read = getattr(data, "read", None)
+    if read is not None:  # an OpColumns (replay.trace.spool): written in row ranges
+        n = int(data.rows)
+        for name, (dtype, tail) in spec.items():
+            ds = g.create_dataset(
+                name,
+                shape=(n, *tail),
+                dtype=dtype,
+                chunks=(min(CHUNK_ROWS, max(1, n)), *tail),
+                maxshape=(None, *tail),
+            )
+            for a in range(0, n, 1 << 16):
+                ds[a : min(n, a + (1 << 16))] = np.asarray(read(name, a, a + (1 << 16)), dtype)
+        return
     lengths = {len(np.asarray(data[k])) for k in spec}
     if len(lengths) > 1:
         raise ValueError(f"{where}: columns differ in length: {sorted(lengths)}")

@@ -50,7 +50,16 @@ from replay.store.contracts import OpStatus, Phase
 from replay.trace.memory import MemoryTracker
 from replay.trace.origins import Origins
 from replay.trace.source import Interner, Locations
-from replay.trace.stats import N_BINS, NO_STATS, Stats, finite_kind, kind_of_row, tensor_stats
+from replay.trace.spool import OpSpool
+from replay.trace.stats import (
+    N_BINS,
+    NO_STATS,
+    Stats,
+    finite_kind,
+    kind_of_row,
+    quiet_numpy,
+    tensor_stats,
+)
 
 __all__ = [
     "Tracer",
@@ -77,6 +86,7 @@ TAG = "replay.trace"  # key of our Tag in grad_fn.metadata
 #: What ``Tracer.tag`` stores under ``TAG`` in an autograd node's metadata: the forward op's
 #: ``(module, location, stack, function)``; function: a custom ``autograd.Function``'s name.
 Tag = tuple[int, int, int, str | None]
+PROGRESS_ROWS = 1 << 12  # ops between two progress calls (and checks of the spool's buffer)
 MAX_DETAILED = 64  # non-finite ops whose inputs get full statistics
 SINGLE_THREAD_NUMEL = 1 << 20
 _NO_HIST = np.zeros(N_BINS, dtype=np.float32)
@@ -136,7 +146,7 @@ class Activation(NamedTuple):
     nonfinite: float  # NaN, +inf and -inf values
 
 
-@dataclass
+@dataclass(slots=True)
 class NonFinite:
     """What the tracer knows about an op whose output was not finite."""
 
@@ -144,7 +154,7 @@ class NonFinite:
     klass: str
     origins: frozenset[int]
     out_kind: str
-    output: TensorInfo  # its first floating output
+    output: TensorInfo | None  # its first floating output (None unless ``detailed``)
     # Filled for the first MAX_DETAILED of them, and for every producer (``detailed``): the
     # inputs with their statistics, and the location of the code that ran the op.
     inputs: list[InputInfo] = field(default_factory=list)
@@ -176,7 +186,25 @@ class RaisedOp:
 
 
 def _tensors(x: object) -> list[torch.Tensor]:
-    return [t for t in tree_flatten(x)[0] if isinstance(t, torch.Tensor)]
+    """The tensors in an op's arguments or results: nested tuples, lists and dicts walked by
+    hand (pytree's general flattening cost more than many small ops themselves)."""
+    out: list[torch.Tensor] = []
+    _collect(x, out)
+    return out
+
+
+def _collect(x: object, out: list[torch.Tensor]) -> None:
+    if isinstance(x, torch.Tensor):
+        out.append(x)
+    elif isinstance(x, (tuple, list)):
+        for y in x:
+            if isinstance(y, torch.Tensor):
+                out.append(y)
+            elif isinstance(y, (tuple, list, dict)):
+                _collect(y, out)
+    elif isinstance(x, dict):
+        for y in x.values():
+            _collect(y, out)
 
 
 def _arg_kind(args: object) -> str:
@@ -282,24 +310,12 @@ class Tracer:
         self.origins.present_keys = present_keys
         self.origins.mask_keys = mask_keys or set()
         self.memory = MemoryTracker(cuda)
-        cols = (
-            "phase",
-            "name",
-            "module",
-            "source",
-            "stack",
-            "node",
-            "status",
-            "inputs",
-            "outputs",
-            "mem_bytes",
-            "time_ns",
-            "closure",
-        )
-        self.cols: dict[str, list[int]] = {c: [] for c in cols}
-        self.stats: list[Stats] = []
-        self.hist: list[np.ndarray] = []
+        # the op table, streamed to files as it grows (spool.py): a step of millions of ops
+        # is traced in bounded memory
+        self.cols = OpSpool()
+        self.progress: Callable[[Tracer], None] | None = None  # told every PROGRESS_ROWS ops
         self.nonfinite: dict[int, NonFinite] = {}
+        self._origin_sets: dict[frozenset[int], frozenset[int]] = {}
         self.raised: list[RaisedOp] = []
         self.module_acts: dict[int, Activation] = {}  # module index -> its output
         self.noticed: list[Noticed] = []
@@ -319,6 +335,7 @@ class Tracer:
         self._modes: list[_FunctionMode | _DispatchMode] = []
         self._apply: object = None  # Function.apply as it was, while it is patched
         self._backward: object = None  # torch.autograd.backward as it was, while patched
+        self._quiet = quiet_numpy()
 
     # ---------------------------------------------------------------- setup and teardown
     def __enter__(self) -> Tracer:
@@ -331,6 +348,7 @@ class Tracer:
             self._handles.append(self.optimizer.register_step_post_hook(self._post_step))
         self._patch_function_apply()
         self._patch_backward()
+        self._quiet.__enter__()
         self._modes = [_FunctionMode(self), _DispatchMode(self)]
         for m in self._modes:
             m.__enter__()  # type: ignore[no-untyped-call]  # torch stubs
@@ -355,6 +373,7 @@ class Tracer:
         if self._backward is not None:
             setattr(torch.autograd, "backward", self._backward)  # noqa: B010
             self._backward = None
+        self._quiet.__exit__(None, None, None)
         self.memory.finish()
         self.memory.close()
 
@@ -405,7 +424,7 @@ class Tracer:
         """Record that the step looked at ``t`` (``Noticed``) if it holds NaN/Inf."""
         if not t.is_floating_point() or finite_kind(t) == "finite":
             return
-        at = len(self.stats) if index is None else index
+        at = len(self.cols) if index is None else index
         if self.closure >= 0:
             what += f" in closure call {self.closure}"
         self.noticed.append(Noticed(what, at, self.origins.of(t)))
@@ -529,7 +548,7 @@ class Tracer:
     def on_op(
         self, func: OpOverload[..., object], args: tuple[object, ...], kwargs: dict[str, object]
     ) -> object:
-        index = len(self.stats)
+        index = len(self.cols)
         info = self._opinfo_of(func)
         node: Node | None = torch._C._current_autograd_node()  # None outside backward
         if node is not None:
@@ -599,7 +618,8 @@ class Tracer:
         elapsed: int,
     ) -> None:
         """One row of the op table: ``inputs``/``outputs`` index the shapes table (-1: none)."""
-        c = self.cols
+        spool = self.cols
+        c = spool.buf
         c["phase"].append(site.phase)
         c["name"].append(site.op.index)
         c["module"].append(site.module)
@@ -611,9 +631,14 @@ class Tracer:
         c["outputs"].append(outputs)
         c["time_ns"].append(elapsed)
         c["closure"].append(self.closure)
-        self.stats.append(row)
-        self.hist.append(hist)
+        c["stats"].append(row)
+        c["hist"].append(hist)
         c["mem_bytes"].append(self.memory.after_op(site.index))
+        if not (site.index + 1) % PROGRESS_ROWS:
+            if spool.full():
+                spool.flush()
+            if self.progress is not None:
+                self.progress(self)
 
     def _record(
         self,
@@ -692,10 +717,13 @@ class Tracer:
         role, klass, origins = self.origins.classify(
             site.index, site.op.name, checked, out_kind, _arg_kind(call)
         )
+        # one object per distinct set: after a step turns NaN every op carries the same few
+        origins = self._origin_sets.setdefault(origins, origins)
         for t, k in zip(floats, kinds):
             self.origins.set_output(t, origins if k != "finite" else None)
-        nf = NonFinite(role, klass, origins, out_kind, _tensor_info(floats[0]))
+        nf = NonFinite(role, klass, origins, out_kind, None)
         if len(self.nonfinite) < MAX_DETAILED or role == "producer":
+            nf.output = _tensor_info(floats[0])
             nf.inputs = [self._input_info(t) for t in ins]
             nf.detailed = True
         self.nonfinite[site.index] = nf

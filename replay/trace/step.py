@@ -25,6 +25,7 @@ from replay.trace.picture import (
 from replay.trace.result import TraceException, TraceResult
 from replay.trace.samples import batch_size_of
 from replay.trace.source import snapshot_sources
+from replay.trace.spool import CHUNK_ROWS, OpColumns
 from replay.trace.verdict import build_verdict
 
 __all__ = ["trace_step", "StepFn"]
@@ -174,24 +175,7 @@ def _result(
     exception: TraceException | None,
     loss: float | None,
 ) -> TraceResult:
-    c = tracer.cols
-    n = len(tracer.stats)
-    ops: dict[str, np.ndarray] = {
-        "phase": np.asarray(c["phase"], dtype=np.uint8),
-        "name": np.asarray(c["name"], dtype=np.int32),
-        "module": np.asarray(c["module"], dtype=np.int32),
-        "source": np.asarray(c["source"], dtype=np.int32),
-        "stack": np.asarray(c["stack"], dtype=np.int32),
-        "node": np.asarray(c["node"], dtype=np.int32),
-        "status": np.asarray(c["status"], dtype=np.uint8),
-        "inputs": np.asarray(c["inputs"], dtype=np.int32),
-        "outputs": np.asarray(c["outputs"], dtype=np.int32),
-        "stats": np.asarray(tracer.stats, dtype=np.float64).reshape(n, 10),
-        "hist": np.asarray(tracer.hist, dtype=np.float32).reshape(n, 16),
-        "mem_bytes": np.asarray(c["mem_bytes"], dtype=np.int64),
-        "time_ns": np.asarray(c["time_ns"], dtype=np.int64),
-        "closure": np.asarray(c["closure"], dtype=np.int32),
-    }
+    ops = OpColumns(tracer.cols)
     names = tracer.modules.items
     kinds: list[str] = []
     kind_index: dict[str, int] = {}
@@ -210,7 +194,10 @@ def _result(
             "n_ops",
         )
     }
-    counts = np.bincount(ops["module"][ops["module"] >= 0], minlength=len(names))
+    counts = np.zeros(len(names), dtype=np.int64)
+    for a in range(0, ops.rows, CHUNK_ROWS):  # in row ranges: the table may not fit in memory
+        m = ops.read("module", a, a + CHUNK_ROWS)
+        counts += np.bincount(m[m >= 0], minlength=len(names))[: len(names)]
     for i, name in enumerate(names):
         kind = type(mods[name]).__name__ if name in mods else "?"
         if kind not in kind_index:

@@ -4,6 +4,9 @@ failure signatures. Each expectation is checked against a plain loop over the sa
 
 from __future__ import annotations
 
+import json
+
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -200,3 +203,49 @@ def test_a_per_sample_vector_of_a_time_major_batch_is_cut_along_its_own_axis():
     lengths = torch.arange(5)
     sub = slice_batch({"x": data, "lengths": lengths}, [0, 3], axis=1)
     assert sub["x"].shape == (3, 2) and sub["lengths"].tolist() == [0, 3]
+
+
+def test_a_trace_streamed_through_small_chunks_matches_one_kept_in_memory(monkeypatch):
+    import replay.trace.mode as mode
+    import replay.trace.spool as spool
+
+    model, opt, batch = make_lbfgs(1e200)
+    whole = trace_step(model, opt, lbfgs_step, batch)
+    assert whole.ops.spool.flushed == 0  # small enough to stay in memory
+    monkeypatch.setattr(spool, "CHUNK_ROWS", 64)
+    monkeypatch.setattr(mode, "PROGRESS_ROWS", 16)
+    model, opt, batch = make_lbfgs(1e200)
+    streamed = trace_step(model, opt, lbfgs_step, batch)
+    assert streamed.ops.spool.flushed > 0 and streamed.n_ops == whole.n_ops
+    assert json.dumps(streamed.verdict, default=str) == json.dumps(whole.verdict, default=str)
+    for k in ("phase", "name", "status", "closure", "stats", "hist", "module"):
+        a, b = whole.ops[k], streamed.ops[k]
+        assert np.array_equal(a, b, equal_nan=k in ("stats", "hist")), k
+    i = streamed.verdict["op_index"]
+    assert streamed.op_row(i)["status"] == "producer" == whole.op_row(i)["status"]
+
+
+def test_the_spool_reads_and_patches_rows_on_both_sides_of_a_flush():
+    from replay.store.forensics import STATS_COLUMNS
+    from replay.trace.spool import OpColumns, OpSpool
+    from replay.trace.stats import Stats
+
+    sp = OpSpool(chunk_rows=4)
+    for i in range(10):
+        for k in sp.buf:
+            if k == "stats":
+                sp.buf[k].append(Stats(*([float(i)] * len(STATS_COLUMNS))))
+            elif k == "hist":
+                sp.buf[k].append(np.full(16, i, dtype=np.float32))
+            else:
+                sp.buf[k].append(i)
+        if sp.full():
+            sp.flush()
+    assert sp.flushed == 8 and len(sp) == 10
+    sp["status"][2] = 7  # in the files: a patch
+    sp["status"][9] = 5  # in the buffer
+    assert sp["status"][2] == 7 and sp["status"][3] == 3 and sp["status"][9] == 5
+    cols = OpColumns(sp)
+    assert cols["status"].tolist() == [0, 1, 7, 3, 4, 5, 6, 7, 8, 5]
+    assert cols.read("stats", 7, 9)[:, 0].tolist() == [7.0, 8.0]
+    sp.close()
