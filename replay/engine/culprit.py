@@ -145,12 +145,18 @@ def trace_culprit(
 ) -> dict[str, Any]:
     """Trace ``step`` from the state right before it; write the sidecar; return report fields."""
     from replay.trace import trace_step
+    from replay.trace.step import stderr_progress
 
     engine.state_before(step, keep=True)
     batch = engine.batch(step)
     try:
         result = trace_step(
-            engine.model, engine.optimizer, engine.step_callable(step), batch, scaler=engine.scaler
+            engine.model,
+            engine.optimizer,
+            engine.step_callable(step),
+            batch,
+            scaler=engine.scaler,
+            progress=stderr_progress(),
         )
     finally:
         engine.invalidate()  # the tracer ran the step on the live objects
