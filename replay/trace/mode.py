@@ -50,7 +50,7 @@ from replay.store.contracts import OpStatus, Phase
 from replay.trace.memory import MemoryTracker
 from replay.trace.origins import Origins
 from replay.trace.source import Interner, Locations
-from replay.trace.spool import OpSpool
+from replay.trace.spool import NonFiniteTable, OpSpool
 from replay.trace.stats import (
     N_BINS,
     NO_STATS,
@@ -314,7 +314,11 @@ class Tracer:
         # is traced in bounded memory
         self.cols = OpSpool()
         self.progress: Callable[[Tracer], None] | None = None  # told every PROGRESS_ROWS ops
-        self.nonfinite: dict[int, NonFinite] = {}
+        # every non-finite op, a few bytes each (spool.NonFiniteTable); full records for the
+        # first MAX_DETAILED and every producer
+        self.nonfinite = NonFiniteTable(
+            lambda role, klass, origins: NonFinite(role, klass, origins, "", None)
+        )
         self._origin_sets: dict[frozenset[int], frozenset[int]] = {}
         self.raised: list[RaisedOp] = []
         self.module_acts: dict[int, Activation] = {}  # module index -> its output
@@ -726,7 +730,7 @@ class Tracer:
             nf.output = _tensor_info(floats[0])
             nf.inputs = [self._input_info(t) for t in ins]
             nf.detailed = True
-        self.nonfinite[site.index] = nf
+        self.nonfinite.add(site.index, role, klass, origins, nf if nf.detailed else None)
         return nf
 
     def _input_info(self, t: torch.Tensor) -> InputInfo:

@@ -10,10 +10,12 @@ with ``os.pread``, never by mapping the files (mapped pages would count as the t
 
 from __future__ import annotations
 
+import bisect
 import os
 import shutil
 import tempfile
 import weakref
+from array import array
 from collections.abc import Iterator, Mapping
 from typing import IO, Any
 
@@ -21,7 +23,7 @@ import numpy as np
 
 from replay.store.forensics import OPS_COLUMNS
 
-__all__ = ["OpSpool", "OpColumns", "CHUNK_ROWS"]
+__all__ = ["OpSpool", "OpColumns", "NonFiniteTable", "CHUNK_ROWS"]
 
 CHUNK_ROWS = 1 << 15  # rows buffered in memory before they go to the files
 
@@ -45,6 +47,8 @@ class OpSpool:
         self._dir: str | None = None
         self._files: dict[str, IO[bytes]] = {}
         self._patch: dict[str, dict[int, Any]] = {k: {} for k in _SPEC}
+        # (sorted rows, value) laid over a column, later ones over earlier ones; then _patch
+        self._overlays: dict[str, list[tuple[np.ndarray, Any]]] = {k: [] for k in _SPEC}
         self._finalizer: weakref.finalize[Any, Any] | None = None
 
     def __len__(self) -> int:
@@ -76,18 +80,34 @@ class OpSpool:
         dt, tail = _SPEC[col]
         return int(dt.itemsize * int(np.prod(tail, dtype=np.int64)))
 
+    def set_rows(self, col: str, rows: np.ndarray, value: Any) -> None:
+        """``value`` in column ``col`` at every one of ``rows`` (sorted), in one stroke: the
+        verdict sets the status of millions of ops that carried a NaN on this way. Single-row
+        ``set`` calls made before are overridden."""
+        rows = np.asarray(rows, dtype=np.int64)
+        for i in list(self._patch[col]):
+            if rows.size and rows[min(int(np.searchsorted(rows, i)), rows.size - 1)] == i:
+                del self._patch[col][i]
+        self._overlays[col].append((rows, value))
+
     def get(self, col: str, i: int) -> Any:
         if i < 0 or i >= len(self):
             raise IndexError(f"op {i} out of range (the table has {len(self)} ops)")
         if i in self._patch[col]:
             return self._patch[col][i]
+        for rows, value in reversed(self._overlays[col]):
+            p = int(np.searchsorted(rows, i))
+            if p < rows.size and rows[p] == i:
+                return value
         if i >= self.flushed:
             return self.buf[col][i - self.flushed]
         row = self.read(col, i, i + 1)[0]
         return row.item() if row.ndim == 0 else row  # a Python number, as in the buffer
 
     def set(self, col: str, i: int, value: Any) -> None:
-        if i >= self.flushed:
+        if self._overlays[col]:
+            self._patch[col][i] = value  # over the overlays
+        elif i >= self.flushed:
             self.buf[col][i - self.flushed] = value
         else:
             self._patch[col][i] = value
@@ -109,6 +129,11 @@ class OpSpool:
         out = np.concatenate(parts) if len(parts) > 1 else (parts[0] if parts else
                                                               np.zeros((0, *tail), dt))  # fmt: skip
         patches = {i: v for i, v in self._patch[col].items() if start <= i < stop}
+        if self._overlays[col]:
+            out = out.copy()
+            for rows, value in self._overlays[col]:
+                sel = rows[(rows >= start) & (rows < stop)]
+                out[sel - start] = value
         if patches:
             out = out.copy()
             for i, v in patches.items():
@@ -164,3 +189,75 @@ class OpColumns(Mapping[str, np.ndarray]):
         if col in self._cache:
             return self._cache[col][start:stop]
         return self.spool.read(col, start, stop)
+
+
+class NonFiniteTable(Mapping[int, Any]):
+    """Every op whose output was not finite, in bounded space: a row index, a role code and the
+    id of its origin set per op (a few bytes each; after a step turns NaN every op is one), and
+    the full record (``mode.NonFinite``) only for those described in detail.
+
+    ``table[i]`` gives back a record for any of them (inputs empty unless detailed).
+    """
+
+    ROLES = ("producer", "converter", "propagator", "exempt")
+
+    def __init__(self, make: Any) -> None:
+        self._make = make  # (role, klass, origins) -> a record, for the compact ones
+        self.index = array("q")
+        self.role = array("b")
+        self.set_id = array("i")
+        self.sets: list[frozenset[int]] = []
+        self._set_ids: dict[frozenset[int], int] = {}
+        self.klass: dict[int, str] = {}  # compact rows whose class is not "" (rare)
+        self.detailed: dict[int, Any] = {}
+
+    def add(self, i: int, role: str, klass: str, origins: frozenset[int], full: Any) -> None:
+        k = self._set_ids.get(origins)
+        if k is None:
+            k = self._set_ids[origins] = len(self.sets)
+            self.sets.append(origins)
+        self.index.append(i)
+        self.role.append(self.ROLES.index(role))
+        self.set_id.append(k)
+        if full is not None:
+            self.detailed[i] = full
+        elif klass:
+            self.klass[i] = klass
+
+    def _pos(self, i: int) -> int:
+        p = bisect.bisect_left(self.index, i)
+        if p == len(self.index) or self.index[p] != i:
+            raise KeyError(i)
+        return p
+
+    def __getitem__(self, i: int) -> Any:
+        if i in self.detailed:
+            return self.detailed[i]
+        p = self._pos(i)
+        return self._make(
+            self.ROLES[self.role[p]], self.klass.get(i, ""), self.sets[self.set_id[p]]
+        )
+
+    def __contains__(self, i: object) -> bool:
+        if not isinstance(i, int):
+            return False
+        p = bisect.bisect_left(self.index, i)
+        return p < len(self.index) and self.index[p] == i
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.index)  # in execution order: rows are added as the ops run
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def rows_where(self, set_ids: set[int]) -> np.ndarray:
+        """Rows of the ops whose origin set is one of ``set_ids``."""
+        ids = (
+            np.frombuffer(self.set_id, dtype=np.int32)
+            if len(self.set_id)
+            else np.zeros(0, np.int32)
+        )
+        rows = (
+            np.frombuffer(self.index, dtype=np.int64) if len(self.index) else np.zeros(0, np.int64)
+        )
+        return rows[np.isin(ids, list(set_ids))]

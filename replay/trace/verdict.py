@@ -43,6 +43,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from replay.store.contracts import OpStatus, Phase
 from replay.store.forensics import PHASES
 from replay.trace.mode import InputInfo, Tracer
@@ -167,8 +169,10 @@ def build_verdict(
         "notes": list(notes),
     }
     status = tr.cols["status"]
-    for i in tr.nonfinite:
-        status[i] = EXEMPT
+    nft = tr.nonfinite
+    # every non-finite op is exempt unless what it carried reached a sink (below): set for all
+    # of them at once, as they may be millions (spool.OpSpool.set_rows)
+    tr.cols.set_rows("status", np.asarray(nft.index, dtype=np.int64), EXEMPT)
     for r in tr.raised:
         status[r.index] = RAISED
     if exception is not None:
@@ -207,9 +211,11 @@ def build_verdict(
     noticed = frozenset().union(*(n.origins for n in tr.noticed))
     reached = frozenset().union(*(o for _, o in sinks)) | noticed
     klass = tr.origins.klass
-    for i, nf in tr.nonfinite.items():
-        if nf.origins & reached:
-            status[i] = PRODUCER if i in reached and klass.get(i) == "real" else PROPAGATOR
+    carried = {k for k, o in enumerate(nft.sets) if o & reached}
+    tr.cols.set_rows("status", nft.rows_where(carried), PROPAGATOR)
+    for i in sorted(o for o in reached if o >= 0):
+        if i in nft and klass.get(i) == "real":
+            status[i] = PRODUCER
     ops = sorted(o for o in first if o >= 0)
     real = [o for o in ops if klass.get(o) == "real"]
     intentional = [o for o in ops if klass.get(o) == "intentional"]

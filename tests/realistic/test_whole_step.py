@@ -107,3 +107,38 @@ def test_time_major_lm_with_flattened_targets_blames_column_7(tmp_path):
     assert v["op"] == "aten::embedding"
     assert v["sample_axes"] == [1] and v["samples"] == [7], v["notes"]
     assert v["samples_exact"] is True
+
+
+def max_rss_of(*args: str, cwd: Path) -> tuple[int, str]:
+    """Peak RSS (bytes) of ``python -m replay ARGS`` run alone in a child, and its stderr."""
+    code = (
+        "import resource, subprocess, sys\n"
+        "p = subprocess.run([sys.executable, '-m', 'replay', *sys.argv[1:]], "
+        "capture_output=True, text=True)\n"
+        "sys.stderr.write(p.stderr)\n"
+        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024, p.returncode)\n"
+    )
+    p = run_py("-c", code, *args, cwd=cwd, timeout=300)
+    rss, rc = p.stdout.split()
+    assert rc == "0", p.stderr[-3000:]
+    return int(rss), p.stderr
+
+
+@pytest.mark.slow
+def test_many_small_ops_trace_stays_within_its_memory_bound_and_shows_progress(tmp_path):
+    """An LSTMCell unrolled under LBFGS, twenty closure calls of thousands of tiny ops, every
+    one NaN after the second call: the trace's memory beyond the replay's own stays bounded
+    (its op table streams to disk), and it says how far it got on stderr."""
+    run = record(tmp_path, "lbfgs_sequence.py", "--lr", "1e200", "--steps", "1", "--length", "40")
+    replay_rss, _ = max_rss_of("verify", str(run), cwd=tmp_path)
+    trace_rss, err = max_rss_of("trace", str(run), "--step", "0", "--json", cwd=tmp_path)
+    with h5py.File(run.with_suffix(".forensics.h5"), "r") as f:
+        n_ops = f["ops/phase"].shape[0]
+        closure = f["ops/closure"][()]
+        status = f["ops/status"][()]
+    assert n_ops > 100_000 and closure.max() == 19
+    assert (status == 2).sum() > n_ops // 2  # most ops carried the NaN on
+    # the old in-memory table and per-op records took over 1 KiB an op: >100 MiB here
+    assert trace_rss - replay_rss < 96 * 2**20, (trace_rss, replay_rss, n_ops)
+    progress = [ln for ln in err.splitlines() if ln.startswith("replay trace: ")]
+    assert progress and "closure call" in "".join(progress), err[-2000:]

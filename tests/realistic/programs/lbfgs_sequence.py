@@ -3,7 +3,7 @@ sine waves, trained with LBFGS, whose ``optimizer.step(closure)`` calls the clos
 one step. With ``--lr 1e200`` the first update throws the weights far out and the forward
 ``mse_loss`` of the second closure call overflows to +inf; the backward ops only see it later.
 
-    python lbfgs_sequence.py run.h5 [--lr 0.8] [--steps 4]
+    python lbfgs_sequence.py run.h5 [--lr 0.8] [--steps 4] [--length 24] [--max-iter 20]
 """
 
 import argparse
@@ -41,6 +41,7 @@ def parse():
     p.add_argument("--lr", type=float, default=0.8)
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--max-iter", type=int, default=20)
+    p.add_argument("--length", type=int, default=LENGTH)
     return p.parse_args()
 
 
@@ -70,10 +71,10 @@ def train_step(model, optimizer, batch):
     return optimizer.step(closure)
 
 
-def waves():
+def waves(length=LENGTH):
     g = torch.Generator().manual_seed(2)
     shift = torch.randint(-20, 20, (SAMPLES, 1), generator=g)
-    t = torch.arange(LENGTH + 1).unsqueeze(0) + shift
+    t = torch.arange(length + 1).unsqueeze(0) + shift
     data = torch.sin(t / 4.0)
     data = data.double()
     return data[:, :-1].contiguous(), data[:, 1:].contiguous()
@@ -81,7 +82,7 @@ def waves():
 
 if __name__ == "__main__":
     objects = build()
-    batch = waves()
+    batch = waves(ARGS.length)
     with replay.Recorder(sys.argv[1], objects=objects, step_fn=train_step, build_fn=build) as rec:
         for _ in range(ARGS.steps):
             loss = rec.step(batch)
