@@ -297,6 +297,9 @@ class Tracer:
         self.model = model
         self.optimizer = optimizer
         self.off = False
+        # plain tensors only (no DTensor or other subclass that needs torch functions to work):
+        # the per-op bookkeeping runs with torch functions disabled, a few microseconds an op
+        self.plain = all(type(p) in (torch.Tensor, torch.nn.Parameter) for p in model.parameters())
         # the torch function running (set by _FunctionMode) and its (location, stack), once known
         self.fn_frame: FrameType | None = None
         self.fn_site: tuple[int, int] | None = None
@@ -604,7 +607,11 @@ class Tracer:
         self.off = True
         try:
             outs = _tensors(out) or [t for t in mutated if isinstance(t, torch.Tensor)]
-            detailed = self._record(site, call, ins, outs, mutated, pre_bad, elapsed)
+            if self.plain:  # Tensor methods below skip the function mode (not for subclasses)
+                with torch._C.DisableTorchFunction():
+                    detailed = self._record(site, call, ins, outs, mutated, pre_bad, elapsed)
+            else:
+                detailed = self._record(site, call, ins, outs, mutated, pre_bad, elapsed)
             if detailed is not None:  # a non-finite op described in full: where it ran, too
                 detailed.executed_at = self.locs.here(sys._getframe(_OP_CALLER))[0]
         finally:

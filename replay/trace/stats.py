@@ -104,16 +104,16 @@ def _moments(f: torch.Tensor) -> tuple[float, float]:
 def _small_array(t: torch.Tensor) -> np.ndarray | None:
     """The values of a small, plain, CPU float32/float64 tensor as a flat numpy array (a view
     when it is contiguous), else None. Read with Python dispatch off: no mode sees it."""
-    if (
-        type(t) is not torch.Tensor
-        or t.dtype not in _NP_FLOATS
-        or t.device.type != "cpu"
-        or t.numel() > NUMPY_MAX
-        or t.numel() == 0
-    ):
+    if type(t) is not torch.Tensor or t.dtype not in _NP_FLOATS or not t.is_cpu:
         return None
-    with torch._C._DisableTorchDispatch(), torch._C.DisableTorchFunction():
-        a: np.ndarray = t.detach().numpy()
+    with torch._C.DisableTorchFunction():  # Tensor methods would go through the modes
+        n = t.numel()
+        if n == 0 or n > NUMPY_MAX:
+            return None
+        if t.requires_grad:
+            with torch._C._DisableTorchDispatch():  # aten::detach, unseen by the tracer
+                t = t.detach()
+        a: np.ndarray = t.numpy()
     return a.reshape(-1)
 
 
