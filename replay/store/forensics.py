@@ -140,9 +140,13 @@ def _columns(g: h5py.Group, spec: dict[str, Any], data: Any, where: str, chunked
             for a in range(0, n, 1 << 16):
                 ds[a : min(n, a + (1 << 16))] = np.asarray(read(name, a, a + (1 << 16)), dtype)
         return
-    lengths = {len(np.asarray(data[k])) for k in spec}
+    given = [k for k in spec if k in data or k not in OPTIONAL_OPS_COLUMNS]
+    lengths = {len(np.asarray(data[k])) for k in given}
     if len(lengths) > 1:
         raise ValueError(f"{where}: columns differ in length: {sorted(lengths)}")
+    if len(given) < len(spec):  # an optional /ops column not given: -1 (none) in every row
+        rows = lengths.pop() if lengths else 0
+        data = {**data, **{k: np.full(rows, -1) for k in spec if k not in given}}
     for name, dt in spec.items():
         dtype, tail = dt if isinstance(dt, tuple) else (dt, ())
         arr = np.asarray(data[name], dtype=dtype).reshape((-1, *tail))
