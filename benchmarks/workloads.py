@@ -78,3 +78,46 @@ def step(model, optimizer, batch):
 
 
 WORKLOADS = {"MLP": mlp, "CNN": cnn, "GPT (2 blocks)": gpt}
+
+
+# ---------------------------------------------------------------- many small ops
+class LSTMCellSeq(nn.Module):
+    """time_sequence_prediction's model: two LSTMCells and a Linear unrolled step by step in
+    Python, so a step is thousands of tiny aten ops (issue 33)."""
+
+    def __init__(self, hidden: int = 51):
+        super().__init__()
+        self.hidden = hidden
+        self.lstm1 = nn.LSTMCell(1, hidden)
+        self.lstm2 = nn.LSTMCell(hidden, hidden)
+        self.linear = nn.Linear(hidden, 1)
+
+    def forward(self, x):
+        h1 = c1 = h2 = c2 = torch.zeros(x.size(0), self.hidden, dtype=x.dtype)
+        outputs = []
+        for input_t in x.split(1, dim=1):
+            h1, c1 = self.lstm1(input_t, (h1, c1))
+            h2, c2 = self.lstm2(h1, (h2, c2))
+            outputs.append(self.linear(h2))
+        return torch.cat(outputs, dim=1)
+
+
+def lstm_lbfgs(length: int = 40, samples: int = 16):
+    """``(model, batch)`` of the many-small-ops workload; train it with ``lbfgs_step`` and
+    ``torch.optim.LBFGS(..., max_iter=20)``: twenty closure calls per step."""
+    torch.manual_seed(0)
+    t = torch.arange(length + 1).unsqueeze(0) + torch.randint(-20, 20, (samples, 1))
+    data = torch.sin(t / 4.0)
+    return LSTMCellSeq(), (data[:, :-1].contiguous(), data[:, 1:].contiguous())
+
+
+def lbfgs_step(model, optimizer, batch):
+    x, y = batch
+
+    def closure():
+        optimizer.zero_grad()
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        return loss
+
+    return optimizer.step(closure)

@@ -26,6 +26,8 @@ TRACE_FIELDS = (
     "samples",
     "samples_exact",
     "sample_axes",
+    "closure",
+    "surfaced",
 )
 
 

@@ -72,9 +72,20 @@ def render_verdict(d: dict[str, Any]) -> str:
         # the word only: the cause line above gives the why
         word = op_role(d, d.get("op_index"), "producer")[0]
         lines.append(f"  op            {_op_where(d)}  [{word}]")
+    if d.get("op") and d.get("closure") is not None:
+        lines.append(f"  closure call  {d['closure'] + 1} (the step's optimizer called it)")
     src = _source_line(d.get("source"))
     if src:
         lines.append(f"  source        {src}")
+    surf = d.get("surfaced")
+    if surf:
+        where = _op_where(surf)
+        if surf.get("closure") is not None:
+            where += f", closure call {surf['closure'] + 1}"
+        lines.append(f"  surfaced at   {where}: {surf.get('how')}")
+        src = _source_line(surf.get("source"))
+        if src:
+            lines.append(f"                {src}")
     conv = d.get("nan_from_inf")
     if conv:
         role = role_text(d, conv.get("op_index"), "propagator")

@@ -46,6 +46,8 @@ def trace(
             if d.get("op")
             else "no op made a non-finite value"
         )
+        if d.get("surfaced"):
+            what += f", noticed later at {d['surfaced']['op']} ({d['surfaced'].get('phase')})"
         click.echo(
             f"traced step {d['step']} (window {d['window'][0]}..{d['window'][1]}): {what}\n"
             f"  forensics     {d['forensics']}  (replay tui {run} shows every op)"

@@ -145,12 +145,18 @@ def trace_culprit(
 ) -> dict[str, Any]:
     """Trace ``step`` from the state right before it; write the sidecar; return report fields."""
     from replay.trace import trace_step
+    from replay.trace.step import stderr_progress
 
     engine.state_before(step, keep=True)
     batch = engine.batch(step)
     try:
         result = trace_step(
-            engine.model, engine.optimizer, engine.step_callable(step), batch, scaler=engine.scaler
+            engine.model,
+            engine.optimizer,
+            engine.step_callable(step),
+            batch,
+            scaler=engine.scaler,
+            progress=stderr_progress(),
         )
     finally:
         engine.invalidate()  # the tracer ran the step on the live objects
@@ -171,6 +177,8 @@ def trace_culprit(
         "made": v.get("made"),
         "made_from": v.get("made_from"),
         "nan_from_inf": v.get("nan_from_inf"),
+        "closure": v.get("closure"),
+        "surfaced": v.get("surfaced"),
         "data": v.get("data"),
         "samples": v.get("samples"),
         "samples_exact": v.get("samples_exact"),
@@ -226,10 +234,17 @@ def _search(
     """Delta debugging along the sample axis (for micro-batches: the micro-batches first, then
     the rows within those). Sets the samples, or leaves a note why there are none."""
     from replay.trace import find_culprit_samples
+    from replay.trace.samples import Failure, FailureProbe
 
-    def fails_on(sub: Any) -> bool:
+    def failure_of(sub: Any) -> Failure | None:
         engine.state_before(step, keep=True)
-        return _step_fails(kind, engine.run_step(step, batch=sub).row())
+        probe = FailureProbe(nonfinite=kind != "exception")
+        with probe:
+            out = engine.run_step(step, batch=sub)
+        row = out.row()
+        return probe.failure(
+            out.exception, not _step_fails("exception", row) and _step_fails("nonfinite", row)
+        )
 
     outer = axes[0]
     size = batch_size_of(batch, outer)
@@ -238,6 +253,36 @@ def _search(
             [f"the batch holds one sample along dim {outer}: there is no sample to single out"]
         )
         return
+    reference = failure_of(batch)
+    if reference is None or (kind in ("exception", "nonfinite") and reference.kind != kind):
+        result.add_notes(
+            ["the step did not fail the same way again under the samples search: no sample named"]
+        )
+        return
+    others: dict[Failure, None] = {}  # different failures sub-batches ran into, in order
+
+    def fails_on(sub: Any) -> bool:
+        """The sub-batch fails the same way as the whole batch: kind, op, exception type."""
+        f = failure_of(sub)
+        if f is not None and f != reference:
+            others[f] = None
+        return f == reference
+
+    def inconsistent() -> bool:
+        """Sub-batches broke in another way than the batch: the cut left its tensors
+        inconsistent (a leaf cut that should not be, or one left whole)."""
+        if not others:
+            return False
+        seen = ", ".join(f.describe() for f in list(others)[:3])
+        result.add_notes(
+            [
+                f"the batch's tensors could not be cut consistently along dim {outer}: "
+                f"sub-batches failed differently ({seen}) than the whole batch "
+                f"({reference.describe()}): no sample named"
+            ]
+        )
+        return True
+
     picked, exact = find_culprit_samples(
         lambda ix: fails_on(slice_batch(batch, ix, outer)), size, coupled=coupled
     )
@@ -245,6 +290,8 @@ def _search(
     # Only an answer when those samples matter: if the rest of the batch fails as well
     # (a NaN injected in the gradient, a bad learning rate) no sample is to blame.
     if len(picked) == size or (rest and fails_on(slice_batch(batch, rest, outer))):
+        if inconsistent():
+            return
         what = "micro-batch" if len(axes) > 1 else "sample"
         result.add_notes([no_culprit_note(what, picked, size, outer)])
         return

@@ -29,6 +29,7 @@ __all__ = [
     "FORMAT",
     "FORMAT_VERSION",
     "OPS_COLUMNS",
+    "OPTIONAL_OPS_COLUMNS",
     "STATS_COLUMNS",
     "PHASES",
     "STATUSES",
@@ -62,7 +63,10 @@ OPS_COLUMNS: dict[str, tuple[str, tuple[int, ...]]] = {
     "hist": ("float32", (16,)),
     "mem_bytes": ("int64", ()),
     "time_ns": ("int64", ()),
+    "closure": ("int32", ()),
 }
+#: Columns a sidecar written before they existed lacks: read back as -1 (none).
+OPTIONAL_OPS_COLUMNS = frozenset({"closure"})
 MODULE_COLUMNS = {
     "name": "int32",
     "kind": "int32",
@@ -121,12 +125,28 @@ def _blob(g: h5py.Group, name: str, value: Any) -> None:
     g.create_dataset(name, data=_json_bytes(value))
 
 
-def _columns(
-    g: h5py.Group, spec: dict[str, Any], data: dict[str, Any], where: str, chunked: bool
-) -> None:
-    lengths = {len(np.asarray(data[k])) for k in spec}
+def _columns(g: h5py.Group, spec: dict[str, Any], data: Any, where: str, chunked: bool) -> None:
+    read = getattr(data, "read", None)
+    if read is not None:  # an OpColumns (replay.trace.spool): written in row ranges
+        n = int(data.rows)
+        for name, (dtype, tail) in spec.items():
+            ds = g.create_dataset(
+                name,
+                shape=(n, *tail),
+                dtype=dtype,
+                chunks=(min(CHUNK_ROWS, max(1, n)), *tail),
+                maxshape=(None, *tail),
+            )
+            for a in range(0, n, 1 << 16):
+                ds[a : min(n, a + (1 << 16))] = np.asarray(read(name, a, a + (1 << 16)), dtype)
+        return
+    given = [k for k in spec if k in data or k not in OPTIONAL_OPS_COLUMNS]
+    lengths = {len(np.asarray(data[k])) for k in given}
     if len(lengths) > 1:
         raise ValueError(f"{where}: columns differ in length: {sorted(lengths)}")
+    if len(given) < len(spec):  # an optional /ops column not given: -1 (none) in every row
+        rows = lengths.pop() if lengths else 0
+        data = {**data, **{k: np.full(rows, -1) for k in spec if k not in given}}
     for name, dt in spec.items():
         dtype, tail = dt if isinstance(dt, tuple) else (dt, ())
         arr = np.asarray(data[name], dtype=dtype).reshape((-1, *tail))
@@ -218,6 +238,7 @@ class ForensicsReader:
         self._strings: dict[str, list[str]] = {}
         self._stacks: list[list[int]] = []
         self._json: dict[str, Any] = {}
+        self._absent: set[str] = set()  # optional /ops columns an older sidecar lacks
 
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> ForensicsReader:
@@ -268,9 +289,18 @@ class ForensicsReader:
     def _bad(self, what: str) -> NotAForensicsFile:
         return NotAForensicsFile(f"{self.path}: damaged forensics sidecar: {what}")
 
-    def _columns(self, group: str, spec: dict[str, Any], max_rows: int) -> int:
+    def _columns(
+        self,
+        group: str,
+        spec: dict[str, Any],
+        max_rows: int,
+        optional: frozenset[str] = frozenset(),
+    ) -> int:
         n = None
         for name, dt in spec.items():
+            if name in optional and f"{group}/{name}" not in self._f:
+                self._absent.add(name)
+                continue
             dtype, tail = dt if isinstance(dt, tuple) else (dt, ())
             ds = V.dataset(
                 self._f,
@@ -319,7 +349,9 @@ class ForensicsReader:
         stats_columns = V.attr_json(V.resolve(f, "ops", path), "stats_columns", path)
         if stats_columns != list(STATS_COLUMNS):
             raise self._bad("/ops stats_columns is not the list of statistics")
-        self._n_ops = n_ops = self._columns("ops", OPS_COLUMNS, V.LIMITS["ops_rows"])
+        self._n_ops = n_ops = self._columns(
+            "ops", OPS_COLUMNS, V.LIMITS["ops_rows"], OPTIONAL_OPS_COLUMNS
+        )
         refs = {
             "name": "ops",
             "module": "modules",
@@ -337,6 +369,8 @@ class ForensicsReader:
                 )
             self._index_range(f["ops/phase"][a : a + step], 0, len(PHASES), "/ops/phase")
             self._index_range(f["ops/status"][a : a + step], 0, len(STATUSES), "/ops/status")
+            if "closure" not in self._absent:
+                self._index_range(f["ops/closure"][a : a + step], -1, 1 << 30, "/ops/closure")
         n_mod = self._columns("modules", MODULE_COLUMNS, V.LIMITS["table_rows"])
         self._index_range(f["modules/name"][()], -1, len(self._strings["modules"]), "/modules/name")
         self._index_range(
@@ -457,7 +491,12 @@ class ForensicsReader:
         stop = max(start, stop)
         names = columns if columns is not None else tuple(OPS_COLUMNS)
         try:
-            return {n: self._f[f"ops/{n}"][start:stop] for n in names}
+            return {
+                n: np.full(stop - start, -1, dtype=OPS_COLUMNS[n][0])
+                if n in self._absent
+                else self._f[f"ops/{n}"][start:stop]
+                for n in names
+            }
         except V.H5_ERRORS as e:
             raise self._bad(f"/ops rows {start}..{stop} cannot be read ({e})") from None
 
@@ -490,6 +529,7 @@ class ForensicsReader:
             "hist": row["hist"].astype(float).tolist(),
             "mem_bytes": int(row["mem_bytes"]),
             "time_ns": int(row["time_ns"]),
+            "closure": int(row["closure"]),
         }
 
     def _table(

@@ -62,13 +62,14 @@ class MemoryTracker:
         self.largest: list[LargeStorage] = []
         self._peak_dirty = False
         self._storages: dict[int, _Storage] = {}  # by storage key (its data pointer)
-        self._tensors: set[int] = set()
-        self._finalizers: list[weakref.finalize[[int, int], torch.Tensor]] = []
+        # the finalizer of each tensor alive that is counted, by id: one that ran is dropped
+        # (a list of them all grew with every op of the step)
+        self._finalizers: dict[int, weakref.finalize[[int, int], torch.Tensor]] = {}
 
     def see(self, t: torch.Tensor, op_index: int, op_name: str) -> None:
         """Count ``t``'s storage (once) until the last tensor using it dies."""
         tid = id(t)
-        if tid in self._tensors:
+        if tid in self._finalizers:
             return
         try:
             st = t.untyped_storage()
@@ -76,7 +77,6 @@ class MemoryTracker:
             nbytes = st.nbytes()
         except (RuntimeError, NotImplementedError):  # sparse, meta, functional wrappers
             return
-        self._tensors.add(tid)
         entry = self._storages.get(key)
         if entry is None:
             self._storages[key] = _Storage(
@@ -85,10 +85,10 @@ class MemoryTracker:
             self.live_bytes += nbytes
         else:
             entry.tensors += 1
-        self._finalizers.append(weakref.finalize(t, self._release, tid, key))
+        self._finalizers[tid] = weakref.finalize(t, self._release, tid, key)
 
     def _release(self, tid: int, key: int) -> None:
-        self._tensors.discard(tid)
+        self._finalizers.pop(tid, None)
         entry = self._storages.get(key)
         if entry is None:
             return
@@ -132,8 +132,7 @@ class MemoryTracker:
 
     def close(self) -> None:
         """Stop accounting and drop the finalizers (tensors that outlive the trace owe us nothing)."""
-        for fin in self._finalizers:
+        for fin in list(self._finalizers.values()):
             fin.detach()
         self._finalizers.clear()
         self._storages.clear()
-        self._tensors.clear()

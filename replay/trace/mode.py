@@ -11,7 +11,15 @@ Attribution:
   own modules, looked up weakly); for backward ops, the module of the forward op that created the
   node, read from the node's ``metadata``;
 - source: the innermost user frame (``source.py`` decides what is user code); for backward ops
-  the forward creation site. Custom ``torch.autograd.Function``\\ s are tagged at ``.apply``
+  the forward creation site;
+- closure: which call of the closure handed to ``optimizer.step(closure)`` (LBFGS calls it many
+  times in one step) the op ran in, counted from 0; -1 outside any closure call. The optimizer's
+  step pre-hook hands ``step`` a wrapped closure that counts its calls.
+
+Where a non-finite value is *noticed* besides the sinks ``step.py`` checks (``Noticed``): a
+backward started from it (each closure call's loss), a Python number read off it (``.item()``,
+``float()``: LBFGS compares losses that way), an op that raised on it. The verdict looks for the
+first producer over all of them, not only over the first sink. Custom ``torch.autograd.Function``\\ s are tagged at ``.apply``
   (``Function.apply`` is wrapped while tracing and restored afterwards).
 
 NB: not reentrant; one ``Tracer`` per traced step. Statistics are computed with ``self.off``
@@ -42,7 +50,16 @@ from replay.store.contracts import OpStatus, Phase
 from replay.trace.memory import MemoryTracker
 from replay.trace.origins import Origins
 from replay.trace.source import Interner, Locations
-from replay.trace.stats import N_BINS, NO_STATS, Stats, finite_kind, kind_of_row, tensor_stats
+from replay.trace.spool import NonFiniteTable, OpSpool
+from replay.trace.stats import (
+    N_BINS,
+    NO_STATS,
+    Stats,
+    finite_kind,
+    kind_of_row,
+    quiet_numpy,
+    tensor_stats,
+)
 
 __all__ = [
     "Tracer",
@@ -53,6 +70,7 @@ __all__ = [
     "TensorInfo",
     "InputInfo",
     "Tag",
+    "Noticed",
     "FORWARD",
     "BACKWARD",
     "OPTIMIZER",
@@ -68,6 +86,7 @@ TAG = "replay.trace"  # key of our Tag in grad_fn.metadata
 #: What ``Tracer.tag`` stores under ``TAG`` in an autograd node's metadata: the forward op's
 #: ``(module, location, stack, function)``; function: a custom ``autograd.Function``'s name.
 Tag = tuple[int, int, int, str | None]
+PROGRESS_ROWS = 1 << 12  # ops between two progress calls (and checks of the spool's buffer)
 MAX_DETAILED = 64  # non-finite ops whose inputs get full statistics
 SINGLE_THREAD_NUMEL = 1 << 20
 _NO_HIST = np.zeros(N_BINS, dtype=np.float32)
@@ -127,7 +146,7 @@ class Activation(NamedTuple):
     nonfinite: float  # NaN, +inf and -inf values
 
 
-@dataclass
+@dataclass(slots=True)
 class NonFinite:
     """What the tracer knows about an op whose output was not finite."""
 
@@ -135,12 +154,23 @@ class NonFinite:
     klass: str
     origins: frozenset[int]
     out_kind: str
-    output: TensorInfo  # its first floating output
+    output: TensorInfo | None  # its first floating output (None unless ``detailed``)
     # Filled for the first MAX_DETAILED of them, and for every producer (``detailed``): the
     # inputs with their statistics, and the location of the code that ran the op.
     inputs: list[InputInfo] = field(default_factory=list)
     executed_at: int = -1
     detailed: bool = False
+
+
+@dataclass(frozen=True)
+class Noticed:
+    """A non-finite value that something in the step looked at: ``what`` ("the loss of a
+    backward", "a Python number read by .item()"), ``index``: the op row at which it was seen
+    (the next op's, for a backward's root), ``origins``: where its values came from."""
+
+    what: str
+    index: int
+    origins: frozenset[int]
 
 
 @dataclass
@@ -152,10 +182,29 @@ class RaisedOp:
     exc: BaseException | None
     inputs: list[InputInfo]
     executed_at: int
+    bad_origins: frozenset[int] = frozenset()  # origins of its non-finite inputs, if any
 
 
 def _tensors(x: object) -> list[torch.Tensor]:
-    return [t for t in tree_flatten(x)[0] if isinstance(t, torch.Tensor)]
+    """The tensors in an op's arguments or results: nested tuples, lists and dicts walked by
+    hand (pytree's general flattening cost more than many small ops themselves)."""
+    out: list[torch.Tensor] = []
+    _collect(x, out)
+    return out
+
+
+def _collect(x: object, out: list[torch.Tensor]) -> None:
+    if isinstance(x, torch.Tensor):
+        out.append(x)
+    elif isinstance(x, (tuple, list)):
+        for y in x:
+            if isinstance(y, torch.Tensor):
+                out.append(y)
+            elif isinstance(y, (tuple, list, dict)):
+                _collect(y, out)
+    elif isinstance(x, dict):
+        for y in x.values():
+            _collect(y, out)
 
 
 def _arg_kind(args: object) -> str:
@@ -248,6 +297,9 @@ class Tracer:
         self.model = model
         self.optimizer = optimizer
         self.off = False
+        # plain tensors only (no DTensor or other subclass that needs torch functions to work):
+        # the per-op bookkeeping runs with torch functions disabled, a few microseconds an op
+        self.plain = all(type(p) in (torch.Tensor, torch.nn.Parameter) for p in model.parameters())
         # the torch function running (set by _FunctionMode) and its (location, stack), once known
         self.fn_frame: FrameType | None = None
         self.fn_site: tuple[int, int] | None = None
@@ -261,27 +313,24 @@ class Tracer:
         self.origins.present_keys = present_keys
         self.origins.mask_keys = mask_keys or set()
         self.memory = MemoryTracker(cuda)
-        cols = (
-            "phase",
-            "name",
-            "module",
-            "source",
-            "stack",
-            "node",
-            "status",
-            "inputs",
-            "outputs",
-            "mem_bytes",
-            "time_ns",
+        # the op table, streamed to files as it grows (spool.py): a step of millions of ops
+        # is traced in bounded memory
+        self.cols = OpSpool()
+        self.progress: Callable[[Tracer], None] | None = None  # told every PROGRESS_ROWS ops
+        # every non-finite op, a few bytes each (spool.NonFiniteTable); full records for the
+        # first MAX_DETAILED and every producer
+        self.nonfinite = NonFiniteTable(
+            lambda role, klass, origins: NonFinite(role, klass, origins, "", None)
         )
-        self.cols: dict[str, list[int]] = {c: [] for c in cols}
-        self.stats: list[Stats] = []
-        self.hist: list[np.ndarray] = []
-        self.nonfinite: dict[int, NonFinite] = {}
+        self._origin_sets: dict[frozenset[int], frozenset[int]] = {}
         self.raised: list[RaisedOp] = []
         self.module_acts: dict[int, Activation] = {}  # module index -> its output
+        self.noticed: list[Noticed] = []
         self.in_optimizer = False
         self.after_backward = False
+        self.closure = -1  # the closure call running (see the module docstring), -1: none
+        self.closure_calls = 0
+        self.on_closure: Callable[[int], None] | None = None  # told each closure call's index
         self.on_optimizer_pre: Callable[[], None] | None = None  # set by the caller
         self._module_stack: list[int] = []
         self._module_names: weakref.WeakKeyDictionary[torch.nn.Module, int] = (
@@ -292,6 +341,8 @@ class Tracer:
         self._handles: list[RemovableHandle] = []
         self._modes: list[_FunctionMode | _DispatchMode] = []
         self._apply: object = None  # Function.apply as it was, while it is patched
+        self._backward: object = None  # torch.autograd.backward as it was, while patched
+        self._quiet = quiet_numpy()
 
     # ---------------------------------------------------------------- setup and teardown
     def __enter__(self) -> Tracer:
@@ -303,6 +354,8 @@ class Tracer:
             self._handles.append(self.optimizer.register_step_pre_hook(self._pre_step))
             self._handles.append(self.optimizer.register_step_post_hook(self._post_step))
         self._patch_function_apply()
+        self._patch_backward()
+        self._quiet.__enter__()
         self._modes = [_FunctionMode(self), _DispatchMode(self)]
         for m in self._modes:
             m.__enter__()  # type: ignore[no-untyped-call]  # torch stubs
@@ -324,6 +377,10 @@ class Tracer:
             # overriding a method
             setattr(torch.autograd.function.Function, "apply", self._apply)  # noqa: B010
             self._apply = None
+        if self._backward is not None:
+            setattr(torch.autograd, "backward", self._backward)  # noqa: B010
+            self._backward = None
+        self._quiet.__exit__(None, None, None)
         self.memory.finish()
         self.memory.close()
 
@@ -348,6 +405,36 @@ class Tracer:
             return out
 
         setattr(fn, "apply", classmethod(apply))  # noqa: B010  (see __exit__)
+
+    def _patch_backward(self) -> None:
+        """Note each backward's non-finite roots: a closure's loss that LBFGS only turns into a
+        Python number is never returned, yet its backward made the gradients."""
+        original = torch.autograd.backward
+        self._backward = original
+        tracer = self
+
+        def backward(tensors: Any, *args: Any, **kwargs: Any) -> None:
+            if not tracer.off:
+                roots = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors or [])
+                tracer.off = True
+                try:
+                    for t in roots:
+                        if isinstance(t, torch.Tensor):
+                            tracer.notice(t, "the root of a backward (a loss)")
+                finally:
+                    tracer.off = False
+            original(tensors, *args, **kwargs)
+
+        setattr(torch.autograd, "backward", backward)  # noqa: B010  (restored in __exit__)
+
+    def notice(self, t: torch.Tensor, what: str, index: int | None = None) -> None:
+        """Record that the step looked at ``t`` (``Noticed``) if it holds NaN/Inf."""
+        if not t.is_floating_point() or finite_kind(t) == "finite":
+            return
+        at = len(self.cols) if index is None else index
+        if self.closure >= 0:
+            what += f" in closure call {self.closure}"
+        self.noticed.append(Noticed(what, at, self.origins.of(t)))
 
     # ---------------------------------------------------------------- hooks
     def _pre_forward(self, mod: torch.nn.Module, args: tuple[object, ...]) -> None:
@@ -375,7 +462,7 @@ class Tracer:
 
     def _pre_step(
         self, opt: torch.optim.Optimizer, args: tuple[object, ...], kwargs: dict[str, object]
-    ) -> None:
+    ) -> tuple[tuple[object, ...], dict[str, object]] | None:
         if self.on_optimizer_pre is not None and not self.in_optimizer:
             self.off = True
             try:
@@ -383,6 +470,31 @@ class Tracer:
             finally:
                 self.off = False
         self.in_optimizer = True
+        # optimizer.step(closure): hand it a closure that counts its calls (args holds the
+        # optimizer itself first)
+        for i, a in enumerate(args):
+            if callable(a) and not isinstance(a, torch.optim.Optimizer):
+                return (*args[:i], self._counted(a), *args[i + 1 :]), kwargs
+        closure = kwargs.get("closure")
+        if callable(closure):
+            return args, {**kwargs, "closure": self._counted(closure)}
+        return None
+
+    def _counted(self, closure: Callable[[], object]) -> Callable[[], object]:
+        tracer = self
+
+        def counted() -> object:
+            outer = tracer.closure
+            tracer.closure = tracer.closure_calls
+            tracer.closure_calls += 1
+            if tracer.on_closure is not None:
+                tracer.on_closure(tracer.closure)
+            try:
+                return closure()
+            finally:
+                tracer.closure = outer
+
+        return counted
 
     def _post_step(
         self, opt: torch.optim.Optimizer, args: tuple[object, ...], kwargs: dict[str, object]
@@ -443,7 +555,7 @@ class Tracer:
     def on_op(
         self, func: OpOverload[..., object], args: tuple[object, ...], kwargs: dict[str, object]
     ) -> object:
-        index = len(self.stats)
+        index = len(self.cols)
         info = self._opinfo_of(func)
         node: Node | None = torch._C._current_autograd_node()  # None outside backward
         if node is not None:
@@ -475,6 +587,12 @@ class Tracer:
             if self.origins.by_storage
             else {}
         )
+        if info.name == "aten::_local_scalar_dense" and ins:
+            self.off = True
+            try:
+                self.notice(ins[0], "a Python number read off it (.item(), float())", index)
+            finally:
+                self.off = False
         t0 = time.perf_counter_ns()
         try:
             out = func(*args, **kwargs)
@@ -489,7 +607,11 @@ class Tracer:
         self.off = True
         try:
             outs = _tensors(out) or [t for t in mutated if isinstance(t, torch.Tensor)]
-            detailed = self._record(site, call, ins, outs, mutated, pre_bad, elapsed)
+            if self.plain:  # Tensor methods below skip the function mode (not for subclasses)
+                with torch._C.DisableTorchFunction():
+                    detailed = self._record(site, call, ins, outs, mutated, pre_bad, elapsed)
+            else:
+                detailed = self._record(site, call, ins, outs, mutated, pre_bad, elapsed)
             if detailed is not None:  # a non-finite op described in full: where it ran, too
                 detailed.executed_at = self.locs.here(sys._getframe(_OP_CALLER))[0]
         finally:
@@ -507,7 +629,8 @@ class Tracer:
         elapsed: int,
     ) -> None:
         """One row of the op table: ``inputs``/``outputs`` index the shapes table (-1: none)."""
-        c = self.cols
+        spool = self.cols
+        c = spool.buf
         c["phase"].append(site.phase)
         c["name"].append(site.op.index)
         c["module"].append(site.module)
@@ -518,9 +641,15 @@ class Tracer:
         c["inputs"].append(inputs)
         c["outputs"].append(outputs)
         c["time_ns"].append(elapsed)
-        self.stats.append(row)
-        self.hist.append(hist)
+        c["closure"].append(self.closure)
+        c["stats"].append(row)
+        c["hist"].append(hist)
         c["mem_bytes"].append(self.memory.after_op(site.index))
+        if not (site.index + 1) % PROGRESS_ROWS:
+            if spool.full():
+                spool.flush()
+            if self.progress is not None:
+                self.progress(self)
 
     def _record(
         self,
@@ -599,13 +728,16 @@ class Tracer:
         role, klass, origins = self.origins.classify(
             site.index, site.op.name, checked, out_kind, _arg_kind(call)
         )
+        # one object per distinct set: after a step turns NaN every op carries the same few
+        origins = self._origin_sets.setdefault(origins, origins)
         for t, k in zip(floats, kinds):
             self.origins.set_output(t, origins if k != "finite" else None)
-        nf = NonFinite(role, klass, origins, out_kind, _tensor_info(floats[0]))
+        nf = NonFinite(role, klass, origins, out_kind, None)
         if len(self.nonfinite) < MAX_DETAILED or role == "producer":
+            nf.output = _tensor_info(floats[0])
             nf.inputs = [self._input_info(t) for t in ins]
             nf.detailed = True
-        self.nonfinite[site.index] = nf
+        self.nonfinite.add(site.index, role, klass, origins, nf if nf.detailed else None)
         return nf
 
     def _input_info(self, t: torch.Tensor) -> InputInfo:
@@ -620,5 +752,7 @@ class Tracer:
     ) -> None:
         """The row of an op that raised (``caller``: the frame of the code that ran it)."""
         inputs = [self._input_info(t) for t in ins]
-        self.raised.append(RaisedOp(site.index, exc, inputs, self.locs.here(caller)[0]))
+        bad = [t for t in ins if t.is_floating_point() and finite_kind(t) != "finite"]
+        origins: frozenset[int] = frozenset().union(*(self.origins.of(t) for t in bad))
+        self.raised.append(RaisedOp(site.index, exc, inputs, self.locs.here(caller)[0], origins))
         self._append(site, _RAISED, self._shapes(ins), -1, NO_STATS, _NO_HIST, 0)

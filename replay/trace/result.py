@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, SupportsInt, TypedDict
 
@@ -41,7 +41,7 @@ class TraceResult:
     """
 
     verdict: dict[str, Any]  # a JSON document: docs/forensics.md, /verdict
-    ops: dict[str, np.ndarray]
+    ops: Mapping[str, np.ndarray]  # an OpColumns when traced: read whole on first use
     strings: dict[str, list[str]]
     modules: dict[str, np.ndarray]
     params: dict[str, np.ndarray]
@@ -54,12 +54,18 @@ class TraceResult:
 
     @property
     def n_ops(self) -> int:
-        return len(self.ops["phase"])
+        rows = getattr(self.ops, "rows", None)
+        return int(rows) if rows is not None else len(self.ops["phase"])
 
     def op_row(self, i: int) -> dict[str, Any]:
         """One op with its strings decoded (the same shape as ``ForensicsReader.op_row``)."""
         s = self.strings
-        c = {k: v[i] for k, v in self.ops.items()}
+        read = getattr(self.ops, "read", None)
+        c = (
+            {k: read(k, i, i + 1)[0] for k in self.ops}
+            if read is not None
+            else {k: v[i] for k, v in self.ops.items()}
+        )
 
         def get(table: str, idx: SupportsInt) -> str | None:
             return s[table][int(idx)] if int(idx) >= 0 else None
@@ -77,6 +83,7 @@ class TraceResult:
             "stats": dict(zip(STATS_COLUMNS, (float(x) for x in c["stats"]))),
             "mem_bytes": int(c["mem_bytes"]),
             "time_ns": int(c["time_ns"]),
+            "closure": int(c["closure"]),
         }
 
     def find_ops(self, op: str) -> list[int]:
@@ -118,7 +125,8 @@ class TraceResult:
         modules = {k: v for k, v in self.modules.items() if k != "names"}
         params = {k: v for k, v in self.params.items() if k != "names"}
         params["name"] = np.arange(len(self.strings["params"]), dtype=np.int32)
-        ops = {k: self.ops[k] for k in OPS_COLUMNS}
+        # an OpColumns is written in row ranges, never read whole
+        ops = self.ops if hasattr(self.ops, "read") else {k: self.ops[k] for k in OPS_COLUMNS}
         return {
             "verdict": verdict,
             "ops": ops,

@@ -8,6 +8,13 @@ and Hildebrandt 2002): removing any single sample makes the failure go away. Wit
 layers (BatchNorm in training mode) a sub-batch changes every sample's computation, so the answer
 is approximate (``exact`` is False).
 
+Every tensor of the batch is cut along its own sample axis: the leaves that hold samples along
+``axis``, and also targets flattened from the leading dims of the others (``targets.view(-1)`` of
+a time-major ``[T, B]`` batch has length T*B: ``flat_leaves``). A sub-batch counts as failing
+only when it fails the same way as the whole batch (``Failure``: the same kind, the same op, the
+same exception type): a sub-batch that breaks differently says the cut was wrong, not that the
+samples left out were to blame.
+
 Example::
 
     idx, exact = find_culprit_samples(lambda ix: replay_fails(slice_batch(batch, ix)),
@@ -19,13 +26,21 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 from typing import TypeVar, cast
 
 import torch
 import torch.nn.functional as F
+from torch._ops import OpOverload
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from replay.trace.origins import ALLOC_OPS
 
 __all__ = [
+    "Failure",
+    "FailureProbe",
     "find_culprit_samples",
     "slice_batch",
     "batch_size_of",
@@ -41,11 +56,43 @@ REL_TOL = 1e-4  # a loss unchanged by permuting samples, up to the order of floa
 _Batch = TypeVar("_Batch")
 
 
+def _flat_size(t: torch.Tensor, others: list[torch.Tensor]) -> tuple[int, ...] | None:
+    """The leading shape of another leaf that ``t``'s dim 0 flattens (``[T*B]`` from ``[T, B]``),
+    or None."""
+    if t.dim() < 1:
+        return None
+    for u in others:
+        for k in range(2, u.dim() + 1):
+            lead = tuple(u.shape[:k])
+            if t.shape[0] == math.prod(lead) and t.shape[0] != u.shape[0]:
+                return lead
+    return None
+
+
+def flat_leaves(batch: object) -> list[tuple[str, tuple[int, ...]]]:
+    """``(path, leading shape)`` of each leaf whose dim 0 flattens the leading dims of another
+    leaf: word_language_model's ``targets.view(-1)`` of a ``[T, B]`` batch gives
+    ``[("1", (T, B))]``."""
+    from replay.trace.picture import batch_leaves
+
+    leaves = [(p, t) for p, t in batch_leaves(batch) if t.dim() >= 1]
+    ts = [t for _, t in leaves]
+    out = []
+    for p, t in leaves:
+        lead = _flat_size(t, [u for u in ts if u is not t])
+        if lead is not None:
+            out.append((p, lead))
+    return out
+
+
 def _per_sample_leaves(batch: object) -> list[torch.Tensor]:
-    """The leaves that hold samples: those whose dim 0 has the most common dim-0 size."""
+    """The leaves that hold samples: those whose dim 0 has the most common dim-0 size, leaving
+    out targets flattened from the others (``flat_leaves``)."""
     from replay.trace.picture import batch_leaves
 
     leaves = [t for _, t in batch_leaves(batch) if t.dim() >= 1]
+    flat = {id(t) for t in leaves if _flat_size(t, [u for u in leaves if u is not t])}
+    leaves = [t for t in leaves if id(t) not in flat] or leaves
     sizes = Counter(t.shape[0] for t in leaves)
     if not sizes:
         return []
@@ -85,8 +132,10 @@ def slice_batch(batch: _Batch, indices: Sequence[int], axis: int = 0) -> _Batch:
     ``axis`` has the batch's size along it indexed by ``indices`` there; other leaves are kept
     as they are."""
     size = batch_size_of(batch, axis)
+    leaves = _per_sample_leaves(batch)
+    ref = tuple(leaves[0].shape) if leaves else ()
     # _map rebuilds each container with its own type: the result has the batch's type
-    return cast(_Batch, _map(batch, lambda t: _take(t, list(indices), axis, size)))
+    return cast(_Batch, _map(batch, lambda t: _take(t, list(indices), axis, size, ref)))
 
 
 def permute_batch(batch: _Batch, axis: int) -> _Batch:
@@ -95,10 +144,23 @@ def permute_batch(batch: _Batch, axis: int) -> _Batch:
     return slice_batch(batch, list(range(size - 1, -1, -1)), axis) if size else batch
 
 
-def _take(x: torch.Tensor, indices: list[int], axis: int, size: int | None) -> torch.Tensor:
-    if size is not None and x.dim() > axis and x.shape[axis] == size:
-        ix = torch.as_tensor(indices, dtype=torch.long, device=x.device)
+def _take(
+    x: torch.Tensor, indices: list[int], axis: int, size: int | None, ref: tuple[int, ...] = ()
+) -> torch.Tensor:
+    if size is None:
+        return x
+    ix = torch.as_tensor(indices, dtype=torch.long, device=x.device)
+    if x.dim() > axis and x.shape[axis] == size:
         return x.index_select(axis, ix)
+    # flattened from the leading dims of the per-sample leaves (targets.view(-1) of [T, B]):
+    # cut along the same axis of those dims, then flatten again
+    for k in range(max(2, axis + 1), len(ref) + 1):
+        lead = ref[:k]
+        if x.dim() >= 1 and x.shape[0] == math.prod(lead) and lead[axis] == size:
+            full = x.reshape(*lead, *x.shape[1:]).index_select(axis, ix)
+            return full.reshape(-1, *x.shape[1:])
+    if 0 < x.dim() <= axis and x.shape[0] == size:
+        return x.index_select(0, ix)  # one value per sample (lengths [B] of a [T, B] batch)
     return x
 
 
@@ -233,6 +295,71 @@ def choose_sample_axes(
                 f"{', '.join(str(d) for d, _ in rest)} ({why}): dim {axis} assumed"
             )
     return ([0, axis] if micro else [axis]), notes
+
+
+@dataclass(frozen=True)
+class Failure:
+    """How a replayed step failed: ``kind`` ("exception" or "nonfinite"), the op (the one that
+    raised; for NaN/Inf the first op that made a non-finite value out of finite inputs, None
+    when none did, e.g. NaN already in the batch) and the exception's type (None for NaN/Inf).
+    """
+
+    kind: str
+    op: str | None
+    exc_type: str | None
+
+    def describe(self) -> str:
+        what = self.exc_type or "NaN/Inf"
+        return f"{what} at {self.op}" if self.op else what
+
+
+class FailureProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch: untyped __init_subclass__
+    """Watches a replay for how it fails: the op that raised, and (``nonfinite``) the first op
+    whose floating output holds NaN/Inf while its floating inputs are finite. After that op is
+    found no more outputs are checked: one reduction per op until then.
+
+    NB: not reentrant; enter it around one replayed step.
+    """
+
+    def __init__(self, nonfinite: bool) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]  # torch stubs
+        self.check = nonfinite
+        self.raised: str | None = None
+        self.producer: str | None = None
+
+    def __torch_dispatch__(
+        self,
+        func: OpOverload[..., object],
+        types: Collection[type],
+        args: tuple[object, ...] = (),
+        kwargs: dict[str, object] | None = None,
+    ) -> object:
+        kwargs = kwargs or {}
+        try:
+            out = func(*args, **kwargs)
+        except Exception:
+            if self.raised is None:
+                self.raised = func._schema.name
+            raise
+        if self.check and self.producer is None:
+            outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+            if any(t.is_floating_point() and not bool(torch.isfinite(t).all()) for t in outs):
+                ins = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+                if all(not t.is_floating_point() or bool(torch.isfinite(t).all()) for t in ins):
+                    name = func._schema.name
+                    if name not in ALLOC_OPS:
+                        self.producer = name
+                else:
+                    self.check = False  # a non-finite input came first: no producer to name
+        return out
+
+    def failure(self, exception: dict[str, str] | None, nonfinite: bool) -> Failure | None:
+        """The failure seen, given the replay's exception and whether it ended non-finite."""
+        if exception is not None:
+            return Failure("exception", self.raised, exception.get("type"))
+        if nonfinite:
+            return Failure("nonfinite", self.producer, None)
+        return None
 
 
 def has_batch_coupling(model: torch.nn.Module) -> bool:

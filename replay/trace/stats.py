@@ -1,5 +1,10 @@
 """Per-tensor summary statistics, computed with fused reductions and returned as Python numbers.
 
+Small CPU tensors (at most ``NUMPY_MAX`` values, the many small ops of an RNN or an optimizer's
+per-parameter update) are measured in numpy on the tensor's own memory, with torch's Python
+dispatch switched off while it is read: a torch reduction called from Python inside the tracing
+modes costs tens of microseconds, a numpy one about one.
+
 The fast path (every value finite, which ``aminmax`` decides in one pass) costs four reductions:
 ``aminmax``, ``sum``, ``dot`` (sum of squares) and ``count_nonzero``. Only a tensor holding NaN
 or Inf pays for masks. The histogram is taken over an evenly strided sample of at most
@@ -19,6 +24,7 @@ import torch
 from ..capture.sharded import local
 
 __all__ = [
+    "quiet_numpy",
     "Stats",
     "STATS_COLUMNS",
     "N_BINS",
@@ -31,6 +37,8 @@ __all__ = [
 
 N_BINS = 16
 HIST_SAMPLE = 1024
+NUMPY_MAX = 1 << 16  # values: below this a CPU tensor is measured in numpy
+_NP_FLOATS = (torch.float32, torch.float64)
 NAN = float("nan")
 
 
@@ -93,10 +101,85 @@ def _moments(f: torch.Tensor) -> tuple[float, float]:
     return mean, math.sqrt(var)
 
 
+def _small_array(t: torch.Tensor) -> np.ndarray | None:
+    """The values of a small, plain, CPU float32/float64 tensor as a flat numpy array (a view
+    when it is contiguous), else None. Read with Python dispatch off: no mode sees it."""
+    if type(t) is not torch.Tensor or t.dtype not in _NP_FLOATS or not t.is_cpu:
+        return None
+    with torch._C.DisableTorchFunction():  # Tensor methods would go through the modes
+        n = t.numel()
+        if n == 0 or n > NUMPY_MAX:
+            return None
+        if t.requires_grad:
+            with torch._C._DisableTorchDispatch():  # aten::detach, unseen by the tracer
+                t = t.detach()
+        a: np.ndarray = t.numpy()
+    return a.reshape(-1)
+
+
+def _np_hist(a: np.ndarray, lo: float, hi: float) -> np.ndarray:
+    n = a.size
+    h = np.zeros(N_BINS, dtype=np.float32)
+    if n < 2 or hi <= lo:
+        h[0] = n
+        return h
+    step = max(1, n // HIST_SAMPLE)
+    sample = a[::step] if step > 1 else a
+    # every value is in [lo, hi]: only the top needs clipping (hi itself lands in the last bin)
+    idx = ((sample.astype(np.float64) - lo) * (N_BINS / (hi - lo))).astype(np.intp)
+    np.minimum(idx, N_BINS - 1, out=idx)
+    h[:] = np.bincount(idx, minlength=N_BINS)
+    if step > 1:
+        h *= n / max(1, sample.size)
+    return h
+
+
+class quiet_numpy:
+    """numpy's floating-point warnings off while a step is traced (a float32 sum of squares may
+    overflow: that is a statistic, not an error); the settings are restored on exit."""
+
+    def __enter__(self) -> None:
+        self._old = np.seterr(all="ignore")
+
+    def __exit__(self, *exc: object) -> None:
+        np.seterr(**self._old)
+
+
+def _np_stats(a: np.ndarray, hist: bool) -> tuple[Stats, np.ndarray]:
+    n = a.size
+    zeros = float(n - np.count_nonzero(a))
+    lo, hi = float(a.min()), float(a.max())
+    n_nan = n_pos = n_neg = 0.0
+    good = a
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        fin = np.isfinite(a)
+        n_nan = float(np.count_nonzero(np.isnan(a)))
+        n_pos = float(np.count_nonzero(a == math.inf))
+        n_neg = float(np.count_nonzero(a == -math.inf))
+        good = a[fin]
+        if good.size == 0:
+            return Stats(NAN, NAN, NAN, NAN, NAN, n_nan, n_pos, n_neg, zeros, float(n)), _EMPTY_HIST
+        lo, hi = float(good.min()), float(good.max())
+    m = good.size
+    # no np.errstate here (it costs more than these reductions): the tracer runs with numpy's
+    # floating-point warnings off (quiet_numpy)
+    mean = float(good.sum(dtype=np.float64)) / m
+    sq = float(np.dot(good, good)) / m
+    std = math.sqrt(max(0.0, sq - mean * mean)) if math.isfinite(sq) else math.inf
+    row = Stats(lo, hi, mean, std, max(abs(lo), abs(hi)), n_nan, n_pos, n_neg, zeros, float(n))
+    return row, (_np_hist(good, lo, hi) if hist else _EMPTY_HIST)
+
+
 def tensor_stats(t: torch.Tensor, *, hist: bool = True) -> tuple[Stats, np.ndarray]:
     """``(row, hist)``: the tensor's :class:`Stats` and histogram; non-floating tensors get
     min/max/mean over their values and zero NaN counts.
     """
+    a = _small_array(t)
+    if a is not None:
+        if np.geterr()["over"] != "ignore":  # called outside a traced step
+            with quiet_numpy():
+                return _np_stats(a, hist)
+        return _np_stats(a, hist)
     # An FSDP2 DTensor: this rank's shard (reading a DTensor's statistics would be a
     # collective that only this rank makes; each rank traces its own step).
     t = local(t)
@@ -136,6 +219,14 @@ def finite_kind(t: torch.Tensor) -> str:
 
     One ``aminmax`` (NaN propagates through it); non-floating tensors are "finite".
     """
+    a = _small_array(t)
+    if a is not None:
+        lo, hi = float(a.min()), float(a.max())
+        if math.isfinite(lo) and math.isfinite(hi):
+            return "finite"
+        if math.isnan(lo) or math.isnan(hi):
+            return "nan"
+        return "inf" if hi == math.inf else "neginf"
     t = local(t)  # an FSDP2 DTensor: this rank's shard, as in tensor_stats
     if not t.is_floating_point() or t.numel() == 0:
         return "finite"

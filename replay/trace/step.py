@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import sys
+import time
 import traceback
 import warnings
 from collections.abc import Callable
@@ -11,6 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from replay.store.forensics import PHASES
 from replay.trace.mode import Activation, Tracer
 from replay.trace.origins import storage_key
 from replay.trace.picture import (
@@ -25,9 +28,10 @@ from replay.trace.picture import (
 from replay.trace.result import TraceException, TraceResult
 from replay.trace.samples import batch_size_of
 from replay.trace.source import snapshot_sources
+from replay.trace.spool import CHUNK_ROWS, OpColumns
 from replay.trace.verdict import build_verdict
 
-__all__ = ["trace_step", "StepFn"]
+__all__ = ["trace_step", "StepFn", "stderr_progress"]
 
 #: ``step_fn(model, optimizer, batch)``: the user's training step; what it returns (the loss,
 #: a tensor or a float, or anything else) is looked at, not required.
@@ -47,6 +51,31 @@ def _eager(model: torch.nn.Module, step_fn: StepFn) -> tuple[torch.nn.Module, St
     return eager, step_fn
 
 
+PROGRESS_EVERY_S = 2.0  # seconds: a step traced faster than this prints nothing
+
+
+def stderr_progress() -> Callable[[Tracer], None]:
+    """What a long trace says on stderr every few seconds: ops traced, the closure call, the
+    step's phase (``replay trace: 240,000 ops · closure call 12 · backward · 31 s``)."""
+    start = time.monotonic()
+    last = [start]
+
+    def report(tr: Tracer) -> None:
+        now = time.monotonic()
+        if now - last[0] < PROGRESS_EVERY_S:
+            return
+        last[0] = now
+        phases = tr.cols.buf["phase"]
+        phase = str(PHASES[phases[-1]]) if phases else "?"
+        call = f" · closure call {tr.closure + 1}" if tr.closure >= 0 else ""
+        sys.stderr.write(
+            f"replay trace: {len(tr.cols):,} ops{call} · {phase} · {now - start:.0f} s\n"
+        )
+        sys.stderr.flush()
+
+    return report
+
+
 def _match_raise(tracer: Tracer, exc: BaseException) -> int | None:
     text = str(exc)
     for r in reversed(tracer.raised):
@@ -63,12 +92,15 @@ def trace_step(
     batch: Any,
     *,
     scaler: object = None,
+    progress: Callable[[Tracer], None] | None = None,
 ) -> TraceResult:
     """Run ``step_fn(model, optimizer, batch)`` once, recording every aten op of forward,
     backward and the optimizer step, and return what was seen with a verdict.
 
     The step's exception, if any, is caught and described in the result (never re-raised).
     ``scaler``: the GradScaler the step uses, so that a step it skips is not a failure.
+    ``progress``: called every few thousand ops (``stderr_progress()`` prints a line on stderr
+    every few seconds).
 
     Example::
 
@@ -106,6 +138,7 @@ def trace_step(
         grad_sink()
 
     tracer.on_optimizer_pre = at_optimizer
+    tracer.progress = progress
     loss_value: float | None = None
     exc_info: Exception | None = None
     with tracer:
@@ -174,23 +207,7 @@ def _result(
     exception: TraceException | None,
     loss: float | None,
 ) -> TraceResult:
-    c = tracer.cols
-    n = len(tracer.stats)
-    ops: dict[str, np.ndarray] = {
-        "phase": np.asarray(c["phase"], dtype=np.uint8),
-        "name": np.asarray(c["name"], dtype=np.int32),
-        "module": np.asarray(c["module"], dtype=np.int32),
-        "source": np.asarray(c["source"], dtype=np.int32),
-        "stack": np.asarray(c["stack"], dtype=np.int32),
-        "node": np.asarray(c["node"], dtype=np.int32),
-        "status": np.asarray(c["status"], dtype=np.uint8),
-        "inputs": np.asarray(c["inputs"], dtype=np.int32),
-        "outputs": np.asarray(c["outputs"], dtype=np.int32),
-        "stats": np.asarray(tracer.stats, dtype=np.float64).reshape(n, 10),
-        "hist": np.asarray(tracer.hist, dtype=np.float32).reshape(n, 16),
-        "mem_bytes": np.asarray(c["mem_bytes"], dtype=np.int64),
-        "time_ns": np.asarray(c["time_ns"], dtype=np.int64),
-    }
+    ops = OpColumns(tracer.cols)
     names = tracer.modules.items
     kinds: list[str] = []
     kind_index: dict[str, int] = {}
@@ -209,7 +226,10 @@ def _result(
             "n_ops",
         )
     }
-    counts = np.bincount(ops["module"][ops["module"] >= 0], minlength=len(names))
+    counts = np.zeros(len(names), dtype=np.int64)
+    for a in range(0, ops.rows, CHUNK_ROWS):  # in row ranges: the table may not fit in memory
+        m = ops.read("module", a, a + CHUNK_ROWS)
+        counts += np.bincount(m[m >= 0], minlength=len(names))[: len(names)]
     for i, name in enumerate(names):
         kind = type(mods[name]).__name__ if name in mods else "?"
         if kind not in kind_index:

@@ -21,6 +21,15 @@ Rule (producer, not propagator; see ``origins.py`` for how origins are tracked):
    note. Uninitialised allocations are never culprits: when only they reach a sink, the first
    op that consumed them is named, with a note.
 
+4. Over the whole step (every forward, backward, closure call and update), the culprit is the
+   *first* such producer in execution order among the origins of everything that noticed a
+   non-finite value: the sinks above, each backward's root (a closure's loss that LBFGS turns
+   into a Python number and never returns), every Python number read off a tensor
+   (``.item()``), and the inputs of an op that raised. When the op rule 3 would name for the
+   first sink (or the op that raised) is another, later one, the verdict names it as
+   ``surfaced``: where the value was noticed. A step that raised on an input some producer of the
+   step made non-finite names that producer (cause ``"op"``), the raising op as ``surfaced``.
+
 The verdict's ``cause`` says which case it was: ``"op"`` (a producer), ``"data"`` (the batch held
 NaN/Inf: ``data`` lists its non-finite tensors, the op named only read it first), ``"state"``,
 ``"intentional"``, ``"uninitialised"``; null for exceptions and healthy steps.
@@ -33,6 +42,8 @@ every other non-finite op is exempt (4), ops that raised are 3.
 from __future__ import annotations
 
 from typing import Any
+
+import numpy as np
 
 from replay.store.contracts import OpStatus, Phase
 from replay.store.forensics import PHASES
@@ -73,6 +84,22 @@ def _describe_op(tr: Tracer, i: int, inputs: list[InputInfo], executed_at: int) 
         inputs=inputs,
     )
     return ref
+
+
+def _closure_of(tr: Tracer, i: int) -> int | None:
+    k = tr.cols["closure"][i]
+    return k if k >= 0 else None
+
+
+def _surfaced(tr: Tracer, i: int, how: str) -> dict[str, Any]:
+    ref = _op_ref(tr, i)
+    ref.update(source=tr.locs.describe(tr.cols["source"][i]), closure=_closure_of(tr, i), how=how)
+    return ref
+
+
+def _first_real(tr: Tracer, origins: frozenset[int]) -> int | None:
+    real = [o for o in origins if o >= 0 and tr.origins.klass.get(o) == "real"]
+    return min(real) if real else None
 
 
 def _first_consumer(tr: Tracer, origin: int) -> int | None:
@@ -136,12 +163,16 @@ def build_verdict(
         "samples": None,
         "samples_exact": None,
         "sample_axes": None,
+        "closure": None,
+        "surfaced": None,
         "sinks": [s for s, _ in sinks],
         "notes": list(notes),
     }
     status = tr.cols["status"]
-    for i in tr.nonfinite:
-        status[i] = EXEMPT
+    nft = tr.nonfinite
+    # every non-finite op is exempt unless what it carried reached a sink (below): set for all
+    # of them at once, as they may be millions (spool.OpSpool.set_rows)
+    tr.cols.set_rows("status", np.asarray(nft.index, dtype=np.int64), EXEMPT)
     for r in tr.raised:
         status[r.index] = RAISED
     if exception is not None:
@@ -149,8 +180,20 @@ def build_verdict(
         at = exception["op_index"]
         if at is not None:
             raised = next(r for r in tr.raised if r.index == at)
-            v.update(_describe_op(tr, at, raised.inputs, raised.executed_at))
             v["previous"] = [_op_ref(tr, j) for j in range(max(0, at - N_PREVIOUS), at)]
+            v["closure"] = _closure_of(tr, at)
+            producer = _first_real(tr, raised.bad_origins)
+            if producer is not None:
+                # it raised on a value a producer of this step made: that producer is named
+                _blame_producer(tr, v, producer, raised.bad_origins)
+                status[producer] = PRODUCER
+                v["surfaced"] = _surfaced(tr, at, f"raised {exception['type']} on it")
+                v["notes"].append(
+                    f"{v['op']} (op {producer}) made {v['made']} from finite inputs; "
+                    f"{tr.op_names.items[tr.cols['name'][at]]} (op {at}) raised on it"
+                )
+                return v
+            v.update(_describe_op(tr, at, raised.inputs, raised.executed_at))
         else:
             v["source"] = exception["source"]
             n = len(status)
@@ -165,11 +208,14 @@ def build_verdict(
         return v
     v["kind"] = "nonfinite"
     first = sinks[0][1]
-    reached = frozenset().union(*(o for _, o in sinks))
+    noticed = frozenset().union(*(n.origins for n in tr.noticed))
+    reached = frozenset().union(*(o for _, o in sinks)) | noticed
     klass = tr.origins.klass
-    for i, nf in tr.nonfinite.items():
-        if nf.origins & reached:
-            status[i] = PRODUCER if i in reached and klass.get(i) == "real" else PROPAGATOR
+    carried = {k for k, o in enumerate(nft.sets) if o & reached}
+    tr.cols.set_rows("status", nft.rows_where(carried), PROPAGATOR)
+    for i in sorted(o for o in reached if o >= 0):
+        if i in nft and klass.get(i) == "real":
+            status[i] = PRODUCER
     ops = sorted(o for o in first if o >= 0)
     real = [o for o in ops if klass.get(o) == "real"]
     intentional = [o for o in ops if klass.get(o) == "intentional"]
@@ -190,10 +236,17 @@ def build_verdict(
             "before this step: the failure began at an earlier step"
         )
         culprit = _first_consumer(tr, PRESENT)
-    elif real:
+    elif (earliest := _first_real(tr, reached)) is not None:
         v["cause"] = "op"
-        culprit = real[0]
-        v["nan_from_inf"] = conv = _nan_from_inf(tr, culprit, first)
+        culprit = earliest
+        if real and real[0] != culprit:
+            v["surfaced"] = _surfaced(tr, real[0], f"first producer of what reached {sinks[0][0]}")
+            v["notes"].append(
+                f"{tr.op_names.items[tr.cols['name'][culprit]]} (op {culprit}) made the first "
+                f"non-finite value of the step; {sinks[0][0]} got theirs from "
+                f"{tr.op_names.items[tr.cols['name'][real[0]]]} (op {real[0]}), later"
+            )
+        v["nan_from_inf"] = conv = _nan_from_inf(tr, culprit, reached)
         name = tr.op_names.items[tr.cols["name"][culprit]]
         if conv is not None:
             v["notes"].append(
@@ -231,12 +284,8 @@ def build_verdict(
         v["notes"].append(f"{sinks[0][0]} is non-finite but no traced op explains it")
         return v
     nf = tr.nonfinite[culprit]
-    v.update(_describe_op(tr, culprit, nf.inputs, nf.executed_at))
+    _describe_culprit(tr, v, culprit)
     status[culprit] = PRODUCER if nf.role in ("producer", "exempt") else PROPAGATOR
-    v["output"] = {**nf.output, "stats": stats_dict(tr.stats[culprit])}
-    st = v["output"]["stats"]
-    made = [w for k, w in (("nan", "NaN"), ("posinf", "+inf"), ("neginf", "-inf")) if st[k] > 0]
-    v["made"] = "/".join(made) or None
     if v["cause"] == "op":
         v["made_from"] = "intentional" if culprit in tr.origins.from_intentional else "finite"
     key = culprit if culprit in nf.origins else next(iter(nf.origins))
@@ -248,3 +297,32 @@ def build_verdict(
         and key in tr.nonfinite[i].origins
     ][:N_PROPAGATORS]
     return v
+
+
+def _describe_culprit(tr: Tracer, v: dict[str, Any], culprit: int) -> None:
+    """The named op's description, output and what it made, into ``v``."""
+    nf = tr.nonfinite[culprit]
+    v.update(_describe_op(tr, culprit, nf.inputs, nf.executed_at))
+    v["closure"] = _closure_of(tr, culprit)
+    v["output"] = {
+        **(nf.output or {"shape": None, "dtype": None, "device": None}),
+        "stats": stats_dict(tr.cols.get("stats", culprit)),
+    }
+    st = v["output"]["stats"]
+    made = [w for k, w in (("nan", "NaN"), ("posinf", "+inf"), ("neginf", "-inf")) if st[k] > 0]
+    v["made"] = "/".join(made) or None
+
+
+def _blame_producer(tr: Tracer, v: dict[str, Any], producer: int, origins: frozenset[int]) -> None:
+    """An exception's verdict naming the producer of the non-finite value the op raised on."""
+    _describe_culprit(tr, v, producer)
+    v["cause"] = "op"
+    v["made_from"] = "intentional" if producer in tr.origins.from_intentional else "finite"
+    v["nan_from_inf"] = _nan_from_inf(tr, producer, origins)
+    v["propagators"] = [
+        _op_ref(tr, i)
+        for i in sorted(tr.nonfinite)
+        if i > producer
+        and tr.nonfinite[i].role in ("propagator", "converter")
+        and producer in tr.nonfinite[i].origins
+    ][:N_PROPAGATORS]

@@ -182,3 +182,25 @@ def test_planted_link_or_fifo_at_the_sidecar_was_written_through(tmp_path, plant
         r.write(path, run_id="run-1", step=42)
     assert victim.read_text() == "precious"
     assert os.path.islink(str(path) + ".tmp") or not os.path.isfile(path)
+
+
+def test_a_sidecar_written_before_the_closure_column_reads_it_as_none(tmp_path):
+    import h5py
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 4))
+    r = trace_step(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        step,
+        (torch.randn(16, 8), torch.randint(0, 4, (16,))),
+    )
+    path = tmp_path / "run.forensics.h5"
+    r.write(path, run_id="run-1", step=1)
+    with h5py.File(path, "a") as f:  # as an older writer left it
+        del f["ops/closure"]
+    with ForensicsReader.open(path) as f:
+        assert f.n_ops == r.n_ops > 0
+        assert (f.ops_columns(0, f.n_ops)["closure"] == -1).all()
+        assert f.op_row(0)["closure"] == -1
+        assert f.ops_columns(0, 3, ("phase",))["phase"].tolist() == r.ops["phase"][:3].tolist()
