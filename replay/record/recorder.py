@@ -34,6 +34,7 @@ from ..capture.probe import GradProbe
 from ..capture.rng import capture_rng
 from ..capture.sharded import layout, localize
 from ..capture.tensors import CopyStats, copy_tree, tree_nbytes
+from ..capture.watch import ObjectWatch
 from ..distributed.ranks import base_path, rank_path
 from ..errors import NonFiniteLossError, RecorderWarning
 from ..store.contracts import (
@@ -228,6 +229,8 @@ class Recorder:
         self._params = [p for p in self._inner.parameters()]
         self._opt_params = self.objects.trained_params()
         self._probe_grads = GradProbe(self._opt_params, optimizer)
+        # Every other model and optimizer among the objects (a GAN's netG and optG).
+        self._watch = ObjectWatch(self.objects, self._inner)
         self._writer: BackgroundWriter | None = None
         # Why this run's steps cannot be replayed (a framework feature replay does not rebuild):
         # then no snapshot is taken; the steps' health, batches and RNG states are recorded.
@@ -252,7 +255,11 @@ class Recorder:
         )
         self._client = WriterClient(min(max(LOG_BYTES, 12 * model_bytes), 1 << 30))
         log = self._client.step_log
-        self._log = StepLogWriter(log, alive=self._writer_alive) if log is not None else None
+        self._log = (
+            StepLogWriter(log, alive=self._writer_alive, watched=self._watch.names)
+            if log is not None
+            else None
+        )
         self._writer_exit_seen = False
         self._warned = False
         self._warned_wait = False  # training waited for a writer that fell behind: said once
@@ -376,10 +383,14 @@ class Recorder:
             return self._unrecorded_step(batch, values)
         t0 = time.perf_counter()
         self._probe_grads.begin()
+        if self._watch:
+            self._watch.begin()
         try:
             ret = self._call(batch, values)
         except Exception as e:
             self._probe_grads.end(measure=False)
+            if self._watch:
+                self._watch.end(measure=False)
             self._record_exception(t, job, direct, health, t0, copied, e)
             raise
         return self._finish(t, job, direct, health, ret, t0, scale, copied)
@@ -417,12 +428,16 @@ class Recorder:
             return False
         self._observed = (t, rng, hparams, modes, health, scale, copied, time.perf_counter())
         self._probe_grads.begin(at_step=False)
+        if self._watch:
+            self._watch.begin(at_step=False)
         return True
 
     def measure_grads(self) -> None:
         """The step's gradients are complete and not yet clipped or applied: measure them."""
         if self._observed is not None:
             self._probe_grads.measure_now()
+            if self._watch:
+                self._watch.measure_now()
 
     def observe_end(
         self,
@@ -444,11 +459,13 @@ class Recorder:
             direct, job = self._capture(t, rng, hparams, modes, health, batch, values, copied)
         except Exception as e:  # noqa: BLE001 - the recorder must never take training down
             self._probe_grads.end(measure=False)
+            self._watch.end(measure=False)
             self._give_up("capturing the step", e)
             self.next_step = t + 1
             return
         if exception is not None:
             self._probe_grads.end(measure=False)
+            self._watch.end(measure=False)
             self._record_exception(t, job, direct, health, t0, copied, exception)
             return
         self._finish(t, job, direct, health, ret, t0, scale, copied)
@@ -563,10 +580,16 @@ class Recorder:
             health["optimizer_stepped"] = float(stepped)
             health["grad_norm"] = gn
             health["grad_absmax"] = gmax  # not a column: decides grad_nonfinite exactly
-            if self.config.is_fingerprint_step(t) or _looks_bad(loss, gn):
+            params_too = self.config.is_fingerprint_step(t) or _looks_bad(loss, gn)
+            if self._watch:
+                self._watch.end()
+                params_too = params_too or self._watch.any_bad()
+            if params_too:
                 fp = param_fingerprint(self._params)
                 health["param_fingerprint"] = fp
                 health["param_absmax"] = exact_if_needed(fp, lambda: absmax(self._params))
+            if self._watch:
+                self._watch.into(health, params_too)
             local_gn = self._ranks.local_grad_norm()
             if local_gn is not None:
                 health["local_grad_norm"] = local_gn
@@ -728,6 +751,7 @@ class Recorder:
                 max_pending_steps=self.config.max_pending_steps,
                 max_pending_seconds=self.config.max_pending_seconds,
                 pool=self._pool,
+                watched=self._watch.names,
             )
         return self._writer
 
@@ -773,6 +797,7 @@ class Recorder:
                 self.config.keep_snapshots, _pow2(snap_guess, 4096, 1 << 20), snap_guess
             ),
             health_slots=self.config.health_slots,
+            watched=self._watch.names,
         )
 
     def flush(self, timeout: float | None = 60.0) -> None:
@@ -835,6 +860,7 @@ class Recorder:
         self._closed = True
         try:
             self._probe_grads.close()
+            self._watch.close()
             self._ranks.close()
         finally:
             if self._writer is not None:
