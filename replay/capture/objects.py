@@ -201,6 +201,12 @@ class StepCall:
                 "'batch' and the values passed to rec.step by parameter name"
             )
 
+    def takes(self, name: str) -> bool:
+        """Whether a per-step value of this name reaches the step function."""
+        if self.objects.style == "named" and name in self.objects.named:
+            return False  # (an object of that name is passed instead)
+        return self._var_kw or name in self._takes
+
     def with_objects(self, **replace: Any) -> StepCall:
         """The same call with some objects replaced (the tracer passes the eager module of a
         compiled model)."""

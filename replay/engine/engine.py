@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from ..capture.bounded import is_unrecorded
 from ..capture.fingerprint import absmax, exact_if_needed, loss_of, param_fingerprint
 from ..capture.guard import replay_runs_user_code
 from ..capture.objects import RunObjects, StepCall
@@ -288,7 +289,16 @@ class Engine:
     def values(self, t: int) -> dict[str, Any]:
         """The per-step values the loop passed to ``rec.step(batch, **values)`` at step ``t``."""
         v = self.record(t).get("values")
-        return _owned(from_leaves(v, self._leaf_device)) if v else {}
+        values: dict[str, Any] = _owned(from_leaves(v, self._leaf_device)) if v else {}
+        for name, value in values.items():
+            why = is_unrecorded(value)
+            if why is not None and self.call.takes(name):
+                raise ReplayError(
+                    f"step {t}: the per-step value {name!r} the step function takes was not "
+                    f"recorded ({why}, beyond replay.capture.bounded.VALUE_LIMITS): pass a "
+                    "smaller value through rec.step, or compute it inside the step"
+                )
+        return values
 
     def step_callable(self, t: int, **override: Any) -> Callable[[Any, Any, Any], Any]:
         """``fn(model, optimizer, batch)`` running step ``t``'s step function with its recorded

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from ..capture.bounded import unrecorded, value_excess
 from ..capture.fingerprint import absmax, exact_if_needed, loss_of, param_fingerprint
 from ..capture.guard import PreflightStop, preflight_from_env, refuse_if_replaying
 from ..capture.objects import RunObjects, StepCall, gather_state, objects_from_build
@@ -75,6 +76,9 @@ def _looks_bad(loss: Any, gn: torch.Tensor | None) -> bool:
         if isinstance(v, float) and not math.isfinite(v):
             return True
     return False
+
+
+_SMALL = frozenset({int, float, bool, type(None)})  # per-step values no limit can refuse
 
 
 def _pow2(n: int, lo: int, hi: int) -> int:
@@ -263,6 +267,7 @@ class Recorder:
         self._writer_exit_seen = False
         self._warned = False
         self._warned_wait = False  # training waited for a writer that fell behind: said once
+        self._warned_values: set[str] = set()  # per-step values left out (too large): said once
         self._closed = False
         self._pid = os.getpid()  # the process recording (a fork's children inherit this object)
         self._pending_check: tuple[int, torch.Tensor] | None = None
@@ -373,11 +378,12 @@ class Recorder:
             return self._unrecorded_step(batch, values)
         t = self.next_step
         copied = CopyStats()
-        if self._step_hint is None:  # the first step: its size shapes the file (_make_store)
-            self._step_hint = tree_nbytes(batch) + tree_nbytes(values)
         try:
+            kept = self._bounded(values) if values else values  # what the record holds
+            if self._step_hint is None:  # the first step: its size shapes the file (_make_store)
+                self._step_hint = tree_nbytes(batch) + tree_nbytes(kept)
             rng, hparams, modes, health, scale = self._before_step(t, copied, values.get("lr"))
-            direct, job = self._capture(t, rng, hparams, modes, health, batch, values, copied)
+            direct, job = self._capture(t, rng, hparams, modes, health, batch, kept, copied)
         except Exception as e:  # noqa: BLE001 - the recorder must never take training down
             self._give_up("capturing the step", e)
             return self._unrecorded_step(batch, values)
@@ -456,6 +462,7 @@ class Recorder:
         self._observed = None
         values = dict(values or {})
         try:
+            values = self._bounded(values) if values else values
             direct, job = self._capture(t, rng, hparams, modes, health, batch, values, copied)
         except Exception as e:  # noqa: BLE001 - the recorder must never take training down
             self._probe_grads.end(measure=False)
@@ -524,6 +531,32 @@ class Recorder:
             values=copy_tree(values, stats=copied) if values and not direct else None,
         )
         return direct, job
+
+    def _bounded(self, values: dict[str, Any]) -> dict[str, Any]:
+        """``values`` as the step record holds them: one beyond ``capture.bounded.VALUE_LIMITS``
+        (nested too deep, too many elements, too many bytes) is replaced by a note of why,
+        with one :class:`RecorderWarning` the first time; the step function still gets it."""
+        out = values
+        for name, v in values.items():
+            if type(v) in _SMALL:
+                continue
+            why = value_excess(v)
+            if why is None:
+                continue
+            if out is values:
+                out = dict(values)
+            out[name] = unrecorded(f"{type(v).__name__} {why}")
+            if name not in self._warned_values:
+                self._warned_values.add(name)
+                warnings.warn(
+                    f"replay: the per-step value {name!r} ({type(v).__name__}) is {why}, beyond "
+                    "what a step record holds (replay.capture.bounded.VALUE_LIMITS); it is "
+                    "recorded as left out, training goes on, and a replay whose step function "
+                    "takes it refuses",
+                    RecorderWarning,
+                    stacklevel=3,
+                )
+        return out
 
     def _record_exception(
         self,
