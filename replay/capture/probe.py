@@ -151,11 +151,31 @@ class GradProbe:
             self.clipped = True
             self._measure()
 
-    def _pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self._on:
-            self.stepped = True
-            if self._at_step:
+    def _pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> Any:
+        """Before the update: measure now, or, for ``optimizer.step(closure)`` (LBFGS; any
+        optimizer given a closure calls it first), right after the closure's first call: the
+        gradients before the step are the ones it computes (those present now are the last
+        step's, or none). The closure is handed on wrapped (a step pre-hook may replace the
+        arguments; ``args[0]`` is the optimizer)."""
+        if not self._on:
+            return None
+        self.stepped = True
+        if not self._at_step or self._measured:
+            return None
+        closure = kwargs.get("closure") if "closure" in kwargs else (args[1:2] or [None])[0]
+        if closure is None:
+            self._measure()
+            return None
+
+        def measured_closure(*a: Any, **k: Any) -> Any:
+            out = closure(*a, **k)
+            if self._on:
                 self._measure()
+            return out
+
+        if "closure" in kwargs:
+            return args, {**kwargs, "closure": measured_closure}
+        return (args[0], measured_closure, *args[2:]), kwargs
 
     def end(self, *, measure: bool = True) -> tuple[Any, Any, bool]:
         """Stop watching; measure now if nothing did during the step (and ``measure``)."""
