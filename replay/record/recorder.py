@@ -11,6 +11,7 @@ tensors where they are and handed to the writer thread, which waits for the devi
 from __future__ import annotations
 
 import atexit
+import functools
 import inspect
 import math
 import os
@@ -45,6 +46,7 @@ from ..store.contracts import (
     RunMeta,
     StepException,
 )
+from ..store.segments import segment_path
 from ..store.step_log import LOG_BYTES
 from ..store.writer import RingSpec
 from ..store.writer_process import WriterClient
@@ -201,8 +203,13 @@ class Recorder:
         self.path = os.path.abspath(os.fspath(path))
         self.dist = detect(rank, world_size)
         self.base_path = self.path
+        # A recording already there is kept: this run goes to the next segment (segments.py).
+        mine = functools.partial(rank_path, rank=self.dist.rank) if self.dist else None
+        if self.preflight is None:  # (a preflight writes its own scratch file)
+            self.path = segment_path(self.path, mine)
+        elif mine is not None:
+            self.path = mine(self.path)
         if self.dist is not None:
-            self.path = rank_path(self.path, self.dist.rank)
             self.base_path = base_path(self.path) or self.path
         self.model, self.optimizer = model, optimizer
         # What replay rebuilds with build_fn: the module inside a DDP wrapper. step_fn still
