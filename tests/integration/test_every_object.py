@@ -44,6 +44,7 @@ def _first_bad(truth):
     return None
 
 
+@pytest.mark.slow
 def test_gan_bisect_finds_the_step_netG_went_bad(tmp_path):
     truth = _plain(GAN, "--steps", "8")
     bad = _first_bad(truth)
@@ -79,6 +80,12 @@ def test_gan_bisect_finds_the_step_netG_went_bad(tmp_path):
     # by the forward line of G's loss, where the plain loop saw log(0) first.
     assert "torch.log(p_gen)" in d["source"]["code"]
     assert not any("earlier step" in n for n in d["notes"] + d.get("trace_notes", []))
+    # The object's columns are usable in a predicate.
+    rc, d, err = replay_json(
+        "bisect", str(run), "--until", "netG__grad_nonfinite == 1", "--no-trace", cwd=tmp_path
+    )
+    assert rc == 0, err
+    assert d["kind"] == "predicate" and d["first_bad_step"] == bad
 
 
 @pytest.mark.slow
