@@ -7,7 +7,8 @@ gone. Now the new run records into the next free *segment* file beside it: ``run
 so in one line on stderr. ``replay info run.h5`` names the other segments.
 
 A file another live recorder is writing is left to the writer's lock (the second Recorder
-refuses and trains on, ``store/writer.py``), never sidestepped into a segment.
+refuses and trains on, ``store/writer.py``), never sidestepped into a segment; a file whose
+writer is still draining the steps of a training process that died is kept like any other.
 """
 
 from __future__ import annotations
@@ -48,8 +49,12 @@ def segment_path(
     agree). ``announce``: print the one-line notice on stderr."""
     own: Callable[[str], str] = rank_path if rank_path is not None else (lambda p: p)
     first = own(path)
-    if not _recording_there(first) or writer_state(first) is not None:
+    if not _recording_there(first):
         return first
+    live = writer_state(first)
+    if live is not None and not live.draining:
+        return first  # another run is recording there: its writer's lock refuses this one
+    # (a draining writer's training is dead: a run restarted at once gets its own segment)
     for n in range(1, MAX_SEGMENTS):
         candidate = own(_segment(path, n))
         if not os.path.lexists(candidate):

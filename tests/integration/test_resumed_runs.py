@@ -49,6 +49,7 @@ def _check_resumed(tmp_path, first, resumed, first_steps, resumed_steps, resume_
     assert d["window"] == [resumed_steps[0], resumed_steps[-1]]
 
 
+@pytest.mark.slow
 def test_a_resumed_plain_loop_keeps_the_first_recording_and_its_step_numbers(tmp_path):
     script = str(SCRIPTS / "resume_train.py")
     run, ckpt = tmp_path / "run.h5", str(tmp_path / "ckpt.pt")
@@ -97,3 +98,23 @@ def test_a_hugging_face_resume_keeps_the_checkpoint_step_numbers(tmp_path):
     _check_resumed(
         tmp_path, run, tmp_path / "run.1.h5", list(range(6)), list(range(6, 12)), p.stderr
     )
+
+
+@pytest.mark.slow
+def test_a_run_restarted_while_the_crashed_one_still_drains_records_its_own_segment(tmp_path):
+    """The crashed run's writer process is still committing its last steps (its lock says
+    ``draining``): the restarted run is no second recorder of a live run, and records."""
+    from tests.integration.test_draining_writer import _end, _hold
+
+    script = str(SCRIPTS / "resume_train.py")
+    run, ckpt = tmp_path / "run.h5", str(tmp_path / "ckpt.pt")
+    run_py(script, str(run), ckpt, "first", check=True, cwd=tmp_path)
+    holder = _hold(run, 120)
+    try:
+        p = run_py(script, str(run), ckpt, "resume", check=True, cwd=tmp_path)
+    finally:
+        _end(holder)
+    assert "RecorderWarning" not in p.stderr, p.stderr
+    assert f"this run records to {tmp_path / 'run.1.h5'}" in p.stderr
+    assert _health_steps(tmp_path / "run.1.h5") == list(range(10, 20))
+    assert _health_steps(run) == list(range(10))
