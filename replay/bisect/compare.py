@@ -85,8 +85,12 @@ def compare_rows(
                 "ulps": None,
             }
         return None
-    for col in VERIFIED_COLUMNS:
-        if col == "param_fingerprint" and not _measured(recorded.get("param_nonfinite")):
+    # The watched objects' fingerprints too (netG__param_fingerprint: capture/watch.py).
+    watched = [c for c in recorded if c.endswith("__param_fingerprint") and c in replayed]
+    for col in (*VERIFIED_COLUMNS, *watched):
+        if col.endswith("param_fingerprint") and not _measured(
+            recorded.get(col.removesuffix("param_fingerprint") + "param_nonfinite")
+        ):
             continue  # the recorder measures it every `fingerprint_every` steps only
         r, p = recorded.get(col), replayed.get(col)
         if not same_bits(r, p):

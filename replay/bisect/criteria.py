@@ -33,12 +33,23 @@ def _flag(row: Row, col: str) -> bool:
 
 
 def is_nonfinite(row: Row) -> bool:
-    """NaN/Inf in the loss, in gradients before the update or in parameters after it.
+    """NaN/Inf in the loss, in gradients before the update or in parameters after it, of the
+    run's model or of any other watched object (``netG__grad_nonfinite``, capture/watch.py).
 
     AMP-aware: infinite gradients in a step the GradScaler skipped are the scaler doing its job.
     """
-    grads = _flag(row, "grad_nonfinite") and not _flag(row, "scaler_skipped")
-    return _flag(row, "loss_nonfinite") or _flag(row, "param_nonfinite") or grads
+    skipped = _flag(row, "scaler_skipped")
+    grads = _flag(row, "grad_nonfinite") and not skipped
+    if _flag(row, "loss_nonfinite") or _flag(row, "param_nonfinite") or grads:
+        return True
+    for col in row:
+        if col.endswith(_OBJECT_FLAGS) and "__" in col and _flag(row, col):
+            if col.endswith("__param_nonfinite") or not skipped:
+                return True
+    return False
+
+
+_OBJECT_FLAGS = ("__grad_nonfinite", "__param_nonfinite")
 
 
 @dataclass(frozen=True)

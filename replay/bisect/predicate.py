@@ -23,14 +23,35 @@ import ast
 import heapq
 import math
 import operator
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Expression", "PredicateError", "History", "AGGREGATES"]
+__all__ = ["Expression", "PredicateError", "History", "AGGREGATES", "object_columns_in"]
 
 AGGREGATES = ("median", "mean", "min", "max", "std", "prev")
 _MAX_LEN = 500
+_OBJECT_METRICS = ("grad_norm", "grad_nonfinite", "param_fingerprint", "param_nonfinite")
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def object_columns_in(text: str) -> list[str]:
+    """The watched objects' health columns an expression names (``netG__grad_norm``, also as
+    ``median_netG__grad_norm``): which objects a recording watches is known only once it is
+    open, and an expression is checked before (a column the file lacks reads as NaN)."""
+    found: list[str] = []
+    for name in _IDENT.findall(text[:_MAX_LEN]):
+        fn, _, rest = name.partition("_")
+        for col in (rest, name) if fn in AGGREGATES else (name,):
+            obj, sep, metric = col.rpartition("__")
+            if sep and obj and metric in _OBJECT_METRICS:
+                if col not in found:
+                    found.append(col)
+                break
+    return found
+
+
 _FUNCS: dict[str, Callable[[float], float]] = {
     "abs": abs,
     "isfinite": lambda x: float(math.isfinite(x)),

@@ -17,7 +17,7 @@ import torch
 from ..store.contracts import check_health_keys
 from ..store.layout import COL, HEALTH_COLUMNS
 
-__all__ = ["health_row", "health_values", "host_value", "RSS_EVERY"]
+__all__ = ["health_row", "health_values", "host_value", "object_values", "RSS_EVERY"]
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _statm: list[int] = []  # an fd kept open: opening /proc each step cost more than the read
@@ -61,10 +61,14 @@ _NCOLS = len(HEALTH_COLUMNS)
 _LOSS, _GN, _FP, _SCALE = COL["loss"], COL["grad_norm"], COL["param_fingerprint"], COL["scale"]
 
 
-def health_values(h: dict[str, Any]) -> list[float]:
+def health_values(h: dict[str, Any], watched: tuple[str, ...] = ()) -> list[float]:
     """The row for one step as python floats, in ``HEALTH_COLUMNS`` order; names that are not
     columns (``grad_absmax``, ``param_absmax``, ``scale_after``) only decide the flags. A name
     outside ``HEALTH_KEYS`` raises ``KeyError`` (a misspelt name used to vanish without a trace).
+
+    ``watched``: the objects whose columns (``store.layout.object_columns``) follow, from the
+    health's ``<object>__grad_norm``, ``__grad_absmax``, ``__param_fingerprint`` and
+    ``__param_absmax`` (see ``capture/watch.py``).
 
     Plain python, no numpy: on a CPU run the training thread builds the row right after the
     backward, when every call not already in the cache costs several times its warm price."""
@@ -96,9 +100,29 @@ def health_values(h: dict[str, Any]) -> list[float]:
     if "scale_after" in h:
         row[COL["scaler_skipped"]] = float(host_value(h["scale_after"]) < row[_SCALE])
     row[COL["rss"]] = _rss()
+    for name in watched:
+        row += object_values(h, name)
     return row
 
 
-def health_row(h: dict[str, Any]) -> np.ndarray:
+def _flag(measured: Any, exact: Any) -> float:
+    """The non-finite flag of a norm (``measured``, a float) decided by the largest |element|
+    when measured (``exact``), as the run's own flags are."""
+    if exact is not None:
+        return float(not math.isfinite(host_value(exact)))
+    return math.nan if math.isnan(measured) else float(not math.isfinite(measured))
+
+
+def object_values(h: dict[str, Any], name: str) -> list[float]:
+    """One watched object's columns, in ``store.layout.OBJECT_METRICS`` order."""
+    gn = h.get(f"{name}__grad_norm")
+    fp = h.get(f"{name}__param_fingerprint")
+    g, p = host_value(gn), host_value(fp)
+    gflag = math.nan if gn is None else _flag(g, h.get(f"{name}__grad_absmax"))
+    pflag = math.nan if fp is None else _flag(p, h.get(f"{name}__param_absmax"))
+    return [g, gflag, p, pflag]
+
+
+def health_row(h: dict[str, Any], watched: tuple[str, ...] = ()) -> np.ndarray:
     """:func:`health_values` as the store's float64 row."""
-    return np.array(health_values(h), dtype=np.float64)
+    return np.array(health_values(h, watched), dtype=np.float64)

@@ -230,6 +230,12 @@ class StepCall:
                 "'batch' and the values passed to rec.step by parameter name"
             )
 
+    def takes(self, name: str) -> bool:
+        """Whether a per-step value of this name reaches the step function."""
+        if self.objects.style == "named" and name in self.objects.named:
+            return False  # (an object of that name is passed instead)
+        return self._var_kw or name in self._takes
+
     def with_objects(self, **replace: Any) -> StepCall:
         """The same call with some objects replaced (the tracer passes the eager module of a
         compiled model)."""
@@ -290,7 +296,21 @@ def gather_state(objects: RunObjects, model: torch.nn.Module | None = None) -> d
     if objects.extras:
         state["objects"] = {k: v.state_dict() for k, v in objects.extras.items()}
     state["grads"] = {n: p.grad for n, p in _param_names(model) if p.grad is not None}
+    # The other models' pending gradients too (a GAN's netG): a replay from this state must
+    # not see a previous replay's gradients there.
+    other = _other_models(objects, model)
+    if other:
+        state["object_grads"] = {
+            name: {n: p.grad for n, p in _param_names(m) if p.grad is not None}
+            for name, m in other.items()
+        }
     return state
+
+
+def _other_models(objects: RunObjects, model: torch.nn.Module) -> dict[str, torch.nn.Module]:
+    return {
+        k: v for k, v in objects.extras.items() if isinstance(v, torch.nn.Module) and v is not model
+    }
 
 
 def load_state(
@@ -319,7 +339,16 @@ def load_state(
         if name in kept:
             obj.load_state_dict(convert("objects", kept[name]))
     grads = convert("grads", state.get("grads") or {})
+    kept_grads = state.get("object_grads") or {}
+    other = convert("object_grads", kept_grads) if kept_grads else {}
     with torch.no_grad():
         for n, p in _param_names(model):
             g = grads.get(n)
             p.grad = None if g is None else g.to(device=p.device, dtype=p.dtype)
+        primary = {id(p) for p in model.parameters()}
+        for name, m in _other_models(objects, model).items():
+            mine = other.get(name) or {}
+            for n, p in _param_names(m):
+                if id(p) not in primary:  # (a shared parameter keeps the model's gradient)
+                    g = mine.get(n)
+                    p.grad = None if g is None else g.to(device=p.device, dtype=p.dtype)

@@ -16,8 +16,10 @@ the gradients), so an exploding gradient never showed in a clipped run.
 that global catches it however the user imported ``clip_grad_norm_``. The public
 ``clip_grads_with_norm_`` and ``clip_grad_value_`` are wrapped where torch exports them; a
 reference the user took before ``import replay`` is not seen (the norm is then taken at the
-optimizer's step, after the clip). NB: one probe is active at a time (one training step runs at
-a time in a process); the wrappers do nothing when none is.
+optimizer's step, after the clip). NB: one training step runs at a time in a process; the
+wrappers do nothing when no probe is active. Several probes are active together when the run has
+several models (``capture/watch.py``: one probe per watched object); a clip then measures only
+the probes whose parameters it clips.
 """
 
 from __future__ import annotations
@@ -43,12 +45,34 @@ def _watching(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if _active:
-            _active[-1].before_clip()
+        if len(_active) == 1:
+            _active[0].before_clip()
+        elif _active:
+            args, clipped = _clipped(args, kwargs)
+            for probe in list(_active):
+                if clipped is None or probe.watches(clipped):
+                    probe.before_clip()
         return fn(*args, **kwargs)
 
     wrapper._replay_probe = True  # type: ignore[attr-defined]
     return wrapper
+
+
+def _clipped(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], Any]:
+    """The parameters a clip was given, as a list (a generator is read once here and handed on
+    as that list); ``None`` when they cannot be told (then every probe measures)."""
+    params = args[0] if args else kwargs.get("parameters")
+    if params is None:
+        return args, None
+    if isinstance(params, torch.Tensor):
+        return args, [params]
+    if not isinstance(params, (list, tuple)):
+        params = list(params)
+        if args:
+            args = (params, *args[1:])
+        else:
+            kwargs["parameters"] = params
+    return args, params
 
 
 def _install() -> None:
@@ -86,12 +110,14 @@ class GradProbe:
     """
 
     def __init__(self, params: list[torch.Tensor], optimizer: Any) -> None:
+        """``optimizer``: the one that updates ``params`` (``None``: none does), or a list of
+        them (a watched model several optimizers update: the first to step measures)."""
         self.meter = GradMeter(params)
-        self._hook = (
-            _hookable(optimizer).register_step_pre_hook(self._pre_step)
-            if optimizer is not None
-            else None
-        )
+        opts = optimizer if isinstance(optimizer, (list, tuple)) else [optimizer]
+        self._hooks = [
+            _hookable(o).register_step_pre_hook(self._pre_step) for o in opts if o is not None
+        ]
+        self._ids: frozenset[int] | None = None
         self.enabled = True
         self._on = False
         self._norm: Any = None
@@ -125,16 +151,42 @@ class GradProbe:
             self._measured = True
             self._norm, self._absmax = self.meter()
 
+    def watches(self, tensors: Any) -> bool:
+        """Whether any of ``tensors`` is one of this probe's parameters."""
+        if self._ids is None:
+            self._ids = frozenset(id(p) for p in self.meter.params)
+        return any(id(t) in self._ids for t in tensors)
+
     def before_clip(self) -> None:
         if self._on:
             self.clipped = True
             self._measure()
 
-    def _pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self._on:
-            self.stepped = True
-            if self._at_step:
+    def _pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> Any:
+        """Before the update: measure now, or, for ``optimizer.step(closure)`` (LBFGS; any
+        optimizer given a closure calls it first), right after the closure's first call: the
+        gradients before the step are the ones it computes (those present now are the last
+        step's, or none). The closure is handed on wrapped (a step pre-hook may replace the
+        arguments; ``args[0]`` is the optimizer)."""
+        if not self._on:
+            return None
+        self.stepped = True
+        if not self._at_step or self._measured:
+            return None
+        closure = kwargs.get("closure") if "closure" in kwargs else (args[1:2] or [None])[0]
+        if closure is None:
+            self._measure()
+            return None
+
+        def measured_closure(*a: Any, **k: Any) -> Any:
+            out = closure(*a, **k)
+            if self._on:
                 self._measure()
+            return out
+
+        if "closure" in kwargs:
+            return args, {**kwargs, "closure": measured_closure}
+        return (args[0], measured_closure, *args[2:]), kwargs
 
     def end(self, *, measure: bool = True) -> tuple[Any, Any, bool]:
         """Stop watching; measure now if nothing did during the step (and ``measure``)."""
@@ -150,6 +202,6 @@ class GradProbe:
 
     def close(self) -> None:
         self.end(measure=False)
-        if self._hook is not None:
-            self._hook.remove()
-            self._hook = None
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []

@@ -18,6 +18,7 @@ def _criterion(kind: str, until: str | None, spike: float | None) -> object:
     Returns a criterion, or ``None`` for "auto" (decided from the recorded health).
     """
     from ..bisect import Expression, NonFinite, Predicate, PredicateError, Raised
+    from ..bisect.predicate import object_columns_in
     from ..store.layout import HEALTH_COLUMNS
 
     chosen = [n for n, x in (("--until", until), ("--spike", spike)) if x is not None]
@@ -29,7 +30,7 @@ def _criterion(kind: str, until: str | None, spike: float | None) -> object:
         until = f"loss > {spike!r} * median_loss"
     if until is not None:
         try:
-            return Predicate(Expression.parse(until, HEALTH_COLUMNS))
+            return Predicate(Expression.parse(until, (*HEALTH_COLUMNS, *object_columns_in(until))))
         except PredicateError as e:
             raise click.UsageError(f"--until: {e}") from None
     return {"nonfinite": NonFinite, "exception": Raised}.get(kind, lambda: None)()

@@ -16,11 +16,12 @@ from ..distributed.ranks import (
     own_failures,
     resolve_rank_files,
 )
-from ..errors import EXIT_BAD_RECORDING
+from ..errors import EXIT_BAD_RECORDING, RecordingError
 from ..safetext import term_safe, term_safe_tree
 from ..store import open_recording
 from ..store.liveness import writer_state
 from ..store.reader import claimed_size
+from ..store.segments import segment_files
 
 __all__ = ["info", "describe"]
 
@@ -48,6 +49,9 @@ def _steps_summary(rec: Any) -> dict[str, Any]:
         "damaged_steps": rec.damaged_steps(),
         "damaged_health": sorted(rec.damaged_health),
         "self_check": _self_check(rec.path),
+        # The other segments of this recording: a resumed run records beside it (run.1.h5)
+        "segments": [_segment(f) for f in segment_files(rec.path)],
+        "watched_objects": rec.watched_objects,
     }
 
 
@@ -57,6 +61,18 @@ def _self_check(path: str) -> dict[str, Any] | None:
 
     v = read_selfcheck(path)
     return None if v is None else {**v.to_json(), "line": v.line()}
+
+
+def _segment(path: str) -> dict[str, Any]:
+    """One other segment: its file and the steps its health holds (``None`` when it cannot
+    be read: it is only named)."""
+    try:
+        with open_recording(path) as other:
+            h = other.health()
+            steps = [int(h["step"][0]), int(h["step"][-1])] if len(h["step"]) else None
+    except RecordingError:
+        steps = None
+    return {"path": path, "health_steps": steps}
 
 
 def _writer(path: str) -> dict[str, Any] | None:
@@ -171,6 +187,9 @@ def render(d: dict[str, Any]) -> str:
             f"  DAMAGED         {'; '.join(parts)}: their bytes fail their checksums, so they "
             "are treated as missing (never replayed)"
         )
+    for seg in d.get("segments") or []:
+        where = _fmt_range(seg["health_steps"]) if seg["health_steps"] else "unreadable"
+        lines.append(f"  other segment   {seg['path']} ({where})")
     fb = d["first_bad"]
     bad = []
     if fb["nonfinite"] is not None:

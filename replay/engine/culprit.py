@@ -129,21 +129,102 @@ def trace_verdict(
         verdict.notes.append("per-op tracing is not available in this installation")
         return
     try:
-        extra.update(
-            trace_culprit(
-                engine, t, verdict.kind, forensics_path=rec.forensics_path, run_id=rec.run_id
-            )
+        fields = trace_culprit(
+            engine, t, verdict.kind, forensics_path=rec.forensics_path, run_id=rec.run_id
         )
+        # The step began with non-finite state (cause "state"): the step that made it so is
+        # earlier, and it is the one to report and trace, not this one with a note.
+        first = t
+        while fields.get("cause") == "state":
+            went = _state_went_bad(engine, t)
+            if went is None:
+                start = engine.window.snapshot_for(t)
+                fields["trace_notes"] = [
+                    *fields.get("trace_notes", []),
+                    f"the state was already non-finite when step {start} began, the first "
+                    f"replayable step before step {t}: the step that made it so is no longer "
+                    "kept; record with a larger keep_snapshots or snapshot_every",
+                ]
+                break
+            t = went
+            fields = trace_culprit(
+                engine,
+                t,
+                verdict.kind,
+                forensics_path=rec.forensics_path,
+                run_id=rec.run_id,
+                samples=False,
+            )
+        if t != first:
+            verdict.notes.append(
+                f"step {first} began with non-finite state (parameters, gradients, buffers or "
+                f"optimizer state) that no health column showed: step {t} made it so, and is "
+                "the step reported and traced"
+            )
+            verdict.first_bad_step = t
+            engine.state_before(t)
+            verdict.culprit_row = engine.run_step(t).row()
+        extra.update(fields)
     except reraise:
         raise
     except Exception as e:  # noqa: BLE001 - the step verdict stands without the trace
         verdict.notes.append(f"tracing step {t} failed: {type(e).__name__}: {e}")
 
 
+def _state_tensors(tree: Any, path: str = "") -> list[tuple[str, torch.Tensor]]:
+    """The floating tensors of a state tree (``gather_state``), by path."""
+    if isinstance(tree, torch.Tensor):
+        return [(path, tree)] if tree.is_floating_point() or tree.is_complex() else []
+    out: list[tuple[str, torch.Tensor]] = []
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            out += _state_tensors(v, f"{path}/{k}")
+    elif isinstance(tree, (list, tuple)):
+        for i, v in enumerate(tree):
+            out += _state_tensors(v, f"{path}/{i}")
+    return out
+
+
+def _nonfinite_state(engine: Engine) -> set[str]:
+    """The paths of the live objects' non-finite tensors (parameters, buffers, gradients,
+    optimizer state, the other named objects')."""
+    from ..capture.objects import gather_state
+
+    with torch.no_grad():
+        return {
+            p
+            for p, t in _state_tensors(gather_state(engine.objs))
+            if not bool(torch.isfinite(t).all())
+        }
+
+
+def _state_went_bad(engine: Engine, t: int) -> int | None:
+    """The step before ``t`` after which a tensor of the live state first held NaN/Inf (one
+    that was finite at the start of the replayable stretch: a ``-inf`` mask buffer stays one).
+    ``None`` when no replayed step before ``t`` did (the state was already bad at its start)."""
+    start = engine.window.snapshot_for(t)
+    engine.state_before(start)
+    baseline = _nonfinite_state(engine)
+    for s in range(start, t):
+        engine.state_before(s + 1)
+        if _nonfinite_state(engine) - baseline:
+            return s
+    return None
+
+
 def trace_culprit(
-    engine: Engine, step: int, kind: str, *, forensics_path: str, run_id: str
+    engine: Engine,
+    step: int,
+    kind: str,
+    *,
+    forensics_path: str,
+    run_id: str,
+    samples: bool = True,
 ) -> dict[str, Any]:
-    """Trace ``step`` from the state right before it; write the sidecar; return report fields."""
+    """Trace ``step`` from the state right before it; write the sidecar; return report fields.
+
+    ``samples=False``: no culprit samples are searched (a step whose failure shows only in
+    state no health column measures: replaying it on part of the batch tells nothing)."""
     from replay.trace import trace_step
     from replay.trace.step import stderr_progress
 
@@ -157,11 +238,21 @@ def trace_culprit(
             batch,
             scaler=engine.scaler,
             progress=stderr_progress(),
+            others={k: v for k, v in engine.objs.named.items() if k not in ("model", "optimizer")},
         )
     finally:
         engine.invalidate()  # the tracer ran the step on the live objects
     v = result.verdict
-    if kind in ("nonfinite", "exception") and not v.get("samples"):
+    if not samples:
+        result.add_notes(
+            [
+                f"no samples are searched at step {step}: what went bad there (the state) shows "
+                "in no health column a replay on part of the batch could be judged by"
+            ]
+        )
+    elif v.get("cause") == "state":
+        pass  # bisect goes back to the step that made the state bad, and searches there
+    elif kind in ("nonfinite", "exception") and not v.get("samples"):
         try:
             _samples(engine, step, kind, batch, result)
         except Exception as e:  # noqa: BLE001 - the op verdict stands without the samples

@@ -25,12 +25,14 @@ from typing import Any
 
 import torch
 
+from ..capture.bounded import is_unrecorded
 from ..capture.fingerprint import absmax, exact_if_needed, loss_of, param_fingerprint
 from ..capture.guard import LiveProgram, replay_runs_user_code
 from ..capture.objects import RunObjects, StepCall
 from ..capture.probe import GradProbe
 from ..capture.rng import restore_rng
 from ..capture.tensors import from_leaves, leaf_finite
+from ..capture.watch import ObjectWatch
 from ..errors import EntryPointError, RecordingError, ReplayError
 from ..store.liveness import writer_state
 from ..store.reader import Recording, Window
@@ -194,6 +196,8 @@ class Engine:
         self._opt_params = self.objs.trained_params()
         # Same place, same function as the recorder: before any clip, before the update.
         self._probe = GradProbe(self._opt_params, self.objs.optimizer)
+        # The run's other models and optimizers, measured as the recorder measured them.
+        self._watch = ObjectWatch(self.objs)
         self._pos: int | None = None  # the live objects hold the state before this step
         self._checkpoints: OrderedDict[int, dict[str, Any]] = OrderedDict()
         self._records: OrderedDict[int, dict[str, Any]] = OrderedDict()
@@ -305,6 +309,7 @@ class Engine:
 
     def close(self) -> None:
         self._probe.close()
+        self._watch.close()
 
     # -- set-up ------------------------------------------------------------------------------
 
@@ -345,7 +350,16 @@ class Engine:
     def values(self, t: int) -> dict[str, Any]:
         """The per-step values the loop passed to ``rec.step(batch, **values)`` at step ``t``."""
         v = self.record(t).get("values")
-        return _owned(from_leaves(v, self._leaf_device)) if v else {}
+        values: dict[str, Any] = _owned(from_leaves(v, self._leaf_device)) if v else {}
+        for name, value in values.items():
+            why = is_unrecorded(value)
+            if why is not None and self.call.takes(name):
+                raise ReplayError(
+                    f"step {t}: the per-step value {name!r} the step function takes was not "
+                    f"recorded ({why}, beyond replay.capture.bounded.VALUE_LIMITS): pass a "
+                    "smaller value through rec.step, or compute it inside the step"
+                )
+        return values
 
     def step_callable(self, t: int, **override: Any) -> Callable[[Any, Any, Any], Any]:
         """``fn(model, optimizer, batch)`` running step ``t``'s step function with its recorded
@@ -392,9 +406,10 @@ class Engine:
         return self._snap[1]
 
     def snapshot_finite(self, s: int) -> bool:
-        """Whether every floating tensor of the snapshot at ``s`` (model, optimizer) is finite."""
+        """Whether every floating tensor of the snapshot at ``s`` (model, optimizer, the other
+        named objects: a GAN's generator) is finite."""
         snap = self.snapshot(s)
-        stack: list[Any] = [snap.get("model"), snap.get("optimizer")]
+        stack: list[Any] = [snap.get("model"), snap.get("optimizer"), snap.get("objects")]
         while stack:
             node = stack.pop()
             if isinstance(node, TensorLeaf):
@@ -528,11 +543,14 @@ class Engine:
         self._pos = t + 1 if batch is None else None
         t0 = time.perf_counter()
         self._probe.begin()
+        self._watch.begin()
         try:
             with self._around(t):
                 ret = self.call(b, values)
         except Exception as e:  # noqa: BLE001 - the step's own failure is a result, not a replay failure
             self._probe.end(measure=False)
+            self._watch.end(measure=False)
+            out.watched = self._watch.names
             out.exception = {
                 "type": type(e).__name__,
                 "module": type(e).__module__,
@@ -545,6 +563,9 @@ class Engine:
             if self.on_step is not None:
                 self.on_step(t)
         gn, gmax, stepped = self._probe.end()  # as the recorder: measured now if nothing did
+        self._watch.end()
+        out.watched = self._watch.names
+        self._watch.into(out.objects, True)
         out.returned = ret
         out.loss = _num(loss_of(ret))
         out.optimizer_stepped = float(stepped)

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+from ..capture.health import object_values
+from ..store.layout import object_columns
 
 __all__ = ["StepOutcome"]
 
@@ -32,6 +35,10 @@ class StepOutcome:
     lr: float | None = None
     exception: dict[str, str] | None = None
     returned: Any = None  # what step_fn returned (None when it raised)
+    # The watched objects' measurements (capture/watch.py), ``<object>__grad_norm`` and so on,
+    # and their names: their columns are computed as the recorder computes them.
+    watched: tuple[str, ...] = ()
+    objects: dict[str, Any] = field(default_factory=dict)
 
     def row(self) -> dict[str, Any]:
         """A health row (the columns a replay reproduces) plus ``step`` and ``exception``.
@@ -54,6 +61,8 @@ class StepOutcome:
                 "scaler_skipped",
             ):
                 row[k] = math.nan
+            for col in object_columns(self.watched):
+                row[col] = math.nan
             return row
         row["loss"] = _f(self.loss)
         row["grad_norm"] = _f(self.grad_norm)
@@ -70,4 +79,6 @@ class StepOutcome:
         row["scaler_skipped"] = (
             math.nan if self.scale_after is None else float(self.scale_after < _f(self.scale))
         )
+        for name in self.watched:
+            row.update(zip(object_columns((name,)), object_values(self.objects, name)))
         return row

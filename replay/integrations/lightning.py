@@ -165,7 +165,9 @@ class ReplayCallback(Callback):
             objects=objects,
             step_fn=train_step,
             not_replayable=why,
-            **self.recorder_kwargs,
+            # A run resumed with fit(ckpt_path=...) numbers its steps from the checkpoint's
+            # global_step (12..23 after 12 steps), as the Hugging Face callback does.
+            **{"start_step": int(trainer.global_step), **self.recorder_kwargs},
         )
 
     # -- one optimisation step -------------------------------------------------------------

@@ -32,12 +32,15 @@ __all__ = ["main"]
 
 def _criterion(spec: dict[str, Any] | None) -> Any:
     from ..bisect import Expression, NonFinite, Predicate, Raised
+    from ..bisect.predicate import object_columns_in
     from ..store.layout import HEALTH_COLUMNS
 
     if not spec:
         return None
     if "until" in spec:
-        return Predicate(Expression.parse(spec["until"], HEALTH_COLUMNS))
+        return Predicate(
+            Expression.parse(spec["until"], (*HEALTH_COLUMNS, *object_columns_in(spec["until"])))
+        )
     return {"nonfinite": NonFinite, "exception": Raised}[spec["kind"]]()
 
 

@@ -11,6 +11,7 @@ tensors where they are and handed to the writer thread, which waits for the devi
 from __future__ import annotations
 
 import atexit
+import functools
 import inspect
 import math
 import os
@@ -26,6 +27,7 @@ from typing import Any
 
 import torch
 
+from ..capture.bounded import unrecorded, value_excess
 from ..capture.fingerprint import absmax, exact_if_needed, loss_of, param_fingerprint
 from ..capture.guard import (
     LiveProgram,
@@ -40,6 +42,7 @@ from ..capture.probe import GradProbe
 from ..capture.rng import capture_rng
 from ..capture.sharded import layout, localize
 from ..capture.tensors import CopyStats, copy_tree, tree_nbytes
+from ..capture.watch import ObjectWatch
 from ..distributed.ranks import base_path, rank_path
 from ..errors import NonFiniteLossError, RecorderWarning
 from ..store.contracts import (
@@ -49,6 +52,7 @@ from ..store.contracts import (
     RunMeta,
     StepException,
 )
+from ..store.segments import segment_path
 from ..store.step_log import LOG_BYTES
 from ..store.writer import RingSpec
 from ..store.writer_process import WriterClient
@@ -81,6 +85,9 @@ def _looks_bad(loss: Any, gn: torch.Tensor | None) -> bool:
         if isinstance(v, float) and not math.isfinite(v):
             return True
     return False
+
+
+_SMALL = frozenset({int, float, bool, type(None)})  # per-step values no limit can refuse
 
 
 def _pow2(n: int, lo: int, hi: int) -> int:
@@ -216,8 +223,13 @@ class Recorder:
             self.path = os.path.abspath(os.fspath(path))
             self.dist = detect(rank, world_size)
             self.base_path = self.path
+            # A recording already there is kept: this run goes to the next segment (segments.py).
+            mine = functools.partial(rank_path, rank=self.dist.rank) if self.dist else None
+            if self.preflight is None:  # (a preflight writes its own scratch file)
+                self.path = segment_path(self.path, mine)
+            elif mine is not None:
+                self.path = mine(self.path)
             if self.dist is not None:
-                self.path = rank_path(self.path, self.dist.rank)
                 self.base_path = base_path(self.path) or self.path
             self.model, self.optimizer = model, optimizer
             # What replay rebuilds with build_fn: the module inside a DDP wrapper. step_fn still
@@ -262,6 +274,8 @@ class Recorder:
             self._params = [p for p in self._inner.parameters()]
             self._opt_params = self.objects.trained_params()
             self._probe_grads = GradProbe(self._opt_params, optimizer)
+            # Every other model and optimizer among the objects (a GAN's netG and optG).
+            self._watch = ObjectWatch(self.objects, self._inner)
             self._writer: BackgroundWriter | None = None
             # Why this run's steps cannot be replayed (a framework feature replay does not rebuild):
             # then no snapshot is taken; the steps' health, batches and RNG states are recorded.
@@ -292,10 +306,15 @@ class Recorder:
             )
             self._client = WriterClient(min(max(LOG_BYTES, 12 * model_bytes), 1 << 30))
             log = self._client.step_log
-            self._log = StepLogWriter(log, alive=self._writer_alive) if log is not None else None
+            self._log = (
+                StepLogWriter(log, alive=self._writer_alive, watched=self._watch.names)
+                if log is not None
+                else None
+            )
             self._writer_exit_seen = False
             self._warned = False
             self._warned_wait = False  # training waited for a writer that fell behind: said once
+            self._warned_values: set[str] = set()  # per-step values left out (too large): said once
             self._closed = False
             self._pid = os.getpid()  # the process recording (a fork's children inherit this object)
             self._pending_check: tuple[int, torch.Tensor] | None = None
@@ -343,6 +362,7 @@ class Recorder:
         self._prev_sigterm = None
         self._ranks = SingleProcess()
         self._probe_grads = GradProbe([], None)
+        self._watch = ObjectWatch.empty()
         self._self_check = None
         self.next_step = self.config.start_step
         self._warned = True
@@ -459,20 +479,25 @@ class Recorder:
             return self._unrecorded_step(batch, values)
         t = self.next_step
         copied = CopyStats()
-        if self._step_hint is None:  # the first step: its size shapes the file (_make_store)
-            self._step_hint = tree_nbytes(batch) + tree_nbytes(values)
         try:
+            kept = self._bounded(values) if values else values  # what the record holds
+            if self._step_hint is None:  # the first step: its size shapes the file (_make_store)
+                self._step_hint = tree_nbytes(batch) + tree_nbytes(kept)
             rng, hparams, modes, health, scale = self._before_step(t, copied, values.get("lr"))
-            direct, job = self._capture(t, rng, hparams, modes, health, batch, values, copied)
+            direct, job = self._capture(t, rng, hparams, modes, health, batch, kept, copied)
         except Exception as e:  # noqa: BLE001 - the recorder must never take training down
             self._give_up("capturing the step", e)
             return self._unrecorded_step(batch, values)
         t0 = time.perf_counter()
         self._probe_grads.begin()
+        if self._watch:
+            self._watch.begin()
         try:
             ret = self._call(batch, values)
         except Exception as e:
             self._probe_grads.end(measure=False)
+            if self._watch:
+                self._watch.end(measure=False)
             self._record_exception(t, job, direct, health, t0, copied, e)
             raise
         return self._finish(t, job, direct, health, ret, t0, scale, copied)
@@ -510,12 +535,16 @@ class Recorder:
             return False
         self._observed = (t, rng, hparams, modes, health, scale, copied, time.perf_counter())
         self._probe_grads.begin(at_step=False)
+        if self._watch:
+            self._watch.begin(at_step=False)
         return True
 
     def measure_grads(self) -> None:
         """The step's gradients are complete and not yet clipped or applied: measure them."""
         if self._observed is not None:
             self._probe_grads.measure_now()
+            if self._watch:
+                self._watch.measure_now()
 
     def observe_end(
         self,
@@ -534,14 +563,17 @@ class Recorder:
         self._observed = None
         values = dict(values or {})
         try:
+            values = self._bounded(values) if values else values
             direct, job = self._capture(t, rng, hparams, modes, health, batch, values, copied)
         except Exception as e:  # noqa: BLE001 - the recorder must never take training down
             self._probe_grads.end(measure=False)
+            self._watch.end(measure=False)
             self._give_up("capturing the step", e)
             self.next_step = t + 1
             return
         if exception is not None:
             self._probe_grads.end(measure=False)
+            self._watch.end(measure=False)
             self._record_exception(t, job, direct, health, t0, copied, exception)
             return
         self._finish(t, job, direct, health, ret, t0, scale, copied)
@@ -601,6 +633,32 @@ class Recorder:
         )
         return direct, job
 
+    def _bounded(self, values: dict[str, Any]) -> dict[str, Any]:
+        """``values`` as the step record holds them: one beyond ``capture.bounded.VALUE_LIMITS``
+        (nested too deep, too many elements, too many bytes) is replaced by a note of why,
+        with one :class:`RecorderWarning` the first time; the step function still gets it."""
+        out = values
+        for name, v in values.items():
+            if type(v) in _SMALL:
+                continue
+            why = value_excess(v)
+            if why is None:
+                continue
+            if out is values:
+                out = dict(values)
+            out[name] = unrecorded(f"{type(v).__name__} {why}")
+            if name not in self._warned_values:
+                self._warned_values.add(name)
+                warnings.warn(
+                    f"replay: the per-step value {name!r} ({type(v).__name__}) is {why}, beyond "
+                    "what a step record holds (replay.capture.bounded.VALUE_LIMITS); it is "
+                    "recorded as left out, training goes on, and a replay whose step function "
+                    "takes it refuses",
+                    RecorderWarning,
+                    stacklevel=3,
+                )
+        return out
+
     def _record_exception(
         self,
         t: int,
@@ -656,10 +714,16 @@ class Recorder:
             health["optimizer_stepped"] = float(stepped)
             health["grad_norm"] = gn
             health["grad_absmax"] = gmax  # not a column: decides grad_nonfinite exactly
-            if self.config.is_fingerprint_step(t) or _looks_bad(loss, gn):
+            params_too = self.config.is_fingerprint_step(t) or _looks_bad(loss, gn)
+            if self._watch:
+                self._watch.end()
+                params_too = params_too or self._watch.any_bad()
+            if params_too:
                 fp = param_fingerprint(self._params)
                 health["param_fingerprint"] = fp
                 health["param_absmax"] = exact_if_needed(fp, lambda: absmax(self._params))
+            if self._watch:
+                self._watch.into(health, params_too)
             local_gn = self._ranks.local_grad_norm()
             if local_gn is not None:
                 health["local_grad_norm"] = local_gn
@@ -823,6 +887,7 @@ class Recorder:
                 max_pending_steps=self.config.max_pending_steps,
                 max_pending_seconds=self.config.max_pending_seconds,
                 pool=self._pool,
+                watched=self._watch.names,
             )
         return self._writer
 
@@ -872,6 +937,7 @@ class Recorder:
                 self.config.keep_snapshots, _pow2(snap_guess, 4096, 1 << 20), snap_guess
             ),
             health_slots=self.config.health_slots,
+            watched=self._watch.names,
         )
 
     def flush(self, timeout: float | None = 60.0) -> None:
@@ -939,6 +1005,7 @@ class Recorder:
         self._closed = True
         try:
             self._probe_grads.close()
+            self._watch.close()
             self._ranks.close()
         finally:
             if self._writer is not None:

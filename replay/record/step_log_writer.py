@@ -26,7 +26,7 @@ from ..capture.health import health_values
 from ..capture.rng import rng_to_tree
 from ..capture.tensors import to_leaves
 from ..store.contracts import StepException, StepRecord
-from ..store.layout import HEALTH_COLUMNS
+from ..store.layout import HEALTH_COLUMNS, object_columns
 from ..store.step_log import StepLog
 from ..store.tree import Spliced, decode, encode
 from ..store.writer import PackCache, manifest_text, pack_parts
@@ -48,8 +48,12 @@ def on_host(tree: Any) -> bool:
 class StepLogWriter:
     """Begins, publishes or abandons one step at a time in a :class:`StepLog`."""
 
-    def __init__(self, log: StepLog, *, alive: Callable[[], bool]) -> None:
+    def __init__(
+        self, log: StepLog, *, alive: Callable[[], bool], watched: tuple[str, ...] = ()
+    ) -> None:
         self.log = log
+        self.watched = watched  # the objects with their own health columns (capture/watch.py)
+        self._ncols = len(HEALTH_COLUMNS) + len(object_columns(watched))
         self._alive = alive  # whether the writer process still reads the log
         self.waited = 0  # steps that found the log full and waited for the writer
         self.overflowed = 0  # steps that went the slow way for want of room
@@ -109,7 +113,7 @@ class StepLogWriter:
         }
         # The step number changes every step and nothing else in the layout usually does.
         parts, mlen = self._packer.pack(record, (f'{{"t":"int","v":{int(step)}}}', *hp_text))
-        ncols = len(HEALTH_COLUMNS)
+        ncols = self._ncols
         if self.log.begin(step, parts, mlen, ncols):
             self._begun = True
             return True
@@ -137,7 +141,7 @@ class StepLogWriter:
         return True
 
     def publish(self, health: dict[str, Any]) -> None:
-        self.log.publish(health_values(health))
+        self.log.publish(health_values(health, self.watched))
         self._begun = False
 
     def abandon(self, exception: StepException) -> StepRecord:

@@ -89,8 +89,10 @@ class BackgroundWriter:
         max_pending_steps: int = 1 << 62,
         max_pending_seconds: float = 0.0,
         pool: HostPool | None = None,
+        watched: tuple[str, ...] = (),
     ) -> None:
         self._make_store = make_store
+        self._watched = watched  # objects with their own health columns (capture/watch.py)
         self._pool = pool
         self._store: WriterClient | None = None
         self._jobs: collections.deque[Any] = collections.deque()
@@ -266,7 +268,7 @@ class BackgroundWriter:
             }
             payload, mlen = pack_parts(record)
             steps.append(StepFrame(job.step, payload, mlen))
-            health.append(HealthFrame(job.step, health_row(job.health)))
+            health.append(HealthFrame(job.step, health_row(job.health, self._watched)))
             last = job.step if last is None else max(last, job.step)
         if self._store is None:
             self._store = self._make_store()

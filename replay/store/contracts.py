@@ -34,6 +34,7 @@ __all__ = [
     "HEALTH_KEYS",
     "HEALTH_INPUTS",
     "HEALTH_DERIVED",
+    "OBJECT_KEYS",
     "check_health_keys",
     "StepRecord",
     "StepException",
@@ -97,9 +98,20 @@ HEALTH_INPUTS = frozenset({"grad_absmax", "param_absmax", "scale_after"})
 HEALTH_KEYS = (frozenset(HEALTH_COLUMNS) - HEALTH_DERIVED) | HEALTH_INPUTS
 
 
+#: What a watched object's health may carry, as ``<object>__<name>`` (``netG__grad_norm``).
+OBJECT_KEYS = frozenset({"grad_norm", "grad_absmax", "param_fingerprint", "param_absmax"})
+
+
 def check_health_keys(names: Any) -> None:
-    """Raise ``KeyError`` naming any of ``names`` that is not in :data:`HEALTH_KEYS`."""
-    unknown = sorted(set(names) - HEALTH_KEYS)
+    """Raise ``KeyError`` naming any of ``names`` that is not in :data:`HEALTH_KEYS` or a
+    watched object's ``<object>__<key>`` with a key of :data:`OBJECT_KEYS`."""
+    unknown = sorted(
+        n
+        for n in set(names) - HEALTH_KEYS
+        if not (
+            isinstance(n, str) and n.rpartition("__")[0] and n.rpartition("__")[2] in OBJECT_KEYS
+        )
+    )
     if unknown:
         raise KeyError(
             f"unknown health key(s) {', '.join(unknown)}: the health names are "

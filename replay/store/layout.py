@@ -36,3 +36,28 @@ HEALTH_COLUMNS = (
 COL = {name: i for i, name in enumerate(HEALTH_COLUMNS)}
 
 STATUS_FIELDS = ("closed", "last_step", "steps_total", "snapshots_total")
+
+# Per-object columns (appended after HEALTH_COLUMNS, written only when the run has them): every
+# model and optimizer among the run's named objects beyond ``model`` and ``optimizer`` (whose
+# health the columns above hold) gets these, named ``<object>__<metric>`` (``netG__grad_norm``):
+# an identifier, so ``replay bisect --until`` expressions can use it.
+OBJECT_METRICS = (
+    "grad_norm",  # L2 norm of the object's gradients, before any clip and before its update
+    "grad_nonfinite",  # 1.0 when one of its gradients held NaN/Inf before the update
+    "param_fingerprint",  # sum of per-parameter L2 norms after the step (fingerprint steps)
+    "param_nonfinite",  # 1.0 when one of its parameters held NaN/Inf after the update
+)
+OBJECT_SEP = "__"
+
+
+def object_columns(names: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """The health columns of the watched objects ``names``, in the order the row holds them."""
+    return tuple(f"{n}{OBJECT_SEP}{m}" for n in names for m in OBJECT_METRICS)
+
+
+def split_object_column(column: str) -> tuple[str, str] | None:
+    """``("netG", "grad_norm")`` for ``"netG__grad_norm"``; ``None`` for a plain column."""
+    name, sep, metric = column.rpartition(OBJECT_SEP)
+    if not sep or not name or metric not in OBJECT_METRICS:
+        return None
+    return name, metric

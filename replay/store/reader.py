@@ -38,6 +38,7 @@ from .layout import (
     HEALTH_COLUMNS,
     READABLE_VERSIONS,
     STATUS_FIELDS,
+    split_object_column,
 )
 from .tree import decode
 
@@ -682,7 +683,26 @@ class Recording:
         for name in HEALTH_COLUMNS:
             i = have.get(name)
             out[name] = vals[:, i] if i is not None else np.full(len(vals), np.nan)
+        # Then each watched object's columns (netG__grad_norm, ...), as the file names them.
+        for name in self.object_columns:
+            out[name] = vals[:, have[name]]
         return out
+
+    @property
+    def object_columns(self) -> list[str]:
+        """The watched objects' health columns this file holds (``store.layout``'s
+        ``object_columns``; none in a run with one model and one optimizer)."""
+        return [c for c in self._columns if split_object_column(c) is not None]
+
+    @property
+    def watched_objects(self) -> list[str]:
+        """The names of the objects with their own health columns, in the file's order."""
+        names: list[str] = []
+        for c in self.object_columns:
+            name = split_object_column(c)[0]  # type: ignore[index]  # (object columns only)
+            if name not in names:
+                names.append(name)
+        return names
 
     @property
     def health_columns(self) -> list[str]:
@@ -700,6 +720,9 @@ class Recording:
         skipped = h["scaler_skipped"] == 1
         nonfinite = (h["loss_nonfinite"] == 1) | (h["param_nonfinite"] == 1)
         nonfinite |= (h["grad_nonfinite"] == 1) & ~skipped
+        for name in self.watched_objects:  # any watched object going bad is a failure
+            nonfinite |= h[f"{name}__param_nonfinite"] == 1
+            nonfinite |= (h[f"{name}__grad_nonfinite"] == 1) & ~skipped
         return {"nonfinite": first(nonfinite), "exception": first(h["raised"] == 1)}
 
     # -- replayability -------------------------------------------------------------------------

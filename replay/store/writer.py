@@ -30,6 +30,7 @@ from .layout import (
     META_ENCODING,
     RING_ENCODING,
     STATUS_FIELDS,
+    object_columns,
 )
 from .liveness import lock_path
 from .safefile import create_new, open_lock, refuse_non_regular
@@ -241,8 +242,11 @@ class StoreWriter:
         steps: RingSpec,
         snapshots: RingSpec,
         health_slots: int,
+        watched: tuple[str, ...] = (),
     ) -> None:
         self.path = path
+        # The health columns: the run's own, then each watched object's (capture/watch.py).
+        self.health_columns = HEALTH_COLUMNS + object_columns(watched)
         # Before anything is created: another live writer of this path keeps its file.
         self._lock = _take_lock(path, meta)
         try:
@@ -262,12 +266,14 @@ class StoreWriter:
         snapshots: RingSpec,
         health_slots: int,
     ) -> None:
+        ncols = len(self.health_columns)
         # Readers refuse larger rings (validate.LIMITS): never write a file they would refuse.
         for what, n, most in (
             ("step slots (snapshot_every * keep_snapshots)", steps.slots, LIMITS["ring_slots"]),
             ("snapshot slots (keep_snapshots)", snapshots.slots, LIMITS["ring_slots"]),
             ("health slots (keep_health)", health_slots, LIMITS["health_slots"]),
-            ("health values", health_slots * len(HEALTH_COLUMNS) * 8, LIMITS["health_bytes"]),
+            ("health values", health_slots * ncols * 8, LIMITS["health_bytes"]),
+            ("health columns", ncols, LIMITS["health_columns"]),
         ):
             if not 1 <= n <= most:
                 raise ValueError(f"{n} {what}: the format allows 1..{most}")
@@ -300,7 +306,7 @@ class StoreWriter:
             }
             h = f.create_group("health")
             h.attrs["encoding-type"], h.attrs["encoding-version"] = HEALTH_ENCODING
-            h.attrs["columns"] = json.dumps(list(HEALTH_COLUMNS))
+            h.attrs["columns"] = json.dumps(list(self.health_columns))
             h.attrs["slots"] = health_slots
             # Fill values instead of data: chunks are allocated as the ring fills, so a short run
             # makes a small file; the bound is the same.
@@ -313,10 +319,10 @@ class StoreWriter:
             )
             hv = h.create_dataset(
                 "values",
-                shape=(health_slots, len(HEALTH_COLUMNS)),
+                shape=(health_slots, ncols),
                 dtype=np.float64,
                 fillvalue=np.nan,
-                chunks=(min(health_slots, 1024), len(HEALTH_COLUMNS)),
+                chunks=(min(health_slots, 1024), ncols),
             )
             hc = h.create_dataset(
                 "crc", shape=(health_slots,), dtype=np.int64, chunks=(min(health_slots, 8192),)
@@ -357,7 +363,6 @@ class StoreWriter:
         self._hcrcs = np.zeros(health_slots, np.int64)
         self.health_slots = health_slots
         self._pad: dict[int, np.ndarray] = {}
-        self.health_columns = HEALTH_COLUMNS
         self.status = np.array([0, -1, 0, 0], np.int64)
 
     @staticmethod

@@ -150,6 +150,7 @@ class WriterClient:
         steps: RingSpec,
         snapshots: RingSpec,
         health_slots: int,
+        watched: tuple[str, ...] = (),
     ) -> WriterClient:
         """Create the file. ``meta`` is the run's :class:`RunMeta` (a dict: already its JSON)."""
         header = {
@@ -161,6 +162,7 @@ class WriterClient:
             "steps": [steps.slots, steps.chunk, steps.capacity],
             "snapshots": [snapshots.slots, snapshots.chunk, snapshots.capacity],
             "health_slots": health_slots,
+            "watched": list(watched),
         }
         self._send(header, [])
         self._answer()
@@ -444,6 +446,7 @@ class _Server:
                 steps=RingSpec(*header["steps"]),
                 snapshots=RingSpec(*header["snapshots"]),
                 health_slots=header["health_slots"],
+                watched=tuple(header.get("watched") or ()),
             )
         elif op == "sync":
             self.take_log()

@@ -293,9 +293,13 @@ class Tracer:
         present_keys: set[int],
         cuda: bool = False,
         mask_keys: set[int] | None = None,
+        others: Sequence[tuple[str, object]] = (),
     ) -> None:
         self.model = model
         self.optimizer = optimizer
+        # The run's other models and optimizers by name (a GAN's netG and optG): their modules
+        # are named ``netG.<module>``, their optimizer steps are watched like the optimizer's.
+        self.others = list(others)
         self.off = False
         # plain tensors only (no DTensor or other subclass that needs torch functions to work):
         # the per-op bookkeeping runs with torch functions disabled, a few microseconds an op
@@ -346,13 +350,24 @@ class Tracer:
 
     # ---------------------------------------------------------------- setup and teardown
     def __enter__(self) -> Tracer:
-        for name, mod in self.model.named_modules():
+        named = list(self.model.named_modules())
+        for prefix, obj in self.others:
+            if isinstance(obj, torch.nn.Module):
+                named += [(f"{prefix}.{n}" if n else prefix, m) for n, m in obj.named_modules()]
+        for name, mod in named:
+            if mod in self._module_names:
+                continue  # (a module the model holds too keeps the model's name)
             self._module_names[mod] = self.modules(name)
             self._handles.append(mod.register_forward_pre_hook(self._pre_forward))
             self._handles.append(mod.register_forward_hook(self._post_forward, always_call=True))
-        if self.optimizer is not None:
-            self._handles.append(self.optimizer.register_step_pre_hook(self._pre_step))
-            self._handles.append(self.optimizer.register_step_post_hook(self._post_step))
+        opts = [
+            self.optimizer,
+            *(o for _, o in self.others if isinstance(o, torch.optim.Optimizer)),
+        ]
+        for opt in opts:
+            if opt is not None:
+                self._handles.append(opt.register_step_pre_hook(self._pre_step))
+                self._handles.append(opt.register_step_post_hook(self._post_step))
         self._patch_function_apply()
         self._patch_backward()
         self._quiet.__enter__()

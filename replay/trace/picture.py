@@ -4,6 +4,7 @@ per sample, and the tensors present before the step (for the origins of non-fini
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import NamedTuple, TypedDict
 
 import numpy as np
@@ -146,13 +147,24 @@ def mask_buffer_keys(model: torch.nn.Module) -> set[int]:
     return keys
 
 
-def present_keys(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> set[int]:
-    """Storages of parameters, gradients, buffers and optimizer state before the step."""
+def present_keys(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    others: Sequence[object] = (),
+) -> set[int]:
+    """Storages of parameters, gradients, buffers and optimizer state before the step, of the
+    model and optimizer and of ``others`` (the run's other models and optimizers)."""
     keys: set[int] = set()
-    ts = list(model.parameters()) + list(model.buffers())
-    ts += [p.grad for p in model.parameters() if p.grad is not None]
-    if optimizer is not None:
-        for state in optimizer.state.values():
+    modules = [model, *(o for o in others if isinstance(o, torch.nn.Module))]
+    opts = [optimizer, *(o for o in others if isinstance(o, torch.optim.Optimizer))]
+    ts: list[torch.Tensor] = []
+    for m in modules:
+        ts += list(m.parameters()) + list(m.buffers())
+        ts += [p.grad for p in m.parameters() if p.grad is not None]
+    for opt in opts:
+        if opt is None:
+            continue
+        for state in opt.state.values():
             ts += [v for v in state.values() if isinstance(v, torch.Tensor)]
     for t in ts:
         k = storage_key(t)
@@ -200,9 +212,20 @@ def _norm(t: torch.Tensor) -> float:
 class ParamPicture:
     """Snapshot parameters before the step; grads when the optimizer starts; compare after."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(
+        self, model: torch.nn.Module, others: Sequence[tuple[str, torch.nn.Module]] = ()
+    ) -> None:
+        """``others``: the run's other models by name (a GAN's ``netG``); their parameters are
+        named ``netG.<parameter>``."""
         self.names = [n for n, _ in model.named_parameters()]
         self.params = [p for _, p in model.named_parameters()]
+        seen = {id(p) for p in self.params}
+        for prefix, mod in others:
+            for n, p in mod.named_parameters():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    self.names.append(f"{prefix}.{n}")
+                    self.params.append(p)
         with torch.no_grad():
             self.before = [p.detach().clone() for p in self.params]
         self.grads: list[_GradStats] | None = None

@@ -7,7 +7,7 @@ import sys
 import time
 import traceback
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -76,6 +76,30 @@ def stderr_progress() -> Callable[[Tracer], None]:
     return report
 
 
+def _state_tensors(
+    modules: list[tuple[str, torch.nn.Module]], opts: list[tuple[str, Any]]
+) -> dict[str, torch.Tensor]:
+    """The floating buffers of ``modules`` and the floating state of ``opts`` (moments, momentum
+    buffers), by name: what a step changes besides parameters and gradients."""
+    out: dict[str, torch.Tensor] = {}
+    for prefix, m in modules:
+        for n, b in m.named_buffers():
+            if b.is_floating_point():
+                out[f"{prefix}{n}"] = b
+    for prefix, opt in opts:
+        index = {id(p): i for i, p in enumerate(p for g in opt.param_groups for p in g["params"])}
+        for p, st in opt.state.items():
+            for k, v in st.items():
+                if isinstance(v, torch.Tensor) and v.is_floating_point() and v.numel():
+                    out[f"{prefix}state[{index.get(id(p), '?')}].{k}"] = v
+    return out
+
+
+def _finite(t: torch.Tensor) -> bool:
+    with torch.no_grad():
+        return bool(torch.isfinite(t).all())
+
+
 def _match_raise(tracer: Tracer, exc: BaseException) -> int | None:
     text = str(exc)
     for r in reversed(tracer.raised):
@@ -93,6 +117,7 @@ def trace_step(
     *,
     scaler: object = None,
     progress: Callable[[Tracer], None] | None = None,
+    others: Mapping[str, object] | None = None,
 ) -> TraceResult:
     """Run ``step_fn(model, optimizer, batch)`` once, recording every aten op of forward,
     backward and the optimizer step, and return what was seen with a verdict.
@@ -101,6 +126,9 @@ def trace_step(
     ``scaler``: the GradScaler the step uses, so that a step it skips is not a failure.
     ``progress``: called every few thousand ops (``stderr_progress()`` prints a line on stderr
     every few seconds).
+    ``others``: the run's other models and optimizers by name (a GAN's ``netG``, ``optG``):
+    their gradients and parameters are sinks too, their modules are named ``netG.<module>``,
+    and their state is present before the step like the model's.
 
     Example::
 
@@ -111,16 +139,22 @@ def trace_step(
     bsize = batch_size_of(batch)
     batch_pic, batch_bad = batch_picture(batch, bsize)
     data = batch_nonfinite(batch) if batch_bad else []
-    params = ParamPicture(eager)
+    other = [
+        (n, o)
+        for n, o in (others or {}).items()
+        if isinstance(o, (torch.nn.Module, torch.optim.Optimizer))
+    ]
+    params = ParamPicture(eager, [(n, o) for n, o in other if isinstance(o, torch.nn.Module)])
     batch_keys = {k for _, t in batch_leaves(batch) if (k := storage_key(t)) is not None}
     cuda = any(p.is_cuda for p in eager.parameters())
     tracer = Tracer(
         eager,
         optimizer,
         batch_keys,
-        present_keys(eager, optimizer),
+        present_keys(eager, optimizer, [o for _, o in other]),
         cuda=cuda,
         mask_keys=mask_buffer_keys(eager),
+        others=other,
     )
     sinks: list[tuple[str, frozenset[int]]] = []
     notes: list[str] = []
@@ -137,6 +171,15 @@ def trace_step(
         ran_optimizer.append(True)
         grad_sink()
 
+    # Buffers and optimizer state: a sink too when the step makes them non-finite (a running
+    # statistic or an Adam moment that overflows while the parameters stay finite), so the step
+    # that broke them is the one blamed, not the later step that reads them.
+    state_modules = [("", eager)] + [
+        (f"{n}.", o) for n, o in other if isinstance(o, torch.nn.Module)
+    ]
+    state_opts = [("optimizer.", optimizer)] if optimizer is not None else []
+    state_opts += [(f"{n}.", o) for n, o in other if isinstance(o, torch.optim.Optimizer)]
+    finite_before = {n: _finite(t) for n, t in _state_tensors(state_modules, state_opts).items()}
     tracer.on_optimizer_pre = at_optimizer
     tracer.progress = progress
     loss_value: float | None = None
@@ -170,6 +213,15 @@ def trace_step(
     if bad_params:
         origins = frozenset().union(*(tracer.origins.of(p) for _, p in bad_params))
         sinks.append((f"parameters ({', '.join(n for n, _ in bad_params[:4])})", origins))
+    if exc_info is None:
+        bad_state = [
+            (n, t)
+            for n, t in _state_tensors(state_modules, state_opts).items()
+            if finite_before.get(n, True) and not _finite(t)
+        ]
+        if bad_state:
+            origins = frozenset().union(*(tracer.origins.of(t) for _, t in bad_state))
+            sinks.append((f"state ({', '.join(n for n, _ in bad_state[:4])})", origins))
 
     exception: TraceException | None = None
     if exc_info is not None:

@@ -232,8 +232,8 @@ def build_verdict(
     elif PRESENT in first:
         v["cause"] = "state"
         v["notes"].append(
-            "parameters, gradients or optimizer state were already non-finite "
-            "before this step: the failure began at an earlier step"
+            "parameters, gradients, buffers or optimizer state were already non-finite when "
+            "this step began"
         )
         culprit = _first_consumer(tr, PRESENT)
     elif (earliest := _first_real(tr, reached)) is not None:

@@ -107,3 +107,20 @@ def test_watcher_continues_aggregates_from_the_rows_before_the_replay():
     fails = p.watcher(prior)
     assert not fails({"step": 3, "loss": 2.9})
     assert fails({"step": 4, "loss": 3.5})
+
+
+def test_object_columns_are_found_in_an_expression_and_read_from_rows():
+    from replay.bisect.predicate import object_columns_in
+    from replay.store.layout import HEALTH_COLUMNS
+
+    text = "netG__grad_norm > 4 * median_netG__grad_norm or optB__param_nonfinite == 1"
+    cols = object_columns_in(text)
+    assert cols == ["netG__grad_norm", "optB__param_nonfinite"]
+    assert object_columns_in("grad_norm > 1 and netG__loss > 1") == []
+    e = Expression.parse(text, (*HEALTH_COLUMNS, *cols))
+    hist = History({a.column for a in e.aggregates})
+    for v in (1.0, 1.0, 1.0):
+        hist.add({"netG__grad_norm": v})
+    assert e.evaluate({"netG__grad_norm": 5.0, "optB__param_nonfinite": 0.0}, hist)
+    assert not e.evaluate({"netG__grad_norm": 3.0, "optB__param_nonfinite": 0.0}, hist)
+    assert not e.evaluate({}, hist)  # a recording without the column: NaN, never a failure
