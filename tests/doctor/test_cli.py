@@ -136,3 +136,30 @@ def test_doctor_flags_a_run_trained_in_eval_mode(recording):
 def test_a_carried_rnn_state_is_not_judged_as_an_input(recording):
     found = _doctor(recording("loop:rnn_state"))
     assert "inputs_not_normalised" not in found
+
+
+def test_doctor_on_a_rank_set_name_reports_every_rank_and_who_went_bad_first(tmp_path):
+    """`replay doctor run.h5` on a rank set exited 3 `run.h5: no such file`."""
+    from tests.conftest import replay_cli, run_env
+
+    fixture = os.path.join(os.path.dirname(__file__), "..", "tui", "rank_fixture.py")
+    base = str(tmp_path / "run.h5")
+    for r in (0, 1):
+        subprocess.run(
+            [sys.executable, fixture, str(r), base, "--steps", "16"]
+            + (["--nan-at", "9"] if r == 1 else []),
+            env=run_env(),
+            check=True,
+            capture_output=True,
+            timeout=300,
+        )
+    p = replay_cli("doctor", base)
+    assert p.returncode == 0, p.stderr
+    assert "a rank set of 2 ranks; first bad at step 9 on rank 1" in p.stdout
+    assert "== rank 0 ==" in p.stdout and "== rank 1 ==" in p.stdout
+    assert "slowest: rank" in p.stdout
+    j = replay_cli("doctor", base, "--json")
+    d = json.loads(j.stdout)
+    assert d["first_bad_step"] == 9 and d["first_bad_ranks"] == [1]
+    assert set(d["ranks"]) == {"0", "1"}
+    assert any(f["rule"] == "nonfinite_recorded" for f in d["ranks"]["1"])
