@@ -248,7 +248,7 @@ class Recorder:
                     not_replayable = f"no build_fn, and {self._no_program}"
                     warnings.warn(
                         f"replay: {not_replayable}: replay cannot run it again, so this run's steps "
-                        "will not replay; pass build_fn= (docs/entry-points.md)",
+                        "will not replay; pass build_fn= (docs/recording.md)",
                         RecorderWarning,
                         stacklevel=2,
                     )
