@@ -296,6 +296,8 @@ class Recorder:
             self._writer_exit_seen = False
             self._warned = False
             self._warned_wait = False  # training waited for a writer that fell behind: said once
+            self._spilled = False  # the step being recorded went past the step log
+            self._spills = 0  # records too large for the log, passed on before step returned
             self._closed = False
             self._pid = os.getpid()  # the process recording (a fork's children inherit this object)
             self._pending_check: tuple[int, torch.Tensor] | None = None
@@ -583,13 +585,16 @@ class Recorder:
     ) -> tuple[bool, StepJob]:
         """The step's record: into the step log when the step lives in host memory (safe once
         the step returns, ``direct``), else copied for the writer thread."""
-        direct = bool(
+        loggable = bool(
             self._log is not None
             and not (self._cuda_built and torch.cuda.is_initialized())  # type: ignore[no-untyped-call]  # torch stubs
             and on_host(batch)
             and on_host(values)
-            and self._log.begin(t, rng, hparams, modes, batch, values)
         )
+        direct = loggable and self._log.begin(t, rng, hparams, modes, batch, values)  # type: ignore[union-attr]
+        # A CPU step the log could not take (larger than the log, or its writer process gone)
+        # goes by the writer thread, and the step waits until it is passed on (_finish).
+        self._spilled = loggable and not direct
         job = StepJob(
             step=t,
             rng=rng,
@@ -678,6 +683,8 @@ class Recorder:
                 self._log.publish(health)  # type: ignore[union-attr]
             else:
                 self._submit_step(job, copied)
+                if self._spilled:
+                    self._wait_handed()
         except Exception as e:  # noqa: BLE001 - the recorder must never take training down
             self._give_up("recording the step's health", e)
             self.next_step = t + 1
@@ -751,12 +758,12 @@ class Recorder:
         if dtensors:
             live["dtensors"] = dtensors
         writer = self._writer_or_start()  # (it creates the file; the log's records wait)
-        if (
+        loggable = bool(
             self._log is not None
             and not (self._cuda_built and torch.cuda.is_initialized())  # type: ignore[no-untyped-call]  # torch stubs
             and on_host(live)
-            and self._log.snapshot(t, slot, live)
-        ):
+        )
+        if loggable and self._log.snapshot(t, slot, live):  # type: ignore[union-attr]
             return
         copied = CopyStats()
         state = {"step": t, **copy_tree(live, stats=copied)}
@@ -765,6 +772,17 @@ class Recorder:
             event = torch.cuda.Event()  # type: ignore[no-untyped-call]  # torch stubs
             event.record()
         writer.submit(SnapshotJob(t, slot, state, event, copied.nbytes))
+        if loggable:
+            self._wait_handed()  # a CPU snapshot the log could not take: passed on before the step
+
+    def _wait_handed(self) -> None:
+        """A record the step log could not take went to the writer thread: wait until it is
+        passed on to the writer process, whose pipe and shared ring outlive training, so that
+        the step is safe once ``step`` returns, as a step in the log is."""
+        if self._writer is not None:
+            self._writer.wait_handed()
+            if self._writer.error is None:
+                self._spills += 1
 
     def _give_up(self, what: str, e: Exception) -> None:
         """Recording fails on the training thread: stop it, say so once, keep training."""
@@ -904,6 +922,17 @@ class Recorder:
                 "replay: training waited for the recorder's writer process, which fell "
                 f"{self._log.log.size >> 20} MiB of steps behind (the CPU or the disk does not "
                 "keep up); recording goes on, and every step is safe once it returns",
+                RecorderWarning,
+                stacklevel=3,
+            )
+        if self._spills and not self._warned_wait and self._log is not None:
+            self._warned_wait = True
+            warnings.warn(
+                "replay: a step's record did not fit the recorder's step log "
+                f"({self._log.log.size >> 20} MiB, shared with its writer process): training "
+                "waited until the writer had taken it before the step returned (each such step "
+                "waits for its own write); recording goes on, and every step is safe once it "
+                "returns",
                 RecorderWarning,
                 stacklevel=3,
             )

@@ -93,7 +93,8 @@ class StepLogWriter:
         values: dict[str, Any] | None,
     ) -> bool:
         """Copy the step's record into the log; ``False``: the caller hands the step to the
-        writer thread instead (a record too large for the log, or the writer process gone).
+        writer thread instead (a record too large for the log, or the writer process gone) and
+        waits until it is passed on, so that it too is safe once the step returns.
 
         A full log means the writer process is behind: training waits for room, as long as
         that process lives (a bounded backlog is what bounds a kill's loss, and memory)."""

@@ -110,6 +110,7 @@ class BackgroundWriter:
         self.max_pending_seconds = max_pending_seconds
         self.error: str | None = None
         self.throttled = 0
+        self.throttled_handed = 0  # waits of wait_handed that found the job not yet passed on
         self._thread = threading.Thread(target=self._run, name="replay-writer", daemon=True)
         self._thread.start()
 
@@ -156,6 +157,19 @@ class BackgroundWriter:
     def _signal(self) -> None:
         self._unsignalled = 0
         self._wake.set()
+
+    def wait_handed(self) -> None:
+        """Block until every job submitted so far is passed on to the writer process (in its
+        pipe or its shared ring: a frame it holds survives the training process), or recording
+        failed. A step the step log cannot hold waits here before ``Recorder.step`` returns."""
+        target = self._submitted_steps
+        self._signal()
+        with self._drained:
+            while self._committed_steps < target:
+                if self.error is not None or not self._thread.is_alive():
+                    return
+                self.throttled_handed += 1
+                self._drained.wait(timeout=1.0)
 
     def flush(self, timeout: float | None = 60.0) -> bool:
         """Block until everything submitted so far is committed (or recording failed)."""
@@ -219,7 +233,7 @@ class BackgroundWriter:
             self._committed_steps += len(jobs)
             for _ in jobs:
                 self._times.popleft()
-            if not self._behind() or self.error:
+            if not self._behind() or self.error or jobs:
                 with self._drained:
                     self._drained.notify_all()
             for j in items:

@@ -1,0 +1,126 @@
+"""Issue 32: a step is durable once ``rec.step`` returns (real processes, real SIGKILLs).
+
+The runs come from ``scripts/kill_target.py``, a fork server (torch imported once); each run
+keeps its own count of the steps that returned in ``OUT.h5.progress``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import warnings
+
+import numpy as np
+import pytest
+
+from replay.store import open_recording
+from replay.store.liveness import writer_state
+from tests.conftest import ROOT, SCRIPTS
+
+sys.path.insert(0, str(SCRIPTS))
+
+
+def _progress(out) -> int:
+    try:
+        with open(f"{out}.progress", "rb") as fh:
+            raw = fh.read(8)
+    except FileNotFoundError:
+        return 0
+    return int(np.frombuffer(raw, "<i8")[0]) if len(raw) == 8 else 0
+
+
+def _wait(cond, what, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.005)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+@pytest.fixture(scope="module")
+def server():
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    proc = subprocess.Popen(
+        [sys.executable, str(SCRIPTS / "kill_target.py")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+    def run(out, kind, kill_at=None):
+        line = f"RUN {out} {kind} 0" + ("" if kill_at is None else f" {kill_at}")
+        proc.stdin.write(line + "\n")
+        proc.stdin.flush()
+        return int(proc.stdout.readline())
+
+    yield run
+    proc.stdin.close()
+    proc.wait(30)
+    proc.stdout.close()
+
+
+def test_a_step_larger_than_the_step_log_is_in_the_file_once_it_returned(server, tmp_path):
+    """Was: a 50 MB batch (the step log holds 64 MiB, a record at most half) went by the writer
+    thread, which had not passed it on when ``rec.step`` returned; SIGKILL right after step k
+    returned left (k, steps in the file) = (2,1) (3,1) (4,2) (5,2)."""
+    import kill_target
+
+    for k in (2, 3, 5):
+        out = tmp_path / f"big{k}.h5"
+        pid = server(out, "big", k)
+        _wait(lambda pid=pid: _gone(pid), "the run to kill itself")
+        _wait(lambda out=out: writer_state(str(out)) is None, "the writer to finish")
+        assert _progress(out) == k
+        with open_recording(out) as rec:
+            assert list(rec.steps()) == list(range(k)), (k, list(rec.steps()))
+            x, y = kill_target.make_batch("big", k - 1)
+            got = rec.read_step(k - 1)["batch"]
+            assert np.array_equal(got[0].data, x.numpy())
+            assert np.array_equal(got[1].data, y.numpy())
+
+
+def test_a_step_larger_than_the_step_log_warns_once_that_training_waits(tmp_path):
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    import replay
+    from replay.errors import RecorderWarning
+
+    model = nn.Linear(8, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def step(batch):
+        x, y = batch
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    rows = 1_250_000  # 50 MB a step: a record larger than half the 64 MiB log
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with replay.Recorder(
+            tmp_path / "run.h5",
+            objects={"model": model, "optimizer": opt},
+            step_fn=step,
+            self_check=False,
+        ) as rec:
+            for t in range(3):
+                rec.step((torch.full((rows, 8), float(t)), torch.zeros(rows, dtype=torch.long)))
+    said = [str(w.message) for w in caught if issubclass(w.category, RecorderWarning)]
+    assert sum("did not fit the recorder's step log" in m for m in said) == 1, said
+    with open_recording(tmp_path / "run.h5") as r:
+        assert list(r.steps()) == [0, 1, 2]
