@@ -776,11 +776,11 @@ class Recorder:
             self._wait_handed()  # a CPU snapshot the log could not take: passed on before the step
 
     def _wait_handed(self) -> None:
-        """A record the step log could not take went to the writer thread: wait until it is
-        passed on to the writer process, whose pipe and shared ring outlive training, so that
-        the step is safe once ``step`` returns, as a step in the log is."""
+        """A record the step log could not take went to the writer thread: wait until it is in
+        the file, so that the step is safe once ``step`` returns, as a step in the log is (and
+        stays so when the writer process dies: see ``BackgroundWriter._died``)."""
         if self._writer is not None:
-            self._writer.wait_handed()
+            self._writer.wait_committed()
             if self._writer.error is None:
                 self._spills += 1
 
@@ -841,6 +841,10 @@ class Recorder:
                 max_pending_steps=self.config.max_pending_steps,
                 max_pending_seconds=self.config.max_pending_seconds,
                 pool=self._pool,
+                take_over=self._take_over if self._client.step_log is not None else None,
+                pending_in_log=self._client.step_log.pending_steps
+                if self._client.step_log is not None
+                else None,
             )
         return self._writer
 
@@ -891,6 +895,11 @@ class Recorder:
             ),
             health_slots=self.config.health_slots,
         )
+
+    def _take_over(self) -> WriterClient:
+        """Runs on the writer thread when the writer process died: a successor on the same
+        file and the same step log (the log lives in this process too)."""
+        return WriterClient(step_log=self._client.step_log).reopen(self.path)
 
     def flush(self, timeout: float | None = 60.0) -> None:
         """Wait until every recorded step is on disk."""
@@ -955,6 +964,8 @@ class Recorder:
                 if w.error.startswith("UnsafePath")
                 else "training goes on, and the steps flushed before the failure stay readable"
             )
+            if w.taken_over is not None:
+                after = f"{w.taken_over}; training goes on unrecorded from step {self.next_step}"
             warnings.warn(
                 f"replay: recording to {self.path} stopped ({w.error}); {after}",
                 RecorderWarning,
@@ -973,6 +984,9 @@ class Recorder:
             if self._writer is not None:
                 self._writer.close()
                 self._check_writer()
+            client = getattr(self, "_client", None)
+            if client is not None and client.step_log is not None:
+                client.step_log.close()  # (kept open for a successor writer process)
             if self._prev_sigterm is not None:
                 try:
                     signal.signal(signal.SIGTERM, self._prev_sigterm)

@@ -22,6 +22,7 @@ import numpy as np
 
 from .checksum import health_crc, slot_crc
 from .contracts import HealthFrame, SnapshotFrame, StepFrame
+from .h5clear import clear_status_flags
 from .layout import (
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -335,8 +336,32 @@ class StoreWriter:
         f.close()
         raw.close()
         os.replace(tmp, path)  # the file appears complete, never half-created
+        self._open(path, known=False)
+
+    @classmethod
+    def reopen(cls, path: str) -> StoreWriter:
+        """Go on writing a recording whose writer died (``kill -9``), under its lock: its
+        status flags cleared (``h5clear.py``), its markers, lengths and status read back. Slots
+        the dead writer had invalidated and not rewritten stay invalid."""
+        self = cls.__new__(cls)
+        self.path = path
+        self._lock = _take_lock(path, {})
+        try:
+            refuse_non_regular(path)
+            clear_status_flags(path)
+            self._open(path, known=True)
+        except BaseException:
+            _release_lock(path, self._lock)
+            self._lock = None
+            raise
+        return self
+
+    def _open(self, path: str, *, known: bool) -> None:
+        """Open the file for SWMR writing; ``known``: it was written before (``reopen``), so
+        read what this writer keeps in memory back from it."""
         self.f = h5py.File(path, "r+", libver="latest")
         self.f.swmr_mode = True
+        health_slots = int(self.f["health"].attrs["slots"])
         # Handles are opened once: no temporaries are created (or released) during a commit,
         # which matters when a commit fails half-way (see BackgroundWriter._abandon).
         self._ring_ds = {
@@ -359,6 +384,17 @@ class StoreWriter:
         self._pad: dict[int, np.ndarray] = {}
         self.health_columns = HEALTH_COLUMNS
         self.status = np.array([0, -1, 0, 0], np.int64)
+        if known:
+            for ring, ds in self._ring_ds.items():
+                self._markers[ring][:] = ds["step"][:]
+                for i, k in enumerate(("nbytes", "mlen", "crc")):
+                    self._lengths[ring][i][:] = ds[k][:]
+            self._hmarkers[:] = self._hstep[:]
+            self._hcrcs[:] = self._hcrc[:]
+            self.status[:] = self._status[:]
+            self.status[0] = 0
+            self._status[:] = self.status  # not closed cleanly (any more)
+            self.f.flush()
 
     @staticmethod
     def _create_ring(f: h5py.File, name: str, spec: RingSpec) -> str:

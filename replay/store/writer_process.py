@@ -107,18 +107,20 @@ def _grow_pipe(stream: Any) -> None:
 class WriterClient:
     """Parent side: ``commit``/``sync``/``close`` like :class:`StoreWriter`, in a child process."""
 
-    def __init__(self, log_bytes: int = LOG_BYTES) -> None:
+    def __init__(self, log_bytes: int = LOG_BYTES, *, step_log: StepLog | None = None) -> None:
         """Start the child now; it imports numpy and h5py while training gets going.
-        ``log_bytes``: the step log's size (see step_log.py)."""
+        ``log_bytes``: the step log's size (see step_log.py). ``step_log``: a dead writer
+        process's log, taken over (see ``reopen``). The log's descriptor stays open in this
+        process, for such a successor; whoever made the log closes it when recording ends."""
         env = dict(os.environ)
         pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env["PYTHONPATH"] = pkg_root + os.pathsep + env.get("PYTHONPATH", "")
         self.ring = FrameRing.create()
         # The training thread's own way in: see step_log.py. None where memfd is missing (or
         # REPLAY_STEP_LOG=off); the recorder then hands every step to its writer thread.
-        self.step_log = (
-            None if os.environ.get("REPLAY_STEP_LOG") == "off" else StepLog.create(log_bytes)
-        )
+        self.step_log = step_log
+        if step_log is None and os.environ.get("REPLAY_STEP_LOG") != "off":
+            self.step_log = StepLog.create(log_bytes)
         argv = [sys.executable, "-m", "replay.store.writer_process"]
         if self.ring is not None:
             argv += ["--ring", str(self.ring.fd)]
@@ -136,8 +138,8 @@ class WriterClient:
                 pass_fds=tuple(m.fd for m in shared),
             )
         finally:
-            for m in shared:
-                m.close()  # the mapping stays; the child has its own descriptor
+            if self.ring is not None:
+                self.ring.close()  # the mapping stays; the child has its own descriptor
         _grow_pipe(self.proc.stdin)
 
     def create(
@@ -163,6 +165,13 @@ class WriterClient:
             "health_slots": health_slots,
         }
         self._send(header, [])
+        self._answer()
+        return self
+
+    def reopen(self, path: str) -> WriterClient:
+        """Take over the file of a writer process that died, and its step log's records that
+        are not in the file yet (they are committed at the next sync or close)."""
+        self._send({"op": "reopen", "path": path}, [])
         self._answer()
         return self
 
@@ -445,6 +454,13 @@ class _Server:
                 snapshots=RingSpec(*header["snapshots"]),
                 health_slots=header["health_slots"],
             )
+        elif op == "reopen":
+            # The writer before this one died: go on with its file, and read the step log from
+            # the first record it had not released (records it committed and had not released
+            # yet are committed again: the same bytes in the same slots).
+            self.store = StoreWriter.reopen(header["path"])
+            if self.log is not None:
+                self.log_pos = self.log.released()
         elif op == "sync":
             self.take_log()
             self.commit_pending()

@@ -7,6 +7,7 @@ keeps its own count of the steps that returned in ``OUT.h5.progress``.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -124,3 +125,58 @@ def test_a_step_larger_than_the_step_log_warns_once_that_training_waits(tmp_path
     assert sum("did not fit the recorder's step log" in m for m in said) == 1, said
     with open_recording(tmp_path / "run.h5") as r:
         assert list(r.steps()) == [0, 1, 2]
+
+
+def _writer_of(pid: int) -> int:
+    """The training process's writer process (its child running writer_process)."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/children") as fh:
+            for child in fh.read().split():
+                with open(f"/proc/{child}/cmdline", "rb") as cmd:
+                    if b"replay.store.writer_process" in cmd.read():
+                        return int(child)
+    raise AssertionError("no writer process")
+
+
+def _stalls(out, quiet=1.0) -> bool:
+    """Whether the run's progress stays put for ``quiet`` seconds."""
+    before = _progress(out)
+    time.sleep(quiet)
+    return _progress(out) == before
+
+
+@pytest.mark.slow  # (about 35 s: training fills the 64 MiB log with small steps first)
+def test_a_stopped_then_killed_writer_loses_no_returned_step(server, tmp_path):
+    """Was: SIGSTOP the writer process, let training fill the shared step log and wait, then
+    SIGKILL the writer: the 816 steps that had returned and sat in the log were lost, while the
+    warning said every step is safe once it returns. Now a new writer process takes over the
+    file and the log, commits them, and the warning says so."""
+    import kill_target
+
+    out = tmp_path / "stopped.h5"
+    pid = server(out, "fast")
+    _wait(lambda: _progress(out) >= 20, "the first steps")
+    writer = _writer_of(pid)
+    os.kill(writer, signal.SIGSTOP)
+    _wait(lambda: _stalls(out), "training to wait for the stopped writer", timeout=120)
+    returned = _progress(out)
+    os.kill(writer, signal.SIGKILL)
+    _wait(lambda: _progress(out) >= returned + 50, "training to go on unrecorded")
+    os.kill(pid, signal.SIGKILL)
+    _wait(lambda: _gone(pid), "the run to die")
+    _wait(lambda: writer_state(str(out)) is None, "the writer to finish")
+    with open_recording(out) as rec:
+        last = rec.status()["last_step"]
+        assert last >= returned - 1, (returned, last)
+        h = rec.health()
+        assert list(h["step"]) == list(range(h["step"][0], last + 1))
+        assert rec.steps()[-1] == last
+        x, y = kill_target.make_batch("fast", returned - 1)
+        got = rec.read_step(returned - 1)["batch"]
+        assert np.array_equal(got[0].data, x.numpy())
+        assert np.array_equal(got[1].data, y.numpy())
+    said = (tmp_path / "stopped.h5.warnings").read_text()
+    assert "a new writer process committed" in said, said
+    assert "may be missing" not in said, said  # (the step in flight was committed again)
+    assert "every step is safe once it returns" in said  # the wait was said first
+    assert f"unrecorded from step {last + 1}" in said, said

@@ -3,7 +3,7 @@
 Reads lines ``RUN OUT.h5 KIND SEED [KILL_AT]`` on stdin and answers each with the forked child's
 pid. The child trains under a Recorder and, each time ``rec.step`` returns, stores the number of
 completed steps in ``OUT.h5.progress`` (8 bytes, little-endian): the test's own account of what
-finished, kept by the loop and not by the recorder. ``KIND`` is ``fast`` (sub-millisecond
+finished, kept by the loop and not by the recorder; its warnings go to ``OUT.h5.warnings``. ``KIND`` is ``fast`` (sub-millisecond
 steps), ``fast-group`` (the same in a process group of its own, for ``kill -9 -PGID``), ``slow``
 (a larger batch and a few milliseconds a step) or ``big`` (a 50 MB batch, larger than the step
 log). With ``KILL_AT`` the child sends itself SIGKILL right after that many steps returned. The parent never runs a torch op, so
@@ -15,6 +15,7 @@ import signal
 import struct
 import sys
 import time
+import warnings
 
 import torch
 import torch.nn as nn
@@ -61,6 +62,12 @@ def train(out: str, kind: str, kill_at: int) -> None:
     model, opt = build_slow() if kind == "slow" else build_fast()
     build = build_slow if kind == "slow" else build_fast
     progress = os.open(out + ".progress", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+
+    def keep(message, category, filename, lineno, file=None, line=None):
+        with open(out + ".warnings", "a") as fh:  # what the run said, for the test to read
+            fh.write(f"{category.__name__}: {message}\n")
+
+    warnings.showwarning = keep
     with replay.Recorder(
         out, model=model, optimizer=opt, step_fn=train_step, build_fn=build, snapshot_every=20
     ) as rec:
