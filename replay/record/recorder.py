@@ -59,7 +59,7 @@ from .ddp.policy import DdpRanks, RankPolicy, SingleProcess
 from .entry import describe_entry, describe_program, describe_step, read_source
 from .env import collect_env
 from .selfcheck import SelfCheckLauncher, enabled_by_env, skip_reason
-from .step_log_writer import StepLogWriter, on_host
+from .step_log_writer import LAG_SECONDS, LAG_STEPS, StepLogWriter, on_host
 from .writer_thread import BackgroundWriter, SnapshotJob, StepJob
 
 __all__ = ["Recorder"]
@@ -931,6 +931,16 @@ class Recorder:
                 "replay: training waited for the recorder's writer process, which fell "
                 f"{self._log.log.size >> 20} MiB of steps behind (the CPU or the disk does not "
                 "keep up); recording goes on, and every step is safe once it returns",
+                RecorderWarning,
+                stacklevel=3,
+            )
+        if self._log is not None and self._log.lagged and not self._warned_wait:
+            self._warned_wait = True
+            warnings.warn(
+                "replay: training waited for the recorder's writer process, whose file lagged "
+                f"more than {LAG_SECONDS:g} s or {LAG_STEPS} steps behind training (the CPU or "
+                "the disk does not keep up); recording goes on, every step is safe once it "
+                "returns, and a kill of the whole process group loses at most that lag",
                 RecorderWarning,
                 stacklevel=3,
             )

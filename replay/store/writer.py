@@ -428,7 +428,54 @@ class StoreWriter:
         last_step: int | None = None,
     ) -> None:
         """Durably write a group of items. Each payload here is one contiguous uint8 array;
-        a health row is a float64 vector in ``HEALTH_COLUMNS`` order."""
+        a health row is a float64 vector in ``HEALTH_COLUMNS`` order.
+
+        A group of a fast loop holds many more steps than the ring has slots: only the newest
+        item of each slot is written (the others would be overwritten within this group, never
+        seen). Each commit invalidates the slots it rewrites until its last flush, so a group is
+        written in parts: first the steps going to empty slots, with every health row, then the
+        steps that replace older ones, in two halves; each snapshot alone, as soon as its step
+        is in the ring; the status last. At every moment of a commit, ``kill -9`` included, the
+        ring still holds whole steps and a snapshot to replay them from (one group rewriting
+        every slot at once left none: a killed writer's file had no step at all)."""
+        n_steps, n_snaps = len(steps), len(snapshots)
+        nsteps = self._ring_slots["steps"]
+        steps = sorted({s.step % nsteps: s for s in steps}.values(), key=lambda s: s.step)
+        snaps = sorted({s.slot: s for s in snapshots}.values(), key=lambda s: s.step)
+        markers = self._markers["steps"]
+        fresh = [s for s in steps if markers[s.step % nsteps] < 0]
+        rest = [s for s in steps if markers[s.step % nsteps] >= 0]
+        half = max(1, len(rest) // 2) if len(rest) > nsteps // 4 else len(rest)
+        parts: list[tuple[list[StepFrame], list[SnapshotFrame]]] = []
+        for part in (fresh, rest[:half], rest[half:]):
+            if part:
+                parts.append((part, []))
+                present = set(markers[markers >= 0].tolist()) | {s.step for s in part}
+                ready = [s for s in snaps if s.step in present]
+                snaps = [s for s in snaps if s.step not in present]
+                parts += [([], [snap]) for snap in ready]
+        parts += [([], [snap]) for snap in snaps]  # (their steps are still to come)
+        parts = parts or [([], [])]
+        for i, (part, snap_part) in enumerate(parts):
+            final = i == len(parts) - 1
+            self._commit(
+                steps=part,
+                snapshots=snap_part,
+                health=health if i == 0 else (),
+                last_step=last_step if final else None,
+                counts=(n_steps, n_snaps) if final else (0, 0),
+            )
+
+    def _commit(
+        self,
+        *,
+        steps: Sequence[StepFrame],
+        snapshots: Sequence[SnapshotFrame],
+        health: Sequence[HealthFrame],
+        last_step: int | None,
+        counts: tuple[int, int],
+    ) -> None:
+        """One group, under the commit protocol: invalidate, payloads, markers (a flush each)."""
         f = self.f
         nslots = self._ring_slots
         ring_items: list[tuple[str, int, int, np.ndarray, int]] = [
@@ -487,8 +534,8 @@ class StoreWriter:
         self._write_spans(self._hstep, self._hmarkers, hslots)
         if last_step is not None:
             self.status[1] = max(self.status[1], last_step)
-        self.status[2] += len(steps)
-        self.status[3] += len(snapshots)
+        self.status[2] += counts[0]
+        self.status[3] += counts[1]
         self._status[:] = self.status
         f.flush()
 

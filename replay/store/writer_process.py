@@ -9,8 +9,11 @@ pipe (frames from the writer thread: GPU steps, snapshots that do not fit the lo
 boundary. What the parent published in the log, or finished writing to the pipe, is committed
 even when the parent is then killed: the child sees EOF, marks the lock file "draining",
 reads the rest of the log, commits, and closes the file properly. So the child is free to group frames into one commit (three flushes) at most
-every ``COMMIT_INTERVAL`` seconds, which keeps its CPU use small beside training; only a kill of
-the child itself (``kill -9`` of the whole process group) can lose the last interval.
+every ``COMMIT_INTERVAL`` seconds (or ``COMMIT_RECORDS`` records), which keeps its CPU use small
+beside training. A kill of the child alone loses nothing that returned either: the parent starts
+a successor over the same step log (``reopen``). Only a kill of both (``kill -9`` of the whole
+process group) loses what was not committed yet, which the training thread bounds
+(``step_log_writer.LAG_SECONDS``, ``LAG_STEPS``).
 
 Protocol over the child's stdin (parent -> child): frames of ``u64 header length``, a JSON header,
 then ``u64 body length`` and the body bytes. A ``commit`` frame's body may instead be in the
@@ -54,6 +57,7 @@ __all__ = [
 _U64 = struct.Struct("<Q")
 COMMIT_INTERVAL = 0.2  # seconds between commits when frames arrive continuously
 COMMIT_BYTES = 256 << 20  # ... or as soon as this much is pending
+COMMIT_RECORDS = 256  # ... or as many of the step log's records (what a group kill may lose)
 PIPE_BYTES = 1 << 20  # the pipe's kernel buffer (from the default 64 KiB), where allowed
 WRITER_NICE = 10  # the writer thread's and the writer process's (see lower_priority)
 GATHER_DELAY = 0.02  # after a wake-up, let more frames arrive before reading (fewer wake-ups)
@@ -416,6 +420,8 @@ class _Server:
         if self.pending_bytes + self.log_bytes >= COMMIT_BYTES:
             return True
         if self.log is not None and self.log_bytes >= self.log.size // 4:
+            return True
+        if len(self.log_items) >= COMMIT_RECORDS:
             return True
         return self.ring is not None and self.ring_pending >= self.ring.size // 2
 

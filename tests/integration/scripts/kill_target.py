@@ -2,7 +2,8 @@
 
 Reads lines ``RUN OUT.h5 KIND SEED [KILL_AT]`` on stdin and answers each with the forked child's
 pid. The child trains under a Recorder and, each time ``rec.step`` returns, stores the number of
-completed steps in ``OUT.h5.progress`` (8 bytes, little-endian): the test's own account of what
+completed steps in ``OUT.h5.progress`` (8 bytes, little-endian, then the time the last one returned, a
+double; from byte 16 on, the time each step returned): the test's own account of what
 finished, kept by the loop and not by the recorder; its warnings go to ``OUT.h5.warnings``. ``KIND`` is ``fast`` (sub-millisecond
 steps), ``fast-group`` (the same in a process group of its own, for ``kill -9 -PGID``), ``slow``
 (a larger batch and a few milliseconds a step) or ``big`` (a 50 MB batch, larger than the step
@@ -73,7 +74,9 @@ def train(out: str, kind: str, kill_at: int) -> None:
     ) as rec:
         for t in range(10**9):
             rec.step(make_batch(kind, t))
-            os.pwrite(progress, struct.pack("<q", t + 1), 0)
+            now = time.time()
+            os.pwrite(progress, struct.pack("<d", now), 16 + 8 * t)  # when each step returned
+            os.pwrite(progress, struct.pack("<qd", t + 1, now), 0)
             if t + 1 == kill_at:  # right after the step returned: SIGKILL, no warning
                 os.kill(os.getpid(), signal.SIGKILL)
             if kind == "slow":
