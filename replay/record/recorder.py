@@ -922,7 +922,9 @@ class Recorder:
             # the process gets its last word (the error it died of), which stops recording.
             self._writer_exit_seen = True
             if w is not None:
-                w.flush()
+                # (without a time limit: a successor may be committing the whole log meanwhile,
+                # and a record published into the log after it closed would be lost)
+                w.wait_committed()
             else:
                 self._give_up("the writer process", OSError("it exited"))
         if self._log is not None and self._log.waited and not self._warned_wait:

@@ -71,6 +71,10 @@ def _span(steps: list[int]) -> str:
     return f"step {lo}" if lo == hi else f"steps {lo}..{hi}"
 
 
+def _count(n: int) -> str:
+    return "1 step" if n == 1 else f"{n} steps"
+
+
 class BackgroundWriter:
     """One daemon thread owning one :class:`WriterClient` (created lazily on the thread).
 
@@ -280,10 +284,10 @@ class BackgroundWriter:
         self._unsynced = []
         said = []
         if waiting:
-            said.append(f"{len(waiting)} steps in the shared step log ({_span(waiting)})")
+            said.append(f"{_count(len(waiting))} in the shared step log ({_span(waiting)})")
         jsteps = [j.step for j in jobs if isinstance(j, StepJob)]
         if jsteps:
-            said.append(f"{len(jsteps)} handed to it ({_span(jsteps)})")
+            said.append(f"{_count(len(jsteps))} handed to it ({_span(jsteps)})")
         what = " and ".join(said) or "no step that was still waiting"
         if self._take_over is None or not self._created:
             self.taken_over = f"lost: {what}" if said else None
@@ -304,7 +308,7 @@ class BackgroundWriter:
         if unsynced:
             first, last, count = unsynced
             self.taken_over = (self.taken_over or "") + (
-                f"; {count} steps passed to the dead one since its last sync "
+                f"; {_count(count)} passed to the dead one since its last sync "
                 f"({_span([first, last])}) may be missing"
             )
         self.error = error

@@ -257,3 +257,51 @@ def test_a_process_group_kill_loses_at_most_the_documented_bound(server, tmp_pat
         f"{lost_s[worst]:.3f} ({lost_steps[worst]} steps)"
     )
     assert max(lost_s) <= GROUP_KILL_BOUND_S
+
+
+def test_training_close_commits_what_a_killed_writer_left_in_the_step_log(tmp_path):
+    """The writer process SIGKILLed while training runs on: the steps that returned after it
+    died sit in the shared log; training's close has a new writer process commit them."""
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    import replay
+    from replay.errors import RecorderWarning
+
+    model = nn.Linear(8, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def step(batch):
+        x, y = batch
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    def batch(t):
+        return torch.full((4, 8), float(t)), torch.full((4,), t % 4)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rec = replay.Recorder(
+            tmp_path / "run.h5",
+            objects={"model": model, "optimizer": opt},
+            step_fn=step,
+            self_check=False,
+        )
+        for t in range(5):
+            rec.step(batch(t))
+        writer = rec._client.proc
+        os.kill(writer.pid, signal.SIGKILL)
+        writer.wait(10)
+        for t in range(5, 40):  # (fewer than the 64 steps between two looks at the writer)
+            rec.step(batch(t))
+        rec.close()
+    said = [str(w.message) for w in caught if issubclass(w.category, RecorderWarning)]
+    assert any("a new writer process committed" in m for m in said), said
+    with open_recording(tmp_path / "run.h5") as r:
+        assert list(r.steps()) == list(range(40))
+        assert np.array_equal(r.read_step(39)["batch"][0].data, batch(39)[0].numpy())
+        assert list(r.health()["step"]) == list(range(40))
