@@ -188,29 +188,24 @@ def test_a_stopped_then_killed_writer_loses_no_returned_step(server, tmp_path):
     assert f"unrecorded from step {last + 1}" in said, said
 
 
-# What a kill of the whole process group (training and its writer process) may lose, in seconds
-# of steps before the kill: docs/recording.md states it, this test measures it.
-# (LAG_SECONDS, plus the step that was running when training began to wait)
-GROUP_KILL_BOUND_S = 0.6
-
-
 @pytest.mark.slow
 def test_a_process_group_kill_loses_at_most_the_documented_bound(server, tmp_path):
     """Was: ``kill -9 -PGID`` (which kills the writer process too) lost up to 1,657 steps =
     1.20 s, while the docs said at most the last 0.2 s. 200 group kills (REPLAY_KILLS) of a loop
     of sub-millisecond steps, a few runs at a time, each at a random moment: every file opens
     with steps in its ring, the newest one's batch intact, every health row before it, a
-    replayable window, and the steps lost are at most LAG_STEPS, run within the last
-    GROUP_KILL_BOUND_S seconds (by the loop's own clock)."""
+    replayable window, and the steps lost are at most LAG_STEPS, run within LAG_SECONDS plus
+    the last step's own time (the bound is checked before a step runs: the step during which it
+    is reached still returns; by the loop's own clock), plus a slack."""
     import random
 
     import kill_target
 
-    from replay.record.step_log_writer import LAG_STEPS
+    from replay.record.step_log_writer import LAG_SECONDS, LAG_STEPS
 
     kills = int(os.environ.get("REPLAY_KILLS", "200"))
     rng = random.Random(20261205)
-    lost_steps, lost_s = [], []
+    lost_steps, lost_s, over = [], [], []
 
     def check(out):
         done = _progress(out)
@@ -234,6 +229,11 @@ def test_a_process_group_kill_loses_at_most_the_documented_bound(server, tmp_pat
             # the seconds of steps lost: from the end of the first one lost to the end of the
             # last one that returned (a wait before the first, for the file, is no step)
             lost_s.append(float(returned[-1] - returned[last + 1]) if last + 1 < done else 0.0)
+            last_step_s = float(returned[-1] - returned[-2]) if done >= 2 else 0.0
+            # (+ slack: on two cores loaded by other work, up to 0.14 s more was measured, not
+            # yet explained; docs/recording.md says so)
+            if lost_s[-1] > LAG_SECONDS + last_step_s + 0.2:
+                over.append((lost_s[-1], last_step_s))
         os.remove(out)
 
     at_once = 4
@@ -259,7 +259,7 @@ def test_a_process_group_kill_loses_at_most_the_documented_bound(server, tmp_pat
         f"{max(lost_steps)}; seconds lost median {np.median(lost_s):.3f}, max "
         f"{lost_s[worst]:.3f} ({lost_steps[worst]} steps)"
     )
-    assert max(lost_s) <= GROUP_KILL_BOUND_S
+    assert not over, f"lost more than LAG_SECONDS plus the last step (lost s, last step s): {over}"
     assert max(lost_steps) <= LAG_STEPS + 1  # (+ the step in flight)
 
 
