@@ -63,7 +63,7 @@ from .ddp.policy import DdpRanks, RankPolicy, SingleProcess
 from .entry import describe_entry, describe_program, describe_step, read_source
 from .env import collect_env
 from .selfcheck import SelfCheckLauncher, enabled_by_env, skip_reason
-from .step_log_writer import StepLogWriter, on_host
+from .step_log_writer import LAG_SECONDS, LAG_STEPS, StepLogWriter, on_host
 from .writer_thread import BackgroundWriter, SnapshotJob, StepJob
 
 __all__ = ["Recorder"]
@@ -216,6 +216,35 @@ class Recorder:
         model, optimizer = self.objects.model, self.objects.optimizer
         scheduler, scaler = self.objects.scheduler, self.objects.scaler
         self._call = StepCall(step_fn, self.objects)
+        # Without build_fn, replay runs the program again and takes over here (re-entry); with
+        # it, replay imports build_fn and step_fn by name (no program set-up to redo).
+        self.program, self._no_program = describe_program()
+        if build_fn is None:
+            self.entry = {"step_fn": describe_step(step_fn)}
+            if self.program is None and not_replayable is None:
+                not_replayable = f"no build_fn, and {self._no_program}"
+                warnings.warn(
+                    f"replay: {not_replayable}: replay cannot run it again, so this run's steps "
+                    "will not replay; pass build_fn= (docs/recording.md)",
+                    RecorderWarning,
+                    stacklevel=2,
+                )
+        else:
+            self.entry = {
+                "step_fn": describe_entry(step_fn, "step_fn"),
+                "build_fn": describe_entry(build_fn, "build_fn"),
+            }
+        # Keyword arguments replay calls build_fn with (a framework integration's build needs
+        # the user's class and settings): a class or function is recorded as an entry point
+        # (imported on replay under the same rules as build_fn), anything else as JSON.
+        self.build_kwargs: dict[str, Any] = {}
+        for k, v in (build_kwargs or {}).items():
+            if k in ("build_fn", "step_fn"):
+                raise ValueError(f"build_kwargs: {k!r} is reserved")
+            if isinstance(v, type) or inspect.isfunction(v):
+                self.entry[k] = describe_entry(v, k)
+            else:
+                self.build_kwargs[k] = v
         # From here on nothing raises into training: an object the recorder does not know (an
         # optimizer wrapper without torch's hooks, a missing private attribute) turns recording
         # off with one warning, and the loop trains on unrecorded.
@@ -239,35 +268,6 @@ class Recorder:
             self._fsdp = layout(self._inner) if self.dist is not None else None
             self.scheduler, self.scaler = scheduler, scaler
             self.step_fn = step_fn
-            # Without build_fn, replay runs the program again and takes over here (re-entry); with
-            # it, replay imports build_fn and step_fn by name (no program set-up to redo).
-            self.program, self._no_program = describe_program()
-            if build_fn is None:
-                self.entry = {"step_fn": describe_step(step_fn)}
-                if self.program is None and not_replayable is None:
-                    not_replayable = f"no build_fn, and {self._no_program}"
-                    warnings.warn(
-                        f"replay: {not_replayable}: replay cannot run it again, so this run's steps "
-                        "will not replay; pass build_fn= (docs/recording.md)",
-                        RecorderWarning,
-                        stacklevel=2,
-                    )
-            else:
-                self.entry = {
-                    "step_fn": describe_entry(step_fn, "step_fn"),
-                    "build_fn": describe_entry(build_fn, "build_fn"),
-                }
-            # Keyword arguments replay calls build_fn with (a framework integration's build needs
-            # the user's class and settings): a class or function is recorded as an entry point
-            # (imported on replay under the same rules as build_fn), anything else as JSON.
-            self.build_kwargs: dict[str, Any] = {}
-            for k, v in (build_kwargs or {}).items():
-                if k in ("build_fn", "step_fn"):
-                    raise ValueError(f"build_kwargs: {k!r} is reserved")
-                if isinstance(v, type) or inspect.isfunction(v):
-                    self.entry[k] = describe_entry(v, k)
-                else:
-                    self.build_kwargs[k] = v
             self.next_step = start_step
             self._snapshots_taken = 0
             self._modules = [m for _, m in self._inner.named_modules()]
@@ -315,6 +315,8 @@ class Recorder:
             self._warned = False
             self._warned_wait = False  # training waited for a writer that fell behind: said once
             self._warned_values: set[str] = set()  # per-step values left out (too large): said once
+            self._spilled = False  # the step being recorded went past the step log
+            self._spills = 0  # records too large for the log, passed on before step returned
             self._closed = False
             self._pid = os.getpid()  # the process recording (a fork's children inherit this object)
             self._pending_check: tuple[int, torch.Tensor] | None = None
@@ -615,13 +617,16 @@ class Recorder:
     ) -> tuple[bool, StepJob]:
         """The step's record: into the step log when the step lives in host memory (safe once
         the step returns, ``direct``), else copied for the writer thread."""
-        direct = bool(
+        loggable = bool(
             self._log is not None
             and not (self._cuda_built and torch.cuda.is_initialized())  # type: ignore[no-untyped-call]  # torch stubs
             and on_host(batch)
             and on_host(values)
-            and self._log.begin(t, rng, hparams, modes, batch, values)
         )
+        direct = loggable and self._log.begin(t, rng, hparams, modes, batch, values)  # type: ignore[union-attr]
+        # A CPU step the log could not take (larger than the log, or its writer process gone)
+        # goes by the writer thread, and the step waits until it is passed on (_finish).
+        self._spilled = loggable and not direct
         job = StepJob(
             step=t,
             rng=rng,
@@ -742,6 +747,8 @@ class Recorder:
                 self._log.publish(health)  # type: ignore[union-attr]
             else:
                 self._submit_step(job, copied)
+                if self._spilled:
+                    self._wait_handed()
         except Exception as e:  # noqa: BLE001 - the recorder must never take training down
             self._give_up("recording the step's health", e)
             self.next_step = t + 1
@@ -815,12 +822,12 @@ class Recorder:
         if dtensors:
             live["dtensors"] = dtensors
         writer = self._writer_or_start()  # (it creates the file; the log's records wait)
-        if (
+        loggable = bool(
             self._log is not None
             and not (self._cuda_built and torch.cuda.is_initialized())  # type: ignore[no-untyped-call]  # torch stubs
             and on_host(live)
-            and self._log.snapshot(t, slot, live)
-        ):
+        )
+        if loggable and self._log.snapshot(t, slot, live):  # type: ignore[union-attr]
             return
         copied = CopyStats()
         state = {"step": t, **copy_tree(live, stats=copied)}
@@ -829,6 +836,17 @@ class Recorder:
             event = torch.cuda.Event()  # type: ignore[no-untyped-call]  # torch stubs
             event.record()
         writer.submit(SnapshotJob(t, slot, state, event, copied.nbytes))
+        if loggable:
+            self._wait_handed()  # a CPU snapshot the log could not take: passed on before the step
+
+    def _wait_handed(self) -> None:
+        """A record the step log could not take went to the writer thread: wait until it is in
+        the file, so that the step is safe once ``step`` returns, as a step in the log is (and
+        stays so when the writer process dies: see ``BackgroundWriter._died``)."""
+        if self._writer is not None:
+            self._writer.wait_committed()
+            if self._writer.error is None:
+                self._spills += 1
 
     def _give_up(self, what: str, e: Exception) -> None:
         """Recording fails on the training thread: stop it, say so once, keep training."""
@@ -888,6 +906,10 @@ class Recorder:
                 max_pending_seconds=self.config.max_pending_seconds,
                 pool=self._pool,
                 watched=self._watch.names,
+                take_over=self._take_over if self._client.step_log is not None else None,
+                pending_in_log=self._client.step_log.pending_steps
+                if self._client.step_log is not None
+                else None,
             )
         return self._writer
 
@@ -940,6 +962,11 @@ class Recorder:
             watched=self._watch.names,
         )
 
+    def _take_over(self) -> WriterClient:
+        """Runs on the writer thread when the writer process died: a successor on the same
+        file and the same step log (the log lives in this process too)."""
+        return WriterClient(step_log=self._client.step_log).reopen(self.path)
+
     def flush(self, timeout: float | None = 60.0) -> None:
         """Wait until every recorded step is on disk."""
         if self._writer is not None:
@@ -961,7 +988,9 @@ class Recorder:
             # the process gets its last word (the error it died of), which stops recording.
             self._writer_exit_seen = True
             if w is not None:
-                w.flush()
+                # (without a time limit: a successor may be committing the whole log meanwhile,
+                # and a record published into the log after it closed would be lost)
+                w.wait_committed()
             else:
                 self._give_up("the writer process", OSError("it exited"))
         if self._log is not None and self._log.waited and not self._warned_wait:
@@ -970,6 +999,27 @@ class Recorder:
                 "replay: training waited for the recorder's writer process, which fell "
                 f"{self._log.log.size >> 20} MiB of steps behind (the CPU or the disk does not "
                 "keep up); recording goes on, and every step is safe once it returns",
+                RecorderWarning,
+                stacklevel=3,
+            )
+        if self._log is not None and self._log.lagged and not self._warned_wait:
+            self._warned_wait = True
+            warnings.warn(
+                "replay: training waited for the recorder's writer process, whose file lagged "
+                f"more than {LAG_SECONDS:g} s or {LAG_STEPS} steps behind training (the CPU or "
+                "the disk does not keep up); recording goes on, every step is safe once it "
+                "returns, and a kill of the whole process group loses at most that lag",
+                RecorderWarning,
+                stacklevel=3,
+            )
+        if self._spills and not self._warned_wait and self._log is not None:
+            self._warned_wait = True
+            warnings.warn(
+                "replay: a step's record did not fit the recorder's step log "
+                f"({self._log.log.size >> 20} MiB, shared with its writer process): training "
+                "waited until the writer had taken it before the step returned (each such step "
+                "waits for its own write); recording goes on, and every step is safe once it "
+                "returns",
                 RecorderWarning,
                 stacklevel=3,
             )
@@ -992,6 +1042,8 @@ class Recorder:
                 if w.error.startswith("UnsafePath")
                 else "training goes on, and the steps flushed before the failure stay readable"
             )
+            if w.taken_over is not None:
+                after = f"{w.taken_over}; training goes on unrecorded from step {self.next_step}"
             warnings.warn(
                 f"replay: recording to {self.path} stopped ({w.error}); {after}",
                 RecorderWarning,
@@ -1011,6 +1063,9 @@ class Recorder:
             if self._writer is not None:
                 self._writer.close()
                 self._check_writer()
+            client = getattr(self, "_client", None)
+            if client is not None and client.step_log is not None:
+                client.step_log.close()  # (kept open for a successor writer process)
             if self._prev_sigterm is not None:
                 try:
                     signal.signal(signal.SIGTERM, self._prev_sigterm)

@@ -13,6 +13,7 @@ its asynchronous copies on the writer thread, as before.
 
 from __future__ import annotations
 
+import collections
 import json
 import marshal
 import time
@@ -45,6 +46,14 @@ def on_host(tree: Any) -> bool:
     return True
 
 
+# What a kill of the whole process group (training and its writer process, ``kill -9 -PGID``)
+# may lose: the records published and not yet in the file. Training publishes no new record
+# while the oldest of them came more than LAG_SECONDS ago or LAG_STEPS of them wait: it waits
+# for the writer process instead (which commits every 0.2 s, or every 256 records).
+LAG_SECONDS = 0.5
+LAG_STEPS = 1024
+
+
 class StepLogWriter:
     """Begins, publishes or abandons one step at a time in a :class:`StepLog`."""
 
@@ -56,6 +65,9 @@ class StepLogWriter:
         self._ncols = len(HEALTH_COLUMNS) + len(object_columns(watched))
         self._alive = alive  # whether the writer process still reads the log
         self.waited = 0  # steps that found the log full and waited for the writer
+        self.lagged = 0  # steps that waited because the file lagged LAG_SECONDS or LAG_STEPS
+        # (end in the log, time published) of each record not known to be in the file yet
+        self._unreleased: collections.deque[tuple[int, float]] = collections.deque()
         self.overflowed = 0  # steps that went the slow way for want of room
         self._begun = False
         self._hp_key: bytes | None = None  # the last hyper-parameters seen, and their manifest
@@ -97,10 +109,13 @@ class StepLogWriter:
         values: dict[str, Any] | None,
     ) -> bool:
         """Copy the step's record into the log; ``False``: the caller hands the step to the
-        writer thread instead (a record too large for the log, or the writer process gone).
+        writer thread instead (a record too large for the log, or the writer process gone) and
+        waits until it is passed on, so that it too is safe once the step returns.
 
         A full log means the writer process is behind: training waits for room, as long as
         that process lives (a bounded backlog is what bounds a kill's loss, and memory)."""
+        if self._unreleased:
+            self._bound_lag()
         hp, hp_text = self._hparams(hparams)
         record: StepRecord = {
             "step": Spliced(),  # type: ignore[typeddict-item]  # its text is spliced in below
@@ -131,6 +146,30 @@ class StepLogWriter:
         self.overflowed += 1
         return False
 
+    def _bound_lag(self) -> None:
+        """Wait while the records not yet in the file span more than ``LAG_SECONDS`` or
+        ``LAG_STEPS`` (as long as the writer process lives): what a process-group kill loses."""
+        pending = self._unreleased
+        released = self.log.released()
+        while pending and pending[0][0] <= released:
+            pending.popleft()
+        if not pending or (
+            len(pending) < LAG_STEPS and time.monotonic() - pending[0][1] <= LAG_SECONDS
+        ):
+            return
+        self.lagged += 1
+        delay = 0.0005
+        while pending and self._alive():
+            time.sleep(delay)
+            delay = min(delay * 2, 0.01)
+            released = self.log.released()
+            while pending and pending[0][0] <= released:
+                pending.popleft()
+            if len(pending) < LAG_STEPS and (
+                not pending or time.monotonic() - pending[0][1] <= LAG_SECONDS
+            ):
+                return
+
     def snapshot(self, step: int, slot: int, state: dict[str, Any]) -> bool:
         """Copy a snapshot of live state (views of the model's own tensors) into the log and
         publish it at once: the one copy, as ``copy_tree`` took before. ``False``: no room."""
@@ -138,10 +177,12 @@ class StepLogWriter:
         if not self.log.begin(step, parts, mlen, 0, slot=slot):
             return False
         self.log.publish(())
+        self._unreleased.append((self.log.head, time.monotonic()))
         return True
 
     def publish(self, health: dict[str, Any]) -> None:
         self.log.publish(health_values(health, self.watched))
+        self._unreleased.append((self.log.head, time.monotonic()))
         self._begun = False
 
     def abandon(self, exception: StepException) -> StepRecord:

@@ -25,7 +25,7 @@ from ..capture.rng import rng_to_tree
 from ..capture.tensors import to_leaves
 from ..store.contracts import HealthFrame, SnapshotFrame, StepException, StepFrame, StepRecord
 from ..store.writer import pack_parts
-from ..store.writer_process import WriterClient, WriterError, lower_priority
+from ..store.writer_process import WriterClient, WriterDied, WriterError, lower_priority
 
 __all__ = ["BackgroundWriter", "StepJob", "SnapshotJob"]
 
@@ -65,6 +65,16 @@ class _Flush:
 _STOP = object()
 
 
+def _span(steps: list[int]) -> str:
+    """``step 7`` or ``steps 3..9``."""
+    lo, hi = min(steps), max(steps)
+    return f"step {lo}" if lo == hi else f"steps {lo}..{hi}"
+
+
+def _count(n: int) -> str:
+    return "1 step" if n == 1 else f"{n} steps"
+
+
 class BackgroundWriter:
     """One daemon thread owning one :class:`WriterClient` (created lazily on the thread).
 
@@ -90,9 +100,19 @@ class BackgroundWriter:
         max_pending_seconds: float = 0.0,
         pool: HostPool | None = None,
         watched: tuple[str, ...] = (),
+        take_over: Callable[[], WriterClient] | None = None,
+        pending_in_log: Callable[[], list[int]] | None = None,
     ) -> None:
         self._make_store = make_store
         self._watched = watched  # objects with their own health columns (capture/watch.py)
+        # A writer process that dies (killed, crashed) leaves steps that returned in the shared
+        # step log: ``take_over`` starts a successor on the same file and log, which commits
+        # them and closes the file. ``pending_in_log`` names those steps, for the warning.
+        self._take_over = take_over
+        self._pending_in_log = pending_in_log
+        self._created = False  # the file exists: a successor can reopen it
+        self.taken_over: str | None = None  # what the successor saved, or could not save
+        self._unsynced: list[int] = []  # [first, last, count] of steps sent since the last sync
         self._pool = pool
         self._store: WriterClient | None = None
         self._jobs: collections.deque[Any] = collections.deque()
@@ -159,6 +179,20 @@ class BackgroundWriter:
         self._unsignalled = 0
         self._wake.set()
 
+    def wait_committed(self) -> None:
+        """Block until everything submitted so far is in the file, however long the writer
+        process takes, as long as this thread lives (a writer process that dies on the way is
+        taken over, see ``_died``). A step the step log cannot hold waits here before
+        ``Recorder.step`` returns: then it is as safe as a step in the log."""
+        if not self._thread.is_alive():
+            return
+        marker = _Flush()
+        self._jobs.append(marker)
+        self._signal()
+        while not marker.done.wait(1.0):
+            if not self._thread.is_alive():
+                return
+
     def flush(self, timeout: float | None = 60.0) -> bool:
         """Block until everything submitted so far is committed (or recording failed)."""
         if not self._thread.is_alive():
@@ -193,6 +227,7 @@ class BackgroundWriter:
             # At once: the steps and snapshots the training thread puts in the step log wait
             # there until the writer process has the file.
             self._store = self._make_store()
+            self._created = True
         except WriterError as e:
             self.error = str(e)
             self._abandon()
@@ -211,6 +246,9 @@ class BackgroundWriter:
                         self._commit(jobs)
                     if flushing and self._store is not None:
                         self._store.sync()
+                        self._unsynced = []
+                except WriterDied as e:
+                    self._died(str(e), jobs)
                 except WriterError as e:
                     self.error = str(e)
                     self._abandon()
@@ -230,10 +268,52 @@ class BackgroundWriter:
         if self._store is not None:
             try:
                 self._store.close(clean=self.error is None)
+            except WriterDied as e:
+                self._died(str(e), [])
             except Exception as e:  # noqa: BLE001
                 self.error = self.error or f"{type(e).__name__}: {e}"
         with self._drained:
             self._drained.notify_all()
+
+    def _died(self, error: str, jobs: list[StepJob | SnapshotJob]) -> None:
+        """The writer process died without a word (``kill -9``, a crash): recording stops, but
+        first a successor takes over its file and step log and commits every step that
+        returned (the log's, and ``jobs``, which the dead one may not have had), then closes
+        the file. ``taken_over`` says what was saved, or exactly what was lost."""
+        self._abandon()
+        waiting = self._pending_in_log() if self._pending_in_log is not None else []
+        unsynced = self._unsynced
+        self._unsynced = []
+        said = []
+        if waiting:
+            said.append(f"{_count(len(waiting))} in the shared step log ({_span(waiting)})")
+        jsteps = [j.step for j in jobs if isinstance(j, StepJob)]
+        if jsteps:
+            said.append(f"{_count(len(jsteps))} handed to it ({_span(jsteps)})")
+        what = " and ".join(said) or "no step that was still waiting"
+        if self._take_over is None or not self._created:
+            self.taken_over = f"lost: {what}" if said else None
+        else:
+            try:
+                self._store = self._take_over()
+                if jobs:
+                    self._commit(jobs)
+                self._store.close(clean=False)
+                self.taken_over = f"a new writer process committed {what} and closed the file"
+            except Exception as e:  # noqa: BLE001 - any failure must stop recording, not training
+                self.taken_over = (
+                    f"a new writer process could not commit {what} "
+                    f"({type(e).__name__}: {e}): they are lost"
+                )
+                self._abandon()
+            self._store = None
+        if unsynced:
+            first, last, count = unsynced
+            self.taken_over = (self.taken_over or "") + (
+                f"; {_count(count)} passed to the dead one since its last sync "
+                f"({_span([first, last])}) may be missing"
+            )
+        self.error = error
 
     def _abandon(self) -> None:
         # The store lives in a child process (see store/writer_process.py); after a failure
@@ -273,6 +353,10 @@ class BackgroundWriter:
         if self._store is None:
             self._store = self._make_store()
         self._store.commit(steps=steps, snapshots=snaps, health=health, last_step=last)
+        if steps:  # sent, not known to be in the file until the next sync
+            u = self._unsynced
+            lo, hi = min(s.step for s in steps), max(s.step for s in steps)
+            self._unsynced = [u[0], hi, u[2] + len(steps)] if u else [lo, hi, len(steps)]
         if self._pool is not None:
             # The bytes are sent (to the ring or the pipe); after a failure above they are
             # simply not reused.

@@ -177,6 +177,11 @@ class StepLog:
     def published(self) -> int:
         return int(self._published[0])
 
+    def released(self) -> int:
+        """Where a writer process that takes over this log from a dead one starts reading: every
+        record before it is in the file."""
+        return int(self._released[0])
+
     def read(self, pos: int, end: int) -> Iterator[LogRecord]:
         """The records published between ``pos`` and ``end`` (views into the log)."""
         while pos < end:
@@ -198,8 +203,17 @@ class StepLog:
         if end > int(self._released[0]):
             self._released[0] = end
 
+    def pending_steps(self) -> list[int]:
+        """The steps published and not yet released: what a writer process that dies now
+        leaves in the log (a successor commits them, ``writer_process.py``, ``reopen``)."""
+        return [r.step for r in self.read(self.released(), self.published()) if r.slot < 0]
+
     def close(self) -> None:
+        """Close the descriptor (once: a second call must not close a number reused since)."""
+        fd, self.fd = self.fd, -1
+        if fd < 0:
+            return
         try:
-            os.close(self.fd)
+            os.close(fd)
         except OSError:
             pass

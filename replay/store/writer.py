@@ -22,6 +22,7 @@ import numpy as np
 
 from .checksum import health_crc, slot_crc
 from .contracts import HealthFrame, SnapshotFrame, StepFrame
+from .h5clear import clear_status_flags
 from .layout import (
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -341,8 +342,32 @@ class StoreWriter:
         f.close()
         raw.close()
         os.replace(tmp, path)  # the file appears complete, never half-created
+        self._open(path, known=False)
+
+    @classmethod
+    def reopen(cls, path: str) -> StoreWriter:
+        """Go on writing a recording whose writer died (``kill -9``), under its lock: its
+        status flags cleared (``h5clear.py``), its markers, lengths and status read back. Slots
+        the dead writer had invalidated and not rewritten stay invalid."""
+        self = cls.__new__(cls)
+        self.path = path
+        self._lock = _take_lock(path, {})
+        try:
+            refuse_non_regular(path)
+            clear_status_flags(path)
+            self._open(path, known=True)
+        except BaseException:
+            _release_lock(path, self._lock)
+            self._lock = None
+            raise
+        return self
+
+    def _open(self, path: str, *, known: bool) -> None:
+        """Open the file for SWMR writing; ``known``: it was written before (``reopen``), so
+        read what this writer keeps in memory back from it."""
         self.f = h5py.File(path, "r+", libver="latest")
         self.f.swmr_mode = True
+        health_slots = int(self.f["health"].attrs["slots"])
         # Handles are opened once: no temporaries are created (or released) during a commit,
         # which matters when a commit fails half-way (see BackgroundWriter._abandon).
         self._ring_ds = {
@@ -364,6 +389,17 @@ class StoreWriter:
         self.health_slots = health_slots
         self._pad: dict[int, np.ndarray] = {}
         self.status = np.array([0, -1, 0, 0], np.int64)
+        if known:
+            for ring, ds in self._ring_ds.items():
+                self._markers[ring][:] = ds["step"][:]
+                for i, k in enumerate(("nbytes", "mlen", "crc")):
+                    self._lengths[ring][i][:] = ds[k][:]
+            self._hmarkers[:] = self._hstep[:]
+            self._hcrcs[:] = self._hcrc[:]
+            self.status[:] = self._status[:]
+            self.status[0] = 0
+            self._status[:] = self.status  # not closed cleanly (any more)
+            self.f.flush()
 
     @staticmethod
     def _create_ring(f: h5py.File, name: str, spec: RingSpec) -> str:
@@ -397,7 +433,54 @@ class StoreWriter:
         last_step: int | None = None,
     ) -> None:
         """Durably write a group of items. Each payload here is one contiguous uint8 array;
-        a health row is a float64 vector in ``HEALTH_COLUMNS`` order."""
+        a health row is a float64 vector in ``HEALTH_COLUMNS`` order.
+
+        A group of a fast loop holds many more steps than the ring has slots: only the newest
+        item of each slot is written (the others would be overwritten within this group, never
+        seen). Each commit invalidates the slots it rewrites until its last flush, so a group is
+        written in parts: first the steps going to empty slots, with every health row, then the
+        steps that replace older ones, in two halves; each snapshot alone, as soon as its step
+        is in the ring; the status last. At every moment of a commit, ``kill -9`` included, the
+        ring still holds whole steps and a snapshot to replay them from (one group rewriting
+        every slot at once left none: a killed writer's file had no step at all)."""
+        n_steps, n_snaps = len(steps), len(snapshots)
+        nsteps = self._ring_slots["steps"]
+        steps = sorted({s.step % nsteps: s for s in steps}.values(), key=lambda s: s.step)
+        snaps = sorted({s.slot: s for s in snapshots}.values(), key=lambda s: s.step)
+        markers = self._markers["steps"]
+        fresh = [s for s in steps if markers[s.step % nsteps] < 0]
+        rest = [s for s in steps if markers[s.step % nsteps] >= 0]
+        half = max(1, len(rest) // 2) if len(rest) > nsteps // 4 else len(rest)
+        parts: list[tuple[list[StepFrame], list[SnapshotFrame]]] = []
+        for part in (fresh, rest[:half], rest[half:]):
+            if part:
+                parts.append((part, []))
+                present = set(markers[markers >= 0].tolist()) | {s.step for s in part}
+                ready = [s for s in snaps if s.step in present]
+                snaps = [s for s in snaps if s.step not in present]
+                parts += [([], [snap]) for snap in ready]
+        parts += [([], [snap]) for snap in snaps]  # (their steps are still to come)
+        parts = parts or [([], [])]
+        for i, (part, snap_part) in enumerate(parts):
+            final = i == len(parts) - 1
+            self._commit(
+                steps=part,
+                snapshots=snap_part,
+                health=health if i == 0 else (),
+                last_step=last_step if final else None,
+                counts=(n_steps, n_snaps) if final else (0, 0),
+            )
+
+    def _commit(
+        self,
+        *,
+        steps: Sequence[StepFrame],
+        snapshots: Sequence[SnapshotFrame],
+        health: Sequence[HealthFrame],
+        last_step: int | None,
+        counts: tuple[int, int],
+    ) -> None:
+        """One group, under the commit protocol: invalidate, payloads, markers (a flush each)."""
         f = self.f
         nslots = self._ring_slots
         ring_items: list[tuple[str, int, int, np.ndarray, int]] = [
@@ -456,8 +539,8 @@ class StoreWriter:
         self._write_spans(self._hstep, self._hmarkers, hslots)
         if last_step is not None:
             self.status[1] = max(self.status[1], last_step)
-        self.status[2] += len(steps)
-        self.status[3] += len(snapshots)
+        self.status[2] += counts[0]
+        self.status[3] += counts[1]
         self._status[:] = self.status
         f.flush()
 

@@ -9,8 +9,11 @@ pipe (frames from the writer thread: GPU steps, snapshots that do not fit the lo
 boundary. What the parent published in the log, or finished writing to the pipe, is committed
 even when the parent is then killed: the child sees EOF, marks the lock file "draining",
 reads the rest of the log, commits, and closes the file properly. So the child is free to group frames into one commit (three flushes) at most
-every ``COMMIT_INTERVAL`` seconds, which keeps its CPU use small beside training; only a kill of
-the child itself (``kill -9`` of the whole process group) can lose the last interval.
+every ``COMMIT_INTERVAL`` seconds (or ``COMMIT_RECORDS`` records), which keeps its CPU use small
+beside training. A kill of the child alone loses nothing that returned either: the parent starts
+a successor over the same step log (``reopen``). Only a kill of both (``kill -9`` of the whole
+process group) loses what was not committed yet, which the training thread bounds
+(``step_log_writer.LAG_SECONDS``, ``LAG_STEPS``).
 
 Protocol over the child's stdin (parent -> child): frames of ``u64 header length``, a JSON header,
 then ``u64 body length`` and the body bytes. A ``commit`` frame's body may instead be in the
@@ -54,6 +57,7 @@ __all__ = [
 _U64 = struct.Struct("<Q")
 COMMIT_INTERVAL = 0.2  # seconds between commits when frames arrive continuously
 COMMIT_BYTES = 256 << 20  # ... or as soon as this much is pending
+COMMIT_RECORDS = 256  # ... or as many of the step log's records (what a group kill may lose)
 PIPE_BYTES = 1 << 20  # the pipe's kernel buffer (from the default 64 KiB), where allowed
 WRITER_NICE = 10  # the writer thread's and the writer process's (see lower_priority)
 GATHER_DELAY = 0.02  # after a wake-up, let more frames arrive before reading (fewer wake-ups)
@@ -107,18 +111,20 @@ def _grow_pipe(stream: Any) -> None:
 class WriterClient:
     """Parent side: ``commit``/``sync``/``close`` like :class:`StoreWriter`, in a child process."""
 
-    def __init__(self, log_bytes: int = LOG_BYTES) -> None:
+    def __init__(self, log_bytes: int = LOG_BYTES, *, step_log: StepLog | None = None) -> None:
         """Start the child now; it imports numpy and h5py while training gets going.
-        ``log_bytes``: the step log's size (see step_log.py)."""
+        ``log_bytes``: the step log's size (see step_log.py). ``step_log``: a dead writer
+        process's log, taken over (see ``reopen``). The log's descriptor stays open in this
+        process, for such a successor; whoever made the log closes it when recording ends."""
         env = dict(os.environ)
         pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env["PYTHONPATH"] = pkg_root + os.pathsep + env.get("PYTHONPATH", "")
         self.ring = FrameRing.create()
         # The training thread's own way in: see step_log.py. None where memfd is missing (or
         # REPLAY_STEP_LOG=off); the recorder then hands every step to its writer thread.
-        self.step_log = (
-            None if os.environ.get("REPLAY_STEP_LOG") == "off" else StepLog.create(log_bytes)
-        )
+        self.step_log = step_log
+        if step_log is None and os.environ.get("REPLAY_STEP_LOG") != "off":
+            self.step_log = StepLog.create(log_bytes)
         argv = [sys.executable, "-m", "replay.store.writer_process"]
         if self.ring is not None:
             argv += ["--ring", str(self.ring.fd)]
@@ -136,8 +142,8 @@ class WriterClient:
                 pass_fds=tuple(m.fd for m in shared),
             )
         finally:
-            for m in shared:
-                m.close()  # the mapping stays; the child has its own descriptor
+            if self.ring is not None:
+                self.ring.close()  # the mapping stays; the child has its own descriptor
         _grow_pipe(self.proc.stdin)
 
     def create(
@@ -165,6 +171,13 @@ class WriterClient:
             "watched": list(watched),
         }
         self._send(header, [])
+        self._answer()
+        return self
+
+    def reopen(self, path: str) -> WriterClient:
+        """Take over the file of a writer process that died, and its step log's records that
+        are not in the file yet (they are committed at the next sync or close)."""
+        self._send({"op": "reopen", "path": path}, [])
         self._answer()
         return self
 
@@ -410,6 +423,8 @@ class _Server:
             return True
         if self.log is not None and self.log_bytes >= self.log.size // 4:
             return True
+        if len(self.log_items) >= COMMIT_RECORDS:
+            return True
         return self.ring is not None and self.ring_pending >= self.ring.size // 2
 
     def drain(self) -> None:
@@ -448,6 +463,13 @@ class _Server:
                 health_slots=header["health_slots"],
                 watched=tuple(header.get("watched") or ()),
             )
+        elif op == "reopen":
+            # The writer before this one died: go on with its file, and read the step log from
+            # the first record it had not released (records it committed and had not released
+            # yet are committed again: the same bytes in the same slots).
+            self.store = StoreWriter.reopen(header["path"])
+            if self.log is not None:
+                self.log_pos = self.log.released()
         elif op == "sync":
             self.take_log()
             self.commit_pending()
