@@ -102,17 +102,19 @@ def _moments(f: torch.Tensor) -> tuple[float, float]:
 
 
 def _small_array(t: torch.Tensor) -> np.ndarray | None:
-    """The values of a small, plain, CPU float32/float64 tensor as a flat numpy array (a view
-    when it is contiguous), else None. Read with Python dispatch off: no mode sees it."""
+    """The values of a small, plain, CPU float32/float64 tensor as a flat numpy array (a
+    copy), else None. Read with Python dispatch off: no mode sees it."""
     if type(t) is not torch.Tensor or t.dtype not in _NP_FLOATS or not t.is_cpu:
         return None
     with torch._C.DisableTorchFunction():  # Tensor methods would go through the modes
         n = t.numel()
         if n == 0 or n > NUMPY_MAX:
             return None
-        if t.requires_grad:
-            with torch._C._DisableTorchDispatch():  # aten::detach, unseen by the tracer
-                t = t.detach()
+        # A copy, never a view of the tensor's memory: numpy's view makes a storage
+        # unresizable, and FSDP2 frees its unsharded parameters by resizing their storage to
+        # zero after the forward ("Trying to resize storage that is not resizable").
+        with torch._C._DisableTorchDispatch():  # aten::detach/clone, unseen by the tracer
+            t = t.detach().clone()
         a: np.ndarray = t.numpy()
     return a.reshape(-1)
 

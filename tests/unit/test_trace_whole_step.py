@@ -249,3 +249,18 @@ def test_the_spool_reads_and_patches_rows_on_both_sides_of_a_flush():
     assert cols["status"].tolist() == [0, 1, 7, 3, 4, 5, 6, 7, 8, 5]
     assert cols.read("stats", 7, 9)[:, 0].tolist() == [7.0, 8.0]
     sp.close()
+
+
+def test_measuring_a_small_tensor_left_its_storage_unresizable():
+    """FSDP2 frees an unsharded parameter by resizing its storage to zero after the forward;
+    the tracer's numpy fast path had made that storage unresizable ("Trying to resize storage
+    that is not resizable" in a traced FSDP2 step)."""
+    import torch
+
+    from replay.trace.stats import _small_array
+
+    t = torch.randn(64, requires_grad=True)
+    a = _small_array(t)
+    assert a is not None and a.shape == (64,)
+    t.untyped_storage().resize_(0)  # raised before: the storage was exported to numpy
+    assert t.untyped_storage().nbytes() == 0
