@@ -387,6 +387,8 @@ class StoreWriter:
         self._hcrc = self.f["health/crc"]
         self._hcrcs = np.zeros(health_slots, np.int64)
         self.health_slots = health_slots
+        # The columns the file was made with (a run's watched objects add their own).
+        self.health_columns = tuple(json.loads(self.f["health"].attrs["columns"]))
         self._pad: dict[int, np.ndarray] = {}
         self.status = np.array([0, -1, 0, 0], np.int64)
         if known:
