@@ -65,6 +65,7 @@ import torch
 import transformers
 from transformers import PreTrainedModel, TrainerCallback, TrainingArguments
 
+from ..capture.objects import inner_optimizer
 from ..errors import NonFiniteLossError, RecorderWarning
 from ..record.recorder import Recorder
 from ._recording import start_recorder, warn_not_replayable
@@ -109,14 +110,6 @@ def _find_trainer(callback: TrainerCallback) -> Any:
     return None
 
 
-def _inner(optimizer: Any) -> Any:
-    """The torch optimizer inside accelerate's ``AcceleratedOptimizer`` (itself an Optimizer
-    whose step hooks never run: the recorder's gradient probe hooks the inner one)."""
-    while isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer):
-        optimizer = optimizer.optimizer
-    return optimizer
-
-
 def _why_not(trainer: Any) -> str | None:
     if getattr(trainer, "is_deepspeed_enabled", False):
         return "DeepSpeed"
@@ -138,7 +131,7 @@ def _objects(trainer: Any) -> dict[str, Any]:
     """The objects a recorded step touches, by the names recording and replay share."""
     objects: dict[str, Any] = {
         "model": trainer.model,
-        "optimizer": _inner(trainer.optimizer),
+        "optimizer": inner_optimizer(trainer.optimizer),  # inside AcceleratedOptimizer
         "scheduler": trainer.lr_scheduler,
         "trainer": trainer,
     }
