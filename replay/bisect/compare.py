@@ -9,10 +9,13 @@ from typing import Any
 __all__ = [
     "same_bits",
     "compare_rows",
+    "compare_replays",
     "VERIFIED_COLUMNS",
     "HINT_RAISED",
     "HINT_OUTSIDE",
+    "HINT_CARRIED",
     "HINT_NONDET",
+    "HINT_OR_CARRIED",
 ]
 
 # The columns a replay must reproduce bit for bit: replay is verified, never assumed.
@@ -28,6 +31,17 @@ HINT_OUTSIDE = (
     "something outside step_fn changes what the step reads: give the Recorder every stateful "
     "object (objects=..., or from build_fn), and pass values the loop computes (a learning "
     "rate, a curriculum knob) through rec.step(batch, name=value) instead of a global"
+)
+HINT_CARRIED = (
+    "the step reads state the program keeps outside the objects the Recorder was given (a "
+    "batch an earlier step prefetched into a global, a counter, a cache): a replay carried on "
+    "from an earlier step rebuilds it, one from a snapshot cannot. Hand it to the step "
+    "through rec.step(batch, name=value), or keep it in an object given in objects=..."
+)
+HINT_OR_CARRIED = (
+    "or the step changes state that it reads on its next run and that no snapshot holds (a "
+    "batch it prefetches into a global, a counter): hand that to the step through "
+    "rec.step(batch, name=value)"
 )
 HINT_NONDET = (
     "the same inputs gave different bits: look for non-deterministic kernels "
@@ -96,6 +110,40 @@ def compare_rows(
         if not same_bits(r, p):
             r = math.nan if r is None else float(r)
             p = math.nan if p is None else float(p)
+            diff = abs(r - p) if math.isfinite(r) and math.isfinite(p) else None
+            return {
+                "step": step,
+                "column": col,
+                "recorded": r,
+                "replayed": p,
+                "abs_diff": diff,
+                "ulps": _ulps(r, p),
+            }
+    return None
+
+
+def compare_replays(carried: dict[str, Any], fresh: dict[str, Any]) -> dict[str, Any] | None:
+    """``None`` when a replay of a step from its snapshot (``fresh``) gives the bits the replay
+    carried on to it gave, else the first column that differs, in ``compare_rows``'s shape
+    (``recorded``: the carried-on value). Every column the replay measures counts, also where
+    the recording measured none (a parameter fingerprint between ``fingerprint_every`` steps)."""
+    step = fresh.get("step")
+    if (carried.get("exception") is None) != (fresh.get("exception") is None):
+        got = (fresh.get("exception") or {}).get("type")
+        want = (carried.get("exception") or {}).get("type")
+        return {
+            "step": step,
+            "column": "exception",
+            "recorded": want,
+            "replayed": got,
+            "abs_diff": None,
+            "ulps": None,
+        }
+    for col in (*VERIFIED_COLUMNS, "grad_norm"):
+        a, b = carried.get(col), fresh.get(col)
+        if not same_bits(a, b):
+            r = math.nan if a is None else float(a)
+            p = math.nan if b is None else float(b)
             diff = abs(r - p) if math.isfinite(r) and math.isfinite(p) else None
             return {
                 "step": step,

@@ -28,9 +28,10 @@ class Subject(Protocol):
         """Whether every tensor of the snapshot at ``step`` is finite."""
         ...
 
-    def replay(self, step: int, *, keep: bool = True) -> Row:
+    def replay(self, step: int, *, keep: bool = True, fresh: bool = False) -> Row:
         """Replay ``step`` from the state right before it (reached as cheaply as possible); with
-        ``keep``, remember that state so ``replay_again(step)`` can start from it."""
+        ``keep``, remember that state so ``replay_again(step)`` can start from it; with
+        ``fresh``, from the newest snapshot at or before it, never from a replay carried on."""
         ...
 
     def replay_again(self, step: int) -> Row:

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .compare import compare_rows
+from .compare import compare_replays, compare_rows
 from .subject import Subject
 
 __all__ = ["VerifyReport", "verify_window"]
@@ -46,15 +46,27 @@ def verify_window(
     rep = VerifyReport((first, last), subject.device)
     by_step = {int(r["step"]): r for r in subject.recorded_rows()}
     total = last - first + 1
+    # Each kept snapshot inside the window starts its steps afresh, as a bisect of a failure
+    # after it would. Its step is first replayed carried on from the step before, too: a step
+    # that reads state the loop keeps outside the recorded objects (a batch the previous step
+    # prefetched into a global) matches the recording carried on, but not from the snapshot,
+    # and the divergence says so (``carried_on``: the snapshot the matching replay came from).
+    restarts = {s for s in subject.snapshots if first < s <= last}
     for i, t in enumerate(range(first, last + 1)):
-        replayed = subject.replay(t, keep=False)
-        rep.replayed_steps += 1
-        if progress is not None:
-            progress(i + 1, total)
         recorded = by_step.get(t)
         if recorded is not None and recorded.get("raised") == 1.0:
             exc = subject.recorded_exception(t) or {}
             recorded = {**recorded, "exception_type": exc.get("type")}
+        carried = subject.replay(t, keep=False) if t in restarts else None
+        replayed = subject.replay(t, keep=False, fresh=t in restarts)
+        rep.replayed_steps += 1
+        if progress is not None:
+            progress(i + 1, total)
+        divergence = compare_rows(recorded, replayed)
+        if carried is not None and compare_rows(recorded, carried) is None:
+            divergence = divergence or compare_replays(carried, replayed)
+            if divergence is not None:
+                divergence["carried_on"] = max(s for s in subject.snapshots if s < t)
         rep.steps.append(
             {
                 "step": t,
@@ -69,7 +81,7 @@ def verify_window(
                     "param_fingerprint": replayed.get("param_fingerprint"),
                 },
                 "exception": replayed.get("exception"),
-                "divergence": compare_rows(recorded, replayed),
+                "divergence": divergence,
                 "compared": recorded is not None,
             }
         )

@@ -221,8 +221,14 @@ def render_verify(d: dict[str, Any]) -> str:
     lines = [
         f"{head}: {len(bad)} of {n} steps differ from the recording "
         f"(window {w[0]}..{w[1]}, on {d['device']})",
-        f"  first divergence at step {fd['step']}, {fd['column']}: recorded {fd['recorded']}, "
-        f"replayed {fd['replayed']}, |diff| {fd['abs_diff']}, {fd['ulps']} ulps",
+        f"  first divergence at step {fd['step']}, {fd['column']}: "
+        + (
+            f"carried on from step {fd['carried_on']} {fd['recorded']}, from its own snapshot "
+            if fd.get("carried_on") is not None
+            else f"recorded {fd['recorded']}, "
+        )
+        + f"replayed {fd['replayed']}, |diff| {fd['abs_diff']}"
+        + (f", {fd['ulps']} ulps" if fd.get("ulps") is not None else ""),
         "  differing steps: "
         + ", ".join(str(s["step"]) for s in bad[:20])
         + (" ..." if len(bad) > 20 else ""),

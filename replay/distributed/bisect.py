@@ -61,8 +61,8 @@ class RankSubject:
     def _local(self, row: dict[str, Any]) -> dict[str, Any]:
         return {**row, **{c: None for c in _NOT_COMPARABLE}}
 
-    def replay(self, step: int, *, keep: bool = True) -> dict[str, Any]:
-        row = self._local(self.inner.replay(step, keep=keep))
+    def replay(self, step: int, *, keep: bool = True, fresh: bool = False) -> dict[str, Any]:
+        row = self._local(self.inner.replay(step, keep=keep, fresh=fresh))
         self.replayed[step] = row
         return row
 

@@ -451,24 +451,26 @@ class Engine:
             for m, training in zip(self._modules, modes):
                 m.training = bool(training)
 
-    def state_before(self, t: int, *, keep: bool = False) -> None:
+    def state_before(self, t: int, *, keep: bool = False, fresh: bool = False) -> None:
         """Make the live objects hold the state right before step ``t`` and prepare step ``t``.
 
         Starts from the nearest of: the live state, an in-memory checkpoint, the newest kept
         snapshot at or before ``t``; then replays the steps in between. ``keep`` remembers this
         state in memory, so coming back to it (a second replay, the tracer) costs no replay.
+        ``fresh`` starts from that snapshot whatever else is nearer: the path a bisect of a
+        later failure takes, which a replay carried on from an earlier step never tests.
         """
         if t not in self.window:
             w = self.window
             raise ReplayError(
                 f"step {t} is outside the replayable window (steps {w.first}..{w.last})"
             )
-        if self._pos != t:
+        if self._pos != t or fresh:
             start, source = self.window.snapshot_for(t), "snapshot"
             ck = [c for c in self._checkpoints if start <= c <= t]
-            if ck:
+            if ck and not fresh:
                 start, source = max(ck), "checkpoint"
-            if self._pos is not None and start <= self._pos <= t:
+            if self._pos is not None and start <= self._pos <= t and not fresh:
                 start, source = self._pos, "live"
             if source == "snapshot":
                 with _restoring(f"the snapshot of step {start}"):

@@ -30,8 +30,8 @@ class EngineSubject:
     def snapshot_healthy(self, step: int) -> bool:
         return self.engine.snapshot_finite(step)
 
-    def replay(self, step: int, *, keep: bool = True) -> dict[str, Any]:
-        self.engine.state_before(step, keep=keep)
+    def replay(self, step: int, *, keep: bool = True, fresh: bool = False) -> dict[str, Any]:
+        self.engine.state_before(step, keep=keep, fresh=fresh)
         return self.engine.run_step(step).row()
 
     def replay_again(self, step: int) -> dict[str, Any]:

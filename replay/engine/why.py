@@ -22,7 +22,9 @@ from typing import Any
 import torch
 
 from ..bisect.compare import (
+    HINT_CARRIED,
     HINT_NONDET,
+    HINT_OR_CARRIED,
     HINT_OUTSIDE,
     HINT_RAISED,
     VERIFIED_COLUMNS,
@@ -196,6 +198,20 @@ def explain_divergence(
             hint=HINT_OUTSIDE,
         )
         return out
+    carried = divergence.get("carried_on")
+    if carried is not None:  # (verify_window's finding: no experiment can redo it here)
+        out.update(
+            kind="outside_state",
+            snapshot=t,
+            summary=(
+                f"step {t} replays bitwise when the replay carries on from the snapshot of step "
+                f"{carried}, but not from the snapshot of step {t} itself: the step reads state "
+                "the snapshots do not hold, so a bisect of a failure after step "
+                f"{t} would not reproduce it"
+            ),
+            hint=HINT_CARRIED,
+        )
+        return out
     engine.state_before(t, keep=True)
     a = engine.run_step(t).row()
     engine.state_before(t, keep=True)
@@ -213,6 +229,10 @@ def explain_divergence(
             ),
             hint=HINT_NONDET,
         )
+        if t in engine.window.snapshots and t > int(engine.rec.config.get("start_step") or 0):
+            # From a later snapshot, the first replay also ran on what the program's own start
+            # left in state no snapshot holds; the replays after it on what the first left.
+            out["hint"] = f"{HINT_NONDET}; {HINT_OR_CARRIED}"
         return out
     later = [s for s in engine.window.snapshots if s > t]
     differs: list[dict[str, Any]] = []

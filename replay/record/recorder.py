@@ -342,6 +342,7 @@ class Recorder:
             # The background self-check (docs/selfcheck.md): after the first steps, a child
             # replays them and says at once, on stderr, when they do not replay.
             self._self_check: SelfCheckLauncher | None = None
+            self._check_snapshot: int | None = None
             if self.config.self_check and enabled_by_env() and self.preflight is None:
                 self._self_check = SelfCheckLauncher(
                     self.path,
@@ -352,6 +353,17 @@ class Recorder:
                     self._inner,
                     skip_reason(self),
                 )
+                # One more snapshot half-way through the checked steps: the check replays the
+                # steps after it from it, as a bisect of a later failure would start, which a
+                # replay carried on from the first snapshot never tests (a batch the previous
+                # step prefetched into a global).
+                half = self.config.start_step + self.config.self_check_steps // 2
+                if (
+                    self._self_check.skip is None
+                    and half > self.config.start_step
+                    and not self.config.is_snapshot_step(half)
+                ):
+                    self._check_snapshot = half
         except Exception as e:  # noqa: BLE001 - the recorder must never take training down
             self._off_from_the_start(path, e)
 
@@ -366,6 +378,7 @@ class Recorder:
         self._probe_grads = GradProbe([], None)
         self._watch = ObjectWatch.empty()
         self._self_check = None
+        self._check_snapshot = None
         self.next_step = self.config.start_step
         self._warned = True
         warnings.warn(
@@ -589,7 +602,7 @@ class Recorder:
         if self.not_replayable is not None:
             if self._writer is None:
                 self._writer_or_start()  # (it creates the file; the log's records wait)
-        elif self.config.is_snapshot_step(t):
+        elif self.config.is_snapshot_step(t) or t == self._check_snapshot:
             self._snapshot(t)
         rng = capture_rng()
         hparams = self._hparams(copied)

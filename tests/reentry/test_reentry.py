@@ -206,3 +206,29 @@ def test_a_compiled_model_replays_bitwise_and_bisects_to_its_op(tmp_path, elsewh
     rc, v, p = replay_json("bisect", str(run), cwd=elsewhere)
     assert rc == 0 and v["first_bad_step"] == 5 and v["op"] == "aten::log", p.stderr[-3000:]
     assert v["reproducible"] is True
+
+
+def test_a_nanogpt_shaped_script_verifies_bitwise_from_every_snapshot(tmp_path, elsewhere):
+    """Module-level training, memmap batches at torch.randint offsets, accumulation, a
+    disabled GradScaler, clipping, lr per step: the micro-batches go through rec.step."""
+    run = record(tmp_path, "prefetching_gpt.py", "run.h5")
+    rc, v, p = replay_json("verify", str(run), cwd=elsewhere)
+    assert rc == 0 and v["deterministic"] is True and v["replayed_steps"] == 8, p.stderr[-3000:]
+
+
+def test_a_batch_prefetched_by_the_previous_step_is_named_not_called_nondeterministic(
+    tmp_path, elsewhere
+):
+    """nanoGPT's own loop: each micro-step fetches the next batch into globals X, Y. A replay
+    carried on from step 0 rebuilds them; one from the snapshot of step 4 (where a bisect of a
+    failure at step 5 starts) cannot. Verify starts every snapshot afresh and says which."""
+    run = record(tmp_path, "prefetching_gpt.py", "run.h5", "--prefetch")
+    rc, v, p = replay_json("verify", str(run), cwd=elsewhere)
+    assert rc == 1 and v["deterministic"] is False, p.stderr[-3000:]
+    fd, cause = v["first_divergence"], v["cause"]
+    assert fd["step"] == 4 and fd["carried_on"] == 0, fd
+    assert cause["kind"] == "outside_state", cause
+    assert "not from the snapshot of step 4 itself" in cause["summary"], cause
+    assert "prefetched into a global" in cause["hint"], cause
+    text = replay_cli("verify", str(run), cwd=elsewhere).stdout
+    assert "first divergence at step 4, param_fingerprint: carried on from step 0" in text, text

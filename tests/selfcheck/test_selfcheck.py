@@ -56,6 +56,22 @@ def test_a_global_the_loop_changes_is_flagged_on_stderr_while_the_run_trains(tmp
     assert "self-check      does NOT replay" in text
 
 
+def test_a_batch_the_previous_step_prefetched_into_a_global_is_flagged(tmp_path):
+    """nanoGPT's loop: the step trains on the batch the step before it fetched. A replay carried
+    on from the first snapshot rebuilds that batch; a bisect of a later failure starts from a
+    later snapshot and cannot. The check replays its last steps from a snapshot of their own."""
+    p = train(tmp_path, "--prefetch")
+    assert p.returncode == 0, p.stdout[-3000:]
+    warn = [ln for ln in p.stdout.splitlines() if "does NOT replay" in ln]
+    assert len(warn) == 1, p.stdout[-3000:]
+    # From the run's first snapshot the check names it (the replay carried on to step 2 matches,
+    # the one from step 2's snapshot does not); from a later one (a fast run's ring moved on
+    # before the check started) the first replayed step already differs, and the line names it
+    # beside non-deterministic kernels.
+    assert "prefetches into a global" in warn[0] or "not from the snapshot of step 2" in warn[0]
+    assert "rec.step(batch, name=value)" in warn[0], warn[0]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "shape", [[], ["--workers", "2"], ["--amp"]], ids=["plain", "workers", "amp"]

@@ -31,7 +31,7 @@ class Synthetic:
         self.window = (keep_from, n - 1)
         self.snapshots = [s for s in range(keep_from, n, every)]
         self.device = device
-        self.replayed, self.again, self.snap_checks = [], [], []
+        self.replayed, self.again, self.snap_checks, self.fresh = [], [], [], []
         self.flaky_again = False
         self.diverge_at = None
 
@@ -98,8 +98,9 @@ class Synthetic:
         self.snap_checks.append(s)
         return self.kind == "raise" or s <= self.bad
 
-    def replay(self, t, *, keep=True):
+    def replay(self, t, *, keep=True, fresh=False):
         self.replayed.append(t)
+        self.fresh.extend([t] if fresh else [])
         return self.truth(t, replay=True)
 
     def replay_again(self, t):
@@ -240,3 +241,11 @@ def test_verify_reports_every_step_and_the_first_divergence():
     r = verify_window(s)
     assert r.replayed_steps == 20 and not r.deterministic
     assert r.first_divergence["step"] == 12 and len(r.divergences) == 8
+
+
+def test_verify_starts_each_kept_snapshot_afresh_as_a_bisect_after_it_would():
+    """A continuous replay from the window's first snapshot never tests the snapshots after it,
+    which is where a bisect of a later failure starts."""
+    s = Synthetic(n=25, every=10, kind="none")
+    verify_window(s)
+    assert s.fresh == [10, 20]

@@ -1,7 +1,9 @@
 """A loop that trains until the background self-check has said its word (at most 180 s), so a
 test sees whether the verdict came while training went on. Shapes: `--workers N` (a DataLoader
 with N worker processes), `--amp` (bf16 autocast), `--global-lr` (the step reads a global the
-loop changes: not replayable), `--budget B` (the self-check's state budget, bytes)."""
+loop changes: not replayable), `--prefetch` (the step trains on the batch the previous step
+prefetched into a global, and fetches the next: nanoGPT's loop; replays carried on from the
+first step, not from a later snapshot), `--budget B` (the self-check's state budget, bytes)."""
 
 import argparse
 import json
@@ -16,6 +18,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import replay
 
 LR_SCALE = 1.0  # changed by the loop: replay cannot see it
+NEXT = None  # --prefetch: the batch the previous step fetched
 
 
 def main():
@@ -23,6 +26,7 @@ def main():
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--amp", action="store_true")
     p.add_argument("--global-lr", action="store_true")
+    p.add_argument("--prefetch", action="store_true")
     p.add_argument("--budget", type=int, default=2 << 30)
     args = p.parse_args()
     torch.manual_seed(0)
@@ -40,6 +44,9 @@ def main():
     )
 
     def step(batch):
+        global NEXT
+        if args.prefetch:
+            batch, NEXT = NEXT, (torch.randn(16, 16), torch.randint(0, 4, (16,)))
         x, y = batch
         optimizer.zero_grad()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.amp):
@@ -48,6 +55,8 @@ def main():
         optimizer.step()
         return loss
 
+    global NEXT
+    NEXT = (torch.randn(16, 16), torch.randint(0, 4, (16,)))
     verdict = os.path.join(os.getcwd(), "run.selfcheck.json")
     deadline = time.monotonic() + 180
     t = 0
