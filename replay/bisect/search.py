@@ -192,7 +192,8 @@ def find_culprit(
         v.reproducible = False
         v.notes.append(
             f"replaying steps {start}..{bound} did not reproduce the failure the recording shows "
-            f"at step {symptom.bound}: suspect hardware or non-determinism"
+            f"at step {symptom.bound}: suspect non-determinism, hardware, or state the step reads "
+            "that no snapshot holds (see why it differs)"
         )
         return v
     t = int(culprit["step"])

@@ -109,7 +109,7 @@ def render_verdict(d: dict[str, Any]) -> str:
         + (
             "yes (two replays and the recording agree bitwise)"
             if rep
-            else "NO: suspect hardware or non-determinism"
+            else "NO: suspect non-determinism, hardware, or state no snapshot holds"
         )
     )
     det = "yes" if d["deterministic"] else "no"

@@ -229,10 +229,15 @@ def explain_divergence(
             ),
             hint=HINT_NONDET,
         )
-        if t in engine.window.snapshots and t > int(engine.rec.config.get("start_step") or 0):
+        if engine.window.snapshot_for(t) > int(engine.rec.config.get("start_step") or 0):
             # From a later snapshot, the first replay also ran on what the program's own start
             # left in state no snapshot holds; the replays after it on what the first left.
             out["hint"] = f"{HINT_NONDET}; {HINT_OR_CARRIED}"
+            out["summary"] = str(out["summary"]).replace(
+                ": same inputs, different bits",
+                f" (replayed from the snapshot of step "
+                f"{engine.window.snapshot_for(t)}, not the run's start)",
+            )
         return out
     later = [s for s in engine.window.snapshots if s > t]
     differs: list[dict[str, Any]] = []

@@ -232,3 +232,13 @@ def test_a_batch_prefetched_by_the_previous_step_is_named_not_called_nondetermin
     assert "prefetched into a global" in cause["hint"], cause
     text = replay_cli("verify", str(run), cwd=elsewhere).stdout
     assert "first divergence at step 4, param_fingerprint: carried on from step 0" in text, text
+
+
+def test_bisect_of_a_prefetching_loop_does_not_blame_the_kernels_alone(tmp_path, elsewhere):
+    """The same loop failing at step 6: bisect replays from the snapshot of step 4, whose
+    globals hold what the program's start left there, and cannot reproduce it. It must not
+    say only "non-determinism": the prefetched batch is named beside it."""
+    run = record(tmp_path, "prefetching_gpt.py", "run.h5", "--prefetch", "--bad-step", "6")
+    rc, v, p = replay_json("bisect", str(run), cwd=elsewhere)
+    assert v["first_bad_step"] == 6 and v["reproducible"] is False, p.stderr[-3000:]
+    assert "prefetches into a global" in v["divergence_cause"]["hint"], v

@@ -5,7 +5,8 @@ micro-batches, a GradScaler (disabled on the CPU), clipping, AdamW with per-step
 `--prefetch`: the step trains on the batch the previous micro-step fetched into the globals
 `X, Y` (nanoGPT's own loop); replays carried on from the first step, not from a later snapshot.
 Otherwise the loop draws the step's micro-batches and hands them to `rec.step` (as
-docs/recording.md says), and every snapshot replays.
+docs/recording.md says), and every snapshot replays. `--bad-step N`: the loss of step N is
+made +inf (after the lr, before the backward).
 """
 
 import math
@@ -20,6 +21,7 @@ import torch.nn.functional as F
 import replay
 
 steps, prefetch, out = 8, "--prefetch" in sys.argv, sys.argv[1]
+bad_step = int(sys.argv[sys.argv.index("--bad-step") + 1]) if "--bad-step" in sys.argv else -1
 block_size, batch_size, vocab, accumulation = 16, 4, 32, 2
 learning_rate, warmup, grad_clip = 1e-3, 3, 1.0
 
@@ -65,7 +67,7 @@ scaler = torch.amp.GradScaler("cpu", enabled=False)
 X, Y = get_batch()
 
 
-def train_step(batch, lr):
+def train_step(batch, lr, it):
     global X, Y
     for group in optimizer.param_groups:
         group["lr"] = lr
@@ -73,7 +75,7 @@ def train_step(batch, lr):
     for k in range(accumulation):
         x, y = micro[k] if not prefetch else (X, Y)
         _, loss = model(x, y)
-        loss = loss / accumulation
+        loss = loss / accumulation * (math.inf if it == bad_step else 1.0)
         if prefetch:
             X, Y = get_batch()
         scaler.scale(loss).backward()
@@ -93,5 +95,5 @@ rec = replay.Recorder(
 )
 for it in range(steps):
     batch = None if prefetch else [get_batch() for _ in range(accumulation)]
-    rec.step(batch, lr=get_lr(it))
+    rec.step(batch, lr=get_lr(it), it=it)
 rec.close()
