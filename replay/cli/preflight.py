@@ -8,6 +8,7 @@ import shlex
 import click
 
 from ..preflight import PreflightReport
+from ..reports import DivergenceCause
 from .render import render_cause
 
 __all__ = ["preflight", "render_preflight"]
@@ -46,7 +47,7 @@ def render_preflight(rep: PreflightReport) -> str:
     kind = str(cause.get("kind"))
     lines.append(f"  verdict       NOT replayable: {_KIND_WORDS.get(kind, rep.reason)}")
     if cause:
-        lines += render_cause(cause)
+        lines += render_cause(DivergenceCause.from_json(cause))
     elif rep.verify_error:
         lines.append(f"  why           {rep.verify_error}")
     if rep.run_exit not in (0, None) or rep.recording is None:
