@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, TypedDict
 
-__all__ = ["ExceptionInfo", "OpRef", "SourceLine", "TraceVerdict", "known"]
+__all__ = ["ExceptionInfo", "OpRef", "SourceLine", "TraceVerdict", "known", "only_known"]
 
 JSONObject = dict[str, Any]  # a nested part of a report kept as its JSON
 
@@ -51,6 +51,16 @@ def known(cls: type, d: dict[str, Any]) -> dict[str, Any]:
     version may hold fewer or more)."""
     names = {f.name for f in fields(cls)}
     return {k: v for k, v in d.items() if k in names}
+
+
+def only_known(cls: type, d: dict[str, Any]) -> dict[str, Any]:
+    """``d``, when every key is a field of the dataclass ``cls``; else a ``ValueError`` naming
+    the others (a report built by this version: a key its type lacks would be lost)."""
+    names = {f.name for f in fields(cls)}
+    unknown = sorted(k for k in d if k not in names)
+    if unknown:
+        raise ValueError(f"{cls.__name__} has no field for {', '.join(unknown)}")
+    return d
 
 
 @dataclass

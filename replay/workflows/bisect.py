@@ -12,6 +12,7 @@ if TYPE_CHECKING:
 
 from ..errors import ReplayError
 from ..reports import BisectReport
+from ..reports.verdict import only_known
 from .session import with_engine
 
 __all__ = ["bisect_engine", "run_bisect"]
@@ -52,15 +53,18 @@ def run_bisect(
         if opened is not None:
             opened()
         return BisectReport.from_json(
-            replay_rank_set(
-                run,
-                "bisect",
-                criterion=criterion,
-                trace=trace,
-                device=device,
-                entry=entry,
-                trust=trust,
-                log=log,
+            only_known(
+                BisectReport,
+                replay_rank_set(
+                    run,
+                    "bisect",
+                    criterion=criterion,
+                    trace=trace,
+                    device=device,
+                    entry=entry,
+                    trust=trust,
+                    log=log,
+                ),
             )
         )
     report = _bisect_one(

@@ -10,6 +10,7 @@ if TYPE_CHECKING:
     from ..store.reader import Recording
 
 from ..reports import VerifyReport
+from ..reports.verdict import only_known
 from .session import with_engine
 
 __all__ = ["run_verify", "verify_engine"]
@@ -48,9 +49,8 @@ def run_verify(
 
         if opened is not None:
             opened()
-        return VerifyReport.from_json(
-            replay_rank_set(run, "verify", device=device, entry=entry, trust=trust, log=log)
-        )
+        d = replay_rank_set(run, "verify", device=device, entry=entry, trust=trust, log=log)
+        return VerifyReport.from_json(only_known(VerifyReport, d))
     if choice.files is not None and choice.path == run:  # --alone without --rank: rank 0
         choice = choose_ranks(run, min(choice.files), True)
     report = _verify_one(choice.path, device, entry, trust, progress, opened, reenter, first_steps)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -268,3 +269,13 @@ def test_a_real_verdict_reads_back_as_the_tracer_wrote_it(tmp_path):
     with ForensicsReader.open(str(tmp_path / "f.h5")) as f:
         back = TraceVerdict.from_json(f.verdict)
     assert back.step == 3 and back.op == v.op and back.op_index == v.op_index
+
+
+def test_a_key_a_report_type_lacks_is_refused_where_it_would_be_lost():
+    """A multi-rank replay's report comes back as JSON from the rank processes: a key its type
+    has no field for would vanish from --json, so it is refused instead."""
+    from replay.reports.verdict import only_known
+
+    assert only_known(BisectReport, BISECT) is BISECT
+    with pytest.raises(ValueError, match="BisectReport has no field for new_key"):
+        only_known(BisectReport, {**BISECT, "new_key": 1})
