@@ -14,6 +14,7 @@ beyond the standard library: the TUI reads them without torch.
 ``DivergenceCause``  why a replay differs from its recording (verify and bisect)
 ``OverfitReport``    ``replay overfit``: one recorded batch trained on again and again
 ``WhatIfReport``     ``replay whatif``: the failing steps replayed as recorded and per change
+``DoctorReport``     ``replay doctor``: the checklist's findings (``RankSetDoctorReport``: per rank)
 ===================  ====================================================================
 
 ``ExportReport`` lives beside its workflow (``replay/workflows/export.py``): nothing reads it back.
@@ -22,6 +23,7 @@ beyond the standard library: the TUI reads them without torch.
 from .bisect import BisectReport
 from .cause import DivergenceCause, StateDrift
 from .culprit import Culprit, TracedOp
+from .doctor import DoctorReport, Finding, RankSetDoctorReport
 from .overfit import OverfitReport
 from .trace import TraceReport
 from .verdict import ExceptionInfo, OpRef, SourceLine, TraceVerdict
@@ -32,10 +34,13 @@ __all__ = [
     "BisectReport",
     "Culprit",
     "DivergenceCause",
+    "DoctorReport",
     "Experiment",
     "ExceptionInfo",
+    "Finding",
     "OpRef",
     "OverfitReport",
+    "RankSetDoctorReport",
     "SourceLine",
     "StateDrift",
     "StepResult",

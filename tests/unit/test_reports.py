@@ -279,3 +279,13 @@ def test_a_key_a_report_type_lacks_is_refused_where_it_would_be_lost():
     assert only_known(BisectReport, BISECT) is BISECT
     with pytest.raises(ValueError, match="BisectReport has no field for new_key"):
         only_known(BisectReport, {**BISECT, "new_key": 1})
+
+
+def test_doctor_findings_read_back_as_written():
+    from replay.reports import DoctorReport, Finding
+
+    f = Finding("loss_rising", "warning", "the loss rises", {"slope": float("nan")}, "lower lr")
+    d = DoctorReport("run.h5", [f]).to_json()
+    assert d[0]["evidence"] == {"slope": "nan"} and d[0]["steps"] == []
+    roundtrip_list = DoctorReport.from_json("run.h5", json.loads(json.dumps(d))).to_json()
+    assert roundtrip_list == d
