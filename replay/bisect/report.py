@@ -4,18 +4,13 @@ for a person)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..jsonsafe import json_safe
-from ..reports import BisectReport, DivergenceCause, ExceptionInfo, VerifiedStep, VerifyReport
+from ..reports import BisectReport, DivergenceCause, VerifiedStep, VerifyReport
+from ..reports.verdict import exception_info
 from .search import Verdict
 from .verify import WindowCheck
 
 __all__ = ["bisect_report", "verify_report"]
-
-
-def _exc(e: dict[str, Any] | None) -> ExceptionInfo | None:
-    return None if e is None else ExceptionInfo(type=e.get("type"), message=e.get("message"))
 
 
 def bisect_report(v: Verdict, *, recording: str, entry_files: list[str]) -> BisectReport:
@@ -27,7 +22,7 @@ def bisect_report(v: Verdict, *, recording: str, entry_files: list[str]) -> Bise
         criterion=v.criterion,
         first_bad_step=v.first_bad_step,
         symptom_step=v.symptom_step,
-        exception=_exc(v.exception),
+        exception=exception_info(v.exception),
         deterministic=v.deterministic,
         reproducible=v.reproducible,
         divergence=json_safe(v.divergence) if v.divergence else None,
@@ -71,7 +66,7 @@ def verify_report(
                 recorded_param_fingerprint=(
                     json_safe(s["recorded"]["param_fingerprint"]) if s["recorded"] else None
                 ),
-                exception=_exc(s["exception"]),
+                exception=exception_info(s["exception"]),
             )
             for s in r.steps
         ],

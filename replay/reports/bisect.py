@@ -8,7 +8,7 @@ from typing import Any
 from ..jsonsafe import json_safe
 from .cause import DivergenceCause
 from .culprit import Culprit, TracedOp
-from .verdict import ExceptionInfo, JSONObject
+from .verdict import ExceptionInfo, JSONObject, exception_info
 
 __all__ = ["BisectReport"]
 
@@ -141,8 +141,6 @@ class BisectReport(Culprit):
         }
         return cls(
             **simple,
-            exception=None
-            if exc is None
-            else ExceptionInfo(type=exc.get("type"), message=exc.get("message")),
+            exception=exception_info(exc),
             divergence_cause=None if cause is None else DivergenceCause.from_json(cause),
         )

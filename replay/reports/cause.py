@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..jsonsafe import json_safe
-from .verdict import ExceptionInfo
+from .verdict import ExceptionInfo, exception_info
 
 __all__ = ["DivergenceCause", "StateDrift"]
 
@@ -82,7 +82,5 @@ class DivergenceCause:
             changed_files=list(d.get("changed_files") or []),
             snapshot=d.get("snapshot"),
             differs=None if differs is None else [StateDrift.from_json(x) for x in differs],
-            exception=None
-            if exc is None
-            else ExceptionInfo(type=exc.get("type"), message=exc.get("message")),
+            exception=exception_info(exc),
         )

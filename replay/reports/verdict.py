@@ -16,7 +16,15 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, TypedDict
 
-__all__ = ["ExceptionInfo", "OpRef", "SourceLine", "TraceVerdict", "known", "only_known"]
+__all__ = [
+    "ExceptionInfo",
+    "OpRef",
+    "SourceLine",
+    "TraceVerdict",
+    "exception_info",
+    "known",
+    "only_known",
+]
 
 JSONObject = dict[str, Any]  # a nested part of a report kept as its JSON
 
@@ -44,6 +52,11 @@ class ExceptionInfo(TypedDict):
 
     type: str | None
     message: str | None
+
+
+def exception_info(d: dict[str, Any] | None) -> ExceptionInfo | None:
+    """The type and message of an exception as a report holds it (``None``: none)."""
+    return None if d is None else ExceptionInfo(type=d.get("type"), message=d.get("message"))
 
 
 def known(cls: type, d: dict[str, Any]) -> dict[str, Any]:

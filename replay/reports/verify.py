@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .cause import DivergenceCause
-from .verdict import ExceptionInfo, JSONObject
+from .verdict import ExceptionInfo, JSONObject, exception_info
 
 __all__ = ["VerifiedStep", "VerifyReport"]
 
@@ -48,9 +48,7 @@ class VerifiedStep:
             recorded_loss=d.get("recorded_loss"),
             param_fingerprint=d.get("param_fingerprint"),
             recorded_param_fingerprint=d.get("recorded_param_fingerprint"),
-            exception=None
-            if exc is None
-            else ExceptionInfo(type=exc.get("type"), message=exc.get("message")),
+            exception=exception_info(exc),
         )
 
 
