@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .capture.guard import PREFLIGHT_ENV
+from .reports import BisectReport, VerifyReport
 
 __all__ = ["PreflightReport", "run_preflight"]
 
@@ -40,15 +41,18 @@ class PreflightReport:
     run_seconds: float = 0.0
     run_tail: list[str] = field(default_factory=list)
     recording: str | None = None
-    verify: dict[str, Any] | None = None  # ``replay verify --json``'s output
+    verify: VerifyReport | None = None  # what ``replay verify --json`` printed
     verify_exit: int | None = None
     verify_error: str | None = None
     kept: str | None = None  # where the recording was kept (--keep, or a failed run's)
-    # the run failed within the preflight steps: ``replay bisect --json`` of its recording
-    failure: dict[str, Any] | None = None
+    # the run failed within the preflight steps: ``replay bisect --json`` of its recording, or
+    # why bisect gave none
+    failure: BisectReport | None = None
+    failure_error: str | None = None
     ranks: int | None = None  # a rank set (a torchrun command): how many rank files
 
     def json(self) -> dict[str, Any]:
+        v = self.verify
         return {
             "replayable": self.replayable,
             "reason": self.reason,
@@ -58,10 +62,16 @@ class PreflightReport:
             "run_seconds": round(self.run_seconds, 3),
             "verify_exit": self.verify_exit,
             "verify_error": self.verify_error,
-            "cause": (self.verify or {}).get("cause"),
-            "first_divergence": (self.verify or {}).get("first_divergence"),
-            "replayed_steps": (self.verify or {}).get("replayed_steps"),
-            "failure": self.failure,
+            "cause": v.cause.to_json() if v is not None and v.cause is not None else None,
+            "first_divergence": v.first_divergence if v is not None else None,
+            "replayed_steps": v.replayed_steps if v is not None else None,
+            "failure": (
+                {"error": self.failure_error}
+                if self.failure_error is not None
+                else None
+                if self.failure is None
+                else self.failure.to_json()
+            ),
             "ranks": self.ranks,
             "recording": self.kept,
         }
@@ -196,12 +206,12 @@ def run_preflight(
         _record_and_verify(rep, command, steps, keep, timeout, echo, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    if rep.verify is not None and rep.verify.get("deterministic") and rep.run_exit == 0:
+    if rep.verify is not None and rep.verify.deterministic and rep.run_exit == 0:
         rep.replayable = True
         rep.reason = "every replayed step matches the recording bitwise"
-    elif rep.verify is not None and not rep.verify.get("deterministic"):
-        cause = rep.verify.get("cause") or {}
-        rep.reason = cause.get("kind") or "the replay differs from the recording"
+    elif rep.verify is not None and not rep.verify.deterministic:
+        cause = rep.verify.cause
+        rep.reason = (cause.kind if cause else "") or "the replay differs from the recording"
     elif rep.verify_error is not None:
         rep.reason = rep.verify_error
     return rep
@@ -247,8 +257,8 @@ def _record_and_verify(
     rep.verify_exit = code
     if code in (0, 1):
         try:
-            rep.verify = json.loads(stdout)
-        except ValueError:
+            rep.verify = VerifyReport.from_json(json.loads(stdout))
+        except (ValueError, KeyError, TypeError):
             rep.verify_error = "replay verify printed no JSON"
     else:
         errs = [ln for ln in stderr.splitlines() if ln.startswith("replay: error:")]
@@ -299,13 +309,13 @@ def _bisect_failure(
     recording (with its forensics) where the user can open it."""
     code, stdout, stderr = _run_replay("bisect", path, timeout)
     try:
-        rep.failure = json.loads(stdout) if code in (0, 1) else None
-    except ValueError:
+        rep.failure = BisectReport.from_json(json.loads(stdout)) if code in (0, 1) else None
+    except (ValueError, KeyError, TypeError):
         rep.failure = None
     if rep.failure is None:
         errs = [ln for ln in stderr.splitlines() if ln.startswith("replay: error:")]
-        rep.failure = {"error": errs[-1].removeprefix("replay: error: ") if errs else "no verdict"}
-    step = rep.failure.get("first_bad_step")
+        rep.failure_error = errs[-1].removeprefix("replay: error: ") if errs else "no verdict"
+    step = rep.failure.first_bad_step if rep.failure is not None else None
     rep.reason = (
         f"the run failed at step {step} within the preflight steps"
         if step is not None

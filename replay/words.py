@@ -1,7 +1,8 @@
 """The words for an op's part in a failure, shared by ``replay bisect``'s report and the TUI's
 op list, op detail and status line, so that each says the same thing about the same op.
 
-No imports: the TUI uses it without torch, the bisector without HDF5.
+No imports: the TUI uses it without torch, the bisector without HDF5. The reports are read
+through :class:`Blame` (a ``replay.reports.TraceVerdict`` or ``BisectReport``).
 
 - ``culprit``: the op the verdict names as the cause, a *producer* (it made a non-finite value
   out of finite inputs and arguments, or NaN out of infinities written on purpose);
@@ -21,9 +22,30 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
-__all__ = ["op_role", "role_text", "cause_text", "STATUS_WORDS"]
+__all__ = ["Blame", "op_role", "role_text", "cause_text", "STATUS_WORDS"]
+
+
+class Blame(Protocol):
+    """What the words read off a report that names an op: a ``TraceVerdict`` (the TUI) or a
+    ``BisectReport`` (``replay bisect``), from ``replay.reports``."""
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def cause(self) -> str | None: ...
+    @property
+    def op(self) -> str | None: ...
+    @property
+    def op_index(self) -> int | None: ...
+    @property
+    def made(self) -> str | None: ...
+    @property
+    def made_from(self) -> str | None: ...
+    @property
+    def nan_from_inf(self) -> dict[str, Any] | None: ...
+
 
 STATUS_WORDS = {  # status in the op table -> what it means
     "finite": "",
@@ -37,10 +59,11 @@ STATUS_WORDS = {  # status in the op table -> what it means
 _MADE = {"nan": "NaN", "posinf": "+inf", "neginf": "-inf"}
 
 
-def _made(verdict: dict[str, Any]) -> str:
-    if verdict.get("made"):
-        return str(verdict["made"])
-    st = (verdict.get("output") or {}).get("stats") or {}
+def _made(verdict: Blame) -> str:
+    if verdict.made:
+        return str(verdict.made)
+    output = getattr(verdict, "output", None) or {}  # a TraceVerdict's
+    st = output.get("stats") or {}
     made = [w for k, w in _MADE.items() if _count(st.get(k))]
     return "/".join(made) or "non-finite values"
 
@@ -52,20 +75,20 @@ def _count(x: Any) -> float:
         return 0.0
 
 
-def _from(verdict: dict[str, Any]) -> str:
-    if verdict.get("made_from") == "intentional":
+def _from(verdict: Blame) -> str:
+    if verdict.made_from == "intentional":
         return "infinities written on purpose (a fully masked row?)"
     return "finite inputs"
 
 
-def cause_text(verdict: dict[str, Any]) -> str | None:
+def cause_text(verdict: Blame) -> str | None:
     """One line on what caused the failure, from the verdict's ``cause``."""
-    cause = verdict.get("cause")
-    op = verdict.get("op")
+    cause = verdict.cause
+    op = verdict.op
     if cause == "data":
         return "data: the input batch is non-finite: it is a data bug"
     if cause == "op":
-        conv = verdict.get("nan_from_inf")
+        conv = verdict.nan_from_inf
         text = f"op: {op} made {_made(verdict)} from {_from(verdict)}"
         if conv:
             text += f"; {conv.get('op')} turned its {conv.get('from')} into NaN"
@@ -79,15 +102,15 @@ def cause_text(verdict: dict[str, Any]) -> str | None:
     return None
 
 
-def op_role(verdict: dict[str, Any], op_index: int | None, status: str) -> tuple[str, str]:
+def op_role(verdict: Blame, op_index: int | None, status: str) -> tuple[str, str]:
     """``(word, explanation)`` for op ``op_index`` whose status in the op table is ``status``
     (``finite``, ``producer``, ``propagator``, ``raised``, ``exempt``)."""
-    conv = verdict.get("nan_from_inf") or {}
-    if op_index is not None and op_index == verdict.get("op_index"):
-        cause = verdict.get("cause")
+    conv = verdict.nan_from_inf or {}
+    if op_index is not None and op_index == verdict.op_index:
+        cause = verdict.cause
         if cause == "data":
             return "data", "the first op to read the non-finite input batch: a data bug"
-        if verdict.get("kind") == "exception":
+        if verdict.kind == "exception":
             return "culprit", STATUS_WORDS["raised"]
         if cause == "op":
             return "culprit", f"the producer: made {_made(verdict)} from {_from(verdict)}"
@@ -99,13 +122,12 @@ def op_role(verdict: dict[str, Any], op_index: int | None, status: str) -> tuple
     if op_index is not None and op_index == conv.get("op_index"):
         return (
             "propagator",
-            f"turned the {conv.get('from')} of op {verdict.get('op_index')} "
-            f"({verdict.get('op')}) into NaN",
+            f"turned the {conv.get('from')} of op {verdict.op_index} ({verdict.op}) into NaN",
         )
     return status, STATUS_WORDS.get(status, "")
 
 
-def role_text(verdict: dict[str, Any], op_index: int | None, status: str) -> str:
+def role_text(verdict: Blame, op_index: int | None, status: str) -> str:
     """``"culprit · the producer: made -inf from finite inputs"``."""
     word, why = op_role(verdict, op_index, status)
     return f"{word} · {why}" if why else word

@@ -9,17 +9,21 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from replay.distributed.ranks import pick_rank_file, resolve_rank_files
 from replay.errors import RecordingError
+from replay.reports import TraceVerdict
 from replay.safetext import term_safe, term_safe_tree
 from replay.store import Recording, open_recording
 from replay.store.liveness import WriterState, writer_state
 
 from .rankset import RankSetSummary, read_rank_set
+
+if TYPE_CHECKING:
+    from replay.store.forensics import ForensicsReader
 
 __all__ = ["RunModel", "SafeForensics", "Marks", "shorten_path", "NO_FORENSICS_HINT"]
 
@@ -55,14 +59,14 @@ class SafeForensics:
     so none of them can reach the terminal raw. Numbers pass through unchanged.
     """
 
-    def __init__(self, reader: Any) -> None:
+    def __init__(self, reader: ForensicsReader) -> None:
         self._r = reader
         self.path = reader.path
         self.run_id = reader.run_id
         self.step = reader.step
         self.n_ops = reader.n_ops
         self.stats_columns = reader.stats_columns
-        self.verdict: dict[str, Any] = term_safe_tree(reader.verdict)
+        self.verdict = TraceVerdict.from_json(term_safe_tree(reader.verdict))
         self._strings: dict[str, list[str]] = {}
 
     def strings(self, name: str) -> list[str]:
@@ -136,7 +140,7 @@ class RunModel:
         # What the screens show of the recording's meta: every string made safe for the terminal
         # (the file is untrusted input); rec.meta itself stays as recorded.
         self.meta: dict[str, Any] = term_safe_tree(rec.meta)
-        self.forensics: Any = None  # SafeForensics over replay.store.forensics.ForensicsReader
+        self.forensics: SafeForensics | None = None
         self.forensics_error: str | None = None
         self._forensics_mtime: float | None = None
         self.health: dict[str, np.ndarray] = {}
@@ -285,9 +289,9 @@ class RunModel:
         if self.forensics is None:
             return []
         v = self.forensics.verdict
-        if (v.get("sample_axes") or [0]) != [0]:
+        if (v.sample_axes or [0]) != [0]:
             return []
-        return [int(s) for s in (v.get("samples") or [])]
+        return [int(s) for s in (v.samples or [])]
 
     def culprit_samples_elsewhere(self) -> str | None:
         """The verdict's samples when they lie along another axis than dim 0, as the report
@@ -295,7 +299,7 @@ class RunModel:
         if self.forensics is None:
             return None
         v = self.forensics.verdict
-        axes, samples = v.get("sample_axes") or [0], v.get("samples") or []
+        axes, samples = v.sample_axes or [0], v.samples or []
         if axes == [0] or not samples:
             return None
         if len(axes) > 1:

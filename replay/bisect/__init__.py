@@ -8,7 +8,7 @@ from .criteria import NonFinite, Predicate, Raised, Symptom, auto_criterion, is_
 from .predicate import Expression, History, PredicateError
 from .search import SearchError, Verdict, find_culprit, newest_healthy
 from .subject import Subject
-from .verify import VerifyReport, verify_window
+from .verify import WindowCheck, verify_window
 
 __all__ = [
     "Expression",
@@ -21,7 +21,7 @@ __all__ = [
     "Subject",
     "Symptom",
     "Verdict",
-    "VerifyReport",
+    "WindowCheck",
     "auto_criterion",
     "compare_rows",
     "find_culprit",

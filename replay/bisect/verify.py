@@ -9,16 +9,18 @@ from typing import Any
 from .compare import compare_replays, compare_rows
 from .subject import Subject
 
-__all__ = ["VerifyReport", "verify_window"]
+__all__ = ["WindowCheck", "verify_window"]
 
 
 @dataclass
-class VerifyReport:
+class WindowCheck:
+    """Every step of the window replayed, beside its recorded row (``replay.reports.VerifyReport``
+    is what ``replay verify`` prints of it)."""
+
     window: tuple[int, int]
     device: str
     steps: list[dict[str, Any]] = field(default_factory=list)
     replayed_steps: int = 0
-    cause: dict[str, Any] | None = None  # why the first divergence happened (engine/why.py)
 
     @property
     def divergences(self) -> list[dict[str, Any]]:
@@ -41,9 +43,9 @@ def verify_window(
     subject: Subject,
     *,
     progress: Callable[[int, int], None] | None = None,
-) -> VerifyReport:
+) -> WindowCheck:
     first, last = subject.window
-    rep = VerifyReport((first, last), subject.device)
+    rep = WindowCheck((first, last), subject.device)
     by_step = {int(r["step"]): r for r in subject.recorded_rows()}
     total = last - first + 1
     # Each kept snapshot inside the window starts its steps afresh, as a bisect of a failure

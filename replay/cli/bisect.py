@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 import click
+
+if TYPE_CHECKING:
+    from ..bisect.criteria import Criterion
 
 from ._process import big_imports, user_stdout_to_stderr
 from ._replaying import engine_options, rank_options
@@ -12,7 +16,7 @@ from ._replaying import engine_options, rank_options
 __all__ = ["bisect"]
 
 
-def _criterion(kind: str, until: str | None, spike: float | None) -> object:
+def _criterion(kind: str, until: str | None, spike: float | None) -> Criterion | None:
     """The failure criterion, checked before any file is opened or user code imported.
 
     Returns a criterion, or ``None`` for "auto" (decided from the recorded health).
@@ -33,7 +37,11 @@ def _criterion(kind: str, until: str | None, spike: float | None) -> object:
             return Predicate(Expression.parse(until, (*HEALTH_COLUMNS, *object_columns_in(until))))
         except PredicateError as e:
             raise click.UsageError(f"--until: {e}") from None
-    return {"nonfinite": NonFinite, "exception": Raised}.get(kind, lambda: None)()
+    if kind == "nonfinite":
+        return NonFinite()
+    if kind == "exception":
+        return Raised()
+    return None
 
 
 @click.command()
@@ -89,7 +97,7 @@ def bisect(
     bar = Progress("replay bisect")
     try:
         with user_stdout_to_stderr(as_json), big_imports() as phase:
-            d = run_bisect(
+            report = run_bisect(
                 run,
                 criterion=criterion,
                 trace=not no_trace,
@@ -105,8 +113,8 @@ def bisect(
             )
     finally:
         bar.close()
-    click.echo(json.dumps(d, indent=2) if as_json else render_verdict(d))
-    return 1 if d["healthy"] else 0
+    click.echo(json.dumps(report.to_json(), indent=2) if as_json else render_verdict(report))
+    return 1 if report.healthy else 0
 
 
 def _quote_self_check(run: str) -> None:

@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import json
 import textwrap
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from ..jsonsafe import json_safe
+from ..reports.doctor import DoctorReport, RankSetDoctorReport, SlowestRank
 from ..safetext import term_safe
+
+if TYPE_CHECKING:
+    from ..distributed.ranks import RankSet
 
 __all__ = ["doctor"]
 
 _MARK = {"error": "✗ error  ", "warning": "! warning", "info": "· info   "}
-
-
-_clean = json_safe  # JSON has no NaN/inf: strings, as everywhere (replay/jsonsafe.py)
 
 
 def _fmt(v: Any) -> str:
@@ -31,9 +31,10 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-def render(path: str, findings: list[Any]) -> str:
+def render(report: DoctorReport) -> str:
     # Titles, evidence and advice name modules and parameters from the file: term_safe each.
-    path = term_safe(path)
+    path = term_safe(report.path)
+    findings = report.findings
     if not findings:
         return f"{path}: no findings: nothing in the recorded health looks wrong"
     n = {s: sum(f.severity == s for f in findings) for s in _MARK}
@@ -60,11 +61,13 @@ def _is_file(path: str) -> bool:
     return os.path.isfile(path)
 
 
-def _rank_summary(rs: Any) -> dict[str, Any]:
-    """Across the ranks: which went bad first, which is slow (median step wall time)."""
+def _rank_set_report(rs: RankSet) -> RankSetDoctorReport:
+    """Every rank's checklist, and across the ranks: which went bad first, which is slow
+    (median step wall time)."""
     import numpy as np
 
     from ..distributed.ranks import describe_failure, first_bad_rank
+    from ..doctor import diagnose
 
     first = first_bad_rank(rs)
     times: dict[int, float] = {}
@@ -76,49 +79,39 @@ def _rank_summary(rs: Any) -> dict[str, Any]:
     if len(times) > 1:
         r = max(times, key=lambda k: times[k])
         others = float(np.median([t for k, t in times.items() if k != r]))
-        slowest = {"rank": r, "median_step_s": times[r], "others_median_step_s": others}
-    return {
-        "world_size": rs.world_size,
-        "missing": list(rs.missing),
-        "first_bad": describe_failure(first),
-        "first_bad_step": first.step if first is not None else None,
-        "first_bad_ranks": list(first.ranks) if first is not None else [],
-        "slowest": slowest,
-    }
+        slowest = SlowestRank(r, times[r], others)
+    return RankSetDoctorReport(
+        world_size=rs.world_size,
+        missing=list(rs.missing),
+        first_bad=describe_failure(first),
+        first_bad_step=first.step if first is not None else None,
+        first_bad_ranks=list(first.ranks) if first is not None else [],
+        slowest=slowest,
+        ranks={str(r): DoctorReport(p, diagnose(p)) for r, p in sorted(rs.paths.items())},
+    )
 
 
 def _doctor_rank_set(run: str, as_json: bool) -> int:
     """Every rank's checklist, and across the ranks: who went bad first, who is slow."""
     from ..distributed.ranks import open_rank_set
-    from ..doctor import diagnose
 
     with open_rank_set(run) as rs:
-        summary = _rank_summary(rs)
-        paths = dict(sorted(rs.paths.items()))
-    per = {r: diagnose(p) for r, p in paths.items()}
+        report = _rank_set_report(rs)
     if as_json:
-        out = {
-            **summary,
-            "ranks": {str(r): [_clean(f.as_dict()) for f in fs] for r, fs in per.items()},
-        }
-        click.echo(json.dumps(_clean(out), indent=2))
+        click.echo(json.dumps(report.to_json(), indent=2))
         return 0
-    lines = [f"{term_safe(run)}: a rank set of {len(paths)} ranks; {summary['first_bad']}"]
-    if summary["missing"]:
-        lines.append(f"  missing rank files: {', '.join(map(str, summary['missing']))}")
-    slow = summary["slowest"]
+    lines = [f"{term_safe(run)}: a rank set of {len(report.ranks)} ranks; {report.first_bad}"]
+    if report.missing:
+        lines.append(f"  missing rank files: {', '.join(map(str, report.missing))}")
+    slow = report.slowest
     if slow is not None:
-        ratio = (
-            slow["median_step_s"] / slow["others_median_step_s"]
-            if slow["others_median_step_s"]
-            else 0
-        )
+        ratio = slow.median_step_s / slow.others_median_step_s if slow.others_median_step_s else 0
         lines.append(
-            f"  slowest: rank {slow['rank']}, median step {slow['median_step_s'] * 1e3:.1f} ms "
-            f"({ratio:.2f}x the others' {slow['others_median_step_s'] * 1e3:.1f} ms)"
+            f"  slowest: rank {slow.rank}, median step {slow.median_step_s * 1e3:.1f} ms "
+            f"({ratio:.2f}x the others' {slow.others_median_step_s * 1e3:.1f} ms)"
         )
-    for r, fs in per.items():
-        lines += ["", f"== rank {r} ==", render(paths[r], fs)]
+    for r, per in report.ranks.items():
+        lines += ["", f"== rank {r} ==", render(per)]
     click.echo("\n".join(lines))
     return 0
 
@@ -143,9 +136,6 @@ def doctor(run: str, as_json: bool) -> int:
         files = resolve_rank_files(run)  # a DDP rank set: run.h5 for run.rank<N>.h5 (or a glob)
         if files is not None:
             return _doctor_rank_set(run, as_json)
-    findings = diagnose(run)
-    if as_json:
-        click.echo(json.dumps([_clean(f.as_dict()) for f in findings], indent=2))
-    else:
-        click.echo(render(run, findings))
+    report = DoctorReport(run, diagnose(run))
+    click.echo(json.dumps(report.to_json(), indent=2) if as_json else render(report))
     return 0

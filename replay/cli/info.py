@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 import numpy as np
@@ -23,10 +23,13 @@ from ..store.liveness import writer_state
 from ..store.reader import claimed_size
 from ..store.segments import segment_files
 
+if TYPE_CHECKING:
+    from ..store.reader import Recording
+
 __all__ = ["info", "describe"]
 
 
-def _steps_summary(rec: Any) -> dict[str, Any]:
+def _steps_summary(rec: Recording) -> dict[str, Any]:
     steps = rec.steps()
     h = rec.health()
     window = rec.replayable_window()

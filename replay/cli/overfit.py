@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
 
 import click
 
+from ..reports import OverfitReport
 from ._process import user_stdout_to_stderr
 from ._replaying import engine_options
 
@@ -32,48 +32,48 @@ def sparkline(values: list[float], width: int = 60) -> str:
     )
 
 
-def render(r: dict[str, Any]) -> str:
+def render(r: OverfitReport) -> str:
     """``overfit_batch``'s result as a person reads it."""
     from ..workflows.overfit import CLOSE
 
-    head = f"{r['path']}: overfitting the batch of step {r['step']} for {r['iters']} iterations"
-    if r.get("lr") is not None:
-        head += f" (lr {r['lr']:.3g})"
-    lines = [head, f"  loss  {sparkline(r['curve'])}"]
-    c = r["curve"]
+    head = f"{r.path}: overfitting the batch of step {r.step} for {r.iters} iterations"
+    if r.lr is not None:
+        head += f" (lr {r.lr:.3g})"
+    lines = [head, f"  loss  {sparkline(r.curve)}"]
+    c = r.curve
     marks = [0, 9, 49, 99, 199, 499, 999]
     pts = [f"{i + 1}: {c[i]:.4g}" for i in marks if i < len(c)]
     if c and len(c) - 1 not in marks:
         pts.append(f"{len(c)}: {c[-1]:.4g}")
     lines.append("  " + ", ".join(pts))
-    if r["error"]:
-        lines.append(f"  ✗ stopped: {r['error']}")
-    verdict = r.get("verdict")
+    if r.error:
+        lines.append(f"  ✗ stopped: {r.error}")
+    verdict = r.verdict
     how_far = (
-        f" ({100 * r['progress']:.0f}% of the way from {r['first_loss']:.4g} to the goal)"
-        if r.get("progress") is not None
+        f" ({100 * r.progress:.0f}% of the way from {r.first_loss:.4g} to the goal)"
+        if r.progress is not None
         else ""
     )
     if verdict == "overfits":
         lines.append(
-            f"  ✓ overfits: the loss reached {r['goal']:.3g} at iteration {r['reached_at']} "
-            f"(from {r['first_loss']:.4g}); the data, forward, loss and update path can learn"
+            f"  ✓ overfits: the loss reached {r.goal:.3g} at iteration {r.reached_at} "
+            f"(from {r.first_loss:.4g}); the data, forward, loss and update path can learn"
         )
     elif verdict == "close":
         lines.append(
-            f"  ✓ nearly overfits: lowest loss {r['min_loss']:.4g}, within "
-            f"{100 * (CLOSE - 1):.0f}% of the goal {r['goal']:.3g}{how_far}; the model learns "
+            f"  ✓ nearly overfits: lowest loss {r.min_loss:.4g}, within "
+            f"{100 * (CLOSE - 1):.0f}% of the goal {r.goal:.3g}{how_far}; the model learns "
             "this batch (more --iters would get there)"
         )
     elif verdict == "still_falling":
         lines.append(
-            f"  ~ not there yet: lowest loss {r['min_loss']:.4g} (goal {r['goal']:.3g}){how_far}, "
-            f"and still falling ({100 * r['recent_drop']:.0f}% over the last quarter): run "
+            f"  ~ not there yet: lowest loss {r.min_loss:.4g} (goal {r.goal:.3g}){how_far}, "
+            f"and still falling ({100 * (r.recent_drop or 0.0):.0f}% over the last quarter): run "
             "longer (--iters) or with a larger --lr before concluding anything"
         )
     else:
         lines.append(
-            f"  ✗ does not overfit: lowest loss {r['min_loss']:.4g} (goal {r['goal']:.3g})"
+            f"  ✗ does not overfit: lowest loss {r.min_loss:.4g} (goal {r.goal:.3g})"
             f"{how_far}, and it stopped falling. A "
             "model that cannot memorise one batch has a bug: check labels vs outputs, the loss "
             "(no softmax before cross_entropy), zero_grad/step, frozen or dead layers, the "
@@ -143,5 +143,5 @@ def overfit(
             trust=trust,
             reenter=reenter,
         )
-    click.echo(json.dumps(result, indent=2) if as_json else render(result))
-    return 0 if result["overfits"] else 1
+    click.echo(json.dumps(result.to_json(), indent=2) if as_json else render(result))
+    return 0 if result.overfits else 1

@@ -21,20 +21,20 @@ _KIND_WORDS = {
 
 def render_preflight(rep: PreflightReport) -> str:
     lines = [f"replay preflight: {shlex.join(rep.command)}"]
-    v = rep.verify or {}
+    v = rep.verify
     if rep.recording is not None:
         lines.append(
             f"  recorded      up to {rep.steps} steps in {rep.run_seconds:.1f} s "
             f"(the run exited {rep.run_exit})"
         )
-    if v:
+    if v is not None:
         lines.append(
-            f"  replayed      {v.get('replayed_steps')} steps in a fresh process on "
-            f"{v.get('device')}, window {v.get('window')}"
+            f"  replayed      {v.replayed_steps} steps in a fresh process on "
+            f"{v.device}, window {v.window}"
         )
     if rep.ranks:
         lines.append(f"  ranks         {rep.ranks} rank files, replayed together")
-    if rep.failure is not None:
+    if rep.failure is not None or rep.failure_error is not None:
         return "\n".join(lines + _failure_lines(rep))
     if rep.replayable:
         lines.append("  verdict       REPLAYABLE: every step's loss and parameters match bitwise")
@@ -42,10 +42,10 @@ def render_preflight(rep: PreflightReport) -> str:
             "                a crash of this run can be bisected and traced with replay bisect"
         )
         return "\n".join(lines)
-    cause = v.get("cause") or {}
-    kind = str(cause.get("kind"))
+    cause = v.cause if v is not None else None
+    kind = str(cause.kind if cause is not None else None)
     lines.append(f"  verdict       NOT replayable: {_KIND_WORDS.get(kind, rep.reason)}")
-    if cause:
+    if cause is not None:
         lines += render_cause(cause)
     elif rep.verify_error:
         lines.append(f"  why           {rep.verify_error}")
@@ -59,13 +59,13 @@ def render_preflight(rep: PreflightReport) -> str:
 
 def _failure_lines(rep: PreflightReport) -> list[str]:
     """The run failed within the preflight steps: that failure, bisected, is the finding."""
-    from ..safetext import term_safe_tree
+    from ..safetext import term_safe, term_safe_tree
 
-    f = term_safe_tree(rep.failure or {})
-    v = rep.verify or {}
+    f = term_safe_tree(rep.failure.to_json() if rep.failure is not None else {})
+    v = rep.verify
     out = [f"  verdict       FAILED: {rep.reason}"]
-    if f.get("error"):
-        out.append(f"  bisect        {f['error']}")
+    if rep.failure_error is not None:
+        out.append(f"  bisect        {term_safe(rep.failure_error)}")
     else:
         cause = f", cause {f['cause']}" if f.get("cause") else ""
         out.append(f"  first bad     step {f.get('first_bad_step')} ({f.get('kind')}{cause})")
@@ -78,8 +78,8 @@ def _failure_lines(rep: PreflightReport) -> list[str]:
         if f.get("exception"):
             exc = f["exception"]
             out.append(f"  exception     {exc.get('type')}: {exc.get('message', '')[:200]}")
-    if v:
-        same = "yes, bitwise" if v.get("deterministic") else "NO (replay verify says why)"
+    if v is not None:
+        same = "yes, bitwise" if v.deterministic else "NO (replay verify says why)"
         out.append(f"  replays       {same}")
     if rep.kept:
         out.append(f"  recording     {rep.kept}  (kept: replay bisect / replay tui it)")

@@ -1,18 +1,28 @@
 """The reports of ``replay bisect``, ``verify`` and ``trace`` as a person reads them.
 
-The library builds each report as JSON (``replay.bisect.report``: ``verdict_json``,
-``verify_json``); the CLI prints that JSON with ``--json`` and these words without. Strings that
-came from a file pass through ``term_safe_tree`` first, so none reaches the terminal raw.
+The workflows return each report as a dataclass (``replay.reports``: ``BisectReport``,
+``VerifyReport``, ``TraceReport``); the CLI prints its ``to_json()`` with ``--json`` and these
+words without. Strings that came from a file pass through ``term_safe_tree`` first (``_safe``),
+so none reaches the terminal raw.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
+from ..reports import BisectReport, DivergenceCause, TraceReport, VerifyReport
 from ..safetext import term_safe_tree
 from ..words import cause_text, op_role, role_text
 
-__all__ = ["render_cause", "render_ranks", "render_verdict", "render_verify"]
+__all__ = ["render_cause", "render_ranks", "render_trace", "render_verdict", "render_verify"]
+
+R = TypeVar("R", BisectReport, VerifyReport, TraceReport)
+
+
+def _safe(report: R) -> R:
+    """A copy of ``report`` whose every string is safe to print (op names, modules, sources,
+    messages come from files)."""
+    return type(report).from_json(term_safe_tree(report.to_json()))
 
 
 def _op_where(o: dict[str, Any]) -> str:
@@ -33,32 +43,32 @@ def _source_line(src: Any) -> str | None:
     return f"{where}\n      {code}" if code else where
 
 
-def render_verdict(d: dict[str, Any]) -> str:
-    d = term_safe_tree(d)  # op names, modules, sources, messages come from files
-    w = d["window"]
-    if d["healthy"]:
-        checked = d.get("checked")
+def render_verdict(report: BisectReport) -> str:
+    d = _safe(report)
+    w = d.window
+    if d.healthy:
+        checked = d.checked
         span = f"steps {checked[0]}..{checked[1]}" if checked else "no steps"
         return (
-            f"healthy: no step matches {d['criterion']!r} in the recorded health ({span}; "
+            f"healthy: no step matches {d.criterion!r} in the recorded health ({span}; "
             f"replayable window steps {w[0]}..{w[1]})"
         )
     lines = []
-    first, sym = d["first_bad_step"], d["symptom_step"]
+    first, sym = d.first_bad_step, d.symptom_step
     head = f"first bad step: {first}"
     if sym is not None and sym != first:
         head += f"  (the symptom was recorded at step {sym})"
     lines.append(head)
-    lines.append(f"  kind          {d['kind']}: {d['criterion']}")
-    if d.get("exception"):
-        e = d["exception"]
+    lines.append(f"  kind          {d.kind}: {d.criterion}")
+    if d.exception:
+        e = d.exception
         lines.append(f"  exception     {e['type']}: {e['message']}")
-    if d.get("loss") is not None and not d.get("exception"):
-        lines.append(f"  loss          {d['loss']}   grad norm {d.get('grad_norm')}")
+    if d.loss is not None and not d.exception:
+        lines.append(f"  loss          {d.loss}   grad norm {d.grad_norm}")
     cause = cause_text(d)
     if cause:
         lines.append(f"  cause         {cause}")
-    for t in (d.get("data") or {}).get("tensors") or []:
+    for t in (d.data or {}).get("tensors") or []:
         counts = ", ".join(
             f"{t[k]} {w}"
             for k, w in (("nan", "NaN"), ("posinf", "+inf"), ("neginf", "-inf"))
@@ -68,16 +78,16 @@ def render_verdict(d: dict[str, Any]) -> str:
             " ..." if t["count"] > len(t["positions"]) else ""
         )
         lines.append(f"  data          {t['name']} {t['dtype']}{t['shape']}: {counts} at {at}")
-    if d.get("op"):
+    if d.op:
         # the word only: the cause line above gives the why
-        word = op_role(d, d.get("op_index"), "producer")[0]
-        lines.append(f"  op            {_op_where(d)}  [{word}]")
-    if d.get("op") and d.get("closure") is not None:
-        lines.append(f"  closure call  {d['closure'] + 1} (the step's optimizer called it)")
-    src = _source_line(d.get("source"))
+        word = op_role(d, d.op_index, "producer")[0]
+        lines.append(f"  op            {_op_where(d.culprit_json())}  [{word}]")
+    if d.op and d.closure is not None:
+        lines.append(f"  closure call  {d.closure + 1} (the step's optimizer called it)")
+    src = _source_line(d.source)
     if src:
         lines.append(f"  source        {src}")
-    surf = d.get("surfaced")
+    surf = d.surfaced
     if surf:
         where = _op_where(surf)
         if surf.get("closure") is not None:
@@ -86,24 +96,24 @@ def render_verdict(d: dict[str, Any]) -> str:
         src = _source_line(surf.get("source"))
         if src:
             lines.append(f"                {src}")
-    conv = d.get("nan_from_inf")
+    conv = d.nan_from_inf
     if conv:
         role = role_text(d, conv.get("op_index"), "propagator")
         lines.append(f"  NaN from      {_op_where(conv)}  [{role}]")
         src = _source_line(conv.get("source"))
         if src:
             lines.append(f"                {src}")
-    if d.get("samples"):
-        exact = "" if d.get("samples_exact", True) else " (approximate: batch-coupled layers)"
-        axes = d.get("sample_axes") or [0]
+    if d.samples:
+        exact = "" if d.samples_exact is not False else " (approximate: batch-coupled layers)"
+        axes = d.sample_axes or [0]
         if len(axes) > 1:
             what = f"[micro-batch, row] along dims {axes[0]}, {axes[1]}: "
-            shown = ", ".join(f"[{m}, {r}]" for m, r in d["samples"])
+            shown = ", ".join(f"[{m}, {r}]" for m, r in d.samples)
         else:
             what = f"along dim {axes[0]}: " if axes != [0] else ""
-            shown = ", ".join(map(str, d["samples"]))
+            shown = ", ".join(map(str, d.samples))
         lines.append(f"  samples       {what}{shown}{exact}")
-    rep = d["reproducible"]
+    rep = d.reproducible
     lines.append(
         "  reproducible  "
         + (
@@ -112,23 +122,23 @@ def render_verdict(d: dict[str, Any]) -> str:
             else "NO: suspect non-determinism, hardware, or state no snapshot holds"
         )
     )
-    det = "yes" if d["deterministic"] else "no"
-    if d.get("divergence"):
-        dv = d["divergence"]
+    det = "yes" if d.deterministic else "no"
+    if d.divergence:
+        dv = d.divergence
         det += (
             f" (step {dv['step']}, {dv['column']}: recorded {dv['recorded']}, replayed "
             f"{dv['replayed']}, |diff| {dv['abs_diff']})"
         )
     lines.append(f"  deterministic {det}")
-    lines.extend(render_cause(d.get("divergence_cause")))
+    lines.extend(render_cause(d.divergence_cause))
     lines.append(
-        f"  replayed      {d['replayed_steps']} steps from the snapshot before step {d['snapshot']}"
-        f" (+{d['rechecked_steps']} to re-check) on {d['device']}; window steps {w[0]}..{w[1]}"
+        f"  replayed      {d.replayed_steps} steps from the snapshot before step {d.snapshot}"
+        f" (+{d.rechecked_steps} to re-check) on {d.device}; window steps {w[0]}..{w[1]}"
     )
-    if d.get("forensics"):
-        lines.append(f"  forensics     {d['forensics']}  (replay tui shows them)")
-    lines.extend(render_ranks(d))
-    for n in d.get("notes") or []:
+    if d.forensics:
+        lines.append(f"  forensics     {d.forensics}  (replay tui shows them)")
+    lines.extend(render_ranks(d.multi_rank, d.ranks))
+    for n in d.notes:
         lines.append(f"  note: {n}")
     return "\n".join(lines)
 
@@ -141,10 +151,9 @@ def _span(steps: list[int]) -> str:
     return "steps " + ", ".join(map(str, steps))
 
 
-def render_ranks(d: dict[str, Any]) -> list[str]:
-    """The lines of a multi-rank replay (``d["ranks"]``): each rank's own bitwise check and
-    what its trace found. Empty for a single process."""
-    mr, ranks = d.get("multi_rank"), d.get("ranks")
+def render_ranks(mr: dict[str, Any] | None, ranks: dict[str, dict[str, Any]] | None) -> list[str]:
+    """The lines of a multi-rank replay (``ranks``): each rank's own bitwise check and what its
+    trace found. Empty for a single process."""
     if not mr or not ranks:
         return []
     lines = [
@@ -180,47 +189,47 @@ _HEADLINES = {
 }
 
 
-def render_cause(c: dict[str, Any] | None, indent: str = "  ") -> list[str]:
+def render_cause(c: DivergenceCause | None, indent: str = "  ") -> list[str]:
     """The ``cause`` lines shared by the verify and bisect reports."""
     if not c:
         return []
-    lines = [f"{indent}why differs   {c['kind']}: {c['summary']}"]
-    for d in c.get("differs") or []:
-        size = d.get("max_abs_diff")
-        more = f" (+{d['count'] - len(d['names'])} more)" if d["count"] > len(d["names"]) else ""
+    lines = [f"{indent}why differs   {c.kind}: {c.summary}"]
+    for d in c.differs or []:
+        size = d.max_abs_diff
+        more = f" (+{d.count - len(d.names)} more)" if d.count > len(d.names) else ""
         lines.append(
-            f"{indent}  differs     {d['object']}: {', '.join(d['names'])}{more}"
+            f"{indent}  differs     {d.object}: {', '.join(d.names)}{more}"
             + (f", max |diff| {size:.3g}" if isinstance(size, float) else "")
         )
-    lines.append(f"{indent}what to do    {c['hint']}")
+    lines.append(f"{indent}what to do    {c.hint}")
     return lines
 
 
-def render_verify(d: dict[str, Any]) -> str:
-    d = term_safe_tree(d)
-    w = d["window"]
-    n = d["replayed_steps"]
-    bad = [s for s in d["steps"] if not s["match"]]
-    extra = render_ranks(d)
-    if d.get("approximate"):
-        extra += [f"  note: {n}" for n in d.get("notes") or []]
-    if not bad and d["deterministic"]:
-        every = " on every rank" if d.get("multi_rank") else ""
+def render_verify(report: VerifyReport) -> str:
+    d = _safe(report)
+    w = d.window
+    n = d.replayed_steps
+    bad = [s for s in d.steps if not s.match]
+    extra = render_ranks(d.multi_rank, d.ranks)
+    if d.approximate:
+        extra += [f"  note: {n}" for n in d.notes or []]
+    if not bad and d.deterministic:
+        every = " on every rank" if d.multi_rank else ""
         return "\n".join(
             [
                 f"deterministic: all {n} steps of the window ({w[0]}..{w[1]}) replay bitwise "
-                f"(loss and parameter fingerprint){every} on {d['device']}",
+                f"(loss and parameter fingerprint){every} on {d.device}",
                 *extra,
             ]
         )
     if not bad:  # the leading rank matched, another did not
         return "\n".join(["NOT bitwise on every rank", *extra])
-    fd = d["first_divergence"]
-    cause = d.get("cause")
-    head = _HEADLINES.get(str((cause or {}).get("kind")), "NOT bitwise")
+    fd = d.first_divergence or {}
+    cause = d.cause
+    head = _HEADLINES.get(cause.kind if cause else "", "NOT bitwise")
     lines = [
         f"{head}: {len(bad)} of {n} steps differ from the recording "
-        f"(window {w[0]}..{w[1]}, on {d['device']})",
+        f"(window {w[0]}..{w[1]}, on {d.device})",
         f"  first divergence at step {fd['step']}, {fd['column']}: "
         + (
             f"carried on from step {fd['carried_on']} {fd['recorded']}, from its own snapshot "
@@ -230,9 +239,26 @@ def render_verify(d: dict[str, Any]) -> str:
         + f"replayed {fd['replayed']}, |diff| {fd['abs_diff']}"
         + (f", {fd['ulps']} ulps" if fd.get("ulps") is not None else ""),
         "  differing steps: "
-        + ", ".join(str(s["step"]) for s in bad[:20])
+        + ", ".join(str(s.step) for s in bad[:20])
         + (" ..." if len(bad) > 20 else ""),
         *render_cause(cause),
         *extra,
     ]
     return "\n".join(lines)
+
+
+def render_trace(report: TraceReport) -> str:
+    """``replay trace``'s report in words: the step, and the op that made its first non-finite
+    value (or that none did)."""
+    d = _safe(report)
+    what = (
+        f"first non-finite value made by {d.op} ({d.phase})"
+        if d.op
+        else "no op made a non-finite value"
+    )
+    if d.surfaced:
+        what += f", noticed later at {d.surfaced['op']} ({d.surfaced.get('phase')})"
+    return (
+        f"traced step {d.step} (window {d.window[0]}..{d.window[1]}): {what}\n"
+        f"  forensics     {d.forensics}  (replay tui {d.recording} shows every op)"
+    )

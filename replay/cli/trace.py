@@ -35,21 +35,9 @@ def trace(
     3 unusable recording, 4 unusable entry point, 5 replay failed, 6 internal error.
     """
     from ..workflows.trace import run_trace
+    from .render import render_trace
 
     with user_stdout_to_stderr(as_json), big_imports():
-        d = run_trace(run, step, device=device, entry=entry, trust=trust, reenter=reenter)
-    if as_json:
-        click.echo(json.dumps(d, indent=2))
-    else:
-        what = (
-            f"first non-finite value made by {d['op']} ({d.get('phase')})"
-            if d.get("op")
-            else "no op made a non-finite value"
-        )
-        if d.get("surfaced"):
-            what += f", noticed later at {d['surfaced']['op']} ({d['surfaced'].get('phase')})"
-        click.echo(
-            f"traced step {d['step']} (window {d['window'][0]}..{d['window'][1]}): {what}\n"
-            f"  forensics     {d['forensics']}  (replay tui {run} shows every op)"
-        )
+        report = run_trace(run, step, device=device, entry=entry, trust=trust, reenter=reenter)
+    click.echo(json.dumps(report.to_json(), indent=2) if as_json else render_trace(report))
     return 0

@@ -50,7 +50,7 @@ def verify(
     bar = Progress("replay verify")
     try:
         with user_stdout_to_stderr(as_json), big_imports() as phase:
-            d = run_verify(
+            report = run_verify(
                 run,
                 device=device,
                 entry=entry,
@@ -64,5 +64,5 @@ def verify(
             )
     finally:
         bar.close()
-    click.echo(json.dumps(d, indent=2) if as_json else render_verify(d))
-    return 0 if d["deterministic"] else 1
+    click.echo(json.dumps(report.to_json(), indent=2) if as_json else render_verify(report))
+    return 0 if report.deterministic else 1

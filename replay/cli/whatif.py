@@ -8,6 +8,7 @@ from typing import Any, TypeGuard
 
 import click
 
+from ..reports.whatif import Experiment, StepResult, WhatIfReport
 from ..safetext import term_safe
 from ._process import big_imports, user_stdout_to_stderr
 from ._replaying import engine_options
@@ -28,14 +29,14 @@ def _log(x: float) -> float:
     return math.log10(max(abs(x), 1e-30))
 
 
-def _spark(steps: list[dict[str, Any]], key: str, lo: float, hi: float, width: int) -> str:
+def _spark(steps: list[StepResult], key: str, lo: float, hi: float, width: int) -> str:
     """One character a step (a run of steps past ``SPARK_MAX``), on a log scale shared by every
     line (``lo``..``hi`` in log10). A run with a non-finite value shows it; else its largest."""
     per = max(1, math.ceil(len(steps) / SPARK_MAX))
     out = []
     for i in range(0, len(steps), per):
-        chunk = [s for s in steps[i : i + per] if not s.get("skipped")]
-        vals = [x for x in (s.get(key) for s in chunk) if _finite(x)]
+        chunk = [s for s in steps[i : i + per] if not s.skipped]
+        vals = [x for x in (getattr(s, key) for s in chunk) if _finite(x)]
         if not chunk:
             out.append(_SKIPPED)
         elif len(vals) < len(chunk):
@@ -47,43 +48,45 @@ def _spark(steps: list[dict[str, Any]], key: str, lo: float, hi: float, width: i
     return "".join(out).ljust(width)
 
 
-def _num(x: Any) -> str:
+def _num(x: object) -> str:
     if x is None:
         return "-"
     if isinstance(x, str):  # json_safe's "nan", "inf"
         return x
-    return f"{x:.4g}"
+    if isinstance(x, (int, float)):
+        return f"{x:.4g}"
+    return str(x)
 
 
-def render_whatif(d: dict[str, Any]) -> str:
-    """The report a person reads, from :meth:`WhatIfReport.json`."""
-    lo, hi = d["from_step"], d["to_step"]
+def render_whatif(r: WhatIfReport) -> str:
+    """The report a person reads."""
+    lo, hi = r.from_step, r.to_step
     lines = [
-        f"replay whatif {term_safe(d['recording'])}: steps {lo}..{hi}, from the snapshot of "
-        f"step {d['snapshot']}; failure looked for: {d['kind']}"
+        f"replay whatif {term_safe(r.recording)}: steps {lo}..{hi}, from the snapshot of "
+        f"step {r.snapshot}; failure looked for: {r.kind}"
     ]
-    rf, bf = d["recorded_failure"], d["baseline_failure"]
+    rf, bf = r.recorded_failure, r.baseline.first_failure
     lines.append(
         f"  recorded  fails at step {rf}" if rf is not None else "  recorded  no failure in range"
     )
-    if d["reproduces"]:
+    if r.reproduces:
         lines.append("  baseline  reproduces the recording bitwise")
     else:
-        dv = d["divergence"] or {}
+        dv = r.divergence or {}
         lines.append(
             f"  baseline  DIFFERS from the recording at step {dv.get('step')} "
             f"({dv.get('column')}: recorded {_num(dv.get('recorded'))}, "
             f"replayed {_num(dv.get('replayed'))})"
         )
-    runs: list[tuple[str, list[dict[str, Any]], dict[str, Any] | None]] = [
-        ("recorded", d["recorded"], None),
-        ("baseline", d["baseline"]["steps"], d["baseline"]),
-    ] + [(term_safe(e["change"]), e["steps"], e) for e in d["experiments"]]
+    runs: list[tuple[str, list[StepResult], Experiment | None]] = [
+        ("recorded", r.recorded, None),
+        ("baseline", r.baseline.steps, r.baseline),
+    ] + [(term_safe(e.change), e.steps, e) for e in r.experiments]
     per = max(1, math.ceil((hi - lo + 1) / SPARK_MAX))
     width = math.ceil((hi - lo + 1) / per)
     scales = {}
     for key in ("loss", "grad_norm"):
-        vals = [_log(s[key]) for _, steps, _ in runs for s in steps if _finite(s.get(key))]
+        vals = [_log(x) for _, steps, _ in runs for s in steps if _finite(x := getattr(s, key))]
         scales[key] = (min(vals), max(vals)) if vals else (0.0, 0.0)
     name_w = max(12, *(len(n) for n, _, _ in runs))
     col_w = max(width, 9)
@@ -93,14 +96,14 @@ def render_whatif(d: dict[str, Any]) -> str:
         f"{'fails at':>8}  {'final loss':>10}  {'param dist':>10}"
     )
     for name, steps, e in runs:
-        first = next((s["step"] for s in steps if s.get("failed")), None)
-        last = next((s for s in reversed(steps) if not s.get("skipped")), None)
-        dist = "" if e is None or e is d["baseline"] else _num(e.get("param_distance"))
+        first = next((s.step for s in steps if s.failed), None)
+        last = next((s for s in reversed(steps) if not s.skipped), None)
+        dist = "" if e is None or e is r.baseline else _num(e.param_distance)
         lines.append(
             f"  {name:{name_w}}  {_spark(steps, 'loss', *scales['loss'], col_w)}  "
             f"{_spark(steps, 'grad_norm', *scales['grad_norm'], col_w)}  "
             f"{'-' if first is None else first:>8}  "
-            f"{_num(None if last is None else last.get('loss')):>10}  {dist:>10}"
+            f"{_num(None if last is None else last.loss):>10}  {dist:>10}"
         )
     lines.append(
         f"  (log scale per column, one character {'a step' if per == 1 else f'per {per} steps'} "
@@ -109,22 +112,22 @@ def render_whatif(d: dict[str, Any]) -> str:
         "the baseline's are not finite)"
     )
     lines.append("")
-    for e in d["experiments"]:
-        name = term_safe(e["change"])
-        if e["stopped"] is not None:
-            exc = next((s["exception"] for s in e["steps"] if s["step"] == e["stopped"]), None)
-            lines.append(f"  {name}: step {e['stopped']} raised {term_safe(exc)}; stopped there")
-    removed = d["removed_by"]
+    for e in r.experiments:
+        name = term_safe(e.change)
+        if e.stopped is not None:
+            exc = next((s.exception for s in e.steps if s.step == e.stopped), None)
+            lines.append(f"  {name}: step {e.stopped} raised {term_safe(exc)}; stopped there")
+    removed = [e.change for e in r.helpful]
     if bf is None:
         lines.append(f"verdict: the baseline has no failure in steps {lo}..{hi}")
     elif removed:
         lines.append(
-            f"verdict: {', '.join(term_safe(r) for r in removed)} "
+            f"verdict: {', '.join(term_safe(x) for x in removed)} "
             f"remove{'s' if len(removed) == 1 else ''} the failure (no failure through step {hi})"
         )
     else:
         lines.append(f"verdict: no change removes the failure (the baseline fails at step {bf})")
-    for n in d["notes"]:
+    for n in r.notes:
         if not n.startswith("the baseline has no failure"):  # the verdict just said so
             lines.append(f"note: {term_safe(n)}")
     return "\n".join(line.rstrip() for line in lines)
@@ -260,11 +263,10 @@ def whatif(
             )
     finally:
         bar.close()
-    d = report.json()
-    click.echo(json.dumps(d, indent=2) if as_json else render_whatif(d))
+    click.echo(json.dumps(report.to_json(), indent=2) if as_json else render_whatif(report))
     if as_json and report.baseline.first_failure is None:  # (the text report's verdict says so)
         click.echo(
-            f"replay: the baseline has no failure in steps {d['from_step']}..{d['to_step']}: "
+            f"replay: the baseline has no failure in steps {report.from_step}..{report.to_step}: "
             "nothing for a change to remove",
             err=True,
         )

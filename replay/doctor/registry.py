@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar
+
+from ..reports.doctor import Finding  # what a rule returns; replay doctor --json lists them
 
 if TYPE_CHECKING:
     from .context import Context
@@ -12,21 +14,6 @@ if TYPE_CHECKING:
 __all__ = ["Finding", "Rule", "RULES", "rule", "SEVERITIES"]
 
 SEVERITIES = ("error", "warning", "info")
-
-
-@dataclass
-class Finding:
-    """One diagnosis: what is wrong, the numbers that show it, and what to do about it."""
-
-    rule: str
-    severity: str
-    title: str
-    evidence: dict[str, Any]
-    advice: str
-    steps: list[int] = field(default_factory=list)
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 #: What a rule returns: one finding, several, or None when it has nothing to say.

@@ -23,9 +23,13 @@ import os
 import sys
 import traceback
 from contextlib import nullcontext
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import EXIT_INTERNAL, ReplayError
+
+if TYPE_CHECKING:
+    from ..engine import Engine
+    from ..store.reader import Recording
 
 __all__ = ["main"]
 
@@ -139,42 +143,21 @@ def _same_windows(engine: Any, group: Any, world: int) -> None:
         )
 
 
-def _lead_verify(engine: Any, rec: Any) -> dict[str, Any]:
-    from ..bisect import verify_window
-    from ..bisect.report import verify_json
-    from ..engine.subject import EngineSubject
-    from ..engine.why import explain_divergence
+def _lead_verify(engine: Engine, rec: Recording) -> dict[str, Any]:
+    from ..workflows.verify import verify_engine
 
-    report = verify_window(EngineSubject(engine))
-    fd = report.first_divergence
-    if fd is not None:
-        report.cause = explain_divergence(engine, fd, report.replayed_exception(int(fd["step"])))
-    return verify_json(report, recording=rec.path, entry_files=engine.entry_files)
+    return verify_engine(rec, engine).to_json()
 
 
-def _lead_bisect(engine: Any, rec: Any, spec: dict[str, Any]) -> dict[str, Any]:
-    from ..bisect import SearchError, auto_criterion, find_culprit
-    from ..bisect.report import verdict_json
-    from ..engine.culprit import trace_verdict
-    from ..engine.subject import EngineSubject
-    from ..engine.why import explain_divergence
+def _lead_bisect(engine: Engine, rec: Recording, spec: dict[str, Any]) -> dict[str, Any]:
+    from ..workflows.bisect import bisect_engine
 
-    subject = EngineSubject(engine)
     criterion = _criterion(spec.get("criterion"))
-    if criterion is None:
-        criterion = auto_criterion(subject.recorded_rows())
-    try:
-        verdict = find_culprit(subject, criterion)
-    except SearchError as e:
-        raise ReplayError(str(e)) from None
-    extra: dict[str, Any] = {"recording": rec.path, "entry_files": engine.entry_files}
-    if spec.get("trace", True):
-        trace_verdict(engine, rec, verdict, extra, reraise=(ReplayError,))
-    if verdict.divergence is not None:
-        extra["divergence_cause"] = explain_divergence(
-            engine, verdict.divergence, verdict.exception
-        )
-    return verdict_json(verdict, **extra)
+    trace = bool(spec.get("trace", True))
+    report = bisect_engine(
+        rec, engine, criterion, trace=trace, reraise=(ReplayError,), together=True
+    )
+    return report.to_json()
 
 
 _TRACE_KEYS = ("cause", "op", "phase", "module", "source", "made", "forensics")
@@ -184,8 +167,8 @@ def _tracer(engine: Any, rec: Any, traced: dict[str, Any]) -> Any:
     """A follower's answer to the leader tracing its culprit step: trace its own step the same
     way, into its own forensics sidecar (``replay tui`` shows every rank's). Only the first
     call is traced (the leader's later ones probe sliced batches)."""
-    from ..engine.culprit import tracer_available
     from ..jsonsafe import json_safe
+    from ..workflows.culprit import tracer_available
     from .lockstep import run_own_step
 
     def on_call(t: int) -> None:

@@ -1,6 +1,7 @@
 """The workflows the commands run, as library calls that return report objects.
 
-Each opens a recording, drives the engine, the bisector and the tracer, and returns a report; it
+Each opens a recording, drives the engine, the bisector and the tracer, and returns a report (a
+dataclass of ``replay.reports``, or ``WhatIfReport``/``ExportReport`` beside its workflow); it
 knows nothing of click or of how the report is printed (``replay/cli`` parses, calls, renders).
 
 =============  ===========================================================================
@@ -11,6 +12,8 @@ knows nothing of click or of how the report is printed (``replay/cli`` parses, c
 ``whatif``     replay the failing steps once as recorded and once per change
 ``export``     the state before a step as plain torch.save files, to resume the real run
 ``overfit``    train on one recorded batch until the loss goes to ~0, and judge the curve
+``culprit``    trace a step per op: the culprit op, its samples, the forensics sidecar
+``why``        why a replay differs from its recording (two experiments after a divergence)
 =============  ===========================================================================
 
 ``replay.preflight`` is a workflow too (torch-free: it runs the user's script and ``replay verify``
@@ -18,15 +21,21 @@ in child processes). What a person reads is worded in ``replay/cli``: ``cli/rend
 bisect, verify and trace reports, each other command in its own module.
 """
 
+from ..reports import BisectReport, OverfitReport, TraceReport, VerifyReport
 from .bisect import run_bisect
 from .export import ExportReport, run_export
 from .session import parse_entry, with_engine
 from .trace import run_trace
 from .verify import run_verify
-from .whatif import run_whatif
+from .whatif import WhatIfReport, run_whatif
 
 __all__ = [
+    "BisectReport",
     "ExportReport",
+    "OverfitReport",
+    "TraceReport",
+    "VerifyReport",
+    "WhatIfReport",
     "parse_entry",
     "run_bisect",
     "run_export",

@@ -3,22 +3,25 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from ..bisect.criteria import Criterion
     from ..engine import Engine
     from ..store.reader import Recording
 
 from ..errors import ReplayError
+from ..reports import BisectReport
+from ..reports.verdict import only_known
 from .session import with_engine
 
-__all__ = ["run_bisect"]
+__all__ = ["bisect_engine", "run_bisect"]
 
 
 def run_bisect(
     run: str,
     *,
-    criterion: Any = None,
+    criterion: Criterion | None = None,
     trace: bool = True,
     device: str | None = None,
     entry: str | None = None,
@@ -29,8 +32,8 @@ def run_bisect(
     rank: int | None = None,
     alone: bool = False,
     reenter: bool = False,
-) -> dict[str, Any]:
-    """The ``replay bisect --json`` report of ``run``.
+) -> BisectReport:
+    """The ``replay bisect`` report of ``run``.
 
     ``criterion``: a :class:`replay.bisect.Criterion`, or ``None`` for the failure the recording
     shows first. ``run`` may name a DDP rank set: the rank whose own values went bad first is
@@ -49,28 +52,77 @@ def run_bisect(
 
         if opened is not None:
             opened()
-        return replay_rank_set(
-            run,
-            "bisect",
-            criterion=criterion,
-            trace=trace,
-            device=device,
-            entry=entry,
-            trust=trust,
-            log=log,
+        return BisectReport.from_json(
+            only_known(
+                BisectReport,
+                replay_rank_set(
+                    run,
+                    "bisect",
+                    criterion=criterion,
+                    trace=trace,
+                    device=device,
+                    entry=entry,
+                    trust=trust,
+                    log=log,
+                ),
+            )
         )
-    d = _bisect_one(
+    report = _bisect_one(
         choice.path, criterion, trace, device, entry, trust, progress, log, opened, reenter
     )
     if choice.approximate:
-        d["approximate"] = True
-        d["notes"] = [*d.get("notes", []), APPROXIMATE]
-    return d
+        report.approximate = True
+        report.notes.append(APPROXIMATE)
+    return report
+
+
+def bisect_engine(
+    rec: Recording,
+    engine: Engine,
+    criterion: Criterion | None,
+    *,
+    trace: bool = True,
+    progress: Callable[[int, int], None] | None = None,
+    reraise: tuple[type[BaseException], ...] = (),
+    together: bool = False,
+) -> BisectReport:
+    """Bisect the recording ``rec`` on a started ``engine``: the first bad step, the per-op
+    trace of it (``trace``) and why the replay differs from the recording when it does.
+
+    One rank of a DDP run replayed alone is judged by its own local values (``RankSubject``);
+    ``together``: every rank is replayed with its peers (``replay.multirank``), the rows as
+    recorded. ``reraise``: the tracer's errors that must still end the replay (a lockstep
+    failure)."""
+    from ..bisect import SearchError, auto_criterion, find_culprit
+    from ..bisect.report import bisect_report
+    from ..bisect.subject import Subject
+    from ..distributed.bisect import RankSubject, adjust_verdict, is_rank_recording
+    from ..engine.subject import EngineSubject
+    from .culprit import trace_verdict
+    from .why import explain_divergence
+
+    subject: Subject = EngineSubject(engine)
+    if is_rank_recording(rec.meta) and not together:
+        subject = RankSubject(subject, int(rec.meta["distributed"]["rank"]))
+    crit = criterion if criterion is not None else auto_criterion(subject.recorded_rows())
+    try:
+        verdict = find_culprit(subject, crit, progress=progress)
+    except SearchError as e:
+        raise ReplayError(str(e)) from None
+    if isinstance(subject, RankSubject):
+        adjust_verdict(verdict, subject)
+    traced = trace_verdict(engine, rec, verdict, reraise=reraise) if trace else None
+    report = bisect_report(verdict, recording=rec.path, entry_files=engine.entry_files)
+    if traced is not None:
+        report.take_trace(traced)
+    if verdict.divergence is not None:
+        report.divergence_cause = explain_divergence(engine, verdict.divergence, verdict.exception)
+    return report
 
 
 def _bisect_one(
     run: str,
-    criterion: Any,
+    criterion: Criterion | None,
     trace: bool,
     device: str | None,
     entry: str | None,
@@ -79,41 +131,19 @@ def _bisect_one(
     log: Callable[[str], None] | None,
     opened: Callable[[], None] | None,
     reenter: bool = False,
-) -> dict[str, Any]:
-    from ..bisect import SearchError, auto_criterion, find_culprit
-    from ..bisect.report import verdict_json
-    from ..distributed.bisect import RankSubject, adjust_verdict, is_rank_recording
+) -> BisectReport:
     from ..distributed.ranks import pick_rank_file
-    from ..engine.culprit import trace_verdict
-    from ..engine.subject import EngineSubject
-    from ..engine.why import explain_divergence
 
     run, rank_set = pick_rank_file(run)
     if rank_set is not None and log is not None:
         log(f"rank set: {rank_set['summary']}; replaying {run}")
 
-    def work(rec: Recording, engine: Engine) -> dict[str, Any]:
+    def work(rec: Recording, engine: Engine) -> BisectReport:
         if opened is not None:
             opened()
-        subject: Any = EngineSubject(engine)
-        if is_rank_recording(rec.meta):
-            subject = RankSubject(subject, int(rec.meta["distributed"]["rank"]))
-        crit = criterion if criterion is not None else auto_criterion(subject.recorded_rows())
-        try:
-            verdict = find_culprit(subject, crit, progress=progress)
-        except SearchError as e:
-            raise ReplayError(str(e)) from None
-        if isinstance(subject, RankSubject):
-            adjust_verdict(verdict, subject)
-        extra: dict[str, Any] = {"recording": run, "entry_files": engine.entry_files}
-        if rank_set is not None:
-            extra["rank_set"] = rank_set
-        if trace:
-            trace_verdict(engine, rec, verdict, extra)
-        if verdict.divergence is not None:
-            extra["divergence_cause"] = explain_divergence(
-                engine, verdict.divergence, verdict.exception
-            )
-        return verdict_json(verdict, **extra)
+        report = bisect_engine(rec, engine, criterion, trace=trace, progress=progress)
+        report.recording = run
+        report.rank_set = rank_set
+        return report
 
     return with_engine(run, work, device=device, entry=entry, trust=trust, reenter=reenter)

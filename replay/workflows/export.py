@@ -25,12 +25,16 @@ import json
 import os
 import random
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ReplayError, UsageError
 from .export_state import NotReached, finite, first_failure, reach
 from .outdir import check_out, staged_dir
 from .session import with_engine
+
+if TYPE_CHECKING:
+    from ..engine import Engine
+    from ..store.reader import Recording
 
 __all__ = ["ExportReport", "run_export"]
 
@@ -65,7 +69,7 @@ class ExportReport:
         }
 
 
-def _last_healthy_snapshot(engine: Any, first_bad: int | None, notes: list[str]) -> int:
+def _last_healthy_snapshot(engine: Engine, first_bad: int | None, notes: list[str]) -> int:
     """The newest snapshot before the first failure whose weights are all finite, or the newest
     snapshot of the window when nothing failed."""
     window = engine.window
@@ -80,7 +84,7 @@ def _last_healthy_snapshot(engine: Any, first_bad: int | None, notes: list[str])
     )
 
 
-def _default_state(engine: Any, first_bad: int | None, notes: list[str]) -> tuple[int, int]:
+def _default_state(engine: Engine, first_bad: int | None, notes: list[str]) -> tuple[int, int]:
     """``(step, verified)``: the state right before the first failure (after the last healthy
     step), replayed from the snapshot before it and checked bitwise on the way; when that
     cannot be the recorded state, the last healthy snapshot's. Nothing failed: the newest
@@ -165,7 +169,7 @@ def run_export(
     failure) to the new directory ``out``; see the module's docstring for what is in it."""
     check_out(out)
 
-    def work(rec: Any, engine: Any, step: int | None = step) -> ExportReport:
+    def work(rec: Recording, engine: Engine, step: int | None = step) -> ExportReport:
         first_bad = first_failure(rec)
         notes: list[str] = []
         if step is None:
@@ -254,7 +258,7 @@ def _save(obj: Any, path: str) -> None:
             raise
 
 
-def _values(engine: Any, t: int, notes: list[str]) -> dict[str, Any] | None:
+def _values(engine: Engine, t: int, notes: list[str]) -> dict[str, Any] | None:
     """Step ``t``'s recorded per-step values (the loop's iteration number, its batch's indices)
     as JSON, where the loop passed any; they identify the batch to skip."""
     from ..jsonsafe import json_safe

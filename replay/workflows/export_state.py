@@ -7,10 +7,14 @@ the state right before the failure is 21 replayed steps away, and replay can rea
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..bisect.compare import compare_rows
 from ..errors import ReplayError, UsageError
+
+if TYPE_CHECKING:
+    from ..engine import Engine
+    from ..store.reader import Recording
 
 __all__ = [
     "NotReached",
@@ -36,7 +40,7 @@ class OutsideState(NotReached, UsageError):
     """An object the loop steps outside the step function: its state in between is unknown."""
 
 
-def first_failure(rec: Any) -> int | None:
+def first_failure(rec: Recording) -> int | None:
     """The recording's first failing step (non-finite or raised), or ``None``."""
     bad = rec.first_bad()
     fails = [s for s in (bad["nonfinite"], bad["exception"]) if s is not None]
@@ -70,7 +74,7 @@ def plain(x: Any) -> Any:
     return x
 
 
-def _recorded(engine: Any) -> dict[int, dict[str, Any]]:
+def _recorded(engine: Engine) -> dict[int, dict[str, Any]]:
     rows: dict[int, dict[str, Any]] = {}
     for r in engine.recorded_rows():
         t = int(r["step"])
@@ -84,14 +88,14 @@ def _recorded(engine: Any) -> dict[int, dict[str, Any]]:
     return rows
 
 
-def finite(engine: Any) -> bool:
+def finite(engine: Engine) -> bool:
     """Whether every parameter of the live model is finite."""
     import torch
 
     return all(bool(torch.isfinite(p).all()) for p in engine.objs.model.parameters())
 
 
-def reach(engine: Any, step: int) -> int:
+def reach(engine: Engine, step: int) -> int:
     """Make the engine's live objects hold the state right before ``step``: the newest snapshot
     at or before it, then the steps in between replayed and each compared bitwise with its
     recorded health row. Returns how many replayed steps were compared; raises

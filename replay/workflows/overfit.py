@@ -8,7 +8,9 @@ parameters, modes), put them in the state right before step N, then call the use
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ..reports import OverfitReport
 
 if TYPE_CHECKING:
     from ..engine import Engine
@@ -64,7 +66,7 @@ def overfit_batch(
     target: float = 0.01,
     trust: bool = False,
     reenter: bool = False,
-) -> dict[str, Any]:
+) -> OverfitReport:
     """Train on step ``step``'s recorded batch; report whether the loss reaches ~0 and how fast.
 
     "Overfits" means the loss falls below ``target`` (absolute), or below ``target`` times its
@@ -74,7 +76,7 @@ def overfit_batch(
     from ..errors import ReplayError
     from .session import with_engine
 
-    def work(rec: Recording, eng: Engine) -> dict[str, Any]:
+    def work(rec: Recording, eng: Engine) -> OverfitReport:
         t = eng.window.first if step is None else step
         eng.state_before(t)
         opt = eng.optimizer
@@ -109,22 +111,22 @@ def overfit_batch(
         verdict, progress, recent_drop = judge(losses, goal, reached, error)
         g0 = opt.param_groups[0] if opt is not None and opt.param_groups else eng.values(t)
         lr0 = g0.get("lr")
-        return {
-            "path": path,
-            "step": t,
-            "iters": len(losses),
-            "lr": float(lr0) if isinstance(lr0, (int, float)) else None,
-            "first_loss": first,
-            "final_loss": final,
-            "min_loss": min(losses) if losses else math.nan,
-            "goal": goal,
-            "overfits": verdict in ("overfits", "close", "still_falling"),
-            "verdict": verdict,
-            "progress": progress,
-            "recent_drop": recent_drop,
-            "reached_at": reached,
-            "error": error,
-            "curve": losses,
-        }
+        return OverfitReport(
+            path=path,
+            step=t,
+            iters=len(losses),
+            lr=float(lr0) if isinstance(lr0, (int, float)) else None,
+            first_loss=first,
+            final_loss=final,
+            min_loss=min(losses) if losses else math.nan,
+            goal=goal,
+            overfits=verdict in ("overfits", "close", "still_falling"),
+            verdict=verdict,
+            progress=progress,
+            recent_drop=recent_drop,
+            reached_at=reached,
+            error=error,
+            curve=losses,
+        )
 
     return with_engine(path, work, device=device, entry=entry, trust=trust, reenter=reenter)

@@ -26,6 +26,7 @@ import time
 from typing import Any
 
 from ..errors import EntryPointError, RecordingError, ReplayError
+from ..reports import VerifyReport
 from ..store.selfcheck import SelfCheck, write_selfcheck
 
 __all__ = ["run_selfcheck", "judge", "main"]
@@ -52,30 +53,26 @@ def _checkable(run: str, after: int, steps: int) -> int | None:
         rec.close()
 
 
-def judge(report: dict[str, Any], rtol: float | None, device: str) -> SelfCheck:
+def judge(report: VerifyReport, rtol: float | None, device: str) -> SelfCheck:
     """The verdict on ``replay verify``'s report of the checked steps."""
-    window = report.get("window") or [0, 0]
-    steps = (int(window[0]), int(window[0]) + max(0, int(report.get("replayed_steps") or 0) - 1))
-    if report.get("deterministic"):
+    first = int(report.window[0]) if report.window else 0
+    steps = (first, first + max(0, report.replayed_steps - 1))
+    if report.deterministic:
         return SelfCheck("ok", f"bitwise on {device}", steps)
-    cause = report.get("cause") or {}
-    if rtol is not None and cause.get("kind") != "raised":
-        close = [
-            s
-            for s in report.get("steps") or []
-            if s.get("compared")
-            and _close(s.get("loss"), s.get("recorded_loss"), rtol)
-            and not s.get("exception")
-        ]
-        if close and len(close) == len([s for s in report["steps"] if s.get("compared")]):
+    cause = report.cause
+    if rtol is not None and (cause is None or cause.kind != "raised"):
+        compared = [s for s in report.steps if s.compared]
+        close = [s for s in compared if _close(s.loss, s.recorded_loss, rtol) and not s.exception]
+        if close and len(close) == len(compared):
             return SelfCheck("ok", f"within rtol {rtol:g} on {device}", steps)
     return SelfCheck(
         "failed",
         f"bitwise on {device}" if rtol is None else f"within rtol {rtol:g} on {device}",
         steps,
-        kind=str(cause.get("kind") or "differs"),
-        summary=str(cause.get("summary") or "the replayed steps differ from the recording"),
-        hint=str(cause.get("hint") or ""),
+        kind=(cause.kind if cause is not None else "") or "differs",
+        summary=(cause.summary if cause is not None else "")
+        or "the replayed steps differ from the recording",
+        hint=cause.hint if cause is not None else "",
     )
 
 
@@ -113,7 +110,7 @@ def run_selfcheck(
         return SelfCheck("error", summary=str(e))
     except ReplayError as e:
         return SelfCheck("failed", kind="replay", summary=str(e))
-    verdict = judge(report, rtol, device or str(report.get("device") or "cpu"))
+    verdict = judge(report, rtol, device or report.device or "cpu")
     return SelfCheck(
         verdict.status,
         verdict.check,

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ..engine import Engine
     from ..store.reader import Recording
 
 from ..errors import UsageError
+from ..reports import TraceReport
 from .session import with_engine
 
 __all__ = ["run_trace"]
@@ -22,14 +23,14 @@ def run_trace(
     entry: str | None = None,
     trust: bool = False,
     reenter: bool = False,
-) -> dict[str, Any]:
+) -> TraceReport:
     """Replay ``step`` (default: the last replayable one) under the per-op tracer.
 
-    Returns the report fields ``replay bisect`` fills for its culprit (``op``, ``phase``,
-    ``module``, ``source``, ``forensics``...) plus ``step`` and ``window``; on a healthy step
+    Returns the fields ``replay bisect`` fills for its culprit (``op``, ``phase``, ``module``,
+    ``source``, ``forensics``...) plus ``step`` and ``window``; on a healthy step
     ``op`` is ``None`` and the sidecar holds every op of the step for ``replay tui``.
     """
-    from ..engine.culprit import trace_culprit
+    from .culprit import trace_culprit
 
     def check(rec: Recording) -> None:  # before the program runs again
         w = rec.replayable_window()
@@ -38,17 +39,17 @@ def run_trace(
                 f"--step {step} is outside the replayable window (steps {w.first}..{w.last})"
             )
 
-    def work(rec: Recording, engine: Engine) -> dict[str, Any]:
+    def work(rec: Recording, engine: Engine) -> TraceReport:
         w = engine.window
         t = w.last if step is None else step
         if t not in w:
             raise UsageError(
                 f"--step {t} is outside the replayable window (steps {w.first}..{w.last})"
             )
-        out = trace_culprit(
+        traced = trace_culprit(
             engine, t, "trace", forensics_path=rec.forensics_path, run_id=rec.run_id
         )
-        return {"recording": run, "step": t, "window": [w.first, w.last], **out}
+        return TraceReport.of(run, t, [w.first, w.last], traced)
 
     return with_engine(
         run, work, device=device, entry=entry, trust=trust, check=check, reenter=reenter

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ..engine import Engine
     from ..store.reader import Recording
 
+from ..reports import VerifyReport
+from ..reports.verdict import only_known
 from .session import with_engine
 
-__all__ = ["run_verify"]
+__all__ = ["run_verify", "verify_engine"]
 
 
 def run_verify(
@@ -27,8 +29,8 @@ def run_verify(
     log: Callable[[str], None] | None = None,
     reenter: bool = False,
     first_steps: int | None = None,
-) -> dict[str, Any]:
-    """The ``replay verify --json`` report of ``run`` (``deterministic``, ``steps``, ``cause``...).
+) -> VerifyReport:
+    """The ``replay verify`` report of ``run`` (``deterministic``, ``steps``, ``cause``...).
 
     ``opened`` is called once the engine is up (user code imported and built), before the
     replay: the command uses it to end its start-up phase.
@@ -47,14 +49,33 @@ def run_verify(
 
         if opened is not None:
             opened()
-        return replay_rank_set(run, "verify", device=device, entry=entry, trust=trust, log=log)
+        d = replay_rank_set(run, "verify", device=device, entry=entry, trust=trust, log=log)
+        return VerifyReport.from_json(only_known(VerifyReport, d))
     if choice.files is not None and choice.path == run:  # --alone without --rank: rank 0
         choice = choose_ranks(run, min(choice.files), True)
-    d = _verify_one(choice.path, device, entry, trust, progress, opened, reenter, first_steps)
+    report = _verify_one(choice.path, device, entry, trust, progress, opened, reenter, first_steps)
     if choice.approximate:
-        d["approximate"] = True
-        d["notes"] = [APPROXIMATE]
-    return d
+        report.approximate = True
+        report.notes = [APPROXIMATE]
+    return report
+
+
+def verify_engine(
+    rec: Recording, engine: Engine, progress: Callable[[int, int], None] | None = None
+) -> VerifyReport:
+    """Replay the window of ``rec`` on a started ``engine``, compare every step bitwise and,
+    when one differs, say why."""
+    from ..bisect import verify_window
+    from ..bisect.report import verify_report
+    from ..engine.subject import EngineSubject
+    from .why import explain_divergence
+
+    check = verify_window(EngineSubject(engine), progress=progress)
+    fd = check.first_divergence
+    cause = None
+    if fd is not None:
+        cause = explain_divergence(engine, fd, check.replayed_exception(int(fd["step"])))
+    return verify_report(check, recording=rec.path, entry_files=engine.entry_files, cause=cause)
 
 
 def _verify_one(
@@ -66,22 +87,13 @@ def _verify_one(
     opened: Callable[[], None] | None,
     reenter: bool = False,
     first_steps: int | None = None,
-) -> dict[str, Any]:
-    from ..bisect import verify_window
-    from ..bisect.report import verify_json
-    from ..engine.subject import EngineSubject
-    from ..engine.why import explain_divergence
-
-    def work(rec: Recording, engine: Engine) -> dict[str, Any]:
+) -> VerifyReport:
+    def work(rec: Recording, engine: Engine) -> VerifyReport:
         if opened is not None:
             opened()
-        report = verify_window(EngineSubject(engine), progress=progress)
-        fd = report.first_divergence
-        if fd is not None:
-            report.cause = explain_divergence(
-                engine, fd, report.replayed_exception(int(fd["step"]))
-            )
-        return verify_json(report, recording=run, entry_files=engine.entry_files)
+        report = verify_engine(rec, engine, progress)
+        report.recording = run
+        return report
 
     return with_engine(
         run,

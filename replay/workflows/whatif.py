@@ -32,11 +32,11 @@ import random
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ReplayError, UsageError
-from ..jsonsafe import json_safe
+from ..reports.whatif import Experiment, StepResult, WhatIfReport
 from .session import with_engine
 
 if TYPE_CHECKING:
@@ -148,109 +148,6 @@ def parse_change(kind: str, arg: str) -> Change:
     raise UsageError(f"unknown change --{kind}; the changes are: " + ", ".join(CHANGE_KINDS))
 
 
-@dataclass
-class StepResult:
-    """One step of an experiment (or of the recording): ``None`` is "not measured"."""
-
-    step: int
-    loss: float | None = None
-    grad_norm: float | None = None
-    lr: float | None = None
-    failed: bool = False
-    exception: str | None = None  # the exception type, when the step raised
-    skipped: bool = False  # --skip-step: not run
-    samples: int | None = None  # --drop-samples: the samples this step ran on
-
-    def json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "step": self.step,
-            "loss": self.loss,
-            "grad_norm": self.grad_norm,
-            "lr": self.lr,
-            "failed": self.failed,
-            "exception": self.exception,
-            "skipped": self.skipped,
-        }
-        if self.samples is not None:
-            out["samples"] = self.samples
-        return out
-
-
-@dataclass
-class Experiment:
-    """The steps one change (or none: the baseline) produced."""
-
-    change: str  # "--scale lr=0.1"; "baseline" for the replay as recorded
-    steps: list[StepResult] = field(default_factory=list)
-    first_failure: int | None = None
-    removes_failure: bool = False
-    stopped: int | None = None  # the step that raised: nothing after it ran
-    param_distance: float | None = None  # ||params - baseline's|| / ||baseline's|| at the end
-
-    def final(self) -> StepResult | None:
-        ran = [s for s in self.steps if not s.skipped]
-        return ran[-1] if ran else None
-
-    def json(self) -> dict[str, Any]:
-        last = self.final()
-        return {
-            "change": self.change,
-            "first_failure": self.first_failure,
-            "removes_failure": self.removes_failure,
-            "stopped": self.stopped,
-            "final_step": None if last is None else last.step,
-            "final_loss": None if last is None else last.loss,
-            "final_grad_norm": None if last is None else last.grad_norm,
-            "param_distance": self.param_distance,
-            "steps": [s.json() for s in self.steps],
-        }
-
-
-@dataclass
-class WhatIfReport:
-    """What ``replay whatif`` found; ``json()`` is its ``--json`` output."""
-
-    recording: str
-    window: tuple[int, int]
-    snapshot: int  # the replay starts from the snapshot taken before this step
-    from_step: int
-    to_step: int
-    kind: str  # the failure looked for: "nonfinite" or "exception"
-    recorded_failure: int | None  # the first failing step the recording shows in the range
-    recorded: list[StepResult]
-    baseline: Experiment
-    reproduces: bool  # the baseline matches the recording bitwise
-    divergence: dict[str, Any] | None
-    experiments: list[Experiment]
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def helpful(self) -> list[Experiment]:
-        """The experiments that removed the failure."""
-        return [e for e in self.experiments if e.removes_failure]
-
-    def json(self) -> dict[str, Any]:
-        out = {
-            "recording": self.recording,
-            "window": list(self.window),
-            "snapshot": self.snapshot,
-            "from_step": self.from_step,
-            "to_step": self.to_step,
-            "kind": self.kind,
-            "recorded_failure": self.recorded_failure,
-            "baseline_failure": self.baseline.first_failure,
-            "reproduces": self.reproduces,
-            "divergence": self.divergence,
-            "removed_by": [e.change for e in self.helpful],
-            "recorded": [s.json() for s in self.recorded],
-            "baseline": self.baseline.json(),
-            "experiments": [e.json() for e in self.experiments],
-            "notes": list(self.notes),
-        }
-        safe: dict[str, Any] = json_safe(out)
-        return safe
-
-
 # -- the run -----------------------------------------------------------------------------------
 
 
@@ -287,11 +184,12 @@ def _number_hparam(v: Any) -> bool:
     return isinstance(v, torch.Tensor) and v.numel() == 1 and v.is_floating_point()
 
 
-def _check_hparam(engine: Any, change: Change, step: int) -> None:
+def _check_hparam(engine: Engine, change: Change, step: int) -> None:
     if engine.optimizer is None:
         raise UsageError(f"{change.text}: the run has no optimizer, so no hyper-parameters")
     groups = engine.record(step).get("hparams") or []
     key = change.key
+    assert key is not None  # set and scale are parsed with one
     if not groups or any(key not in g for g in groups):
         known = sorted({k for g in groups for k, v in g.items() if _number_hparam(v)})
         raise UsageError(
@@ -350,7 +248,7 @@ def _numeric_leaf(v: Any) -> bool:
     return isinstance(v, TensorLeaf) or (isinstance(v, (int, float)) and not isinstance(v, bool))
 
 
-def _check_file(rec: Any, changes: list[Change]) -> None:
+def _check_file(rec: Recording, changes: list[Change]) -> None:
     """What the file alone can refuse, before any user code is imported: a hyper-parameter the
     recording does not have, a step outside the replayable window."""
     w = rec.replayable_window()
@@ -372,7 +270,7 @@ def _check_file(rec: Any, changes: list[Change]) -> None:
                 )
 
 
-def _check_change(engine: Any, change: Change, lo: int, hi: int) -> _Plan:
+def _check_change(engine: Engine, change: Change, lo: int, hi: int) -> _Plan:
     """The change as the run can take it, or a ``UsageError`` saying why not."""
     if change.kind in ("set", "scale"):
         _check_hparam(engine, change, lo)
@@ -404,9 +302,9 @@ def _check_change(engine: Any, change: Change, lo: int, hi: int) -> _Plan:
     return _Plan(change)
 
 
-def _check_drop(engine: Any, change: Change, n: int) -> _Plan:
-    from ..engine.culprit import sample_axes
+def _check_drop(engine: Engine, change: Change, n: int) -> _Plan:
     from ..trace import batch_size_of
+    from .culprit import sample_axes
 
     batch = engine.batch(n)
     axes, notes = sample_axes(engine, n, batch)
@@ -472,7 +370,7 @@ def _float32(batch: Any) -> Any:
 
 
 @contextmanager
-def _clipping(engine: Any, max_norm: float | None) -> Iterator[None]:
+def _clipping(engine: Engine, max_norm: float | None) -> Iterator[None]:
     """Clip the trained parameters' gradient norm right before every optimizer step (a step
     pre-hook registered after the engine's probe, which measures the norm before it)."""
     if max_norm is None:
@@ -485,6 +383,7 @@ def _clipping(engine: Any, max_norm: float | None) -> Iterator[None]:
     def clip(optimizer: Any, args: Any, kwargs: Any) -> None:
         torch.nn.utils.clip_grad_norm_(params, max_norm)
 
+    assert engine.optimizer is not None  # _check_change refuses a clip without one
     handle = engine.optimizer.register_step_pre_hook(clip)
     try:
         yield
@@ -493,7 +392,7 @@ def _clipping(engine: Any, max_norm: float | None) -> Iterator[None]:
 
 
 def _run(
-    engine: Any, plan: _Plan | None, lo: int, hi: int, tick: Callable[[], None]
+    engine: Engine, plan: _Plan | None, lo: int, hi: int, tick: Callable[[], None]
 ) -> tuple[Experiment, list[dict[str, Any]]]:
     """Replay ``lo..hi`` from the state kept before ``lo``, with ``plan``'s change (or none).
     Returns the experiment and the replayed health rows."""
@@ -508,8 +407,10 @@ def _run(
         if change is None:
             return
         if change.kind in ("set", "scale"):
+            key = change.key
+            assert key is not None and engine.optimizer is not None  # _check_hparam's
             for g in engine.optimizer.param_groups:
-                g[change.key] = _new_value(g[change.key], change)
+                g[key] = _new_value(g[key], change)
         elif change.kind == "seed":
             assert change.seed is not None
             _reseed(change.seed, t)
@@ -542,11 +443,11 @@ def _run(
     return exp, rows
 
 
-def _params(engine: Any) -> list[Any]:
+def _params(engine: Engine) -> list[Any]:
     return [p.detach().clone() for p in engine.model.parameters()]
 
 
-def _distance(engine: Any, ref: list[Any]) -> float | None:
+def _distance(engine: Engine, ref: list[Any]) -> float | None:
     import torch
 
     with torch.no_grad():
@@ -560,7 +461,7 @@ def _distance(engine: Any, ref: list[Any]) -> float | None:
 
 
 def _range(
-    engine: Any,
+    engine: Engine,
     rows: list[dict[str, Any]],
     from_step: int | None,
     to_step: int | None,

@@ -17,6 +17,8 @@ from pathlib import Path
 import torch
 from torch.overrides import TorchFunctionMode
 
+from replay.reports import BisectReport
+
 sys.path.insert(0, str(Path(__file__).with_name("scripts")))
 from recorded_runs import cli_json, env  # noqa: E402
 
@@ -47,6 +49,7 @@ def bisect(run: Path) -> dict:
     rc, d, err = cli_json("bisect", str(run))
     assert rc == 0, err
     assert "Traceback" not in err
+    assert BisectReport.from_json(d).to_json() == d  # the report reads back as printed
     return d
 
 

@@ -5,6 +5,8 @@ from pathlib import Path
 
 import pytest
 
+from replay.reports import VerifyReport
+
 sys.path.insert(0, str(Path(__file__).with_name("scripts")))
 from recorded_runs import cli, cli_json, record  # noqa: E402
 
@@ -21,6 +23,7 @@ def test_healthy_run_replays_bitwise(healthy):
     d, run, truth = healthy
     rc, v, err = cli_json("verify", str(run))
     assert rc == 0, err
+    assert VerifyReport.from_json(v).to_json() == v  # the report reads back as printed
     assert v["deterministic"] is True and v["window"] == [0, 24] and v["replayed_steps"] == 25
     assert [s["loss"] for s in v["steps"]] == truth["losses"]  # float32 losses, exactly
     assert all(s["match"] and s["compared"] for s in v["steps"])

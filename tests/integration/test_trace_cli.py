@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+from replay.reports import TraceReport
 from replay.store.forensics import ForensicsReader
 from tests.conftest import SCRIPTS, replay_cli, run_py
 
@@ -24,6 +25,7 @@ def test_a_healthy_step_is_traced_into_the_forensics_file(tmp_path):
     p = replay_cli("trace", str(run), "--step", "7", "--json", cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     d = json.loads(p.stdout)
+    assert TraceReport.from_json(d).to_json() == d  # the report reads back as printed
     assert d["step"] == 7 and d["op"] is None and d["window"] == [0, 11]
     with ForensicsReader.open(d["forensics"]) as f:
         assert f.step == 7 and f.n_ops > 20  # forward, backward and Adam's ops of one step

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from replay.reports import WhatIfReport
 from tests.conftest import ROOT, SCRIPTS, replay_cli, run_py
 
 # examples/poisoned_sample.py: POISONED_ROW = 37 * BATCH + 5 (step 37, sample 5)
@@ -45,6 +46,7 @@ def test_a_lower_lr_removes_the_divergence_and_another_seed_does_not(recordings,
     )
     assert p.returncode == 0, p.stderr
     d = json.loads(p.stdout)
+    assert WhatIfReport.from_json(d).to_json() == d  # what the TUI's what-if panel reads back
     # The baseline reproduces the recording, failure included.
     assert d["reproduces"] is True and d["divergence"] is None
     bad = d["recorded_failure"]

@@ -65,8 +65,9 @@ def test_lbfgs_names_the_forward_mse_loss_of_the_second_closure_call(tmp_path):
     closure = closure_column(run)
     assert closure[v["op_index"]] == 1 and closure.max() >= 2
     from replay.cli.render import render_verdict
+    from replay.reports import BisectReport
 
-    text = render_verdict(v)  # what `replay bisect` prints for this JSON
+    text = render_verdict(BisectReport.from_json(v))  # what `replay bisect` prints for this JSON
     assert "closure call  2" in text and "surfaced at   aten::" in text
 
 

@@ -62,7 +62,7 @@ async def test_filters_by_phase_name_and_module(runs):
         await press(pilot, "c", "m")
         mods = reader.strings("modules")
         assert mods[full["module"][ops.selected]] == "body.0.norm"
-        assert ops.selected > reader.verdict["op_index"]
+        assert ops.selected > reader.verdict.op_index
 
 
 async def test_layers_show_culprit_module_and_filter_ops(runs):
@@ -218,31 +218,35 @@ async def test_detail_and_status_word_the_culprit_as_the_bisect_report_does(runs
     """Verdict and TUI agree: the op detail, the status line and ``replay bisect``'s report use
     the words of ``replay.words`` for the same op."""
     from replay.cli.render import render_verdict
+    from replay.reports import BisectReport, TraceVerdict
     from replay.words import op_role, role_text
 
     with ForensicsReader.open(runs["traced"].replace(".h5", ".forensics.h5")) as f:
-        v = f.verdict
-        culprit = v["op_index"]
+        d = f.verdict
+        v = TraceVerdict.from_json(d)
+        culprit = v.op_index
         row = f.op_row(culprit)
         nxt = int(np.flatnonzero(f.ops_columns(0, f.n_ops, ("status",))["status"] == 2)[0])
         nxt_row = f.op_row(nxt)
     word, why = op_role(v, culprit, row["status"])
-    assert (word, v["cause"]) == ("culprit", "op") and why.startswith("the producer")
+    assert (word, v.cause) == ("culprit", "op") and why.startswith("the producer")
     report = render_verdict(
-        {
-            **v,
-            "healthy": False,
-            "window": [0, 6],
-            "first_bad_step": v["step"],
-            "symptom_step": v["step"],
-            "criterion": "NaN/Inf",
-            "reproducible": True,
-            "deterministic": True,
-            "replayed_steps": 1,
-            "rechecked_steps": 1,
-            "snapshot": 4,
-            "device": "cpu",
-        }
+        BisectReport.from_json(
+            {
+                **d,
+                "healthy": False,
+                "window": [0, 6],
+                "first_bad_step": v.step,
+                "symptom_step": v.step,
+                "criterion": "NaN/Inf",
+                "reproducible": True,
+                "deterministic": True,
+                "replayed_steps": 1,
+                "rechecked_steps": 1,
+                "snapshot": 4,
+                "device": "cpu",
+            }
+        )
     )
     assert f"[{word}]" in report and why.removeprefix("the producer: ") in report
     app = make_app(runs["traced"], poll=False)
@@ -251,7 +255,7 @@ async def test_detail_and_status_word_the_culprit_as_the_bisect_report_does(runs
         ops = _ops(app)
         detail = str(ops.query_one("#op-detail").render())
         assert f"● {word}" in detail and why in detail
-        assert f"{word} #{culprit} {v['op']}" in str(ops.query_one("#ops-status").render())
+        assert f"{word} #{culprit} {v.op}" in str(ops.query_one("#ops-status").render())
         ops.select_op(nxt)
         await settle(pilot)
         await pilot.pause(0.2)
@@ -266,6 +270,7 @@ def test_batch_view_words_samples_along_other_axes_as_the_report_does():
     from types import SimpleNamespace
 
     from replay.cli.render import render_verdict
+    from replay.reports import BisectReport, TraceVerdict
     from replay_tui.model import RunModel
 
     m = RunModel.__new__(RunModel)
@@ -285,11 +290,13 @@ def test_batch_view_words_samples_along_other_axes_as_the_report_does():
     }
     for samples, axes in (([7], [1]), ([[2, 5]], [0, 1])):
         v = {**base, "samples": samples, "sample_axes": axes}
-        m.forensics = SimpleNamespace(verdict=v)
+        m.forensics = SimpleNamespace(verdict=TraceVerdict.from_json(v))
         assert m.culprit_samples() == []
         text = m.culprit_samples_elsewhere()
-        assert text and f"samples       {text}" in render_verdict(v)
-    m.forensics = SimpleNamespace(verdict={**base, "samples": [3], "sample_axes": [0]})
+        assert text and f"samples       {text}" in render_verdict(BisectReport.from_json(v))
+    m.forensics = SimpleNamespace(
+        verdict=TraceVerdict.from_json({**base, "samples": [3], "sample_axes": [0]})
+    )
     assert m.culprit_samples() == [3] and m.culprit_samples_elsewhere() is None
 
 

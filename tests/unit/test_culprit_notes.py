@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from replay.engine.culprit import no_culprit_note
+from replay.workflows.culprit import no_culprit_note
 
 
 def test_one_sample_that_fails_alone_is_worded_in_the_singular():

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from replay.cli.render import render_verdict
+from replay.reports import BisectReport, TraceVerdict
 from replay.words import cause_text, op_role, role_text
 
-ENTROPY = {
+ENTROPY_JSON = {
     "kind": "nonfinite",
     "cause": "op",
     "op_index": 4,
@@ -15,7 +16,7 @@ ENTROPY = {
     "made_from": "finite",
     "nan_from_inf": {"op_index": 5, "op": "aten::mul", "phase": "forward", "from": "-inf"},
 }
-DATA = {
+DATA_JSON = {
     "kind": "nonfinite",
     "cause": "data",
     "op_index": 0,
@@ -39,6 +40,9 @@ DATA = {
     },
 }
 
+ENTROPY = TraceVerdict.from_json(ENTROPY_JSON)
+DATA = TraceVerdict.from_json(DATA_JSON)
+
 
 def test_roles_of_the_culprit_the_converter_and_the_rest():
     assert op_role(ENTROPY, 4, "producer") == (
@@ -52,7 +56,7 @@ def test_roles_of_the_culprit_the_converter_and_the_rest():
     assert role_text(ENTROPY, 3, "finite") == "finite"
     assert op_role(DATA, 0, "propagator")[0] == "data"
     assert "aten::mul turned its -inf into NaN" in cause_text(ENTROPY)
-    assert cause_text({"kind": "none"}) is None
+    assert cause_text(TraceVerdict()) is None
 
 
 def report(extra: dict) -> str:
@@ -72,19 +76,19 @@ def report(extra: dict) -> str:
         "samples": None,
         **extra,
     }
-    return render_verdict(d)
+    return render_verdict(BisectReport.from_json(d))
 
 
 def test_the_report_uses_the_same_words():
-    text = report({**DATA, "samples": [5], "sample_axes": [0]})
+    text = report({**DATA_JSON, "samples": [5], "sample_axes": [0]})
     assert "cause         data: the input batch is non-finite: it is a data bug" in text
     assert "batch[0] float32[8, 6]: 1 NaN at [5, 3]" in text
     assert "op            aten::addmm (forward)  [data]" in text
-    text = report(ENTROPY)
+    text = report(ENTROPY_JSON)
     assert "op            aten::log (forward)  [culprit]" in text
     assert "cause         op: aten::log made -inf from finite inputs; aten::mul turned" in text
     assert "[propagator · turned the -inf of op 4 (aten::log) into NaN]" in text
     assert "NaN from      aten::mul (forward)" in text
-    text = report({**ENTROPY, "samples": [[2, 5]], "sample_axes": [0, 1]})
+    text = report({**ENTROPY_JSON, "samples": [[2, 5]], "sample_axes": [0, 1]})
     assert "samples       [micro-batch, row] along dims 0, 1: [2, 5]" in text
-    assert "along dim 1: 7" in report({**ENTROPY, "samples": [7], "sample_axes": [1]})
+    assert "along dim 1: 7" in report({**ENTROPY_JSON, "samples": [7], "sample_axes": [1]})

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.screen import Screen
 from textual.widgets import Footer, Header
 
-from ..model import RunModel
+from ..model import RunModel, SafeForensics
 from ..widgets.notice import NoForensics
 
 __all__ = ["RunScreen", "ForensicsScreen"]
@@ -44,7 +42,8 @@ class ForensicsScreen(RunScreen):
 
     def __init__(self, model: RunModel) -> None:
         super().__init__(model)
-        self._built_for: Any = False  # False: not built yet (None means "built without forensics")
+        # False: not built yet (None means "built without forensics")
+        self._built_for: SafeForensics | None | bool = False
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -58,7 +57,7 @@ class ForensicsScreen(RunScreen):
         self._built_for = reader
         self.run_worker(self._build(reader), group="build", exclusive=True)
 
-    async def _build(self, reader: Any) -> None:
+    async def _build(self, reader: SafeForensics | None) -> None:
         body = self.query_one(f"#{self.BODY_ID}", Vertical)
         await body.remove_children()
         if reader is None:
@@ -66,5 +65,5 @@ class ForensicsScreen(RunScreen):
             return
         await self.build_body(body, reader)
 
-    async def build_body(self, body: Vertical, reader: Any) -> None:
+    async def build_body(self, body: Vertical, reader: SafeForensics) -> None:
         raise NotImplementedError

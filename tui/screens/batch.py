@@ -16,6 +16,7 @@ from textual.widgets import DataTable, Footer, Header, Static
 from replay.safetext import term_safe
 
 from ..batchstats import LeafStats, batch_leaves
+from ..model import RunModel
 from ..widgets.plot import fmt_num
 from .base import RunScreen
 
@@ -38,7 +39,7 @@ class BatchScreen(RunScreen):
     #samples { width: 3fr; height: 1fr; }
     """
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: RunModel) -> None:
         super().__init__(model)
         self.step: int | None = None
         self.leaves: list[LeafStats] = []

@@ -13,7 +13,7 @@ from textual.widgets import DataTable, Static
 
 from replay.thresholds import UPDATE_RATIO_BAND
 
-from ..model import RunModel
+from ..model import RunModel, SafeForensics
 from ..widgets.plot import fmt_num
 from .base import ForensicsScreen
 
@@ -77,7 +77,7 @@ class GradientsScreen(ForensicsScreen):
         self.descending = True
         self.only_warnings = False
 
-    async def build_body(self, body: Vertical, reader: Any) -> None:
+    async def build_body(self, body: Vertical, reader: SafeForensics) -> None:
         self.params = reader.params()
         table: DataTable[Any] = DataTable(id="grad-table", cursor_type="row", zebra_stripes=True)
         for col in ("parameter", "numel", "grad norm", "NaN", "Inf", "update/weight", "signs"):

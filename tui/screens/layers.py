@@ -14,7 +14,7 @@ from textual.widgets import Tree
 from textual.widgets.tree import TreeNode
 
 from ..messages import ModuleChosen
-from ..model import RunModel
+from ..model import RunModel, SafeForensics
 from ..widgets.plot import fmt_num
 from .base import ForensicsScreen
 
@@ -58,9 +58,9 @@ class LayersScreen(ForensicsScreen):
         super().__init__(model)
         self.culprit_node: TreeNode[str] | None = None
 
-    async def build_body(self, body: Vertical, reader: Any) -> None:
+    async def build_body(self, body: Vertical, reader: SafeForensics) -> None:
         rows = reader.modules()
-        culprit = reader.verdict.get("module")
+        culprit = reader.verdict.module
         tree: Tree[str] = Tree("model", id="module-tree")
         tree.show_root = False
         nodes: dict[int, TreeNode[str]] = {}

@@ -13,6 +13,7 @@ from textual.containers import Vertical
 from textual.widgets import DataTable, Static
 
 from ..messages import OpChosen
+from ..model import RunModel, SafeForensics
 from ..widgets.op_detail import fmt_bytes
 from ..widgets.plot import SeriesPlot
 from .base import ForensicsScreen
@@ -35,13 +36,13 @@ class MemoryScreen(ForensicsScreen):
     #mem-table { height: 1fr; }
     """
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: RunModel) -> None:
         super().__init__(model)
         self.mem: np.ndarray | None = None
         self.info: dict[str, Any] = {}
         self.cursor = 0
 
-    async def build_body(self, body: Vertical, reader: Any) -> None:
+    async def build_body(self, body: Vertical, reader: SafeForensics) -> None:
         self.info = reader.memory()
         table: DataTable[Any] = DataTable(id="mem-table", cursor_type="row")
         for col in ("bytes", "shape", "dtype", "made by op", "op"):
@@ -63,7 +64,7 @@ class MemoryScreen(ForensicsScreen):
         self._read_curve(reader)
 
     @work(thread=True, exclusive=True, group="mem")
-    def _read_curve(self, reader: Any) -> None:
+    def _read_curve(self, reader: SafeForensics) -> None:
         mem = reader.ops_columns(0, reader.n_ops, ("mem_bytes",))["mem_bytes"]
         self.app.call_from_thread(self._curve_loaded, mem.astype(np.float64))
 

@@ -15,6 +15,7 @@ from textual.widgets import Input, Static
 from replay.words import op_role
 
 from ..messages import OpChosen
+from ..model import RunModel, SafeForensics
 from ..opfilter import OpFilter
 from ..widgets.op_detail import OpDetail
 from ..widgets.op_list import OpList
@@ -43,7 +44,7 @@ class OpsScreen(ForensicsScreen):
         Binding("escape", "close_filter", "close filter", show=False),
     ]
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: RunModel) -> None:
         super().__init__(model)
         self.filter = OpFilter()
         self.full: dict[str, np.ndarray] | None = None  # whole id columns, read in a worker
@@ -51,7 +52,7 @@ class OpsScreen(ForensicsScreen):
 
     # -- building ------------------------------------------------------------------------------
 
-    async def build_body(self, body: Vertical, reader: Any) -> None:
+    async def build_body(self, body: Vertical, reader: SafeForensics) -> None:
         self.full = None
         op_list = OpList(reader, id="op-list")
         status = Static(id="ops-status")
@@ -64,7 +65,7 @@ class OpsScreen(ForensicsScreen):
         await body.mount(
             Horizontal(Vertical(op_list, status, filt, id="list-box"), detail, id="ops-split")
         )
-        culprit = reader.verdict.get("op_index")
+        culprit = reader.verdict.op_index
         start = self._pending_select if self._pending_select is not None else culprit
         self.call_after_refresh(self._after_build, start)
         self._read_full(reader)
@@ -80,7 +81,7 @@ class OpsScreen(ForensicsScreen):
         self._show_status()
 
     @work(thread=True, exclusive=True, group="ops-full")
-    def _read_full(self, reader: Any) -> None:
+    def _read_full(self, reader: SafeForensics) -> None:
         cols = reader.ops_columns(0, reader.n_ops, FULL_COLUMNS)
         self.app.call_from_thread(self._full_loaded, reader, cols)
 
@@ -141,16 +142,16 @@ class OpsScreen(ForensicsScreen):
 
     def _show_status(self) -> None:
         ol = self.op_list
-        if ol is None:
+        if ol is None or self.model.forensics is None:  # (the sidecar went away)
             return
         v = self.model.forensics.verdict
         parts = [f"op {ol.op_index} of {ol.n_ops}" if ol.op_index is not None else "no ops match"]
         if self.filter.active:
             parts.append(f"filter {self.filter.describe()} ({len(ol.rows)} ops)")
-        if v.get("op_index") is not None:
-            word, _ = op_role(v, v["op_index"], "producer")
-            parts.append(f"{word} #{v['op_index']} {v.get('op')}")
-        conv = v.get("nan_from_inf")
+        if v.op_index is not None:
+            word, _ = op_role(v, v.op_index, "producer")
+            parts.append(f"{word} #{v.op_index} {v.op}")
+        conv = v.nan_from_inf
         if conv:
             parts.append(f"NaN from #{conv['op_index']} {conv.get('op')}")
         self.query_one("#ops-status", Static).update(Text(" · ".join(parts)))
@@ -158,8 +159,7 @@ class OpsScreen(ForensicsScreen):
     # -- jumps ---------------------------------------------------------------------------------
 
     def action_culprit(self) -> None:
-        v = self.model.forensics.verdict if self.model.forensics else {}
-        idx = v.get("op_index")
+        idx = self.model.forensics.verdict.op_index if self.model.forensics else None
         if idx is None:
             self.notify("this trace has no culprit op", severity="warning")
             return

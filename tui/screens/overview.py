@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
 from rich.text import Text
@@ -16,6 +16,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Footer, Header, Static
 
+from replay.reports import StepResult, WhatIfReport
 from replay.safetext import term_safe
 from replay.store.selfcheck import read_selfcheck
 from replay.words import cause_text, op_role
@@ -192,46 +193,46 @@ class OverviewScreen(RunScreen):
             text=True,
             errors="replace",
         )
-        report: Any = None
+        report: WhatIfReport | None = None
         if proc.returncode in (0, 1):
             try:
-                report = json.loads(proc.stdout)
-            except ValueError:
+                report = WhatIfReport.from_json(json.loads(proc.stdout))
+            except (ValueError, KeyError, TypeError, IndexError):
                 report = None
-        if not isinstance(report, dict) or not report.get("experiments"):
+        if report is None or not report.experiments:
             why = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
             self.app.call_from_thread(self.notify, why, severity="error", timeout=10)
             return
         self.app.call_from_thread(self._show_whatif, report)
 
-    def _show_whatif(self, report: dict[str, Any]) -> None:
-        exp = report["experiments"][0]
-        steps = [int(s["step"]) for s in report.get("recorded", [])]
-        recorded = _losses(report.get("recorded", []))
-        by_step = {int(s["step"]): s for s in exp.get("steps", [])}
-        changed = _losses([by_step.get(t, {}) for t in steps])
+    def _show_whatif(self, report: WhatIfReport) -> None:
+        exp = report.experiments[0]
+        steps = [s.step for s in report.recorded]
+        recorded = _losses(report.recorded)
+        by_step = {s.step: s for s in exp.steps}
+        changed = _losses([by_step.get(t) for t in steps])
         both = np.concatenate([recorded, changed])
         with np.errstate(all="ignore"):
             logs = np.log10(both[np.isfinite(both) & (both > 0)])
         shared = (float(logs.min()), float(logs.max())) if logs.size else None
-        span = f"steps {report['from_step']}..{report['to_step']}"
+        span = f"steps {report.from_step}..{report.to_step}"
         for wid, values, title in (
             ("#whatif-recorded", recorded, f"loss as recorded, {span} (log)"),
-            ("#whatif-changed", changed, f"with {exp['change']}"),
+            ("#whatif-changed", changed, f"with {exp.change}"),
         ):
             plot = self.query_one(wid, SeriesPlot)
             plot.shared_range = shared
             plot.border_title = title
             plot.set_data(values)
-        if exp.get("removes_failure"):
-            line = Text(f"{exp['change']} removes the failure", style="bold green")
-            line.append(f" (no failure through step {report['to_step']})", style="")
-        elif exp.get("first_failure") is not None:
-            line = Text(f"{exp['change']}: still fails", style="bold red")
-            line.append(f" at step {exp['first_failure']}", style="")
+        if exp.removes_failure:
+            line = Text(f"{exp.change} removes the failure", style="bold green")
+            line.append(f" (no failure through step {report.to_step})", style="")
+        elif exp.first_failure is not None:
+            line = Text(f"{exp.change}: still fails", style="bold red")
+            line.append(f" at step {exp.first_failure}", style="")
         else:
-            line = Text(f"{exp['change']}: no failure in these steps, nor as recorded")
-        if not report.get("reproduces", True):
+            line = Text(f"{exp.change}: no failure in these steps, nor as recorded")
+        if not report.reproduces:
             line.append("  (the replay as recorded differs from the recording)", style="yellow")
         self.query_one("#whatif-verdict", Static).update(line)
         self.query_one("#whatif-panel").display = True
@@ -310,31 +311,23 @@ class OverviewScreen(RunScreen):
             t.append("  " + m.no_forensics_message + "\n", style="yellow")
         else:
             v = m.forensics.verdict
-            kind = v.get("kind")
-            if kind in (None, "none"):  # a healthy step, traced with t or `replay trace`
-                t.append(f"  step {v.get('step')} traced: no op made a non-finite value\n")
+            kind = v.kind
+            if kind == "none":  # a healthy step, traced with t or `replay trace`
+                t.append(f"  step {v.step} traced: no op made a non-finite value\n")
             else:
-                t.append(f"  step {v.get('step')}: {kind}\n")
+                t.append(f"  step {v.step}: {kind}\n")
             cause = cause_text(v)
             if cause:
                 t.append(f"  {cause}\n")
-            if v.get("op"):
-                word, _ = op_role(v, v.get("op_index"), "producer")
-                t.append(
-                    f"  {word}: {v.get('op')} in {v.get('module') or '(root)'}\n", style="bold red"
-                )
+            if v.op:
+                word, _ = op_role(v, v.op_index, "producer")
+                t.append(f"  {word}: {v.op} in {v.module or '(root)'}\n", style="bold red")
         t.append("marks\n", style="bold underline")
         t.append("  " + LEGEND.replace("  ", "\n  ") + "\n", style="dim")
         return t
 
 
-def _losses(steps: list[Any]) -> np.ndarray:
-    """The ``loss`` of what-if steps (JSON: ``"nan"``/``"inf"`` strings, ``None``) as floats."""
-    out = []
-    for st in steps:
-        v = st.get("loss") if isinstance(st, dict) else None
-        try:
-            out.append(float(v) if v is not None else np.nan)
-        except (TypeError, ValueError):
-            out.append(np.nan)
+def _losses(steps: Sequence[StepResult | None]) -> np.ndarray:
+    """The ``loss`` of what-if steps as floats (NaN where none was measured)."""
+    out = [np.nan if s is None or s.loss is None else s.loss for s in steps]
     return np.asarray(out, dtype=np.float64)

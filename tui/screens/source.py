@@ -14,7 +14,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import Footer, Header, OptionList, Static
 
-from ..model import shorten_path
+from ..model import RunModel, shorten_path
 from ..widgets.op_detail import split_location
 from .base import RunScreen
 
@@ -77,7 +77,7 @@ class SourceScreen(RunScreen):
     #code { width: auto; }
     """
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: RunModel) -> None:
         super().__init__(model)
         self.frames: list[str] = []
         self.op_index: int | None = None
@@ -106,7 +106,7 @@ class SourceScreen(RunScreen):
                 f"{self.model.name}` for the culprit's stack)",
             )
             return
-        idx = reader.verdict.get("op_index")
+        idx = reader.verdict.op_index
         if idx is not None:
             self.show_op(int(idx))
         else:
@@ -167,5 +167,5 @@ class SourceScreen(RunScreen):
 
     def action_culprit(self) -> None:
         reader = self.model.forensics
-        if reader is not None and reader.verdict.get("op_index") is not None:
-            self.show_op(int(reader.verdict["op_index"]))
+        if reader is not None and reader.verdict.op_index is not None:
+            self.show_op(int(reader.verdict.op_index))

@@ -8,6 +8,7 @@ import numpy as np
 from rich.text import Text
 from textual.widgets import Static
 
+from replay.reports import TraceVerdict
 from replay.words import op_role
 
 from ..model import shorten_path
@@ -62,7 +63,7 @@ class OpDetail(Static):
         row: dict[str, Any] | None,
         sources: dict[str, dict[int, str]],
         base: str,
-        verdict: dict[str, Any] | None = None,
+        verdict: TraceVerdict | None = None,
     ) -> None:
         if row is None:
             self.update(Text("no op selected", style="dim"))
@@ -76,7 +77,7 @@ class OpDetail(Static):
         t.append(f"op {row['index']}  ", style="bold")
         t.append(f"{row['op']}\n", style="bold " + (gstyle if s else ""))
         t.append(f"{row['phase']}", style=PHASE_SHORT[p][1])
-        word, why = op_role(verdict or {}, row["index"], row["status"])
+        word, why = op_role(verdict or TraceVerdict(), row["index"], row["status"])
         t.append(f"  {glyph} {word}\n", style=gstyle)
         if why:
             t.append(f"  {why}\n", style=gstyle or "dim")

@@ -1,7 +1,8 @@
 """Tracing the culprit step the bisector found: per-op verdict, culprit samples, forensics file.
 
 Uses ``replay.trace`` (the per-op tracer) through the engine's two calls: ``state_before(t)``
-and ``run_step(t, batch=...)``. Returns the JSON fields the bisect report fills.
+and ``run_step(t, batch=...)``. Returns what the trace named (``replay.reports.TracedOp``), the
+fields the bisect and trace reports fill.
 
 Samples are positions along the batch's sample axis, which need not be dim 0
 (``replay.trace.samples.choose_sample_axes``: time-major ``[T, B]`` batches, micro-batches
@@ -19,10 +20,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..engine import Engine
 from ..jsonsafe import json_safe
-from .engine import Engine
+from ..reports import TracedOp, TraceVerdict
 
 if TYPE_CHECKING:
+    from ..bisect.search import Verdict
+    from ..store.reader import Recording
     from ..trace.result import TraceResult
 
 __all__ = ["trace_culprit", "tracer_available", "sample_axes", "no_culprit_note"]
@@ -112,42 +116,40 @@ def _data_samples(batch: Any, axes: list[int]) -> list[Any]:
 
 def trace_verdict(
     engine: Engine,
-    rec: Any,
-    verdict: Any,
-    extra: dict[str, Any],
+    rec: Recording,
+    verdict: Verdict,
     *,
     reraise: tuple[type[BaseException], ...] = (),
-) -> None:
+) -> TracedOp | None:
     """Trace a bisect verdict's step per op (when it has one and it replayed) into the
-    forensics sidecar; the trace's report fields go into ``extra``. A tracer that is missing or
+    forensics sidecar and return what it named. A tracer that is missing or
     fails leaves a note instead: the step verdict stands without it (``reraise``: what must
     still end the replay, as a multi-rank replay's lockstep failure)."""
     t = verdict.first_bad_step
     if t is None or verdict.reproducible is None:
-        return
+        return None
     if not tracer_available():
         verdict.notes.append("per-op tracing is not available in this installation")
-        return
+        return None
     try:
-        fields = trace_culprit(
+        traced = trace_culprit(
             engine, t, verdict.kind, forensics_path=rec.forensics_path, run_id=rec.run_id
         )
         # The step began with non-finite state (cause "state"): the step that made it so is
         # earlier, and it is the one to report and trace, not this one with a note.
         first = t
-        while fields.get("cause") == "state":
+        while traced.cause == "state":
             went = _state_went_bad(engine, t)
             if went is None:
                 start = engine.window.snapshot_for(t)
-                fields["trace_notes"] = [
-                    *fields.get("trace_notes", []),
+                traced.trace_notes.append(
                     f"the state was already non-finite when step {start} began, the first "
                     f"replayable step before step {t}: the step that made it so is no longer "
-                    "kept; record with a larger keep_snapshots or snapshot_every",
-                ]
+                    "kept; record with a larger keep_snapshots or snapshot_every"
+                )
                 break
             t = went
-            fields = trace_culprit(
+            traced = trace_culprit(
                 engine,
                 t,
                 verdict.kind,
@@ -164,11 +166,12 @@ def trace_verdict(
             verdict.first_bad_step = t
             engine.state_before(t)
             verdict.culprit_row = engine.run_step(t).row()
-        extra.update(fields)
+        return traced
     except reraise:
         raise
     except Exception as e:  # noqa: BLE001 - the step verdict stands without the trace
         verdict.notes.append(f"tracing step {t} failed: {type(e).__name__}: {e}")
+        return None
 
 
 def _state_tensors(tree: Any, path: str = "") -> list[tuple[str, torch.Tensor]]:
@@ -220,8 +223,8 @@ def trace_culprit(
     forensics_path: str,
     run_id: str,
     samples: bool = True,
-) -> dict[str, Any]:
-    """Trace ``step`` from the state right before it; write the sidecar; return report fields.
+) -> TracedOp:
+    """Trace ``step`` from the state right before it; write the sidecar; return what it named.
 
     ``samples=False``: no culprit samples are searched (a step whose failure shows only in
     state no health column measures: replaying it on part of the batch tells nothing)."""
@@ -242,7 +245,6 @@ def trace_culprit(
         )
     finally:
         engine.invalidate()  # the tracer ran the step on the live objects
-    v = result.verdict
     if not samples:
         result.add_notes(
             [
@@ -250,37 +252,21 @@ def trace_culprit(
                 "in no health column a replay on part of the batch could be judged by"
             ]
         )
-    elif v.get("cause") == "state":
+    elif (found := TraceVerdict.from_json(result.verdict)).cause == "state":
         pass  # bisect goes back to the step that made the state bad, and searches there
-    elif kind in ("nonfinite", "exception") and not v.get("samples"):
+    elif kind in ("nonfinite", "exception") and not found.samples:
         try:
             _samples(engine, step, kind, batch, result)
         except Exception as e:  # noqa: BLE001 - the op verdict stands without the samples
             result.add_notes([f"the samples search failed: {type(e).__name__}: {e}"])
     result.write(forensics_path, run_id=run_id, step=step)
-    fields = {
-        "cause": v.get("cause"),
-        "op_index": v.get("op_index"),
-        "op": v.get("op"),
-        "phase": v.get("phase"),
-        "module": v.get("module"),
-        "source": v.get("source"),
-        "made": v.get("made"),
-        "made_from": v.get("made_from"),
-        "nan_from_inf": v.get("nan_from_inf"),
-        "closure": v.get("closure"),
-        "surfaced": v.get("surfaced"),
-        "data": v.get("data"),
-        "samples": v.get("samples"),
-        "samples_exact": v.get("samples_exact"),
-        "sample_axes": v.get("sample_axes"),
-        "trace_notes": list(v.get("notes") or []),
-        "forensics": forensics_path,
-    }
     loss = result.loss
-    if loss is not None and isinstance(loss, float) and not math.isfinite(loss):
-        fields["traced_loss"] = json_safe(loss)
-    return fields
+    nonfinite_loss = loss is not None and isinstance(loss, float) and not math.isfinite(loss)
+    return TracedOp.from_verdict(
+        TraceVerdict.from_json(result.verdict),
+        forensics_path,
+        traced_loss=json_safe(loss) if nonfinite_loss else None,
+    )
 
 
 def sample_axes(engine: Engine, step: int, batch: Any) -> tuple[list[int], list[str]]:
@@ -302,7 +288,7 @@ def _samples(engine: Engine, step: int, kind: str, batch: Any, result: TraceResu
     result.add_notes(notes)
     if not axes:
         return
-    if result.verdict.get("cause") == "data":
+    if TraceVerdict.from_json(result.verdict).cause == "data":
         samples = _data_samples(batch, axes)
         if samples:
             result.set_samples(samples, True, axes)

@@ -31,8 +31,9 @@ from ..bisect.compare import (
     same_bits,
 )
 from ..capture.tensors import from_leaves
-from .engine import Engine
-from .state import _int_keys
+from ..engine import Engine
+from ..engine.state import _int_keys
+from ..reports import DivergenceCause, ExceptionInfo, StateDrift
 
 __all__ = ["explain_divergence", "state_diff"]
 
@@ -87,29 +88,29 @@ def _diff_paths(live: Any, kept: Any, path: str, out: list[tuple[str, float | No
         out.append((path, None))
 
 
-def state_diff(engine: Engine, s: int) -> list[dict[str, Any]]:
+def state_diff(engine: Engine, s: int) -> list[StateDrift]:
     """Compare the live objects with the recorded snapshot of step ``s``, object by object.
 
     Call it when the live objects hold the state right before ``s`` (``state_before(s)``).
-    Returns one entry per object that differs: ``{"object", "names", "count", "max_abs_diff"}``.
+    Returns one entry per object that differs.
     """
     snap = engine.snapshot(s)
     dev = engine._leaf_device
     objs = engine.objs
     model = objs.model
     params = {n for n, _ in model.named_parameters()}
-    found: list[dict[str, Any]] = []
+    found: list[StateDrift] = []
 
     def report(what: str, diffs: list[tuple[str, float | None]]) -> None:
         if diffs:
             sizes = [d for _, d in diffs if d is not None]
             found.append(
-                {
-                    "object": what,
-                    "names": [p for p, _ in diffs[:_NAMES]],
-                    "count": len(diffs),
-                    "max_abs_diff": max(sizes) if sizes else None,
-                }
+                StateDrift(
+                    object=what,
+                    names=[p for p, _ in diffs[:_NAMES]],
+                    count=len(diffs),
+                    max_abs_diff=max(sizes) if sizes else None,
+                )
             )
 
     with torch.no_grad():
@@ -170,47 +171,37 @@ def _changed_sources(engine: Engine) -> list[str]:
 
 def explain_divergence(
     engine: Engine, divergence: dict[str, Any], replayed_exception: dict[str, Any] | None = None
-) -> dict[str, Any]:
-    """Tell why step ``divergence["step"]`` differs from the recording (see the module doc).
-
-    Returns ``{"kind", "summary", "hint", "step", "differs"?, "snapshot"?, "changed_files"?}``;
-    ``kind`` is ``raised``, ``nondeterministic`` or ``outside_state``.
-    """
+) -> DivergenceCause:
+    """Tell why step ``divergence["step"]`` differs from the recording (see the module doc)."""
     t = int(divergence["step"])
     changed = _changed_sources(engine)
-    out: dict[str, Any] = {"step": t, "changed_files": changed}
+    out = DivergenceCause(step=t, changed_files=changed)
     if divergence.get("column") == "exception":
         rec_type, got = divergence.get("recorded"), divergence.get("replayed")
         if got is not None:
             msg = (replayed_exception or {}).get("message", "")
-            out.update(
-                kind="raised",
-                summary=f"the replay of step {t} raised {got}: {msg}"
+            out.kind = "raised"
+            out.summary = (
+                f"the replay of step {t} raised {got}: {msg}"
                 + (f" (the recording raised {rec_type})" if rec_type else "")
-                + ("" if rec_type else "; the recorded step did not raise"),
-                hint=HINT_RAISED,
-                exception={"type": got, "message": msg},
+                + ("" if rec_type else "; the recorded step did not raise")
             )
+            out.hint = HINT_RAISED
+            out.exception = ExceptionInfo(type=got, message=msg)
             return out
-        out.update(
-            kind="outside_state",
-            summary=f"the recorded step {t} raised {rec_type}, its replay did not",
-            hint=HINT_OUTSIDE,
-        )
+        out.summary = f"the recorded step {t} raised {rec_type}, its replay did not"
+        out.hint = HINT_OUTSIDE
         return out
     carried = divergence.get("carried_on")
     if carried is not None:  # (verify_window's finding: no experiment can redo it here)
-        out.update(
-            kind="outside_state",
-            snapshot=t,
-            summary=(
-                f"step {t} replays bitwise when the replay carries on from the snapshot of step "
-                f"{carried}, but not from the snapshot of step {t} itself: the step reads state "
-                "the snapshots do not hold, so a bisect of a failure after step "
-                f"{t} would not reproduce it"
-            ),
-            hint=HINT_CARRIED,
+        out.snapshot = t
+        out.summary = (
+            f"step {t} replays bitwise when the replay carries on from the snapshot of step "
+            f"{carried}, but not from the snapshot of step {t} itself: the step reads state "
+            "the snapshots do not hold, so a bisect of a failure after step "
+            f"{t} would not reproduce it"
         )
+        out.hint = HINT_CARRIED
         return out
     engine.state_before(t, keep=True)
     a = engine.run_step(t).row()
@@ -221,40 +212,37 @@ def explain_divergence(
             (c for c in (*VERIFIED_COLUMNS, "grad_norm") if not same_bits(a.get(c), b.get(c))),
             "exception",
         )
-        out.update(
-            kind="nondeterministic",
-            summary=(
-                f"two replays of step {t} from the same state disagree ({col}: {a.get(col)} vs "
-                f"{b.get(col)}): same inputs, different bits"
-            ),
-            hint=HINT_NONDET,
+        out.kind = "nondeterministic"
+        out.summary = (
+            f"two replays of step {t} from the same state disagree ({col}: {a.get(col)} vs "
+            f"{b.get(col)}): same inputs, different bits"
         )
+        out.hint = HINT_NONDET
         if engine.window.snapshot_for(t) > int(engine.rec.config.get("start_step") or 0):
             # From a later snapshot, the first replay also ran on what the program's own start
             # left in state no snapshot holds; the replays after it on what the first left.
-            out["hint"] = f"{HINT_NONDET}; {HINT_OR_CARRIED}"
-            out["summary"] = str(out["summary"]).replace(
+            out.hint = f"{HINT_NONDET}; {HINT_OR_CARRIED}"
+            out.summary = out.summary.replace(
                 ": same inputs, different bits",
                 f" (replayed from the snapshot of step "
                 f"{engine.window.snapshot_for(t)}, not the run's start)",
             )
         return out
     later = [s for s in engine.window.snapshots if s > t]
-    differs: list[dict[str, Any]] = []
+    differs: list[StateDrift] = []
     if later:
-        s = later[0]
-        engine.replay_through(s)
-        differs = state_diff(engine, s)
-        out["snapshot"] = s
-    out["differs"] = differs
+        out.snapshot = later[0]
+        engine.replay_through(later[0])
+        differs = state_diff(engine, later[0])
+    out.differs = differs
     if differs:
-        what = ", ".join(d["object"] for d in differs)
+        what = ", ".join(d.object for d in differs)
         first = differs[0]
         summary = (
             f"state changed outside the step: replaying from the snapshot of step "
-            f"{engine.window.snapshot_for(t)} up to step {out['snapshot']} gives {what} that "
-            f"differ from the snapshot recorded there (e.g. {first['object']} "
-            f"{', '.join(first['names'][:3])}), while two replays of step {t} agree bitwise"
+            f"{engine.window.snapshot_for(t)} up to step {out.snapshot} gives {what} that "
+            f"differ from the snapshot recorded there (e.g. {first.object} "
+            f"{', '.join(first.names[:3])}), while two replays of step {t} agree bitwise"
         )
     else:
         summary = (
@@ -263,5 +251,5 @@ def explain_divergence(
         )
     if changed:
         summary += f"; note that {', '.join(changed)} changed since the recording"
-    out.update(kind="outside_state", summary=summary, hint=HINT_OUTSIDE)
+    out.kind, out.summary, out.hint = "outside_state", summary, HINT_OUTSIDE
     return out

@@ -1,0 +1,86 @@
+"""``DivergenceCause``: why a replay differs from its recording (``replay/workflows/why.py``
+runs the experiments), as ``replay verify`` and ``replay bisect`` report it (``cause``,
+``divergence_cause``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..jsonsafe import json_safe
+from .verdict import ExceptionInfo, exception_info
+
+__all__ = ["DivergenceCause", "StateDrift"]
+
+
+@dataclass
+class StateDrift:
+    """One object whose replayed state differs from the snapshot recorded at the same step."""
+
+    object: str  # "model parameters", "module buffers", "optimizer", a named object...
+    names: list[str]  # the first few differing entries
+    count: int  # how many differ
+    max_abs_diff: float | None  # over the floating ones; None when none is comparable
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "object": self.object,
+            "names": list(self.names),
+            "count": self.count,
+            "max_abs_diff": json_safe(self.max_abs_diff),
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> StateDrift:
+        size = d.get("max_abs_diff")
+        return cls(
+            str(d["object"]),
+            list(d.get("names") or []),
+            int(d.get("count", 0)),
+            float(size) if size is not None else None,
+        )
+
+
+@dataclass
+class DivergenceCause:
+    """``kind``: ``raised`` (the replay raised where the recording did not, or the reverse),
+    ``nondeterministic`` (two replays from the same state disagree) or ``outside_state`` (they
+    agree with each other, not with the recording). ``summary`` says it in a sentence,
+    ``hint`` what to do. Absent from the JSON when ``None``: ``snapshot`` (the later snapshot
+    the state was compared with), ``differs`` (the objects that drifted, from that comparison)
+    and ``exception`` (what the replay raised)."""
+
+    step: int
+    kind: str = "outside_state"
+    summary: str = ""
+    hint: str = ""
+    changed_files: list[str] = field(default_factory=list)  # entry files edited since recording
+    snapshot: int | None = None
+    differs: list[StateDrift] | None = None
+    exception: ExceptionInfo | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"step": self.step, "changed_files": list(self.changed_files)}
+        if self.snapshot is not None:
+            out["snapshot"] = self.snapshot
+        if self.differs is not None:
+            out["differs"] = [d.to_json() for d in self.differs]
+        out.update(kind=self.kind, summary=self.summary, hint=self.hint)
+        if self.exception is not None:
+            out["exception"] = dict(self.exception)
+        return out
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> DivergenceCause:
+        differs = d.get("differs")
+        exc = d.get("exception")
+        return cls(
+            step=int(d["step"]),
+            kind=str(d.get("kind", "outside_state")),
+            summary=str(d.get("summary", "")),
+            hint=str(d.get("hint", "")),
+            changed_files=list(d.get("changed_files") or []),
+            snapshot=d.get("snapshot"),
+            differs=None if differs is None else [StateDrift.from_json(x) for x in differs],
+            exception=exception_info(exc),
+        )

@@ -1,0 +1,91 @@
+"""``DoctorReport``: ``replay doctor --json``, the checklist's findings over one recording, and
+``RankSetDoctorReport`` over every rank of a DDP rank set."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..jsonsafe import json_safe
+
+__all__ = ["DoctorReport", "Finding", "RankSetDoctorReport", "SlowestRank"]
+
+
+@dataclass
+class Finding:
+    """One diagnosis: what is wrong, the numbers that show it, and what to do about it."""
+
+    rule: str
+    severity: str  # error, warning, info
+    title: str
+    evidence: dict[str, Any]
+    advice: str
+    steps: list[int] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        """Non-finite evidence as ``"nan"``, ``"inf"``, ``"-inf"``."""
+        out: dict[str, Any] = json_safe(asdict(self))
+        return out
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Finding:
+        return cls(
+            rule=str(d["rule"]),
+            severity=str(d["severity"]),
+            title=str(d["title"]),
+            evidence=dict(d.get("evidence") or {}),
+            advice=str(d.get("advice", "")),
+            steps=[int(s) for s in d.get("steps") or []],
+        )
+
+
+@dataclass
+class DoctorReport:
+    """The findings over the recording ``path``; its JSON is the list of findings."""
+
+    path: str
+    findings: list[Finding] = field(default_factory=list)
+
+    def to_json(self) -> list[dict[str, Any]]:
+        return [f.to_json() for f in self.findings]
+
+    @classmethod
+    def from_json(cls, path: str, d: list[dict[str, Any]]) -> DoctorReport:
+        return cls(path, [Finding.from_json(f) for f in d])
+
+
+@dataclass
+class SlowestRank:
+    """The rank whose median step took longest, beside the others' median."""
+
+    rank: int
+    median_step_s: float
+    others_median_step_s: float
+
+
+@dataclass
+class RankSetDoctorReport:
+    """Across the ranks: which went bad first (``first_bad`` says it in a sentence), which is
+    slow; and every rank's own findings (``ranks``, by rank number as a string)."""
+
+    world_size: int | None
+    missing: list[int]
+    first_bad: str
+    first_bad_step: int | None
+    first_bad_ranks: list[int]
+    slowest: SlowestRank | None
+    ranks: dict[str, DoctorReport] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = json_safe(
+            {
+                "world_size": self.world_size,
+                "missing": list(self.missing),
+                "first_bad": self.first_bad,
+                "first_bad_step": self.first_bad_step,
+                "first_bad_ranks": list(self.first_bad_ranks),
+                "slowest": None if self.slowest is None else asdict(self.slowest),
+                "ranks": {r: d.to_json() for r, d in self.ranks.items()},
+            }
+        )
+        return out

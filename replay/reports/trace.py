@@ -1,0 +1,45 @@
+"""``TraceReport``: ``replay trace --json``, one step traced per op."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from .culprit import TracedOp
+
+__all__ = ["TraceReport"]
+
+
+@dataclass(kw_only=True)
+class TraceReport(TracedOp):
+    """The traced ``step`` of ``recording`` (replayable ``window``), and what the trace named:
+    on a healthy step ``op`` is ``None`` and the sidecar holds every op for ``replay tui``."""
+
+    recording: str = ""
+    step: int = 0
+    window: list[int] = field(default_factory=list)  # [first, last]
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "recording": self.recording,
+            "step": self.step,
+            "window": list(self.window),
+            **self.culprit_json(),
+            "trace_notes": list(self.trace_notes),
+            "forensics": self.forensics,
+        }
+        if self.traced_loss is not None:
+            out["traced_loss"] = self.traced_loss
+        return out
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> TraceReport:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+    @classmethod
+    def of(cls, recording: str, step: int, window: list[int], traced: TracedOp) -> TraceReport:
+        r = cls(recording=recording, step=step, window=list(window))
+        r.take_culprit(traced)
+        r.trace_notes, r.traced_loss = list(traced.trace_notes), traced.traced_loss
+        return r

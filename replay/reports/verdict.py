@@ -1,0 +1,121 @@
+"""``TraceVerdict``: which op of a traced step is to blame, as ``docs/forensics.md`` ``/verdict``
+documents it. The tracer builds it as JSON (``replay/trace/verdict.py``) and writes it into the
+forensics sidecar; ``replay bisect``, ``replay trace`` and the TUI read it back through
+:meth:`TraceVerdict.from_json`.
+
+No imports beyond the standard library: the TUI reads it without torch.
+
+Example::
+
+    v = TraceVerdict.from_json(reader.verdict)
+    v.kind, v.cause, v.op, v.module, v.source["line"] if v.source else None
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, TypedDict
+
+__all__ = [
+    "ExceptionInfo",
+    "OpRef",
+    "SourceLine",
+    "TraceVerdict",
+    "exception_info",
+    "known",
+    "only_known",
+]
+
+JSONObject = dict[str, Any]  # a nested part of a report kept as its JSON
+
+
+class SourceLine(TypedDict):
+    """A user source line: ``{"file", "line", "function", "code"}``."""
+
+    file: str
+    line: int
+    function: str
+    code: str
+
+
+class OpRef(TypedDict):
+    """An op of the traced step as the verdict lists it (propagators, previous ops)."""
+
+    op_index: int
+    op: str
+    phase: str
+    module: str | None
+
+
+class ExceptionInfo(TypedDict):
+    """A step's exception as the reports name it."""
+
+    type: str | None
+    message: str | None
+
+
+def exception_info(d: dict[str, Any] | None) -> ExceptionInfo | None:
+    """The type and message of an exception as a report holds it (``None``: none)."""
+    return None if d is None else ExceptionInfo(type=d.get("type"), message=d.get("message"))
+
+
+def known(cls: type, d: dict[str, Any]) -> dict[str, Any]:
+    """The keys of ``d`` that are fields of the dataclass ``cls`` (a file written by another
+    version may hold fewer or more)."""
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in d.items() if k in names}
+
+
+def only_known(cls: type, d: dict[str, Any]) -> dict[str, Any]:
+    """``d``, when every key is a field of the dataclass ``cls``; else a ``ValueError`` naming
+    the others (a report built by this version: a key its type lacks would be lost)."""
+    names = {f.name for f in fields(cls)}
+    unknown = sorted(k for k in d if k not in names)
+    if unknown:
+        raise ValueError(f"{cls.__name__} has no field for {', '.join(unknown)}")
+    return d
+
+
+@dataclass
+class TraceVerdict:
+    """The verdict of one traced step; every key of ``docs/forensics.md`` ``/verdict``, in its
+    order. ``kind`` is ``"nonfinite"``, ``"exception"`` or ``"none"``; keys with no value are
+    ``None`` (``[]`` for the lists)."""
+
+    step: int | None = None
+    kind: str = "none"
+    cause: str | None = None  # op, data, state, intentional, uninitialised
+    op_index: int | None = None
+    op: str | None = None
+    phase: str | None = None
+    module: str | None = None  # "" for the root module
+    source: SourceLine | None = None
+    created_at: SourceLine | None = None
+    executed_at: SourceLine | None = None
+    autograd_node: str | None = None
+    inputs: list[JSONObject] = field(default_factory=list)
+    output: JSONObject | None = None  # shape, dtype, device, stats
+    propagators: list[OpRef] = field(default_factory=list)
+    previous: list[OpRef] = field(default_factory=list)
+    exception: JSONObject | None = None  # type, message, op_index, source, traceback
+    batch_nonfinite: JSONObject | None = None
+    made: str | None = None  # NaN, +inf, -inf, NaN/-inf
+    made_from: str | None = None  # finite, intentional
+    nan_from_inf: JSONObject | None = None
+    data: JSONObject | None = None  # tensors, sample_axes
+    samples: list[Any] | None = None  # ints, or [micro-batch, row] pairs
+    samples_exact: bool | None = None
+    sample_axes: list[int] | None = None
+    closure: int | None = None
+    surfaced: JSONObject | None = None
+    sinks: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        """The verdict as the sidecar's ``/verdict/json`` holds it."""
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> TraceVerdict:
+        """Read a verdict back (keys it lacks keep their defaults; unknown keys are dropped)."""
+        return cls(**known(cls, d))

@@ -1,0 +1,115 @@
+"""``VerifyReport``: ``replay verify --json``, every step of the window compared bitwise."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .cause import DivergenceCause
+from .verdict import ExceptionInfo, JSONObject, exception_info
+
+__all__ = ["VerifiedStep", "VerifyReport"]
+
+
+@dataclass
+class VerifiedStep:
+    """One replayed step beside its recorded values (``recorded_*`` ``None``: not recorded;
+    non-finite numbers as ``"nan"``, ``"inf"``, ``"-inf"``)."""
+
+    step: int
+    match: bool
+    compared: bool  # the recording held the step's row
+    loss: float | str | None
+    recorded_loss: float | str | None
+    param_fingerprint: float | str | None
+    recorded_param_fingerprint: float | str | None
+    exception: ExceptionInfo | None  # what the replay raised
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "match": self.match,
+            "compared": self.compared,
+            "loss": self.loss,
+            "recorded_loss": self.recorded_loss,
+            "param_fingerprint": self.param_fingerprint,
+            "recorded_param_fingerprint": self.recorded_param_fingerprint,
+            "exception": None if self.exception is None else dict(self.exception),
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> VerifiedStep:
+        exc = d.get("exception")
+        return cls(
+            step=int(d["step"]),
+            match=bool(d["match"]),
+            compared=bool(d.get("compared", True)),
+            loss=d.get("loss"),
+            recorded_loss=d.get("recorded_loss"),
+            param_fingerprint=d.get("param_fingerprint"),
+            recorded_param_fingerprint=d.get("recorded_param_fingerprint"),
+            exception=exception_info(exc),
+        )
+
+
+@dataclass(kw_only=True)
+class VerifyReport:
+    """``deterministic``: every step matched (on every rank, replayed together).
+    ``first_divergence``: step, column, recorded, replayed, abs_diff, ulps; ``cause``: why.
+
+    Present in the JSON only when set: ``approximate`` and ``notes`` (one rank of a rank set
+    replayed alone), ``multi_rank`` and ``ranks`` (every rank replayed together)."""
+
+    deterministic: bool
+    window: list[int]  # [first, last]
+    device: str
+    replayed_steps: int
+    first_divergence: JSONObject | None = None
+    steps: list[VerifiedStep] = field(default_factory=list)
+    cause: DivergenceCause | None = None
+    recording: str = ""
+    entry_files: list[str] = field(default_factory=list)
+    approximate: bool = False
+    notes: list[str] | None = None
+    multi_rank: JSONObject | None = None
+    ranks: dict[str, JSONObject] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "deterministic": self.deterministic,
+            "window": list(self.window),
+            "device": self.device,
+            "replayed_steps": self.replayed_steps,
+            "first_divergence": self.first_divergence,
+            "steps": [s.to_json() for s in self.steps],
+            "cause": None if self.cause is None else self.cause.to_json(),
+            "recording": self.recording,
+            "entry_files": list(self.entry_files),
+        }
+        optional = {
+            "approximate": self.approximate or None,
+            "notes": self.notes,
+            "multi_rank": self.multi_rank,
+            "ranks": self.ranks,
+        }
+        out.update({k: v for k, v in optional.items() if v is not None})
+        return out
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> VerifyReport:
+        cause = d.get("cause")
+        return cls(
+            deterministic=bool(d["deterministic"]),
+            window=list(d["window"]),
+            device=str(d["device"]),
+            replayed_steps=int(d["replayed_steps"]),
+            first_divergence=d.get("first_divergence"),
+            steps=[VerifiedStep.from_json(s) for s in d.get("steps") or []],
+            cause=None if cause is None else DivergenceCause.from_json(cause),
+            recording=str(d.get("recording", "")),
+            entry_files=list(d.get("entry_files") or []),
+            approximate=bool(d.get("approximate", False)),
+            notes=d.get("notes"),
+            multi_rank=d.get("multi_rank"),
+            ranks=d.get("ranks"),
+        )

@@ -1,0 +1,169 @@
+"""``WhatIfReport``: ``replay whatif --json``, the failing steps replayed as recorded and once
+per change (``replay/workflows/whatif.py`` runs them)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..jsonsafe import json_safe
+
+__all__ = ["Experiment", "StepResult", "WhatIfReport"]
+
+
+def _number(x: Any) -> float | None:
+    """A number as the JSON holds it back as a float ("nan", "inf", "-inf" included)."""
+    if x is None:
+        return None
+    if isinstance(x, str):
+        return {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}.get(x)
+    return x if isinstance(x, (int, float)) else None
+
+
+@dataclass
+class StepResult:
+    """One step of an experiment (or of the recording): ``None`` is "not measured"."""
+
+    step: int
+    loss: float | None = None
+    grad_norm: float | None = None
+    lr: float | None = None
+    failed: bool = False
+    exception: str | None = None  # the exception type, when the step raised
+    skipped: bool = False  # --skip-step: not run
+    samples: int | None = None  # --drop-samples: the samples this step ran on
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "step": self.step,
+            "loss": self.loss,
+            "grad_norm": self.grad_norm,
+            "lr": self.lr,
+            "failed": self.failed,
+            "exception": self.exception,
+            "skipped": self.skipped,
+        }
+        if self.samples is not None:
+            out["samples"] = self.samples
+        return out
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> StepResult:
+        return cls(
+            step=int(d["step"]),
+            loss=_number(d.get("loss")),
+            grad_norm=_number(d.get("grad_norm")),
+            lr=_number(d.get("lr")),
+            failed=bool(d.get("failed", False)),
+            exception=d.get("exception"),
+            skipped=bool(d.get("skipped", False)),
+            samples=d.get("samples"),
+        )
+
+
+@dataclass
+class Experiment:
+    """The steps one change (or none: the baseline) produced."""
+
+    change: str  # "--scale lr=0.1"; "baseline" for the replay as recorded
+    steps: list[StepResult] = field(default_factory=list)
+    first_failure: int | None = None
+    removes_failure: bool = False
+    stopped: int | None = None  # the step that raised: nothing after it ran
+    param_distance: float | None = None  # ||params - baseline's|| / ||baseline's|| at the end
+
+    def final(self) -> StepResult | None:
+        ran = [s for s in self.steps if not s.skipped]
+        return ran[-1] if ran else None
+
+    def to_json(self) -> dict[str, Any]:
+        last = self.final()
+        return {
+            "change": self.change,
+            "first_failure": self.first_failure,
+            "removes_failure": self.removes_failure,
+            "stopped": self.stopped,
+            "final_step": None if last is None else last.step,
+            "final_loss": None if last is None else last.loss,
+            "final_grad_norm": None if last is None else last.grad_norm,
+            "param_distance": self.param_distance,
+            "steps": [s.to_json() for s in self.steps],
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Experiment:
+        """Read one back (``final_*`` follow from its steps)."""
+        return cls(
+            change=str(d["change"]),
+            steps=[StepResult.from_json(s) for s in d.get("steps") or []],
+            first_failure=d.get("first_failure"),
+            removes_failure=bool(d.get("removes_failure", False)),
+            stopped=d.get("stopped"),
+            param_distance=_number(d.get("param_distance")),
+        )
+
+
+@dataclass
+class WhatIfReport:
+    """What ``replay whatif`` found; ``to_json()`` is its ``--json`` output, ``from_json()``
+    reads it back (the TUI's what-if panel)."""
+
+    recording: str
+    window: tuple[int, int]
+    snapshot: int  # the replay starts from the snapshot taken before this step
+    from_step: int
+    to_step: int
+    kind: str  # the failure looked for: "nonfinite" or "exception"
+    recorded_failure: int | None  # the first failing step the recording shows in the range
+    recorded: list[StepResult]
+    baseline: Experiment
+    reproduces: bool  # the baseline matches the recording bitwise
+    divergence: dict[str, Any] | None
+    experiments: list[Experiment]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def helpful(self) -> list[Experiment]:
+        """The experiments that removed the failure."""
+        return [e for e in self.experiments if e.removes_failure]
+
+    def to_json(self) -> dict[str, Any]:
+        out = {
+            "recording": self.recording,
+            "window": list(self.window),
+            "snapshot": self.snapshot,
+            "from_step": self.from_step,
+            "to_step": self.to_step,
+            "kind": self.kind,
+            "recorded_failure": self.recorded_failure,
+            "baseline_failure": self.baseline.first_failure,
+            "reproduces": self.reproduces,
+            "divergence": self.divergence,
+            "removed_by": [e.change for e in self.helpful],
+            "recorded": [s.to_json() for s in self.recorded],
+            "baseline": self.baseline.to_json(),
+            "experiments": [e.to_json() for e in self.experiments],
+            "notes": list(self.notes),
+        }
+        safe: dict[str, Any] = json_safe(out)
+        return safe
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> WhatIfReport:
+        """Read one back (``baseline_failure`` and ``removed_by`` follow from the experiments)."""
+        return cls(
+            recording=str(d["recording"]),
+            window=(int(d["window"][0]), int(d["window"][1])),
+            snapshot=int(d["snapshot"]),
+            from_step=int(d["from_step"]),
+            to_step=int(d["to_step"]),
+            kind=str(d["kind"]),
+            recorded_failure=d.get("recorded_failure"),
+            recorded=[StepResult.from_json(s) for s in d.get("recorded") or []],
+            baseline=Experiment.from_json(d["baseline"]),
+            reproduces=bool(d.get("reproduces", True)),
+            divergence=d.get("divergence"),
+            experiments=[Experiment.from_json(e) for e in d.get("experiments") or []],
+            notes=list(d.get("notes") or []),
+        )

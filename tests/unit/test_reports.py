@@ -1,0 +1,291 @@
+"""The report dataclasses read back what they write: ``from_json(d).to_json() == d`` for every
+shape a command prints (keys, nesting, which keys are present), the verdict of a real traced
+step included, and the sidecar's verdict reads back typed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from replay.reports import (
+    BisectReport,
+    DivergenceCause,
+    OverfitReport,
+    TraceReport,
+    TraceVerdict,
+    VerifyReport,
+)
+from replay.trace import trace_step
+
+SOURCE = {"file": "/abs/model.py", "line": 27, "function": "forward", "code": "return x.log()"}
+CULPRIT = {
+    "cause": "op",
+    "op_index": 4,
+    "op": "aten::log",
+    "phase": "forward",
+    "module": "head",
+    "source": SOURCE,
+    "made": "-inf",
+    "made_from": "finite",
+    "nan_from_inf": {
+        "op_index": 5,
+        "op": "aten::mul",
+        "phase": "forward",
+        "module": "",
+        "source": SOURCE,
+        "from": "-inf",
+    },
+    "data": None,
+    "samples": [[2, 5]],
+    "samples_exact": False,
+    "sample_axes": [0, 1],
+    "closure": 1,
+    "surfaced": {
+        "op_index": 9,
+        "op": "aten::mm",
+        "phase": "backward",
+        "module": "head",
+        "source": SOURCE,
+        "closure": None,
+        "how": "raised RuntimeError on it",
+    },
+}
+CAUSE = {
+    "step": 7,
+    "changed_files": ["/abs/train.py"],
+    "snapshot": 10,
+    "differs": [
+        {"object": "optimizer", "names": ["state.0.exp_avg"], "count": 3, "max_abs_diff": 0.5}
+    ],
+    "kind": "outside_state",
+    "summary": "state changed outside the step",
+    "hint": "restore it",
+}
+BISECT = {
+    "healthy": False,
+    "kind": "nonfinite",
+    "criterion": "NaN/Inf in the loss, the gradients or the parameters",
+    "first_bad_step": 7,
+    "symptom_step": 9,
+    "exception": {"type": "RuntimeError", "message": "boom"},
+    "deterministic": False,
+    "reproducible": True,
+    "divergence": {
+        "step": 7,
+        "column": "loss",
+        "recorded": 1.0,
+        "replayed": "nan",
+        "abs_diff": None,
+        "ulps": None,
+    },
+    "replayed_steps": 8,
+    "rechecked_steps": 1,
+    "snapshot": 5,
+    "snapshots_checked": 1,
+    "device": "cpu",
+    "window": [0, 9],
+    "checked": [0, 9],
+    "loss": "nan",
+    "grad_norm": 2.5,
+    **{
+        k: CULPRIT[k]
+        for k in (
+            "cause",
+            "op_index",
+            "op",
+            "phase",
+            "module",
+            "source",
+            "made",
+            "made_from",
+            "nan_from_inf",
+            "data",
+            "samples",
+            "samples_exact",
+            "sample_axes",
+            "closure",
+            "surfaced",
+        )
+    },
+    "forensics": "run.forensics.h5",
+    "notes": ["a note"],
+    "divergence_cause": CAUSE,
+    "recording": "run.h5",
+    "entry_files": ["/abs/train.py"],
+}
+
+
+def roundtrip(cls, d):
+    back = cls.from_json(json.loads(json.dumps(d))).to_json()
+    assert back == d
+    assert list(back) == list(d)  # the order the commands print too
+    return back
+
+
+def test_bisect_reports_of_every_shape_read_back_as_written():
+    roundtrip(BisectReport, BISECT)
+    healthy = {**BISECT, **{k: None for k in CULPRIT}, "healthy": True, "divergence_cause": None}
+    roundtrip(BisectReport, healthy)
+    alone = {
+        **BISECT,
+        "rank_set": {"summary": "rank 1 first"},
+        "traced_loss": "nan",
+        "approximate": True,
+    }
+    roundtrip(BisectReport, alone)
+    together = {
+        **BISECT,
+        "rank": 1,
+        "rank_set": {"spec": "run.h5"},
+        "multi_rank": {"world_size": 2, "backend": "gloo", "leader": 1, "approximate": False},
+        "ranks": {"0": {"deterministic": True, "replayed_steps": [7]}},
+    }
+    roundtrip(BisectReport, together)
+
+
+def test_every_divergence_cause_reads_back_as_written():
+    roundtrip(DivergenceCause, CAUSE)
+    raised = {
+        "step": 3,
+        "changed_files": [],
+        "kind": "raised",
+        "summary": "s",
+        "hint": "h",
+        "exception": {"type": "KeyError", "message": "'x'"},
+    }
+    roundtrip(DivergenceCause, raised)
+    roundtrip(
+        DivergenceCause,
+        {"step": 3, "changed_files": [], "kind": "nondeterministic", "summary": "s", "hint": "h"},
+    )
+    none_left = {**CAUSE, "differs": []}
+    del none_left["snapshot"]
+    roundtrip(DivergenceCause, none_left)
+
+
+def test_verify_and_trace_reports_read_back_as_written():
+    step = {
+        "step": 3,
+        "match": False,
+        "compared": True,
+        "loss": "nan",
+        "recorded_loss": 1.5,
+        "param_fingerprint": 2.0,
+        "recorded_param_fingerprint": 2.0,
+        "exception": None,
+    }
+    verify = {
+        "deterministic": False,
+        "window": [0, 9],
+        "device": "cpu",
+        "replayed_steps": 10,
+        "first_divergence": {"step": 3, "column": "loss"},
+        "steps": [step],
+        "cause": CAUSE,
+        "recording": "run.h5",
+        "entry_files": [],
+    }
+    roundtrip(VerifyReport, verify)
+    roundtrip(VerifyReport, {**verify, "cause": None, "approximate": True, "notes": ["alone"]})
+    roundtrip(VerifyReport, {**verify, "multi_rank": {"world_size": 2}, "ranks": {"0": {}}})
+    trace = {
+        "recording": "run.h5",
+        "step": 7,
+        "window": [0, 9],
+        **{
+            k: CULPRIT[k]
+            for k in (
+                "cause",
+                "op_index",
+                "op",
+                "phase",
+                "module",
+                "source",
+                "made",
+                "made_from",
+                "nan_from_inf",
+                "closure",
+                "surfaced",
+                "data",
+                "samples",
+                "samples_exact",
+                "sample_axes",
+            )
+        },
+        "trace_notes": ["n"],
+        "forensics": "run.forensics.h5",
+    }
+    roundtrip(TraceReport, trace)
+    roundtrip(TraceReport, {**trace, "traced_loss": "inf"})
+
+
+def test_overfit_report_reads_back_as_written():
+    d = {
+        "path": "run.h5",
+        "step": 0,
+        "iters": 3,
+        "lr": 0.1,
+        "first_loss": 2.0,
+        "final_loss": 0.5,
+        "min_loss": 0.5,
+        "goal": 0.02,
+        "overfits": True,
+        "verdict": "still_falling",
+        "progress": 0.3,
+        "recent_drop": 0.4,
+        "reached_at": None,
+        "error": None,
+        "curve": [2.0, 1.0, 0.5],
+    }
+    roundtrip(OverfitReport, d)
+
+
+def test_a_real_verdict_reads_back_as_the_tracer_wrote_it(tmp_path):
+    """Every key the tracer writes is a field of TraceVerdict, in the documented order, and the
+    sidecar's verdict reads back typed."""
+    from replay.store.forensics import ForensicsReader
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(model, optimizer, batch):
+        x, y = batch
+        optimizer.zero_grad(set_to_none=True)
+        loss = F.mse_loss(model(x).log(), y)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    r = trace_step(model, opt, step, (-torch.ones(4, 8).abs() * 3, torch.zeros(4, 4)))
+    v = TraceVerdict.from_json(r.verdict)
+    assert v.to_json() == r.verdict and list(v.to_json()) == list(r.verdict)
+    assert v.kind == "nonfinite" and v.op == "aten::log"
+    r.write(tmp_path / "f.h5", run_id="abc", step=3)
+    with ForensicsReader.open(str(tmp_path / "f.h5")) as f:
+        back = TraceVerdict.from_json(f.verdict)
+    assert back.step == 3 and back.op == v.op and back.op_index == v.op_index
+
+
+def test_a_key_a_report_type_lacks_is_refused_where_it_would_be_lost():
+    """A multi-rank replay's report comes back as JSON from the rank processes: a key its type
+    has no field for would vanish from --json, so it is refused instead."""
+    from replay.reports.verdict import only_known
+
+    assert only_known(BisectReport, BISECT) is BISECT
+    with pytest.raises(ValueError, match="BisectReport has no field for new_key"):
+        only_known(BisectReport, {**BISECT, "new_key": 1})
+
+
+def test_doctor_findings_read_back_as_written():
+    from replay.reports import DoctorReport, Finding
+
+    f = Finding("loss_rising", "warning", "the loss rises", {"slope": float("nan")}, "lower lr")
+    d = DoctorReport("run.h5", [f]).to_json()
+    assert d[0]["evidence"] == {"slope": "nan"} and d[0]["steps"] == []
+    roundtrip_list = DoctorReport.from_json("run.h5", json.loads(json.dumps(d))).to_json()
+    assert roundtrip_list == d
