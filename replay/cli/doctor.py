@@ -60,13 +60,13 @@ def _is_file(path: str) -> bool:
     return os.path.isfile(path)
 
 
-def _rank_summary(rs: Any) -> dict[str, Any]:
-    """Across the ranks: which went bad first, which is slow (median step wall time)."""
+def _rank_summary(rs: Any, first: Any) -> dict[str, Any]:
+    """Across the ranks: which went bad first (``first``, the scan's), which is slow (median
+    step wall time)."""
     import numpy as np
 
-    from ..distributed.ranks import describe_failure, first_bad_rank
+    from ..distributed.ranks import describe_failure
 
-    first = first_bad_rank(rs)
     times: dict[int, float] = {}
     for r, rec in rs.recordings.items():
         w = rec.health().get("wall_time")
@@ -87,13 +87,13 @@ def _rank_summary(rs: Any) -> dict[str, Any]:
     }
 
 
-def _doctor_rank_set(run: str, as_json: bool) -> int:
+def _doctor_rank_set(run: str, scan: Any, as_json: bool) -> int:
     """Every rank's checklist, and across the ranks: who went bad first, who is slow."""
     from ..distributed.ranks import open_rank_set
     from ..doctor import diagnose
 
-    with open_rank_set(run) as rs:
-        summary = _rank_summary(rs)
+    with open_rank_set(list(scan.paths.values()), name=run) as rs:
+        summary = _rank_summary(rs, scan.first_bad)
         paths = dict(sorted(rs.paths.items()))
     per = {r: diagnose(p) for r, p in paths.items()}
     if as_json:
@@ -136,13 +136,13 @@ def doctor(run: str, as_json: bool) -> int:
     A DDP rank set (run.h5 for run.rank<N>.h5): every rank's checklist, the rank that went bad
     first and the slowest rank.
     """
-    from ..distributed.ranks import resolve_rank_files
+    from ..distributed.scan import rank_set
     from ..doctor import diagnose
 
     if not _is_file(run):
-        files = resolve_rank_files(run)  # a DDP rank set: run.h5 for run.rank<N>.h5 (or a glob)
-        if files is not None:
-            return _doctor_rank_set(run, as_json)
+        scan = rank_set(run)  # a DDP rank set: run.h5 for run.rank<N>.h5 (or a glob)
+        if scan is not None:
+            return _doctor_rank_set(run, scan, as_json)
     findings = diagnose(run)
     if as_json:
         click.echo(json.dumps([_clean(f.as_dict()) for f in findings], indent=2))

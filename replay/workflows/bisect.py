@@ -49,8 +49,9 @@ def run_bisect(
 
         if opened is not None:
             opened()
+        assert choice.scan is not None
         return replay_rank_set(
-            run,
+            choice.scan,
             "bisect",
             criterion=criterion,
             trace=trace,
@@ -59,8 +60,13 @@ def run_bisect(
             trust=trust,
             log=log,
         )
+    path, rank_set = choice.path, None
+    if choice.scan is not None and path == run:  # --alone without --rank: the culprit rank
+        path, rank_set = choice.scan.culprit_file()
+        if log is not None:
+            log(f"rank set: {rank_set['summary']}; replaying {path}")
     d = _bisect_one(
-        choice.path, criterion, trace, device, entry, trust, progress, log, opened, reenter
+        path, rank_set, criterion, trace, device, entry, trust, progress, log, opened, reenter
     )
     if choice.approximate:
         d["approximate"] = True
@@ -70,6 +76,7 @@ def run_bisect(
 
 def _bisect_one(
     run: str,
+    rank_set: dict[str, Any] | None,
     criterion: Any,
     trace: bool,
     device: str | None,
@@ -83,14 +90,9 @@ def _bisect_one(
     from ..bisect import SearchError, auto_criterion, find_culprit
     from ..bisect.report import verdict_json
     from ..distributed.bisect import RankSubject, adjust_verdict, is_rank_recording
-    from ..distributed.ranks import pick_rank_file
     from ..engine.culprit import trace_verdict
     from ..engine.subject import EngineSubject
     from ..engine.why import explain_divergence
-
-    run, rank_set = pick_rank_file(run)
-    if rank_set is not None and log is not None:
-        log(f"rank set: {rank_set['summary']}; replaying {run}")
 
     def work(rec: Recording, engine: Engine) -> dict[str, Any]:
         if opened is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -11,7 +12,7 @@ if TYPE_CHECKING:
 from ..errors import UsageError
 from .session import with_engine
 
-__all__ = ["run_trace"]
+__all__ = ["run_trace", "trace_work"]
 
 
 def run_trace(
@@ -29,7 +30,15 @@ def run_trace(
     ``module``, ``source``, ``forensics``...) plus ``step`` and ``window``; on a healthy step
     ``op`` is ``None`` and the sidecar holds every op of the step for ``replay tui``.
     """
-    from ..engine.culprit import trace_culprit
+    from .ranks import rank_set_files
+
+    files = rank_set_files(run)
+    if files is not None:  # a DDP rank set: every rank together, each traced into its sidecar
+        from ..multirank.launch import replay_rank_set
+
+        return replay_rank_set(
+            files, "trace", step=step, device=device, entry=entry, trust=trust, reenter=reenter
+        )
 
     def check(rec: Recording) -> None:  # before the program runs again
         w = rec.replayable_window()
@@ -37,6 +46,21 @@ def run_trace(
             raise UsageError(
                 f"--step {step} is outside the replayable window (steps {w.first}..{w.last})"
             )
+
+    return with_engine(
+        run,
+        trace_work(run, step),
+        device=device,
+        entry=entry,
+        trust=trust,
+        check=check,
+        reenter=reenter,
+    )
+
+
+def trace_work(run: str, step: int | None) -> Callable[[Recording, Engine], dict[str, Any]]:
+    """What :func:`run_trace` does with the engine up (a multi-rank replay's leader runs it)."""
+    from ..engine.culprit import trace_culprit
 
     def work(rec: Recording, engine: Engine) -> dict[str, Any]:
         w = engine.window
@@ -50,6 +74,4 @@ def run_trace(
         )
         return {"recording": run, "step": t, "window": [w.first, w.last], **out}
 
-    return with_engine(
-        run, work, device=device, entry=entry, trust=trust, check=check, reenter=reenter
-    )
+    return work

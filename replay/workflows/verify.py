@@ -39,7 +39,7 @@ def run_verify(
     ``first_steps``: replay only the window's first steps, read at once (the self-check of a
     live run, whose ring moves on).
     """
-    from .ranks import APPROXIMATE, choose_ranks
+    from .ranks import APPROXIMATE, RankChoice, choose_ranks
 
     choice = choose_ranks(run, rank, alone)
     if choice.together:
@@ -47,9 +47,13 @@ def run_verify(
 
         if opened is not None:
             opened()
-        return replay_rank_set(run, "verify", device=device, entry=entry, trust=trust, log=log)
-    if choice.files is not None and choice.path == run:  # --alone without --rank: rank 0
-        choice = choose_ranks(run, min(choice.files), True)
+        assert choice.scan is not None
+        return replay_rank_set(
+            choice.scan, "verify", device=device, entry=entry, trust=trust, log=log
+        )
+    files = choice.files
+    if files is not None and choice.path == run:  # --alone without --rank: rank 0
+        choice = RankChoice(choice.scan, False, files[min(files)])
     d = _verify_one(choice.path, device, entry, trust, progress, opened, reenter, first_steps)
     if choice.approximate:
         d["approximate"] = True

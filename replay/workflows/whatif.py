@@ -51,6 +51,7 @@ __all__ = [
     "WhatIfReport",
     "parse_change",
     "run_whatif",
+    "whatif_work",
 ]
 
 CHANGE_KINDS = (
@@ -223,6 +224,44 @@ class WhatIfReport:
     divergence: dict[str, Any] | None
     experiments: list[Experiment]
     notes: list[str] = field(default_factory=list)
+    # A DDP rank set replayed together: each rank's baseline check and what removed its failure
+    ranks: dict[str, Any] = field(default_factory=dict)
+    multi_rank: dict[str, Any] | None = None
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> WhatIfReport:
+        """The report :meth:`json` wrote (a multi-rank replay's ranks hand it back as JSON)."""
+
+        def steps(rows: list[dict[str, Any]]) -> list[StepResult]:
+            return [StepResult(**r) for r in rows]
+
+        def exp(e: dict[str, Any]) -> Experiment:
+            return Experiment(
+                change=e["change"],
+                steps=steps(e["steps"]),
+                first_failure=e["first_failure"],
+                removes_failure=e["removes_failure"],
+                stopped=e["stopped"],
+                param_distance=e["param_distance"],
+            )
+
+        return cls(
+            recording=d["recording"],
+            window=(d["window"][0], d["window"][1]),
+            snapshot=d["snapshot"],
+            from_step=d["from_step"],
+            to_step=d["to_step"],
+            kind=d["kind"],
+            recorded_failure=d["recorded_failure"],
+            recorded=steps(d["recorded"]),
+            baseline=exp(d["baseline"]),
+            reproduces=d["reproduces"],
+            divergence=d["divergence"],
+            experiments=[exp(e) for e in d["experiments"]],
+            notes=list(d["notes"]),
+            ranks=dict(d.get("ranks") or {}),
+            multi_rank=d.get("multi_rank"),
+        )
 
     @property
     def helpful(self) -> list[Experiment]:
@@ -247,6 +286,9 @@ class WhatIfReport:
             "experiments": [e.json() for e in self.experiments],
             "notes": list(self.notes),
         }
+        if self.ranks:
+            out["ranks"] = dict(self.ranks)
+            out["multi_rank"] = self.multi_rank
         safe: dict[str, Any] = json_safe(out)
         return safe
 
@@ -630,10 +672,53 @@ def run_whatif(
 
     Raises ``UsageError`` (exit 2) for a change the run cannot take, before any experiment.
     """
-    from ..bisect.compare import compare_rows
-
     if not changes:
         raise UsageError("name at least one change (--set, --scale, --clip, --skip-step, ...)")
+    from .ranks import rank_set_files
+
+    scan = rank_set_files(run)
+    if scan is not None:  # a DDP rank set: every rank runs every experiment, together
+        from ..multirank.launch import replay_rank_set
+
+        if any(c.kind == "drop-samples" for c in changes):
+            raise UsageError(
+                f"--drop-samples: {run} is a DDP rank set, whose ranks each hold their own batch "
+                "(dropping samples on a rank set is not supported)"
+            )
+        d = replay_rank_set(
+            scan,
+            "whatif",
+            device=device,
+            entry=entry,
+            trust=trust,
+            reenter=reenter,
+            changes=[(c.kind, c.arg) for c in changes],
+            from_step=from_step,
+            to_step=to_step,
+        )
+        d["reproduces"] = bool(d["reproduces"]) and bool(d["deterministic"])
+        return WhatIfReport.from_json(d)
+    return with_engine(
+        run,
+        whatif_work(run, changes, from_step, to_step, progress, opened),
+        device=device,
+        entry=entry,
+        trust=trust,
+        check=lambda r: _check_file(r, changes),
+        reenter=reenter,
+    )
+
+
+def whatif_work(
+    run: str,
+    changes: list[Change],
+    from_step: int | None,
+    to_step: int | None,
+    progress: Callable[[int, int], None] | None = None,
+    opened: Callable[[], None] | None = None,
+) -> Callable[[Recording, Engine], WhatIfReport]:
+    """What :func:`run_whatif` does with the engine up (each rank of a multi-rank one runs it)."""
+    from ..bisect.compare import compare_rows
 
     def work(rec: Recording, engine: Engine) -> WhatIfReport:
         if opened is not None:
@@ -711,12 +796,4 @@ def run_whatif(
             notes=notes,
         )
 
-    return with_engine(
-        run,
-        work,
-        device=device,
-        entry=entry,
-        trust=trust,
-        check=lambda r: _check_file(r, changes),
-        reenter=reenter,
-    )
+    return work
