@@ -56,16 +56,16 @@ def rank_set_files(run: str, *, strict: bool = True) -> RankScan | None:
     return rank_set(run, strict=strict)
 
 
-def _is_rank_file(path: str) -> bool:
+def _recorded_under_ddp(path: str) -> bool:
+    from ..distributed.bisect import is_rank_recording
     from ..errors import RecordingError
     from ..store import open_recording
 
     try:
         with open_recording(path, health_only=True) as rec:
-            d = rec.meta.get("distributed") or {}
+            return is_rank_recording(rec.meta)
     except (RecordingError, OSError):
         return False  # the replay itself says what is wrong with the file
-    return int(d.get("world_size") or 1) > 1
 
 
 def choose_ranks(run: str, rank: int | None, alone: bool) -> RankChoice:
@@ -82,7 +82,9 @@ def choose_ranks(run: str, rank: int | None, alone: bool) -> RankChoice:
     if scan is None:
         if rank is not None or alone:
             raise UsageError(f"--rank/--alone: {run} is not a DDP rank set (NAME.rank<N>.h5)")
-        return RankChoice(None, False, run, lone_rank=os.path.isfile(run) and _is_rank_file(run))
+        return RankChoice(
+            None, False, run, lone_rank=os.path.isfile(run) and _recorded_under_ddp(run)
+        )
     if not alone:
         return RankChoice(scan, True, run)
     if rank is None:
