@@ -228,18 +228,23 @@ def main() -> None:
 
     cores = len(os.sched_getaffinity(0))
 
-    def timed(fn: Any) -> Any:
-        def run(base: str) -> tuple[float, Any]:
-            t0 = time.perf_counter()
-            found = fn(base)
-            return time.perf_counter() - t0, found
+    cpu: dict[str, list[float]] = {}  # the one-process variant's CPU seconds, by set
 
-        return run
+    def serial(base: str) -> tuple[float, Any]:
+        t0, c0 = time.perf_counter(), time.process_time()
+        found = scan_rank_set(base, workers=1).first_bad
+        cpu.setdefault(base, []).append(time.process_time() - c0)
+        return time.perf_counter() - t0, found
+
+    def pooled(base: str) -> tuple[float, Any]:
+        t0 = time.perf_counter()
+        found = scan_rank_set(base).first_bad  # one worker process per core
+        return time.perf_counter() - t0, found
 
     variants = {
-        "one process": timed(lambda base: scan_rank_set(base, workers=1).first_bad),
+        "one process": serial,
         f"threads ({cores * 2})": lambda base: _threads(resolve_rank_files(base) or []),
-        f"processes ({cores})": timed(lambda base: scan_rank_set(base).first_bad),
+        f"processes ({cores})": pooled,
     }
     times: dict[tuple[str, str], list[float]] = {}
     want = (BAD_STEP, (bad_ranks(args.ranks)[0],))
@@ -259,7 +264,10 @@ def main() -> None:
     for set_name in sets:
         cells = [_cell(times[(set_name, v)]) for v in variants]
         print(f"| {set_name} | " + " | ".join(cells) + " |")
-    print(f"\nscan workers import torch: {'no' if _no_torch_in_workers() else 'YES'}")
+    for set_name, base in sets.items():
+        ms = 1e3 * statistics.median(cpu[base]) / args.ranks
+        print(f"\n{set_name}: {ms:.1f} ms of CPU per file read in one process", end="")
+    print(f"\n\nscan workers import torch: {'no' if _no_torch_in_workers() else 'YES'}")
     print(f"first bad: step {BAD_STEP} on rank {want[1][0]} (found by every variant that ran)")
 
 
