@@ -140,45 +140,24 @@ def _same_windows(engine: Any, group: Any, world: int) -> None:
         )
 
 
-def _lead_verify(engine: Any, rec: Any) -> dict[str, Any]:
-    from ..bisect import verify_window
-    from ..bisect.report import verify_json
-    from ..engine.subject import EngineSubject
-    from ..engine.why import explain_divergence
+def _lead(engine: Any, rec: Any, spec: dict[str, Any]) -> dict[str, Any]:
+    """The leader's workflow, the one a single-process replay runs, on this rank's engine."""
+    from ..workflows.bisect import bisect_work
+    from ..workflows.trace import trace_work
+    from ..workflows.verify import verify_work
 
-    report = verify_window(EngineSubject(engine))
-    fd = report.first_divergence
-    if fd is not None:
-        report.cause = explain_divergence(engine, fd, report.replayed_exception(int(fd["step"])))
-    return verify_json(report, recording=rec.path, entry_files=engine.entry_files)
-
-
-def _lead_bisect(engine: Any, rec: Any, spec: dict[str, Any]) -> dict[str, Any]:
-    from ..bisect import SearchError, auto_criterion, find_culprit
-    from ..bisect.report import verdict_json
-    from ..engine.culprit import trace_verdict
-    from ..engine.subject import EngineSubject
-    from ..engine.why import explain_divergence
-
-    subject = EngineSubject(engine)
-    criterion = _criterion(spec.get("criterion"))
-    if criterion is None:
-        criterion = auto_criterion(subject.recorded_rows())
-    try:
-        verdict = find_culprit(subject, criterion)
-    except SearchError as e:
-        raise ReplayError(str(e)) from None
-    extra: dict[str, Any] = {"recording": rec.path, "entry_files": engine.entry_files}
-    if spec.get("trace", True):
-        trace_verdict(engine, rec, verdict, extra, reraise=(ReplayError,))
-    if verdict.divergence is not None:
-        extra["divergence_cause"] = explain_divergence(
-            engine, verdict.divergence, verdict.exception
-        )
-    return verdict_json(verdict, **extra)
+    mode = spec["mode"]
+    if mode == "verify":
+        work = verify_work(rec.path)
+    elif mode == "trace":
+        work = trace_work(rec.path, spec.get("step"))
+    else:
+        criterion = _criterion(spec.get("criterion"))
+        work = bisect_work(rec.path, criterion, spec.get("trace", True), together=True)
+    return work(rec, engine)
 
 
-def _export(engine: Any, rec: Any, spec: dict[str, Any], rank: int) -> dict[str, Any]:
+def _export(engine: Any, rec: Any, spec: dict[str, Any], rank: int, group: Any) -> dict[str, Any]:
     """This rank's state before the step, into ``rank<r>/`` of the staged export folder."""
     from ..workflows.export import export_work
 
@@ -190,13 +169,24 @@ def _export(engine: Any, rec: Any, spec: dict[str, Any], rank: int) -> dict[str,
     return work(rec, engine).to_json()
 
 
-def _whatif(engine: Any, rec: Any, spec: dict[str, Any], rank: int) -> dict[str, Any]:
-    """The experiments on this rank, with the same changes as on every other rank."""
-    from ..workflows.whatif import parse_change, whatif_work
+def _whatif(engine: Any, rec: Any, spec: dict[str, Any], rank: int, group: Any) -> dict[str, Any]:
+    """The experiments on this rank, with the same changes as on every other rank, over the
+    steps the leader chose (each rank's own default range follows from its own health, which
+    may show the failure a step later than the leader's)."""
+    import torch.distributed as dist
+
+    from ..workflows.whatif import parse_change, replay_range, whatif_work
 
     changes = [parse_change(kind, arg) for kind, arg in spec["changes"]]
-    work = whatif_work(rec.path, changes, spec.get("from_step"), spec.get("to_step"))
-    return work(rec, engine).json()
+    lo, hi = spec.get("from_step"), spec.get("to_step")
+    leader = int(spec["leader"])
+    box: list[Any] = [None]
+    if rank == leader:
+        box = [replay_range(engine, lo, hi)]
+    dist.broadcast_object_list(box, src=leader, group=group)
+    if rank != leader:  # (the leader keeps its defaults, and the notes that explain them)
+        lo, hi = box[0]
+    return whatif_work(rec.path, changes, lo, hi)(rec, engine).json()
 
 
 _EVERY_RANK = {"export": _export, "whatif": _whatif}
@@ -317,20 +307,13 @@ def _replay_rank(
     if mode in _EVERY_RANK:
         # Every rank runs the workflow on its own engine: the engine's calls depend only on
         # the workflow's arguments and the window (the same on every rank), never on values.
-        own = _EVERY_RANK[mode](engine, rec, spec, rank)
+        own = _EVERY_RANK[mode](engine, rec, spec, rank, group)
         report = own if rank == leader else None
     elif rank == leader:
         lead = Leader(engine, rank, group)
         lead.install()
         try:
-            if mode == "verify":
-                report = _lead_verify(engine, rec)
-            elif mode == "trace":
-                from ..workflows.trace import trace_work
-
-                report = trace_work(rec.path, spec.get("step"))(rec, engine)
-            else:
-                report = _lead_bisect(engine, rec, spec)
+            report = _lead(engine, rec, spec)
         except BaseException as e:
             lead.finish(f"{type(e).__name__}: {e}".splitlines()[0])
             raise

@@ -12,7 +12,7 @@ if TYPE_CHECKING:
 from ..errors import ReplayError
 from .session import with_engine
 
-__all__ = ["run_bisect"]
+__all__ = ["bisect_work", "run_bisect"]
 
 
 def run_bisect(
@@ -87,6 +87,24 @@ def _bisect_one(
     opened: Callable[[], None] | None,
     reenter: bool = False,
 ) -> dict[str, Any]:
+    work = bisect_work(run, criterion, trace, rank_set=rank_set, progress=progress, opened=opened)
+    return with_engine(run, work, device=device, entry=entry, trust=trust, reenter=reenter)
+
+
+def bisect_work(
+    run: str,
+    criterion: Any,
+    trace: bool,
+    *,
+    rank_set: dict[str, Any] | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    opened: Callable[[], None] | None = None,
+    together: bool = False,
+) -> Callable[[Recording, Engine], dict[str, Any]]:
+    """What :func:`run_bisect` does with the engine up. ``together``: the engine is one rank of
+    a multi-rank replay, the leader's (``replay.multirank``): its all-reduce runs for real, so
+    the search sees the recording as it is (no rank-local view), and a lockstep failure ends
+    the trace as well as the search."""
     from ..bisect import SearchError, auto_criterion, find_culprit
     from ..bisect.report import verdict_json
     from ..distributed.bisect import RankSubject, adjust_verdict, is_rank_recording
@@ -98,7 +116,7 @@ def _bisect_one(
         if opened is not None:
             opened()
         subject: Any = EngineSubject(engine)
-        if is_rank_recording(rec.meta):
+        if not together and is_rank_recording(rec.meta):
             subject = RankSubject(subject, int(rec.meta["distributed"]["rank"]))
         crit = criterion if criterion is not None else auto_criterion(subject.recorded_rows())
         try:
@@ -111,11 +129,11 @@ def _bisect_one(
         if rank_set is not None:
             extra["rank_set"] = rank_set
         if trace:
-            trace_verdict(engine, rec, verdict, extra)
+            trace_verdict(engine, rec, verdict, extra, reraise=(ReplayError,) if together else ())
         if verdict.divergence is not None:
             extra["divergence_cause"] = explain_divergence(
                 engine, verdict.divergence, verdict.exception
             )
         return verdict_json(verdict, **extra)
 
-    return with_engine(run, work, device=device, entry=entry, trust=trust, reenter=reenter)
+    return work

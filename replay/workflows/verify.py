@@ -11,7 +11,7 @@ if TYPE_CHECKING:
 
 from .session import with_engine
 
-__all__ = ["run_verify"]
+__all__ = ["run_verify", "verify_work"]
 
 
 def run_verify(
@@ -71,6 +71,24 @@ def _verify_one(
     reenter: bool = False,
     first_steps: int | None = None,
 ) -> dict[str, Any]:
+    work = verify_work(run, progress, opened)
+    return with_engine(
+        run,
+        work,
+        device=device,
+        entry=entry,
+        trust=trust,
+        reenter=reenter,
+        pin_steps=first_steps,
+    )
+
+
+def verify_work(
+    run: str,
+    progress: Callable[[int, int], None] | None = None,
+    opened: Callable[[], None] | None = None,
+) -> Callable[[Recording, Engine], dict[str, Any]]:
+    """What :func:`run_verify` does with the engine up (a multi-rank replay's leader runs it)."""
     from ..bisect import verify_window
     from ..bisect.report import verify_json
     from ..engine.subject import EngineSubject
@@ -87,12 +105,4 @@ def _verify_one(
             )
         return verify_json(report, recording=run, entry_files=engine.entry_files)
 
-    return with_engine(
-        run,
-        work,
-        device=device,
-        entry=entry,
-        trust=trust,
-        reenter=reenter,
-        pin_steps=first_steps,
-    )
+    return work

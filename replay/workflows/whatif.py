@@ -50,6 +50,7 @@ __all__ = [
     "Experiment",
     "WhatIfReport",
     "parse_change",
+    "replay_range",
     "run_whatif",
     "whatif_work",
 ]
@@ -653,6 +654,13 @@ def _range(
     if to_step < from_step:
         raise UsageError(f"--to-step {to_step} is before --from-step {from_step}")
     return w.snapshot_for(from_step), from_step, to_step, criterion.kind, bad
+
+
+def replay_range(engine: Any, from_step: int | None, to_step: int | None) -> tuple[int, int]:
+    """The steps :func:`run_whatif` replays for ``from_step``/``to_step`` (``None``: its
+    defaults) on this engine's recording."""
+    _, lo, hi, _, _ = _range(engine, engine.recorded_rows(), from_step, to_step, [])
+    return lo, hi
 
 
 def run_whatif(
