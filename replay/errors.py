@@ -6,6 +6,7 @@ __all__ = [
     "ReplayError",
     "UsageError",
     "RecordingError",
+    "IncompleteRankSetError",
     "EntryPointError",
     "NonFiniteLossError",
     "RecorderWarning",
@@ -16,6 +17,7 @@ __all__ = [
     "EXIT_BAD_ENTRY",
     "EXIT_REPLAY_FAILED",
     "EXIT_INTERNAL",
+    "EXIT_INCOMPLETE_RANKS",
 ]
 
 # Exit codes shared by every command (documented in the README).
@@ -26,6 +28,7 @@ EXIT_BAD_RECORDING = 3  # missing, unreadable, foreign, newer or empty recording
 EXIT_BAD_ENTRY = 4  # the recorded build_fn/step_fn cannot be imported
 EXIT_REPLAY_FAILED = 5  # replay itself failed (state cannot be restored, device missing)
 EXIT_INTERNAL = 6  # an unexpected error: a bug in replay (the catch-all in replay.cli.main)
+EXIT_INCOMPLETE_RANKS = 7  # a DDP rank set with a missing or damaged rank file
 
 
 class ReplayError(Exception):
@@ -44,6 +47,13 @@ class RecordingError(ReplayError):
     """The file is not a usable recording (missing, not HDF5, foreign, too new, truncated)."""
 
     exit_code = EXIT_BAD_RECORDING
+
+
+class IncompleteRankSetError(RecordingError):
+    """A DDP rank set lacks a rank's file or holds a damaged one: the first (step, rank) over
+    the set cannot be known, so nothing is guessed over it (exit 7)."""
+
+    exit_code = EXIT_INCOMPLETE_RANKS
 
 
 class EntryPointError(ReplayError):

@@ -27,3 +27,16 @@ def test_bench_record_runs_every_recorder_variant():
     # the training thread's own microseconds per step, beside a memcpy of the batch
     rows = [line for line in handoff.splitlines() if line.startswith("| ")][1:]
     assert len(rows) == 3 and all(len(re.findall(r"\d+(\.\d)? us", r)) == 3 for r in rows)
+
+
+def test_bench_rankscan_finds_the_first_step_and_rank_with_every_variant(tmp_path):
+    proc = run_py(
+        str(ROOT / "benchmarks" / "bench_rankscan.py"),
+        "--ranks", "12", "--rounds", "1", "--steps", "35", "--dir", str(tmp_path),
+        timeout=600,
+        check=True,
+    )  # fmt: skip
+    assert "first bad: step 27 on rank 7" in proc.stdout, proc.stdout
+    assert "scan workers import torch: no" in proc.stdout
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| health")]
+    assert len(rows) == 2 and all(len(re.findall(r"\d+\.\d\d s", r)) == 3 for r in rows)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from replay.distributed.ranks import pick_rank_file, resolve_rank_files
+from replay.distributed.scan import rank_set
 from replay.errors import RecordingError
 from replay.reports import TraceVerdict
 from replay.safetext import term_safe, term_safe_tree
@@ -173,9 +173,10 @@ class RunModel:
         rank failed), and keeps every rank's summary in ``ranks``.
         """
         spec = os.fspath(path)
-        if resolve_rank_files(spec) is None:
+        scan = rank_set(spec)  # a missing or damaged rank file: IncompleteRankSetError
+        if scan is None:
             return cls(open_recording(spec))
-        picked, _ = pick_rank_file(spec)
+        picked, _ = scan.culprit_file()
         return cls(open_recording(picked), rank_spec=spec)
 
     def close(self) -> None:

@@ -1,6 +1,6 @@
 """What the Ranks view reads: every rank of a DDP run, side by side (numpy + h5py, never torch).
 
-A rank set is named as ``replay info`` names it (``replay/distributed/ranks.py``): the base path
+A rank set is named as ``replay info`` names it (``replay/distributed/scan.py``): the base path
 ``run.h5`` beside ``run.rank0.h5``, ``run.rank1.h5``..., a directory or a glob. The TUI opens the
 culprit rank's file like any recording and keeps this summary of all ranks next to it.
 """
@@ -12,7 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from replay.distributed.ranks import describe_failure, first_bad_rank, open_rank_set, own_failures
+from replay.distributed.ranks import describe_failure, open_rank_set
+from replay.distributed.scan import rank_set
+from replay.errors import RecordingError
 from replay.safetext import term_safe
 
 __all__ = ["RankRow", "RankSetSummary", "read_rank_set", "trace_line"]
@@ -85,13 +87,17 @@ def trace_line(path: str, run_id: str) -> str | None:
 
 
 def read_rank_set(spec: str, opened_rank: int) -> RankSetSummary:
-    """Summarise the rank set ``spec`` (raises ``RecordingError`` when it is unreadable)."""
-    with open_rank_set(spec) as rs:
+    """Summarise the rank set ``spec`` (raises ``RecordingError`` when it is unreadable, and
+    ``IncompleteRankSetError`` when a rank's file is missing or damaged)."""
+    scan = rank_set(spec)
+    if scan is None:
+        raise RecordingError(f"{spec}: not a DDP rank set (NAME.rank<N>.h5 files)")
+    with open_rank_set(list(scan.paths.values()), name=spec) as rs:
         rows = []
         for r, rec in rs.recordings.items():
             h = rec.health()
-            own = own_failures(rec, h)
-            first = min(own) if own else None
+            ev = scan.ranks[r].evidence
+            own = None if ev is None or ev.own_step is None else (ev.own_step, ev.own)
             rows.append(
                 RankRow(
                     rank=r,
@@ -99,18 +105,18 @@ def read_rank_set(spec: str, opened_rank: int) -> RankSetSummary:
                     steps=np.asarray(h["step"], dtype=np.int64),
                     loss=np.asarray(h["loss"], dtype=np.float64),
                     steps_total=int(rec.status().get("steps_total", len(h["step"]))),
-                    own_bad=None if first is None else (first, tuple(own[first])),
+                    own_bad=own,
                     trace=trace_line(rec.forensics_path, rec.run_id),
                 )
             )
-        failure = first_bad_rank(rs)
-        return RankSetSummary(
-            spec=spec,
-            world_size=rs.world_size,
-            missing=tuple(rs.missing),
-            rows=tuple(rows),
-            culprit_ranks=failure.ranks if failure is not None else (),
-            culprit_step=failure.step if failure is not None else None,
-            reason=describe_failure(failure),
-            opened_rank=opened_rank,
-        )
+    failure = scan.first_bad
+    return RankSetSummary(
+        spec=spec,
+        world_size=scan.world_size,
+        missing=scan.missing,
+        rows=tuple(rows),
+        culprit_ranks=failure.ranks if failure is not None else (),
+        culprit_step=failure.step if failure is not None else None,
+        reason=describe_failure(failure),
+        opened_rank=opened_rank,
+    )

@@ -3,7 +3,7 @@ commands that replay (``bisect``, ``verify``...), so ``replay --help`` and ``rep
 
 Exit codes: 0 success, 1 nothing found (bisect on a healthy window), 2 usage error,
 3 unusable recording, 4 unusable entry point, 5 replay failed, 6 internal error (any other
-exception: a bug in replay), 130 interrupted. Errors are one line on stderr, made safe for the
+exception: a bug in replay), 7 a DDP rank set with a missing or damaged rank file, 130 interrupted. Errors are one line on stderr, made safe for the
 terminal (``replay/safetext.py``); ``REPLAY_TRACEBACK=1`` adds the traceback of an internal error.
 """
 

@@ -61,15 +61,14 @@ def _is_file(path: str) -> bool:
     return os.path.isfile(path)
 
 
-def _rank_set_report(rs: RankSet) -> RankSetDoctorReport:
-    """Every rank's checklist, and across the ranks: which went bad first, which is slow
-    (median step wall time)."""
+def _rank_set_report(rs: RankSet, first: Any) -> RankSetDoctorReport:
+    """Every rank's checklist, and across the ranks: which went bad first (``first``, the
+    scan's), which is slow (median step wall time)."""
     import numpy as np
 
-    from ..distributed.ranks import describe_failure, first_bad_rank
+    from ..distributed.ranks import describe_failure
     from ..doctor import diagnose
 
-    first = first_bad_rank(rs)
     times: dict[int, float] = {}
     for r, rec in rs.recordings.items():
         w = rec.health().get("wall_time")
@@ -91,12 +90,12 @@ def _rank_set_report(rs: RankSet) -> RankSetDoctorReport:
     )
 
 
-def _doctor_rank_set(run: str, as_json: bool) -> int:
+def _doctor_rank_set(run: str, scan: Any, as_json: bool) -> int:
     """Every rank's checklist, and across the ranks: who went bad first, who is slow."""
     from ..distributed.ranks import open_rank_set
 
-    with open_rank_set(run) as rs:
-        report = _rank_set_report(rs)
+    with open_rank_set(list(scan.paths.values()), name=run) as rs:
+        report = _rank_set_report(rs, scan.first_bad)
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
         return 0
@@ -129,13 +128,13 @@ def doctor(run: str, as_json: bool) -> int:
     A DDP rank set (run.h5 for run.rank<N>.h5): every rank's checklist, the rank that went bad
     first and the slowest rank.
     """
-    from ..distributed.ranks import resolve_rank_files
+    from ..distributed.scan import rank_set
     from ..doctor import diagnose
 
     if not _is_file(run):
-        files = resolve_rank_files(run)  # a DDP rank set: run.h5 for run.rank<N>.h5 (or a glob)
-        if files is not None:
-            return _doctor_rank_set(run, as_json)
+        scan = rank_set(run)  # a DDP rank set: run.h5 for run.rank<N>.h5 (or a glob)
+        if scan is not None:
+            return _doctor_rank_set(run, scan, as_json)
     report = DoctorReport(run, diagnose(run))
     click.echo(json.dumps(report.to_json(), indent=2) if as_json else render(report))
     return 0

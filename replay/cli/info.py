@@ -9,14 +9,9 @@ from typing import TYPE_CHECKING, Any
 import click
 import numpy as np
 
-from ..distributed.ranks import (
-    describe_failure,
-    first_bad_rank,
-    open_rank_set,
-    own_failures,
-    resolve_rank_files,
-)
-from ..errors import EXIT_BAD_RECORDING, RecordingError
+from ..distributed.ranks import describe_failure, open_rank_set
+from ..distributed.scan import RankScan, rank_set, spans
+from ..errors import EXIT_BAD_RECORDING, EXIT_INCOMPLETE_RANKS, RecordingError
 from ..safetext import term_safe, term_safe_tree
 from ..store import open_recording
 from ..store.liveness import writer_state
@@ -239,39 +234,27 @@ def render(d: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def describe_rank_set(spec: str) -> dict[str, Any]:
-    """``replay info`` of a DDP run's rank files: each rank's summary and the first bad rank."""
-    with open_rank_set(spec) as rs:
+def describe_rank_set(scan: RankScan) -> dict[str, Any]:
+    """``replay info`` of a DDP run's rank files: each readable rank's summary, the missing and
+    damaged ones, and the first bad (step, rank) (over the readable ranks alone when the set is
+    incomplete: ``complete`` is then false, and the command exits 7)."""
+    with open_rank_set(list(scan.paths.values()), name=scan.spec) as rs:
         ranks = {}
         for r, rec in rs.recordings.items():
-            own = own_failures(rec)
-            first_own = min(own) if own else None
-            ranks[r] = {
-                "path": rec.path,
-                **_steps_summary(rec),
-                "own_first_bad": None if first_own is None else [first_own, own[first_own]],
-            }
-        failure = first_bad_rank(rs)
-        return {
-            "rank_set": spec,
-            "world_size": rs.world_size,
-            "missing_ranks": rs.missing,
-            "ranks": ranks,
-            "first_bad": None if failure is None else failure.to_json(evidence=True),
-            "summary": describe_failure(failure),
-        }
-
-
-def _spans(ranks: list[int]) -> str:
-    """``[0, 1, 2, 5]`` -> ``0..2, 5``: a world size of a million is one line, not a megabyte."""
-    out: list[tuple[int, int]] = []
-    for r in ranks:
-        if out and out[-1][1] == r - 1:
-            out[-1] = (out[-1][0], r)
-        else:
-            out.append((r, r))
-    text = [f"{a}..{b}" if b > a else str(a) for a, b in out]
-    return ", ".join(text[:20]) + (f", ... ({len(text) - 20} more)" if len(text) > 20 else "")
+            ev = scan.ranks[r].evidence
+            own = None if ev is None or ev.own_step is None else [ev.own_step, list(ev.own)]
+            ranks[r] = {"path": rec.path, **_steps_summary(rec), "own_first_bad": own}
+    failure = scan.first_bad
+    return {
+        "rank_set": scan.spec,
+        "world_size": scan.world_size,
+        "complete": scan.complete,
+        "missing_ranks": list(scan.missing),
+        "damaged_ranks": {str(r): f.damaged for r, f in scan.damaged.items()},
+        "ranks": ranks,
+        "first_bad": None if failure is None else failure.to_json(evidence=True),
+        "summary": describe_failure(failure),
+    }
 
 
 def render_rank_set(d: dict[str, Any]) -> str:
@@ -279,7 +262,11 @@ def render_rank_set(d: dict[str, Any]) -> str:
     ranks = d["ranks"]
     lines = [f"{d['rank_set']}  (rank set of {d['world_size'] or len(ranks)})"]
     if d["missing_ranks"]:
-        lines.append(f"  missing ranks   {_spans(d['missing_ranks'])}")
+        lines.append(f"  missing ranks   {spans(d['missing_ranks'])}")
+    for r, why in list(d["damaged_ranks"].items())[:20]:
+        lines.append(f"  DAMAGED         rank {r}: {why}")
+    if len(d["damaged_ranks"]) > 20:
+        lines.append(f"  DAMAGED         ... ({len(d['damaged_ranks']) - 20} more ranks)")
     lines.append(
         f"  {'rank':>4}  {'steps':>11}  {'replayable':>11}  {'last loss':>10}  status / health"
     )
@@ -309,11 +296,19 @@ def info(run: str, as_json: bool) -> int:
 
     Works on a recording still being written and on one whose writer was killed. For a DDP run,
     RUN is the base path (run.h5 for run.rank0.h5, run.rank1.h5, ...), a directory or a glob:
-    each rank's health side by side, and the first (step, rank) whose own values went bad.
+    each rank's health side by side, and the first (step, rank) whose own values went bad; a
+    set with a missing or damaged rank file is listed, then refused with exit code 7.
     """
-    if resolve_rank_files(run) is not None:
-        d = describe_rank_set(run)
+    scan = rank_set(run, strict=False)
+    if scan is not None:
+        d = describe_rank_set(scan)
         text = render_rank_set(d)
+        problem = scan.problem()
+        if problem is not None:  # what is readable is listed; then the one-line error
+            d = {**d, "error": problem, "exit_code": EXIT_INCOMPLETE_RANKS}
+            click.echo(json.dumps(d, indent=2, default=str) if as_json else text)
+            click.echo(f"replay: error: {term_safe(problem)}", err=True)
+            return EXIT_INCOMPLETE_RANKS
     else:
         d = describe(run)
         text = render(d)

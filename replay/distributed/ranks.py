@@ -25,6 +25,7 @@ from ..errors import RecordingError
 from ..store.reader import Recording, open_recording
 
 __all__ = [
+    "RankEvidence",
     "RankFailure",
     "RankSet",
     "base_path",
@@ -32,9 +33,10 @@ __all__ = [
     "first_bad_rank",
     "is_collective_error",
     "own_failures",
-    "pick_rank_file",
     "open_rank_set",
+    "rank_evidence",
     "rank_health",
+    "rank_of_name",
     "rank_path",
     "resolve_rank_files",
 ]
@@ -75,13 +77,14 @@ def base_path(path: str) -> str | None:
     return f"{m['root']}{m['ext'] or ''}" if m else None
 
 
-def _rank_of_name(path: str) -> int | None:
+def rank_of_name(path: str) -> int | None:
+    """The rank a file's name says (``run.rank3.h5`` -> 3), ``None`` for other names."""
     m = _RANK_RE.match(path)
     return int(m["rank"]) if m else None
 
 
 def _is_rank_file(path: str) -> bool:
-    return _rank_of_name(path) is not None and not path.endswith(".forensics.h5")
+    return rank_of_name(path) is not None and not path.endswith(".forensics.h5")
 
 
 def resolve_rank_files(spec: str) -> list[str] | None:
@@ -124,7 +127,7 @@ def resolve_rank_files(spec: str) -> list[str] | None:
 def _sorted_by_rank(spec: str, files: list[str]) -> list[str]:
     ranks: dict[int, str] = {}
     for p in files:
-        r = _rank_of_name(p)
+        r = rank_of_name(p)
         if r is None:
             raise RecordingError(f"{p}: not a rank recording (expected NAME.rank<N>.h5)")
         if r in ranks:
@@ -157,7 +160,7 @@ class RankSet:
         self.close()
 
 
-def open_rank_set(spec: str | list[str]) -> RankSet:
+def open_rank_set(spec: str | list[str], *, name: str | None = None) -> RankSet:
     """Open every rank file ``spec`` names (see :func:`resolve_rank_files`, or a list of paths).
 
     The rank comes from each file's ``meta.distributed`` (the file name only when that is null);
@@ -170,14 +173,14 @@ def open_rank_set(spec: str | list[str]) -> RankSet:
             files = [spec]
         name = spec
     else:
-        files, name = list(spec), ", ".join(spec)
+        files, name = list(spec), name or ", ".join(spec)
     recs: dict[int, Recording] = {}
     try:
         sizes = set()
         for p in files:
             rec = open_recording(p)
             d = rec.meta.get("distributed") or {}
-            r = d.get("rank", _rank_of_name(p))
+            r = d.get("rank", rank_of_name(p))
             if r is None:
                 rec.close()
                 raise RecordingError(f"{p}: not recorded under DDP and not named NAME.rank<N>.h5")
@@ -281,35 +284,63 @@ def own_failures(rec: Recording, h: dict[str, np.ndarray] | None = None) -> dict
     return out
 
 
-def first_bad_rank(rank_set: RankSet | dict[int, Recording]) -> RankFailure | None:
+@dataclass(frozen=True)
+class RankEvidence:
+    """Where one rank's file first shows a failure: its *own* (``loss``, ``local_grad``,
+    ``exception``) and what it saw after the all-reduce (``grad_nonfinite``,
+    ``param_nonfinite``, ``raised``). Small, so a scan's worker processes hand it back."""
+
+    own_step: int | None
+    own: tuple[str, ...]
+    seen_step: int | None
+    seen: tuple[str, ...]
+
+
+def rank_evidence(rec: Recording, h: dict[str, np.ndarray] | None = None) -> RankEvidence:
+    """What ``rec`` (one rank's file) contributes to :func:`first_bad_rank`."""
+    h = rec.health() if h is None else h
+    own = own_failures(rec, h)
+    own_step = min(own) if own else None
+    seen: dict[int, list[str]] = {}
+    skipped = h["scaler_skipped"] == 1
+    for col in ("grad_nonfinite", "param_nonfinite", "raised"):
+        mask = h[col] == 1
+        if col == "grad_nonfinite":
+            mask &= ~skipped
+        if mask.any():
+            seen.setdefault(int(h["step"][mask].min()), []).append(col)
+    seen_step = min(seen) if seen else None
+    return RankEvidence(
+        own_step,
+        tuple(own[own_step]) if own_step is not None else (),
+        seen_step,
+        tuple(seen[seen_step]) if seen_step is not None else (),
+    )
+
+
+def first_bad_rank(
+    rank_set: RankSet | dict[int, Recording] | dict[int, RankEvidence],
+) -> RankFailure | None:
     """The first step at which some rank's own loss, gradients or step went bad, and which ranks.
 
     ``None`` when no rank shows a failure. Among the ranks bad at that step all are named; an
     exception counts before a non-finite value only in ``kind``, never by hiding a rank.
+    ``rank_set`` may also be each rank's :func:`rank_evidence` (what a scan collects).
     """
     recs = rank_set.recordings if isinstance(rank_set, RankSet) else rank_set
-    healths = {r: rec.health() for r, rec in recs.items()}
-    local: dict[int, dict[int, list[str]]] = {r: own_failures(recs[r], healths[r]) for r in recs}
-    firsts = [min(ev) for ev in local.values() if ev]
-    if firsts:
-        step = min(firsts)
-        evidence = {r: ev[step] for r, ev in local.items() if step in ev}
+    ev = {r: x if isinstance(x, RankEvidence) else rank_evidence(x) for r, x in recs.items()}
+    owns = [e.own_step for e in ev.values() if e.own_step is not None]
+    if owns:
+        step = min(owns)
+        evidence = {r: list(e.own) for r, e in ev.items() if e.own_step == step}
         kind = "exception" if any("exception" in v for v in evidence.values()) else "nonfinite"
         return RankFailure(step, tuple(sorted(evidence)), kind, True, evidence)
     # No rank's own values went bad: fall back to what every rank sees after the all-reduce.
-    glob_ev: dict[int, dict[int, list[str]]] = {}
-    for r, h in healths.items():
-        skipped = h["scaler_skipped"] == 1
-        for col in ("grad_nonfinite", "param_nonfinite", "raised"):
-            mask = h[col] == 1
-            if col == "grad_nonfinite":
-                mask &= ~skipped
-            for s in h["step"][mask]:
-                glob_ev.setdefault(r, {}).setdefault(int(s), []).append(col)
-    if not glob_ev:
+    seens = [e.seen_step for e in ev.values() if e.seen_step is not None]
+    if not seens:
         return None
-    step = min(min(ev) for ev in glob_ev.values())
-    evidence = {r: ev[step] for r, ev in glob_ev.items() if step in ev}
+    step = min(seens)
+    evidence = {r: list(e.seen) for r, e in ev.items() if e.seen_step == step}
     kind = "exception" if all(v == ["raised"] for v in evidence.values()) else "nonfinite"
     return RankFailure(step, tuple(sorted(evidence)), kind, False, evidence)
 
@@ -325,24 +356,3 @@ def describe_failure(f: RankFailure | None) -> str:
         f"step {f.step} went bad on {who} after the all-reduce, but no rank's own loss or "
         "gradients did (an overflow in the reduction, or ranks recorded without the DDP probe)"
     )
-
-
-def pick_rank_file(spec: str) -> tuple[str, dict[str, Any] | None]:
-    """The file ``replay bisect`` replays for ``spec``, and what the rank set showed.
-
-    A plain recording is returned as it is (``None``). For a rank set: the culprit rank's file
-    (rank 0's when no rank failed, so a ``--until`` predicate still has a file to search).
-    """
-    if resolve_rank_files(spec) is None:
-        return spec, None
-    with open_rank_set(spec) as rs:
-        f = first_bad_rank(rs)
-        paths = rs.paths
-    rank = f.rank if f is not None else min(paths)
-    return paths[rank], {
-        "spec": spec,
-        "ranks": sorted(paths),
-        "first_bad": None if f is None else f.to_json(),
-        "replayed_rank": rank,
-        "summary": describe_failure(f),
-    }

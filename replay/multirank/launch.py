@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..distributed.ranks import first_bad_rank, open_rank_set
+from ..distributed.scan import RankScan
 from ..errors import EntryPointError, RecordingError, ReplayError, UsageError
 
 __all__ = ["replay_rank_set", "DEADLINE"]
@@ -191,7 +191,7 @@ def _run_ranks(
 
 
 def replay_rank_set(
-    spec: str,
+    scan: RankScan,
     mode: str,
     *,
     criterion: Any = None,
@@ -200,32 +200,35 @@ def replay_rank_set(
     entry: str | None = None,
     trust: bool = False,
     log: Callable[[str], None] | None = None,
+    **job: Any,
 ) -> dict[str, Any]:
-    """``replay verify`` / ``replay bisect`` (``mode``) of every rank of the rank set ``spec``.
+    """``replay verify``, ``bisect``, ``trace``, ``export`` or ``whatif`` (``mode``) of every rank
+    of the rank set ``scan`` (:func:`replay.distributed.scan.rank_set`).
 
-    Returns the leader's report (rank 0 for ``verify``; for ``bisect`` the rank whose own values
-    went bad first), with ``ranks``: every rank's own bitwise check (``deterministic``,
+    Returns the leader's report (rank 0, or for ``bisect``, ``whatif`` and ``trace`` of that
+    step the rank whose own values went bad first), with ``ranks``: every rank's own bitwise check (``deterministic``,
     ``divergence``, ``replayed_steps``), and ``deterministic`` true only when every rank's is.
+    ``job``: the mode's own arguments (``step``, ``out``, ``changes``...), passed to each rank.
+    ``export`` and ``whatif`` run their workflow on every rank (each writes or changes its own
+    state); the others run it on the leader, which every other rank follows.
     """
-    with open_rank_set(spec) as rs:
-        paths, world, missing = rs.paths, rs.world_size, rs.missing
-        backends = {
-            (rec.meta.get("distributed") or {}).get("backend") for rec in rs.recordings.values()
-        }
-        failure = first_bad_rank(rs) if mode == "bisect" else None
-        sharded = any(
-            (rec.meta.get("distributed") or {}).get("fsdp") for rec in rs.recordings.values()
-        )
-    if missing:
-        raise RecordingError(
-            f"{spec}: no recording of rank(s) {', '.join(map(str, missing))}; every rank is "
-            "needed to replay them together: replay one rank with --rank N --alone"
-        )
+    scan.check()
+    paths, world = scan.paths, scan.world_size
+    backends = {f.backend for f in scan.ranks.values()}
+    first = scan.first_bad
+    # The rank that leads: bisect's culprit, or trace's when it traces the culprit's step.
+    leads = mode in ("bisect", "whatif") or (
+        mode == "trace" and first is not None and job.get("step") == first.step
+    )
+    failure = first if leads else None
+    sharded = any(f.fsdp for f in scan.ranks.values())
+    spec = scan.spec
     if world is None or world != len(paths):
         raise RecordingError(f"{spec}: the files do not say the run's world size")
     leader = failure.rank if failure is not None else min(paths)
     recorded_backend = next(iter(backends)) if len(backends) == 1 else None
     job = {
+        **job,
         "mode": mode,
         "leader": leader,
         "backend": _backend(recorded_backend, world),
@@ -235,6 +238,7 @@ def replay_rank_set(
         "trust": trust,
         "trace": trace,
         "criterion": _criterion_spec(criterion),
+        "first_bad": None if scan.first_bad is None else scan.first_bad.step,
     }
     tmp = tempfile.mkdtemp(prefix="replay-ranks-")
     try:
@@ -244,17 +248,18 @@ def replay_rank_set(
     report: dict[str, Any] = dict(results[leader]["report"])
     ranks = {str(r): results[r]["replay"] for r in sorted(results)}
     every = all(s["deterministic"] for s in ranks.values())
-    report["deterministic"] = bool(report.get("deterministic")) and every
-    if mode == "bisect":
+    report["deterministic"] = bool(report.get("deterministic", True)) and every
+    if mode in ("bisect", "trace"):
         if report.get("reproducible") is not None:
             report["reproducible"] = bool(report["reproducible"]) and every
         report["rank"] = leader
+    if mode != "verify":
         report["rank_set"] = {
             "spec": spec,
             "ranks": sorted(paths),
-            "first_bad": None if failure is None else failure.to_json(),
+            "first_bad": None if first is None else first.to_json(),
             "replayed_rank": leader,
-            "summary": _summary(failure),
+            "summary": _summary(first),
         }
     reduction = "FSDP2's gradient reduce-scatter" if sharded else "DDP's gradient all-reduce"
     if failure is not None:

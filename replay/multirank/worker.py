@@ -9,10 +9,11 @@ the model ``build_fn`` makes in ``DistributedDataParallel`` as the recorded loop
 other ranks (``lockstep.py``): the leader runs the workflow, the others follow. It writes
 ``rank<r>.json`` into the spec's ``out`` directory: its report, or its error in one line.
 
-SPEC holds ``mode`` (``verify`` or ``bisect``), ``files`` (rank -> path), ``leader``,
+SPEC holds ``mode`` (``verify``, ``bisect``, ``trace``, ``export`` or ``whatif``), ``files`` (rank -> path), ``leader``,
 ``out``, ``backend``, ``timeout`` (seconds, the process group's), ``device``, ``entry``,
 ``trust``, ``trace`` and ``criterion`` (bisect: ``null``, ``{"kind": ...}`` or
-``{"until": EXPR}``).
+``{"until": EXPR}``); ``step`` (trace, export), ``export_dir`` and ``shown_out`` (export),
+``changes``, ``from_step`` and ``to_step`` (whatif), ``first_bad`` (the set's first bad step).
 """
 
 from __future__ import annotations
@@ -143,15 +144,17 @@ def _same_windows(engine: Any, group: Any, world: int) -> None:
         )
 
 
-def _lead_verify(engine: Engine, rec: Recording) -> dict[str, Any]:
+def _lead(engine: Engine, rec: Recording, spec: dict[str, Any]) -> dict[str, Any]:
+    """The leader's workflow, the one a single-process replay runs, on this rank's engine."""
+    from ..workflows.bisect import bisect_engine
+    from ..workflows.trace import trace_engine
     from ..workflows.verify import verify_engine
 
-    return verify_engine(rec, engine).to_json()
-
-
-def _lead_bisect(engine: Engine, rec: Recording, spec: dict[str, Any]) -> dict[str, Any]:
-    from ..workflows.bisect import bisect_engine
-
+    mode = spec["mode"]
+    if mode == "verify":
+        return verify_engine(rec, engine).to_json()
+    if mode == "trace":
+        return trace_engine(rec, engine, rec.path, spec.get("step")).to_json()
     criterion = _criterion(spec.get("criterion"))
     trace = bool(spec.get("trace", True))
     report = bisect_engine(
@@ -159,6 +162,40 @@ def _lead_bisect(engine: Engine, rec: Recording, spec: dict[str, Any]) -> dict[s
     )
     return report.to_json()
 
+
+def _export(engine: Any, rec: Any, spec: dict[str, Any], rank: int, group: Any) -> dict[str, Any]:
+    """This rank's state before the step, into ``rank<r>/`` of the staged export folder."""
+    from ..workflows.export import export_work
+
+    out = os.path.join(spec["export_dir"], f"rank{rank}")
+    shown = os.path.join(spec["shown_out"], f"rank{rank}")
+    work = export_work(
+        rec.path, out, spec.get("step"), first_bad=spec.get("first_bad"), shown=shown
+    )
+    return work(rec, engine).to_json()
+
+
+def _whatif(engine: Any, rec: Any, spec: dict[str, Any], rank: int, group: Any) -> dict[str, Any]:
+    """The experiments on this rank, with the same changes as on every other rank, over the
+    steps the leader chose (each rank's own default range follows from its own health, which
+    may show the failure a step later than the leader's)."""
+    import torch.distributed as dist
+
+    from ..workflows.whatif import parse_change, replay_range, whatif_work
+
+    changes = [parse_change(kind, arg) for kind, arg in spec["changes"]]
+    lo, hi = spec.get("from_step"), spec.get("to_step")
+    leader = int(spec["leader"])
+    box: list[Any] = [None]
+    if rank == leader:
+        box = [replay_range(engine, lo, hi)]
+    dist.broadcast_object_list(box, src=leader, group=group)
+    if rank != leader:  # (the leader keeps its defaults, and the notes that explain them)
+        lo, hi = box[0]
+    return whatif_work(rec.path, changes, lo, hi)(rec, engine).to_json()
+
+
+_EVERY_RANK = {"export": _export, "whatif": _whatif}
 
 _TRACE_KEYS = ("cause", "op", "phase", "module", "source", "made", "forensics")
 
@@ -271,27 +308,43 @@ def _replay_rank(
     log.attach(engine, rank)
     report: dict[str, Any] | None = None
     traced: dict[str, Any] = {}  # a follower's own trace of the culprit step
-    if rank == leader:
+    mode = spec["mode"]
+    own: dict[str, Any] = {}  # export, whatif: this rank's own report
+    if mode in _EVERY_RANK:
+        # Every rank runs the workflow on its own engine: the engine's calls depend only on
+        # the workflow's arguments and the window (the same on every rank), never on values.
+        own = _EVERY_RANK[mode](engine, rec, spec, rank, group)
+        report = own if rank == leader else None
+    elif rank == leader:
         lead = Leader(engine, rank, group)
         lead.install()
         try:
-            if spec["mode"] == "verify":
-                report = _lead_verify(engine, rec)
-            else:
-                report = _lead_bisect(engine, rec, spec)
+            report = _lead(engine, rec, spec)
         except BaseException as e:
             lead.finish(f"{type(e).__name__}: {e}".splitlines()[0])
             raise
         lead.finish()
     else:
-        tracing = spec["mode"] == "bisect" and spec.get("trace", True)
+        tracing = mode == "trace" or (mode == "bisect" and spec.get("trace", True))
         on_call = _tracer(engine, rec, traced) if tracing else None
         follow(engine, leader, group, on_call)
-    summary = rank_summary(engine, log, rank)
+    if mode == "whatif":  # its experiments change the steps on purpose: its baseline is checked
+        summary = {
+            "rank": rank,
+            "recording": rec.path,
+            "deterministic": bool(own["reproduces"]),
+            "divergence": own["divergence"],
+            "removed_by": own["removed_by"],
+        }
+    else:
+        summary = rank_summary(engine, log, rank)
+    if mode == "export":
+        summary["export"] = own
     summary["peer_failed_steps"] = sorted(peer_failed)
     if rank == leader and report is not None and report.get("forensics"):
         summary["trace"] = {k: report.get(k) for k in _TRACE_KEYS}
-        summary["trace"].update(step=report.get("first_bad_step"), kind=report.get("kind"))
+        step = report.get("first_bad_step", report.get("step"))
+        summary["trace"].update(step=step, kind=report.get("kind"))
     elif traced:
         summary["trace"] = traced
     return {

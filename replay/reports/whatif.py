@@ -122,6 +122,9 @@ class WhatIfReport:
     divergence: dict[str, Any] | None
     experiments: list[Experiment]
     notes: list[str] = field(default_factory=list)
+    # A DDP rank set replayed together: each rank's baseline check and what removed its failure
+    ranks: dict[str, Any] = field(default_factory=dict)
+    multi_rank: dict[str, Any] | None = None
 
     @property
     def helpful(self) -> list[Experiment]:
@@ -146,6 +149,9 @@ class WhatIfReport:
             "experiments": [e.to_json() for e in self.experiments],
             "notes": list(self.notes),
         }
+        if self.ranks:
+            out["ranks"] = dict(self.ranks)
+            out["multi_rank"] = self.multi_rank
         safe: dict[str, Any] = json_safe(out)
         return safe
 
@@ -166,4 +172,6 @@ class WhatIfReport:
             divergence=d.get("divergence"),
             experiments=[Experiment.from_json(e) for e in d.get("experiments") or []],
             notes=list(d.get("notes") or []),
+            ranks=dict(d.get("ranks") or {}),
+            multi_rank=d.get("multi_rank"),
         )

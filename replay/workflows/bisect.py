@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..bisect.criteria import Criterion
@@ -52,11 +52,12 @@ def run_bisect(
 
         if opened is not None:
             opened()
+        assert choice.scan is not None
         return BisectReport.from_json(
             only_known(
                 BisectReport,
                 replay_rank_set(
-                    run,
+                    choice.scan,
                     "bisect",
                     criterion=criterion,
                     trace=trace,
@@ -67,8 +68,13 @@ def run_bisect(
                 ),
             )
         )
+    path, rank_set = choice.path, None
+    if choice.scan is not None and path == run:  # --alone without --rank: the culprit rank
+        path, rank_set = choice.scan.culprit_file()
+        if log is not None:
+            log(f"rank set: {rank_set['summary']}; replaying {path}")
     report = _bisect_one(
-        choice.path, criterion, trace, device, entry, trust, progress, log, opened, reenter
+        path, rank_set, criterion, trace, device, entry, trust, progress, log, opened, reenter
     )
     if choice.approximate:
         report.approximate = True
@@ -122,6 +128,7 @@ def bisect_engine(
 
 def _bisect_one(
     run: str,
+    rank_set: dict[str, Any] | None,
     criterion: Criterion | None,
     trace: bool,
     device: str | None,
@@ -132,12 +139,6 @@ def _bisect_one(
     opened: Callable[[], None] | None,
     reenter: bool = False,
 ) -> BisectReport:
-    from ..distributed.ranks import pick_rank_file
-
-    run, rank_set = pick_rank_file(run)
-    if rank_set is not None and log is not None:
-        log(f"rank set: {rank_set['summary']}; replaying {run}")
-
     def work(rec: Recording, engine: Engine) -> BisectReport:
         if opened is not None:
             opened()

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
     from ..engine import Engine
     from ..store.reader import Recording
 
-__all__ = ["ExportReport", "run_export"]
+__all__ = ["ExportReport", "export_work", "run_export"]
 
 _ROLES = ("model", "optimizer", "scheduler", "scaler")
 
@@ -54,9 +55,10 @@ class ExportReport:
     verified: int = 0  # replayed steps checked bitwise against the recording on the way
     skip: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    ranks: dict[str, dict[str, Any]] = field(default_factory=dict)  # a rank set: each rank's
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "out": self.out,
             "step": self.step,
             "snapshot": self.snapshot,
@@ -67,6 +69,9 @@ class ExportReport:
             "skip": list(self.skip),
             "notes": list(self.notes),
         }
+        if self.ranks:
+            out["ranks"] = dict(self.ranks)
+        return out
 
 
 def _last_healthy_snapshot(engine: Engine, first_bad: int | None, notes: list[str]) -> int:
@@ -166,14 +171,81 @@ def run_export(
     reenter: bool = False,
 ) -> ExportReport:
     """Write the state right before ``step`` (default: the last healthy snapshot before the
-    failure) to the new directory ``out``; see the module's docstring for what is in it."""
+    failure) to the new directory ``out``; see the module's docstring for what is in it.
+
+    A DDP rank set: every rank replayed together, each rank's state into ``out/rank<r>/``;
+    the report is rank 0's, with every rank's in ``ranks``.
+    """
     check_out(out)
+    from .ranks import rank_set_files
+
+    scan = rank_set_files(run)
+    if scan is not None:
+        return _export_ranks(scan, out, step, device, entry, trust, reenter)
+    work = export_work(run, out, step)
+    return with_engine(run, work, device=device, entry=entry, trust=trust, reenter=reenter)
+
+
+def _export_ranks(
+    scan: Any,
+    out: str,
+    step: int | None,
+    device: str | None,
+    entry: str | None,
+    trust: bool,
+    reenter: bool,
+) -> ExportReport:
+    from ..multirank.launch import replay_rank_set
+
+    with staged_dir(out) as tmp:  # every rank's folder, or none
+        d = replay_rank_set(
+            scan,
+            "export",
+            device=device,
+            entry=entry,
+            trust=trust,
+            reenter=reenter,
+            step=step,
+            export_dir=tmp,
+            shown_out=out,
+        )
+    ranks = {r: x["export"] for r, x in d["ranks"].items()}
+    lead = ranks[str(d["multi_rank"]["leader"])]
+    return ExportReport(
+        out=out,
+        step=lead["step"],
+        snapshot=lead["snapshot"],
+        replayed=lead["replayed"],
+        files={
+            f"rank{r}/{name}": f"rank{r}/{f}"
+            for r, x in ranks.items()
+            for name, f in x["files"].items()
+        },
+        first_bad=lead["first_bad"],
+        verified=min(x["verified"] for x in ranks.values()),
+        skip=lead["skip"],
+        notes=lead["notes"],
+        ranks=ranks,
+    )
+
+
+def export_work(
+    run: str,
+    out: str,
+    step: int | None,
+    *,
+    first_bad: int | None = None,
+    shown: str | None = None,
+) -> Callable[[Recording, Engine], ExportReport]:
+    """What :func:`run_export` does with the engine up. ``first_bad``: the failing step to
+    export before (default: the recording's own); ``shown``: where ``out`` will be, for its
+    README (a multi-rank export writes into a staged folder)."""
 
     def work(rec: Recording, engine: Engine, step: int | None = step) -> ExportReport:
-        first_bad = first_failure(rec)
+        first_bad_step = first_failure(rec) if first_bad is None else first_bad
         notes: list[str] = []
         if step is None:
-            step, verified = _default_state(engine, first_bad, notes)
+            step, verified = _default_state(engine, first_bad_step, notes)
         else:
             if step not in engine.window:
                 w = engine.window
@@ -193,8 +265,8 @@ def run_export(
         grads = {n: p.grad for n, p in objs.model.named_parameters()}
         rng = _rng_state()  # step's recorded states, which state_before put in place
         skip: list[dict[str, Any]] = []
-        if first_bad is not None and first_bad >= step:
-            skip.append({"step": first_bad, "values": _values(engine, first_bad, notes)})
+        if first_bad_step is not None and first_bad_step >= step:
+            skip.append({"step": first_bad_step, "values": _values(engine, first_bad_step, notes)})
         with staged_dir(out) as tmp:  # renamed to out once whole: never a partial one
             files: dict[str, str] = {}
             for name, sd in states.items():
@@ -205,7 +277,9 @@ def run_export(
             files["rng"] = "rng.pt"
             _save(rng, os.path.join(tmp, "rng.pt"))
             with open(os.path.join(tmp, "skip.json"), "x") as fh:
-                json.dump({"resume_step": step, "first_bad": first_bad, "skip": skip}, fh, indent=2)
+                json.dump(
+                    {"resume_step": step, "first_bad": first_bad_step, "skip": skip}, fh, indent=2
+                )
             files["skip"] = "skip.json"
             loads = "".join(
                 f'{name}.load_state_dict(torch.load(f"{{d}}/{name}.pt"))\n'
@@ -213,8 +287,8 @@ def run_export(
                 if name != "model"
             )
             why = (
-                f", the last healthy state kept before the failure at step {first_bad}"
-                if first_bad is not None and first_bad >= step
+                f", the last healthy state kept before the failure at step {first_bad_step}"
+                if first_bad_step is not None and first_bad_step >= step
                 else ""
             )
             with open(os.path.join(tmp, "README.md"), "x") as fh:
@@ -223,25 +297,25 @@ def run_export(
                         step=step,
                         run=os.path.basename(run),
                         why=why,
-                        out=out,
+                        out=shown or out,
                         loads=loads,
                         files="\n".join(f"- `{f}`" for f in files.values()),
                     )
                 )
             files["README"] = "README.md"
         return ExportReport(
-            out=out,
+            out=shown or out,
             step=step,
             snapshot=snapshot,
             replayed=step - snapshot,
             files=files,
-            first_bad=first_bad,
+            first_bad=first_bad_step,
             verified=verified,
             skip=skip,
             notes=notes,
         )
 
-    return with_engine(run, work, device=device, entry=entry, trust=trust, reenter=reenter)
+    return work
 
 
 def _save(obj: Any, path: str) -> None:

@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..errors import UsageError
 
-__all__ = ["RankChoice", "choose_ranks", "APPROXIMATE"]
+if TYPE_CHECKING:
+    from ..distributed.scan import RankScan
+
+__all__ = ["RankChoice", "choose_ranks", "rank_set_files", "APPROXIMATE"]
 
 APPROXIMATE = (
     "one DDP rank replayed alone: exact at the first step after a snapshot; later steps update "
@@ -25,52 +29,67 @@ APPROXIMATE = (
 
 @dataclass(frozen=True)
 class RankChoice:
-    """``files``: the rank set's files by rank (``None``: a plain recording). ``together``:
-    replay every rank at once. ``path``: the one file to replay in this process otherwise."""
+    """``scan``: the rank set (``None``: a plain recording). ``together``: replay every rank at
+    once. ``path``: the one file to replay in this process otherwise."""
 
-    files: dict[int, str] | None
+    scan: RankScan | None
     together: bool
     path: str
     lone_rank: bool = False  # ``path`` is one rank's file named on its own
 
     @property
+    def files(self) -> dict[int, str] | None:
+        return None if self.scan is None else self.scan.paths
+
+    @property
     def approximate(self) -> bool:
         """One rank of a DDP run replayed in this process, without its peers."""
-        return not self.together and (self.files is not None or self.lone_rank)
+        return not self.together and (self.scan is not None or self.lone_rank)
 
 
-def _is_rank_file(path: str) -> bool:
+def rank_set_files(run: str, *, strict: bool = True) -> RankScan | None:
+    """The rank set ``run`` names, every file read once (``replay.distributed.scan``), or
+    ``None`` for one plain recording. ``strict``: a missing or damaged rank file is an
+    :class:`~replay.errors.IncompleteRankSetError` (exit 7)."""
+    from ..distributed.scan import rank_set
+
+    return rank_set(run, strict=strict)
+
+
+def _recorded_under_ddp(path: str) -> bool:
+    from ..distributed.bisect import is_rank_recording
     from ..errors import RecordingError
     from ..store import open_recording
 
     try:
-        with open_recording(path) as rec:
-            d = rec.meta.get("distributed") or {}
+        with open_recording(path, health_only=True) as rec:
+            return is_rank_recording(rec.meta)
     except (RecordingError, OSError):
         return False  # the replay itself says what is wrong with the file
-    return int(d.get("world_size") or 1) > 1
 
 
 def choose_ranks(run: str, rank: int | None, alone: bool) -> RankChoice:
-    """Decide from ``RUN``, ``--rank`` and ``--alone``; misuse is a :class:`UsageError`."""
-    from ..distributed.ranks import open_rank_set, resolve_rank_files
+    """Decide from ``RUN``, ``--rank`` and ``--alone``; misuse is a :class:`UsageError`.
 
+    ``--rank N --alone`` replays rank N's file even when a peer's file is missing or damaged
+    (the user chose the rank); every other way needs the whole set."""
     if rank is not None and not alone:
         raise UsageError(
             "--rank N replays one rank alone, which is approximate: pass --rank N --alone "
             "(without both, every rank is replayed together)"
         )
-    found = resolve_rank_files(run)
-    if found is None:
+    scan = rank_set_files(run, strict=rank is None)
+    if scan is None:
         if rank is not None or alone:
             raise UsageError(f"--rank/--alone: {run} is not a DDP rank set (NAME.rank<N>.h5)")
-        return RankChoice(None, False, run, lone_rank=os.path.isfile(run) and _is_rank_file(run))
-    with open_rank_set(found) as rs:
-        files = rs.paths
+        return RankChoice(
+            None, False, run, lone_rank=os.path.isfile(run) and _recorded_under_ddp(run)
+        )
     if not alone:
-        return RankChoice(files, True, run)
+        return RankChoice(scan, True, run)
     if rank is None:
-        return RankChoice(files, False, run)  # the culprit rank, as bisect picks it
+        return RankChoice(scan, False, run)  # the culprit rank, as bisect picks it
+    files = scan.paths
     if rank not in files:
         raise UsageError(f"--rank {rank}: {run} holds ranks {', '.join(map(str, sorted(files)))}")
-    return RankChoice(files, False, files[rank])
+    return RankChoice(scan, False, files[rank])

@@ -12,7 +12,7 @@ from ..errors import UsageError
 from ..reports import TraceReport
 from .session import with_engine
 
-__all__ = ["run_trace"]
+__all__ = ["run_trace", "trace_engine"]
 
 
 def run_trace(
@@ -30,7 +30,17 @@ def run_trace(
     ``source``, ``forensics``...) plus ``step`` and ``window``; on a healthy step
     ``op`` is ``None`` and the sidecar holds every op of the step for ``replay tui``.
     """
-    from .culprit import trace_culprit
+    from .ranks import rank_set_files
+
+    files = rank_set_files(run)
+    if files is not None:  # a DDP rank set: every rank together, each traced into its sidecar
+        from ..multirank.launch import replay_rank_set
+        from ..reports.verdict import only_known
+
+        d = replay_rank_set(
+            files, "trace", step=step, device=device, entry=entry, trust=trust, reenter=reenter
+        )
+        return TraceReport.from_json(only_known(TraceReport, d))
 
     def check(rec: Recording) -> None:  # before the program runs again
         w = rec.replayable_window()
@@ -39,18 +49,24 @@ def run_trace(
                 f"--step {step} is outside the replayable window (steps {w.first}..{w.last})"
             )
 
-    def work(rec: Recording, engine: Engine) -> TraceReport:
-        w = engine.window
-        t = w.last if step is None else step
-        if t not in w:
-            raise UsageError(
-                f"--step {t} is outside the replayable window (steps {w.first}..{w.last})"
-            )
-        traced = trace_culprit(
-            engine, t, "trace", forensics_path=rec.forensics_path, run_id=rec.run_id
-        )
-        return TraceReport.of(run, t, [w.first, w.last], traced)
-
     return with_engine(
-        run, work, device=device, entry=entry, trust=trust, check=check, reenter=reenter
+        run,
+        lambda rec, engine: trace_engine(rec, engine, run, step),
+        device=device,
+        entry=entry,
+        trust=trust,
+        check=check,
+        reenter=reenter,
     )
+
+
+def trace_engine(rec: Recording, engine: Engine, run: str, step: int | None) -> TraceReport:
+    """What :func:`run_trace` does with the engine up (a multi-rank replay's leader runs it)."""
+    from .culprit import trace_culprit
+
+    w = engine.window
+    t = w.last if step is None else step
+    if t not in w:
+        raise UsageError(f"--step {t} is outside the replayable window (steps {w.first}..{w.last})")
+    traced = trace_culprit(engine, t, "trace", forensics_path=rec.forensics_path, run_id=rec.run_id)
+    return TraceReport.of(run, t, [w.first, w.last], traced)

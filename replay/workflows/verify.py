@@ -41,7 +41,7 @@ def run_verify(
     ``first_steps``: replay only the window's first steps, read at once (the self-check of a
     live run, whose ring moves on).
     """
-    from .ranks import APPROXIMATE, choose_ranks
+    from .ranks import APPROXIMATE, RankChoice, choose_ranks
 
     choice = choose_ranks(run, rank, alone)
     if choice.together:
@@ -49,10 +49,12 @@ def run_verify(
 
         if opened is not None:
             opened()
-        d = replay_rank_set(run, "verify", device=device, entry=entry, trust=trust, log=log)
+        assert choice.scan is not None
+        d = replay_rank_set(choice.scan, "verify", device=device, entry=entry, trust=trust, log=log)
         return VerifyReport.from_json(only_known(VerifyReport, d))
-    if choice.files is not None and choice.path == run:  # --alone without --rank: rank 0
-        choice = choose_ranks(run, min(choice.files), True)
+    files = choice.files
+    if files is not None and choice.path == run:  # --alone without --rank: rank 0
+        choice = RankChoice(choice.scan, False, files[min(files)])
     report = _verify_one(choice.path, device, entry, trust, progress, opened, reenter, first_steps)
     if choice.approximate:
         report.approximate = True

@@ -50,7 +50,9 @@ __all__ = [
     "Experiment",
     "WhatIfReport",
     "parse_change",
+    "replay_range",
     "run_whatif",
+    "whatif_work",
 ]
 
 CHANGE_KINDS = (
@@ -514,6 +516,13 @@ def _range(
     return w.snapshot_for(from_step), from_step, to_step, criterion.kind, bad
 
 
+def replay_range(engine: Any, from_step: int | None, to_step: int | None) -> tuple[int, int]:
+    """The steps :func:`run_whatif` replays for ``from_step``/``to_step`` (``None``: its
+    defaults) on this engine's recording."""
+    _, lo, hi, _, _ = _range(engine, engine.recorded_rows(), from_step, to_step, [])
+    return lo, hi
+
+
 def run_whatif(
     run: str,
     changes: list[Change],
@@ -531,10 +540,53 @@ def run_whatif(
 
     Raises ``UsageError`` (exit 2) for a change the run cannot take, before any experiment.
     """
-    from ..bisect.compare import compare_rows
-
     if not changes:
         raise UsageError("name at least one change (--set, --scale, --clip, --skip-step, ...)")
+    from .ranks import rank_set_files
+
+    scan = rank_set_files(run)
+    if scan is not None:  # a DDP rank set: every rank runs every experiment, together
+        from ..multirank.launch import replay_rank_set
+
+        if any(c.kind == "drop-samples" for c in changes):
+            raise UsageError(
+                f"--drop-samples: {run} is a DDP rank set, whose ranks each hold their own batch "
+                "(dropping samples on a rank set is not supported)"
+            )
+        d = replay_rank_set(
+            scan,
+            "whatif",
+            device=device,
+            entry=entry,
+            trust=trust,
+            reenter=reenter,
+            changes=[(c.kind, c.arg) for c in changes],
+            from_step=from_step,
+            to_step=to_step,
+        )
+        d["reproduces"] = bool(d["reproduces"]) and bool(d["deterministic"])
+        return WhatIfReport.from_json(d)
+    return with_engine(
+        run,
+        whatif_work(run, changes, from_step, to_step, progress, opened),
+        device=device,
+        entry=entry,
+        trust=trust,
+        check=lambda r: _check_file(r, changes),
+        reenter=reenter,
+    )
+
+
+def whatif_work(
+    run: str,
+    changes: list[Change],
+    from_step: int | None,
+    to_step: int | None,
+    progress: Callable[[int, int], None] | None = None,
+    opened: Callable[[], None] | None = None,
+) -> Callable[[Recording, Engine], WhatIfReport]:
+    """What :func:`run_whatif` does with the engine up (each rank of a multi-rank one runs it)."""
+    from ..bisect.compare import compare_rows
 
     def work(rec: Recording, engine: Engine) -> WhatIfReport:
         if opened is not None:
@@ -612,12 +664,4 @@ def run_whatif(
             notes=notes,
         )
 
-    return with_engine(
-        run,
-        work,
-        device=device,
-        entry=entry,
-        trust=trust,
-        check=lambda r: _check_file(r, changes),
-        reenter=reenter,
-    )
+    return work

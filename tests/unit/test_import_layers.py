@@ -107,7 +107,8 @@ def test_the_tui_reads_through_the_store_alone():
                 and len(parts) > 1
                 and parts[1]
                 not in ("store", "errors", "words", "safetext", "thresholds", "reports")
-                and name != "replay.distributed.ranks"  # rank file sets: numpy + h5py only
+                # rank file sets and their scan: numpy + h5py only
+                and name not in ("replay.distributed.ranks", "replay.distributed.scan")
             ):
                 wrong.append(f"{path.relative_to(ROOT)}:{line} imports {name}")
     assert not wrong, "\n".join(wrong)

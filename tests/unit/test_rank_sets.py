@@ -141,3 +141,62 @@ def test_reader_tolerates_files_without_the_local_grad_columns(tmp_path: Any) ->
         assert rec.health_columns == old
         assert list(h["step"]) == [0, 1, 2] and np.isfinite(h["loss"]).all()
         assert np.isnan(h["local_grad_norm"]).all() and np.isnan(h["local_grad_nonfinite"]).all()
+
+
+def _three_ranks(tmp_path: Any, nan_rank: int = 2) -> tuple[str, list[str]]:
+    base = str(tmp_path / "run.h5")
+    for r in range(3):
+        record_rank(base, r, 3, nan_step=4 if r == nan_rank else None)
+    return base, [str(tmp_path / f"run.rank{r}.h5") for r in range(3)]
+
+
+def test_scan_finds_the_first_bad_step_and_rank_as_the_serial_reading_does(tmp_path: Any) -> None:
+    from replay.distributed.scan import scan_rank_set
+
+    base, files = _three_ranks(tmp_path, nan_rank=1)
+    with open_rank_set(base) as rs:
+        serial = first_bad_rank(rs)
+    for workers in (1, 2):  # in this process, and in a pool of worker processes
+        scan = scan_rank_set(files if workers == 1 else base, workers=workers)
+        assert scan.first_bad == serial and scan.complete
+        assert (scan.first_bad.step, scan.first_bad.ranks) == (4, (1,))
+        assert sorted(scan.paths) == [0, 1, 2] and scan.world_size == 3
+
+
+def test_a_rank_set_with_a_missing_or_damaged_rank_file_is_named_never_guessed_over(
+    tmp_path: Any,
+) -> None:
+    """A gap in the rank numbers, fewer files than the recorded world size, a truncated file:
+    each is one line naming the rank, exit code 7 from every command that reads the set."""
+    from replay.distributed.scan import rank_set
+    from replay.errors import EXIT_INCOMPLETE_RANKS, IncompleteRankSetError
+    from tests.conftest import replay_cli
+
+    base, files = _three_ranks(tmp_path)
+    assert rank_set(base) is not None
+    os.rename(files[1], files[1] + ".away")  # a gap: ranks 0 and 2
+    with pytest.raises(IncompleteRankSetError, match=r"no file for rank\(s\) 1\b"):
+        rank_set(base)
+    os.rename(files[1] + ".away", files[1])
+    os.rename(files[2], files[2] + ".away")  # the last rank: fewer files than the world size
+    with pytest.raises(IncompleteRankSetError, match=r"incomplete rank set of 3 .*rank\(s\) 2\b"):
+        rank_set(base)
+    os.rename(files[2] + ".away", files[2])
+    size = os.path.getsize(files[0])
+    with open(files[0], "r+b") as fh:  # a cut copy
+        fh.truncate(size // 2)
+    with pytest.raises(IncompleteRankSetError, match=r"rank 0's file run.rank0.h5 is damaged"):
+        rank_set(base)
+    for cmd in (["info"], ["doctor"], ["bisect"], ["verify"], ["trace", "--step", "3"]):
+        p = replay_cli(*cmd, base, timeout=120)
+        assert p.returncode == EXIT_INCOMPLETE_RANKS, (cmd, p.stderr)
+        err = [ln for ln in p.stderr.splitlines() if ln.startswith("replay: error:")]
+        assert len(err) == 1 and "rank 0's file run.rank0.h5 is damaged: truncated" in err[0]
+        assert "Traceback" not in p.stderr
+    info = replay_cli("info", base, "--json")
+    d = json.loads(info.stdout)  # what is readable is listed, then the error
+    assert d["complete"] is False and list(d["damaged_ranks"]) == ["0"]
+    assert sorted(d["ranks"]) == ["1", "2"] and d["exit_code"] == EXIT_INCOMPLETE_RANKS
+    # --rank N --alone names the rank itself: the others' files are not needed
+    ok = replay_cli("verify", base, "--rank", "1", "--alone", "--json", timeout=300)
+    assert ok.returncode == 0, ok.stderr
