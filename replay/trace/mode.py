@@ -51,7 +51,7 @@ from replay.trace.memory import MemoryTracker
 from replay.trace.origins import Origins, storage_key
 from replay.trace.source import Interner, Locations
 from replay.trace.spool import NonFiniteTable, OpSpool
-from replay.trace.staged import Stage, copy_small, quick_finite
+from replay.trace.staged import STAGE_MAX, Stage, copy_small, quick_finite
 from replay.trace.stats import (
     N_BINS,
     NO_STATS,
@@ -743,7 +743,7 @@ class Tracer:
         buf["hist"][row - first] = self.cols.get("hist", src)
 
     def _remember(self, t: torch.Tensor, row: int) -> None:
-        """``t``'s values are measured in (staged) row ``row`` (``t`` is one the memory tracker
+        """``t``'s values are measured in row ``row`` (finite: staged, or measured at once) (``t`` is one the memory tracker
         counts: its storage's entry goes when the storage is let go)."""
         key = storage_key(t)
         if key is not None and self.memory.counts(key):
@@ -756,7 +756,7 @@ class Tracer:
         self._values.pop(key, None)
 
     def _measured(self, t: torch.Tensor) -> int:
-        """The staged row whose values ``t`` holds now, else -1."""
+        """The row of finite values measured that ``t`` holds now, else -1."""
         key = storage_key(t)
         at = self._values.get(key) if key is not None else None
         v = at.get(t.data_ptr()) if at is not None else None
@@ -809,7 +809,10 @@ class Tracer:
         if alias >= 0:  # the same values as a row measured before: its statistics
             row, hist, kinds = NO_STATS, _NO_HIST, ["finite"]
         elif a is not None and quick_finite(a):
-            staged, row, hist = a, NO_STATS, _NO_HIST  # measured later, in a batch
+            if a.size <= STAGE_MAX:
+                staged, row, hist = a, NO_STATS, _NO_HIST  # measured later, in a batch
+            else:  # enough values that numpy's per-call cost does not matter
+                row, hist = np_stats(a, True)
             kinds = ["finite"]
             # A view's version counter is joined to its base's only after the op returns:
             # the values are remembered under the viewed input

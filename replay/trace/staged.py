@@ -2,7 +2,7 @@
 
 A step of many tiny ops (an LSTMCell unrolled under LBFGS: 4-us ops) cannot afford a dozen
 numpy calls per op. The tracer copies a small finite output's values once (``copy_small``) and
-hands the copy here with its row; every few thousand rows (or ``MAX_VALUES`` values) the
+hands the copy (at most ``STAGE_MAX`` values) here with its row; every ``MAX_VALUES`` values the
 statistics and histograms of all of them are computed at once with segmented reductions
 (``np.minimum.reduceat``, ``np.add.reduceat``, one ``bincount``) and written into the rows.
 
@@ -24,8 +24,9 @@ import torch
 
 from replay.trace.stats import HIST_SAMPLE, N_BINS, NUMPY_MAX
 
-__all__ = ["Stage", "copy_small", "quick_finite", "MAX_VALUES"]
+__all__ = ["Stage", "copy_small", "quick_finite", "MAX_VALUES", "STAGE_MAX"]
 
+STAGE_MAX = 1 << 12  # values: a larger output is measured at once (per-call costs are small)
 MAX_VALUES = 1 << 16  # staged values per batch: its temporaries stay in the CPU caches
 _NP_FLOATS = (torch.float32, torch.float64)
 
@@ -43,7 +44,9 @@ def copy_small(t: torch.Tensor) -> np.ndarray | None:
     if n == 0 or n > NUMPY_MAX:
         return None
     with torch._C._DisableTorchDispatch():
-        c = t.detach().clone()
+        # an op's output seen by the dispatch mode does not require grad yet: no detach (one
+        # dispatcher call less, as much as a small op costs)
+        c = t.detach().clone() if t.requires_grad else t.clone()
     a: np.ndarray = c.numpy()
     return a.reshape(-1)
 
