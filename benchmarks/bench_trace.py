@@ -7,12 +7,14 @@ table, and for the many-small-ops workload where the traced step's time goes (th
 share, measured by tracing with the per-op work switched off, then with statistics off) and the
 tracer's peak memory (tracemalloc's peak over one traced step).
 
-Run:  PYTHONPATH=. .venv/bin/python benchmarks/bench_trace.py [--reps 15] [--only lstm]
+Run:  PYTHONPATH=.:benchmarks OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_trace.py \
+          [--reps 15] [--lstm-reps 3] [--only standard|lstm]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -28,7 +30,7 @@ def timed(fn) -> float:
     return time.perf_counter() - t
 
 
-def bench(name, make, reps):
+def bench(name, make, reps, memory=False):
     torch.manual_seed(0)
     model, batch = make()
     lbfgs = make is lstm_lbfgs
@@ -52,46 +54,59 @@ def bench(name, make, reps):
         trace_step(model, opt, run, batch)
 
     variants = {"plain": plain, "detect_anomaly": anomaly, "trace_step": traced}
-    for fn in variants.values():  # warm up
-        fn()
+    if lbfgs:  # the parts of the traced step, in the same alternation
+        variants.update(parts(model, opt, run, batch))
+    for k in ("plain", "trace_step"):  # warm up (each variant runs the same code)
+        variants[k]()
     times: dict[str, list[float]] = {k: [] for k in variants}
     for _ in range(reps):
         for k, fn in variants.items():
             times[k].append(timed(fn))
     med = {k: statistics.median(v) for k, v in times.items()}
     n_ops = trace_step(model, opt, run, batch).n_ops
-    if lbfgs:
-        med.update(breakdown(model, opt, run, batch))
+    if lbfgs and memory:
+        med["peak_bytes"] = peak_bytes(model, opt, run, batch)
     return name, med, n_ops
 
 
-def breakdown(model, opt, run, batch) -> dict[str, float]:
-    """Where a traced step's time goes: the modes and hooks alone (every op passed straight
-    through), the per-op bookkeeping without statistics, the whole tracer; and its peak memory."""
-    import tracemalloc
-
-    import numpy as np
-
+def parts(model, opt, run, batch):
+    """Where a traced step's time goes, as variants of it: the modes and hooks alone (every
+    op passed straight through), and the per-op bookkeeping without statistics (no copy, no
+    finiteness check, a constant row). The whole tracer is ``trace_step``."""
     import replay.trace.mode as mode
     from replay.trace.mode import Tracer
-    from replay.trace.stats import NO_STATS
 
-    out = {}
-    on_op, stats = Tracer.on_op, mode.tensor_stats
-    try:
+    finite = mode.NO_STATS._replace(nan=0.0, posinf=0.0, neginf=0.0)
+
+    def modes_only():
+        on_op = Tracer.on_op
         Tracer.on_op = lambda self, f, a, k: f(*a, **k)
-        out["modes_only"] = timed(lambda: trace_step(model, opt, run, batch))
-        Tracer.on_op = on_op
-        finite = NO_STATS._replace(nan=0.0, posinf=0.0, neginf=0.0)
-        mode.tensor_stats = lambda t, hist=True: (finite, np.zeros(16, np.float32))
-        out["no_stats"] = timed(lambda: trace_step(model, opt, run, batch))
-    finally:
-        Tracer.on_op, mode.tensor_stats = on_op, stats
+        try:
+            trace_step(model, opt, run, batch)
+        finally:
+            Tracer.on_op = on_op
+
+    def no_stats():
+        copy_small, stats = mode.copy_small, mode.tensor_stats
+        mode.copy_small = lambda t: None
+        mode.tensor_stats = lambda t, hist=True: (finite, mode._NO_HIST)
+        try:
+            trace_step(model, opt, run, batch)
+        finally:
+            mode.copy_small, mode.tensor_stats = copy_small, stats
+
+    return {"modes_only": modes_only, "no_stats": no_stats}
+
+
+def peak_bytes(model, opt, run, batch) -> int:
+    """tracemalloc's peak over one traced step."""
+    import tracemalloc
+
     tracemalloc.start()
     trace_step(model, opt, run, batch)
-    out["peak_bytes"] = tracemalloc.get_traced_memory()[1]
+    peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
-    return out
+    return peak
 
 
 def main() -> None:
@@ -99,12 +114,17 @@ def main() -> None:
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--reps", type=int, default=15)
+    p.add_argument("--lstm-reps", type=int, default=3, help="repetitions for the LSTM workload")
     p.add_argument("--only", choices=["standard", "lstm"], default=None)
+    p.add_argument(
+        "--memory", action="store_true", help="also the LSTM trace's peak (tracemalloc: slow)"
+    )
     args = p.parse_args()
     warnings.simplefilter("ignore")  # detect_anomaly warns on every use
     print(
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
-        f"median of {args.reps} alternating repetitions\n"
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, median of "
+        f"{args.reps} alternating repetitions ({args.lstm_reps} for the LSTM workload); "
+        f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs at the start\n"
     )
     print("| workload | aten ops | plain step | detect_anomaly | trace_step | trace / plain |")
     print("|---|---|---|---|---|---|")
@@ -114,7 +134,8 @@ def main() -> None:
         loads.append(("LSTMCell x LBFGS (20 closure calls)", lstm_lbfgs))
     split = []
     for name, make in loads:
-        name, med, n_ops = bench(name, make, args.reps)
+        reps = args.lstm_reps if make is lstm_lbfgs else args.reps
+        name, med, n_ops = bench(name, make, reps, args.memory)
         if "modes_only" in med:
             split.append((name, med, n_ops))
         p_ = med["plain"]
@@ -126,19 +147,24 @@ def main() -> None:
     for name, med, n_ops in split:
         p_, t_ = med["plain"], med["trace_step"]
         print(
-            f"\n{name}: where the traced step's {t_:.2f} s go ({n_ops} ops, one run each):\n\n"
+            f"\n{name}: where the traced step's {t_:.2f} s go ({n_ops} ops; medians of the "
+            "same alternation):\n\n"
             "| part | seconds | per op |\n|---|---|---|\n"
             f"| the step itself (plain) | {p_:.2f} | {p_ / n_ops * 1e6:.1f} us |\n"
             f"| + dispatch and function modes, hooks (ops passed through) | "
             f"{med['modes_only'] - p_:.2f} | {(med['modes_only'] - p_) / n_ops * 1e6:.1f} us |\n"
-            f"| + per-op bookkeeping (attribution, origins, memory, the spooled row) | "
+            f"| + per-op bookkeeping (attribution, memory, shapes, the spooled row) | "
             f"{med['no_stats'] - med['modes_only']:.2f} | "
             f"{(med['no_stats'] - med['modes_only']) / n_ops * 1e6:.1f} us |\n"
-            f"| + statistics and histogram of each output | {t_ - med['no_stats']:.2f} | "
+            f"| + finiteness check, statistics and histogram of each output | "
+            f"{t_ - med['no_stats']:.2f} | "
             f"{(t_ - med['no_stats']) / n_ops * 1e6:.1f} us |\n"
-            f"\npeak Python memory of one traced step (tracemalloc): "
-            f"{med['peak_bytes'] / 2**20:.1f} MiB"
         )
+        if "peak_bytes" in med:
+            print(
+                f"\npeak Python memory of one traced step (tracemalloc): "
+                f"{med['peak_bytes'] / 2**20:.1f} MiB"
+            )
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 On CUDA the allocator knows (``torch.cuda.memory_allocated``). On the CPU there is no allocator
 to ask, so this accounts for the storages of every tensor the tracer sees (inputs and outputs
-of each op), counted once per storage and released by a ``weakref.finalize`` on the tensors
+of each op), counted once per storage and released by a weak reference's callback on the tensors
 that keep it alive. Tensors the tracer never sees (inside fused kernels) are not counted.
 
 The largest storages alive are listed at the peak: a snapshot is taken only when the running
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import heapq
 import weakref
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import TypedDict
 
@@ -53,6 +54,21 @@ class _Storage:
     op: str
 
 
+class _Ref(weakref.ref[torch.Tensor]):
+    """A weak reference to a counted tensor that knows its id and storage key."""
+
+    __slots__ = ("tid", "key")
+
+    def __new__(cls, t: torch.Tensor, callback: Callable[[_Ref], None], tid: int, key: int) -> _Ref:
+        return super().__new__(cls, t, callback)
+
+    def __init__(
+        self, t: torch.Tensor, callback: Callable[[_Ref], None], tid: int, key: int
+    ) -> None:
+        # (weakref.ref's own __init__ only checks the arguments __new__ took)
+        self.tid, self.key = tid, key
+
+
 class MemoryTracker:
     def __init__(self, cuda: bool) -> None:
         self.cuda = cuda
@@ -62,14 +78,16 @@ class MemoryTracker:
         self.largest: list[LargeStorage] = []
         self._peak_dirty = False
         self._storages: dict[int, _Storage] = {}  # by storage key (its data pointer)
-        # the finalizer of each tensor alive that is counted, by id: one that ran is dropped
-        # (a list of them all grew with every op of the step)
-        self._finalizers: dict[int, weakref.finalize[[int, int], torch.Tensor]] = {}
+        # a weak reference to each tensor alive that is counted, by id; dropped when the tensor
+        # dies (a ``weakref.finalize`` each cost several times more: millions of small ops)
+        self._refs: dict[int, _Ref] = {}
+        self.on_free: Callable[[int], None] | None = None  # told each storage key let go
+        self.seen: Collection[int] = self._refs  # ids of the tensors counted
 
     def see(self, t: torch.Tensor, op_index: int, op_name: str) -> None:
         """Count ``t``'s storage (once) until the last tensor using it dies."""
         tid = id(t)
-        if tid in self._finalizers:
+        if tid in self._refs:
             return
         try:
             st = t.untyped_storage()
@@ -85,10 +103,16 @@ class MemoryTracker:
             self.live_bytes += nbytes
         else:
             entry.tensors += 1
-        self._finalizers[tid] = weakref.finalize(t, self._release, tid, key)
+        self._refs[tid] = _Ref(t, self._release, tid, key)
 
-    def _release(self, tid: int, key: int) -> None:
-        self._finalizers.pop(tid, None)
+    def counts(self, key: int) -> bool:
+        """Whether the storage with this key is being counted (a tensor using it is alive)."""
+        return key in self._storages
+
+    def _release(self, ref: _Ref) -> None:
+        tid, key = ref.tid, ref.key
+        if self._refs.get(tid) is ref:
+            del self._refs[tid]
         entry = self._storages.get(key)
         if entry is None:
             return
@@ -98,6 +122,8 @@ class MemoryTracker:
                 self._snapshot()
             del self._storages[key]
             self.live_bytes -= entry.nbytes
+            if self.on_free is not None:
+                self.on_free(key)
 
     def _snapshot(self) -> None:
         self._peak_dirty = False
@@ -131,8 +157,7 @@ class MemoryTracker:
             self._snapshot()
 
     def close(self) -> None:
-        """Stop accounting and drop the finalizers (tensors that outlive the trace owe us nothing)."""
-        for fin in list(self._finalizers.values()):
-            fin.detach()
-        self._finalizers.clear()
+        """Stop accounting and drop the weak references (their callbacks go with them: tensors
+        that outlive the trace owe us nothing)."""
+        self._refs.clear()
         self._storages.clear()

@@ -48,15 +48,17 @@ from torch.utils.hooks import RemovableHandle
 
 from replay.store.contracts import OpStatus, Phase
 from replay.trace.memory import MemoryTracker
-from replay.trace.origins import Origins
+from replay.trace.origins import Origins, storage_key
 from replay.trace.source import Interner, Locations
 from replay.trace.spool import NonFiniteTable, OpSpool
+from replay.trace.staged import STAGE_MAX, Stage, copy_small, quick_finite
 from replay.trace.stats import (
     N_BINS,
     NO_STATS,
     Stats,
     finite_kind,
     kind_of_row,
+    np_stats,
     quiet_numpy,
     tensor_stats,
 )
@@ -94,7 +96,17 @@ _NO_HIST = np.zeros(N_BINS, dtype=np.float32)
 # called: in ``on_op``, ``sys._getframe(_OP_CALLER)`` is that code's frame, where the op ran.
 # Only ``on_op`` reads it, and only when it needs it (a frame object is made on demand).
 _OP_CALLER = 2
-_ShapeKey = tuple[tuple[torch.dtype, torch.Size, torch.device], ...]
+#: Ops whose output holds exactly the values of their first input, in another shape or order
+#: (the same multiset when the sizes agree): statistics of one are those of the other.
+ALIAS_OPS = frozenset(
+    f"aten::{n}"
+    for n in (
+        "t", "transpose", "permute", "view", "_unsafe_view", "reshape", "_reshape_alias",
+        "detach", "alias", "squeeze", "unsqueeze", "flatten", "unflatten", "numpy_T", "mT",
+        "matrix_H", "view_as", "reshape_as", "movedim", "swapaxes", "swapdims", "lift_fresh",
+    )
+)  # fmt: skip
+_ShapeKey = tuple[tuple[torch.dtype, torch.Size, int], ...]  # int: get_device(), -1 the CPU
 
 
 @dataclass
@@ -103,6 +115,7 @@ class _OpInfo:
     index: int
     mutated: tuple[int, ...]  # positions of arguments the op writes to
     mutated_kw: tuple[str, ...]
+    alias: bool = False  # in ALIAS_OPS: its output holds its first input's values, re-viewed
 
 
 @dataclass(slots=True)
@@ -219,6 +232,12 @@ def _arg_kind(args: object) -> str:
     return kind
 
 
+def _kind(t: torch.Tensor) -> str:
+    """``finite_kind``, with one sum over a small tensor's copy when that says finite."""
+    a = copy_small(t)
+    return "finite" if a is not None and quick_finite(a) else finite_kind(t)
+
+
 def _describe(t: torch.Tensor) -> str:
     return f"{str(t.dtype)[6:]}[{','.join(map(str, t.shape))}]@{t.device}"
 
@@ -237,6 +256,12 @@ class _DispatchMode(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torc
     def __init__(self, tracer: Tracer) -> None:
         super().__init__()  # type: ignore[no-untyped-call]  # torch stubs
         self.tracer = tracer
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        """False: ``__torch_dispatch__`` is called as it is, not through dynamo's disable
+        wrapper (a few microseconds an op; the tracer never runs under ``torch.compile``)."""
+        return False
 
     def __torch_dispatch__(
         self,
@@ -320,6 +345,17 @@ class Tracer:
         # the op table, streamed to files as it grows (spool.py): a step of millions of ops
         # is traced in bounded memory
         self.cols = OpSpool()
+        # statistics of small finite outputs, measured in batches (staged.py) and written
+        # into their rows before the rows leave the spool's buffer
+        self.stage = Stage(self._write_staged, self._copy_staged)
+        # Staged values seen in each storage, by storage key and data pointer: (numel, version,
+        # dtype, row). An op that only re-views those values (``ALIAS_OPS``: ``t()``
+        # of a weight at every step of an unrolled RNN) gets that row's statistics. A mutation
+        # bumps the version (and drops the entry: ``.data`` has a version of its own); a
+        # storage let go (the memory tracker's count of its tensors fell to 0) drops it too,
+        # before its address can be reused.
+        self._values: dict[int, dict[int, tuple[int, int, torch.dtype, int]]] = {}
+        self.memory.on_free = self._forget
         self.progress: Callable[[Tracer], None] | None = None  # told every PROGRESS_ROWS ops
         # every non-finite op, a few bytes each (spool.NonFiniteTable); full records for the
         # first MAX_DETAILED and every producer
@@ -395,6 +431,7 @@ class Tracer:
         if self._backward is not None:
             setattr(torch.autograd, "backward", self._backward)  # noqa: B010
             self._backward = None
+        self.stage.flush()
         self._quiet.__exit__(None, None, None)
         self.memory.finish()
         self.memory.close()
@@ -556,11 +593,13 @@ class Tracer:
                         kw.append(a.name)
                     else:
                         pos.append(i)
-            info = self._opinfo[func] = _OpInfo(name, self.op_names(name), tuple(pos), tuple(kw))
+            info = self._opinfo[func] = _OpInfo(
+                name, self.op_names(name), tuple(pos), tuple(kw), name in ALIAS_OPS
+            )
         return info
 
     def _shapes(self, ts: list[torch.Tensor]) -> int:
-        key = tuple((t.dtype, t.shape, t.device) for t in ts)
+        key = tuple([(t.dtype, t.shape, t.get_device()) for t in ts])
         i = self._shape_key.get(key)
         if i is None:
             i = self._shape_key[key] = self.shapes(", ".join(_describe(t) for t in ts))
@@ -594,9 +633,18 @@ class Tracer:
                 loc, stack = self.locs.here(sys._getframe(_OP_CALLER))
             site = OpSite(index, info, phase, mod, loc, stack, -1)
         call = (args, kwargs)
-        ins = _tensors(call)
-        mutated = [args[i] for i in info.mutated if i < len(args)]
-        mutated += [kwargs[k] for k in info.mutated_kw if k in kwargs]
+        ins: list[torch.Tensor] = []
+        _collect(args, ins)
+        if kwargs:
+            _collect(kwargs, ins)
+        mutated: list[object] = []
+        if info.mutated or info.mutated_kw:
+            mutated = [args[i] for i in info.mutated if i < len(args)]
+            mutated += [kwargs[k] for k in info.mutated_kw if k in kwargs]
+            if self._values:
+                for m in mutated:
+                    if isinstance(m, torch.Tensor) and (k := storage_key(m)) is not None:
+                        self._values.pop(k, None)
         pre_bad = (
             {id(t): self.origins.known_bad(t) for t in mutated if isinstance(t, torch.Tensor)}
             if self.origins.by_storage
@@ -642,8 +690,12 @@ class Tracer:
         row: Stats,
         hist: np.ndarray,
         elapsed: int,
+        staged: np.ndarray | None = None,
+        alias: int = -1,
     ) -> None:
-        """One row of the op table: ``inputs``/``outputs`` index the shapes table (-1: none)."""
+        """One row of the op table: ``inputs``/``outputs`` index the shapes table (-1: none).
+        ``staged``: the finite values of its output, measured later in a batch; ``alias``: a
+        staged row holding the same values (``row`` and ``hist`` are placeholders until then)."""
         spool = self.cols
         c = spool.buf
         c["phase"].append(site.phase)
@@ -660,11 +712,66 @@ class Tracer:
         c["stats"].append(row)
         c["hist"].append(hist)
         c["mem_bytes"].append(self.memory.after_op(site.index))
+        if staged is not None:
+            self.stage.add(site.index, staged)
+        elif alias >= 0:
+            self.stage.alias(site.index, alias)
         if not (site.index + 1) % PROGRESS_ROWS:
             if spool.full():
+                self.stage.flush()  # the staged rows get their statistics before they go
                 spool.flush()
             if self.progress is not None:
                 self.progress(self)
+
+    def _torch_stats(self, t: torch.Tensor) -> tuple[Stats, np.ndarray]:
+        """``tensor_stats`` of a tensor numpy does not measure (large, on a GPU, not float).
+        Small reductions are latency-bound: an OpenMP fork/join per reduction costs more than
+        the work (and ms on a busy machine), so they run on one thread, restored after."""
+        threads = torch.get_num_threads()
+        single = threads > 1 and t.numel() < SINGLE_THREAD_NUMEL
+        if single:
+            torch.set_num_threads(1)
+        try:
+            return tensor_stats(t)
+        finally:
+            if single:
+                torch.set_num_threads(threads)
+
+    def _copy_staged(self, row: int, src: int) -> None:
+        buf, first = self.cols.buf, self.cols.flushed
+        buf["stats"][row - first] = self.cols.get("stats", src)
+        buf["hist"][row - first] = self.cols.get("hist", src)
+
+    def _remember(self, t: torch.Tensor, row: int) -> None:
+        """``t``'s values are measured in row ``row`` (finite: staged, or measured at once) (``t`` is one the memory tracker
+        counts: its storage's entry goes when the storage is let go)."""
+        key = storage_key(t)
+        if key is not None and self.memory.counts(key):
+            at = self._values.get(key)
+            if at is None:
+                at = self._values[key] = {}
+            at[t.data_ptr()] = (t.numel(), t._version, t.dtype, row)
+
+    def _forget(self, key: int) -> None:
+        self._values.pop(key, None)
+
+    def _measured(self, t: torch.Tensor) -> int:
+        """The row of finite values measured that ``t`` holds now, else -1."""
+        key = storage_key(t)
+        at = self._values.get(key) if key is not None else None
+        v = at.get(t.data_ptr()) if at is not None else None
+        if v is not None and v[0] == t.numel() and v[1] == t._version and v[2] == t.dtype:
+            return v[3]
+        return -1
+
+    def _write_staged(self, rows: list[int], stats: np.ndarray, hists: np.ndarray) -> None:
+        """The batch-measured statistics of staged rows, into the spool's buffer (they are
+        still there: the stage is flushed before the spool)."""
+        buf, first = self.cols.buf, self.cols.flushed
+        st, hs = buf["stats"], buf["hist"]
+        for j, r in enumerate(rows):
+            st[r - first] = stats[j]
+            hs[r - first] = hists[j]
 
     def _record(
         self,
@@ -678,28 +785,50 @@ class Tracer:
     ) -> NonFinite | None:
         """Measure the op's outputs and append its row; the op's ``NonFinite`` when it is to be
         described in full (``on_op`` adds where it ran), else None."""
+        see, seen = self.memory.see, self.memory.seen
         for t in ins:
-            self.memory.see(t, site.index, site.op.name)
+            if id(t) not in seen:
+                see(t, site.index, site.op.name)
         for t in outs:
-            self.memory.see(t, site.index, site.op.name)
+            if id(t) not in seen:
+                see(t, site.index, site.op.name)
         floats = [t for t in outs if t.is_floating_point()]
         main = floats[0] if floats else (outs[0] if outs else None)
-        # Small reductions are latency-bound: an OpenMP fork/join per reduction costs more
-        # than the work (and ms on a busy machine). Restored before the next user op runs.
-        threads = torch.get_num_threads()
-        single = threads > 1 and (main is None or main.numel() < SINGLE_THREAD_NUMEL)
-        if single:
-            torch.set_num_threads(1)
-        try:
-            if main is not None:
-                row, hist = tensor_stats(main)
+        staged: np.ndarray | None = None
+        alias = -1
+        a = None
+        src: torch.Tensor | None = None
+        if main is not None and site.op.alias and ins and len(floats) == 1:
+            src = ins[0]
+            if src.numel() == main.numel() and src.dtype == main.dtype:
+                alias = self._measured(src)
             else:
-                row, hist = NO_STATS, _NO_HIST
+                src = None
+        if alias < 0 and main is not None:
+            a = copy_small(main)
+        if alias >= 0:  # the same values as a row measured before: its statistics
+            row, hist, kinds = NO_STATS, _NO_HIST, ["finite"]
+        elif a is not None and quick_finite(a):
+            if a.size <= STAGE_MAX:
+                staged, row, hist = a, NO_STATS, _NO_HIST  # measured later, in a batch
+            else:  # enough values that numpy's per-call cost does not matter
+                row, hist = np_stats(a, True)
+            kinds = ["finite"]
+            # A view's version counter is joined to its base's only after the op returns:
+            # the values are remembered under the viewed input
+            remembered = src if src is not None else main
+            assert remembered is not None
+            self._remember(remembered, site.index)
+        elif a is not None:
+            row, hist = np_stats(a, True)
+            kinds = [kind_of_row(row)]
+        elif main is not None:
+            row, hist = self._torch_stats(main)
             kinds = [kind_of_row(row)] if floats else []
-            kinds += [finite_kind(t) for t in floats[1:]]
-        finally:
-            if single:
-                torch.set_num_threads(threads)
+        else:
+            row, hist, kinds = NO_STATS, _NO_HIST, []
+        if len(floats) > 1:
+            kinds += [_kind(t) for t in floats[1:]]
         status = _FINITE
         nf = None
         if any(k != "finite" for k in kinds):
@@ -714,7 +843,9 @@ class Tracer:
         elif self.origins.by_storage:
             for t in floats:
                 self.origins.set_output(t, None)
-        self._append(site, status, self._shapes(ins), self._shapes(outs), row, hist, elapsed)
+        self._append(
+            site, status, self._shapes(ins), self._shapes(outs), row, hist, elapsed, staged, alias
+        )
         return nf if nf is not None and nf.detailed else None
 
     def _nonfinite(

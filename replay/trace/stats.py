@@ -30,13 +30,14 @@ __all__ = [
     "N_BINS",
     "NO_STATS",
     "tensor_stats",
+    "np_stats",
     "stats_dict",
     "finite_kind",
     "kind_of_row",
 ]
 
 N_BINS = 16
-HIST_SAMPLE = 1024
+HIST_SAMPLE = 256  # 16 bins: a picture of the values, drawn from a few hundred of them
 NUMPY_MAX = 1 << 16  # values: below this a CPU tensor is measured in numpy
 _NP_FLOATS = (torch.float32, torch.float64)
 NAN = float("nan")
@@ -147,7 +148,8 @@ class quiet_numpy:
         np.seterr(**self._old)
 
 
-def _np_stats(a: np.ndarray, hist: bool) -> tuple[Stats, np.ndarray]:
+def np_stats(a: np.ndarray, hist: bool) -> tuple[Stats, np.ndarray]:
+    """``tensor_stats`` of a flat numpy copy of a tensor's values (numpy warnings off)."""
     n = a.size
     zeros = float(n - np.count_nonzero(a))
     lo, hi = float(a.min()), float(a.max())
@@ -180,8 +182,8 @@ def tensor_stats(t: torch.Tensor, *, hist: bool = True) -> tuple[Stats, np.ndarr
     if a is not None:
         if np.geterr()["over"] != "ignore":  # called outside a traced step
             with quiet_numpy():
-                return _np_stats(a, hist)
-        return _np_stats(a, hist)
+                return np_stats(a, hist)
+        return np_stats(a, hist)
     # An FSDP2 DTensor: this rank's shard (reading a DTensor's statistics would be a
     # collective that only this rank makes; each rank traces its own step).
     t = local(t)

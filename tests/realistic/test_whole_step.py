@@ -107,6 +107,21 @@ def test_time_major_lm_with_flattened_targets_blames_column_7(tmp_path):
     assert v["samples_exact"] is True
 
 
+def test_ragged_batch_that_cannot_be_cut_along_its_samples_says_so_instead_of_naming_one(
+    tmp_path,
+):
+    """Flat tokens[N] with lengths[B]: a sub-batch keeps every token and fails differently
+    (split's sizes no longer add up) than the whole batch (the embedding's IndexError)."""
+    run = record(tmp_path, "ragged_bags.py")
+    v = bisect(run)
+    assert v["kind"] == "exception" and v["exception"]["type"] == "IndexError"
+    assert v["op"] == "aten::embedding"
+    assert not v.get("samples"), v["samples"]
+    notes = " ".join(v["notes"])
+    assert "could not be cut consistently along dim 0" in notes, v["notes"]
+    assert "split" in notes and "no sample named" in notes, v["notes"]
+
+
 def max_rss_of(*args: str, cwd: Path) -> tuple[int, str]:
     """Peak RSS (bytes) of ``python -m replay ARGS`` run alone in a child, and its stderr."""
     code = (

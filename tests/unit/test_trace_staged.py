@@ -1,0 +1,59 @@
+"""Statistics measured in batches (replay/trace/staged.py) and reused for re-viewed values."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from replay.trace import trace_step
+from replay.trace.staged import measure
+from replay.trace.stats import np_stats, quiet_numpy
+
+
+def test_batched_statistics_match_those_of_each_tensor_alone():
+    rng = np.random.default_rng(3)
+    arrays = [
+        rng.standard_normal(816).astype(np.float32),
+        np.zeros(40, np.float32),  # constant: every value in the first bin
+        np.array([2.5], np.float32),  # a single value
+        (rng.standard_normal(10404) * 1e3).astype(np.float32),  # histogram over a sample
+        rng.standard_normal(300),  # float64
+        np.where(rng.random(500) < 0.3, 0.0, rng.random(500)).astype(np.float32),  # zeros
+    ]
+    stats, hists = measure(arrays)
+    with quiet_numpy():
+        for a, row, hist in zip(arrays, stats, hists):
+            want, want_hist = np_stats(a, True)
+            np.testing.assert_allclose(row, np.asarray(want, np.float64), rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(hist, want_hist, rtol=1e-5)
+            assert hist.sum() == np.float32(a.size) or abs(hist.sum() - a.size) < 1e-3 * a.size
+
+
+def _t_rows(r) -> list[int]:
+    return r.find_ops("aten::t")
+
+
+def test_a_transposed_weight_gets_the_statistics_of_its_values_each_time():
+    """The second ``t()`` of an unchanged weight reuses the first one's statistics; after the
+    weight is changed through ``.data`` (a version counter of its own) it is measured again."""
+    torch.manual_seed(0)
+    lin = nn.Linear(5, 3)
+    w = lin.weight.detach().clone()
+
+    def step(model, opt, batch):
+        a = model.weight.t()
+        b = model.weight.t()
+        model.weight.data.mul_(2.0)
+        c = model.weight.t()
+        loss = model(batch).sum() + (a.sum() + b.sum() + c.sum()) * 0
+        loss.backward()
+        return loss
+
+    r = trace_step(lin, None, step, torch.randn(4, 5))
+    rows = _t_rows(r)[:3]
+    first, second, third = (r.op_row(i)["stats"] for i in rows)
+    assert first == second
+    assert first["max"] == float(w.max()) and first["min"] == float(w.min())
+    assert third["max"] == float(2 * w.max()) and third["mean"] != first["mean"]
+    assert third["numel"] == 15.0
