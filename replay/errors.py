@@ -16,6 +16,8 @@ __all__ = [
     "EXIT_BAD_ENTRY",
     "EXIT_REPLAY_FAILED",
     "EXIT_INTERNAL",
+    "EXIT_DATA_CHANGED",
+    "DataChangedError",
 ]
 
 # Exit codes shared by every command (documented in the README).
@@ -26,6 +28,7 @@ EXIT_BAD_RECORDING = 3  # missing, unreadable, foreign, newer or empty recording
 EXIT_BAD_ENTRY = 4  # the recorded build_fn/step_fn cannot be imported
 EXIT_REPLAY_FAILED = 5  # replay itself failed (state cannot be restored, device missing)
 EXIT_INTERNAL = 6  # an unexpected error: a bug in replay (the catch-all in replay.cli.main)
+EXIT_DATA_CHANGED = 7  # a batch recorded by reference is not what the dataset gives now
 
 
 class ReplayError(Exception):
@@ -44,6 +47,13 @@ class RecordingError(ReplayError):
     """The file is not a usable recording (missing, not HDF5, foreign, too new, truncated)."""
 
     exit_code = EXIT_BAD_RECORDING
+
+
+class DataChangedError(ReplayError):
+    """A batch recorded by reference, drawn again from the dataset, does not match its digest:
+    the data changed since the recording, and the step is not replayed."""
+
+    exit_code = EXIT_DATA_CHANGED
 
 
 class EntryPointError(ReplayError):

@@ -8,7 +8,7 @@ batch the loader will yield; ``rec.step`` takes the oldest and records ``{"indic
 The loader's iterator asks the sampler for indices ahead of the batches it yields (prefetch,
 workers), in the same order: first in, first out. Replay (which re-runs the program and so has
 its loader) calls :func:`draw` with the dataset and the collate function the program made, and
-refuses a batch whose digest differs (:class:`DataChanged`): the data changed since the recording.
+refuses a batch whose digest differs (:class:`~replay.errors.DataChangedError`): the data changed since the recording.
 
 Nothing here runs on a loader it does not know: :func:`tap` says why a loader cannot be
 recorded by reference (an iterable-style dataset, a sampler of non-integer keys), and the
@@ -24,19 +24,11 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ReplayError
+from ..errors import DataChangedError
 from ..store.tree import encode
 from .tensors import to_leaves
 
-__all__ = ["IndexTap", "tap", "untap", "digest", "draw", "DataChanged", "EXIT_DATA_CHANGED"]
-
-EXIT_DATA_CHANGED = 7
-
-
-class DataChanged(ReplayError):
-    """A batch drawn again from the dataset is not the one recorded: never replayed."""
-
-    exit_code = EXIT_DATA_CHANGED
+__all__ = ["IndexTap", "tap", "untap", "digest", "draw", "check_drawn", "kept_rng"]
 
 
 def digest(batch: Any) -> str:
@@ -138,7 +130,7 @@ def check_drawn(batch: Any, ref: dict[str, Any], step: int) -> None:
     if got != ref.get("sha256"):
         idx = np.asarray(ref["indices"]).reshape(-1).tolist()
         shown = ", ".join(map(str, idx[:6])) + (", ..." if len(idx) > 6 else "")
-        raise DataChanged(
+        raise DataChangedError(
             f"step {step}: the data changed since the recording: the batch drawn again from "
             f"the dataset (samples {shown}) does not match the recorded one (sha256 "
             f"{str(ref.get('sha256'))[:12]}, drawn {got[:12]}); it is not replayed"

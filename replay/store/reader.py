@@ -573,7 +573,10 @@ class Recording:
         crcs, nbytes, mlens = (self._read(f"steps/{k}") for k in ("crc", "nbytes", "mlen"))
         arena = self._ds("steps/arena")
         width = arena.shape[1]
-        stored = V.bytes_stored(arena, self.path, "steps/arena")
+        try:
+            stored = V.bytes_stored(arena, self.path, "steps/arena")
+        except RecordingError:  # its index unreadable (a cut copy): no record can be trusted
+            stored = -1
         bad, suspect = [], []
         for slot in np.flatnonzero(markers >= 0):
             step, n, mlen = int(markers[slot]), int(nbytes[slot]), int(mlens[slot])

@@ -704,6 +704,17 @@ def check_record(rec: Any, ring: str, step: int, where: str) -> None:
         modes = rec.get("modes")
         if modes is not None and not (isinstance(modes, np.ndarray) and modes.ndim == 1):
             raise _BAD(f"{w}: modes is not a 1-D array")
+        ref = rec.get("batch_ref")
+        if ref is not None and not (
+            isinstance(ref, dict)
+            and isinstance(ref.get("indices"), np.ndarray)
+            and ref["indices"].dtype.kind in "iu"
+            and ref["indices"].ndim <= 1
+            and isinstance(ref.get("batched"), bool)
+            and isinstance(ref.get("sha256"), str)
+            and len(ref["sha256"]) == 64
+        ):
+            raise _BAD(f"{w}: batch_ref is not {{indices, batched, sha256}}")
     else:
         for key in ("model", "optimizer", "scheduler", "scaler"):
             if rec.get(key) is not None and not isinstance(rec[key], dict):

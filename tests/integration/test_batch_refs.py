@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from replay.capture.loader import EXIT_DATA_CHANGED
+from replay.errors import EXIT_DATA_CHANGED
 from replay.store import open_recording
 
 sys.path.insert(0, str(Path(__file__).with_name("scripts")))
