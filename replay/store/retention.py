@@ -100,6 +100,12 @@ class SnapshotSlots:
         if self.free:
             slot = min(self.free)
             self.free.discard(slot)
+        elif 0 < self.plan.snapshot_slots <= self.used:
+            # Every slot taken: only an extra snapshot off the grid (the self-check's half-way
+            # one) can bring this about; it, or else the oldest, gives its slot up.
+            every = self.plan.tiers[0][0]
+            off = [s for s in self.kept if (s - self.plan.start) % every]
+            slot = self.kept.pop(min(off) if off else min(self.kept))
         else:
             slot, self.used = self.used, self.used + 1
         self.kept[t] = slot

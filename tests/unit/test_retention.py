@@ -50,3 +50,12 @@ def test_a_byte_budget_keeps_fewer_steps_and_says_how_many():
     assert p.step_slots == 1000 and p.reach < 1000
     tiny = plan(snapshot_every=50, keep_snapshots=3, reach=10_000, step_bytes=1 << 30, budget=1)
     assert tiny.step_slots == 150 and tiny.snapshot_slots == 3  # never below the dense tier
+
+
+def test_an_extra_snapshot_off_the_grid_never_takes_a_slot_beyond_the_ring():
+    """The self-check takes one snapshot half-way through its steps, off the snapshot grid."""
+    p = plan(snapshot_every=4, keep_snapshots=2, reach=0)
+    slots = SnapshotSlots(p)
+    placed = [slots.place(t) for t in (0, 2, 4, 8, 12)]
+    assert max(placed) < p.snapshot_slots == 2
+    assert sorted(slots.kept) == [8, 12]
