@@ -121,7 +121,10 @@ class Recorder:
     last ``reach=10_000`` is replayable. Step records are bounded by ``keep_bytes=1 GiB`` (sized
     from the first step's batch): a larger batch keeps fewer steps, and the file says how many
     (``replay info``'s reach line). ``reach=0`` keeps only the dense tier: the last 101 to 150
-    steps, and bisect replays at most 51 steps.
+    steps, and bisect replays at most 51 steps. ``loader=``: the ``DataLoader`` the batches come
+    from (map-style dataset, no ``build_fn``): each step keeps the sampler's indices and a digest
+    of its batch instead of the batch, and replay draws it again from the dataset, refusing a
+    batch that changed (``by_reference=False`` keeps the bytes; docs/recording.md).
     The parameter fingerprint (bitwise replay verification, parameter NaN flag) is taken every
     ``fingerprint_every=10`` steps; loss and gradient norm every step. Health metrics are kept for the last
     ``keep_health=100_000`` steps. The file stops growing once the rings are full.
