@@ -49,8 +49,9 @@ class ReachPlan:
     """How a recording's rings are sized and which snapshots it keeps.
 
     ``step_slots`` steps are kept (every step back to the oldest kept snapshot); at most
-    ``snapshot_slots`` snapshots at once; at every moment each of the last ``reach`` steps is
-    replayable (computed over the rule, not assumed).
+    ``snapshot_slots`` snapshots at once (what the rule keeps, and one spare for a snapshot off
+    the grid: the self-check's, half-way through its steps); at every moment each of the last
+    ``reach`` steps is replayable (computed over the rule, not assumed).
     """
 
     start: int
@@ -66,6 +67,8 @@ class ReachPlan:
             return True
         if age >= self.step_slots:
             return False  # its own step record is gone: it can start no replay
+        if (s - self.start) % self.tiers[0][0]:
+            return True  # off the grid: the self-check's own, kept while its steps are
         return any(
             (s - self.start) % every == 0 and (span == 0 or age < span)
             for every, span in self.tiers
@@ -101,8 +104,8 @@ class SnapshotSlots:
             slot = min(self.free)
             self.free.discard(slot)
         elif 0 < self.plan.snapshot_slots <= self.used:
-            # Every slot taken: only an extra snapshot off the grid (the self-check's half-way
-            # one) can bring this about; it, or else the oldest, gives its slot up.
+            # Every slot taken: only more than one snapshot off the grid can bring this about;
+            # the oldest of them, or else the oldest, gives its slot up.
             every = self.plan.tiers[0][0]
             off = [s for s in self.kept if (s - self.plan.start) % every]
             slot = self.kept.pop(min(off) if off else min(self.kept))
@@ -165,10 +168,12 @@ def plan(
         if fit < step_slots:
             step_slots = fit
             tiers = tiers_of(snapshot_every, keep_snapshots, step_slots)
-    if len(tiers) == 1:  # the dense ring alone: every slot-th snapshot, as format v2 kept them
-        return ReachPlan(start, tiers, dense, keep_snapshots, dense - snapshot_every + 1)
+    # One spare slot: the self-check takes one snapshot off the grid (recorder.py), kept while
+    # its steps are in the ring; a run without it never writes that slot.
+    if len(tiers) == 1:  # the dense ring alone, as format v2 kept it
+        return ReachPlan(start, tiers, dense, keep_snapshots + 1, dense - snapshot_every + 1)
     used, got = _simulate(start, snapshot_every, tiers, step_slots)
-    return ReachPlan(start, tiers, step_slots, used, min(got, want))
+    return ReachPlan(start, tiers, step_slots, used + 1, min(got, want))
 
 
 def describe_tiers(tiers: list[list[int]] | tuple[tuple[int, int], ...]) -> str:
