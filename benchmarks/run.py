@@ -82,6 +82,18 @@ BENCHES = [
         ["--rounds", "1", "--workloads", "MLP"],
     ),
     (
+        "The file's size for 100,000 steps of the benchmark GPT (issue 35: reach 10,000)",
+        "benchmarks/bench_reach.py",
+        ["--steps", "240"],
+        ["--steps", "20"],
+    ),
+    (
+        "Batches by reference vs by value: bytes and time per step (issue 35)",
+        "benchmarks/bench_batch_refs.py",
+        ["--rounds", "5", "--steps", "40"],
+        ["--rounds", "1", "--steps", "3"],
+    ),
+    (
         "Recorder overhead under 2-rank DDP (gloo, CPU)",
         "benchmarks/bench_ddp.py",
         ["--rounds", "7", "--steps", "40"],

@@ -18,6 +18,8 @@ __all__ = [
     "EXIT_REPLAY_FAILED",
     "EXIT_INTERNAL",
     "EXIT_INCOMPLETE_RANKS",
+    "EXIT_DATA_CHANGED",
+    "DataChangedError",
 ]
 
 # Exit codes shared by every command (documented in the README).
@@ -29,6 +31,7 @@ EXIT_BAD_ENTRY = 4  # the recorded build_fn/step_fn cannot be imported
 EXIT_REPLAY_FAILED = 5  # replay itself failed (state cannot be restored, device missing)
 EXIT_INTERNAL = 6  # an unexpected error: a bug in replay (the catch-all in replay.cli.main)
 EXIT_INCOMPLETE_RANKS = 7  # a DDP rank set with a missing or damaged rank file
+EXIT_DATA_CHANGED = 8  # a batch recorded by reference is not what the dataset gives now
 
 
 class ReplayError(Exception):
@@ -54,6 +57,13 @@ class IncompleteRankSetError(RecordingError):
     the set cannot be known, so nothing is guessed over it (exit 7)."""
 
     exit_code = EXIT_INCOMPLETE_RANKS
+
+
+class DataChangedError(ReplayError):
+    """A batch recorded by reference, drawn again from the dataset, does not match its digest:
+    the data changed since the recording, and the step is not replayed."""
+
+    exit_code = EXIT_DATA_CHANGED
 
 
 class EntryPointError(ReplayError):

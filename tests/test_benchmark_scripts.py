@@ -40,3 +40,17 @@ def test_bench_rankscan_finds_the_first_step_and_rank_with_every_variant(tmp_pat
     assert "scan workers import torch: no" in proc.stdout
     rows = [line for line in proc.stdout.splitlines() if line.startswith("| health")]
     assert len(rows) == 2 and all(len(re.findall(r"\d+\.\d\d s", r)) == 3 for r in rows)
+
+
+def test_bench_batch_refs_records_by_reference_and_by_value():
+    """Both variants run, and by reference the file holds far fewer bytes per step (a reference
+    that silently fell back to by value would show the same bytes)."""
+    proc = run_py(
+        str(ROOT / "benchmarks" / "bench_batch_refs.py"), "--rounds", "1", "--steps", "2",
+        timeout=300, check=True,
+    )  # fmt: skip
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| ")][1:]
+    assert [r.split(" | ")[0] for r in rows] == ["| MLP", "| CNN", "| GPT (2 blocks)"]
+    for r in rows:
+        by_value, by_ref = (float(x) for x in re.findall(r"([\d.]+) KiB", r)[1:3])
+        assert by_ref < 16 < by_value, r

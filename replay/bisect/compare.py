@@ -21,7 +21,7 @@ __all__ = [
 # The columns a replay must reproduce bit for bit: replay is verified, never assumed.
 VERIFIED_COLUMNS = ("loss", "param_fingerprint")
 
-# What to change, for each reason a replay can differ (replay/engine/why.py tells them apart).
+# What to change, for each reason a replay can differ (replay/workflows/why.py tells them apart).
 HINT_RAISED = (
     "the step depends on state build_fn does not create (a global the training loop sets, an "
     "object build_fn does not return): return it from build_fn as a named object, or pass it "

@@ -138,7 +138,7 @@ def find_culprit(
         raise SearchError(
             f"the recording first shows the failure at step {bound}, before the replayable "
             f"window (steps {first}..{last}): the steps that led to it are no longer kept; "
-            "record with a larger keep_snapshots or snapshot_every"
+            "record with a larger reach (Recorder(reach=...), and keep_bytes for large batches)"
         )
     if bound > last:
         v.notes.append(

@@ -105,6 +105,7 @@ class LiveProgram:
     step_fn: Callable[..., Any]
     wrapper: Any = None
     who: str = "replay.Recorder"
+    loader: Any = None  # Recorder(loader=...): batches recorded by reference are drawn from it
 
 
 class ReplayFinished(BaseException):

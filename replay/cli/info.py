@@ -38,6 +38,7 @@ def _steps_summary(rec: Recording) -> dict[str, Any]:
         "batch_steps": [int(steps[0]), int(steps[-1])] if len(steps) else None,
         "snapshots": [int(s) for s in rec.snapshot_steps()],
         "replayable_window": [window.first, window.last] if window else None,
+        "reach": rec.reach(),
         "not_replayable": rec.run_meta.not_replayable,
         "first_bad": rec.first_bad(),
         "last_loss": float(losses[-1]) if losses.size else None,
@@ -127,6 +128,16 @@ def _truncated(path: str, writer: dict[str, Any] | None) -> dict[str, int] | Non
     return {"size": extent[0], "claimed": extent[1]}
 
 
+def _reach_line(r: dict[str, Any]) -> str:
+    """``any step of the last 10,000 (snapshots every 50 steps for the last 150, ...)``."""
+    from ..store.retention import describe_tiers
+
+    return (
+        f"any step of the last {r['reach']:,} (snapshots {describe_tiers(r['tiers'])}; "
+        f"{r['step_slots']:,} steps kept)"
+    )
+
+
 def _steps_list(steps: list[int], most: int = 12) -> str:
     return ", ".join(map(str, steps[:most])) + (
         f" (+{len(steps) - most} more)" if len(steps) > most else ""
@@ -172,6 +183,8 @@ def render(d: dict[str, Any]) -> str:
         else "nothing (no kept snapshot with its batches)"
     )
     lines.append(f"  replayable      {_fmt_range(w) if w else nothing}")
+    if d.get("reach") and not d.get("not_replayable"):
+        lines.append(f"  reach           {_reach_line(d['reach'])}")
     check = d.get("self_check")
     if check:
         lines.append(f"  self-check      {check['line']}")

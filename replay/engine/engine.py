@@ -24,10 +24,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_map_only
 
 from ..capture.bounded import is_unrecorded
 from ..capture.fingerprint import absmax, exact_if_needed, loss_of, param_fingerprint
 from ..capture.guard import LiveProgram, replay_runs_user_code
+from ..capture.loader import check_drawn, draw, kept_rng
 from ..capture.objects import RunObjects, StepCall
 from ..capture.probe import GradProbe
 from ..capture.rng import restore_rng
@@ -159,6 +161,8 @@ class Engine:
         self._leaf_device = None if self.device == self.recorded_device else self.device
         self._configure_torch(env)
         self.objs: RunObjects
+        # Recorder(loader=...): batches recorded by reference are drawn again from it.
+        self.loader = program.loader if program is not None else None
         if program is not None:
             # Re-entry: the re-run program handed its own objects over (replay/engine/reentry.py).
             self.objs = program.objects
@@ -345,7 +349,27 @@ class Engine:
 
     def batch(self, t: int) -> Any:
         """Step ``t``'s recorded batch as tensors on the replay device, the caller's own."""
-        return _owned(from_leaves(self.record(t)["batch"], self._leaf_device))
+        r = self.record(t)
+        ref = r.get("batch_ref")
+        if ref is not None:
+            return self._drawn(t, ref)
+        return _owned(from_leaves(r["batch"], self._leaf_device))
+
+    def _drawn(self, t: int, ref: dict[str, Any]) -> Any:
+        """A batch recorded by reference, drawn again from the program's dataset and checked
+        against its digest (capture/loader.py); a batch that differs is refused."""
+        if self.loader is None:
+            raise ReplayError(
+                f"step {t}: its batch was recorded by reference (the sample indices of the "
+                "program's DataLoader), and this replay has no loader: replay by running the "
+                "program again (without --entry)"
+            )
+        with kept_rng():
+            batch = draw(self.loader.dataset, self.loader.collate_fn, ref)
+        check_drawn(batch, ref, t)
+        if self._leaf_device is None:
+            return batch
+        return tree_map_only(torch.Tensor, lambda x: x.to(self._leaf_device), batch)
 
     def values(self, t: int) -> dict[str, Any]:
         """The per-step values the loop passed to ``rec.step(batch, **values)`` at step ``t``."""

@@ -79,7 +79,7 @@ def pin_live_window(
     raise RecordingError(
         f"{rec.path} is still being written (training process {state.pid}) faster than its "
         "newest steps could be read; run this again once it has finished, or record with a "
-        "larger keep_snapshots"
+        "larger reach"
     )
 
 

@@ -52,10 +52,12 @@ from ..store.contracts import (
     RunMeta,
     StepException,
 )
+from ..store.retention import ReachPlan, SnapshotSlots
 from ..store.segments import segment_path
 from ..store.step_log import LOG_BYTES
 from ..store.writer import RingSpec
 from ..store.writer_process import WriterClient
+from .batch_refs import BatchRefs
 from .config import RecorderConfig
 from .ddp.consistency import Verdict
 from .ddp.context import detect, unwrap
@@ -113,9 +115,16 @@ class Recorder:
     imports them again by name (a lambda or closure is refused here, with the reason).
 
     Defaults: a snapshot of model/optimizer/scheduler/scaler state every ``snapshot_every=50``
-    steps and at the first step, the last ``keep_snapshots=3`` kept; the batch ring holds
-    ``keep_snapshots * snapshot_every`` steps, so every step after the oldest kept snapshot stays
-    replayable (at least the last 101 steps, at most 150), and bisect replays at most 51 steps.
+    steps and at the first step, kept in tiers (``store/retention.py``): every 50 steps for the
+    last ``keep_snapshots * snapshot_every = 150``, every 500 for the last 5,000, every 5,000
+    beyond; the batch ring holds every step back to the oldest kept snapshot, so any step of the
+    last ``reach=10_000`` is replayable. Step records are bounded by ``keep_bytes=1 GiB`` (sized
+    from the first step's batch): a larger batch keeps fewer steps, and the file says how many
+    (``replay info``'s reach line). ``reach=0`` keeps only the dense tier: the last 101 to 150
+    steps, and bisect replays at most 51 steps. ``loader=``: the ``DataLoader`` the batches come
+    from (map-style dataset, no ``build_fn``): each step keeps the sampler's indices and a digest
+    of its batch instead of the batch, and replay draws it again from the dataset, refusing a
+    batch that changed (``by_reference=False`` keeps the bytes; docs/recording.md).
     The parameter fingerprint (bitwise replay verification, parameter NaN flag) is taken every
     ``fingerprint_every=10`` steps; loss and gradient norm every step. Health metrics are kept for the last
     ``keep_health=100_000`` steps. The file stops growing once the rings are full.
@@ -175,6 +184,8 @@ class Recorder:
         snapshot_every: int = 50,
         fingerprint_every: int = 10,
         keep_snapshots: int = 3,
+        reach: int = 10_000,
+        keep_bytes: int = 1 << 30,
         keep_health: int = 100_000,
         raise_on_nonfinite: bool = True,
         start_step: int = 0,
@@ -187,13 +198,15 @@ class Recorder:
         self_check_budget: int = 2 << 30,
         rank: int | None = None,
         world_size: int | None = None,
+        loader: Any = None,
+        by_reference: bool = True,
         build_kwargs: Mapping[str, Any] | None = None,
         not_replayable: str | None = None,
     ) -> None:
         refuse_if_replaying()  # before anything is started or created
         # Replay re-running this program: hand it the live objects; it replays, then ends the
         # program (ReplayFinished) before any training. Nothing is recorded.
-        take_over(lambda: self._live(objects, model, optimizer, scheduler, scaler, step_fn))
+        take_over(lambda: self._live(objects, model, optimizer, scheduler, scaler, step_fn, loader))
         self.preflight = preflight_from_env()
         if self.preflight is not None:
             path = self.preflight.path
@@ -201,6 +214,8 @@ class Recorder:
             snapshot_every=snapshot_every,
             fingerprint_every=fingerprint_every,
             keep_snapshots=keep_snapshots,
+            reach=reach,
+            keep_bytes=keep_bytes,
             keep_health=keep_health,
             raise_on_nonfinite=raise_on_nonfinite,
             start_step=start_step,
@@ -269,7 +284,8 @@ class Recorder:
             self.scheduler, self.scaler = scheduler, scaler
             self.step_fn = step_fn
             self.next_step = start_step
-            self._snapshots_taken = 0
+            self._plan: ReachPlan | None = None  # sized at the first step (_reach_plan)
+            self._snapshot_slots: SnapshotSlots | None = None
             self._modules = [m for _, m in self._inner.named_modules()]
             self._params = [p for p in self._inner.parameters()]
             self._opt_params = self.objects.trained_params()
@@ -281,6 +297,13 @@ class Recorder:
             # then no snapshot is taken; the steps' health, batches and RNG states are recorded.
             self.not_replayable = not_replayable
             self._step_hint: int | None = None  # bytes of the first step's batch and values
+            # Batches by reference (capture/loader.py): the loader's sample indices and a digest
+            # per step, drawn again on replay, which re-runs the program (so not with build_fn).
+            self._refs = (
+                BatchRefs(loader)
+                if loader is not None and by_reference and build_fn is None
+                else None
+            )
             self._pool = HostPool()  # the batch copies' buffers, given back by the writer thread
             # Started early: its imports overlap the first steps. The step log holds a few
             # snapshots (weights, moments, gradients: about 4x the model) besides the steps.
@@ -397,6 +420,7 @@ class Recorder:
         scheduler: Any,
         scaler: Any,
         step_fn: Callable[..., Any],
+        loader: Any = None,
     ) -> LiveProgram:
         """What replay takes over when it re-runs this program: the objects with the plain
         module as ``model`` (what snapshots hold) and the wrapper the step runs through."""
@@ -405,7 +429,7 @@ class Recorder:
         wrapper = None if inner is objs.model else objs.model
         if wrapper is not None:
             objs = RunObjects({**objs.named, "model": inner}, objs.style)
-        return LiveProgram(objs, step_fn, wrapper)
+        return LiveProgram(objs, step_fn, wrapper, loader=loader)
 
     @staticmethod
     def _objects(
@@ -496,10 +520,13 @@ class Recorder:
         copied = CopyStats()
         try:
             kept = self._bounded(values) if values else values  # what the record holds
+            ref = self._refs.reference(batch) if self._refs is not None else None
             if self._step_hint is None:  # the first step: its size shapes the file (_make_store)
-                self._step_hint = tree_nbytes(batch) + tree_nbytes(kept)
+                self._step_hint = (tree_nbytes(batch) if ref is None else 0) + tree_nbytes(kept)
             rng, hparams, modes, health, scale = self._before_step(t, copied, values.get("lr"))
-            direct, job = self._capture(t, rng, hparams, modes, health, batch, kept, copied)
+            direct, job = self._capture(
+                t, rng, hparams, modes, health, None if ref else batch, kept, copied, ref
+            )
         except Exception as e:  # noqa: BLE001 - the recorder must never take training down
             self._give_up("capturing the step", e)
             return self._unrecorded_step(batch, values)
@@ -627,16 +654,18 @@ class Recorder:
         batch: Any,
         values: Any,
         copied: CopyStats,
+        batch_ref: dict[str, Any] | None = None,
     ) -> tuple[bool, StepJob]:
         """The step's record: into the step log when the step lives in host memory (safe once
-        the step returns, ``direct``), else copied for the writer thread."""
+        the step returns, ``direct``), else copied for the writer thread. ``batch_ref``: the
+        batch by reference (``batch`` is then ``None``)."""
         loggable = bool(
             self._log is not None
             and not (self._cuda_built and torch.cuda.is_initialized())  # type: ignore[no-untyped-call]  # torch stubs
             and on_host(batch)
             and on_host(values)
         )
-        direct = loggable and self._log.begin(t, rng, hparams, modes, batch, values)  # type: ignore[union-attr]
+        direct = loggable and self._log.begin(t, rng, hparams, modes, batch, values, batch_ref)  # type: ignore[union-attr]
         # A CPU step the log could not take (larger than the log, or its writer process gone)
         # goes by the writer thread, and the step waits until it is passed on (_finish).
         self._spilled = loggable and not direct
@@ -648,6 +677,7 @@ class Recorder:
             modes=modes,
             health=health,
             values=copy_tree(values, stats=copied) if values and not direct else None,
+            batch_ref=batch_ref,
         )
         return direct, job
 
@@ -826,9 +856,19 @@ class Recorder:
         job.nbytes, job.buffers = copied.nbytes, copied.pooled
         self._writer_or_start().submit(job)
 
+    def _reach_plan(self) -> ReachPlan:
+        """The rings' sizes, fixed at the first step: its record's size (the batch, about 16
+        KiB of RNG states and manifest, rounded up to the arena's chunks) against the budget."""
+        if self._plan is None:
+            guess = (16 << 10) + (self._step_hint or 0)
+            chunk = _pow2(guess // 4, 16 << 10, 1 << 20)
+            self._plan = self.config.plan(-(-guess // chunk) * chunk)
+            self._snapshot_slots = SnapshotSlots(self._plan)
+        return self._plan
+
     def _snapshot(self, t: int) -> None:
-        slot = self._snapshots_taken % self.config.keep_snapshots
-        self._snapshots_taken += 1
+        self._reach_plan()
+        slot = self._snapshot_slots.place(t)  # type: ignore[union-attr]  # (made just above)
         live = gather_state(self.objects, self._inner)
         # FSDP2: this rank's shards only, never gathered, and where they go back (sharded.py).
         live, dtensors = localize(live)
@@ -930,8 +970,9 @@ class Recorder:
         """Runs on the writer thread at the first commit, when sizes are known."""
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         model_bytes = self._model_meta.param_bytes
+        plan = self._reach_plan()
         meta = RunMeta(
-            config=self.config.meta(),
+            config=self.config.meta(plan),
             entry=self.entry,
             env=collect_env(),
             model=self._model_meta,
@@ -945,6 +986,7 @@ class Recorder:
             build_kwargs=self.build_kwargs or None,
             not_replayable=self.not_replayable,
             program=self.program,
+            reach=plan.meta(),
         )
         sources = {}
         paths = [e["path"] for e in self.entry.values()]
@@ -965,13 +1007,9 @@ class Recorder:
             run_id=uuid.uuid4().hex,
             meta=meta,
             sources=sources,
-            steps=RingSpec(
-                self.config.step_slots, _pow2(step_guess // 4, 16 << 10, 1 << 20), step_guess
-            ),
-            snapshots=RingSpec(
-                self.config.keep_snapshots, _pow2(snap_guess, 4096, 1 << 20), snap_guess
-            ),
-            health_slots=self.config.health_slots,
+            steps=RingSpec(plan.step_slots, _pow2(step_guess // 4, 16 << 10, 1 << 20), step_guess),
+            snapshots=RingSpec(plan.snapshot_slots, _pow2(snap_guess, 4096, 1 << 20), snap_guess),
+            health_slots=self.config.health_slots(plan.step_slots),
             watched=self._watch.names,
         )
 
@@ -1069,6 +1107,8 @@ class Recorder:
             return
         self._closed = True
         try:
+            if getattr(self, "_refs", None) is not None:
+                self._refs.close()  # type: ignore[union-attr]  # (checked)
             self._probe_grads.close()
             self._watch.close()
             self._ranks.close()

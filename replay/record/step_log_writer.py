@@ -107,6 +107,7 @@ class StepLogWriter:
         modes: list[bool],
         batch: Any,
         values: dict[str, Any] | None,
+        batch_ref: dict[str, Any] | None = None,
     ) -> bool:
         """Copy the step's record into the log; ``False``: the caller hands the step to the
         writer thread instead (a record too large for the log, or the writer process gone) and
@@ -126,6 +127,8 @@ class StepLogWriter:
             "exception": None,
             "values": to_leaves(values) if values else None,
         }
+        if batch_ref is not None:  # the batch by reference (capture/loader.py)
+            record["batch_ref"] = batch_ref
         # The step number changes every step and nothing else in the layout usually does.
         parts, mlen = self._packer.pack(record, (f'{{"t":"int","v":{int(step)}}}', *hp_text))
         ncols = self._ncols

@@ -23,6 +23,7 @@ from enum import Enum
 from typing import Any, TypedDict, cast
 
 import numpy as np
+from typing_extensions import NotRequired
 
 from .layout import HEALTH_COLUMNS
 
@@ -138,6 +139,8 @@ class StepRecord(TypedDict):
     batch: Any
     exception: StepException | None
     values: Any  # per-step values (``rec.step(batch, **values)``) or None
+    # v3, MAY: the batch by reference (batch is None): {"indices", "batched", "sha256"}
+    batch_ref: NotRequired[dict[str, Any]]
 
 
 class _StrEnum(str, Enum):
@@ -186,6 +189,9 @@ class RunConfig(TypedDict):
     snapshot_every: int
     fingerprint_every: int
     keep_snapshots: int
+    snapshot_slots: int  # v3: /snapshots slots (v1, v2: keep_snapshots)
+    reach: int  # v3: steps asked to stay replayable
+    keep_bytes: int  # v3: the bound on step records' bytes
     step_slots: int
     health_slots: int
     start_step: int
@@ -286,6 +292,8 @@ class RunMeta:
     # how to run the recorded program again (replay by re-entry, docs/reentry.md): written when
     # the program can be run again; ``{"kind": "script"|"module", "path", "module", "sha256"}``
     program: dict[str, Any] | None = None
+    # v3: the snapshot tiers and the reach they give (store/retention.py ``ReachPlan.meta``)
+    reach: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         def named(c: str | None) -> dict[str, str] | None:
@@ -307,6 +315,7 @@ class RunMeta:
             "scheduler": named(self.scheduler),
             "scaler": named(self.scaler),
             "distributed": self.distributed,
+            **({"reach": self.reach} if self.reach is not None else {}),
         }
 
     @classmethod
@@ -324,4 +333,5 @@ class RunMeta:
             build_kwargs=d.get("build_kwargs") or None,
             not_replayable=d.get("not_replayable"),
             program=d.get("program") if isinstance(d.get("program"), dict) else None,
+            reach=d.get("reach") if isinstance(d.get("reach"), dict) else None,
         )

@@ -365,6 +365,15 @@ def check_markers(markers: np.ndarray, where: str, name: str, *, modulo: bool) -
             )
 
 
+def bytes_stored(arena: h5py.Dataset, path: str, name: str) -> int:
+    """The most bytes a payload of ``arena`` can hold: what the arena stores, at most the
+    file's size (see :func:`check_payload_stored`)."""
+    try:
+        return min(int(arena.id.get_storage_size()), os.path.getsize(path))
+    except H5_ERRORS as e:
+        raise _fail(path, f"/{name}: storage unreadable ({_first_line(e)})") from None
+
+
 def check_payload_stored(arena: h5py.Dataset, n: int, path: str, name: str) -> None:
     """A payload of ``n`` bytes is no larger than what the arena stores, nor than the file.
 
@@ -555,6 +564,29 @@ def _opt(d: dict[str, Any], key: str, kinds: tuple[type, ...] | type, where: str
     return v
 
 
+def _check_reach(reach: Any, w: str) -> None:
+    """``meta/run.reach`` (v3): tiers as ``[every, span]`` counts, and counts."""
+    if reach is None:
+        return
+    tiers = reach.get("tiers")
+    if not (
+        isinstance(tiers, list)
+        and 0 < len(tiers) <= 64
+        and all(
+            isinstance(t, list)
+            and len(t) == 2
+            and all(_is_int(x) and 0 <= x <= MAX_STEP for x in t)
+            for t in tiers
+        )
+        and all(tiers[i][0] >= 1 for i in range(len(tiers)))
+    ):
+        raise _BAD(f"{w}.tiers is not a list of [every, span] counts")
+    for key in ("step_slots", "snapshot_slots", "reach"):
+        v = reach.get(key)
+        if not (_is_int(v) and 0 <= v <= MAX_STEP):
+            raise _BAD(f"{w}.{key} is {str(v)[:40]!r}, not a count")
+
+
 def check_meta(meta: Any, where: str, *, slots: dict[str, int] | None = None) -> None:
     """``/meta/run`` holds what the readers use, of the types they use (docs/format.md).
 
@@ -564,8 +596,9 @@ def check_meta(meta: Any, where: str, *, slots: dict[str, int] | None = None) ->
     w = f"{where}: /meta/run"
     if not isinstance(meta, dict):
         raise _BAD(f"{w} is not an object")
-    for key in ("config", "entry", "env", "model", "build_kwargs", "program"):
+    for key in ("config", "entry", "env", "model", "build_kwargs", "program", "reach"):
         _opt(meta, key, dict, w)
+    _check_reach(meta.get("reach"), f"{w}.reach")
     program = meta.get("program") or {}
     for key in ("kind", "path", "module", "sha256"):
         _opt(program, key, str, f"{w}.program")
@@ -576,7 +609,15 @@ def check_meta(meta: Any, where: str, *, slots: dict[str, int] | None = None) ->
     for key, v in config.items():
         if v is not None and not isinstance(v, (int, float, bool, str)):
             raise _BAD(f"{w}.config.{key} is a {type(v).__name__}")
-    for key in ("snapshot_every", "fingerprint_every", "keep_snapshots", "start_step"):
+    for key in (
+        "snapshot_every",
+        "fingerprint_every",
+        "keep_snapshots",
+        "snapshot_slots",
+        "reach",
+        "keep_bytes",
+        "start_step",
+    ):
         v = config.get(key)
         if v is not None and not (_is_int(v) and 0 <= v <= MAX_STEP):
             raise _BAD(f"{w}.config.{key} is {str(v)[:40]!r}, not a count")
@@ -663,6 +704,17 @@ def check_record(rec: Any, ring: str, step: int, where: str) -> None:
         modes = rec.get("modes")
         if modes is not None and not (isinstance(modes, np.ndarray) and modes.ndim == 1):
             raise _BAD(f"{w}: modes is not a 1-D array")
+        ref = rec.get("batch_ref")
+        if ref is not None and not (
+            isinstance(ref, dict)
+            and isinstance(ref.get("indices"), np.ndarray)
+            and ref["indices"].dtype.kind in "iu"
+            and ref["indices"].ndim <= 1
+            and isinstance(ref.get("batched"), bool)
+            and isinstance(ref.get("sha256"), str)
+            and len(ref["sha256"]) == 64
+        ):
+            raise _BAD(f"{w}: batch_ref is not {{indices, batched, sha256}}")
     else:
         for key in ("model", "optimizer", "scheduler", "scaler"):
             if rec.get(key) is not None and not isinstance(rec[key], dict):

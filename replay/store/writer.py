@@ -270,8 +270,8 @@ class StoreWriter:
         ncols = len(self.health_columns)
         # Readers refuse larger rings (validate.LIMITS): never write a file they would refuse.
         for what, n, most in (
-            ("step slots (snapshot_every * keep_snapshots)", steps.slots, LIMITS["ring_slots"]),
-            ("snapshot slots (keep_snapshots)", snapshots.slots, LIMITS["ring_slots"]),
+            ("step slots (reach)", steps.slots, LIMITS["ring_slots"]),
+            ("snapshot slots (the tiers of reach)", snapshots.slots, LIMITS["ring_slots"]),
             ("health slots (keep_health)", health_slots, LIMITS["health_slots"]),
             ("health values", health_slots * ncols * 8, LIMITS["health_bytes"]),
             ("health columns", ncols, LIMITS["health_columns"]),

@@ -145,7 +145,7 @@ def trace_verdict(
                 traced.trace_notes.append(
                     f"the state was already non-finite when step {start} began, the first "
                     f"replayable step before step {t}: the step that made it so is no longer "
-                    "kept; record with a larger keep_snapshots or snapshot_every"
+                    "kept; record with a larger reach (Recorder(reach=...))"
                 )
                 break
             t = went

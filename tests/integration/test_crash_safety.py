@@ -183,7 +183,7 @@ def test_sigkill_loses_at_most_the_step_in_flight(tmp_path):
         with open_recording(out) as rec:
             last = rec.status()["last_step"]
             assert done - 1 <= last <= done, (kind, done, last)
-            slots = 60  # snapshot_every=20, 3 kept
+            slots = rec.reach()["step_slots"]  # every step back to the oldest kept snapshot
             assert list(rec.steps()) == list(range(max(0, last + 1 - slots), last + 1))
             h = rec.health()
             assert list(h["step"]) == list(range(last + 1)), "a health row is missing"

@@ -68,9 +68,9 @@ def record(path, steps=12, step_fn=train_step, **kw):
 
 def test_batches_health_and_fingerprint_are_recorded(tmp_path):
     path = tmp_path / "run.h5"
-    model, grad_norms = record(path)
+    model, grad_norms = record(path, reach=0)
     with open_recording(path) as rec:
-        # ring of 2*4 steps: the last 8 are kept; health for all 12
+        # the dense ring alone, 2*4 steps: the last 8 are kept; health for all 12
         assert rec.steps().tolist() == list(range(4, 12))
         assert rec.snapshot_steps().tolist() == [4, 8]
         w = rec.replayable_window()
@@ -129,6 +129,7 @@ def test_a_raised_step_is_not_overwritten_by_the_earlier_steps_committed_after_i
             build_fn=build,
             snapshot_every=4,
             keep_snapshots=2,
+            reach=0,  # the dense ring alone: steps 0 and 1 are overwritten
         ) as rec:
             for t in range(10):
                 rec.step({**batch_for(t), "step": torch.tensor(t)})
@@ -250,12 +251,14 @@ def test_eval_mode_is_recorded_per_step(tmp_path):
         assert rec.read_step(1)["modes"].tolist() == [True, True, True, False, True]
 
 
-def test_file_size_stays_flat_between_a_short_and_a_long_run(tmp_path):
-    """Bounded: once the rings are full the file stops growing, whatever the run's length."""
+@pytest.mark.parametrize("reach, short", [(0, 60), (40, 300)], ids=["dense", "tiers"])
+def test_file_size_stays_flat_between_a_short_and_a_long_run(tmp_path, reach, short):
+    """Bounded: once the rings are full the file stops growing, whatever the run's length;
+    with tiers (reach 40: every 5 steps for the last 10, every 50 beyond, 90 step slots) too."""
     from tests.conftest import SCRIPTS, run_py
 
     sizes = {}
-    for steps in (60, 600):
+    for steps in (short, 600):
         out = tmp_path / f"run{steps}.h5"
         run_py(
             str(SCRIPTS / "mlp_train.py"),
@@ -268,13 +271,15 @@ def test_file_size_stays_flat_between_a_short_and_a_long_run(tmp_path):
             "2",
             "--keep-health",
             "50",
+            "--reach",
+            str(reach),
             check=True,
         )
         sizes[steps] = out.stat().st_size
         with open_recording(out) as rec:
             assert rec.status()["steps_total"] == steps
-            assert len(rec.health()["step"]) == 50
-    assert sizes[600] <= sizes[60] * 1.02, sizes
+            assert len(rec.health()["step"]) == (50 if reach == 0 else 90)  # >= the step ring
+    assert sizes[600] <= sizes[short] * 1.02, sizes
 
 
 class FlakyBatch(dict):

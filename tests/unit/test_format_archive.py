@@ -31,10 +31,15 @@ def test_the_current_format_version_is_archived():
 def test_archived_recording_reads_back(path):
     with open_recording(path) as rec:
         assert rec.closed_cleanly
-        assert rec.steps().tolist() == list(range(4, 12))  # ring of 2 * 4 steps
-        assert rec.snapshot_steps().tolist() == [4, 8]
-        w = rec.replayable_window()
-        assert (w.first, w.last) == (4, 11)
+        if rec.format_version >= 3:  # tiered snapshots: every step back to step 0 is kept
+            assert rec.steps().tolist() == list(range(12))
+            assert rec.snapshot_steps().tolist() == [0, 4, 8]
+            assert (rec.replayable_window().first, rec.reach()["reach"]) == (0, 10_000)
+        else:  # one ring of keep_snapshots * snapshot_every = 2 * 4 steps
+            assert rec.steps().tolist() == list(range(4, 12))
+            assert rec.snapshot_steps().tolist() == [4, 8]
+            assert (rec.replayable_window().first, rec.reach()["reach"]) == (4, 5)
+        assert rec.replayable_window().last == 11
         for t in rec.steps():
             x, y = mlp_train.make_batch(int(t), vary=True)
             batch = rec.read_step(int(t))["batch"]

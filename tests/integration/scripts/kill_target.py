@@ -70,7 +70,15 @@ def train(out: str, kind: str, kill_at: int) -> None:
 
     warnings.showwarning = keep
     with replay.Recorder(
-        out, model=model, optimizer=opt, step_fn=train_step, build_fn=build, snapshot_every=20
+        out,
+        model=model,
+        optimizer=opt,
+        step_fn=train_step,
+        build_fn=build,
+        snapshot_every=20,
+        # the fast loop wraps the dense ring (60 steps) many times before its kill; the slow one
+        # keeps the default tiers (every step back to step 0 within its run)
+        reach=0 if kind == "fast" else 10_000,
     ) as rec:
         for t in range(10**9):
             rec.step(make_batch(kind, t))

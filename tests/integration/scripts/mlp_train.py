@@ -1,6 +1,6 @@
 """A tiny MLP trained under replay.Recorder, configurable from the command line for the tests.
 
-    python mlp_train.py OUT.h5 [--steps N] [--lr LR] [--snapshot-every E] [--keep K]
+    python mlp_train.py OUT.h5 [--steps N] [--lr LR] [--snapshot-every E] [--keep K] [--reach R]
         [--nan-at STEP] [--raise-at STEP] [--vary] [--no-raise] [--sleep S]
 
 The batch of step t is a pure function of t (``make_batch``), so a test can check what was
@@ -69,6 +69,7 @@ def main():
     p.add_argument("--no-raise", action="store_true")
     p.add_argument("--sleep", type=float, default=0.0)
     p.add_argument("--keep-health", type=int, default=100_000)
+    p.add_argument("--reach", type=int, default=None, help="Recorder(reach=...); 0: dense only")
     ARGS = p.parse_args()
     model, opt = build()
     with replay.Recorder(
@@ -81,6 +82,7 @@ def main():
         keep_snapshots=ARGS.keep,
         raise_on_nonfinite=not ARGS.no_raise,
         keep_health=ARGS.keep_health,
+        **({} if ARGS.reach is None else {"reach": ARGS.reach}),
     ) as rec:
         for t in range(ARGS.steps):
             x, y = make_batch(t, ARGS.vary)

@@ -1,0 +1,46 @@
+"""Reach: with default settings, a step thousands of steps back is replayed bitwise.
+
+A 3,000-step run of a tiny model, recorded with a plain ``replay.Recorder`` (default settings),
+whose batch at step 300 is scaled by 1e3: a finite gradient-norm spike, clipped, training goes
+on. The dense snapshots cover only the last 150 steps; the sparse ones and the kept batches
+reach step 300, so bisect names it and replays it bitwise.
+"""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).with_name("scripts")))
+from recorded_runs import cli, cli_json, env  # noqa: E402
+
+SCRIPT = Path(__file__).with_name("scripts") / "reach_spike.py"
+
+
+def _record(tmp_path: Path, *extra: str) -> Path:
+    import subprocess
+
+    run = tmp_path / "run.h5"
+    p = subprocess.run(
+        [sys.executable, str(SCRIPT), str(run), "--steps", "3000", "--at", "300", *extra],
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert p.returncode == 0, p.stderr
+    return run
+
+
+@pytest.mark.slow
+def test_a_spike_2700_steps_back_is_found_and_replayed_bitwise_with_default_settings(tmp_path):
+    run = _record(tmp_path)
+    info = cli("info", str(run))
+    assert info.returncode == 0, info.stderr
+    assert "replayable      steps 0..2999" in info.stdout
+    assert "reach           any step of the last 10,000" in info.stdout
+    rc, d, err = cli_json("bisect", str(run), "--until", "grad_norm > 50")
+    assert rc == 0, err
+    assert d["first_bad_step"] == 300
+    assert d["reproducible"] is True and d["deterministic"] is True
+    assert float(d["grad_norm"]) > 50
