@@ -43,8 +43,13 @@ def verify_window(
     subject: Subject,
     *,
     progress: Callable[[int, int], None] | None = None,
+    start: int | None = None,
 ) -> WindowCheck:
+    """Replay every step of the window (from ``start``'s snapshot, the newest at or before it,
+    when given) and compare each with the recording."""
     first, last = subject.window
+    if start is not None:
+        first = max([s for s in subject.snapshots if s <= max(start, first)], default=first)
     rep = WindowCheck((first, last), subject.device)
     by_step = {int(r["step"]): r for r in subject.recorded_rows()}
     total = last - first + 1

@@ -211,8 +211,7 @@ def render_verify(report: VerifyReport) -> str:
     n = d.replayed_steps
     bad = [s for s in d.steps if not s.match]
     extra = render_ranks(d.multi_rank, d.ranks)
-    if d.approximate:
-        extra += [f"  note: {n}" for n in d.notes or []]
+    extra += [f"  note: {note}" for note in d.notes or []]
     if not bad and d.deterministic:
         every = " on every rank" if d.multi_rank else ""
         return "\n".join(

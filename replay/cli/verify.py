@@ -15,11 +15,20 @@ __all__ = ["verify"]
 @click.command()
 @click.argument("run", type=click.Path(path_type=str))
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+@click.option(
+    "--all", "every_step", is_flag=True, help="Replay the whole window, each snapshot afresh."
+)
+@click.option(
+    "--from", "start", type=int, default=None, metavar="STEP",
+    help="Replay from the newest snapshot at or before STEP to the end of the window.",
+)  # fmt: skip
 @engine_options
 @rank_options
 def verify(
     run: str,
     as_json: bool,
+    every_step: bool,
+    start: int | None,
     device: str | None,
     entry: str | None,
     trust: bool,
@@ -27,7 +36,9 @@ def verify(
     rank: int | None,
     alone: bool,
 ) -> int:
-    """Replay every step of RUN's replayable window and check it reproduces bitwise.
+    """Replay RUN's steps and check they reproduce bitwise: the newest snapshots' steps (the
+    last 101-150 by default), or the whole window with --all (each kept snapshot afresh, as a
+    bisect of a failure after it would start), or from --from STEP on.
 
     Compares each replayed loss and parameter fingerprint with the recorded ones. When a step
     differs, says why: the replay raised (the step needs state build_fn does not create), state
@@ -60,6 +71,8 @@ def verify(
                 opened=phase.end,
                 rank=rank,
                 alone=alone,
+                start=start,
+                every_step=every_step,
                 log=None if as_json else lambda m: click.echo(m, err=True),
             )
     finally:

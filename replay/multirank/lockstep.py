@@ -103,7 +103,10 @@ class Leader:
         setattr(self.engine, name, call)
 
     def install(self) -> None:
-        self._mirror("state_before", lambda t, keep=False: ("state_before", int(t), bool(keep)))
+        self._mirror(
+            "state_before",
+            lambda t, keep=False, fresh=False: ("state_before", int(t), bool(keep), bool(fresh)),
+        )
         # A batch the leader made (a slice of the culprit's): each follower uses its own.
         self._mirror("run_step", lambda t, batch=None: ("run_step", int(t), batch is None))
         self._mirror("replay_through", lambda s: ("replay_through", int(s)))
@@ -150,7 +153,7 @@ def follow(
                 raise ReplayError(f"rank {leader} (leading the replay) failed: {cmd[1]}")
             return
         if op == "state_before":
-            engine.state_before(cmd[1], keep=cmd[2])
+            engine.state_before(cmd[1], keep=cmd[2], fresh=cmd[3])
         elif op == "run_step":
             t = cmd[1]
             engine.run_step(t, None if cmd[2] else engine.batch(t))

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from .culprit import TracedOp
+from .verdict import JSONObject
 
 __all__ = ["TraceReport"]
 
@@ -18,6 +19,12 @@ class TraceReport(TracedOp):
     recording: str = ""
     step: int = 0
     window: list[int] = field(default_factory=list)  # [first, last]
+    # every rank of a DDP rank set traced together: the leading rank, the set, each rank's check
+    deterministic: bool | None = None
+    rank: int | None = None
+    rank_set: JSONObject | None = None
+    multi_rank: JSONObject | None = None
+    ranks: dict[str, JSONObject] | None = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -30,6 +37,14 @@ class TraceReport(TracedOp):
         }
         if self.traced_loss is not None:
             out["traced_loss"] = self.traced_loss
+        together = {
+            "deterministic": self.deterministic,
+            "rank": self.rank,
+            "rank_set": self.rank_set,
+            "multi_rank": self.multi_rank,
+            "ranks": self.ranks,
+        }
+        out.update({k: v for k, v in together.items() if v is not None})
         return out
 
     @classmethod

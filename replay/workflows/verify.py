@@ -29,6 +29,8 @@ def run_verify(
     log: Callable[[str], None] | None = None,
     reenter: bool = False,
     first_steps: int | None = None,
+    start: int | None = None,
+    every_step: bool = False,
 ) -> VerifyReport:
     """The ``replay verify`` report of ``run`` (``deterministic``, ``steps``, ``cause``...).
 
@@ -55,29 +57,55 @@ def run_verify(
     files = choice.files
     if files is not None and choice.path == run:  # --alone without --rank: rank 0
         choice = RankChoice(choice.scan, False, files[min(files)])
-    report = _verify_one(choice.path, device, entry, trust, progress, opened, reenter, first_steps)
+    report = _verify_one(
+        choice.path, device, entry, trust, progress, opened, reenter, first_steps, start, every_step
+    )
     if choice.approximate:
         report.approximate = True
-        report.notes = [APPROXIMATE]
+        report.notes = [APPROXIMATE, *(report.notes or [])]
     return report
 
 
 def verify_engine(
-    rec: Recording, engine: Engine, progress: Callable[[int, int], None] | None = None
+    rec: Recording,
+    engine: Engine,
+    progress: Callable[[int, int], None] | None = None,
+    start: int | None = None,
+    every_step: bool = False,
 ) -> VerifyReport:
     """Replay the window of ``rec`` on a started ``engine``, compare every step bitwise and,
-    when one differs, say why."""
+    when one differs, say why.
+
+    By default only the window's dense part: the steps from the oldest of the newest
+    ``keep_snapshots`` snapshots (a run's reach holds up to 10,000 steps, whose replay would
+    take as long as training them); ``start``: from the snapshot at or before that step;
+    ``every_step``: the whole window, each kept snapshot afresh."""
     from ..bisect import verify_window
     from ..bisect.report import verify_report
     from ..engine.subject import EngineSubject
     from .why import explain_divergence
 
-    check = verify_window(EngineSubject(engine), progress=progress)
+    w, notes = engine.window, []
+    if start is None and not every_step:
+        cfg = rec.config
+        dense = w.last + 1 - int(cfg.get("snapshot_every", 50)) * int(cfg.get("keep_snapshots", 3))
+        older = [s for s in w.snapshots if s < dense]
+        if older and any(s >= dense for s in w.snapshots):
+            start = min(s for s in w.snapshots if s >= dense)
+            notes.append(
+                f"replayed steps {start}..{w.last}, from the newest snapshots; the window reaches "
+                f"back to step {w.first} ({len(older)} older snapshots): `replay verify --all` "
+                "replays it all, each snapshot afresh, or --from STEP from a step of it"
+            )
+    check = verify_window(EngineSubject(engine), progress=progress, start=start)
     fd = check.first_divergence
     cause = None
     if fd is not None:
         cause = explain_divergence(engine, fd, check.replayed_exception(int(fd["step"])))
-    return verify_report(check, recording=rec.path, entry_files=engine.entry_files, cause=cause)
+    report = verify_report(check, recording=rec.path, entry_files=engine.entry_files, cause=cause)
+    if notes:
+        report.notes = [*(report.notes or []), *notes]
+    return report
 
 
 def _verify_one(
@@ -89,11 +117,13 @@ def _verify_one(
     opened: Callable[[], None] | None,
     reenter: bool = False,
     first_steps: int | None = None,
+    start: int | None = None,
+    every_step: bool = False,
 ) -> VerifyReport:
     def work(rec: Recording, engine: Engine) -> VerifyReport:
         if opened is not None:
             opened()
-        report = verify_engine(rec, engine, progress)
+        report = verify_engine(rec, engine, progress, start, every_step)
         report.recording = run
         return report
 
