@@ -186,7 +186,7 @@ def rank_summary(engine: Any, log: StepLog, rank: int) -> dict[str, Any]:
     """
     by_step = {int(r["step"]): r for r in engine.recorded_rows()}
     first: dict[str, Any] | None = None
-    compared = 0
+    compared: set[int] = set()  # (a step a snapshot restarts is run twice: carried on, afresh)
     steps: set[int] = set()
     for t, own, row in log.runs:
         if not own:
@@ -198,7 +198,7 @@ def rank_summary(engine: Any, log: StepLog, rank: int) -> dict[str, Any]:
         if recorded.get("raised") == 1.0:
             exc = engine.recorded_exception(t) or {}
             recorded = {**recorded, "exception_type": exc.get("type")}
-        compared += 1
+        compared.add(t)
         diff = compare_rows(recorded, row)
         if diff is not None and first is None:
             first = diff
@@ -207,7 +207,7 @@ def rank_summary(engine: Any, log: StepLog, rank: int) -> dict[str, Any]:
         "recording": engine.rec.path,
         "replayed_steps": sorted(steps),
         "runs": sum(1 for _, own, _ in log.runs if own),
-        "compared": compared,
+        "compared": len(compared),
         "deterministic": first is None,
         "divergence": first,
     }

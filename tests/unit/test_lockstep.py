@@ -22,7 +22,7 @@ class FakeEngine:
         self.pos: int | None = None
         self.model = self.optimizer = None
 
-    def state_before(self, t: int, keep: bool = False) -> None:
+    def state_before(self, t: int, keep: bool = False, fresh: bool = False) -> None:
         start = 0 if self.pos is None or self.pos > t else self.pos
         for i in range(start, t):
             self.run_step(i)
