@@ -12,16 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_py
-
-SCRIPTS = Path(__file__).with_name("scripts")
-ROOT = SCRIPTS.parents[2]
+from tests.conftest import ROOT, SCRIPTS, run_env, run_py
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
     """``python ARGS`` with this checkout and the scripts folder importable."""
-    path = os.pathsep.join([str(ROOT), str(SCRIPTS), os.environ.get("PYTHONPATH", "")])
-    return run_py(*args, env={"PYTHONPATH": path}, timeout=300)
+    return run_py(*args, env=run_env(SCRIPTS), timeout=300)
 
 
 @pytest.fixture(scope="module")

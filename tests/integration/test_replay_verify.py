@@ -1,12 +1,7 @@
 """replay verify on a real recorded run; entry-point import rules and their errors."""
 
-import sys
-from pathlib import Path
-
 import pytest
-
-sys.path.insert(0, str(Path(__file__).with_name("scripts")))
-from recorded_runs import cli, cli_json, record  # noqa: E402
+from recorded_runs import cli, cli_json, record
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,9 @@ import subprocess
 import sys
 
 import pytest
+from synthetic import write_synthetic
 
+from replay.store import open_recording
 from tests.conftest import run_env
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -40,11 +42,6 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     big = base / "big"
     big.mkdir()
     shutil.copy(traced / "run.h5", big / "run.h5")
-    sys.path.insert(0, HERE)
-    from synthetic import write_synthetic
-
-    from replay.store import open_recording
-
     with open_recording(str(big / "run.h5")) as rec:
         culprit = write_synthetic(str(big / "run.forensics.h5"), rec.run_id)
     return {
