@@ -147,3 +147,46 @@ def replay_here_json(*args: str, **kw) -> tuple[int, dict, str]:
 @pytest.fixture(scope="session")
 def mlp_script() -> Path:
     return SCRIPTS / "mlp_train.py"
+
+
+@pytest.fixture(scope="session")
+def mlp_nan_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """30 steps of the test MLP (snapshots at 0, 10, 20), the loss NaN at step 22, where it
+    stopped: for tests that only read it (copy it before changing it)."""
+    out = tmp_path_factory.mktemp("mlp-nan") / "run.h5"
+    proc = run_py(str(SCRIPTS / "mlp_train.py"), str(out), "--steps", "30", "--nan-at", "22")
+    assert out.exists() and "NonFiniteLossError" in proc.stderr, proc.stderr[-2000:]
+    return out
+
+
+RANK_NAN_STEP = 12  # rank 1's batch gets a NaN here; rank 0 trains on
+
+
+@pytest.fixture(scope="session")
+def rank_set(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """``ddp/run.h5``: the base path of ``run.rank0.h5`` (20 clean steps) and ``run.rank1.h5``
+    (NaN loss at step 12, where it stops), two real training processes run side by side."""
+    d = tmp_path_factory.mktemp("tui-ranks", numbered=False) / "ddp"
+    d.mkdir()
+    base = str(d / "run.h5")
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(Path(__file__).parent / "tui" / "rank_fixture.py"),
+                str(r),
+                base,
+                "--steps",
+                "20",
+            ]
+            + (["--nan-at", str(RANK_NAN_STEP)] if r == 1 else []),
+            env=run_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        for r in (0, 1)
+    ]
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err.decode()
+    return base
