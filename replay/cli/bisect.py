@@ -6,6 +6,7 @@ import json
 
 import click
 
+from ..errors import EXIT_NOTHING_FOUND, EXIT_OK
 from ._process import big_imports, user_stdout_to_stderr
 from ._replaying import engine_options, rank_options
 
@@ -106,7 +107,7 @@ def bisect(
     finally:
         bar.close()
     click.echo(json.dumps(d, indent=2) if as_json else render_verdict(d))
-    return 1 if d["healthy"] else 0
+    return EXIT_NOTHING_FOUND if d["healthy"] else EXIT_OK
 
 
 def _quote_self_check(run: str) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from ..errors import EXIT_OK
 from ..jsonsafe import json_safe
 from ..safetext import term_safe
 
@@ -102,7 +103,7 @@ def _doctor_rank_set(run: str, as_json: bool) -> int:
             "ranks": {str(r): [_clean(f.as_dict()) for f in fs] for r, fs in per.items()},
         }
         click.echo(json.dumps(_clean(out), indent=2))
-        return 0
+        return EXIT_OK
     lines = [f"{term_safe(run)}: a rank set of {len(paths)} ranks; {summary['first_bad']}"]
     if summary["missing"]:
         lines.append(f"  missing rank files: {', '.join(map(str, summary['missing']))}")
@@ -120,7 +121,7 @@ def _doctor_rank_set(run: str, as_json: bool) -> int:
     for r, fs in per.items():
         lines += ["", f"== rank {r} ==", render(paths[r], fs)]
     click.echo("\n".join(lines))
-    return 0
+    return EXIT_OK
 
 
 @click.command()
@@ -148,4 +149,4 @@ def doctor(run: str, as_json: bool) -> int:
         click.echo(json.dumps([_clean(f.as_dict()) for f in findings], indent=2))
     else:
         click.echo(render(run, findings))
-    return 0
+    return EXIT_OK

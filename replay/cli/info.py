@@ -16,7 +16,7 @@ from ..distributed.ranks import (
     own_failures,
     resolve_rank_files,
 )
-from ..errors import EXIT_BAD_RECORDING, RecordingError
+from ..errors import EXIT_BAD_RECORDING, EXIT_OK, RecordingError
 from ..safetext import term_safe, term_safe_tree
 from ..store import open_recording
 from ..store.liveness import writer_state
@@ -325,4 +325,4 @@ def info(run: str, as_json: bool) -> int:
     if cut:
         click.echo(f"replay: error: {term_safe(error)}", err=True)
         return EXIT_BAD_RECORDING
-    return 0
+    return EXIT_OK

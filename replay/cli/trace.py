@@ -6,6 +6,7 @@ import json
 
 import click
 
+from ..errors import EXIT_OK
 from ._process import big_imports, user_stdout_to_stderr
 from ._replaying import engine_options
 
@@ -52,4 +53,4 @@ def trace(
             f"traced step {d['step']} (window {d['window'][0]}..{d['window'][1]}): {what}\n"
             f"  forensics     {d['forensics']}  (replay tui {run} shows every op)"
         )
-    return 0
+    return EXIT_OK
