@@ -16,7 +16,6 @@ import math
 import os
 import socket
 import subprocess
-import sys
 import time
 from typing import Any
 
@@ -31,7 +30,7 @@ from replay.capture.rng import restore_rng
 from replay.capture.tensors import from_leaves
 from replay.distributed import first_bad_rank, open_rank_set, rank_health
 from replay.store import open_recording
-from tests.conftest import run_env, run_py
+from tests.conftest import replay_here, run_env, run_py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -156,9 +155,7 @@ def test_nan_on_one_rank_stops_every_rank_at_the_same_step(tmp_path: Any) -> Non
         assert failure is not None
         assert (failure.step, failure.ranks, failure.kind) == (5, (1,), "nonfinite")
         assert failure.evidence[1] == ["loss", "local_grad"]
-    info = subprocess.run(
-        [sys.executable, "-m", "replay", "info", base], capture_output=True, text=True, timeout=60
-    )
+    info = replay_here("info", base)
     assert info.returncode == 0, info.stderr
     assert "rank set of 2" in info.stdout
     assert "first bad at step 5 on rank 1" in info.stdout

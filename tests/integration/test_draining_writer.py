@@ -16,7 +16,7 @@ import pytest
 
 from replay.store.liveness import lock_path, writer_state
 from replay.store.writer import RingSpec, StoreWriter
-from tests.conftest import SCRIPTS, replay_cli, run_env
+from tests.conftest import SCRIPTS, replay_cli, replay_here, run_env
 
 # Holds the lock as a draining writer does until a line arrives on its stdin (or argv[2] seconds
 # pass), then removes the lock file and exits, as a writer that finished does.
@@ -107,10 +107,10 @@ def test_a_lock_file_left_by_a_killed_writer_is_no_live_writer(tmp_path):
 def test_info_says_the_writer_is_draining(nan_run):
     holder = _hold(nan_run, 30)
     try:
-        proc = replay_cli("info", str(nan_run))
+        proc = replay_here("info", str(nan_run))
         assert proc.returncode == 0, proc.stderr
         assert "its training died, its writer is still committing: 7 steps to come" in proc.stdout
-        d = json.loads(replay_cli("info", str(nan_run), "--json").stdout)
+        d = json.loads(replay_here("info", str(nan_run), "--json").stdout)
         assert d["writer"]["draining"] and d["writer"]["steps_to_come"] == 7
     finally:
         _end(holder)
