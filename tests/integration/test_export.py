@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, SCRIPTS, run_env, run_py
+from tests.conftest import ROOT, SCRIPTS, replay_here, run_env, run_py
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
@@ -219,7 +219,7 @@ def test_export_out_problem_was_an_internal_error(tmp_path, runs, problem):
     else:
         out = tmp_path / "file"
         out.write_text("mine")
-    p = _run("-m", "replay", "export", str(healthy), "--out", str(out))
+    p = replay_here("export", str(healthy), "--out", str(out))  # refused before any replay
     assert p.returncode == 2, p.stderr
     errors = [ln for ln in p.stderr.splitlines() if "error" in ln]
     assert len(errors) == 1 and errors[0].startswith("replay: error: "), p.stderr
