@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ChildRun", "end_group", "run_replay"]
+__all__ = ["ChildRun", "start_group", "end_group", "run_replay"]
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,23 @@ class ChildRun:
     def error_line(self) -> str:
         """What went wrong in one line: the last line of stderr, or the exit code."""
         return (self.stderr.strip().splitlines() or [f"exit {self.code}"])[-1]
+
+
+def start_group(
+    cmd: list[str], env: Mapping[str, str] | None, *, stderr: int = subprocess.PIPE
+) -> subprocess.Popen[str]:
+    """``cmd`` as the leader of a new process group (session), stdin closed, stdout piped as
+    text (``stderr``: piped too, or ``subprocess.STDOUT`` to merge it)."""
+    return subprocess.Popen(
+        cmd,
+        env=None if env is None else dict(env),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        text=True,
+        errors="replace",
+        start_new_session=True,
+    )
 
 
 def end_group(proc: subprocess.Popen[Any]) -> None:
@@ -46,16 +63,7 @@ def run_replay(
 ) -> ChildRun:
     """``replay VERB ARGS`` in a fresh process group (``env``: its environment, this one's by
     default), killed whole at ``timeout`` seconds."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "replay", verb, *args],
-        env=None if env is None else dict(env),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        errors="replace",
-        start_new_session=True,
-    )
+    proc = start_group([sys.executable, "-m", "replay", verb, *args], env)
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .capture.guard import PREFLIGHT_ENV
-from .child import end_group, run_replay
+from .child import end_group, run_replay, start_group
 
 __all__ = ["PreflightReport", "run_preflight"]
 
@@ -79,16 +79,7 @@ def _run_streaming(
     (``sleep 600``) or a forked child still holding the pipe never extends it, since the pipe is
     read on a thread and waited for only until the deadline."""
     tail: list[str] = []
-    proc = subprocess.Popen(
-        cmd,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        errors="replace",
-        start_new_session=True,
-    )
+    proc = start_group(cmd, env, stderr=subprocess.STDOUT)
     deadline = None if timeout is None else time.monotonic() + timeout
     lines: queue.Queue[str | None] = queue.Queue()
     out = proc.stdout
