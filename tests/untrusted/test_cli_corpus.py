@@ -117,6 +117,25 @@ print(json.dumps(codes))
 """
 
 
+def bounded_codes(command: str, cases: dict[str, str]) -> dict[str, tuple[int, str]]:
+    """``replay COMMAND PATH`` for every ``{name: path}`` in one child limited to 2 GiB of
+    address space: ``{name: (exit code, the end of its output)}``."""
+    proc = run_py(
+        "-c",
+        BOUNDED_CHILD,
+        str(MEMORY_LIMIT),
+        command,
+        str(TIMEOUT),
+        env={"OPENBLAS_NUM_THREADS": "1"},
+        input=json.dumps(cases) + "\n",
+        timeout=TIMEOUT * 4,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {
+        k: (c, tail) for k, (c, tail) in json.loads(proc.stdout.strip().splitlines()[-1]).items()
+    }
+
+
 def run_replay(*args: str) -> subprocess.CompletedProcess:
     """``replay ARGS`` in this process; bytes: every byte a terminal would receive is checked."""
     return replay_here(*args, timeout=TIMEOUT, text=False)
@@ -185,19 +204,7 @@ def test_info_json_of_escapes_is_valid_json_and_safe(corpus):
 def test_every_case_within_bounded_memory(corpus, command):
     """A child limited to 2 GiB of address space (numpy + h5py + click, no torch) reads every
     case in turn and exits with the same documented code as ``test_info``/``test_doctor``."""
-    cases = {name: corpus[name].path for name in ALL_CASES}
-    proc = run_py(
-        "-c",
-        BOUNDED_CHILD,
-        str(MEMORY_LIMIT),
-        command,
-        str(TIMEOUT),
-        env={"OPENBLAS_NUM_THREADS": "1"},
-        input=json.dumps(cases) + "\n",
-        timeout=TIMEOUT * 4,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    codes = json.loads(proc.stdout.strip().splitlines()[-1])
+    codes = bounded_codes(command, {name: corpus[name].path for name in ALL_CASES})
     for name in ALL_CASES:
         expected, (code, tail) = getattr(corpus[name], command), codes[name]
         ok = code in (0, BAD) if expected == -1 else code == expected
