@@ -11,7 +11,7 @@ __all__ = [
     "NonFiniteLossError",
     "RecorderWarning",
     "EXIT_OK",
-    "EXIT_HEALTHY",
+    "EXIT_NOTHING_FOUND",
     "EXIT_USAGE",
     "EXIT_BAD_RECORDING",
     "EXIT_BAD_ENTRY",
@@ -20,11 +20,16 @@ __all__ = [
     "EXIT_INCOMPLETE_RANKS",
     "EXIT_DATA_CHANGED",
     "DataChangedError",
+    "EXIT_INTERRUPTED",
+    "exit_code_of",
+    "error_of_exit_code",
 ]
 
 # Exit codes shared by every command (documented in the README).
 EXIT_OK = 0
-EXIT_HEALTHY = 1  # bisect: the recorded window holds no failure
+# the command's question has no: bisect on a healthy window, verify with a divergence, overfit
+# that does not overfit, whatif where no change removes the failure, preflight not replayable
+EXIT_NOTHING_FOUND = 1
 EXIT_USAGE = 2  # click's own code for misuse
 EXIT_BAD_RECORDING = 3  # missing, unreadable, foreign, newer or empty recording
 EXIT_BAD_ENTRY = 4  # the recorded build_fn/step_fn cannot be imported
@@ -32,6 +37,7 @@ EXIT_REPLAY_FAILED = 5  # replay itself failed (state cannot be restored, device
 EXIT_INTERNAL = 6  # an unexpected error: a bug in replay (the catch-all in replay.cli.main)
 EXIT_INCOMPLETE_RANKS = 7  # a DDP rank set with a missing or damaged rank file
 EXIT_DATA_CHANGED = 8  # a batch recorded by reference is not what the dataset gives now
+EXIT_INTERRUPTED = 130
 
 
 class ReplayError(Exception):
@@ -116,3 +122,29 @@ class NonFiniteLossError(FloatingPointError):
 
 class RecorderWarning(UserWarning):
     """The recorder degraded (stopped recording, throttled) but training goes on."""
+
+
+def exit_code_of(error: BaseException) -> int:
+    """The exit code an exception ends a command with, the one mapping every command, the TUI
+    and each rank of a multi-rank replay use: a :class:`ReplayError` its own, an interrupt 130,
+    anything else :data:`EXIT_INTERNAL` (a bug in replay)."""
+    if isinstance(error, ReplayError):
+        return error.exit_code
+    if isinstance(error, KeyboardInterrupt):
+        return EXIT_INTERRUPTED
+    return EXIT_INTERNAL
+
+
+def error_of_exit_code(code: int, message: str) -> ReplayError:
+    """The other way: the error a child's exit code stands for (a rank's, in multirank), with
+    ``message``; a code of no :class:`ReplayError` of its own is a failed replay."""
+    for cls in (
+        UsageError,
+        RecordingError,
+        EntryPointError,
+        IncompleteRankSetError,
+        DataChangedError,
+    ):
+        if cls.exit_code == code:
+            return cls(message)
+    return ReplayError(message)

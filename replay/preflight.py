@@ -13,7 +13,6 @@ import json
 import os
 import queue
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -24,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .capture.guard import PREFLIGHT_ENV
+from .child import end_group, run_replay, start_group
 from .reports import BisectReport, VerifyReport
 
 __all__ = ["PreflightReport", "run_preflight"]
@@ -81,16 +81,6 @@ def _stopped(timeout: float | None) -> str:
     return f"(replay preflight: stopped the run after {timeout:g} s)"
 
 
-def _end_group(proc: subprocess.Popen[Any]) -> None:
-    """Kill ``proc``'s whole process group (it was started as its own session): the run's
-    forked children, its recorder's writer and DataLoader workers go with it."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.wait()
-
-
 def _run_streaming(
     cmd: list[str], env: dict[str, str], timeout: float | None, echo: Callable[[str], None]
 ) -> tuple[int, list[str]]:
@@ -99,16 +89,7 @@ def _run_streaming(
     (``sleep 600``) or a forked child still holding the pipe never extends it, since the pipe is
     read on a thread and waited for only until the deadline."""
     tail: list[str] = []
-    proc = subprocess.Popen(
-        cmd,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        errors="replace",
-        start_new_session=True,
-    )
+    proc = start_group(cmd, env, stderr=subprocess.STDOUT)
     deadline = None if timeout is None else time.monotonic() + timeout
     lines: queue.Queue[str | None] = queue.Queue()
     out = proc.stdout
@@ -127,7 +108,7 @@ def _run_streaming(
         while True:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
-                _end_group(proc)
+                end_group(proc)
                 tail.append(_stopped(timeout))
                 break
             try:
@@ -144,36 +125,19 @@ def _run_streaming(
         try:
             return proc.wait(timeout=max(0.0, deadline - time.monotonic())), tail
         except subprocess.TimeoutExpired:
-            _end_group(proc)
+            end_group(proc)
             tail.append(_stopped(timeout))
             return proc.wait(), tail
     finally:
         if proc.poll() is None:
-            _end_group(proc)
+            end_group(proc)
 
 
-def _run_replay(verb: str, path: str, timeout: float | None) -> tuple[int, str, str]:
-    """``replay VERB PATH --json`` in a fresh process group, killed whole at ``timeout``."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "replay", verb, path, "--json"],
-        env={k: v for k, v in os.environ.items() if k != PREFLIGHT_ENV},
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        errors="replace",
-        start_new_session=True,
-    )
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        _end_group(proc)
-        proc.communicate()
-        return -1, "", f"replay: error: replay {verb} did not finish in {timeout:g} s"
-    finally:
-        if proc.poll() is None:
-            _end_group(proc)
-    return proc.returncode, stdout, stderr
+def _replay_child(verb: str, path: str, timeout: float | None) -> tuple[int, str, str]:
+    """``replay VERB PATH --json`` on the recording just made, as any user would run it."""
+    env = {k: v for k, v in os.environ.items() if k != PREFLIGHT_ENV}
+    r = run_replay(verb, path, "--json", timeout=timeout, env=env)
+    return r.code, r.stdout, r.stderr
 
 
 def check_keep(keep: str) -> None:
@@ -253,7 +217,7 @@ def _record_and_verify(
     if rep.run_exit not in (0, None) and not rep.reason:
         rep.reason = f"the command exited with {rep.run_exit} while recording"
         # its steps may still replay: verify says more than the exit code alone
-    code, stdout, stderr = _run_replay("verify", path, timeout)
+    code, stdout, stderr = _replay_child("verify", path, timeout)
     rep.verify_exit = code
     if code in (0, 1):
         try:
@@ -307,7 +271,7 @@ def _bisect_failure(
 ) -> None:
     """The run failed within the preflight steps: that is the finding. Bisect it, and keep the
     recording (with its forensics) where the user can open it."""
-    code, stdout, stderr = _run_replay("bisect", path, timeout)
+    code, stdout, stderr = _replay_child("bisect", path, timeout)
     try:
         rep.failure = BisectReport.from_json(json.loads(stdout)) if code in (0, 1) else None
     except (ValueError, KeyError, TypeError):

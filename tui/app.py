@@ -16,7 +16,7 @@ from textual.app import App
 from textual.binding import Binding
 from textual.worker import WorkerFailed
 
-from replay.errors import EXIT_BAD_RECORDING, EXIT_INTERNAL, RecordingError
+from replay.errors import exit_code_of
 
 from .messages import ModuleChosen, OpChosen
 from .model import RunModel
@@ -65,7 +65,8 @@ class ReplayApp(App[None]):
         self.model = model
         self.poll = poll
         # The exception that ended the app, if one did: ``replay tui`` prints it as one line and
-        # exits non-zero (3 for a damaged recording or sidecar, 6 for anything else).
+        # exits non-zero with the code every command gives it (replay.errors.exit_code_of: 3 for
+        # a damaged recording or sidecar, 6 for a bug).
         self.failure: BaseException | None = None
 
     def _handle_exception(self, error: Exception) -> None:
@@ -84,8 +85,7 @@ class ReplayApp(App[None]):
         if self._exception is None:
             self._exception = cause if isinstance(cause, Exception) else error
             self._exception_event.set()
-        code = EXIT_BAD_RECORDING if isinstance(cause, RecordingError) else EXIT_INTERNAL
-        self.exit(return_code=code)
+        self.exit(return_code=exit_code_of(cause))
 
     def on_mount(self) -> None:
         for name, cls in VIEWS.values():

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,6 +9,7 @@ import numpy as np
 
 from replay.safetext import term_safe
 from replay.store import TensorLeaf
+from replay.store.tree import iter_leaves
 
 __all__ = ["LeafStats", "batch_leaves", "as_float"]
 
@@ -76,17 +76,6 @@ def _per_sample(path: str, leaf: Any) -> LeafStats:
     return LeafStats(path, shape, dtype, mean, std, absmax, bad.sum(axis=1))
 
 
-def _walk(tree: Any, path: str) -> Iterator[tuple[str, Any]]:
-    if isinstance(tree, dict):
-        for k, v in tree.items():
-            yield from _walk(v, f"{path}.{k}" if path else str(k))
-    elif isinstance(tree, (list, tuple)):
-        for i, v in enumerate(tree):
-            yield from _walk(v, f"{path}[{i}]")
-    elif isinstance(tree, (TensorLeaf, np.ndarray)):
-        yield path or "batch", tree
-
-
 def batch_leaves(batch: Any) -> list[LeafStats]:
-    """Every tensor of ``batch`` (any nesting) with per-sample statistics."""
-    return [_per_sample(p, leaf) for p, leaf in _walk(batch, "")]
+    """Every tensor of ``batch`` (any nesting, named by ``leaf_path``) with per-sample statistics."""
+    return [_per_sample(p, leaf) for p, leaf in iter_leaves(batch)]

@@ -17,7 +17,7 @@ from typing import NoReturn
 
 import click
 
-from ..errors import EXIT_INTERNAL, EXIT_USAGE, ReplayError
+from ..errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE, ReplayError, exit_code_of
 from ..safetext import term_safe
 from ._process import own_process
 from .bisect import bisect
@@ -89,20 +89,20 @@ def main(argv: list[str] | None = None) -> None:
         rv = cli.main(args=argv, prog_name="replay", standalone_mode=False)
     except click.exceptions.Abort:
         if as_json:
-            click.echo(json.dumps({"error": "aborted", "exit_code": 130}))
+            click.echo(json.dumps({"error": "aborted", "exit_code": EXIT_INTERRUPTED}))
         click.echo("replay: aborted", err=True)
-        sys.exit(130)
+        sys.exit(EXIT_INTERRUPTED)
     except click.UsageError as e:  # click's misuse (a bad option value, a missing argument)
         fail(e.format_message(), EXIT_USAGE, as_json)
     except click.ClickException as e:
         fail(e.format_message(), e.exit_code, as_json)
     except ReplayError as e:
-        fail(str(e), e.exit_code, as_json)
+        fail(str(e), exit_code_of(e), as_json)
     except KeyboardInterrupt:
         if as_json:
-            click.echo(json.dumps({"error": "interrupted", "exit_code": 130}))
+            click.echo(json.dumps({"error": "interrupted", "exit_code": EXIT_INTERRUPTED}))
         click.echo("replay: interrupted", err=True)
-        sys.exit(130)
+        sys.exit(EXIT_INTERRUPTED)
     except BrokenPipeError:
         sys.exit(0)
     except Exception as e:  # noqa: BLE001 - the catch-all: one line and its own exit code

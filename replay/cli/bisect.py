@@ -10,6 +10,7 @@ import click
 if TYPE_CHECKING:
     from ..bisect.criteria import Criterion
 
+from ..errors import EXIT_NOTHING_FOUND, EXIT_OK
 from ._process import big_imports, user_stdout_to_stderr
 from ._replaying import engine_options, rank_options
 
@@ -114,7 +115,7 @@ def bisect(
     finally:
         bar.close()
     click.echo(json.dumps(report.to_json(), indent=2) if as_json else render_verdict(report))
-    return 1 if report.healthy else 0
+    return EXIT_NOTHING_FOUND if report.healthy else EXIT_OK
 
 
 def _quote_self_check(run: str) -> None:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from ..errors import EXIT_OK
 from ..reports.doctor import DoctorReport, RankSetDoctorReport, SlowestRank
 from ..safetext import term_safe
 
@@ -98,7 +99,7 @@ def _doctor_rank_set(run: str, scan: Any, as_json: bool) -> int:
         report = _rank_set_report(rs, scan.first_bad)
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
-        return 0
+        return EXIT_OK
     lines = [f"{term_safe(run)}: a rank set of {len(report.ranks)} ranks; {report.first_bad}"]
     if report.missing:
         lines.append(f"  missing rank files: {', '.join(map(str, report.missing))}")
@@ -112,7 +113,7 @@ def _doctor_rank_set(run: str, scan: Any, as_json: bool) -> int:
     for r, per in report.ranks.items():
         lines += ["", f"== rank {r} ==", render(per)]
     click.echo("\n".join(lines))
-    return 0
+    return EXIT_OK
 
 
 @click.command()
@@ -137,4 +138,4 @@ def doctor(run: str, as_json: bool) -> int:
             return _doctor_rank_set(run, scan, as_json)
     report = DoctorReport(run, diagnose(run))
     click.echo(json.dumps(report.to_json(), indent=2) if as_json else render(report))
-    return 0
+    return EXIT_OK

@@ -6,6 +6,7 @@ import json
 
 import click
 
+from ..errors import EXIT_OK
 from ._process import big_imports, user_stdout_to_stderr
 from ._replaying import engine_options
 
@@ -61,7 +62,7 @@ def export(
         phase.end()
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
-        return 0
+        return EXIT_OK
     how = (
         f"the snapshot of step {report.snapshot}"
         if report.replayed == 0
@@ -76,4 +77,4 @@ def export(
     for n in report.notes:
         click.echo(f"  note: {n}")
     click.echo(f"  how to load it: {report.out}/README.md")
-    return 0
+    return EXIT_OK

@@ -11,7 +11,7 @@ import numpy as np
 
 from ..distributed.ranks import describe_failure, open_rank_set
 from ..distributed.scan import RankScan, rank_set, spans
-from ..errors import EXIT_BAD_RECORDING, EXIT_INCOMPLETE_RANKS, RecordingError
+from ..errors import EXIT_BAD_RECORDING, EXIT_INCOMPLETE_RANKS, EXIT_OK, RecordingError
 from ..safetext import term_safe, term_safe_tree
 from ..store import open_recording
 from ..store.liveness import writer_state
@@ -336,4 +336,4 @@ def info(run: str, as_json: bool) -> int:
     if cut:
         click.echo(f"replay: error: {term_safe(error)}", err=True)
         return EXIT_BAD_RECORDING
-    return 0
+    return EXIT_OK

@@ -7,6 +7,7 @@ import math
 
 import click
 
+from ..errors import EXIT_NOTHING_FOUND, EXIT_OK
 from ..reports import OverfitReport
 from ._process import user_stdout_to_stderr
 from ._replaying import engine_options
@@ -144,4 +145,4 @@ def overfit(
             reenter=reenter,
         )
     click.echo(json.dumps(result.to_json(), indent=2) if as_json else render(result))
-    return 0 if result.overfits else 1
+    return EXIT_OK if result.overfits else EXIT_NOTHING_FOUND

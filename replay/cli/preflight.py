@@ -7,6 +7,7 @@ import shlex
 
 import click
 
+from ..errors import EXIT_NOTHING_FOUND, EXIT_OK
 from ..preflight import PreflightReport
 from .render import render_cause
 
@@ -136,4 +137,4 @@ def preflight(
         echo=lambda line: click.echo(line, err=True),
     )
     click.echo(json.dumps(rep.json(), indent=2) if as_json else render_preflight(rep))
-    return 0 if rep.replayable else 1
+    return EXIT_OK if rep.replayable else EXIT_NOTHING_FOUND

@@ -6,6 +6,7 @@ import json
 
 import click
 
+from ..errors import EXIT_OK
 from ._process import big_imports, user_stdout_to_stderr
 from ._replaying import engine_options
 
@@ -40,4 +41,4 @@ def trace(
     with user_stdout_to_stderr(as_json), big_imports():
         report = run_trace(run, step, device=device, entry=entry, trust=trust, reenter=reenter)
     click.echo(json.dumps(report.to_json(), indent=2) if as_json else render_trace(report))
-    return 0
+    return EXIT_OK

@@ -6,6 +6,7 @@ import json
 
 import click
 
+from ..errors import EXIT_NOTHING_FOUND, EXIT_OK
 from ._process import big_imports, user_stdout_to_stderr
 from ._replaying import engine_options, rank_options
 
@@ -78,4 +79,4 @@ def verify(
     finally:
         bar.close()
     click.echo(json.dumps(report.to_json(), indent=2) if as_json else render_verify(report))
-    return 0 if report.deterministic else 1
+    return EXIT_OK if report.deterministic else EXIT_NOTHING_FOUND

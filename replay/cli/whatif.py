@@ -8,6 +8,7 @@ from typing import Any, TypeGuard
 
 import click
 
+from ..errors import EXIT_NOTHING_FOUND, EXIT_OK
 from ..reports.whatif import Experiment, StepResult, WhatIfReport
 from ..safetext import term_safe
 from ._process import big_imports, user_stdout_to_stderr
@@ -270,4 +271,4 @@ def whatif(
             "nothing for a change to remove",
             err=True,
         )
-    return 0 if report.helpful else 1
+    return EXIT_OK if report.helpful else EXIT_NOTHING_FOUND

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..thresholds import VANISHING_GRAD_NORM
 from .arrays import as_float
 from .context import Context
 from .registry import Finding, rule
@@ -61,7 +62,7 @@ def grad_norm_vanishing(ctx: Context) -> Finding | None:
     if g.size < 3 or not loss.size:
         return None
     med = float(np.median(g))
-    if med > 1e-7 or float(np.median(np.abs(loss))) < 1e-4:
+    if med > VANISHING_GRAD_NORM or float(np.median(np.abs(loss))) < 1e-4:
         return None
     return Finding(
         "grad_norm_vanishing",

@@ -30,17 +30,12 @@ from collections.abc import Callable
 from typing import Any
 
 from ..distributed.scan import RankScan
-from ..errors import EntryPointError, RecordingError, ReplayError, UsageError
+from ..errors import RecordingError, ReplayError, UsageError, error_of_exit_code
 
 __all__ = ["replay_rank_set", "DEADLINE"]
 
 DEADLINE = 900.0  # seconds for the whole replay; REPLAY_RANKS_TIMEOUT overrides
 PG_TIMEOUT = 300.0  # seconds a rank waits in a collective; REPLAY_PG_TIMEOUT overrides
-_ERRORS: dict[int, type[ReplayError]] = {
-    2: UsageError,
-    3: RecordingError,
-    4: EntryPointError,
-}
 
 
 def _env_seconds(name: str, default: float) -> float:
@@ -108,8 +103,9 @@ def _failure(rank: int, tmp: str, code: int | None) -> ReplayError:
     except (OSError, ValueError):
         res = None
     if res is not None and not res.get("ok"):
-        cls = _ERRORS.get(int(res.get("exit_code") or 5), ReplayError)
-        return cls(f"rank {rank}: {res.get('error')}")
+        return error_of_exit_code(
+            int(res.get("exit_code") or 5), f"rank {rank}: {res.get('error')}"
+        )
     why = _tail(os.path.join(tmp, f"rank{rank}.err"))
     return ReplayError(
         f"rank {rank}'s replay process exited with code {code}" + (f" ({why})" if why else "")

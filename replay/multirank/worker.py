@@ -26,7 +26,7 @@ import traceback
 from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
-from ..errors import EXIT_INTERNAL, ReplayError
+from ..errors import ReplayError, exit_code_of
 
 if TYPE_CHECKING:
     from ..engine import Engine
@@ -368,12 +368,12 @@ def main(argv: list[str] | None = None) -> int:
         result = run(spec)
         code = 0
     except ReplayError as e:
-        result, code = {"rank": rank, "ok": False, "error": str(e), "exit_code": e.exit_code}, 1
+        result, code = {"rank": rank, "ok": False, "error": str(e), "exit_code": exit_code_of(e)}, 1
     except Exception as e:  # noqa: BLE001 - one line for the parent, the traceback on stderr
         traceback.print_exc()
         first = (str(e).strip().splitlines() or [""])[0]
         result = {"rank": rank, "ok": False, "error": f"{type(e).__name__}: {first}"}
-        result["exit_code"], code = EXIT_INTERNAL, 1
+        result["exit_code"], code = exit_code_of(e), 1
     with open(out + ".tmp", "w") as fh:
         json.dump(json_safe(result), fh)
     os.replace(out + ".tmp", out)

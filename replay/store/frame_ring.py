@@ -23,6 +23,8 @@ import os
 
 import numpy as np
 
+from .memfd import create_shared
+
 __all__ = ["FrameRing", "RING_BYTES"]
 
 RING_BYTES = 32 << 20  # a commit window of the benchmark MLP takes ~8 MiB
@@ -42,19 +44,7 @@ class FrameRing:
     @classmethod
     def create(cls, size: int = RING_BYTES) -> FrameRing | None:
         """The parent's side, or ``None`` where memfd is missing (then the pipe carries all)."""
-        create = getattr(os, "memfd_create", None)
-        if create is None:
-            return None
-        try:
-            fd = create("replay-frames", 0)  # inheritable on purpose: passed to the child
-            try:
-                os.ftruncate(fd, _CTRL + size)
-                return cls(fd, size)
-            except BaseException:
-                os.close(fd)
-                raise
-        except (OSError, ValueError):
-            return None
+        return create_shared("replay-frames", _CTRL + size, lambda fd: cls(fd, size))
 
     @classmethod
     def attach(cls, fd: int) -> FrameRing:

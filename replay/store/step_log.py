@@ -32,6 +32,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .memfd import create_shared
+
 __all__ = ["StepLog", "LogRecord", "LOG_BYTES"]
 
 LOG_BYTES = 64 << 20
@@ -81,20 +83,7 @@ class StepLog:
         memory cannot be had: the log's pages are allocated here, once, so that a write into
         it can never fail later (a shared page that cannot be allocated is a SIGBUS)."""
         size = -(-size // 4096) * 4096
-        create = getattr(os, "memfd_create", None)
-        if create is None:
-            return None
-        try:
-            fd = create("replay-steps", 0)  # inheritable on purpose: passed to the writer
-            try:
-                os.ftruncate(fd, _CTRL + size)
-                os.posix_fallocate(fd, 0, _CTRL + size)
-                return cls(fd, size)
-            except BaseException:
-                os.close(fd)
-                raise
-        except (OSError, ValueError):
-            return None
+        return create_shared("replay-steps", _CTRL + size, lambda fd: cls(fd, size), allocate=True)
 
     @classmethod
     def attach(cls, fd: int) -> StepLog:

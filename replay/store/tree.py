@@ -19,7 +19,7 @@ Example::
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +34,7 @@ __all__ = [
     "layout_key",
     "decode",
     "iter_leaves",
+    "leaf_path",
 ]
 
 
@@ -275,16 +276,28 @@ def decode(node: dict[str, Any], data: memoryview | bytes) -> Any:
     raise ValueError(f"unknown tree node type {t!r}")
 
 
-def iter_leaves(tree: Any, path: str = "") -> Iterator[tuple[str, Any]]:
-    """Yield ``(path, leaf)`` for every array-like leaf (numpy array or TensorLeaf)."""
+def leaf_path(keys: Sequence[str | int]) -> str:
+    """The one name of a leaf inside a nested batch (the store, the trace and the TUI all name
+    leaves so): a name (dict key, namedtuple field) after a dot, a position in brackets;
+    ``batch`` for the batch itself.
+
+    >>> leaf_path(["x"]), leaf_path([0]), leaf_path(["inputs", 1, "ids"]), leaf_path([])
+    ('x', '[0]', 'inputs[1].ids', 'batch')
+    """
+    out = ""
+    for k in keys:
+        out += f"[{k}]" if isinstance(k, int) else f".{k}" if out else k
+    return out or "batch"
+
+
+def iter_leaves(tree: Any, keys: tuple[str | int, ...] = ()) -> Iterator[tuple[str, Any]]:
+    """Yield ``(leaf_path, leaf)`` for every array-like leaf (numpy array or TensorLeaf)."""
     if isinstance(tree, (TensorLeaf, np.ndarray)):
-        yield path or "batch", tree
+        yield leaf_path(keys), tree
     elif isinstance(tree, dict):
         for k, v in tree.items():
-            yield from iter_leaves(v, f"{path}.{k}" if path else str(k))
+            yield from iter_leaves(v, (*keys, str(k)))
     elif isinstance(tree, (list, tuple)):
         names = getattr(type(tree), "_fields", None)
         for i, v in enumerate(tree):
-            key = names[i] if names else f"[{i}]"
-            sep = "." if names and path else ""
-            yield from iter_leaves(v, f"{path}{sep}{key}" if names else f"{path}{key}")
+            yield from iter_leaves(v, (*keys, names[i] if names else i))

@@ -47,19 +47,12 @@ __all__ = [
     "PRESENT",
     "UNKNOWN",
     "MASK_BUFFER",
-    "EXTERNAL_NAMES",
     "ALLOC_OPS",
     "Origins",
     "storage_key",
 ]
 
 BATCH, PRESENT, UNKNOWN, MASK_BUFFER = -2, -3, -4, -5
-EXTERNAL_NAMES = {
-    BATCH: "batch",
-    PRESENT: "present before the step",
-    UNKNOWN: "unknown",
-    MASK_BUFFER: "a buffer of -inf (a mask)",
-}
 
 ALLOC_OPS = frozenset(
     {

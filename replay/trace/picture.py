@@ -9,8 +9,9 @@ from typing import NamedTuple, TypedDict
 
 import numpy as np
 import torch
-from torch.utils._pytree import KeyPath, tree_flatten_with_path
+from torch.utils._pytree import KeyPath, SequenceKey, tree_flatten_with_path
 
+from replay.store.tree import leaf_path
 from replay.trace.origins import storage_key
 
 __all__ = [
@@ -83,21 +84,21 @@ _NO_GRAD = _GradStats(False, NAN, NAN, NAN)
 
 
 def _path_str(path: KeyPath) -> str:
-    parts = []
+    """A pytree key path as ``leaf_path`` names it (as the store and the TUI do)."""
+    keys: list[str | int] = []
     for k in path:
-        for attr in ("key", "idx", "name"):
-            if hasattr(k, attr):
-                parts.append(str(getattr(k, attr)))
-                break
-        else:
-            parts.append(str(k))
-    return ".".join(parts)
+        if isinstance(k, SequenceKey):
+            keys.append(k.idx)
+        else:  # MappingKey, GetAttrKey (a namedtuple's field)
+            keys.append(str(getattr(k, "key", getattr(k, "name", k))))
+    return leaf_path(keys)
 
 
 def batch_leaves(batch: object) -> list[tuple[str, torch.Tensor]]:
-    """``(path, tensor)`` for every tensor leaf of a nested batch; paths like ``x`` or ``0``."""
+    """``(path, tensor)`` for every tensor leaf of a nested batch; paths as ``leaf_path`` says:
+    ``x``, ``[0]``, ``inputs[1].ids``."""
     leaves, _ = tree_flatten_with_path(batch)
-    return [(_path_str(p) or "batch", t) for p, t in leaves if isinstance(t, torch.Tensor)]
+    return [(_path_str(p), t) for p, t in leaves if isinstance(t, torch.Tensor)]
 
 
 def batch_nonfinite(batch: object) -> list[BatchNonFinite]:
@@ -119,7 +120,7 @@ def batch_nonfinite(batch: object) -> list[BatchNonFinite]:
             out.append(
                 {
                     "name": "batch" + keystr(p),
-                    "path": _path_str(p) or "batch",
+                    "path": _path_str(p),
                     "shape": list(t.shape),
                     "dtype": str(t.dtype)[6:],
                     "nan": int(torch.isnan(t).sum()),

@@ -72,7 +72,7 @@ def _flat_size(t: torch.Tensor, others: list[torch.Tensor]) -> tuple[int, ...] |
 def flat_leaves(batch: object) -> list[tuple[str, tuple[int, ...]]]:
     """``(path, leading shape)`` of each leaf whose dim 0 flattens the leading dims of another
     leaf: word_language_model's ``targets.view(-1)`` of a ``[T, B]`` batch gives
-    ``[("1", (T, B))]``."""
+    ``[("[1]", (T, B))]``."""
     from replay.trace.picture import batch_leaves
 
     leaves = [(p, t) for p, t in batch_leaves(batch) if t.dim() >= 1]

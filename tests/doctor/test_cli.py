@@ -1,31 +1,17 @@
-"""``replay doctor`` and ``replay overfit`` as a user runs them: real subprocesses."""
+"""``replay doctor`` and ``replay overfit`` as a user runs them: the console entry point, in
+this process where no user code runs (``replay_here``), in a child where the model is rebuilt."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def replay(*args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run(
-        [sys.executable, "-m", "replay", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+from tests.conftest import RANK_NAN_STEP, ROOT, replay_cli, replay_here
 
 
 def test_doctor_json_shape(recording):
-    r = replay("doctor", recording("softmax_before_ce"), "--json")
+    r = replay_here("doctor", recording("softmax_before_ce"), "--json")
     assert r.returncode == 0, r.stderr
     found = json.loads(r.stdout)
     assert found and set(found[0]) == {"rule", "severity", "title", "evidence", "advice", "steps"}
@@ -33,20 +19,20 @@ def test_doctor_json_shape(recording):
 
 
 def test_doctor_text_healthy(recording):
-    r = replay("doctor", recording("healthy"))
+    r = replay_here("doctor", recording("healthy"))
     assert r.returncode == 0 and "no findings" in r.stdout
 
 
 def test_doctor_refuses_a_non_recording(tmp_path):
     bad = tmp_path / "x.h5"
     bad.write_text("hello")
-    r = replay("doctor", str(bad))
+    r = replay_here("doctor", str(bad))
     assert r.returncode == 3 and r.stderr.count("\n") == 1 and "not an HDF5 file" in r.stderr
 
 
 def test_overfit_healthy_batch_goes_to_zero(recording):
     # recorded in-process under a synthetic module name: point replay at the script itself
-    r = replay(
+    r = replay_cli(
         "overfit",
         recording("healthy"),
         "--iters",
@@ -62,7 +48,7 @@ def test_overfit_healthy_batch_goes_to_zero(recording):
 
 
 def test_overfit_softmax_before_ce_stalls_at_its_floor(recording):
-    r = replay(
+    r = replay_cli(
         "overfit",
         recording("softmax_before_ce"),
         "--iters",
@@ -85,7 +71,7 @@ def test_overfit_refuses_without_replayable_state(tmp_path):
     doctor_loops.record(str(src), "plain", steps=20)
     with h5py.File(src, "r+") as f:  # drop every snapshot: nothing to rebuild from
         f["snapshots/step"][...] = -1
-    r = replay("overfit", str(src))
+    r = replay_here("overfit", str(src))
     assert r.returncode == 3, (r.stdout, r.stderr)
     assert r.stderr.count("\n") == 1 and "no replayable state" in r.stderr
 
@@ -108,7 +94,7 @@ def test_overfit_judges_close_still_falling_and_plateau_apart():
 
 
 def _doctor(path):
-    r = replay("doctor", path, "--json")
+    r = replay_here("doctor", path, "--json")
     assert r.returncode == 0, r.stderr
     return {f["rule"]: f for f in json.loads(r.stdout)}
 
@@ -138,28 +124,15 @@ def test_a_carried_rnn_state_is_not_judged_as_an_input(recording):
     assert "inputs_not_normalised" not in found
 
 
-def test_doctor_on_a_rank_set_name_reports_every_rank_and_who_went_bad_first(tmp_path):
+def test_doctor_on_a_rank_set_name_reports_every_rank_and_who_went_bad_first(rank_set):
     """`replay doctor run.h5` on a rank set exited 3 `run.h5: no such file`."""
-    from tests.conftest import replay_cli, run_env
-
-    fixture = os.path.join(os.path.dirname(__file__), "..", "tui", "rank_fixture.py")
-    base = str(tmp_path / "run.h5")
-    for r in (0, 1):
-        subprocess.run(
-            [sys.executable, fixture, str(r), base, "--steps", "16"]
-            + (["--nan-at", "9"] if r == 1 else []),
-            env=run_env(),
-            check=True,
-            capture_output=True,
-            timeout=300,
-        )
-    p = replay_cli("doctor", base)
+    p = replay_here("doctor", rank_set)
     assert p.returncode == 0, p.stderr
-    assert "a rank set of 2 ranks; first bad at step 9 on rank 1" in p.stdout
+    assert f"a rank set of 2 ranks; first bad at step {RANK_NAN_STEP} on rank 1" in p.stdout
     assert "== rank 0 ==" in p.stdout and "== rank 1 ==" in p.stdout
     assert "slowest: rank" in p.stdout
-    j = replay_cli("doctor", base, "--json")
+    j = replay_here("doctor", rank_set, "--json")
     d = json.loads(j.stdout)
-    assert d["first_bad_step"] == 9 and d["first_bad_ranks"] == [1]
+    assert d["first_bad_step"] == RANK_NAN_STEP and d["first_bad_ranks"] == [1]
     assert set(d["ranks"]) == {"0", "1"}
     assert any(f["rule"] == "nonfinite_recorded" for f in d["ranks"]["1"])

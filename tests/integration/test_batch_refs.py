@@ -7,12 +7,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from recorded_runs import cli, env
 
 from replay.errors import EXIT_DATA_CHANGED
 from replay.store import open_recording
-
-sys.path.insert(0, str(Path(__file__).with_name("scripts")))
-from recorded_runs import cli, env  # noqa: E402
 
 SCRIPT = Path(__file__).with_name("scripts") / "loader_train.py"
 

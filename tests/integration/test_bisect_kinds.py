@@ -4,13 +4,10 @@ Each run is recorded in a subprocess from a real script; the script checks every
 (without replay's code) and writes down which step went bad: the test compares with that.
 """
 
-import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).with_name("scripts")))
-from recorded_runs import cli, cli_json, record  # noqa: E402
+from recorded_runs import cli, cli_json, record
 
 SGD_HIGH_LR = {"optimizer": "sgd", "lr": 3.0, "clip": 0, "dropout": 0.1, "gamma": 1.0}
 

@@ -9,19 +9,17 @@ import subprocess
 import sys
 import time
 
+import mlp_train
 import numpy as np
 import pytest
 
 from replay.store import open_recording
 from replay.store.liveness import writer_state
-from tests.conftest import ROOT, SCRIPTS
-
-sys.path.insert(0, str(SCRIPTS))
-import mlp_train  # noqa: E402
+from tests.conftest import SCRIPTS, run_env
 
 
 def start(out, *extra):
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    env = run_env()
     return subprocess.Popen(
         [sys.executable, str(SCRIPTS / "mlp_train.py"), str(out), *extra],
         stdout=subprocess.PIPE,
@@ -160,7 +158,7 @@ def test_sigkill_loses_at_most_the_step_in_flight(tmp_path):
     import kill_target
 
     kills = int(os.environ.get("REPLAY_KILLS", "200"))
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    env = run_env()
     server = subprocess.Popen(
         [sys.executable, str(SCRIPTS / "kill_target.py")],
         stdin=subprocess.PIPE,

@@ -15,12 +15,11 @@ import sys
 from pathlib import Path
 
 import torch
+from recorded_runs import cli_json
 from torch.overrides import TorchFunctionMode
 
 from replay.reports import BisectReport
-
-sys.path.insert(0, str(Path(__file__).with_name("scripts")))
-from recorded_runs import cli_json, env  # noqa: E402
+from tests.conftest import run_env
 
 SCRIPTS = Path(__file__).with_name("scripts")
 
@@ -36,7 +35,7 @@ def record(tmp_path: Path, name: str, *args: str) -> Path:
     run = tmp_path / f"{name}.h5"
     p = subprocess.run(
         [sys.executable, str(SCRIPTS / f"{name}.py"), str(run), *args],
-        env=env(),
+        env=run_env(),
         capture_output=True,
         text=True,
         timeout=120,
@@ -151,7 +150,7 @@ def test_nan_in_the_data_is_reported_as_a_data_bug(tmp_path):
     assert d["op"] == "aten::addmm"  # context: the first op that read it
     p = subprocess.run(
         [sys.executable, "-m", "replay", "bisect", str(run)],
-        env=env(),
+        env=run_env(),
         capture_output=True,
         text=True,
         timeout=180,
@@ -191,7 +190,7 @@ def test_a_batch_axis_hint_on_the_step_function_is_used(tmp_path):
     script.write_text(text)
     run = tmp_path / "hinted.h5"
     p = subprocess.run(
-        [sys.executable, str(script), str(run)], env=env(), capture_output=True, timeout=120
+        [sys.executable, str(script), str(run)], env=run_env(), capture_output=True, timeout=120
     )
     assert p.returncode == 0 and run.exists()
     d = bisect(run)

@@ -16,25 +16,23 @@ import math
 import os
 import socket
 import subprocess
-import sys
 import time
 from typing import Any
 
+import ddp_worker
 import numpy as np
 import pytest
 import torch
 import torch.multiprocessing as mp
 
+from replay.capture.fingerprint import grad_norm, param_fingerprint
+from replay.capture.rng import restore_rng
+from replay.capture.tensors import from_leaves
+from replay.distributed import first_bad_rank, open_rank_set, rank_health
+from replay.store import open_recording
+from tests.conftest import replay_here, run_env, run_py
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-
-import ddp_worker  # noqa: E402
-
-from replay.capture.fingerprint import grad_norm, param_fingerprint  # noqa: E402
-from replay.capture.rng import restore_rng  # noqa: E402
-from replay.capture.tensors import from_leaves  # noqa: E402
-from replay.distributed import first_bad_rank, open_rank_set, rank_health  # noqa: E402
-from replay.store import open_recording  # noqa: E402
 
 JOIN_TIMEOUT = 90.0
 
@@ -71,19 +69,8 @@ def run_ranks(tmp_path: Any, **cfg: Any) -> dict[int, dict[str, Any]]:
 def replay_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """``python -m replay ARGS`` with the recorded entry module (ddp_worker) importable, as in
     the user's training directory; a multi-rank replay gets short timeouts (a hang fails)."""
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]),
-        "REPLAY_RANKS_TIMEOUT": "110",
-        "REPLAY_PG_TIMEOUT": "90",
-    }
-    return subprocess.run(
-        [sys.executable, "-m", "replay", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-    )
+    env = {**run_env(HERE), "REPLAY_RANKS_TIMEOUT": "110", "REPLAY_PG_TIMEOUT": "90"}
+    return run_py("-m", "replay", *args, env=env, timeout=timeout)
 
 
 def replay_rank_step(path: str, step: int) -> dict[str, float]:
@@ -168,9 +155,7 @@ def test_nan_on_one_rank_stops_every_rank_at_the_same_step(tmp_path: Any) -> Non
         assert failure is not None
         assert (failure.step, failure.ranks, failure.kind) == (5, (1,), "nonfinite")
         assert failure.evidence[1] == ["loss", "local_grad"]
-    info = subprocess.run(
-        [sys.executable, "-m", "replay", "info", base], capture_output=True, text=True, timeout=60
-    )
+    info = replay_here("info", base)
     assert info.returncode == 0, info.stderr
     assert "rank set of 2" in info.stdout
     assert "first bad at step 5 on rank 1" in info.stdout

@@ -16,7 +16,7 @@ import pytest
 
 from replay.store.liveness import lock_path, writer_state
 from replay.store.writer import RingSpec, StoreWriter
-from tests.conftest import ROOT, SCRIPTS, replay_cli, run_env
+from tests.conftest import SCRIPTS, replay_cli, replay_here, run_env
 
 # Holds the lock as a draining writer does until a line arrives on its stdin (or argv[2] seconds
 # pass), then removes the lock file and exits, as a writer that finished does.
@@ -36,7 +36,7 @@ os.unlink(sys.argv[1])
 def nan_run(tmp_path_factory):
     """A run killed with SIGKILL after its loss went NaN at step 22 (it trains on: --no-raise)."""
     out = tmp_path_factory.mktemp("drain") / "run.h5"
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    env = run_env()
     proc = subprocess.Popen(
         [sys.executable, str(SCRIPTS / "mlp_train.py"), str(out), "--steps", "100000"]
         + ["--nan-at", "22", "--no-raise", "--sleep", "0.002"],
@@ -107,10 +107,10 @@ def test_a_lock_file_left_by_a_killed_writer_is_no_live_writer(tmp_path):
 def test_info_says_the_writer_is_draining(nan_run):
     holder = _hold(nan_run, 30)
     try:
-        proc = replay_cli("info", str(nan_run))
+        proc = replay_here("info", str(nan_run))
         assert proc.returncode == 0, proc.stderr
         assert "its training died, its writer is still committing: 7 steps to come" in proc.stdout
-        d = json.loads(replay_cli("info", str(nan_run), "--json").stdout)
+        d = json.loads(replay_here("info", str(nan_run), "--json").stdout)
         assert d["writer"]["draining"] and d["writer"]["steps_to_come"] == 7
     finally:
         _end(holder)
@@ -150,14 +150,7 @@ def test_bisect_waits_for_a_draining_writer_then_replays(nan_run):
 def test_verify_gives_up_on_a_writer_that_never_finishes_with_one_line(nan_run):
     holder = _hold(nan_run, 30)
     try:
-        env = dict(os.environ, REPLAY_DRAIN_WAIT="0.5", PYTHONPATH=str(ROOT))
-        proc = subprocess.run(
-            [sys.executable, "-m", "replay", "verify", str(nan_run)],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=120,
-        )
+        proc = replay_cli("verify", str(nan_run), env={"REPLAY_DRAIN_WAIT": "0.5"}, timeout=120)
         assert proc.returncode == 3, proc.stderr
         lines = [ln for ln in proc.stderr.strip().splitlines() if "waiting" not in ln]
         assert len(lines) == 1 and "still committing" in lines[0], proc.stderr

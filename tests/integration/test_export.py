@@ -12,16 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_py
-
-SCRIPTS = Path(__file__).with_name("scripts")
-ROOT = SCRIPTS.parents[2]
+from tests.conftest import ROOT, SCRIPTS, replay_here, run_env, run_py
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
     """``python ARGS`` with this checkout and the scripts folder importable."""
-    path = os.pathsep.join([str(ROOT), str(SCRIPTS), os.environ.get("PYTHONPATH", "")])
-    return run_py(*args, env={"PYTHONPATH": path}, timeout=300)
+    return run_py(*args, env=run_env(SCRIPTS), timeout=300)
 
 
 @pytest.fixture(scope="module")
@@ -223,7 +219,7 @@ def test_export_out_problem_was_an_internal_error(tmp_path, runs, problem):
     else:
         out = tmp_path / "file"
         out.write_text("mine")
-    p = _run("-m", "replay", "export", str(healthy), "--out", str(out))
+    p = replay_here("export", str(healthy), "--out", str(out))  # refused before any replay
     assert p.returncode == 2, p.stderr
     errors = [ln for ln in p.stderr.splitlines() if "error" in ln]
     assert len(errors) == 1 and errors[0].startswith("replay: error: "), p.stderr

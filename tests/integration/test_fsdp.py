@@ -11,21 +11,18 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 import time
 from typing import Any
 
+import fsdp_worker
 import numpy as np
 import pytest
 import torch.multiprocessing as mp
 
+from replay.store import open_recording
+from tests.integration.test_distributed import _free_port, replay_cli
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-
-import fsdp_worker  # noqa: E402
-from test_distributed import _free_port, replay_cli  # noqa: E402
-
-from replay.store import open_recording  # noqa: E402
 
 JOIN_TIMEOUT = 90.0
 

@@ -10,29 +10,22 @@ import numpy as np
 import pytest
 
 from replay.store import FORMAT_VERSION
-from tests.conftest import SCRIPTS, replay_cli, run_py
+from tests.conftest import replay_here, run_py
 
 
 @pytest.fixture(scope="module")
-def nan_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("info") / "run.h5"
-    # the dense ring alone (reach 0): the truncation tests cut the file where its health rows
-    # still lie before the cut
-    proc = run_py(
-        str(SCRIPTS / "mlp_train.py"), str(out), "--steps", "30", "--nan-at", "22", "--reach", "0"
-    )
-    assert "NonFiniteLossError" in proc.stderr
-    return out
+def nan_run(mlp_nan_run):
+    return mlp_nan_run
 
 
 def test_info_reports_window_first_failure_and_entry_points(nan_run):
-    proc = replay_cli("info", str(nan_run))
+    proc = replay_here("info", str(nan_run))
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "replayable      steps 0..22" in out
     assert "first non-finite at step 22" in out
     assert "__main__:train_step" in out and "mlp_train.py" in out
-    proc = replay_cli("info", str(nan_run), "--json")
+    proc = replay_here("info", str(nan_run), "--json")
     d = json.loads(proc.stdout)
     assert d["replayable_window"] == [0, 22] and d["first_bad"]["nonfinite"] == 22
     assert d["format_version"] == FORMAT_VERSION and d["snapshots"] == [0, 10, 20]
@@ -47,20 +40,20 @@ def _assert_one_line_error(proc, *fragments):
 
 
 def test_missing_file(tmp_path):
-    _assert_one_line_error(replay_cli("info", str(tmp_path / "nope.h5")), "no such file")
+    _assert_one_line_error(replay_here("info", str(tmp_path / "nope.h5")), "no such file")
 
 
 def test_not_hdf5(tmp_path):
     p = tmp_path / "notes.h5"
     p.write_text("hello")
-    _assert_one_line_error(replay_cli("info", str(p)), "not an HDF5 file")
+    _assert_one_line_error(replay_here("info", str(p)), "not an HDF5 file")
 
 
 def test_hdf5_but_not_a_recording(tmp_path):
     p = tmp_path / "other.h5"
     with h5py.File(p, "w") as f:
         f["x"] = np.arange(3)
-    _assert_one_line_error(replay_cli("info", str(p)), "not a replay recording")
+    _assert_one_line_error(replay_here("info", str(p)), "not a replay recording")
 
 
 def test_newer_format_version_says_upgrade(tmp_path, nan_run):
@@ -68,13 +61,13 @@ def test_newer_format_version_says_upgrade(tmp_path, nan_run):
     shutil.copy(nan_run, p)
     with h5py.File(p, "r+") as f:
         f.attrs["format_version"] = 99
-    _assert_one_line_error(replay_cli("info", str(p)), "newer replay", "pip install -U")
+    _assert_one_line_error(replay_here("info", str(p)), "newer replay", "pip install -U")
 
 
 def test_truncated_file(tmp_path, nan_run):
     p = tmp_path / "cut.h5"
     p.write_bytes(nan_run.read_bytes()[:5000])
-    _assert_one_line_error(replay_cli("info", str(p)), "truncated")
+    _assert_one_line_error(replay_here("info", str(p)), "truncated")
 
 
 @pytest.mark.parametrize("percent", [90, 50])
@@ -84,7 +77,7 @@ def test_truncated_copy_was_called_closed_cleanly(tmp_path, nan_run, percent):
     p = tmp_path / f"cut{percent}.h5"
     data = nan_run.read_bytes()
     p.write_bytes(data[: len(data) * percent // 100])
-    proc = replay_cli("info", str(p))
+    proc = replay_here("info", str(p))
     assert proc.returncode == 3, (proc.returncode, proc.stderr)
     status = [ln for ln in proc.stdout.splitlines() if ln.strip().startswith("status")]
     assert len(status) == 1 and "TRUNCATED" in status[0], proc.stdout
@@ -92,23 +85,23 @@ def test_truncated_copy_was_called_closed_cleanly(tmp_path, nan_run, percent):
     assert "replayable" in proc.stdout  # what is still readable is listed
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("replay: error: ") and "truncated" in lines[0]
-    j = replay_cli("info", str(p), "--json")
+    j = replay_here("info", str(p), "--json")
     assert j.returncode == 3
     d = json.loads(j.stdout)
     assert d["truncated"] == {"size": len(data) * percent // 100, "claimed": len(data)}
     assert d["exit_code"] == 3 and "truncated" in d["error"]
     assert "replayable_window" in d and "damaged_steps" in d
-    whole = json.loads(replay_cli("info", str(nan_run), "--json").stdout)
+    whole = json.loads(replay_here("info", str(nan_run), "--json").stdout)
     assert whole["truncated"] is None and "error" not in whole
 
 
 def test_directory_is_not_a_recording(tmp_path):
-    proc = replay_cli("info", str(tmp_path))
+    proc = replay_here("info", str(tmp_path))
     assert proc.returncode in (2, 3) and "Traceback" not in proc.stderr
 
 
 def test_usage_error_exits_2():
-    proc = replay_cli("info")
+    proc = replay_here("info")
     assert proc.returncode == 2 and "Missing argument" in proc.stderr
 
 

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.conftest import replay_cli
+from tests.conftest import replay_cli, replay_here
 
 
 def _gone(pid: int) -> bool:
@@ -78,11 +78,7 @@ def test_failed_preflight_left_its_temporary_folder(tmp_path):
     assert os.listdir(tmpdir) == []
 
 
-@pytest.mark.parametrize("value", ["-1", "0"])
-def test_preflight_timeout_not_positive_was_an_internal_error(tmp_path, value):
-    p, _, _ = _preflight(tmp_path, "--timeout", value, "--", "true")
-    assert p.returncode == 2, p.stderr
-    assert p.stderr.count("\n") == 1 and p.stderr.startswith("replay: error: "), p.stderr
+# --timeout -1 and 0, once an internal error: test_usage_errors.py's preflight_timeout_* cases.
 
 
 @pytest.mark.parametrize("kind", ["FIFO", "character device"])
@@ -96,7 +92,7 @@ def test_preflight_keep_on_a_fifo_or_device_replaced_it(tmp_path, kind):
     else:
         pytest.skip("mknod of a character device needs root")
     before = os.lstat(node)
-    p, _, _ = _preflight(tmp_path, "--keep", str(node), "--", "true")
+    p = replay_here("preflight", "--keep", str(node), "--", "true")  # refused before it runs
     assert p.returncode == 2, p.stderr
     assert p.stderr.startswith("replay: error: --keep ") and kind in p.stderr, p.stderr
     assert p.stderr.count("\n") == 1

@@ -10,9 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).with_name("scripts")))
-from recorded_runs import cli, cli_json, env  # noqa: E402
+from recorded_runs import cli, cli_json, env
 
 SCRIPT = Path(__file__).with_name("scripts") / "reach_spike.py"
 

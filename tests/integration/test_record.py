@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import math
-import os
-import sys
 
+import mlp_train
 import numpy as np
 import pytest
 import torch
@@ -14,9 +13,6 @@ import torch.nn.functional as F
 
 import replay
 from replay.store import open_recording
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "scripts"))
-import mlp_train  # noqa: E402
 
 
 def build():

@@ -1,14 +1,9 @@
 """replay verify on a real recorded run; entry-point import rules and their errors."""
 
-import sys
-from pathlib import Path
-
 import pytest
+from recorded_runs import cli, cli_json, record
 
 from replay.reports import VerifyReport
-
-sys.path.insert(0, str(Path(__file__).with_name("scripts")))
-from recorded_runs import cli, cli_json, record  # noqa: E402
 
 
 @pytest.fixture(scope="module")

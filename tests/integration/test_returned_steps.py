@@ -18,9 +18,7 @@ import pytest
 
 from replay.store import open_recording
 from replay.store.liveness import writer_state
-from tests.conftest import ROOT, SCRIPTS
-
-sys.path.insert(0, str(SCRIPTS))
+from tests.conftest import SCRIPTS, run_env
 
 
 def _progress(out) -> int:
@@ -56,7 +54,7 @@ def _gone(pid: int) -> bool:
 
 @pytest.fixture(scope="module")
 def server():
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    env = run_env()
     proc = subprocess.Popen(
         [sys.executable, str(SCRIPTS / "kill_target.py")],
         stdin=subprocess.PIPE,

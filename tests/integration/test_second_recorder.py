@@ -13,12 +13,12 @@ import h5py
 
 from replay.store import open_recording
 from replay.store.writer import lock_path
-from tests.conftest import ROOT, SCRIPTS, run_py
+from tests.conftest import SCRIPTS, run_env, run_py
 
 
 def test_second_recorder_on_a_live_path_warns_and_leaves_the_first_alone(tmp_path):
     out = tmp_path / "run.h5"
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    env = run_env()
     first = subprocess.Popen(
         [
             sys.executable,

@@ -12,7 +12,7 @@ import stat
 
 import pytest
 
-from tests.conftest import SCRIPTS, replay_cli, run_py
+from tests.conftest import SCRIPTS, replay_here, run_py
 
 
 def _make_node(path: str, kind: str) -> socket.socket | None:
@@ -82,7 +82,7 @@ def test_stale_lock_and_creating_files_of_a_killed_writer_are_reused(tmp_path):
             fh.write("{}")
     p = _train(out)
     assert p.returncode == 0 and not _warnings(p.stderr), p.stderr[-2000:]
-    info = replay_cli("info", out, timeout=60)
+    info = replay_here("info", out)
     assert info.returncode == 0, info.stderr
     assert not os.path.exists(out + ".creating") and not os.path.exists(out + ".lock")
 
@@ -93,6 +93,6 @@ def test_fifo_planted_at_the_lock_hung_info(tmp_path):
     p = _train(out)
     assert p.returncode == 0, p.stderr[-2000:]
     os.mkfifo(out + ".lock")
-    info = replay_cli("info", out, timeout=60)
+    info = replay_here("info", out)
     assert info.returncode == 0, info.stderr
     assert "closed cleanly" in info.stdout

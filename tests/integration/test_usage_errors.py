@@ -8,15 +8,12 @@ import json
 
 import pytest
 
-from tests.conftest import SCRIPTS, replay_cli, run_py
+from tests.conftest import replay_cli, replay_here
 
 
 @pytest.fixture(scope="module")
-def nan_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("usage") / "nan21.h5"
-    p = run_py(str(SCRIPTS / "mlp_train.py"), str(out), "--steps", "30", "--nan-at", "21")
-    assert out.exists(), p.stderr[-2000:]
-    return out
+def nan_run(mlp_nan_run):
+    return mlp_nan_run
 
 
 CASES = {
@@ -49,13 +46,15 @@ def _where_json_goes(args: list[str]) -> list[str]:
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_usage_error_printed_clicks_four_line_block(case, nan_run, tmp_path):
     args = _args(case, nan_run, tmp_path)
-    p = replay_cli(*args, timeout=120)
+    # whatif imports the recorded program before it checks its window: a child, not this process
+    replay = replay_cli if args[0] == "whatif" else replay_here
+    p = replay(*args)
     assert p.returncode == 2, (p.returncode, p.stderr)
     errors = [ln for ln in p.stderr.splitlines() if ln.startswith("replay: error: ")]
     assert len(errors) == 1, p.stderr
     assert "Usage:" not in p.stderr and "Try '" not in p.stderr, p.stderr
     assert p.stdout == ""
-    j = replay_cli(*_where_json_goes(args), timeout=120)
+    j = replay(*_where_json_goes(args))
     assert j.returncode == 2, j.stderr
     doc = json.loads(j.stdout)
     assert doc["exit_code"] == 2 and doc["error"] and "\n" not in doc["error"], doc
@@ -63,7 +62,7 @@ def test_usage_error_printed_clicks_four_line_block(case, nan_run, tmp_path):
 
 def test_json_error_left_stdout_empty(tmp_path):
     """Not only usage errors: an unusable recording under ``--json`` is a JSON document too."""
-    p = replay_cli("info", str(tmp_path / "missing.h5"), "--json", timeout=60)
+    p = replay_here("info", str(tmp_path / "missing.h5"), "--json")
     assert p.returncode == 3, p.stderr
     assert json.loads(p.stdout)["exit_code"] == 3
     assert len(p.stderr.strip().splitlines()) == 1 and p.stderr.startswith("replay: error: ")

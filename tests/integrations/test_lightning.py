@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import replay_cli, replay_json, run_py
+from tests.conftest import replay_cli, replay_here, replay_json, run_py
 
 pytest.importorskip("lightning")
 
@@ -33,7 +33,7 @@ def test_a_healthy_fit_replays_bitwise(tmp_path, precision):
     assert all(s["match"] and s["compared"] for s in v["steps"])
     losses = [s["loss"] for s in v["steps"]]
     assert len(set(losses)) == len(losses)  # real, different steps
-    info = replay_cli("info", str(run), "--json")
+    info = replay_here("info", str(run), "--json")
     meta = json.loads(info.stdout)
     text = json.dumps(meta)
     assert "replay.integrations.lightning" in text
@@ -97,13 +97,13 @@ def test_manual_optimisation_records_what_it_can_and_bisect_says_why_it_cannot_r
     assert p.stderr.count("manual optimisation") == 1, p.stderr[-2000:]
     assert "records their health, batches and RNG states" in p.stderr
     assert "NonFiniteLossError" in p.stderr  # the NaN of step 5 ended fit(), as recorded
-    info = replay_cli("info", str(tmp_path / "run.h5"), "--json")
+    info = replay_here("info", str(tmp_path / "run.h5"), "--json")
     assert info.returncode == 0, info.stderr
     d = json.loads(info.stdout)
     assert d["steps_recorded"] == 6 and d["snapshots"] == [] and d["replayable_window"] is None
     assert "manual optimisation" in d["not_replayable"]
     assert d["first_bad"]["nonfinite"] == 5
-    text = replay_cli("info", str(tmp_path / "run.h5")).stdout
+    text = replay_here("info", str(tmp_path / "run.h5")).stdout
     assert "nothing: recorded without replay (manual optimisation" in text
     for cmd in ("bisect", "verify"):
         b = replay_cli(cmd, str(tmp_path / "run.h5"))

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from replay.store.reader import open_recording
-from tests.conftest import replay_cli, replay_json, run_py
+from tests.conftest import replay_here, replay_here_json, replay_json, run_py
 
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
@@ -44,7 +44,7 @@ def test_a_healthy_train_replays_bitwise(tmp_path, precision):
     # the norm before the clip to 0.5, as the Trainer logs it
     assert max(open_recording(run).health()["grad_norm"]) > 0.5
     if precision == "fp32":
-        info = json.loads(replay_cli("info", str(run), "--json").stdout)
+        info = json.loads(replay_here("info", str(run), "--json").stdout)
         text = json.dumps(info)
         assert "replay.integrations.transformers" in text and "GPT2LMHeadModel" in text
 
@@ -152,5 +152,5 @@ def test_a_plain_module_without_model_init_and_its_own_optimizer_replays_by_reen
     rc, v, err = replay_json("verify", str(run))
     assert rc == 0 and v["deterministic"] is True and v["window"] == [0, 11], err[-3000:]
     assert "again, up to its replay.Recorder" in err
-    rc, d, err = replay_json("info", str(run))
+    rc, d, err = replay_here_json("info", str(run))
     assert "SGD" in json.dumps(d)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from replay.store.selfcheck import SelfCheck, read_selfcheck, selfcheck_path, write_selfcheck
-from tests.conftest import replay_json, run_env
+from tests.conftest import replay_here_json, run_env
 
 PROGRAM = Path(__file__).with_name("programs") / "train_until_checked.py"
 
@@ -42,7 +42,7 @@ def test_a_global_the_loop_changes_is_flagged_on_stderr_while_the_run_trains(tmp
     ended = [i for i, ln in enumerate(lines) if ln.startswith("training ended")]
     assert len(warn) == 1 and ended and warn[0] < ended[0], p.stdout[-3000:]
     assert "outside_state" in lines[warn[0]] and "training goes on" in lines[warn[0]]
-    rc, d, err = replay_json("info", str(tmp_path / "run.h5"))
+    rc, d, err = replay_here_json("info", str(tmp_path / "run.h5"))
     assert rc == 0, err
     check = d["self_check"]
     assert check["status"] == "failed" and check["kind"] == "outside_state"
@@ -91,7 +91,7 @@ def test_a_state_over_the_budget_says_it_skipped_the_check_and_why(tmp_path):
     v = read_selfcheck(str(tmp_path / "run.h5"))
     assert v is not None and v.status == "skipped", v
     assert "over the self-check's budget" in v.summary and "replay preflight" in v.summary
-    rc, d, _ = replay_json("info", str(tmp_path / "run.h5"))
+    rc, d, _ = replay_here_json("info", str(tmp_path / "run.h5"))
     assert d["self_check"]["status"] == "skipped"
 
 

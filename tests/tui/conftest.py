@@ -13,7 +13,9 @@ import subprocess
 import sys
 
 import pytest
+from synthetic import write_synthetic
 
+from replay.store import open_recording
 from tests.conftest import run_env
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -40,11 +42,6 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     big = base / "big"
     big.mkdir()
     shutil.copy(traced / "run.h5", big / "run.h5")
-    sys.path.insert(0, HERE)
-    from synthetic import write_synthetic
-
-    from replay.store import open_recording
-
     with open_recording(str(big / "run.h5")) as rec:
         culprit = write_synthetic(str(big / "run.forensics.h5"), rec.run_id)
     return {
@@ -53,29 +50,3 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
         "big": str(big / "run.h5"),
         "big_culprit": str(culprit),
     }
-
-
-RANK_NAN_STEP = 12  # rank 1's batch gets a NaN here; rank 0 trains on
-
-
-@pytest.fixture(scope="session")
-def rank_set(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """``ddp/run.h5``: the base path of ``run.rank0.h5`` (20 clean steps) and ``run.rank1.h5``
-    (NaN loss at step 12, where it stops), two real training processes run side by side."""
-    d = tmp_path_factory.mktemp("tui-ranks", numbered=False) / "ddp"
-    d.mkdir()
-    base = str(d / "run.h5")
-    procs = [
-        subprocess.Popen(
-            [sys.executable, os.path.join(HERE, "rank_fixture.py"), str(r), base, "--steps", "20"]
-            + (["--nan-at", str(RANK_NAN_STEP)] if r == 1 else []),
-            env=run_env(),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )
-        for r in (0, 1)
-    ]
-    for p in procs:
-        _, err = p.communicate(timeout=300)
-        assert p.returncode == 0, err.decode()
-    return base

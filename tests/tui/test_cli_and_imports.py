@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.conftest import run_env
+from tests.conftest import replay_here, run_env
 
 
 def test_tui_and_store_never_import_torch():
@@ -22,18 +22,8 @@ def test_tui_and_store_never_import_torch():
     subprocess.run([sys.executable, "-c", code], check=True, env=run_env(), timeout=60)
 
 
-def _replay(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "replay", *args],
-        capture_output=True,
-        text=True,
-        env=run_env(),
-        timeout=60,
-    )
-
-
 def test_missing_file_is_one_line_exit_3(tmp_path):
-    r = _replay("tui", str(tmp_path / "nope.h5"))
+    r = replay_here("tui", str(tmp_path / "nope.h5"))
     assert r.returncode == 3
     assert r.stderr.strip().count("\n") == 0 and "no such file" in r.stderr
 
@@ -41,7 +31,7 @@ def test_missing_file_is_one_line_exit_3(tmp_path):
 def test_not_a_recording_is_one_line_exit_3(tmp_path):
     p = tmp_path / "notes.h5"
     p.write_text("hello")
-    r = _replay("tui", str(p))
+    r = replay_here("tui", str(p))
     assert r.returncode == 3 and "not an HDF5 file" in r.stderr
     assert "Traceback" not in r.stderr
 

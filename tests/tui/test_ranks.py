@@ -11,8 +11,7 @@ from test_snapshots import _snap
 
 from replay_tui import make_app
 from replay_tui.widgets.rank_table import RankTable
-from tests.conftest import run_env
-from tests.tui.conftest import RANK_NAN_STEP
+from tests.conftest import RANK_NAN_STEP, run_env
 
 
 async def test_rank_set_opens_the_culprit_and_lists_every_rank(rank_set):

@@ -8,16 +8,12 @@ from __future__ import annotations
 
 import glob
 import os
-import sys
 
+import mlp_train
 import numpy as np
 import pytest
 
 from replay.store import FORMAT_VERSION, open_recording
-from tests.conftest import SCRIPTS
-
-sys.path.insert(0, str(SCRIPTS))
-import mlp_train  # noqa: E402
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
 ARCHIVES = sorted(glob.glob(os.path.join(DATA, "recording_v*.h5")))

@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import os
-import sys
 
+import mlp_train
 import numpy as np
 import pytest
 import torch
 
 from replay.store import open_recording, writer_process
 from replay.store.frame_ring import FrameRing
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration", "scripts"))
-import mlp_train  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="memfd is Linux-only")
 

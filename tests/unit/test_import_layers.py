@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 LAYERS = {
     "errors": 0,
+    "child": 0,  # another replay command in a child process: stdlib only
     "words": 0,  # the words for an op's part in a failure: no imports
     "safetext": 0,
     "thresholds": 0,  # judgements doctor and the TUI share: no imports
@@ -106,7 +107,7 @@ def test_the_tui_reads_through_the_store_alone():
                 parts[0] == "replay"
                 and len(parts) > 1
                 and parts[1]
-                not in ("store", "errors", "words", "safetext", "thresholds", "reports")
+                not in ("store", "errors", "words", "safetext", "thresholds", "reports", "child")
                 # rank file sets and their scan: numpy + h5py only
                 and name not in ("replay.distributed.ranks", "replay.distributed.scan")
             ):

@@ -3,16 +3,11 @@ the same commit as its payload, so a reader can tell a damaged slot from a good 
 
 from __future__ import annotations
 
-import sys
-
 import h5py
+import mlp_train
 import numpy as np
 
 from replay.store.checksum import health_crc, slot_crc
-from tests.conftest import SCRIPTS
-
-sys.path.insert(0, str(SCRIPTS))
-import mlp_train  # noqa: E402
 
 
 def test_every_committed_slot_and_health_row_has_its_checksum(tmp_path):

@@ -38,7 +38,7 @@ def test_poisoned_sample_is_named_by_the_batch_and_found_by_replay():
     r = trace_step(model, opt, step, (x, y))
     v = r.verdict
     assert v["kind"] == "nonfinite"
-    assert v["batch_nonfinite"] == {"leaves": {"0": [5]}}
+    assert v["batch_nonfinite"] == {"leaves": {"[0]": [5]}}
     assert v["op"] == "aten::addmm" and v["module"] == "0"  # first op that consumed it
     assert v["cause"] == "data"
     (bad,) = v["data"]["tensors"]

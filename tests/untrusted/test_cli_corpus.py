@@ -2,19 +2,21 @@
 ones that must be refused before any replay): the documented exit code, one error line naming
 what is wrong, no traceback, no hang, bounded memory, and nothing a terminal would act on.
 
+Each case runs in this process (``replay_here``: the console entry point under click's
+``CliRunner``, a deadline against a hang); bounded memory is checked by one child per command
+that reads every case under a 2 GiB address-space limit.
+
 issue 23: "A recording is untrusted input: read every file as if a stranger made it".
 """
 
 from __future__ import annotations
 
-import os
-import resource
+import json
 import subprocess
-import sys
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import replay_here, run_py
 
 from .corpus import BAD
 
@@ -91,25 +93,52 @@ MEMORY_LIMIT = 2 << 30  # address space of an info/doctor child (numpy + h5py + 
 TIMEOUT = 60  # a FIFO opened for reading blocks forever: a hang is a failure, not a wait
 
 
-def _limit_memory() -> None:
-    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+# One child: the address space limited first, then `replay COMMAND CASE` for every case in
+# turn (the console entry point, output discarded), each under a deadline; the exit codes as JSON.
+BOUNDED_CHILD = """
+import contextlib, io, json, resource, signal, sys
+limit, command, timeout = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+from replay.cli import main
+def hung(signum, frame):
+    raise TimeoutError(f"hung for {timeout} s (a FIFO or device was opened?)")
+signal.signal(signal.SIGALRM, hung)
+codes = {}
+for name, path in json.loads(sys.stdin.readline()).items():
+    sink = io.StringIO()
+    signal.alarm(timeout)
+    with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+        try:
+            main([command, path])
+        except SystemExit as e:
+            codes[name] = [e.code, sink.getvalue()[-300:]]
+    signal.alarm(0)
+print(json.dumps(codes))
+"""
 
 
-def run_replay(*args: str, limit_memory: bool) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-    env.pop("REPLAY_TRACEBACK", None)
-    try:
-        return subprocess.run(
-            [sys.executable, "-m", "replay", *args],
-            capture_output=True,  # bytes: every byte the terminal would receive is checked
-            timeout=TIMEOUT,
-            env=env,
-            preexec_fn=_limit_memory if limit_memory else None,
-        )
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"replay {' '.join(args)} hung for {TIMEOUT} s (a FIFO or device was opened?)")
+def bounded_codes(command: str, cases: dict[str, str]) -> dict[str, tuple[int, str]]:
+    """``replay COMMAND PATH`` for every ``{name: path}`` in one child limited to 2 GiB of
+    address space: ``{name: (exit code, the end of its output)}``."""
+    proc = run_py(
+        "-c",
+        BOUNDED_CHILD,
+        str(MEMORY_LIMIT),
+        command,
+        str(TIMEOUT),
+        env={"OPENBLAS_NUM_THREADS": "1"},
+        input=json.dumps(cases) + "\n",
+        timeout=TIMEOUT * 4,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {
+        k: (c, tail) for k, (c, tail) in json.loads(proc.stdout.strip().splitlines()[-1]).items()
+    }
+
+
+def run_replay(*args: str) -> subprocess.CompletedProcess:
+    """``replay ARGS`` in this process; bytes: every byte a terminal would receive is checked."""
+    return replay_here(*args, timeout=TIMEOUT, text=False)
 
 
 def assert_terminal_safe(data: bytes, what: str) -> None:
@@ -147,7 +176,7 @@ def test_the_case_lists_name_every_case_the_corpus_builds(corpus):
 @pytest.mark.parametrize("name", ALL_CASES)
 def test_info(corpus, name):
     case = corpus[name]
-    proc = run_replay("info", case.path, limit_memory=True)
+    proc = run_replay("info", case.path)
     check(proc, case.info, case.fragment if case.info == BAD else "", f"info {name}")
     if case.info == 0 and name.startswith("escapes"):
         # what was escaped is still there, visibly
@@ -157,7 +186,7 @@ def test_info(corpus, name):
 @pytest.mark.parametrize("name", ALL_CASES)
 def test_doctor(corpus, name):
     case = corpus[name]
-    proc = run_replay("doctor", case.path, limit_memory=True)
+    proc = run_replay("doctor", case.path)
     fragment = "" if name == "world_size_1e9" else case.fragment  # doctor reads one file
     check(proc, case.doctor, fragment if case.doctor == BAD else "", f"doctor {name}")
 
@@ -165,22 +194,33 @@ def test_doctor(corpus, name):
 def test_info_json_of_escapes_is_valid_json_and_safe(corpus):
     import json
 
-    proc = run_replay("info", corpus["escapes_in_meta"].path, "--json", limit_memory=True)
+    proc = run_replay("info", corpus["escapes_in_meta"].path, "--json")
     check(proc, 0, "", "info --json")
     d = json.loads(proc.stdout)
     assert "\x1b" in d["env"]["hostname"]  # JSON keeps the value exactly, escaped as \u001b
 
 
-@pytest.mark.slow
+@pytest.mark.parametrize("command", ["info", "doctor"])
+def test_every_case_within_bounded_memory(corpus, command):
+    """A child limited to 2 GiB of address space (numpy + h5py + click, no torch) reads every
+    case in turn and exits with the same documented code as ``test_info``/``test_doctor``."""
+    codes = bounded_codes(command, {name: corpus[name].path for name in ALL_CASES})
+    for name in ALL_CASES:
+        expected, (code, tail) = getattr(corpus[name], command), codes[name]
+        ok = code in (0, BAD) if expected == -1 else code == expected
+        assert ok, f"{command} {name}: exit {code}, not {expected}, under the memory limit: {tail}"
+
+
 @pytest.mark.parametrize("command", ["verify", "bisect", "whatif", "export"])
 @pytest.mark.parametrize("name", REPLAY_CASES)
 def test_replay_commands_refuse_before_replaying(corpus, name, command, tmp_path):
-    """torch needs far more address space than 2 GiB to import: no memory limit here."""
+    """Refused on opening, before torch builds anything (no memory limit: torch needs far more
+    address space than 2 GiB to import)."""
     case = corpus[name]
     extra = {  # whatif needs a change to try; export a folder to write into (left empty)
         "whatif": ("--seed", "1"),
         "export": ("--out", str(tmp_path / "out")),
     }.get(command, ())
-    proc = run_replay(command, case.path, *extra, limit_memory=False)
+    proc = run_replay(command, case.path, *extra)
     check(proc, BAD, case.fragment if name != "world_size_1e9" else "world_size", command)
     assert not (tmp_path / "out").exists()  # nothing written for a file refused

@@ -23,7 +23,7 @@ from textual.widgets import Static
 
 from replay.errors import RecordingError
 from replay_tui import make_app
-from tests.conftest import ROOT
+from tests.conftest import run_env
 
 from .test_cli_corpus import ALL_CASES
 
@@ -129,8 +129,7 @@ async def test_tui(corpus, name):
 def _tui_in_a_pty(path: str, keys: str) -> tuple[int, str]:
     """Run ``replay tui PATH`` on a pseudo-terminal, type ``keys`` once it has drawn, and return
     its exit code and everything it wrote after leaving the alternate screen."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env = run_env()
     env.update(TERM="xterm-256color", COLUMNS="120", LINES="40")
     env.pop("REPLAY_TRACEBACK", None)
     master, slave = pty.openpty()

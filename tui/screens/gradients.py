@@ -11,7 +11,7 @@ from textual.binding import Binding
 from textual.containers import Vertical
 from textual.widgets import DataTable, Static
 
-from replay.thresholds import UPDATE_RATIO_BAND
+from replay.thresholds import UPDATE_RATIO_BAND, VANISHING_GRAD_NORM
 
 from ..model import RunModel, SafeForensics
 from ..widgets.plot import fmt_num
@@ -19,7 +19,7 @@ from .base import ForensicsScreen
 
 __all__ = ["GradientsScreen", "warnings_of", "SORT_KEYS"]
 
-VANISHING, EXPLODING = 1e-7, 1e3
+VANISHING, EXPLODING = VANISHING_GRAD_NORM, 1e3  # VANISHING: the one doctor judges by
 RATIO_LOW, RATIO_HIGH = UPDATE_RATIO_BAND  # the band doctor judges by (replay/thresholds.py)
 SORT_KEYS = ("name", "grad_norm", "nonfinite", "update_ratio", "warnings")
 

@@ -4,8 +4,6 @@ with marks, the run's metadata and entry points, and the health of the step unde
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Sequence
 
 import numpy as np
@@ -16,6 +14,8 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Footer, Header, Static
 
+from replay.child import run_replay
+from replay.errors import EXIT_NOTHING_FOUND, EXIT_OK
 from replay.reports import StepResult, WhatIfReport
 from replay.safetext import term_safe
 from replay.store.selfcheck import read_selfcheck
@@ -150,16 +150,9 @@ class OverviewScreen(RunScreen):
 
     @work(thread=True, exclusive=True, group="trace")
     def _trace(self, step: int) -> None:
-        proc = subprocess.run(
-            [sys.executable, "-m", "replay", "trace", self.model.rec.path, "--step", str(step)],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            errors="replace",
-        )
-        if proc.returncode != 0:
-            why = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
-            self.app.call_from_thread(self.notify, why, severity="error", timeout=10)
+        run = run_replay("trace", self.model.rec.path, "--step", str(step))
+        if run.code != 0:
+            self.app.call_from_thread(self.notify, run.error_line(), severity="error", timeout=10)
             return
         self.model.refresh()
         self.app.call_from_thread(self._traced, step)
@@ -186,22 +179,15 @@ class OverviewScreen(RunScreen):
 
     @work(thread=True, exclusive=True, group="whatif")
     def _whatif(self, args: list[str]) -> None:
-        proc = subprocess.run(
-            [sys.executable, "-m", "replay", "whatif", self.model.rec.path, "--json", *args],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            errors="replace",
-        )
+        run = run_replay("whatif", self.model.rec.path, "--json", *args)
         report: WhatIfReport | None = None
-        if proc.returncode in (0, 1):
+        if run.code in (EXIT_OK, EXIT_NOTHING_FOUND):
             try:
-                report = WhatIfReport.from_json(json.loads(proc.stdout))
+                report = WhatIfReport.from_json(json.loads(run.stdout))
             except (ValueError, KeyError, TypeError, IndexError):
                 report = None
         if report is None or not report.experiments:
-            why = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
-            self.app.call_from_thread(self.notify, why, severity="error", timeout=10)
+            self.app.call_from_thread(self.notify, run.error_line(), severity="error", timeout=10)
             return
         self.app.call_from_thread(self._show_whatif, report)
 

@@ -4,20 +4,13 @@ subprocess (so its entry points are a real ``__main__`` script) and call the rea
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
+from tests.conftest import replay_cli, run_py
+
 SCRIPT = Path(__file__).with_name("train_tiny.py")
-ROOT = Path(__file__).resolve().parents[3]
-
-
-def env() -> dict[str, str]:
-    e = dict(os.environ)
-    e["PYTHONPATH"] = str(ROOT) + os.pathsep + e.get("PYTHONPATH", "")
-    return e
 
 
 def write_script(directory: Path, config: dict | None = None, name: str = "train.py") -> Path:
@@ -41,25 +34,19 @@ def record(
     """Record a run; returns (recording path, the truth the script computed on its own)."""
     script = write_script(directory, config)
     run, truth = directory / "run.h5", directory / "truth.json"
-    subprocess.run(
-        [
-            sys.executable,
-            str(script),
-            str(run),
-            "--mode",
-            mode,
-            "--at",
-            str(at),
-            "--steps",
-            str(steps),
-            "--snapshot-every",
-            str(every),
-            "--truth",
-            str(truth),
-        ],
-        env=env(),
-        capture_output=True,
-        text=True,
+    run_py(
+        str(script),
+        str(run),
+        "--mode",
+        mode,
+        "--at",
+        str(at),
+        "--steps",
+        str(steps),
+        "--snapshot-every",
+        str(every),
+        "--truth",
+        str(truth),
         timeout=120,
         cwd=directory,
     )
@@ -68,14 +55,7 @@ def record(
 
 
 def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "replay", *args],
-        env=env(),
-        capture_output=True,
-        text=True,
-        timeout=180,
-        cwd=cwd,
-    )
+    return replay_cli(*args, timeout=180, cwd=cwd)
 
 
 def cli_json(*args: str) -> tuple[int, dict | None, str]:
