@@ -106,20 +106,28 @@ def compare_rows(
             recorded.get(col.removesuffix("param_fingerprint") + "param_nonfinite")
         ):
             continue  # the recorder measures it every `fingerprint_every` steps only
-        r, p = recorded.get(col), replayed.get(col)
-        if not same_bits(r, p):
-            r = math.nan if r is None else float(r)
-            p = math.nan if p is None else float(p)
-            diff = abs(r - p) if math.isfinite(r) and math.isfinite(p) else None
-            return {
-                "step": step,
-                "column": col,
-                "recorded": r,
-                "replayed": p,
-                "abs_diff": diff,
-                "ulps": _ulps(r, p),
-            }
+        differs = _column_differs(step, col, recorded.get(col), replayed.get(col))
+        if differs is not None:
+            return differs
     return None
+
+
+def _column_differs(step: Any, col: str, a: Any, b: Any) -> dict[str, Any] | None:
+    """``compare_rows``'s entry for column ``col`` whose values ``a`` (recorded) and ``b``
+    (replayed) differ in their bits, else ``None``."""
+    if same_bits(a, b):
+        return None
+    r = math.nan if a is None else float(a)
+    p = math.nan if b is None else float(b)
+    diff = abs(r - p) if math.isfinite(r) and math.isfinite(p) else None
+    return {
+        "step": step,
+        "column": col,
+        "recorded": r,
+        "replayed": p,
+        "abs_diff": diff,
+        "ulps": _ulps(r, p),
+    }
 
 
 def compare_replays(carried: dict[str, Any], fresh: dict[str, Any]) -> dict[str, Any] | None:
@@ -140,17 +148,7 @@ def compare_replays(carried: dict[str, Any], fresh: dict[str, Any]) -> dict[str,
             "ulps": None,
         }
     for col in (*VERIFIED_COLUMNS, "grad_norm"):
-        a, b = carried.get(col), fresh.get(col)
-        if not same_bits(a, b):
-            r = math.nan if a is None else float(a)
-            p = math.nan if b is None else float(b)
-            diff = abs(r - p) if math.isfinite(r) and math.isfinite(p) else None
-            return {
-                "step": step,
-                "column": col,
-                "recorded": r,
-                "replayed": p,
-                "abs_diff": diff,
-                "ulps": _ulps(r, p),
-            }
+        differs = _column_differs(step, col, carried.get(col), fresh.get(col))
+        if differs is not None:
+            return differs
     return None
