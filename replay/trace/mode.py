@@ -257,12 +257,6 @@ class _DispatchMode(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torc
         super().__init__()  # type: ignore[no-untyped-call]  # torch stubs
         self.tracer = tracer
 
-    @classmethod
-    def _should_skip_dynamo(cls) -> bool:
-        """False: ``__torch_dispatch__`` is called as it is, not through dynamo's disable
-        wrapper (a few microseconds an op; the tracer never runs under ``torch.compile``)."""
-        return False
-
     def __torch_dispatch__(
         self,
         func: OpOverload[..., object],

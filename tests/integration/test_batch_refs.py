@@ -7,10 +7,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from recorded_runs import cli, env
+from recorded_runs import cli
 
 from replay.errors import EXIT_DATA_CHANGED
 from replay.store import open_recording
+from tests.conftest import run_env as env
 
 SCRIPT = Path(__file__).with_name("scripts") / "loader_train.py"
 

@@ -10,7 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from recorded_runs import cli, cli_json, env
+from recorded_runs import cli, cli_json
+
+from tests.conftest import run_env as env
 
 SCRIPT = Path(__file__).with_name("scripts") / "reach_spike.py"
 

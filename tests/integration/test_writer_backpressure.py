@@ -50,6 +50,7 @@ def test_training_waits_for_a_stalled_writer_once_the_backlog_is_both_long_and_o
         max_pending_steps=12,
         max_pending_seconds=0.3,
         handle_signals=False,
+        reach=0,  # the dense ring alone: the last 150 steps, all of them written
     )
     disks = []
     make_store = rec._make_store
@@ -118,6 +119,7 @@ def test_training_waits_for_a_stopped_writer_process_when_the_step_log_is_full(
         step_fn=train_step,
         build_fn=build,
         handle_signals=False,
+        reach=0,  # the dense ring alone: the last 150 steps
     )
     assert rec._log is not None and rec._log.log.size == 256 << 10
     rec.step(batch_for(0))  # the first step waits until the file holds it

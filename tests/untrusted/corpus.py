@@ -24,6 +24,7 @@ from typing import Any
 import h5py
 import numpy as np
 
+from replay.errors import EXIT_INCOMPLETE_RANKS
 from replay.store.checksum import health_crc, slot_crc
 from replay.store.forensics import write_forensics
 from replay.store.writer import pack_record
@@ -36,6 +37,7 @@ EVIL = (
 )
 
 OK, BAD = 0, 3  # exit codes: success, unusable recording (README)
+INCOMPLETE = EXIT_INCOMPLETE_RANKS  # a rank set with a missing or damaged rank file
 
 
 @dataclass
@@ -301,7 +303,17 @@ def recording_cases(base: Path, out: Path) -> list[Case]:  # noqa: PLR0915 - one
                 "local_rank": r,
             }
             _blob(f, "meta/run", json.dumps(meta).encode())
-    cases.append(Case("world_size_1e9", str(d / "run.h5"), fragment="world_size", replay=True))
+    # Every rank file damaged: an incomplete rank set (exit 7), named, never guessed over.
+    cases.append(
+        Case(
+            "world_size_1e9",
+            str(d / "run.h5"),
+            info=INCOMPLETE,
+            doctor=INCOMPLETE,
+            fragment="world_size",
+            replay=True,
+        )
+    )
 
     # Attributes of the wrong shape or type.
     for name, obj, key, value in (

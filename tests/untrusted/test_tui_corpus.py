@@ -120,7 +120,7 @@ async def test_tui(corpus, name):
         loaded = app.model.forensics is not None
         assert loaded == bool(case.notes.get("sidecar_ok")), (name, app.model.forensics_error)
     if name == "sidecar_escapes":
-        assert "\\x1b]0;pwned" in app.model.forensics.verdict["op"]
+        assert "\\x1b]0;pwned" in (app.model.forensics.verdict.op or "")
 
 
 # -- end to end: `replay tui` in a pseudo-terminal ----------------------------------------------
