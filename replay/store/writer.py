@@ -531,14 +531,21 @@ class StoreWriter:
                 self._hvals[a:b] = block[i : i + b - a]
                 i += b - a
         f.flush()
-        # 3. markers
+        # 3. markers: the health rows' first, in a flush of their own. Written in one flush
+        # with the steps', a kill during that flush could leave steps in the ring without
+        # their health rows (a group kill's file had steps 0..211 and rows only to 72): the
+        # library writes its cached chunks in no order we choose. A row without its step is
+        # what any ring holds anyway.
+        if hitems:
+            for slot, step, _ in hitems:
+                self._hmarkers[slot] = step
+            self._write_spans(self._hstep, self._hmarkers, hslots)
+            if ring_items:
+                f.flush()
         for ring, slot, step, *_ in ring_items:
             self._markers[ring][slot] = step
         for ring, slots in touched.items():
             self._write_spans(self._ring_ds[ring]["step"], self._markers[ring], slots)
-        for slot, step, _ in hitems:
-            self._hmarkers[slot] = step
-        self._write_spans(self._hstep, self._hmarkers, hslots)
         if last_step is not None:
             self.status[1] = max(self.status[1], last_step)
         self.status[2] += counts[0]

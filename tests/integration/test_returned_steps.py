@@ -261,9 +261,8 @@ def test_a_process_group_kill_loses_at_most_the_documented_bound(server, tmp_pat
     assert max(lost_steps) <= LAG_STEPS + 1  # (+ the step in flight)
 
 
-def test_training_close_commits_what_a_killed_writer_left_in_the_step_log(tmp_path):
-    """The writer process SIGKILLed while training runs on: the steps that returned after it
-    died sit in the shared log; training's close has a new writer process commit them."""
+def _killed_writer_run(tmp_path, steps_after: int):
+    """Five steps, ``SIGKILL`` of the writer process, ``steps_after`` more steps, close."""
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
@@ -298,12 +297,33 @@ def test_training_close_commits_what_a_killed_writer_left_in_the_step_log(tmp_pa
         writer = rec._client.proc
         os.kill(writer.pid, signal.SIGKILL)
         writer.wait(10)
-        for t in range(5, 40):  # (fewer than the 64 steps between two looks at the writer)
+        for t in range(5, 5 + steps_after):
             rec.step(batch(t))
         rec.close()
     said = [str(w.message) for w in caught if issubclass(w.category, RecorderWarning)]
+    return said, batch
+
+
+def test_training_close_commits_what_a_killed_writer_left_in_the_step_log(tmp_path):
+    """The writer process SIGKILLed after the last step: the steps that returned sit in the
+    shared log; training's close has a new writer process commit them."""
+    said, batch = _killed_writer_run(tmp_path, 0)
     assert any("a new writer process committed" in m for m in said), said
     with open_recording(tmp_path / "run.h5") as r:
-        assert list(r.steps()) == list(range(40))
-        assert np.array_equal(r.read_step(39)["batch"][0].data, batch(39)[0].numpy())
-        assert list(r.health()["step"]) == list(range(40))
+        assert list(r.steps()) == list(range(5))
+        assert np.array_equal(r.read_step(4)["batch"][0].data, batch(4)[0].numpy())
+        assert list(r.health()["step"]) == list(range(5))
+
+
+def test_the_step_after_a_writer_died_has_a_new_one_commit_the_log_first(tmp_path):
+    """Was: the recorder looked at its writer process every 64 steps, and the steps that returned
+    in between went into a log nobody read: a run killed within them lost every one (the
+    stopped-then-killed writer test failed half the time). Now the next step notices, a new
+    writer process commits the log before it runs, and recording stops there, saying so."""
+    said, _ = _killed_writer_run(tmp_path, 35)
+    assert any(
+        "a new writer process committed" in m and "unrecorded from step 5" in m for m in said
+    ), said
+    with open_recording(tmp_path / "run.h5") as r:
+        assert list(r.steps()) == list(range(5))
+        assert list(r.health()["step"]) == list(range(5))
