@@ -164,11 +164,14 @@ def _threads(files: list[str]) -> tuple[float, Any]:
     crashed libhdf5 (a segfault) in one run of 1,024 files, which must not end the benchmark.
     Returns the seconds the child measured and what it found (``None`` when it crashed)."""
     import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
 
+    # (a ProcessPoolExecutor, not a Pool: a Pool never tells that its worker died and waited
+    # out its 600 s time limit after a segfault)
     ctx = multiprocessing.get_context("forkserver")
-    with ctx.Pool(1) as pool:
+    with ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
         try:
-            return pool.apply_async(_threads_here, (files,)).get(timeout=600)
+            return pool.submit(_threads_here, files).result(timeout=600)
         except Exception:  # noqa: BLE001 - the crash is the result
             return math.nan, None
 

@@ -50,10 +50,18 @@ def bench(name, make, reps, memory=False):
         with torch.autograd.detect_anomaly(check_nan=True):
             run(model, opt, batch)
 
-    def traced():
+    def traced():  # as `replay trace` and `bisect` run it (workflows/culprit.py)
+        trace_step(model, opt, run, batch, direct_dispatch=True)
+
+    def wrapped():  # through dynamo's wrapper around the dispatch mode, as a compiled step is
         trace_step(model, opt, run, batch)
 
-    variants = {"plain": plain, "detect_anomaly": anomaly, "trace_step": traced}
+    variants = {
+        "plain": plain,
+        "detect_anomaly": anomaly,
+        "trace_step": traced,
+        "wrapped": wrapped,
+    }
     if lbfgs:  # the parts of the traced step, in the same alternation
         variants.update(parts(model, opt, run, batch))
     for k in ("plain", "trace_step"):  # warm up (each variant runs the same code)
@@ -63,7 +71,7 @@ def bench(name, make, reps, memory=False):
         for k, fn in variants.items():
             times[k].append(timed(fn))
     med = {k: statistics.median(v) for k, v in times.items()}
-    n_ops = trace_step(model, opt, run, batch).n_ops
+    n_ops = trace_step(model, opt, run, batch, direct_dispatch=True).n_ops
     if lbfgs and memory:
         med["peak_bytes"] = peak_bytes(model, opt, run, batch)
     return name, med, n_ops
@@ -82,7 +90,7 @@ def parts(model, opt, run, batch):
         on_op = Tracer.on_op
         Tracer.on_op = lambda self, f, a, k: f(*a, **k)
         try:
-            trace_step(model, opt, run, batch)
+            trace_step(model, opt, run, batch, direct_dispatch=True)
         finally:
             Tracer.on_op = on_op
 
@@ -91,7 +99,7 @@ def parts(model, opt, run, batch):
         mode.copy_small = lambda t: None
         mode.tensor_stats = lambda t, hist=True: (finite, mode._NO_HIST)
         try:
-            trace_step(model, opt, run, batch)
+            trace_step(model, opt, run, batch, direct_dispatch=True)
         finally:
             mode.copy_small, mode.tensor_stats = copy_small, stats
 
@@ -103,7 +111,7 @@ def peak_bytes(model, opt, run, batch) -> int:
     import tracemalloc
 
     tracemalloc.start()
-    trace_step(model, opt, run, batch)
+    trace_step(model, opt, run, batch, direct_dispatch=True)
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     return peak
@@ -126,8 +134,11 @@ def main() -> None:
         f"{args.reps} alternating repetitions ({args.lstm_reps} for the LSTM workload); "
         f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs at the start\n"
     )
-    print("| workload | aten ops | plain step | detect_anomaly | trace_step | trace / plain |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| workload | aten ops | plain step | detect_anomaly | trace_step | trace / plain "
+        "| wrapped mode / plain |"
+    )
+    print("|---|---|---|---|---|---|---|")
     loads = [("MLP", mlp), ("CNN", cnn), ("GPT (2 blocks)", gpt)]
     loads = [] if args.only == "lstm" else loads
     if args.only != "standard":
@@ -141,7 +152,8 @@ def main() -> None:
         p_ = med["plain"]
         print(
             f"| {name} | {n_ops} | {p_ * 1e3:.1f} ms | {med['detect_anomaly'] / p_:.2f}x | "
-            f"{med['trace_step'] * 1e3:.1f} ms | {med['trace_step'] / p_:.2f}x |"
+            f"{med['trace_step'] * 1e3:.1f} ms | {med['trace_step'] / p_:.2f}x | "
+            f"{med['wrapped'] / p_:.2f}x |"
         )
 
     for name, med, n_ops in split:

@@ -270,6 +270,49 @@ class _DispatchMode(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torc
         return self.tracer.on_op(func, args, kwargs)
 
 
+class _DirectDispatchMode(_DispatchMode):  # type: ignore[no-untyped-call]  # as above
+    """The same mode, its ``__torch_dispatch__`` called as it is instead of through dynamo's
+    disable wrapper (about 6 us an op on the LSTMCell x LBFGS step, idle). Not where
+    compiled code may run: a re-entered compiled model's trace then named no op."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False
+
+    def __torch_dispatch__(
+        self,
+        func: OpOverload[..., object],
+        types: Collection[type],
+        args: tuple[object, ...] = (),
+        kwargs: dict[str, object] | None = None,
+    ) -> object:
+        kwargs = kwargs or {}
+        if self.tracer.off or func.namespace == "profiler":
+            return func(*args, **kwargs)
+        return self.tracer.on_op(func, args, kwargs)
+
+
+def _compiled_frames() -> int:
+    """How many frames dynamo has compiled in this process (0 before it was imported)."""
+    dynamo = sys.modules.get("torch._dynamo")
+    return int(dynamo.utils.counters.get("frames", {}).get("total", 0)) if dynamo else 0
+
+
+def _dispatch_mode(tracer: Tracer) -> _DispatchMode:
+    """The unwrapped mode unless compiled code may run in the step: dynamo compiled a frame
+    before, or a watched module is compiled. (Not "dynamo imported": every optimizer's
+    constructor imports it.) A step that first compiles inside the trace gets the unwrapped
+    mode, which misses the compiled ops: ``Tracer.compiled_during`` says so, and the step is
+    traced again with the wrapped one."""
+    dynamo = sys.modules.get("torch._dynamo")
+    if dynamo is not None:
+        optimized = dynamo.eval_frame.OptimizedModule
+        objects = [tracer.model, *(obj for _, obj in tracer.others)]
+        if _compiled_frames() or any(isinstance(o, optimized) for o in objects):
+            return _DispatchMode(tracer)
+    return _DirectDispatchMode(tracer)
+
+
 class _FunctionMode(TorchFunctionMode):
     def __init__(self, tracer: Tracer) -> None:
         super().__init__()
@@ -313,9 +356,16 @@ class Tracer:
         cuda: bool = False,
         mask_keys: set[int] | None = None,
         others: Sequence[tuple[str, object]] = (),
+        direct_dispatch: bool = False,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
+        # the dispatch mode without dynamo's wrapper where nothing compiled may run (see
+        # _dispatch_mode); ``compiled_during``: it was used and dynamo compiled in the step
+        # anyway (the trace then misses ops: the caller traces the step again without it)
+        self.direct_dispatch = direct_dispatch
+        self.compiled_during = False
+        self._frames_before = 0
         # The run's other models and optimizers by name (a GAN's netG and optG): their modules
         # are named ``netG.<module>``, their optimizer steps are watched like the optimizer's.
         self.others = list(others)
@@ -401,7 +451,9 @@ class Tracer:
         self._patch_function_apply()
         self._patch_backward()
         self._quiet.__enter__()
-        self._modes = [_FunctionMode(self), _DispatchMode(self)]
+        mode = _dispatch_mode(self) if self.direct_dispatch else _DispatchMode(self)
+        self._frames_before = _compiled_frames() if type(mode) is _DirectDispatchMode else -1
+        self._modes = [_FunctionMode(self), mode]
         for m in self._modes:
             m.__enter__()  # type: ignore[no-untyped-call]  # torch stubs
         # Whatever called the step runs in the frame that entered the tracer or outside it:
@@ -413,6 +465,8 @@ class Tracer:
         self.locs.outer = None
         for m in reversed(self._modes):
             m.__exit__(None, None, None)  # type: ignore[no-untyped-call]  # torch stubs
+        if self._frames_before >= 0 and _compiled_frames() > self._frames_before:
+            self.compiled_during = True
         self._modes = []
         for h in self._handles:
             h.remove()

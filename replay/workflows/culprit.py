@@ -229,22 +229,31 @@ def trace_culprit(
     ``samples=False``: no culprit samples are searched (a step whose failure shows only in
     state no health column measures: replaying it on part of the batch tells nothing)."""
     from replay.trace import trace_step
-    from replay.trace.step import stderr_progress
+    from replay.trace.step import CompiledDuringTrace, stderr_progress
 
-    engine.state_before(step, keep=True)
-    batch = engine.batch(step)
+    def traced(direct: bool) -> TraceResult:
+        engine.state_before(step, keep=True)
+        try:
+            return trace_step(
+                engine.model,
+                engine.optimizer,
+                engine.step_callable(step),
+                engine.batch(step),
+                scaler=engine.scaler,
+                progress=stderr_progress(),
+                others={
+                    k: v for k, v in engine.objs.named.items() if k not in ("model", "optimizer")
+                },
+                direct_dispatch=direct,
+            )
+        finally:
+            engine.invalidate()  # the tracer ran the step on the live objects
+
     try:
-        result = trace_step(
-            engine.model,
-            engine.optimizer,
-            engine.step_callable(step),
-            batch,
-            scaler=engine.scaler,
-            progress=stderr_progress(),
-            others={k: v for k, v in engine.objs.named.items() if k not in ("model", "optimizer")},
-        )
-    finally:
-        engine.invalidate()  # the tracer ran the step on the live objects
+        result = traced(direct=True)
+    except CompiledDuringTrace:  # compiled on its first call: again, seeing compiled ops
+        result = traced(direct=False)
+    batch = engine.batch(step)
     if not samples:
         result.add_notes(
             [

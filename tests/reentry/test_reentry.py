@@ -242,3 +242,18 @@ def test_bisect_of_a_prefetching_loop_does_not_blame_the_kernels_alone(tmp_path,
     rc, v, p = replay_json("bisect", str(run), cwd=elsewhere)
     assert v["first_bad_step"] == 6 and v["reproducible"] is False, p.stderr[-3000:]
     assert "prefetches into a global" in v["divergence_cause"]["hint"], v
+
+
+@pytest.mark.slow
+def test_a_step_that_compiles_on_its_first_call_is_traced_with_its_compiled_ops(
+    tmp_path, elsewhere
+):
+    """Step 4 is a snapshot's step: the replay's first step, which compiles. The tracer's
+    unwrapped dispatch mode misses compiled ops; the trace is taken again with the wrapped one
+    (``CompiledDuringTrace``) and names the op, as ``replay trace --step`` does."""
+    run = record(tmp_path, "lazily_compiled.py", "4")
+    rc, v, p = replay_json("bisect", str(run), cwd=elsewhere)
+    assert rc == 0 and v["first_bad_step"] == 4, p.stderr[-3000:]
+    assert v["op"] == "aten::log" and v["reproducible"] is True, v
+    rc, v, p = replay_json("trace", str(run), "--step", "4", cwd=elsewhere)
+    assert rc in (0, 1) and v.get("op") == "aten::log", (rc, v, p.stderr[-3000:])

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from replay.trace import trace_step
+from tests.conftest import run_env, run_py
 
 
 def line_of(obj, marker: str) -> int:
@@ -481,3 +483,60 @@ def test_a_buffer_of_minus_inf_is_a_mask_not_state_from_an_earlier_step():
     assert (v["kind"], v["cause"], v["op"]) == ("nonfinite", "op", "aten::_softmax")
     assert v["made_from"] == "intentional"
     assert v["source"]["line"] == line_of(BufferMaskAttention.forward, "BUFSOFTMAX")
+
+
+def test_a_model_compiled_inside_the_traced_step_is_traced_again_seeing_compiled_ops():
+    """The tracer can skip dynamo's wrapper around its dispatch mode (9 us an op) where nothing
+    was compiled; a step that builds ``torch.compile(model)`` on its first call compiles during
+    the trace, and the unwrapped mode then saw 2 ops of 41: that trace says so
+    (``CompiledDuringTrace``), and a trace with the wrapped mode names the op. (A child
+    process: in this one an earlier test compiled.)"""
+    code = """
+import torch
+from test_trace_verdict import Classifier, nll_step
+from replay.trace import trace_step
+from replay.trace.step import CompiledDuringTrace
+
+def traced(direct):
+    torch.manual_seed(0)
+    net = Classifier()
+    compiled = {}
+    def step(model, opt, batch):
+        if "net" not in compiled:
+            compiled["net"] = torch.compile(model)
+        return nll_step(compiled["net"], opt, batch)
+    batch = (torch.randn(16, 8) * 10, torch.randint(0, 4, (16,)))
+    return trace_step(net, torch.optim.SGD(net.parameters(), lr=0.1), step, batch,
+                      direct_dispatch=direct)
+
+try:
+    traced(True)
+    print("missed")
+except CompiledDuringTrace:
+    print("compiled")
+r = traced(False)
+print(r.n_ops, r.verdict["op"], r.verdict["module"])
+"""
+    p = run_py("-c", code, env={"PYTHONPATH": f"{Path(__file__).parent}:{run_env()['PYTHONPATH']}"})
+    assert p.returncode == 0, p.stderr
+    first, second = p.stdout.splitlines()
+    assert first == "compiled"
+    n_ops, op, module = second.split()
+    assert int(n_ops) > 20
+    assert (op, module) == ("aten::log", "head")
+
+
+def test_the_unwrapped_dispatch_mode_is_only_for_steps_with_nothing_compiled():
+    from replay.trace.mode import Tracer, _DirectDispatchMode, _dispatch_mode
+
+    torch.manual_seed(0)
+    net = Classifier()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    compiled = torch.compile(Classifier())
+    # (an earlier test in this process may have compiled frames: then neither is unwrapped)
+    from replay.trace.mode import _compiled_frames
+
+    plain = _dispatch_mode(Tracer(net, opt, set(), set(), direct_dispatch=True))
+    assert isinstance(plain, _DirectDispatchMode) == (_compiled_frames() == 0)
+    wrapped = _dispatch_mode(Tracer(compiled, opt, set(), set(), direct_dispatch=True))
+    assert not isinstance(wrapped, _DirectDispatchMode)
