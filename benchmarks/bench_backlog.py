@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_record import _CURRENT, build, fresh_batches, recorder_for  # noqa: E402
+from bench_record import build, fresh_batches, recorder_for, use_workload  # noqa: E402
 from workloads import WORKLOADS, step  # noqa: E402
 
 SCALE = {"MLP": 1.0, "CNN": 0.5}  # the CNN step is about twice as long
@@ -33,7 +33,7 @@ SCALE = {"MLP": 1.0, "CNN": 0.5}  # the CNN step is about twice as long
 
 def run(name: str, nice: int, steps: int, tmp: str) -> dict[str, float]:
     os.environ["REPLAY_WRITER_NICE"] = str(nice)  # read when the writers start
-    _CURRENT["name"] = name
+    use_workload(name)
     _, template = WORKLOADS[name]()
     batches = fresh_batches(template, 40)
     torch.manual_seed(0)

@@ -48,12 +48,19 @@ from workloads import WORKLOADS, step  # noqa: E402
 
 import replay  # noqa: E402
 
-_CURRENT = {}
+WORKLOAD_ENV = "REPLAY_BENCH_WORKLOAD"
+
+
+def use_workload(name: str) -> None:
+    """The workload ``build`` rebuilds, in this process and in the recorder's self-check child
+    (was a module dict: the child's ``build()`` raised KeyError and every benchmarked recording
+    warned it does NOT replay)."""
+    os.environ[WORKLOAD_ENV] = name
 
 
 def build():
     """Module-level build_fn, as the Recorder requires (rebuilds the current workload)."""
-    model, _ = WORKLOADS[_CURRENT["name"]]()
+    model, _ = WORKLOADS[os.environ[WORKLOAD_ENV]]()
     return model, torch.optim.AdamW(model.parameters(), lr=1e-4)
 
 
@@ -117,7 +124,7 @@ def handoff(name, steps, tmp):
     step function, with nothing written (``drop_everything``). Beside it, a plain copy of the
     batch's bytes into a buffer allocated once, timed right after a training step too (the
     caches as cold as the recorder finds them)."""
-    _CURRENT["name"] = name
+    use_workload(name)
     torch.manual_seed(0)
     model, opt = build()
     rec = replay.Recorder(
@@ -209,7 +216,7 @@ class NanHooks:
 
 
 def make_variants(name, tmp, wanted):
-    _CURRENT["name"] = name
+    use_workload(name)
     states = {}
     for v in ("bare", *wanted):
         torch.manual_seed(0)
