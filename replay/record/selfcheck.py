@@ -82,7 +82,7 @@ class SelfCheckLauncher:
             return
         device, rtol = self._device()
         cmd = [sys.executable, "-m", "replay.workflows.selfcheck", self.path]
-        cmd += ["--after", str(t), "--steps", str(self.steps)]
+        cmd += ["--after", str(t), "--steps", str(self.steps), "--training-pid", str(os.getpid())]
         if device is not None:
             cmd += ["--device", device]
         if rtol is not None:

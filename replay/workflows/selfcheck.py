@@ -53,6 +53,19 @@ def _checkable(run: str, after: int, steps: int) -> int | None:
         rec.close()
 
 
+def _run_over(run: str, training_pid: int) -> bool:
+    """Whether the file can no longer grow: the training process is gone and no writer holds
+    the file (a writer process still committing what a killed run left holds it). Was: the
+    check waited its full 300 s for steps that would never come, an orphan outliving the run."""
+    from ..store.liveness import writer_state
+
+    # The training process started this one: once it exits, even as a zombie nobody reaped
+    # yet (a parent reading our shared stderr to its end), this process has another parent.
+    if os.getppid() == training_pid:
+        return False
+    return writer_state(run) is None
+
+
 def judge(report: VerifyReport, rtol: float | None, device: str) -> SelfCheck:
     """The verdict on ``replay verify``'s report of the checked steps."""
     first = int(report.window[0]) if report.window else 0
@@ -85,14 +98,22 @@ def _close(a: Any, b: Any, rtol: float) -> bool:
 
 
 def run_selfcheck(
-    run: str, after: int, steps: int, device: str | None = None, rtol: float | None = None
+    run: str,
+    after: int,
+    steps: int,
+    device: str | None = None,
+    rtol: float | None = None,
+    training_pid: int | None = None,
 ) -> SelfCheck:
     """Wait for step ``after`` in ``run``, replay ``steps`` steps from its oldest snapshot,
-    and judge."""
+    and judge. ``training_pid``: the process recording ``run`` (default: this one's parent)."""
     deadline = time.monotonic() + WAIT
+    parent = training_pid if training_pid is not None else os.getppid()
     while _checkable(run, after, steps) is None:
         if time.monotonic() > deadline:
             return SelfCheck("error", summary=f"step {after} did not reach the file in {WAIT:g} s")
+        if _run_over(run, parent):
+            return SelfCheck("error", summary=f"the run ended before step {after} reached the file")
         time.sleep(0.5)
     from .verify import run_verify
 
@@ -140,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--device", default=None)
     p.add_argument("--rtol", type=float, default=None)
+    p.add_argument("--training-pid", type=int, default=None)
     args = p.parse_args(argv)
     try:
         os.nice(19)  # the training's cores come first
@@ -147,7 +169,9 @@ def main(argv: list[str] | None = None) -> int:
         pass
     err = _quiet()
     try:
-        verdict = run_selfcheck(args.run, args.after, args.steps, args.device, args.rtol)
+        verdict = run_selfcheck(
+            args.run, args.after, args.steps, args.device, args.rtol, args.training_pid
+        )
     except BaseException as e:  # noqa: BLE001 - the check breaking says nothing of the recording
         first = (str(e).strip().splitlines() or [""])[0][:300]
         verdict = SelfCheck("error", summary=f"{type(e).__name__}: {first}")

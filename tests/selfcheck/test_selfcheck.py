@@ -8,6 +8,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -116,3 +117,31 @@ def test_a_verdict_file_is_untrusted_input(tmp_path):
     v = read_selfcheck(run)
     assert v is not None and v.failed and v.steps == (0, 3) and v.kind == "raised"
     assert json.loads(path.read_text())["version"] == 1
+
+
+def test_a_check_whose_run_ended_before_its_steps_does_not_outlive_it(tmp_path):
+    """Was: a run that ended (or died) before the steps to check reached its file left the
+    check waiting its full 300 s, an orphan holding the run's stderr: ``subprocess.run`` of
+    such a run blocked for five minutes after it returned. The check now ends once the
+    training process is gone and no writer holds the file, with an error verdict and no
+    warning (nothing was found wrong with the recording)."""
+    run = tmp_path / "run.h5"
+    parent = (
+        "import os, subprocess, sys\n"
+        "subprocess.Popen([sys.executable, '-m', 'replay.workflows.selfcheck', sys.argv[1],\n"
+        "                  '--after', '3', '--steps', '4', '--training-pid', str(os.getpid())])\n"
+    )
+    t0 = time.monotonic()
+    p = subprocess.run(
+        [sys.executable, "-c", parent, str(run)],
+        env=run_env(),
+        capture_output=True,  # the check inherits these pipes: run() returns once it exits
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode == 0, p.stderr
+    assert time.monotonic() - t0 < 30
+    v = read_selfcheck(str(run))
+    assert v is not None and v.status == "error", v
+    assert "the run ended before step 3" in v.summary
+    assert "does NOT replay" not in p.stderr
