@@ -48,10 +48,12 @@ from .entry import (
     recorded_process,
 )
 from .live import pin_live_window
+from .observe import ObservedCalls
 from .outcome import StepOutcome
 from .state import build_objects, capture_state, load_snapshot, restore_state
 
 __all__ = ["Engine"]
+
 
 _CHECKPOINTS = 2  # in-memory states kept (the culprit's, and one spare): bounded memory
 _RECORDS = 4  # step records cached (a re-run of the culprit reads its record again)
@@ -122,7 +124,7 @@ def _restoring(what: str) -> Iterator[None]:
         ) from None
 
 
-class Engine:
+class Engine(ObservedCalls):
     """Replays steps of a recording: on the objects the re-run program handed over
     (``program``, replay/engine/reentry.py), or on those the recorded ``build_fn`` makes.
 
@@ -208,6 +210,7 @@ class Engine:
         self._snap: tuple[int, dict[str, Any]] | None = None
         self.steps_run = 0  # step_fn calls so far (the cost a bisect reports)
         self.on_step: Callable[[int], None] | None = None  # progress: called after each step
+        self._init_observers()  # (observe.py: who sees the calls that may run steps)
         self._tweak: Callable[[int], None] | None = None  # see off_record
         self._off_record = False
         self.wrapper: torch.nn.Module | None = None  # see use_wrapper
@@ -395,7 +398,7 @@ class Engine:
         def run(model: Any, optimizer: Any, batch: Any) -> Any:
             if wrapper is not None and model is self.objs.model:
                 model = wrapper  # (a multi-rank replay: the step gets the DDP wrapper)
-            with self._around(t):
+            with self._calling("call", (int(t),)), self._around(t):
                 return self.call.with_objects(model=model, optimizer=optimizer)(batch, values)
 
         return run
@@ -489,6 +492,10 @@ class Engine:
             raise ReplayError(
                 f"step {t} is outside the replayable window (steps {w.first}..{w.last})"
             )
+        with self._calling("state_before", (int(t), bool(keep), bool(fresh))):
+            self._state_before(t, keep, fresh)
+
+    def _state_before(self, t: int, keep: bool, fresh: bool) -> None:
         if self._pos != t or fresh:
             start, source = self.window.snapshot_for(t), "snapshot"
             ck = [c for c in self._checkpoints if start <= c <= t]
@@ -517,9 +524,10 @@ class Engine:
         that snapshot."""
         if self._pos is None or self._pos > s:
             raise ReplayError(f"no live replayed state before step {s} to continue from")
-        for i in range(self._pos, s):
-            self.run_step(i)
-        self._prepare(s)
+        with self._calling("replay_through", (int(s),)):
+            for i in range(self._pos, s):
+                self.run_step(i)
+            self._prepare(s)
 
     @contextlib.contextmanager
     def off_record(self, tweak: Callable[[int], None] | None = None) -> Iterator[None]:
@@ -541,7 +549,8 @@ class Engine:
     def invalidate(self) -> None:
         """Forget where the live objects are (after someone else ran a step on them, e.g. the
         tracer); the next ``state_before`` restores from a checkpoint or a snapshot."""
-        self._pos = None
+        with self._calling("invalidate", ()):
+            self._pos = None
 
     # -- a step ------------------------------------------------------------------------------
 
@@ -550,6 +559,12 @@ class Engine:
 
         Exceptions raised by ``step_fn`` are caught and returned in ``StepOutcome.exception``.
         """
+        with self._calling("run_step", (int(t), batch is None)):
+            out = self._run_step(t, batch)
+        self._ran(int(t), batch is None, out)
+        return out
+
+    def _run_step(self, t: int, batch: Any) -> StepOutcome:
         if self._pos != t and not self._off_record:
             self.state_before(t)
         self._prepare(t)

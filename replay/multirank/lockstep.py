@@ -5,8 +5,9 @@ on its own rank file. One of them, the *leader*, runs the workflow (the bisector
 the tracer, the divergence experiments) on its engine as a single process would. Every call of
 the leader's engine that may run a step (``state_before``, ``run_step``, ``replay_through``,
 ``invalidate``, and the step function the tracer runs itself) is first broadcast to the other
-ranks, the *followers*, which make the same call on their own engines. The engine's choices
-(which snapshot or in-memory checkpoint to start from, which steps to replay in between) depend
+ranks, the *followers*, which make the same call on their own engines (the leader is one of
+the engine's observers, ``replay/engine/observe.py``: nothing of the engine is patched). The
+engine's choices (which snapshot or in-memory checkpoint to start from, which steps to replay in between) depend
 only on the sequence of calls, never on the values replayed, so both sides then run the same
 steps in the same order and every DDP all-reduce finds its peers.
 
@@ -21,49 +22,54 @@ on the leader.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
 from ..bisect.compare import HINT_RAISED, compare_rows
 from ..errors import ReplayError
 
+if TYPE_CHECKING:
+    from ..engine import Engine
+    from ..engine.outcome import StepOutcome
+
 __all__ = ["Leader", "StepLog", "follow", "rank_summary", "run_own_step"]
 
 
 @dataclass
 class StepLog:
-    """The steps an engine ran: ``(step, on its recorded batch, health row)``."""
+    """The steps an engine ran: ``(step, on its recorded batch, health row)``. An
+    :class:`~replay.engine.engine.EngineObserver`: ``attach`` adds it to the engine's."""
 
     runs: list[tuple[int, bool, dict[str, Any]]] = field(default_factory=list)
+    rank: int = 0
+    raised: set[int] = field(default_factory=set)  # the steps the recording shows raising
 
-    def attach(self, engine: Any, rank: int) -> None:
+    def attach(self, engine: Engine, rank: int) -> None:
         """Log every ``run_step`` of ``engine`` (the nested ones of ``state_before`` too).
 
         A step that raises on its recorded batch where the recording did not ends the replay
         at once (:class:`ReplayError`): its peers wait in an all-reduce it never joins, and
         would only learn of it when the process group times out.
         """
-        inner = engine.run_step
-        raised = {int(r["step"]) for r in engine.recorded_rows() if r.get("raised") == 1.0}
+        self.rank = rank
+        self.raised = {int(r["step"]) for r in engine.recorded_rows() if r.get("raised") == 1.0}
+        engine.observers.append(self)
 
-        @functools.wraps(inner)
-        def run_step(t: int, batch: Any = None) -> Any:
-            out = inner(t, batch)
-            self.runs.append((int(t), batch is None, out.row()))
-            e = out.exception
-            if e is not None and batch is None and int(t) not in raised:
-                raise ReplayError(
-                    f"the replay of step {t} raised {e['type']}: {str(e['message'])[:200]}, "
-                    f"which rank {rank}'s recording does not show; its peers cannot go on "
-                    f"without it: {HINT_RAISED}"
-                )
-            return out
+    def called(self, name: str, args: tuple[Any, ...]) -> None:
+        pass
 
-        engine.run_step = run_step
+    def ran(self, t: int, on_recorded_batch: bool, outcome: StepOutcome) -> None:
+        self.runs.append((t, on_recorded_batch, outcome.row()))
+        e = outcome.exception
+        if e is not None and on_recorded_batch and t not in self.raised:
+            raise ReplayError(
+                f"the replay of step {t} raised {e['type']}: {str(e['message'])[:200]}, "
+                f"which rank {self.rank}'s recording does not show; its peers cannot go on "
+                f"without it: {HINT_RAISED}"
+            )
 
 
 def _send(cmd: Any, src: int, group: Any) -> Any:
@@ -75,64 +81,34 @@ def _send(cmd: Any, src: int, group: Any) -> Any:
 class Leader:
     """Broadcasts the leader engine's step-running calls to the followers (see the module doc).
 
-    ``install()`` wraps the engine's methods; only calls made from outside the engine are sent
-    (``state_before`` replaying the steps in between is one call, on every rank).
-    ``finish(error)`` ends the followers' loop: call it exactly once, also when the workflow
-    failed (``error``: one line, which each follower reports).
+    ``install()`` makes it one of the engine's observers; the engine tells it only the calls
+    made from outside it (``state_before`` replaying the steps in between is one call, on every
+    rank). ``finish(error)`` ends the followers' loop: call it exactly once, also when the
+    workflow failed (``error``: one line, which each follower reports).
     """
 
-    def __init__(self, engine: Any, rank: int, group: Any) -> None:
+    def __init__(self, engine: Engine, rank: int, group: Any) -> None:
         self.engine, self.rank, self.group = engine, rank, group
-        self._depth = 0
         self.sent = 0
 
-    def _mirror(self, name: str, cmd: Callable[..., tuple[Any, ...]]) -> None:
-        inner = getattr(self.engine, name)
-
-        @functools.wraps(inner)
-        def call(*args: Any, **kw: Any) -> Any:
-            if self._depth == 0:
-                self.sent += 1
-                _send(cmd(*args, **kw), self.rank, self.group)
-            self._depth += 1
-            try:
-                return inner(*args, **kw)
-            finally:
-                self._depth -= 1
-
-        setattr(self.engine, name, call)
-
     def install(self) -> None:
-        self._mirror(
-            "state_before",
-            lambda t, keep=False, fresh=False: ("state_before", int(t), bool(keep), bool(fresh)),
-        )
-        # A batch the leader made (a slice of the culprit's): each follower uses its own.
-        self._mirror("run_step", lambda t, batch=None: ("run_step", int(t), batch is None))
-        self._mirror("replay_through", lambda s: ("replay_through", int(s)))
-        self._mirror("invalidate", lambda: ("invalidate",))
-        step_callable = self.engine.step_callable
+        self.engine.observers.append(self)
 
-        @functools.wraps(step_callable)
-        def mirrored_callable(t: int, **override: Any) -> Callable[[Any, Any, Any], Any]:
-            fn = step_callable(t, **override)
+    def called(self, name: str, args: tuple[Any, ...]) -> None:
+        # A step run on a batch the leader made (a slice of the culprit's): ``args`` says
+        # so, and each follower runs its own recorded batch.
+        self.sent += 1
+        _send((name, *args), self.rank, self.group)
 
-            def run(model: Any, optimizer: Any, batch: Any) -> Any:
-                if self._depth == 0:
-                    self.sent += 1
-                    _send(("call", int(t)), self.rank, self.group)
-                return fn(model, optimizer, batch)
-
-            return run
-
-        self.engine.step_callable = mirrored_callable
+    def ran(self, t: int, on_recorded_batch: bool, outcome: StepOutcome) -> None:
+        pass
 
     def finish(self, error: str | None = None) -> None:
         _send(("done", error), self.rank, self.group)
 
 
 def follow(
-    engine: Any,
+    engine: Engine,
     leader: int,
     group: Any,
     on_call: Callable[[int], None] | None = None,
@@ -167,7 +143,7 @@ def follow(
             raise ReplayError(f"internal error: unknown lockstep command {op!r}")
 
 
-def run_own_step(engine: Any, t: int) -> None:
+def run_own_step(engine: Engine, t: int) -> None:
     """Run step ``t``'s step function on this rank's recorded batch, as the leader's tracer
     runs its own (its exception is the tracer's to describe, not a replay failure)."""
     fn = engine.step_callable(t)
@@ -177,7 +153,7 @@ def run_own_step(engine: Any, t: int) -> None:
         pass
 
 
-def rank_summary(engine: Any, log: StepLog, rank: int) -> dict[str, Any]:
+def rank_summary(engine: Engine, log: StepLog, rank: int) -> dict[str, Any]:
     """This rank's replay checked bitwise against its own recording.
 
     ``deterministic``: every step run on its recorded batch matched the recorded health row

@@ -10,39 +10,50 @@ from typing import Any
 import pytest
 
 from replay.distributed.ranks import is_collective_error
+from replay.engine.observe import ObservedCalls
 from replay.errors import ReplayError
 from replay.multirank import lockstep
 
 
-class FakeEngine:
-    """The engine's call structure: ``state_before`` replays the steps in between itself."""
+class FakeEngine(ObservedCalls):
+    """The engine's call structure: ``state_before`` replays the steps in between itself; its
+    observers see the calls as the engine's do (``replay/engine/observe.py``)."""
 
     def __init__(self) -> None:
+        self._init_observers()
         self.ran: list[tuple[int, bool]] = []  # (step, on its recorded batch)
         self.pos: int | None = None
         self.model = self.optimizer = None
 
     def state_before(self, t: int, keep: bool = False, fresh: bool = False) -> None:
-        start = 0 if self.pos is None or self.pos > t else self.pos
-        for i in range(start, t):
-            self.run_step(i)
-        self.pos = t
+        with self._calling("state_before", (t, keep, fresh)):
+            start = 0 if self.pos is None or self.pos > t else self.pos
+            for i in range(start, t):
+                self.run_step(i)
+            self.pos = t
 
     def run_step(self, t: int, batch: Any = None) -> Any:
-        self.ran.append((t, batch is None))
-        self.pos = t + 1 if batch is None else None
+        with self._calling("run_step", (t, batch is None)):
+            self.ran.append((t, batch is None))
+            self.pos = t + 1 if batch is None else None
 
     def replay_through(self, s: int) -> None:
-        self.state_before(s)
+        with self._calling("replay_through", (s,)):
+            self.state_before(s)
 
     def invalidate(self) -> None:
-        self.pos = None
+        with self._calling("invalidate", ()):
+            self.pos = None
 
     def batch(self, t: int) -> str:
         return f"own batch {t}"
 
     def step_callable(self, t: int) -> Any:
-        return lambda model, opt, batch: self.ran.append((t, batch == f"own batch {t}"))
+        def run(model: Any, opt: Any, batch: Any) -> None:
+            with self._calling("call", (t,)):
+                self.ran.append((t, batch == f"own batch {t}"))
+
+        return run
 
 
 def test_followers_run_the_leaders_steps_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
