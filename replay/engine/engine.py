@@ -211,6 +211,9 @@ class Engine(ObservedCalls):
         self.steps_run = 0  # step_fn calls so far (the cost a bisect reports)
         self.on_step: Callable[[int], None] | None = None  # progress: called after each step
         self._init_observers()  # (observe.py: who sees the calls that may run steps)
+        # steps whose recorded rows no replay is compared with (a rank's steps where a peer's
+        # failure broke the collective: the recording holds that failure, not the step's own)
+        self.not_compared: set[int] = set()
         self._tweak: Callable[[int], None] | None = None  # see off_record
         self._off_record = False
         self.wrapper: torch.nn.Module | None = None  # see use_wrapper
@@ -407,11 +410,14 @@ class Engine(ObservedCalls):
         return self.record(t).get("exception")
 
     def recorded_rows(self) -> list[dict[str, Any]]:
-        """The recorded health, one dict per step (``step`` plus every health column)."""
+        """The recorded health, one dict per step (``step`` plus every health column), less
+        the steps in ``not_compared``."""
         h = self.rec.health()
         cols = [k for k in h if k != "step"]
         return [
-            {"step": int(s), **{c: float(h[c][i]) for c in cols}} for i, s in enumerate(h["step"])
+            {"step": int(s), **{c: float(h[c][i]) for c in cols}}
+            for i, s in enumerate(h["step"])
+            if int(s) not in self.not_compared
         ]
 
     def snapshot(self, s: int) -> dict[str, Any]:

@@ -49,7 +49,7 @@ def _criterion(spec: dict[str, Any] | None) -> Any:
     return {"nonfinite": NonFinite, "exception": Raised}[spec["kind"]]()
 
 
-def _wrap_ddp(engine: Any, device: str, rec: Any) -> set[int]:
+def _wrap_ddp(engine: Engine, device: str, rec: Recording) -> set[int]:
     """The model in ``DistributedDataParallel``, as the recorded loop had it.
 
     The recorder's per-rank gradient probe (``local_grad_norm``) averaged the buckets as DDP's
@@ -92,7 +92,7 @@ def _wrap_ddp(engine: Any, device: str, rec: Any) -> set[int]:
     return peer_failed
 
 
-def _shard(engine: Any, spec: dict[str, Any]) -> set[int]:
+def _shard(engine: Engine, spec: dict[str, Any]) -> set[int]:
     """The model sharded with FSDP2's ``fully_shard`` as the recorded loop had it
     (``meta.distributed.fsdp``), its optimizer over the sharded parameters; each rank then
     loads its own shards from its own snapshot. Its collectives (all-gather in the forward,
@@ -106,7 +106,7 @@ def _shard(engine: Any, spec: dict[str, Any]) -> set[int]:
     return set()
 
 
-def peer_failed_steps(engine: Any) -> set[int]:
+def peer_failed_steps(engine: Engine) -> set[int]:
     """Steps at which this rank recorded a collective error (a peer failed), not its own."""
     from ..distributed.ranks import is_collective_error
 
@@ -123,14 +123,7 @@ def peer_failed_steps(engine: Any) -> set[int]:
     return out
 
 
-def _without(recorded_rows: Any, steps: set[int]) -> Any:
-    def rows() -> list[dict[str, Any]]:
-        return [r for r in recorded_rows() if int(r["step"]) not in steps]
-
-    return rows
-
-
-def _same_windows(engine: Any, group: Any, world: int) -> None:
+def _same_windows(engine: Engine, group: Any, world: int) -> None:
     import torch.distributed as dist
 
     mine = (engine.window.first, engine.window.last, list(engine.window.snapshots))
@@ -163,7 +156,9 @@ def _lead(engine: Engine, rec: Recording, spec: dict[str, Any]) -> dict[str, Any
     return report.to_json()
 
 
-def _export(engine: Any, rec: Any, spec: dict[str, Any], rank: int, group: Any) -> dict[str, Any]:
+def _export(
+    engine: Engine, rec: Recording, spec: dict[str, Any], rank: int, group: Any
+) -> dict[str, Any]:
     """This rank's state before the step, into ``rank<r>/`` of the staged export folder."""
     from ..workflows.export import export_work
 
@@ -175,7 +170,9 @@ def _export(engine: Any, rec: Any, spec: dict[str, Any], rank: int, group: Any) 
     return work(rec, engine).to_json()
 
 
-def _whatif(engine: Any, rec: Any, spec: dict[str, Any], rank: int, group: Any) -> dict[str, Any]:
+def _whatif(
+    engine: Engine, rec: Recording, spec: dict[str, Any], rank: int, group: Any
+) -> dict[str, Any]:
     """The experiments on this rank, with the same changes as on every other rank, over the
     steps the leader chose (each rank's own default range follows from its own health, which
     may show the failure a step later than the leader's)."""
@@ -200,7 +197,7 @@ _EVERY_RANK = {"export": _export, "whatif": _whatif}
 _TRACE_KEYS = ("cause", "op", "phase", "module", "source", "made", "forensics")
 
 
-def _tracer(engine: Any, rec: Any, traced: dict[str, Any]) -> Any:
+def _tracer(engine: Engine, rec: Recording, traced: dict[str, Any]) -> Any:
     """A follower's answer to the leader tracing its culprit step: trace its own step the same
     way, into its own forensics sidecar (``replay tui`` shows every rank's). Only the first
     call is traced (the leader's later ones probe sliced batches)."""
@@ -279,7 +276,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _replay_rank(
-    rec: Any, engine: Any, spec: dict[str, Any], rank: int, world: int, timeout: Any
+    rec: Recording, engine: Engine, spec: dict[str, Any], rank: int, world: int, timeout: Any
 ) -> dict[str, Any]:
     import torch.distributed as dist
 
@@ -303,7 +300,7 @@ def _replay_rank(
         peer_failed = _wrap_ddp(engine, engine.device, rec)
     if peer_failed:
         # Not compared on this rank: the recording holds the collective's failure.
-        engine.recorded_rows = _without(engine.recorded_rows, peer_failed)
+        engine.not_compared |= peer_failed
     log = StepLog()
     log.attach(engine, rank)
     report: dict[str, Any] | None = None

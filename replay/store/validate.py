@@ -682,7 +682,7 @@ def check_meta(meta: Any, where: str, *, slots: dict[str, int] | None = None) ->
         _opt(dist, "local_rank", int, f"{w}.distributed")
 
 
-def check_record(rec: Any, ring: str, step: int, where: str) -> None:
+def check_record(rec: object, ring: str, step: int, where: str) -> None:
     """A decoded ``/steps`` or ``/snapshots`` record has the keys and types docs/format.md gives
     (what every reader indexes into), and names the step its marker says."""
     w = f"{where}: /{ring} step {step}"

@@ -516,7 +516,7 @@ def _range(
     return w.snapshot_for(from_step), from_step, to_step, criterion.kind, bad
 
 
-def replay_range(engine: Any, from_step: int | None, to_step: int | None) -> tuple[int, int]:
+def replay_range(engine: Engine, from_step: int | None, to_step: int | None) -> tuple[int, int]:
     """The steps :func:`run_whatif` replays for ``from_step``/``to_step`` (``None``: its
     defaults) on this engine's recording."""
     _, lo, hi, _, _ = _range(engine, engine.recorded_rows(), from_step, to_step, [])
