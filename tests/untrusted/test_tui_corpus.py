@@ -175,6 +175,7 @@ def _tui_in_a_pty(path: str, keys: str) -> tuple[int, str]:
             out += chunk
     except subprocess.TimeoutExpired:
         proc.kill()
+        proc.wait()  # (a Popen collected later, still running, failed the next test instead)
         pytest.fail(f"replay tui {path} did not exit within {TIMEOUT} s")
     finally:
         os.close(master)
