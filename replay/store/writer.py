@@ -440,9 +440,10 @@ class StoreWriter:
         A group of a fast loop holds many more steps than the ring has slots: only the newest
         item of each slot is written (the others would be overwritten within this group, never
         seen). Each commit invalidates the slots it rewrites until its last flush, so a group is
-        written in parts: first the steps going to empty slots, with every health row, then the
-        steps that replace older ones, in two halves; each snapshot alone, as soon as its step
-        is in the ring; the status last. At every moment of a commit, ``kill -9`` included, the
+        written in parts: first the snapshots going to empty slots; then the group's first
+        snapshot of one of its steps, after that step alone (with every health row); then the
+        steps going to empty slots, then those that replace older ones, in two halves; each
+        other snapshot alone, as soon as its step is in the ring; the status last. At every moment of a commit, ``kill -9`` included, the
         ring still holds whole steps and a snapshot to replay them from (one group rewriting
         every slot at once left none: a killed writer's file had no step at all)."""
         n_steps, n_snaps = len(steps), len(snapshots)
@@ -450,10 +451,31 @@ class StoreWriter:
         steps = sorted({s.step % nsteps: s for s in steps}.values(), key=lambda s: s.step)
         snaps = sorted({s.slot: s for s in snapshots}.values(), key=lambda s: s.step)
         markers = self._markers["steps"]
+        smarkers = self._markers["snapshots"]
+        # A snapshot going to an empty slot displaces nothing: it goes first, before the steps
+        # it anchors (after them, a kill between the two commits of a run's first group left
+        # steps in the ring and no snapshot to replay them from).
+        empty = [s for s in snaps if smarkers[s.slot] < 0]
+        parts: list[tuple[list[StepFrame], list[SnapshotFrame]]] = [([], [s]) for s in empty]
+        # Then one snapshot of a step the group holds, and that step alone: two commits that
+        # displace one old step and one old snapshot, chosen so that the old ring keeps a
+        # snapshot of one of its steps meanwhile; from then on the new snapshot anchors the
+        # group's steps, whatever they overwrite. (Without it, a group of 251 steps kept its
+        # last 60, which do not line up with the old ring: their first half overwrote its
+        # middle, the steps of both of its snapshots included, and a kill left no window.)
+        anchor = self._anchor(steps, snaps)
+        picked = None
+        if anchor is not None:
+            first, picked = anchor
+            if picked is None or picked in empty:
+                parts.append(([first], []))
+            else:
+                parts += [([first], []), ([], [picked])]
+            steps = [s for s in steps if s is not first]
+        snaps = [s for s in snaps if s is not picked and s not in empty]
         fresh = [s for s in steps if markers[s.step % nsteps] < 0]
         rest = [s for s in steps if markers[s.step % nsteps] >= 0]
         half = max(1, len(rest) // 2) if len(rest) > nsteps // 4 else len(rest)
-        parts: list[tuple[list[StepFrame], list[SnapshotFrame]]] = []
         for part in (fresh, rest[:half], rest[half:]):
             if part:
                 parts.append((part, []))
@@ -472,6 +494,31 @@ class StoreWriter:
                 last_step=last_step if final else None,
                 counts=(n_steps, n_snaps) if final else (0, 0),
             )
+
+    def _anchor(
+        self, steps: list[StepFrame], snaps: list[SnapshotFrame]
+    ) -> tuple[StepFrame, SnapshotFrame | None] | None:
+        """A step of ``steps`` to write alone, with its snapshot from ``snaps`` (None: one the
+        file holds), that leaves the ring a snapshot of one of its steps while both are written,
+        if it has one now; the first such in step order (else the first at all)."""
+        nsteps = self._ring_slots["steps"]
+        markers, smarkers = self._markers["steps"], self._markers["snapshots"]
+        valid = set(markers[markers >= 0].tolist())
+        old = {int(st) for st in smarkers if st >= 0 and int(st) in valid}
+        held = {s.step: s for s in steps}
+        kept = {int(st) for st in smarkers if st >= 0}
+        candidates: list[tuple[StepFrame, SnapshotFrame | None]] = sorted(
+            [(held[st], None) for st in kept if st in held]
+            + [(held[s.step], s) for s in snaps if s.step in held],
+            key=lambda c: c[0].step,
+        )
+        for step, snap in candidates:
+            gone = {int(markers[step.step % nsteps])}
+            if snap is not None:
+                gone.add(int(smarkers[snap.slot]))
+            if not old or old - gone:
+                return step, snap
+        return candidates[0] if candidates else None
 
     def _commit(
         self,
