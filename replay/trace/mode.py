@@ -252,22 +252,30 @@ def _tensor_info(t: torch.Tensor) -> TensorInfo:
     return {"shape": list(t.shape), "dtype": str(t.dtype)[6:], "device": str(t.device)}
 
 
+def _dispatch(
+    self: _DispatchMode,
+    func: OpOverload[..., object],
+    types: Collection[type],
+    args: tuple[object, ...] = (),
+    kwargs: dict[str, object] | None = None,
+) -> object:
+    """Both modes' ``__torch_dispatch__``: every op to the tracer, but its own and profiler
+    markers."""
+    kwargs = kwargs or {}
+    if self.tracer.off or func.namespace == "profiler":  # record_function markers
+        return func(*args, **kwargs)
+    return self.tracer.on_op(func, args, kwargs)
+
+
 class _DispatchMode(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch: untyped __init_subclass__
+    """Called through dynamo's disable wrapper, which ``TorchDispatchMode.__init_subclass__``
+    puts around a subclass's own ``__torch_dispatch__``."""
+
     def __init__(self, tracer: Tracer) -> None:
         super().__init__()  # type: ignore[no-untyped-call]  # torch stubs
         self.tracer = tracer
 
-    def __torch_dispatch__(
-        self,
-        func: OpOverload[..., object],
-        types: Collection[type],
-        args: tuple[object, ...] = (),
-        kwargs: dict[str, object] | None = None,
-    ) -> object:
-        kwargs = kwargs or {}
-        if self.tracer.off or func.namespace == "profiler":  # record_function markers
-            return func(*args, **kwargs)
-        return self.tracer.on_op(func, args, kwargs)
+    __torch_dispatch__ = _dispatch
 
 
 class _DirectDispatchMode(_DispatchMode):  # type: ignore[no-untyped-call]  # as above
@@ -279,17 +287,7 @@ class _DirectDispatchMode(_DispatchMode):  # type: ignore[no-untyped-call]  # as
     def _should_skip_dynamo(cls) -> bool:
         return False
 
-    def __torch_dispatch__(
-        self,
-        func: OpOverload[..., object],
-        types: Collection[type],
-        args: tuple[object, ...] = (),
-        kwargs: dict[str, object] | None = None,
-    ) -> object:
-        kwargs = kwargs or {}
-        if self.tracer.off or func.namespace == "profiler":
-            return func(*args, **kwargs)
-        return self.tracer.on_op(func, args, kwargs)
+    __torch_dispatch__ = _dispatch
 
 
 def _compiled_frames() -> int:
