@@ -2,7 +2,7 @@
 
 Replaying one rank alone updates its parameters with its own gradients instead of the
 all-reduced average, so from the first step after a snapshot it is no longer the run. Here each
-rank gets a process (``python -m replay.multirank.worker``, started with the environment
+rank gets a process (``python -m replay.workflows.rank_worker``, started with the environment
 torchrun gives: ``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``), a
 process group of the recorded world size (gloo; NCCL when the run used it and this machine has
 a GPU per rank), its own snapshot, RNG states and batches, and the model in
@@ -138,7 +138,7 @@ def _run_ranks(
                 open(os.path.join(tmp, f"rank{r}.err"), "wb") as err,
             ):
                 procs[r] = subprocess.Popen(
-                    [sys.executable, "-m", "replay.multirank.worker", spec_path],
+                    [sys.executable, "-m", "replay.workflows.rank_worker", spec_path],
                     env=env,
                     stdout=out,
                     stderr=err,

@@ -97,7 +97,7 @@ def test_a_loss_on_the_gpu_is_kept_as_a_tensor_without_a_host_sync() -> None:
 
 
 def test_two_reductions_in_one_step_merge_their_votes() -> None:
-    from replay.record.ddp.hook import LocalGradProbe
+    from replay.capture.ddp_hook import LocalGradProbe
 
     probe = LocalGradProbe(None, [], rank=0, world_size=W, votes=True)
     probe._reduced = [_votes(grads={1: NAN}, late={0: 2.0}), _votes(late={0: 2.0, 1: 1.0})]

@@ -32,7 +32,8 @@ LAYERS = {
     "trace": 3,  # per-op dispatch mode
     "engine": 3,  # replaying steps (never imports the recorder: see test below)
     "workflows": 4,  # what each command does, as library calls
-    "multirank": 4,  # every rank of a rank set replayed together (one engine per rank process)
+    "multirank": 3,  # every rank of a rank set replayed together: launch and lockstep (the
+    # per-rank process that runs a workflow is workflows/rank_worker.py)
     "preflight": 4,
     "integrations": 4,  # framework callbacks: a Recorder driven by the framework's hooks
     "cli": 5,  # parse, call, render

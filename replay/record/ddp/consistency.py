@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from .hook import LocalGradProbe
+from ...capture.ddp_hook import LocalGradProbe
 
 __all__ = ["Verdict", "BucketVotes", "ConsistentStop", "device_of"]
 

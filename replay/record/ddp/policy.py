@@ -20,10 +20,10 @@ from typing import Any
 
 import torch
 
+from ...capture.ddp_hook import LocalGradProbe
 from ...capture.sharded import layout
 from ...errors import RecorderWarning
 from .consistency import BucketVotes, ConsistentStop, Verdict, device_of
-from .hook import LocalGradProbe
 
 __all__ = ["RankPolicy", "SingleProcess", "DdpRanks"]
 

@@ -1,4 +1,4 @@
-"""One rank of a multi-rank replay: ``python -m replay.multirank.worker SPEC.json``.
+"""One rank of a multi-rank replay: ``python -m replay.workflows.rank_worker SPEC.json``.
 
 Started by :func:`replay.multirank.launch.replay_rank_set` the way torchrun starts
 ranks (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``). It joins a
@@ -6,7 +6,7 @@ process group of the recorded world size (or, replaying by re-entry, runs the re
 again, which makes the process group and its DDP wrapper itself), opens its own rank file, wraps
 the model ``build_fn`` makes in ``DistributedDataParallel`` as the recorded loop did (or shards it with FSDP2's
 ``fully_shard``, when ``meta.distributed.fsdp`` says the loop did), and replays in lockstep with the
-other ranks (``lockstep.py``): the leader runs the workflow, the others follow. It writes
+other ranks (``replay/multirank/lockstep.py``): the leader runs the workflow, the others follow. It writes
 ``rank<r>.json`` into the spec's ``out`` directory: its report, or its error in one line.
 
 SPEC holds ``mode`` (``verify``, ``bisect``, ``trace``, ``export`` or ``whatif``), ``files`` (rank -> path), ``leader``,
@@ -54,7 +54,7 @@ def _wrap_ddp(engine: Engine, device: str, rec: Recording) -> set[int]:
 
     The recorder's per-rank gradient probe (``local_grad_norm``) averaged the buckets as DDP's
     default all-reduce hook does and, with the rank-consistent stop on, carried the ranks'
-    votes in the last bucket's all-reduce (``replay/record/ddp/hook.py``). Where the recording
+    votes in the last bucket's all-reduce (``replay/capture/ddp_hook.py``, which the recorder uses). Where the recording
     shows the probe, the replay runs that same hook: the buckets that meet in each all-reduce
     then have the recorded lengths, and with three or more ranks the backend sums every
     element in the recorded order (a longer bucket moves the chunks a ring all-reduce sums).
@@ -63,7 +63,7 @@ def _wrap_ddp(engine: Engine, device: str, rec: Recording) -> set[int]:
 
     from torch.nn.parallel import DistributedDataParallel
 
-    from ..record.ddp.hook import LocalGradProbe
+    from ..capture.ddp_hook import LocalGradProbe
 
     ids = [device] if device.startswith("cuda") else None
     ddp = engine.wrapper  # a re-run program's own wrapper
@@ -139,9 +139,9 @@ def _same_windows(engine: Engine, group: Any, world: int) -> None:
 
 def _lead(engine: Engine, rec: Recording, spec: dict[str, Any]) -> dict[str, Any]:
     """The leader's workflow, the one a single-process replay runs, on this rank's engine."""
-    from ..workflows.bisect import bisect_engine
-    from ..workflows.trace import trace_engine
-    from ..workflows.verify import verify_engine
+    from .bisect import bisect_engine
+    from .trace import trace_engine
+    from .verify import verify_engine
 
     mode = spec["mode"]
     if mode == "verify":
@@ -160,7 +160,7 @@ def _export(
     engine: Engine, rec: Recording, spec: dict[str, Any], rank: int, group: Any
 ) -> dict[str, Any]:
     """This rank's state before the step, into ``rank<r>/`` of the staged export folder."""
-    from ..workflows.export import export_work
+    from .export import export_work
 
     out = os.path.join(spec["export_dir"], f"rank{rank}")
     shown = os.path.join(spec["shown_out"], f"rank{rank}")
@@ -178,7 +178,7 @@ def _whatif(
     may show the failure a step later than the leader's)."""
     import torch.distributed as dist
 
-    from ..workflows.whatif import parse_change, replay_range, whatif_work
+    from .whatif import parse_change, replay_range, whatif_work
 
     changes = [parse_change(kind, arg) for kind, arg in spec["changes"]]
     lo, hi = spec.get("from_step"), spec.get("to_step")
@@ -202,8 +202,8 @@ def _tracer(engine: Engine, rec: Recording, traced: dict[str, Any]) -> Any:
     way, into its own forensics sidecar (``replay tui`` shows every rank's). Only the first
     call is traced (the leader's later ones probe sliced batches)."""
     from ..jsonsafe import json_safe
-    from ..workflows.culprit import tracer_available
-    from .lockstep import run_own_step
+    from ..multirank.lockstep import run_own_step
+    from .culprit import tracer_available
 
     def on_call(t: int) -> None:
         if traced or not tracer_available():
@@ -247,7 +247,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
-    from ..workflows.session import with_engine
+    from .session import with_engine
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local = int(os.environ.get("LOCAL_RANK", rank))
@@ -281,7 +281,7 @@ def _replay_rank(
     import torch.distributed as dist
 
     from ..capture.sharded import mesh_of
-    from .lockstep import Leader, StepLog, follow, rank_summary
+    from ..multirank.lockstep import Leader, StepLog, follow, rank_summary
 
     if not dist.is_initialized():
         raise ReplayError(

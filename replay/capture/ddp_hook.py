@@ -1,5 +1,7 @@
 """This rank's own gradient norm, taken in DDP's communication hook before the all-reduce, and
-the ranks' stop votes, carried by DDP's own last all-reduce of the step.
+the ranks' stop votes, carried by DDP's own last all-reduce of the step. The recorder installs
+it, and a rank replay (``workflows/rank_worker.py``) installs it again where the recording
+shows it, so that the buckets meet as they did.
 
 After the all-reduce every rank holds the average, so a NaN from one rank's batch shows on all of
 them. The hook sees ``bucket.buffer()`` while it is still local: it takes one norm
@@ -12,8 +14,8 @@ The per-parameter norms are combined at the end of the step the way
 single-process replay of this rank's step recomputes ``local_grad_norm`` bitwise.
 Everything stays a tensor: no host sync.
 
-**Votes** (``votes=True``, the rank-consistent stop; ``consistency.py`` reads them). DDP launches
-its buckets in index order, so when the last bucket is handed over every local gradient of the
+**Votes** (``votes=True``, the rank-consistent stop; ``record/ddp/consistency.py`` reads
+them). DDP launches its buckets in index order, so when the last bucket is handed over every local gradient of the
 step has been measured. Its all-reduce then carries ``2 * world_size`` extra elements, zero but
 for this rank's two slots: ``[r]`` is NaN when this rank's own gradients hold a NaN/Inf (it is
 ``norm - norm`` of the local norm the probe records anyway: one op), ``[world_size + r]`` is
@@ -36,7 +38,7 @@ from typing import Any
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-from ...capture.fingerprint import group_by_dtype
+from .fingerprint import group_by_dtype
 
 __all__ = ["LocalGradProbe"]
 
