@@ -48,7 +48,8 @@ class DivergenceCause:
     agree with each other, not with the recording). ``summary`` says it in a sentence,
     ``hint`` what to do. Absent from the JSON when ``None``: ``snapshot`` (the later snapshot
     the state was compared with), ``differs`` (the objects that drifted, from that comparison)
-    and ``exception`` (what the replay raised)."""
+    ``exception`` (what the replay raised) and ``suspects`` (the objects the step's code reaches
+    and changes that no snapshot holds, described)."""
 
     step: int
     kind: str = "outside_state"
@@ -58,6 +59,8 @@ class DivergenceCause:
     snapshot: int | None = None
     differs: list[StateDrift] | None = None
     exception: ExceptionInfo | None = None
+    # state the step changes that no snapshot holds (engine/suspects.py), described
+    suspects: list[str] | None = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"step": self.step, "changed_files": list(self.changed_files)}
@@ -68,6 +71,8 @@ class DivergenceCause:
         out.update(kind=self.kind, summary=self.summary, hint=self.hint)
         if self.exception is not None:
             out["exception"] = dict(self.exception)
+        if self.suspects is not None:
+            out["suspects"] = list(self.suspects)
         return out
 
     @classmethod
@@ -83,4 +88,5 @@ class DivergenceCause:
             snapshot=d.get("snapshot"),
             differs=None if differs is None else [StateDrift.from_json(x) for x in differs],
             exception=exception_info(exc),
+            suspects=None if d.get("suspects") is None else [str(x) for x in d["suspects"]],
         )

@@ -33,6 +33,7 @@ from ..bisect.compare import (
 from ..capture.tensors import from_leaves
 from ..engine import Engine
 from ..engine.state import _int_keys
+from ..engine.suspects import Suspect, candidates, changed_by
 from ..reports import DivergenceCause, ExceptionInfo, StateDrift
 
 __all__ = ["explain_divergence", "state_diff"]
@@ -202,6 +203,7 @@ def explain_divergence(
             f"{t} would not reproduce it"
         )
         out.hint = HINT_CARRIED
+        _name_suspects(engine, t, out)
         return out
     engine.state_before(t, keep=True)
     a = engine.run_step(t).row()
@@ -252,4 +254,44 @@ def explain_divergence(
     if changed:
         summary += f"; note that {', '.join(changed)} changed since the recording"
     out.kind, out.summary, out.hint = "outside_state", summary, HINT_OUTSIDE
+    _name_suspects(engine, t, out)
     return out
+
+
+def _name_suspects(engine: Engine, t: int, out: DivergenceCause) -> None:
+    """Name the state the step changes that no snapshot holds (``engine/suspects.py``), in
+    the summary and the hint: one more run of step ``t``."""
+    try:
+        found = candidates(engine.step_fn, engine.objs)
+        if not found:
+            return
+        engine.state_before(t, keep=True)
+        named = changed_by(lambda: engine.run_step(t), found)
+    except Exception:  # noqa: BLE001 - naming suspects helps; it must not fail the verdict
+        return
+    if not named:
+        return
+    out.suspects = [s.describe() for s in named]
+    shown = ", ".join(s.describe() for s in named[:3]) + (" and more" if len(named) > 3 else "")
+    out.summary += f"; the step changes {shown}, which no snapshot holds"
+    objs = [s for s in named if not s.kind.startswith("tensor")]
+    tensors = [s for s in named if s.kind.startswith("tensor")]
+    says = []
+    if objs:
+        given = ", ".join(f'"{_key(s.name)}": {s.name}' for s in objs[:3])
+        says.append(f"give the Recorder {_names(objs)} (objects={{..., {given}}})")
+    if tensors:
+        says.append(
+            f"keep {_names(tensors)} in a module the Recorder holds (register_buffer), or "
+            "hand it to the step through rec.step(batch, name=value)"
+        )
+    out.hint = "; ".join(says)
+
+
+def _names(suspects: list[Suspect]) -> str:
+    return ", ".join(s.name for s in suspects[:3]) + (" and the rest" if len(suspects) > 3 else "")
+
+
+def _key(name: str) -> str:
+    key = "".join(c if c.isalnum() else "_" for c in name.removeprefix("self.")).strip("_")
+    return key or "state"

@@ -136,6 +136,46 @@ def test_a_global_changed_by_the_loop_is_named_as_state_outside_the_step(tmp_pat
     assert text.startswith("NOT replayable as recorded: state changed outside the step")
 
 
+@pytest.mark.slow
+def test_a_mean_teachers_ema_the_recorder_was_not_given_is_named_while_it_trains(
+    tmp_path, elsewhere
+):
+    """A timm-shaped loop whose loss reads an EMA of the weights kept in a helper object
+    (mean_teacher.py). Was: the self-check and bisect said "state the snapshots do not hold (a
+    batch an earlier step prefetched into a global, a counter, a cache)" and left the user to
+    find it; now both name ``ema.module``, and giving it to the Recorder as they say makes the
+    run replay."""
+    script = tmp_path / "mean_teacher.py"
+    shutil.copy(PROGRAMS / "mean_teacher.py", script)
+    p = run_py(str(script), cwd=tmp_path, timeout=240, env={"REPLAY_SELF_CHECK": "1"})
+    assert p.returncode != 0 and "NonFiniteLossError" in p.stderr, p.stderr[-2000:]
+    warn = [ln for ln in p.stderr.splitlines() if "does NOT replay" in ln]
+    assert warn and "ema.module" in warn[0], p.stderr[-3000:]
+    assert '"ema_module": ema.module' in warn[0]
+    p = replay("bisect", str(tmp_path / "run.h5"), "--json", cwd=elsewhere)
+    d = json.loads(p.stdout)
+    assert d["first_bad_step"] == 12 and d["reproducible"] is False, p.stderr[-2000:]
+    cause = d["divergence_cause"]
+    assert cause["kind"] == "outside_state"
+    assert cause["suspects"] == ["ema.module (Net, read by train_step)"], cause
+    # as told: the EMA among the objects
+    fixed = tmp_path / "fixed"
+    fixed.mkdir()
+    shutil.copy(PROGRAMS / "mean_teacher.py", fixed / "mean_teacher.py")
+    p = run_py(
+        str(fixed / "mean_teacher.py"),
+        "--give-ema",
+        cwd=fixed,
+        timeout=240,
+        env={"REPLAY_SELF_CHECK": "1"},
+    )
+    assert "does NOT replay" not in p.stderr, p.stderr[-3000:]
+    p = replay("bisect", str(fixed / "run.h5"), "--json", cwd=elsewhere)
+    d = json.loads(p.stdout)
+    assert d["first_bad_step"] == 12 and d["reproducible"] is True, p.stderr[-2000:]
+    assert d["cause"] == "data" and d["samples"] == [3], {k: d[k] for k in ("cause", "samples")}
+
+
 def test_a_step_needing_an_object_build_fn_does_not_make_is_named_as_raised(tmp_path, elsewhere):
     run, p = record(tmp_path, "global_object.py", "run.h5")
     assert p.returncode == 0, p.stderr[-2000:]

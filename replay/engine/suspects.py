@@ -1,0 +1,218 @@
+"""What a step changes that no snapshot holds: the stateful objects its code reaches through
+globals and closures, outside the objects the Recorder was given.
+
+When a replay from a snapshot differs from the recording while two replays agree, the step read
+state kept outside the recorded objects (a mean teacher's EMA weights, a running statistic in a
+global tensor, a cache). Saying so is not enough: the user has to find it. Here the step
+function's code is read for the names it loads from its module's globals and its closure
+cells (following the user's own functions it calls, a few calls deep); every module,
+optimizer, scheduler or tensor among them (or one attribute down, ``ema.module``) that the
+Recorder does not hold is a candidate, and running the step once names those it changes. Those
+are state the run carries from step to step that a snapshot loses.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+import types
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..capture.objects import RunObjects
+
+__all__ = ["Suspect", "candidates", "changed_by"]
+
+_DEPTH = 3  # the user's functions followed from the step function
+_MAX = 64  # candidates kept (a module's globals can hold many)
+_SKIP_MODULES = ("torch", "numpy", "replay", "lightning", "pytorch_lightning", "transformers")
+
+
+@dataclass(frozen=True)
+class Suspect:
+    """``name``: how the step's code reaches it (``ema.module``); ``kind``: what it is (a
+    module's class, ``optimizer``, ``tensor``); ``where``: the function whose code reads it."""
+
+    name: str
+    kind: str
+    where: str
+
+    def describe(self) -> str:
+        return f"{self.name} ({self.kind}, read by {self.where})"
+
+
+def _code_names(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            names |= _code_names(c)
+    return names
+
+
+def _users(fn: Any) -> bool:
+    """Whether ``fn`` is the user's own code (not a library's, whose state is not the run's)."""
+    mod = getattr(fn, "__module__", None) or ""
+    if mod.split(".")[0] in _SKIP_MODULES or mod in sys.stdlib_module_names:
+        return False
+    path = getattr(getattr(fn, "__code__", None), "co_filename", "") or ""
+    return "site-packages" not in path and "dist-packages" not in path
+
+
+def _stateful(obj: object) -> str | None:
+    if isinstance(obj, torch.nn.Module):
+        return type(obj).__name__
+    if isinstance(obj, torch.optim.Optimizer):
+        return f"optimizer {type(obj).__name__}"
+    if isinstance(obj, torch.optim.lr_scheduler.LRScheduler):
+        return f"scheduler {type(obj).__name__}"
+    if isinstance(obj, torch.Tensor):
+        return f"tensor {str(obj.dtype).removeprefix('torch.')}{list(obj.shape)}"
+    return None
+
+
+def _parts(name: str, obj: object) -> Iterator[tuple[str, str, object]]:
+    """``(name, kind, object)`` of the stateful things ``obj`` is or holds one level down."""
+    kind = _stateful(obj)
+    if kind is not None:
+        yield name, kind, obj
+        return
+    if isinstance(obj, (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType)):
+        return
+    items: list[tuple[str, object]] = []
+    if isinstance(obj, (list, tuple)):
+        items = [(f"{name}[{i}]", v) for i, v in enumerate(obj[:16])]
+    elif isinstance(obj, dict):
+        items = [(f"{name}[{k!r}]", v) for k, v in list(obj.items())[:16] if isinstance(k, str)]
+    elif isinstance(getattr(obj, "__dict__", None), dict):
+        items = [(f"{name}.{k}", v) for k, v in list(vars(obj).items())[:32]]
+    for label, v in items:
+        kind = _stateful(v)
+        if kind is not None:
+            yield label, kind, v
+
+
+def candidates(step_fn: Callable[..., Any], objects: RunObjects) -> list[tuple[Suspect, object]]:
+    """The stateful objects ``step_fn``'s code reaches that ``objects`` does not hold."""
+    held = _held(objects)
+    out: dict[int, tuple[Suspect, object]] = {}
+    seen: set[int] = set()
+
+    def visit(fn: Any, depth: int) -> None:
+        if isinstance(fn, types.MethodType):
+            owner = fn.__self__
+            for label, kind, part in _parts("self", owner):
+                take(label, kind, part, fn.__func__.__qualname__)
+            fn = fn.__func__
+        fn = inspect.unwrap(fn) if callable(fn) else fn
+        if not isinstance(fn, types.FunctionType) or id(fn) in seen or len(out) >= _MAX:
+            return
+        seen.add(id(fn))
+        where = fn.__qualname__
+        g = fn.__globals__
+        values: list[tuple[str, object]] = [
+            (n, g[n]) for n in sorted(_code_names(fn.__code__)) if n in g
+        ]
+        for n, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
+            try:
+                values.append((n, cell.cell_contents))
+            except ValueError:  # an empty cell
+                continue
+        for n, v in values:
+            if isinstance(v, (types.FunctionType, types.MethodType)):
+                if depth > 0 and _users(v):
+                    visit(v, depth - 1)
+                continue
+            for label, kind, part in _parts(n, v):
+                take(label, kind, part, where)
+
+    def take(label: str, kind: str, obj: object, where: str) -> None:
+        if id(obj) in held or id(obj) in out:
+            return
+        # A wrapper of a recorded model (DDP, torch.compile's OptimizedModule) shares its
+        # state: not state of its own
+        if isinstance(obj, torch.nn.Module) and any(
+            id(t) in held for t in (*obj.parameters(), *obj.buffers())
+        ):
+            return
+        out[id(obj)] = (Suspect(label, kind, where), obj)
+
+    visit(step_fn, _DEPTH)
+    return list(out.values())
+
+
+def _held(objects: RunObjects) -> set[int]:
+    """``id`` of every object, module, parameter, buffer and state tensor the Recorder keeps."""
+    ids: set[int] = set()
+    for obj in objects.named.values():
+        if obj is None:
+            continue
+        ids.add(id(obj))
+        if isinstance(obj, torch.nn.Module):
+            ids.update(id(m) for m in obj.modules())
+            ids.update(id(p) for p in obj.parameters())
+            ids.update(id(b) for b in obj.buffers())
+        elif isinstance(obj, torch.optim.Optimizer):
+            for p, st in obj.state.items():
+                ids.add(id(p))
+                ids.update(id(v) for v in st.values() if isinstance(v, torch.Tensor))
+    for obj in objects.extras.values():
+        ids.add(id(obj))
+    return ids
+
+
+def _tensors(obj: object) -> list[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, torch.nn.Module):
+        return [*obj.parameters(), *obj.buffers()]
+    if isinstance(obj, torch.optim.Optimizer):
+        return [v for st in obj.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
+    return []
+
+
+_State = tuple[list[int], list[int], list[torch.Tensor], str]
+
+
+def _state(obj: object) -> _State:
+    """What ``obj`` holds now: its tensors (which ones, their version counters, a copy of their
+    values) and the rest as text (a scheduler's count). A write shows in the version counter
+    even where the values stay (an EMA of weights already NaN), a new tensor in the ids."""
+    text = ""
+    if isinstance(obj, (torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler)):
+        sd = obj.state_dict()
+        text = repr(sd.get("param_groups") if isinstance(obj, torch.optim.Optimizer) else sd)
+    ts = _tensors(obj)
+    return (
+        [id(t) for t in ts],
+        [t._version for t in ts],
+        [t.detach().clone() for t in ts],
+        text,
+    )
+
+
+def _same(a: _State, b: _State) -> bool:
+    if a[0] != b[0] or a[1] != b[1] or a[3] != b[3]:
+        return False
+    for x, y in zip(a[2], b[2]):
+        if x.shape != y.shape or x.dtype != y.dtype:
+            return False
+        if x.is_floating_point():
+            if not bool(((x == y) | (torch.isnan(x) & torch.isnan(y))).all()):
+                return False
+        elif not torch.equal(x, y):
+            return False
+    return True
+
+
+def changed_by(run: Callable[[], object], found: list[tuple[Suspect, object]]) -> list[Suspect]:
+    """Those of ``found`` whose state ``run()`` (one step) changes."""
+    if not found:
+        return []
+    with torch.no_grad():
+        before = [_state(obj) for _, obj in found]
+    run()
+    with torch.no_grad():
+        return [s for (s, obj), b in zip(found, before) if not _same(b, _state(obj))]

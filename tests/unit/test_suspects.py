@@ -1,0 +1,96 @@
+"""Naming the state a step changes that no snapshot holds (replay/engine/suspects.py): the step
+function's code read for what it reaches, one step run to see what it changes."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from replay.capture.objects import RunObjects
+from replay.engine.suspects import candidates, changed_by
+
+model = torch.nn.Linear(3, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+class Ema:
+    def __init__(self, m: torch.nn.Module) -> None:
+        self.module = copy.deepcopy(m)
+
+    @torch.no_grad()
+    def update(self, m: torch.nn.Module) -> None:
+        for e, p in zip(self.module.parameters(), m.parameters()):
+            e.mul_(0.9).add_(p, alpha=0.1)
+
+
+ema = Ema(model)
+running = torch.zeros(2)  # a global statistic the step keeps
+dataset = torch.randn(8, 3)  # read, never written
+wrapped = torch.nn.Sequential(model)  # a wrapper sharing the recorded model's state
+
+
+def _helper(x: torch.Tensor) -> torch.Tensor:
+    running.mul_(0.5).add_(x.mean(0).detach()[:2])
+    return x
+
+
+def step(batch: torch.Tensor) -> torch.Tensor:
+    out = wrapped(_helper(batch + dataset[0]))
+    loss = out.pow(2).mean() + ema.module(batch).mean().detach()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    ema.update(model)
+    return loss
+
+
+def _objects() -> RunObjects:
+    return RunObjects({"model": model, "optimizer": opt})
+
+
+def test_the_state_a_step_changes_outside_the_recorded_objects_is_named():
+    found = candidates(step, _objects())
+    names = {s.name for s, _ in found}
+    # reached: through globals, an attribute down, and the user's helper it calls
+    assert {"ema.module", "running", "dataset"} <= names, names
+    # never the recorded objects, nor a wrapper that shares their state
+    assert not names & {"model", "opt", "wrapped"}, names
+    changed = changed_by(lambda: step(torch.randn(4, 3)), found)
+    assert sorted(s.name for s in changed) == ["ema.module", "running"]
+    by = {s.name: s for s in changed}
+    assert by["ema.module"].kind == "Linear" and by["ema.module"].where == "step"
+    assert by["running"].kind == "tensor float32[2]" and by["running"].where == "_helper"
+
+
+def test_a_write_to_state_already_nan_is_still_seen():
+    """Was: the EMA of weights that had turned NaN (a bisect replays the failing step before it
+    explains) kept the same values, so the step seemed to change nothing; a write shows in the
+    tensor's version counter."""
+    with torch.no_grad():
+        for e in ema.module.parameters():
+            e.fill_(float("nan"))
+    found = [(s, o) for s, o in candidates(step, _objects()) if s.name == "ema.module"]
+    assert [s.name for s in changed_by(lambda: ema.update(model), found)] == ["ema.module"]
+
+
+class Trainer:
+    def __init__(self) -> None:
+        self.model = model
+        self.opt = opt
+        self.teacher = copy.deepcopy(model)
+
+    def training_step(self, batch: torch.Tensor) -> torch.Tensor:
+        loss = (self.model(batch) - self.teacher(batch).detach()).pow(2).mean()
+        with torch.no_grad():
+            for t, p in zip(self.teacher.parameters(), self.model.parameters()):
+                t.copy_(p)
+        return loss
+
+
+def test_a_bound_methods_own_attributes_are_reached():
+    tr = Trainer()
+    found = candidates(tr.training_step, _objects())
+    assert [s.name for s, _ in found] == ["self.teacher"]
+    changed = changed_by(lambda: tr.training_step(torch.randn(2, 3)), found)
+    assert [s.name for s in changed] == ["self.teacher"]
