@@ -282,8 +282,9 @@ def _name_suspects(engine: Engine, t: int, out: DivergenceCause) -> None:
         says.append(f"give the Recorder {_names(objs)} (objects={{..., {given}}})")
     if tensors:
         says.append(
-            f"keep {_names(tensors)} in a module the Recorder holds (register_buffer), or "
-            "hand it to the step through rec.step(batch, name=value)"
+            f"hand {_names(tensors)} to the step through rec.step(batch, name=value) (a batch "
+            "it prefetched: as the batch), or keep it in a module the Recorder holds "
+            "(register_buffer)"
         )
     out.hint = "; ".join(says)
 

@@ -35,7 +35,12 @@ def test_disk_full_during_recording_leaves_training_running(tmp_path):
         h = rec.health()
         assert len(h["step"]) > 0
         assert np.all(np.diff(h["step"]) == 1)
-        assert h["step"][-1] < 299
+        # The ring stops part-way. (Not the health rows: a group's rows are committed first,
+        # before its steps, so the group whose write failed may have them all; under load, one
+        # group held the run's last hundred steps and the rows reached step 299.)
+        steps = rec.steps()
+        assert len(steps) > 0 and steps[-1] < 299
+        assert rec.replayable_window() is not None
 
 
 def test_unwritable_path_warns_once_and_trains(tmp_path):
