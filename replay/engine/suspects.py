@@ -13,6 +13,7 @@ are state the run carries from step to step that a snapshot loses.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import sys
 import types
@@ -73,38 +74,72 @@ def _stateful(obj: object) -> str | None:
     return None
 
 
-def _parts(name: str, obj: object) -> Iterator[tuple[str, str, object]]:
-    """``(name, kind, object)`` of the stateful things ``obj`` is or holds one level down."""
+Lookup = Callable[[], object]  # the object at a suspect's place now (``_GONE``: none)
+_GONE = object()
+
+
+def _item(base: Lookup, key: object) -> Lookup:
+    def get() -> object:
+        try:
+            return base()[key]  # type: ignore[index]  # a list, tuple or dict (checked before)
+        except (LookupError, TypeError):
+            return _GONE
+
+    return get
+
+
+def _attr(base: Lookup, name: str) -> Lookup:
+    return lambda: getattr(base(), name, _GONE)
+
+
+def _parts(name: str, obj: object, get: Lookup) -> Iterator[tuple[str, str, object, Lookup]]:
+    """``(name, kind, object, lookup)`` of the stateful things ``obj`` is or holds one level
+    down; ``lookup`` finds what is at that place again (a global the step rebinds)."""
     kind = _stateful(obj)
     if kind is not None:
-        yield name, kind, obj
+        yield name, kind, obj, get
         return
     if isinstance(obj, (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType)):
         return
-    items: list[tuple[str, object]] = []
+    items: list[tuple[str, object, Lookup]] = []
     if isinstance(obj, (list, tuple)):
-        items = [(f"{name}[{i}]", v) for i, v in enumerate(obj[:16])]
+        items = [(f"{name}[{i}]", v, _item(get, i)) for i, v in enumerate(obj[:16])]
     elif isinstance(obj, dict):
-        items = [(f"{name}[{k!r}]", v) for k, v in list(obj.items())[:16] if isinstance(k, str)]
+        items = [
+            (f"{name}[{k!r}]", v, _item(get, k))
+            for k, v in list(obj.items())[:16]
+            if isinstance(k, str)
+        ]
     elif isinstance(getattr(obj, "__dict__", None), dict):
-        items = [(f"{name}.{k}", v) for k, v in list(vars(obj).items())[:32]]
-    for label, v in items:
+        items = [(f"{name}.{k}", v, _attr(get, k)) for k, v in list(vars(obj).items())[:32]]
+    for label, v, at in items:
         kind = _stateful(v)
         if kind is not None:
-            yield label, kind, v
+            yield label, kind, v, at
 
 
-def candidates(step_fn: Callable[..., Any], objects: RunObjects) -> list[tuple[Suspect, object]]:
-    """The stateful objects ``step_fn``'s code reaches that ``objects`` does not hold."""
+def _cell(cell: types.CellType) -> Lookup:
+    def get() -> object:
+        try:
+            return cell.cell_contents
+        except ValueError:  # an empty cell
+            return _GONE
+
+    return get
+
+
+def candidates(step_fn: Callable[..., Any], objects: RunObjects) -> list[tuple[Suspect, Lookup]]:
+    """The stateful objects ``step_fn``'s code reaches that ``objects`` does not hold, each
+    with a way to find what is at its place again."""
     held = _held(objects)
-    out: dict[int, tuple[Suspect, object]] = {}
+    out: dict[int, tuple[Suspect, Lookup]] = {}
     seen: set[int] = set()
 
     def visit(fn: Any, depth: int) -> None:
         if isinstance(fn, types.MethodType):
             owner = fn.__self__
-            for label, kind, part in _parts("self", owner):
-                take(label, kind, part, fn.__func__.__qualname__)
+            for label, kind, part, at in _parts("self", owner, lambda: owner):
+                take(label, kind, part, at, fn.__func__.__qualname__)
             fn = fn.__func__
         fn = inspect.unwrap(fn) if callable(fn) else fn
         if not isinstance(fn, types.FunctionType) or id(fn) in seen or len(out) >= _MAX:
@@ -112,23 +147,24 @@ def candidates(step_fn: Callable[..., Any], objects: RunObjects) -> list[tuple[S
         seen.add(id(fn))
         where = fn.__qualname__
         g = fn.__globals__
-        values: list[tuple[str, object]] = [
-            (n, g[n]) for n in sorted(_code_names(fn.__code__)) if n in g
+        values: list[tuple[str, object, Lookup]] = [
+            (n, g[n], functools.partial(g.get, n, _GONE))
+            for n in sorted(_code_names(fn.__code__))
+            if n in g
         ]
         for n, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
-            try:
-                values.append((n, cell.cell_contents))
-            except ValueError:  # an empty cell
-                continue
-        for n, v in values:
+            v = _cell(cell)()
+            if v is not _GONE:
+                values.append((n, v, _cell(cell)))
+        for n, v, get in values:
             if isinstance(v, (types.FunctionType, types.MethodType)):
                 if depth > 0 and _users(v):
                     visit(v, depth - 1)
                 continue
-            for label, kind, part in _parts(n, v):
-                take(label, kind, part, where)
+            for label, kind, part, at in _parts(n, v, get):
+                take(label, kind, part, at, where)
 
-    def take(label: str, kind: str, obj: object, where: str) -> None:
+    def take(label: str, kind: str, obj: object, at: Lookup, where: str) -> None:
         if id(obj) in held or id(obj) in out:
             return
         # A wrapper of a recorded model (DDP, torch.compile's OptimizedModule) shares its
@@ -137,7 +173,7 @@ def candidates(step_fn: Callable[..., Any], objects: RunObjects) -> list[tuple[S
             id(t) in held for t in (*obj.parameters(), *obj.buffers())
         ):
             return
-        out[id(obj)] = (Suspect(label, kind, where), obj)
+        out[id(obj)] = (Suspect(label, kind, where), at)
 
     visit(step_fn, _DEPTH)
     return list(out.values())
@@ -207,12 +243,18 @@ def _same(a: _State, b: _State) -> bool:
     return True
 
 
-def changed_by(run: Callable[[], object], found: list[tuple[Suspect, object]]) -> list[Suspect]:
-    """Those of ``found`` whose state ``run()`` (one step) changes."""
+def changed_by(run: Callable[[], object], found: list[tuple[Suspect, Lookup]]) -> list[Suspect]:
+    """Those of ``found`` that ``run()`` (one step) writes to, or puts another object in
+    place of (a global batch the step prefetches)."""
     if not found:
         return []
     with torch.no_grad():
-        before = [_state(obj) for _, obj in found]
+        before = [(obj := at(), _state(obj)) for _, at in found]
     run()
+    named = []
     with torch.no_grad():
-        return [s for (s, obj), b in zip(found, before) if not _same(b, _state(obj))]
+        for (s, at), (obj, state) in zip(found, before):
+            now = at()
+            if now is not obj or not _same(state, _state(now)):
+                named.append(s)
+    return named

@@ -283,8 +283,8 @@ def _name_suspects(engine: Engine, t: int, out: DivergenceCause) -> None:
     if tensors:
         says.append(
             f"hand {_names(tensors)} to the step through rec.step(batch, name=value) (a batch "
-            "it prefetched: as the batch), or keep it in a module the Recorder holds "
-            "(register_buffer)"
+            f"it prefetched: as the batch), or keep {'them' if len(tensors) > 1 else 'it'} in "
+            "a module the Recorder holds (register_buffer)"
         )
     out.hint = "; ".join(says)
 

@@ -70,7 +70,7 @@ def test_a_write_to_state_already_nan_is_still_seen():
     with torch.no_grad():
         for e in ema.module.parameters():
             e.fill_(float("nan"))
-    found = [(s, o) for s, o in candidates(step, _objects()) if s.name == "ema.module"]
+    found = [(s, at) for s, at in candidates(step, _objects()) if s.name == "ema.module"]
     assert [s.name for s in changed_by(lambda: ema.update(model), found)] == ["ema.module"]
 
 
@@ -94,3 +94,25 @@ def test_a_bound_methods_own_attributes_are_reached():
     assert [s.name for s, _ in found] == ["self.teacher"]
     changed = changed_by(lambda: tr.training_step(torch.randn(2, 3)), found)
     assert [s.name for s in changed] == ["self.teacher"]
+
+
+NEXT = (torch.randn(2, 3), torch.zeros(2))  # the batch the previous step prefetched
+
+
+def prefetching_step(batch: object) -> torch.Tensor:
+    """nanoGPT's loop: train on the batch fetched last time, fetch the next into the global."""
+    global NEXT
+    x, _ = NEXT
+    NEXT = (torch.randn(2, 3), torch.zeros(2))
+    loss = model(x).pow(2).mean()
+    loss.backward()
+    return loss
+
+
+def test_a_global_the_step_rebinds_is_named():
+    """Was: a global batch the step replaces each step seemed unchanged (its old tensors were
+    never written): what is at the name now is compared too."""
+    found = candidates(prefetching_step, _objects())
+    assert [s.name for s, _ in found] == ["NEXT[0]", "NEXT[1]"]
+    changed = changed_by(lambda: prefetching_step(None), found)
+    assert [s.name for s in changed] == ["NEXT[0]", "NEXT[1]"]
