@@ -6,8 +6,8 @@ state kept outside the recorded objects (a mean teacher's EMA weights, a running
 global tensor, a cache). Saying so is not enough: the user has to find it. Here the step
 function's code is read for the names it loads from its module's globals and its closure
 cells (following the user's own functions it calls, a few calls deep); every module,
-optimizer, scheduler or tensor among them (or one attribute down, ``ema.module``) that the
-Recorder does not hold is a candidate, and running the step once names those it changes. Those
+optimizer, scheduler, tensor or number among them (or one attribute down, ``ema.module``) that
+the Recorder does not hold is a candidate, and running the step once names those it changes. Those
 are state the run carries from step to step that a snapshot loses.
 """
 
@@ -71,6 +71,8 @@ def _stateful(obj: object) -> str | None:
         return f"scheduler {type(obj).__name__}"
     if isinstance(obj, torch.Tensor):
         return f"tensor {str(obj.dtype).removeprefix('torch.')}{list(obj.shape)}"
+    if isinstance(obj, (int, float)) and not isinstance(obj, bool):
+        return f"number {type(obj).__name__}"  # a counter the step keeps in a global
     return None
 
 
@@ -255,6 +257,9 @@ def changed_by(run: Callable[[], object], found: list[tuple[Suspect, Lookup]]) -
     with torch.no_grad():
         for (s, at), (obj, state) in zip(found, before):
             now = at()
-            if now is not obj or not _same(state, _state(now)):
+            if s.kind.startswith("number"):
+                if now != obj:
+                    named.append(s)
+            elif now is not obj or not _same(state, _state(now)):
                 named.append(s)
     return named

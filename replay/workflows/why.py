@@ -274,8 +274,9 @@ def _name_suspects(engine: Engine, t: int, out: DivergenceCause) -> None:
     out.suspects = [s.describe() for s in named]
     shown = ", ".join(s.describe() for s in named[:3]) + (" and more" if len(named) > 3 else "")
     out.summary += f"; the step changes {shown}, which no snapshot holds"
-    objs = [s for s in named if not s.kind.startswith("tensor")]
-    tensors = [s for s in named if s.kind.startswith("tensor")]
+    plain = ("tensor", "number")
+    objs = [s for s in named if not s.kind.startswith(plain)]
+    tensors = [s for s in named if s.kind.startswith(plain)]
     says = []
     if objs:
         given = ", ".join(f'"{_key(s.name)}": {s.name}' for s in objs[:3])
@@ -284,7 +285,7 @@ def _name_suspects(engine: Engine, t: int, out: DivergenceCause) -> None:
         says.append(
             f"hand {_names(tensors)} to the step through rec.step(batch, name=value) (a batch "
             f"it prefetched: as the batch), or keep {'them' if len(tensors) > 1 else 'it'} in "
-            "a module the Recorder holds (register_buffer)"
+            "an object the Recorder holds (a module's buffer)"
         )
     out.hint = "; ".join(says)
 

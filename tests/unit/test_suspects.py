@@ -116,3 +116,20 @@ def test_a_global_the_step_rebinds_is_named():
     assert [s.name for s, _ in found] == ["NEXT[0]", "NEXT[1]"]
     changed = changed_by(lambda: prefetching_step(None), found)
     assert [s.name for s in changed] == ["NEXT[0]", "NEXT[1]"]
+
+
+EPS = 1e-8  # read, never changed
+calls = 0  # a counter the step keeps in a global
+
+
+def counting_step(batch: torch.Tensor) -> torch.Tensor:
+    global calls
+    calls += 1
+    return model(batch).pow(2).mean() * (1 + EPS) / calls
+
+
+def test_a_number_the_step_keeps_in_a_global_is_named_and_a_constant_is_not():
+    found = candidates(counting_step, _objects())
+    assert sorted(s.name for s, _ in found) == ["EPS", "calls"]
+    changed = changed_by(lambda: counting_step(torch.randn(2, 3)), found)
+    assert [(s.name, s.kind) for s in changed] == [("calls", "number int")]
