@@ -36,6 +36,7 @@ def _steps_summary(rec: Recording) -> dict[str, Any]:
         else int(len(h["step"])),
         "health_steps": [int(h["step"][0]), int(h["step"][-1])] if len(h["step"]) else None,
         "batch_steps": [int(steps[0]), int(steps[-1])] if len(steps) else None,
+        "batch_count": int(len(steps)),
         "snapshots": [int(s) for s in rec.snapshot_steps()],
         "replayable_window": [window.first, window.last] if window else None,
         "reach": rec.reach(),
@@ -173,7 +174,12 @@ def render(d: dict[str, Any]) -> str:
     lines.append(
         f"  steps recorded  {d['steps_recorded']}  (health for {_fmt_range(d['health_steps'])})"
     )
-    lines.append(f"  batches kept    {_fmt_range(d['batch_steps'])}")
+    kept = d["batch_steps"]
+    gaps = ""
+    if kept and d.get("batch_count", 0) < kept[1] - kept[0] + 1:
+        # a commit cut short (a writer killed, a full disk) rewrites the ring in parts
+        gaps = f"  ({d['batch_count']} of them: a commit was cut short)"
+    lines.append(f"  batches kept    {_fmt_range(kept)}{gaps}")
     snaps = d["snapshots"]
     lines.append(f"  snapshots       {', '.join(map(str, snaps)) if snaps else 'none'}")
     w = d["replayable_window"]

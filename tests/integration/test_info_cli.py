@@ -31,6 +31,23 @@ def test_info_reports_window_first_failure_and_entry_points(nan_run):
     assert d["format_version"] == FORMAT_VERSION and d["snapshots"] == [0, 10, 20]
 
 
+def test_info_says_when_the_kept_batches_have_gaps(nan_run, tmp_path):
+    """A commit cut short (a writer killed mid-group, a full disk) can leave the ring with
+    steps missing inside its span; ``batches kept 0..22`` would claim all of them."""
+    run = tmp_path / "gaps.h5"
+    shutil.copy(nan_run, run)
+    with h5py.File(run, "r+") as f:
+        markers = f["steps/step"]
+        slot = int(np.flatnonzero(markers[:] == 15)[0])
+        markers[slot] = -1  # step 15's slot: invalidated, never rewritten
+    proc = replay_here("info", str(run))
+    assert proc.returncode == 0, proc.stderr
+    assert "batches kept    steps 0..22  (22 of them: a commit was cut short)" in proc.stdout
+    assert "replayable      steps 20..22" in proc.stdout  # the newest run of steps with a snapshot
+    d = json.loads(replay_here("info", str(run), "--json").stdout)
+    assert d["batch_steps"] == [0, 22] and d["batch_count"] == 22
+
+
 def _assert_one_line_error(proc, *fragments):
     assert proc.returncode == 3, (proc.returncode, proc.stderr)
     lines = proc.stderr.strip().splitlines()
