@@ -177,14 +177,17 @@ class StepCall:
     Positional style: ``step_fn(model, optimizer, batch, **values)``, unless the function cannot
     take that (fewer than three positional parameters, or a first one named ``batch``: a closure
     ``step(batch)`` over the loop's own objects): then it is called by name as in the named
-    style. In both, a value no parameter takes is recorded but not passed (``it=it`` kept for the
-    record).
+    style, its batch parameter being ``batch`` or, without one, its first (a GAN's
+    ``train_step(real)``: was called with three arguments and raised TypeError in the user's
+    loop). In both, a value no parameter takes is recorded but not passed (``it=it`` kept for
+    the record).
     """
 
     def __init__(self, step_fn: Callable[..., Any], objects: RunObjects) -> None:
         self.step_fn = step_fn
         self.objects = objects
         self._takes: list[str] = []
+        self._batch = "batch"  # the parameter the batch goes to
         self._var_kw = False
         self._by_name = objects.style == "named"
         if self._by_name:
@@ -199,8 +202,23 @@ class StepCall:
                     self._by_name = True
                     self._plan(step_fn)
                     return
+                slots = _slots(params)
+                if slots and len(slots) < 3 and not any(p.name == "batch" for p in params):
+                    self._batch = slots[0].name  # step(real), step(data, scale=2.0)
+                    self._by_name = True
+                    self._plan(step_fn)
+                    return
                 self._var_kw = any(p.kind is p.VAR_KEYWORD for p in params)
                 self._takes = [p.name for p in params if p.kind is not p.VAR_KEYWORD]
+                try:
+                    inspect.signature(step_fn).bind(None, None, None)
+                except TypeError:
+                    name = getattr(step_fn, "__qualname__", "step_fn")
+                    raise EntryPointError(
+                        f"step_fn {name}{inspect.signature(step_fn)} takes no batch: it is called "
+                        "step_fn(batch) (a parameter named 'batch', or its only one) or "
+                        "step_fn(model, optimizer, batch)"
+                    ) from None
 
     def _plan(self, fn: Callable[..., Any]) -> None:
         name = getattr(fn, "__qualname__", "step_fn")
@@ -223,7 +241,7 @@ class StepCall:
                 )
             else:
                 self._takes.append(p.name)
-        if "batch" not in self._takes and not self._var_kw:
+        if self._batch not in self._takes and not self._var_kw:
             raise EntryPointError(
                 f"step_fn {name}{sig} has no parameter named 'batch'; with build_fn returning "
                 f"named objects ({', '.join(self.objects.named)}), step_fn receives them, "
@@ -251,7 +269,7 @@ class StepCall:
             return self.step_fn(objs.model, objs.optimizer, batch, **given)
         kw: dict[str, Any] = {}
         for n in self._takes:
-            if n == "batch":
+            if n == self._batch:
                 kw[n] = batch
             elif n in objs.named:
                 kw[n] = objs.named[n]
@@ -268,12 +286,19 @@ def _takes_batch_alone(params: list[inspect.Parameter]) -> bool:
     objects (a closure, a bound method) and takes the batch by name."""
     if any(p.kind is p.VAR_POSITIONAL for p in params):
         return False
-    slots = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    slots = _slots(params)
     return (
         bool(slots)
         and (slots[0].name == "batch" or len(slots) < 3)
         and any(p.name == "batch" for p in slots)
     )
+
+
+def _slots(params: list[inspect.Parameter]) -> list[inspect.Parameter]:
+    """The parameters an argument can fill by position (none where ``*args`` takes any)."""
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return []
+    return [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
 
 
 def _param_names(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:

@@ -1,0 +1,56 @@
+"""How the recorder and the engine call ``step_fn`` (``capture/objects.py``'s ``StepCall``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from replay.capture.objects import RunObjects, StepCall
+from replay.errors import EntryPointError
+
+model = torch.nn.Linear(2, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+OBJECTS = RunObjects({"model": model, "optimizer": opt})
+
+
+def test_a_one_parameter_step_gets_the_batch_whatever_its_name():
+    """Was: a GAN's ``train_step(real)`` (model=netD, optimizer=optD) was called
+    ``train_step(netD, optD, batch)`` and raised TypeError in the user's loop at step 0."""
+    seen = []
+
+    def train_step(real):
+        seen.append(real)
+        return real.sum()
+
+    call = StepCall(train_step, OBJECTS)
+    x = torch.ones(3)
+    assert float(call(x, {"it": 4})) == 3.0 and seen == [x]
+
+
+def test_a_step_with_the_batch_first_and_a_value_by_name():
+    def step(data, scale=2.0):
+        return data.sum() * scale
+
+    call = StepCall(step, OBJECTS)
+    assert float(call(torch.ones(2))) == 4.0
+    assert float(call(torch.ones(2), {"scale": 3.0})) == 6.0
+
+
+def test_the_positional_contract_and_a_closure_over_batch_are_kept():
+    def full(model, optimizer, batch, lr=None):
+        return (model, optimizer, batch, lr)
+
+    assert StepCall(full, OBJECTS)(1, {"lr": 0.5}) == (model, opt, 1, 0.5)
+
+    def closure(batch):
+        return batch
+
+    assert StepCall(closure, OBJECTS)(7) == 7
+
+
+def test_a_step_that_cannot_take_a_batch_is_refused_at_once():
+    def step():
+        return 0.0
+
+    with pytest.raises(EntryPointError, match="takes no batch"):
+        StepCall(step, OBJECTS)
