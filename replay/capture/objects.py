@@ -211,7 +211,9 @@ class StepCall:
                 self._var_kw = any(p.kind is p.VAR_KEYWORD for p in params)
                 self._takes = [p.name for p in params if p.kind is not p.VAR_KEYWORD]
                 try:
-                    inspect.signature(step_fn).bind(None, None, None)
+                    # (per-step values fill the rest by name: train_step(model, optimizer,
+                    # batch, it) with rec.step(batch, it=it))
+                    inspect.signature(step_fn).bind_partial(None, None, None)
                 except TypeError:
                     name = getattr(step_fn, "__qualname__", "step_fn")
                     raise EntryPointError(

@@ -42,6 +42,11 @@ def test_the_positional_contract_and_a_closure_over_batch_are_kept():
 
     assert StepCall(full, OBJECTS)(1, {"lr": 0.5}) == (model, opt, 1, 0.5)
 
+    def with_a_value(model, optimizer, batch, it):  # was refused: `it` comes from rec.step
+        return it
+
+    assert StepCall(with_a_value, OBJECTS)(1, {"it": 3}) == 3
+
     def closure(batch):
         return batch
 
