@@ -53,21 +53,19 @@ def test_a_steps_health_row_is_flushed_before_its_ring_slot_is_valid(tmp_path):
         seen_steps = steps_now
 
 
-def test_a_kill_between_the_first_groups_commits_leaves_steps_with_a_snapshot(tmp_path):
-    """Was: a group kill's file held steps and no snapshot (``replayable_window()`` None): the
-    first group committed its steps, then the snapshot at step 0 that anchors them, and the
-    kill fell between. At every flush of every group, a ring holding steps holds a snapshot
-    of one of them."""
+def _watched(tmp_path, step_slots: int, snapshot_slots: int):
+    """A writer whose every flush records ``(valid ring steps, valid snapshots)``: the file as
+    a kill right after that flush would leave it."""
     w = StoreWriter(
         str(tmp_path / "run.h5"),
         run_id="f" * 32,
         meta={"config": {}},
         sources={},
-        steps=RingSpec(8, 4096, 4096),
-        snapshots=RingSpec(3, 4096, 4096),
+        steps=RingSpec(step_slots, 4096, 4096),
+        snapshots=RingSpec(snapshot_slots, 4096, 4096),
         health_slots=1024,
     )
-    states: list[tuple[set[int], set[int]]] = []  # (valid ring steps, valid snapshots)
+    states: list[tuple[set[int], set[int]]] = []
     real_flush = w.f.flush
 
     def flush() -> None:
@@ -77,6 +75,15 @@ def test_a_kill_between_the_first_groups_commits_leaves_steps_with_a_snapshot(tm
         states.append((steps, snaps))
 
     w.f.flush = flush
+    return w, states
+
+
+def test_a_kill_between_the_first_groups_commits_leaves_steps_with_a_snapshot(tmp_path):
+    """Was: a group kill's file held steps and no snapshot (``replayable_window()`` None): the
+    first group committed its steps, then the snapshot at step 0 that anchors them, and the
+    kill fell between. At every flush of every group, a ring holding steps holds a snapshot
+    of one of them."""
+    w, states = _watched(tmp_path, 8, 3)
     payload = np.arange(100, dtype=np.uint8)
     try:
         slot = 0
@@ -119,25 +126,7 @@ def test_groups_of_a_fast_loop_keep_a_snapshot_of_a_step_in_the_ring_at_every_fl
 
     p = plan(snapshot_every=every, keep_snapshots=keep, reach=reach)
     slots = SnapshotSlots(p)
-    w = StoreWriter(
-        str(tmp_path / "run.h5"),
-        run_id="f" * 32,
-        meta={"config": {}},
-        sources={},
-        steps=RingSpec(p.step_slots, 4096, 4096),
-        snapshots=RingSpec(p.snapshot_slots, 4096, 4096),
-        health_slots=1024,
-    )
-    states: list[tuple[set[int], set[int]]] = []
-    real_flush = w.f.flush
-
-    def flush() -> None:
-        real_flush()
-        steps = {int(s) for s in w._markers["steps"] if s >= 0}
-        snaps = {int(s) for s in w._markers["snapshots"] if s >= 0}
-        states.append((steps, snaps))
-
-    w.f.flush = flush
+    w, states = _watched(tmp_path, p.step_slots, p.snapshot_slots)
     payload = np.arange(100, dtype=np.uint8)
     rng = random.Random(7)
     t = 0
