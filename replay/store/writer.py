@@ -440,12 +440,12 @@ class StoreWriter:
         A group of a fast loop holds many more steps than the ring has slots: only the newest
         item of each slot is written (the others would be overwritten within this group, never
         seen). Each commit invalidates the slots it rewrites until its last flush, so a group is
-        written in parts: first the snapshots going to empty slots; then the group's first
-        snapshot of one of its steps, after that step alone (with every health row); then the
-        steps going to empty slots, then those that replace older ones, in two halves; each
-        other snapshot alone, as soon as its step is in the ring; the status last. At every moment of a commit, ``kill -9`` included, the
-        ring still holds whole steps and a snapshot to replay them from (one group rewriting
-        every slot at once left none: a killed writer's file had no step at all)."""
+        written in parts: first the snapshots going to empty slots; then one step alone, with
+        its snapshot (``_anchor``), and every health row; then the steps going to empty slots,
+        then those that replace older ones, in two halves; each other snapshot alone, as soon
+        as its step is in the ring; the status last. At every moment of a commit, ``kill -9``
+        included, the ring still holds whole steps and a snapshot to replay them from (one
+        group rewriting every slot at once left none: a killed writer's file had no step)."""
         n_steps, n_snaps = len(steps), len(snapshots)
         nsteps = self._ring_slots["steps"]
         steps = sorted({s.step % nsteps: s for s in steps}.values(), key=lambda s: s.step)
@@ -503,8 +503,6 @@ class StoreWriter:
         if it has one now; the first such in step order (else the first at all)."""
         nsteps = self._ring_slots["steps"]
         markers, smarkers = self._markers["steps"], self._markers["snapshots"]
-        valid = set(markers[markers >= 0].tolist())
-        old = {int(st) for st in smarkers if st >= 0 and int(st) in valid}
         held = {s.step: s for s in steps}
         kept = {int(st) for st in smarkers if st >= 0}
         candidates: list[tuple[StepFrame, SnapshotFrame | None]] = sorted(
@@ -512,6 +510,10 @@ class StoreWriter:
             + [(held[s.step], s) for s in snaps if s.step in held],
             key=lambda c: c[0].step,
         )
+        if not candidates:  # (most groups of a slow loop: one step, no snapshot)
+            return None
+        # the snapshots the file holds whose step it holds too (a few slots, not the ring)
+        old = {st for st in kept if markers[st % nsteps] == st}
         for step, snap in candidates:
             gone = {int(markers[step.step % nsteps])}
             if snap is not None:
