@@ -53,7 +53,7 @@ def run(name: str, nice: int, steps: int, tmp: str) -> dict[str, float]:
     for i in range(steps):
         rec.step(batches[i % 40])
     recorded = time.perf_counter() - t0
-    writer = rec._writer
+    writer = rec.transport.writer
     backlog = (writer._submitted - writer._committed) / 2**20
     most, waited = writer.max_pending_seen, writer.throttled
     t0 = time.perf_counter()
@@ -65,7 +65,8 @@ def run(name: str, nice: int, steps: int, tmp: str) -> dict[str, float]:
         "most": most,
         "waited": waited,
         "drain": time.perf_counter() - t0,
-        "reuse": rec._pool.hits / max(1, rec._pool.hits + rec._pool.misses),
+        "reuse": rec.transport.pool.hits
+        / max(1, rec.transport.pool.hits + rec.transport.pool.misses),
     }
 
 

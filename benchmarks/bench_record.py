@@ -96,9 +96,11 @@ def drop_everything(rec):
     """Make ``rec`` a "training thread only" recorder: its writer thread drops every job, and
     its step log lets the training thread write over each record once it is published (the
     writer process never opens the file, so it never reads the log)."""
-    rec._writer = DroppingWriter(rec._pool)  # the recorder then never starts its own
-    if rec._log is not None:
-        log = rec._log.log
+    rec.transport.writer = DroppingWriter(
+        rec.transport.pool
+    )  # the recorder then never starts its own
+    if rec.transport.log is not None:
+        log = rec.transport.log.log
         publish = log.publish
 
         def publish_and_drop(health):

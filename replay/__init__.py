@@ -19,6 +19,7 @@ from .errors import (
 __version__ = "0.2.0"
 __all__ = [
     "Recorder",
+    "RecorderConfig",
     "ReplayError",
     "RecordingError",
     "EntryPointError",
@@ -43,4 +44,8 @@ def __getattr__(name: str) -> Any:
         from .record import Recorder
 
         return Recorder
+    if name == "RecorderConfig":
+        from .record.config import RecorderConfig
+
+        return RecorderConfig
     raise AttributeError(f"module 'replay' has no attribute {name!r}")

@@ -1,11 +1,18 @@
 """What a :class:`~replay.Recorder` is told: how often to snapshot, how much to keep, when
 training waits for the writer. One validated value, read by the recorder and written into the
 file's run metadata (``meta.config``, docs/format.md) as it is.
+
+This class is the only list of the settings: ``Recorder(..., snapshot_every=20)`` and the
+framework integrations' ``**kwargs`` reach it by name (:meth:`RecorderConfig.of`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import difflib
+import numbers
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from typing import Any
 
 from ..capture.guard import Preflight
 from ..store.contracts import RunConfig
@@ -39,7 +46,36 @@ class RecorderConfig:
     self_check_steps: int = 4
     self_check_budget: int = 2 << 30
 
+    @classmethod
+    def of(cls, base: RecorderConfig | None, settings: Mapping[str, Any]) -> RecorderConfig:
+        """``base`` (the defaults when ``None``) with ``settings`` by name: a name that is not a
+        setting is refused, naming the closest one."""
+        known = [f.name for f in fields(cls)]
+        for name in settings:
+            if name not in known:
+                near = difflib.get_close_matches(name, known, n=1)
+                hint = f"; did you mean {near[0]!r}?" if near else ""
+                raise TypeError(
+                    f"Recorder() got an unexpected keyword argument {name!r}{hint} (settings: "
+                    f"{', '.join(known)}; replay.RecorderConfig)"
+                )
+        return replace(base if base is not None else cls(), **settings)
+
     def __post_init__(self) -> None:
+        # Plain python values (they go into the file's JSON metadata as they are): a numpy
+        # integer is taken as an int, 0/1 as a bool; a string or a fraction is refused.
+        for f in fields(self):
+            v, kind = getattr(self, f.name), str(f.type)  # "int", "float" or "bool"
+            if kind == "bool" and v in (0, 1) and isinstance(v, numbers.Integral):
+                object.__setattr__(self, f.name, bool(v))
+            elif kind == "int" and isinstance(v, numbers.Integral) and not isinstance(v, bool):
+                object.__setattr__(self, f.name, int(v))
+            elif kind == "float" and isinstance(v, numbers.Real) and not isinstance(v, bool):
+                object.__setattr__(self, f.name, float(v))
+            else:
+                raise TypeError(
+                    f"Recorder setting {f.name}={v!r}: expected {kind}, got {type(v).__name__}"
+                )
         if self.snapshot_every < 1 or self.keep_snapshots < 2:
             raise ValueError("snapshot_every must be >= 1 and keep_snapshots >= 2")
         if self.reach < 0 or self.keep_bytes < 0:

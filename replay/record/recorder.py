@@ -10,14 +10,11 @@ tensors where they are and handed to the writer thread, which waits for the devi
 
 from __future__ import annotations
 
-import atexit
 import functools
 import inspect
 import math
 import os
-import signal
 import sys
-import threading
 import time
 import traceback
 import uuid
@@ -36,11 +33,10 @@ from ..capture.guard import (
     refuse_if_replaying,
     take_over,
 )
-from ..capture.objects import RunObjects, StepCall, gather_state, objects_from_build
-from ..capture.pool import HostPool
+from ..capture.objects import RunObjects, StepCall, objects_from_build
 from ..capture.probe import GradProbe
 from ..capture.rng import capture_rng
-from ..capture.sharded import layout, localize
+from ..capture.sharded import layout
 from ..capture.tensors import CopyStats, copy_tree, tree_nbytes
 from ..capture.watch import ObjectWatch
 from ..distributed.ranks import base_path, rank_path
@@ -52,9 +48,7 @@ from ..store.contracts import (
     RunMeta,
     StepException,
 )
-from ..store.retention import ReachPlan, SnapshotSlots
 from ..store.segments import segment_path
-from ..store.step_log import LOG_BYTES
 from ..store.writer import RingSpec
 from ..store.writer_process import WriterClient
 from .batch_refs import BatchRefs
@@ -64,15 +58,13 @@ from .ddp.context import detect, unwrap
 from .ddp.policy import DdpRanks, RankPolicy, SingleProcess
 from .entry import describe_entry, describe_program, describe_step, read_source
 from .env import collect_env
+from .lifecycle import Lifecycle
 from .selfcheck import SelfCheckLauncher, enabled_by_env, skip_reason
-from .step_log_writer import LAG_SECONDS, LAG_STEPS, StepLogWriter, on_host
-from .writer_thread import BackgroundWriter, SnapshotJob, StepJob
+from .snapshots import Snapshots, pow2
+from .transport import Transport
+from .writer_thread import StepJob
 
 __all__ = ["Recorder"]
-
-#: Times the SIGTERM handler takes up a close that another signal handler raised into (one
-#: SIGCHLD per dead DataLoader worker can each raise once).
-_CLOSE_TRIES = 16
 
 
 def _looks_bad(loss: Any, gn: torch.Tensor | None) -> bool:
@@ -90,13 +82,6 @@ def _looks_bad(loss: Any, gn: torch.Tensor | None) -> bool:
 
 
 _SMALL = frozenset({int, float, bool, type(None)})  # per-step values no limit can refuse
-
-
-def _pow2(n: int, lo: int, hi: int) -> int:
-    p = lo
-    while p < n and p < hi:
-        p *= 2
-    return p
 
 
 class Recorder:
@@ -181,28 +166,18 @@ class Recorder:
         scheduler: Any = None,
         scaler: Any = None,
         objects: Mapping[str, Any] | None = None,
-        snapshot_every: int = 50,
-        fingerprint_every: int = 10,
-        keep_snapshots: int = 3,
-        reach: int = 10_000,
-        keep_bytes: int = 1 << 30,
-        keep_health: int = 100_000,
-        raise_on_nonfinite: bool = True,
-        start_step: int = 0,
-        max_pending_bytes: int = 1 << 30,
-        max_pending_steps: int = 64,
-        max_pending_seconds: float = 1.0,
-        handle_signals: bool = True,
-        self_check: bool = True,
-        self_check_steps: int = 4,
-        self_check_budget: int = 2 << 30,
         rank: int | None = None,
         world_size: int | None = None,
         loader: Any = None,
         by_reference: bool = True,
         build_kwargs: Mapping[str, Any] | None = None,
         not_replayable: str | None = None,
+        config: RecorderConfig | None = None,
+        **settings: Any,
     ) -> None:
+        """``settings``: how often to snapshot, how much to keep, when training waits: the
+        fields of :class:`replay.RecorderConfig`, its only list (``config=`` gives them all at
+        once; a setting named here overrides it)."""
         refuse_if_replaying()  # before anything is started or created
         # Replay re-running this program: hand it the live objects; it replays, then ends the
         # program (ReplayFinished) before any training. Nothing is recorded.
@@ -210,27 +185,44 @@ class Recorder:
         self.preflight = preflight_from_env()
         if self.preflight is not None:
             path = self.preflight.path
-        self.config = RecorderConfig(
-            snapshot_every=snapshot_every,
-            fingerprint_every=fingerprint_every,
-            keep_snapshots=keep_snapshots,
-            reach=reach,
-            keep_bytes=keep_bytes,
-            keep_health=keep_health,
-            raise_on_nonfinite=raise_on_nonfinite,
-            start_step=start_step,
-            max_pending_bytes=max_pending_bytes,
-            max_pending_steps=max_pending_steps,
-            max_pending_seconds=max_pending_seconds,
-            handle_signals=handle_signals,
-            self_check=self_check,
-            self_check_steps=self_check_steps,
-            self_check_budget=self_check_budget,
-        ).for_preflight(self.preflight)
+        self.config = RecorderConfig.of(config, settings).for_preflight(self.preflight)
         self.objects = self._objects(objects, model, optimizer, scheduler, scaler)
         model, optimizer = self.objects.model, self.objects.optimizer
         scheduler, scaler = self.objects.scheduler, self.objects.scaler
         self._call = StepCall(step_fn, self.objects)
+        self._describe_entry(step_fn, build_fn, build_kwargs, not_replayable)
+        self.enabled = True
+        self._closed = self._warned = False
+        self._lifecycle = Lifecycle(self.close, self._close_again, lambda: self._closed)
+        self._ranks: RankPolicy = SingleProcess()
+        self._self_check: SelfCheckLauncher | None = None
+        self.next_step = self.config.start_step
+        # From here on nothing raises into training: an object the recorder does not know (an
+        # optimizer wrapper without torch's hooks, a missing private attribute) turns recording
+        # off with one warning, and the loop trains on unrecorded.
+        try:
+            self._start(path, model, optimizer, scheduler, scaler, rank, world_size)
+            # Batches by reference (capture/loader.py): the loader's sample indices and a digest
+            # per step, drawn again on replay, which re-runs the program (so not with build_fn).
+            self._refs = (
+                BatchRefs(loader)
+                if loader is not None and by_reference and build_fn is None
+                else None
+            )
+            self._start_self_check()
+        except Exception as e:  # noqa: BLE001 - the recorder must never take training down
+            self._off_from_the_start(path, e)
+
+    def _describe_entry(
+        self,
+        step_fn: Callable[..., Any],
+        build_fn: Callable[..., Any] | None,
+        build_kwargs: Mapping[str, Any] | None,
+        not_replayable: str | None,
+    ) -> None:
+        """How replay runs this program again (``meta.entry``): re-entry, or ``build_fn`` and
+        ``step_fn`` imported by name; and why it cannot (``not_replayable``)."""
+        self.step_fn = step_fn
         # Without build_fn, replay runs the program again and takes over here (re-entry); with
         # it, replay imports build_fn and step_fn by name (no program set-up to redo).
         self.program, self._no_program = describe_program()
@@ -242,13 +234,16 @@ class Recorder:
                     f"replay: {not_replayable}: replay cannot run it again, so this run's steps "
                     "will not replay; pass build_fn= (docs/recording.md)",
                     RecorderWarning,
-                    stacklevel=2,
+                    stacklevel=3,
                 )
         else:
             self.entry = {
                 "step_fn": describe_entry(step_fn, "step_fn"),
                 "build_fn": describe_entry(build_fn, "build_fn"),
             }
+        # Why this run's steps cannot be replayed (a framework feature replay does not rebuild):
+        # then no snapshot is taken; the steps' health, batches and RNG states are recorded.
+        self.not_replayable = not_replayable
         # Keyword arguments replay calls build_fn with (a framework integration's build needs
         # the user's class and settings): a class or function is recorded as an entry point
         # (imported on replay under the same rules as build_fn), anything else as JSON.
@@ -260,148 +255,115 @@ class Recorder:
                 self.entry[k] = describe_entry(v, k)
             else:
                 self.build_kwargs[k] = v
-        # From here on nothing raises into training: an object the recorder does not know (an
-        # optimizer wrapper without torch's hooks, a missing private attribute) turns recording
-        # off with one warning, and the loop trains on unrecorded.
-        try:
-            self.path = os.path.abspath(os.fspath(path))
-            self.dist = detect(rank, world_size)
-            self.base_path = self.path
-            # A recording already there is kept: this run goes to the next segment (segments.py).
-            mine = functools.partial(rank_path, rank=self.dist.rank) if self.dist else None
-            if self.preflight is None:  # (a preflight writes its own scratch file)
-                self.path = segment_path(self.path, mine)
-            elif mine is not None:
-                self.path = mine(self.path)
-            if self.dist is not None:
-                self.base_path = base_path(self.path) or self.path
-            self.model, self.optimizer = model, optimizer
-            # What replay rebuilds with build_fn: the module inside a DDP wrapper. step_fn still
-            # gets the wrapper, which is what the training loop passes.
-            self._inner = unwrap(model)
-            # FSDP2 (fully_shard): how, for meta.distributed.fsdp; snapshots keep local shards.
-            self._fsdp = layout(self._inner) if self.dist is not None else None
-            self.scheduler, self.scaler = scheduler, scaler
-            self.step_fn = step_fn
-            self.next_step = start_step
-            self._plan: ReachPlan | None = None  # sized at the first step (_reach_plan)
-            self._snapshot_slots: SnapshotSlots | None = None
-            self._modules = [m for _, m in self._inner.named_modules()]
-            self._params = [p for p in self._inner.parameters()]
-            self._opt_params = self.objects.trained_params()
-            self._probe_grads = GradProbe(self._opt_params, optimizer)
-            # Every other model and optimizer among the objects (a GAN's netG and optG).
-            self._watch = ObjectWatch(self.objects, self._inner)
-            self._writer: BackgroundWriter | None = None
-            # Why this run's steps cannot be replayed (a framework feature replay does not rebuild):
-            # then no snapshot is taken; the steps' health, batches and RNG states are recorded.
-            self.not_replayable = not_replayable
-            self._step_hint: int | None = None  # bytes of the first step's batch and values
-            # Batches by reference (capture/loader.py): the loader's sample indices and a digest
-            # per step, drawn again on replay, which re-runs the program (so not with build_fn).
-            self._refs = (
-                BatchRefs(loader)
-                if loader is not None and by_reference and build_fn is None
-                else None
+
+    def _start(
+        self,
+        path: str | os.PathLike[str],
+        model: Any,
+        optimizer: Any,
+        scheduler: Any,
+        scaler: Any,
+        rank: int | None,
+        world_size: int | None,
+    ) -> None:
+        """The file's path, the objects' hooks, the writer process (started now: its imports
+        overlap the first steps) and, under DDP, the ranks' agreement."""
+        self.path = os.path.abspath(os.fspath(path))
+        self.dist = detect(rank, world_size)
+        self.base_path = self.path
+        # A recording already there is kept: this run goes to the next segment (segments.py).
+        mine = functools.partial(rank_path, rank=self.dist.rank) if self.dist else None
+        if self.preflight is None:  # (a preflight writes its own scratch file)
+            self.path = segment_path(self.path, mine)
+        elif mine is not None:
+            self.path = mine(self.path)
+        if self.dist is not None:
+            self.base_path = base_path(self.path) or self.path
+        self.model, self.optimizer = model, optimizer
+        # What replay rebuilds with build_fn: the module inside a DDP wrapper. step_fn still
+        # gets the wrapper, which is what the training loop passes.
+        self._inner = unwrap(model)
+        # FSDP2 (fully_shard): how, for meta.distributed.fsdp; snapshots keep local shards.
+        self._fsdp = layout(self._inner) if self.dist is not None else None
+        self.scheduler, self.scaler = scheduler, scaler
+        self._modules = [m for _, m in self._inner.named_modules()]
+        self._params = [p for p in self._inner.parameters()]
+        self._opt_params = self.objects.trained_params()
+        self._probe_grads = GradProbe(self._opt_params, optimizer)
+        # Every other model and optimizer among the objects (a GAN's netG and optG).
+        self._watch = ObjectWatch(self.objects, self._inner)
+        self._snapshots = Snapshots(self.config, self.objects, self._inner)
+        model_bytes = sum(t.numel() * t.element_size() for t in self._inner.state_dict().values())
+        # What the file says of the model, read here on the training thread: the writer thread
+        # makes the file while training runs, and FSDP2 swaps a module's parameters for their
+        # unsharded views during forward and backward (reading them from another thread then
+        # failed at random: "setStorage ... out of bounds for storage of size 0").
+        self._model_meta = ModelMeta(
+            cls=f"{type(self._inner).__module__}.{type(self._inner).__qualname__}",
+            modules=tuple(ModuleMeta(n, type(m).__name__) for n, m in self._inner.named_modules()),
+            params=tuple(
+                ParamMeta(n, tuple(p.shape), str(p.dtype).removeprefix("torch."), p.requires_grad)
+                for n, p in self._inner.named_parameters()
+            ),
+            param_bytes=model_bytes,
+        )
+        self.transport = Transport(
+            model_bytes, self.config, self._watch.names, self._make_store, self.path
+        )
+        self._warned_values: set[str] = set()  # per-step values left out (too large): said once
+        self._pending_check: tuple[int, torch.Tensor] | None = None
+        self._observed: Any = None  # observe_begin's capture, until observe_end
+        self._hp_items: Any = None
+        self._hp_tensors = False
+        self._hp_copy: list[dict[str, Any]] | None = None
+        self._cuda_built = torch.cuda.is_available()  # ~16 us a call inside a training loop
+        if self.dist is not None and self.dist.collective:
+            self._ranks = DdpRanks(
+                self.dist,
+                model,
+                self._inner,
+                self._opt_params,
+                stop=self.config.raise_on_nonfinite,
+                on_bad=self._raise_ranks_bad,
+                # AMP skips steps with inf gradients by design: only the loss votes then
+                grads_vote=scaler is None,
             )
-            self._pool = HostPool()  # the batch copies' buffers, given back by the writer thread
-            # Started early: its imports overlap the first steps. The step log holds a few
-            # snapshots (weights, moments, gradients: about 4x the model) besides the steps.
-            model_bytes = sum(
-                t.numel() * t.element_size() for t in self._inner.state_dict().values()
-            )
-            # What the file says of the model, read here on the training thread: the writer thread
-            # makes the file while training runs, and FSDP2 swaps a module's parameters for their
-            # unsharded views during forward and backward (reading them from another thread then
-            # failed at random: "setStorage ... out of bounds for storage of size 0").
-            self._model_meta = ModelMeta(
-                cls=f"{type(self._inner).__module__}.{type(self._inner).__qualname__}",
-                modules=tuple(
-                    ModuleMeta(n, type(m).__name__) for n, m in self._inner.named_modules()
-                ),
-                params=tuple(
-                    ParamMeta(
-                        n, tuple(p.shape), str(p.dtype).removeprefix("torch."), p.requires_grad
-                    )
-                    for n, p in self._inner.named_parameters()
-                ),
-                param_bytes=model_bytes,
-            )
-            self._client = WriterClient(min(max(LOG_BYTES, 12 * model_bytes), 1 << 30))
-            log = self._client.step_log
-            self._log = (
-                StepLogWriter(log, alive=self._writer_alive, watched=self._watch.names)
-                if log is not None
-                else None
-            )
-            self._writer_exit_seen = False
-            self._warned = False
-            self._warned_wait = False  # training waited for a writer that fell behind: said once
-            self._warned_values: set[str] = set()  # per-step values left out (too large): said once
-            self._spilled = False  # the step being recorded went past the step log
-            self._spills = 0  # records too large for the log, passed on before step returned
-            self._closed = False
-            self._pid = os.getpid()  # the process recording (a fork's children inherit this object)
-            self._pending_check: tuple[int, torch.Tensor] | None = None
-            self._observed: Any = None  # observe_begin's capture, until observe_end
-            self._hp_items: Any = None
-            self._hp_tensors = False
-            self._hp_copy: list[dict[str, Any]] | None = None
-            self._cuda_built = torch.cuda.is_available()  # ~16 us a call inside a training loop
-            self._prev_sigterm: Any = None
-            self.enabled = True
-            self._ranks: RankPolicy = SingleProcess()
-            if self.dist is not None and self.dist.collective:
-                self._ranks = DdpRanks(
-                    self.dist,
-                    model,
-                    self._inner,
-                    self._opt_params,
-                    stop=self.config.raise_on_nonfinite,
-                    on_bad=self._raise_ranks_bad,
-                    # AMP skips steps with inf gradients by design: only the loss votes then
-                    grads_vote=scaler is None,
-                )
-            # The background self-check (docs/selfcheck.md): after the first steps, a child
-            # replays them and says at once, on stderr, when they do not replay.
-            self._self_check: SelfCheckLauncher | None = None
-            self._check_snapshot: int | None = None
-            if self.config.self_check and enabled_by_env() and self.preflight is None:
-                self._self_check = SelfCheckLauncher(
-                    self.path,
-                    self.config.start_step,
-                    self.config.self_check_steps,
-                    self.config.self_check_budget,
-                    4 * model_bytes,
-                    self._inner,
-                    skip_reason(self),
-                )
-                # One more snapshot half-way through the checked steps: the check replays the
-                # steps after it from it, as a bisect of a later failure would start, which a
-                # replay carried on from the first snapshot never tests (a batch the previous
-                # step prefetched into a global).
-                half = self.config.start_step + self.config.self_check_steps // 2
-                if (
-                    self._self_check.skip is None
-                    and half > self.config.start_step
-                    and not self.config.is_snapshot_step(half)
-                ):
-                    self._check_snapshot = half
-        except Exception as e:  # noqa: BLE001 - the recorder must never take training down
-            self._off_from_the_start(path, e)
+
+    def _start_self_check(self) -> None:
+        """The background self-check (docs/selfcheck.md): after the first steps, a child
+        replays them and says at once, on stderr, when they do not replay."""
+        if not (self.config.self_check and enabled_by_env() and self.preflight is None):
+            return
+        self._self_check = SelfCheckLauncher(
+            self.path,
+            self.config.start_step,
+            self.config.self_check_steps,
+            self.config.self_check_budget,
+            4 * self._model_meta.param_bytes,
+            self._inner,
+            skip_reason(self),
+        )
+        # One more snapshot half-way through the checked steps: the check replays the steps
+        # after it from it, as a bisect of a later failure would start, which a replay carried
+        # on from the first snapshot never tests (a batch an earlier step prefetched).
+        half = self.config.start_step + self.config.self_check_steps // 2
+        if (
+            self._self_check.skip is None
+            and half > self.config.start_step
+            and not self.config.is_snapshot_step(half)
+        ):
+            self._snapshots.extra = half
 
     def _off_from_the_start(self, path: str | os.PathLike[str], e: Exception) -> None:
         """A Recorder that could not start: ``step`` runs the step function, nothing else."""
         self.path = os.path.abspath(os.fspath(path))
         self.enabled = False
-        self._closed = self._warned = False
-        self._writer = None
-        self._prev_sigterm = None
         self._ranks = SingleProcess()
         self._probe_grads = GradProbe([], None)
         self._watch = ObjectWatch.empty()
         self._self_check = None
-        self._check_snapshot = None
+        self._refs = None
+        self.transport = None  # type: ignore[assignment]  # (enabled is False: never read)
         self.next_step = self.config.start_step
         self._warned = True
         warnings.warn(
@@ -464,38 +426,11 @@ class Recorder:
     # -- context manager ----------------------------------------------------------------------
 
     def __enter__(self) -> Recorder:
-        if self.config.handle_signals and threading.current_thread() is threading.main_thread():
-            if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
-                self._prev_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
-        atexit.register(self.close)
+        self._lifecycle.start(self.config.handle_signals)
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def _on_sigterm(self, signum: int, frame: Any) -> None:
-        """Close the file, then die of SIGTERM as the process would have without a Recorder.
-
-        A SIGTERM sent to the process group also kills a DataLoader's workers, and torch's
-        SIGCHLD handler then raises into this one while it waits for the writer: the wait is
-        taken up again (the file is finished) and the death still follows, never an exit 1
-        with a traceback through the recorder. A forked child (a DataLoader worker) inherits
-        this handler but not the recording: it only dies.
-        """
-        try:
-            if os.getpid() == self._pid:
-                for _ in range(_CLOSE_TRIES):
-                    try:
-                        if not self._closed:
-                            self.close()
-                        elif self._writer is not None:
-                            self._writer.close()  # an interrupted close: finish its wait
-                        break
-                    except Exception:  # noqa: BLE001 - another handler raised into the wait
-                        continue
-        finally:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGTERM)
 
     # -- the hot path -----------------------------------------------------------------------
 
@@ -521,10 +456,12 @@ class Recorder:
         try:
             kept = self._bounded(values) if values else values  # what the record holds
             ref = self._refs.reference(batch) if self._refs is not None else None
-            if self._step_hint is None:  # the first step: its size shapes the file (_make_store)
-                self._step_hint = (tree_nbytes(batch) if ref is None else 0) + tree_nbytes(kept)
+            if self._snapshots.step_hint is None:  # the first step's size shapes the file
+                self._snapshots.step_hint = (tree_nbytes(batch) if ref is None else 0) + (
+                    tree_nbytes(kept)
+                )
             rng, hparams, modes, health, scale = self._before_step(t, copied, values.get("lr"))
-            direct, job = self._capture(
+            direct, job = self.transport.capture(
                 t, rng, hparams, modes, health, None if ref else batch, kept, copied, ref
             )
         except Exception as e:  # noqa: BLE001 - the recorder must never take training down
@@ -606,7 +543,9 @@ class Recorder:
         values = dict(values or {})
         try:
             values = self._bounded(values) if values else values
-            direct, job = self._capture(t, rng, hparams, modes, health, batch, values, copied)
+            direct, job = self.transport.capture(
+                t, rng, hparams, modes, health, batch, values, copied
+            )
         except Exception as e:  # noqa: BLE001 - the recorder must never take training down
             self._probe_grads.end(measure=False)
             self._watch.end(measure=False)
@@ -627,10 +566,9 @@ class Recorder:
         states, hyper-parameters, module modes, and the health row begun (lr, the scaler's
         scale). ``lr``: the loop's own value, for a run without an optimizer."""
         if self.not_replayable is not None:
-            if self._writer is None:
-                self._writer_or_start()  # (it creates the file; the log's records wait)
-        elif self.config.is_snapshot_step(t) or t == self._check_snapshot:
-            self._snapshot(t)
+            self.transport.writer_or_start()  # (it creates the file; the log's records wait)
+        elif self._snapshots.due(t):
+            self._snapshots.take(t, self.transport)
         rng = capture_rng()
         hparams = self._hparams(copied)
         lr = hparams[0].get("lr") if hparams else lr
@@ -643,43 +581,6 @@ class Recorder:
         if scale is not None:
             health["scale"] = scale.detach().clone()
         return rng, hparams, modes, health, scale
-
-    def _capture(
-        self,
-        t: int,
-        rng: Any,
-        hparams: Any,
-        modes: list[bool],
-        health: dict[str, Any],
-        batch: Any,
-        values: Any,
-        copied: CopyStats,
-        batch_ref: dict[str, Any] | None = None,
-    ) -> tuple[bool, StepJob]:
-        """The step's record: into the step log when the step lives in host memory (safe once
-        the step returns, ``direct``), else copied for the writer thread. ``batch_ref``: the
-        batch by reference (``batch`` is then ``None``)."""
-        loggable = bool(
-            self._log is not None
-            and not (self._cuda_built and torch.cuda.is_initialized())  # type: ignore[no-untyped-call]  # torch stubs
-            and on_host(batch)
-            and on_host(values)
-        )
-        direct = loggable and self._log.begin(t, rng, hparams, modes, batch, values, batch_ref)  # type: ignore[union-attr]
-        # A CPU step the log could not take (larger than the log, or its writer process gone)
-        # goes by the writer thread, and the step waits until it is passed on (_finish).
-        self._spilled = loggable and not direct
-        job = StepJob(
-            step=t,
-            rng=rng,
-            batch=None if direct else copy_tree(batch, stats=copied, pool=self._pool),
-            hparams=hparams,
-            modes=modes,
-            health=health,
-            values=copy_tree(values, stats=copied) if values and not direct else None,
-            batch_ref=batch_ref,
-        )
-        return direct, job
 
     def _bounded(self, values: dict[str, Any]) -> dict[str, Any]:
         """``values`` as the step record holds them: one beyond ``capture.bounded.VALUE_LIMITS``
@@ -719,7 +620,7 @@ class Recorder:
     ) -> None:
         """The step raised ``e``: record it with its traceback and flush (the caller re-raises)."""
         health.update(raised=1.0, wall_time=time.perf_counter() - t0, time=time.time())
-        job.exception = StepException(
+        exception = StepException(
             type=type(e).__name__,
             module=type(e).__module__,
             message=str(e),
@@ -727,10 +628,8 @@ class Recorder:
         )
         self.next_step = t + 1
         try:
-            if direct:  # the writer thread takes it, with the batch from the log
-                job.record = self._log.abandon(job.exception)  # type: ignore[union-attr]
-            self._submit_step(job, copied)
-            self.flush()
+            self.transport.raised(job, direct, exception, copied)
+            self._check_writer()
         except Exception as rec_error:  # noqa: BLE001 - the user's exception is the one to raise
             self._give_up("recording the exception", rec_error)
 
@@ -786,12 +685,7 @@ class Recorder:
             if self._cuda_built and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]  # torch stubs
                 health["cuda_allocated"] = float(torch.cuda.memory_allocated())
                 health["cuda_peak"] = float(torch.cuda.max_memory_allocated())
-            if direct:
-                self._log.publish(health)  # type: ignore[union-attr]
-            else:
-                self._submit_step(job, copied)
-                if self._spilled:
-                    self._wait_handed()
+            self.transport.finish(job, direct, health, copied)
         except Exception as e:  # noqa: BLE001 - the recorder must never take training down
             self._give_up("recording the step's health", e)
             self.next_step = t + 1
@@ -844,63 +738,6 @@ class Recorder:
         self._hp_copy = copy_tree([dict(it) for it in items], stats=copied)
         return self._hp_copy
 
-    def _submit_step(self, job: StepJob, copied: CopyStats) -> None:
-        """Hand a captured step to the writer; on a GPU, behind an event that guards the
-        asynchronous copies and the health tensors (the writer waits on it, not training)."""
-        if self._cuda_built and (
-            copied.cuda
-            or any(isinstance(v, torch.Tensor) and v.is_cuda for v in job.health.values())
-        ):
-            job.event = torch.cuda.Event()  # type: ignore[no-untyped-call]  # torch stubs
-            job.event.record()
-        job.nbytes, job.buffers = copied.nbytes, copied.pooled
-        self._writer_or_start().submit(job)
-
-    def _reach_plan(self) -> ReachPlan:
-        """The rings' sizes, fixed at the first step: its record's size (the batch, about 16
-        KiB of RNG states and manifest, rounded up to the arena's chunks) against the budget."""
-        if self._plan is None:
-            guess = (16 << 10) + (self._step_hint or 0)
-            chunk = _pow2(guess // 4, 16 << 10, 1 << 20)
-            self._plan = self.config.plan(-(-guess // chunk) * chunk)
-            self._snapshot_slots = SnapshotSlots(self._plan)
-        return self._plan
-
-    def _snapshot(self, t: int) -> None:
-        self._reach_plan()
-        slot = self._snapshot_slots.place(t)  # type: ignore[union-attr]  # (made just above)
-        live = gather_state(self.objects, self._inner)
-        # FSDP2: this rank's shards only, never gathered, and where they go back (sharded.py).
-        live, dtensors = localize(live)
-        if dtensors:
-            live["dtensors"] = dtensors
-        writer = self._writer_or_start()  # (it creates the file; the log's records wait)
-        loggable = bool(
-            self._log is not None
-            and not (self._cuda_built and torch.cuda.is_initialized())  # type: ignore[no-untyped-call]  # torch stubs
-            and on_host(live)
-        )
-        if loggable and self._log.snapshot(t, slot, live):  # type: ignore[union-attr]
-            return
-        copied = CopyStats()
-        state = {"step": t, **copy_tree(live, stats=copied)}
-        event = None
-        if copied.cuda:
-            event = torch.cuda.Event()  # type: ignore[no-untyped-call]  # torch stubs
-            event.record()
-        writer.submit(SnapshotJob(t, slot, state, event, copied.nbytes))
-        if loggable:
-            self._wait_handed()  # a CPU snapshot the log could not take: passed on before the step
-
-    def _wait_handed(self) -> None:
-        """A record the step log could not take went to the writer thread: wait until it is in
-        the file, so that the step is safe once ``step`` returns, as a step in the log is (and
-        stays so when the writer process dies: see ``BackgroundWriter._died``)."""
-        if self._writer is not None:
-            self._writer.wait_committed()
-            if self._writer.error is None:
-                self._spills += 1
-
     def _give_up(self, what: str, e: Exception) -> None:
         """Recording fails on the training thread: stop it, say so once, keep training."""
         self.enabled = False
@@ -950,27 +787,12 @@ class Recorder:
 
     # -- the store --------------------------------------------------------------------------
 
-    def _writer_or_start(self) -> BackgroundWriter:
-        if self._writer is None:
-            self._writer = BackgroundWriter(
-                self._make_store,
-                max_pending_bytes=self.config.max_pending_bytes,
-                max_pending_steps=self.config.max_pending_steps,
-                max_pending_seconds=self.config.max_pending_seconds,
-                pool=self._pool,
-                watched=self._watch.names,
-                take_over=self._take_over if self._client.step_log is not None else None,
-                pending_in_log=self._client.step_log.pending_steps
-                if self._client.step_log is not None
-                else None,
-            )
-        return self._writer
-
-    def _make_store(self) -> WriterClient:
-        """Runs on the writer thread at the first commit, when sizes are known."""
+    def _make_store(self, client: WriterClient) -> WriterClient:
+        """Runs on the writer thread at the first commit, when sizes are known: the file,
+        created through ``client`` with the run's metadata and sources."""
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         model_bytes = self._model_meta.param_bytes
-        plan = self._reach_plan()
+        plan = self._snapshots.plan()
         meta = RunMeta(
             config=self.config.meta(plan),
             entry=self.entry,
@@ -1000,107 +822,40 @@ class Recorder:
         # and about 16 KiB of RNG states and manifest. Chunks of about a quarter of it: each
         # chunk is one write call in the writer process (a 146 KB step in 16 KiB chunks cost 33
         # us there, in 64 KiB chunks 16 us), and a slot wastes at most one chunk's padding.
-        step_guess = (16 << 10) + (self._step_hint or 0)
+        step_guess = self._snapshots.step_guess()
         snap_guess = 4 * model_bytes + 4096  # weights, Adam's two moments, pending gradients
-        return self._client.create(
+        return client.create(
             self.path,
             run_id=uuid.uuid4().hex,
             meta=meta,
             sources=sources,
-            steps=RingSpec(plan.step_slots, _pow2(step_guess // 4, 16 << 10, 1 << 20), step_guess),
-            snapshots=RingSpec(plan.snapshot_slots, _pow2(snap_guess, 4096, 1 << 20), snap_guess),
+            steps=RingSpec(plan.step_slots, pow2(step_guess // 4, 16 << 10, 1 << 20), step_guess),
+            snapshots=RingSpec(plan.snapshot_slots, pow2(snap_guess, 4096, 1 << 20), snap_guess),
             health_slots=self.config.health_slots(plan.step_slots),
             watched=self._watch.names,
         )
 
-    def _take_over(self) -> WriterClient:
-        """Runs on the writer thread when the writer process died: a successor on the same
-        file and the same step log (the log lives in this process too)."""
-        return WriterClient(step_log=self._client.step_log).reopen(self.path)
-
     def flush(self, timeout: float | None = 60.0) -> None:
         """Wait until every recorded step is on disk."""
-        if self._writer is not None:
-            self._writer.flush(timeout)
+        if self.transport is not None:
+            self.transport.flush(timeout)
             self._check_writer()
 
-    def _writer_alive(self) -> bool:
-        return self._client.proc.poll() is None
-
     def _check_writer(self) -> None:
-        w = self._writer
-        if (
-            self._log is not None
-            and not self._writer_exit_seen
-            and not self._writer_alive()  # every step (about 1 us): see below
-        ):
-            # Steps in the log are read by nobody now. The writer thread's next exchange with
-            # the process gets its last word (the error it died of), which stops recording.
-            # Checked before every step: checked every 64, a run killed within 63 steps of its
-            # writer lost every step the log held, though each had returned.
-            self._writer_exit_seen = True
-            if w is not None:
-                # (without a time limit: a successor may be committing the whole log meanwhile,
-                # and a record published into the log after it closed would be lost)
-                w.wait_committed()
-            else:
-                self._give_up("the writer process", OSError("it exited"))
-        if self._log is not None and self._log.waited and not self._warned_wait:
-            self._warned_wait = True
-            warnings.warn(
-                "replay: training waited for the recorder's writer process, which fell "
-                f"{self._log.log.size >> 20} MiB of steps behind (the CPU or the disk does not "
-                "keep up); recording goes on, and every step is safe once it returns",
-                RecorderWarning,
-                stacklevel=3,
-            )
-        if self._log is not None and self._log.lagged and not self._warned_wait:
-            self._warned_wait = True
-            warnings.warn(
-                "replay: training waited for the recorder's writer process, whose file lagged "
-                f"more than {LAG_SECONDS:g} s or {LAG_STEPS} steps behind training (the CPU or "
-                "the disk does not keep up); recording goes on, every step is safe once it "
-                "returns, and a kill of the whole process group loses at most that lag",
-                RecorderWarning,
-                stacklevel=3,
-            )
-        if self._spills and not self._warned_wait and self._log is not None:
-            self._warned_wait = True
-            warnings.warn(
-                "replay: a step's record did not fit the recorder's step log "
-                f"({self._log.log.size >> 20} MiB, shared with its writer process): training "
-                "waited until the writer had taken it before the step returned (each such step "
-                "waits for its own write); recording goes on, and every step is safe once it "
-                "returns",
-                RecorderWarning,
-                stacklevel=3,
-            )
-        if w is not None and w.throttled and not self._warned_wait:
-            self._warned_wait = True
-            warnings.warn(
-                "replay: training waited for the recorder's writer, which fell more than "
-                f"{w.max_pending_steps} steps and {w.max_pending_seconds:g} s behind (or "
-                f"{w.max_pending_bytes >> 20} MiB; the CPU or the disk does not keep up); "
-                "recording goes on, and a kill -9 loses at most that backlog",
-                RecorderWarning,
-                stacklevel=3,
-            )
-        if w is not None and w.error is not None and not self._warned:
-            self._warned = True
+        """Before every step: what the writer reports (a wait, once; a failure, which stops
+        recording), said as one :class:`RecorderWarning` each."""
+        found = self.transport.check(self.next_step)
+        if found.wait is not None:
+            warnings.warn(found.wait, RecorderWarning, stacklevel=3)
+        if found.stopped is not None:
             self.enabled = False
-            # A path the store refuses to write (a device, a FIFO, a planted link) held nothing.
-            after = (
-                "training goes on unrecorded"
-                if w.error.startswith("UnsafePath")
-                else "training goes on, and the steps flushed before the failure stay readable"
-            )
-            if w.taken_over is not None:
-                after = f"{w.taken_over}; training goes on unrecorded from step {self.next_step}"
-            warnings.warn(
-                f"replay: recording to {self.path} stopped ({w.error}); {after}",
-                RecorderWarning,
-                stacklevel=3,
-            )
+            if not self._warned:
+                self._warned = True
+                warnings.warn(
+                    f"replay: recording to {self.path} stopped ({found.stopped}); {found.after}",
+                    RecorderWarning,
+                    stacklevel=3,
+                )
 
     def close(self) -> None:
         """Flush and close the file. Idempotent; called on exit, SIGTERM and interpreter exit."""
@@ -1108,21 +863,19 @@ class Recorder:
             return
         self._closed = True
         try:
-            if getattr(self, "_refs", None) is not None:
-                self._refs.close()  # type: ignore[union-attr]  # (checked)
+            if self._refs is not None:
+                self._refs.close()
             self._probe_grads.close()
             self._watch.close()
             self._ranks.close()
         finally:
-            if self._writer is not None:
-                self._writer.close()
-                self._check_writer()
-            client = getattr(self, "_client", None)
-            if client is not None and client.step_log is not None:
-                client.step_log.close()  # (kept open for a successor writer process)
-            if self._prev_sigterm is not None:
-                try:
-                    signal.signal(signal.SIGTERM, self._prev_sigterm)
-                except ValueError:
-                    pass
-            atexit.unregister(self.close)
+            try:
+                if self.transport is not None:
+                    self.transport.close()
+                    self._check_writer()
+            finally:
+                self._lifecycle.end()
+
+    def _close_again(self) -> None:
+        if self.transport is not None:
+            self.transport.close_again()

@@ -82,7 +82,7 @@ def test_the_writer_thread_and_process_yield_the_cores_to_training(tmp_path):
         rec.step((torch.randn(8, 16), torch.randint(0, 4, (8,))))
         writer = next(t for t in threading.enumerate() if t.name == "replay-writer")
         assert os.getpriority(os.PRIO_PROCESS, writer.native_id) == WRITER_NICE
-        assert os.getpriority(os.PRIO_PROCESS, rec._client.proc.pid) == WRITER_NICE
+        assert os.getpriority(os.PRIO_PROCESS, rec.transport.client.proc.pid) == WRITER_NICE
         assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == own  # untouched
 
 

@@ -318,9 +318,11 @@ def test_reused_batch_buffers_never_carry_one_steps_data_into_another(
             if t % 10 == 9:
                 rec.flush()  # every buffer sent so far is back in the pool
         if step_log == "off":
-            assert rec._pool.hits > 300  # the buffers really were recycled
+            assert rec.transport.pool.hits > 300  # the buffers really were recycled
         else:
-            assert rec._log is not None and rec._pool.hits == 0  # no copy outside the log
+            assert (
+                rec.transport.log is not None and rec.transport.pool.hits == 0
+            )  # no copy outside the log
     with open_recording(path) as r:
         for t in range(200):
             x, y = (leaf.data for leaf in r.read_step(t)["batch"])

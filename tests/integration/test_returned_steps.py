@@ -295,7 +295,7 @@ def _killed_writer_run(tmp_path, steps_after: int):
         )
         for t in range(5):
             rec.step(batch(t))
-        writer = rec._client.proc
+        writer = rec.transport.client.proc
         os.kill(writer.pid, signal.SIGKILL)
         writer.wait(10)
         for t in range(5, 5 + steps_after):

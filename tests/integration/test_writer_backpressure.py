@@ -53,13 +53,13 @@ def test_training_waits_for_a_stalled_writer_once_the_backlog_is_both_long_and_o
         reach=0,  # the dense ring alone: the last 150 steps, all of them written
     )
     disks = []
-    make_store = rec._make_store
+    make_store = rec.transport._make_store
 
-    def stalling_store():
-        disks.append(StalledDisk(make_store()))
+    def stalling_store(client):
+        disks.append(StalledDisk(make_store(client)))
         return disks[0]
 
-    rec._make_store = stalling_store  # read when the writer starts, at the first step
+    rec.transport._make_store = stalling_store  # read when the writer starts, at the first step
     rec.step(batch_for(0))  # the first step waits until the file holds it
     steps = 3000
     done = []
@@ -78,13 +78,13 @@ def test_training_waits_for_a_stalled_writer_once_the_backlog_is_both_long_and_o
     trainer = threading.Thread(target=train)
     trainer.start()
     deadline = stalled + 30
-    while rec._writer.throttled == 0 and time.monotonic() < deadline:
+    while rec.transport.writer.throttled == 0 and time.monotonic() < deadline:
         time.sleep(0.005)
     waited_after = time.monotonic() - stalled
     stuck_at = len(done)
     time.sleep(0.3)
     try:
-        assert rec._writer.throttled > 0, "training never waited for the stalled writer"
+        assert rec.transport.writer.throttled > 0, "training never waited for the stalled writer"
         assert len(done) == stuck_at, "training went on while the writer was stalled"
         # 12 steps alone were no reason to wait: the backlog was young until 0.3 s had passed
         assert stuck_at > 12 and waited_after >= 0.3
@@ -107,9 +107,9 @@ def test_training_waits_for_a_stopped_writer_process_when_the_step_log_is_full(
     import os
     import signal
 
-    from replay.record import recorder as recorder_module
+    from replay.record import transport as transport_module
 
-    monkeypatch.setattr(recorder_module, "LOG_BYTES", 256 << 10)
+    monkeypatch.setattr(transport_module, "LOG_BYTES", 256 << 10)
     path = tmp_path / "run.h5"
     model, opt = build()
     rec = replay.Recorder(
@@ -121,9 +121,9 @@ def test_training_waits_for_a_stopped_writer_process_when_the_step_log_is_full(
         handle_signals=False,
         reach=0,  # the dense ring alone: the last 150 steps
     )
-    assert rec._log is not None and rec._log.log.size == 256 << 10
+    assert rec.transport.log is not None and rec.transport.log.log.size == 256 << 10
     rec.step(batch_for(0))  # the first step waits until the file holds it
-    writer = rec._client.proc.pid
+    writer = rec.transport.client.proc.pid
     steps = 2000
     done = []
     said = []
@@ -141,11 +141,11 @@ def test_training_waits_for_a_stopped_writer_process_when_the_step_log_is_full(
     try:
         trainer.start()
         deadline = time.monotonic() + 30
-        while rec._log.waited == 0 and time.monotonic() < deadline:
+        while rec.transport.log.waited == 0 and time.monotonic() < deadline:
             time.sleep(0.005)
         stuck_at = len(done)
         time.sleep(0.3)
-        assert rec._log.waited > 0, "training never waited for the stopped writer"
+        assert rec.transport.log.waited > 0, "training never waited for the stopped writer"
         assert len(done) == stuck_at, "training went on while the log was full"
         assert 0 < stuck_at < steps - 1
     finally:
@@ -153,7 +153,7 @@ def test_training_waits_for_a_stopped_writer_process_when_the_step_log_is_full(
         trainer.join(120)
     rec.close()
     assert done == list(range(1, steps))
-    assert rec._log.overflowed == 0  # every step went through the log
+    assert rec.transport.log.overflowed == 0  # every step went through the log
     assert len(said) == 1 and "writer process" in said[0], said
     with open_recording(path) as r:
         assert list(r.steps()) == list(range(steps - 150, steps))

@@ -58,7 +58,7 @@ def test_a_recording_is_intact_when_bodies_overflow_the_ring_into_the_pipe(tmp_p
     monkeypatch.setattr(FrameRing, "put", counting_put)
     path = str(tmp_path / "run.h5")
     with mlp_train.recorder(path, snapshot_every=40, keep_snapshots=2) as rec:
-        assert rec._client.ring is not None and rec._client.ring.size == 64 << 10
+        assert rec.transport.client.ring is not None and rec.transport.client.ring.size == 64 << 10
         for t in range(60):
             n = 1 + 200 * (t % 5)  # up to 12.8 KB a step: some commits fit, some do not
             rec.step((torch.full((n, 16), float(t)), torch.zeros(n, dtype=torch.long)))
