@@ -174,6 +174,8 @@ class StepCall:
 
     Named style: each parameter of ``step_fn`` is bound by name to a run object, to ``batch``
     or to a per-step value; a ``**kwargs`` parameter takes the values no parameter names.
+    Without a parameter named ``batch``, the first one not named after an object takes the
+    batch (an RL step ``episode(seed)`` was refused for want of a ``batch``).
     Positional style: ``step_fn(model, optimizer, batch, **values)``, unless the function cannot
     take that (fewer than three positional parameters, or a first one named ``batch``: a closure
     ``step(batch)`` over the loop's own objects): then it is called by name as in the named
@@ -243,11 +245,18 @@ class StepCall:
                 )
             else:
                 self._takes.append(p.name)
-        if self._batch not in self._takes and not self._var_kw:
+        if self._batch in self._takes:
+            return
+        # No parameter named 'batch': the batch goes to the first one not named after an
+        # object (an RL step's episode(seed), a step(model, optimizer, data)).
+        free = [n for n in self._takes if n not in self.objects.named]
+        if free:
+            self._batch = free[0]
+        elif not self._var_kw:
             raise EntryPointError(
-                f"step_fn {name}{sig} has no parameter named 'batch'; with build_fn returning "
-                f"named objects ({', '.join(self.objects.named)}), step_fn receives them, "
-                "'batch' and the values passed to rec.step by parameter name"
+                f"step_fn {name}{sig} takes no batch: with named objects "
+                f"({', '.join(self.objects.named)}), step_fn receives them by parameter name, "
+                "and the batch in a parameter named 'batch' (or its first other one)"
             )
 
     def takes(self, name: str) -> bool:

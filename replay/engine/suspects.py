@@ -6,7 +6,8 @@ state kept outside the recorded objects (a mean teacher's EMA weights, a running
 global tensor, a cache). Saying so is not enough: the user has to find it. Here the step
 function's code is read for the names it loads from its module's globals and its closure
 cells (following the user's own functions it calls, a few calls deep); every module,
-optimizer, scheduler, tensor or number among them (or one attribute down, ``ema.module``) that
+optimizer, scheduler, tensor, number, numpy array or random generator of its own (an RL
+environment's) among them (or one attribute down, ``ema.module``, ``env.np_random``) that
 the Recorder does not hold is a candidate, and running the step once names those it changes. Those
 are state the run carries from step to step that a snapshot loses.
 """
@@ -14,13 +15,16 @@ are state the run carries from step to step that a snapshot loses.
 from __future__ import annotations
 
 import functools
+import hashlib
 import inspect
+import random
 import sys
 import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..capture.objects import RunObjects
@@ -30,6 +34,8 @@ __all__ = ["Suspect", "candidates", "changed_by"]
 _DEPTH = 3  # the user's functions followed from the step function
 _MAX = 64  # candidates kept (a module's globals can hold many)
 _SKIP_MODULES = ("torch", "numpy", "replay", "lightning", "pytorch_lightning", "transformers")
+_ARRAY_BYTES = 64 << 20  # arrays compared before and after the step, at most this large
+_PYTHON_GLOBAL = random.getstate.__self__  # type: ignore[attr-defined]  # (a bound method)
 
 
 @dataclass(frozen=True)
@@ -73,6 +79,16 @@ def _stateful(obj: object) -> str | None:
         return f"tensor {str(obj.dtype).removeprefix('torch.')}{list(obj.shape)}"
     if isinstance(obj, (int, float)) and not isinstance(obj, bool):
         return f"number {type(obj).__name__}"  # a counter the step keeps in a global
+    # Generators replay does not keep (it keeps python's, numpy's global one and torch's): an
+    # RL environment's own, seeded once per run as gymnasium's reset(seed=...) does
+    if isinstance(obj, np.random.Generator):
+        return "random generator numpy Generator"
+    if isinstance(obj, np.random.RandomState) and obj is not np.random.mtrand._rand:
+        return "random generator numpy RandomState"
+    if isinstance(obj, random.Random) and obj is not _PYTHON_GLOBAL:
+        return f"random generator {type(obj).__module__}.{type(obj).__qualname__}"
+    if isinstance(obj, np.ndarray) and obj.nbytes <= _ARRAY_BYTES and not obj.dtype.hasobject:
+        return f"array {obj.dtype}{list(obj.shape)}"  # an environment's state
     return None
 
 
@@ -222,6 +238,14 @@ def _state(obj: object) -> _State:
     if isinstance(obj, (torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler)):
         sd = obj.state_dict()
         text = repr(sd.get("param_groups") if isinstance(obj, torch.optim.Optimizer) else sd)
+    elif isinstance(obj, np.random.Generator):
+        text = repr(obj.bit_generator.state)
+    elif isinstance(obj, np.random.RandomState):
+        text = hashlib.blake2b(repr(obj.get_state()).encode()).hexdigest()
+    elif isinstance(obj, random.Random):
+        text = hashlib.blake2b(repr(obj.getstate()).encode()).hexdigest()
+    elif isinstance(obj, np.ndarray):
+        text = f"{obj.dtype}{obj.shape}:{hashlib.blake2b(obj.tobytes()).hexdigest()}"
     ts = _tensors(obj)
     return (
         [id(t) for t in ts],

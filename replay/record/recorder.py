@@ -845,6 +845,8 @@ class Recorder:
         """Before every step: what the writer reports (a wait, once; a failure, which stops
         recording), said as one :class:`RecorderWarning` each."""
         found = self.transport.check(self.next_step)
+        if found is None:
+            return
         if found.wait is not None:
             warnings.warn(found.wait, RecorderWarning, stacklevel=3)
         if found.stopped is not None:

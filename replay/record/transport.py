@@ -13,6 +13,7 @@ tells the user (a wait, or why recording stopped), once.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -27,7 +28,10 @@ from .config import RecorderConfig
 from .step_log_writer import LAG_SECONDS, LAG_STEPS, StepLogWriter, on_host
 from .writer_thread import BackgroundWriter, SnapshotJob, StepJob
 
-__all__ = ["Transport", "Checked"]
+__all__ = ["Transport", "Checked", "POLL_EVERY"]
+
+#: How often (seconds) a step looks at whether the writer process still lives.
+POLL_EVERY = 0.002
 
 
 class Checked:
@@ -74,6 +78,7 @@ class Transport:
         self.writer: BackgroundWriter | None = None
         self._cuda_built = torch.cuda.is_available()  # ~16 us a call inside a training loop
         self._exit_seen = False
+        self._poll_at = 0.0  # (monotonic) when check next looks at the writer process
         self._said_wait = False  # training waited for a writer that fell behind: said once
         self._said_stop = False
         self.spilled = False  # the step being recorded went past the step log
@@ -223,25 +228,31 @@ class Transport:
 
     # -- what the recorder tells the user ------------------------------------------------------
 
-    def check(self, next_step: int) -> Checked:
-        """Before every step (about 1 us): a writer process that exited, a wait training had to
-        make, a write that failed. Each is reported once."""
-        out = Checked()
+    def check(self, next_step: int) -> Checked | None:
+        """Before every step: a writer process that exited, a wait training had to make, a
+        write that failed; ``None`` when there is nothing to say (each is said once)."""
         w, log = self.writer, self.log
-        if log is not None and not self._exit_seen and not self._process_alive():
-            # Steps in the log are read by nobody now. The writer thread's next exchange with
-            # the process gets its last word (the error it died of), which stops recording.
-            # Checked before every step: checked every 64, a run killed within 63 steps of its
-            # writer lost every step the log held, though each had returned.
-            self._exit_seen = True
-            if w is not None:
-                # (without a time limit: a successor may be committing the whole log meanwhile,
-                # and a record published into the log after it closed would be lost)
-                w.wait_committed()
-            elif not self._said_stop:
-                self._said_stop = True
-                out.stopped = "the writer process failed: OSError: it exited"
-                out.after = "training goes on, and the steps flushed before stay readable"
+        if log is not None and not self._exit_seen:
+            # Whether the writer process lives, at most every POLL_EVERY seconds (a waitpid: 2
+            # us warm, 5-10 right after a step's backward). Steps in the log are read by nobody
+            # once it died; the writer thread's next exchange with it gets its last word and a
+            # successor commits the log. Looked at every 64 steps, a run killed within 63 steps
+            # of its writer lost every step the log held, though each had returned: now it is
+            # at most POLL_EVERY's worth of steps, which a successor's start-up (0.3 s) dwarfs.
+            now = time.monotonic()
+            if now >= self._poll_at:
+                self._poll_at = now + POLL_EVERY
+                if not self._process_alive():
+                    exited = self._writer_exited(w)
+                    if exited is not None:
+                        return exited
+        if self._said_wait or not (
+            (log is not None and (log.waited or log.lagged or self._spills))
+            or (w is not None and w.throttled)
+        ):
+            if w is None or w.error is None or self._said_stop:
+                return None
+        out = Checked()
         if not self._said_wait:
             out.wait = self._wait_said(w, log)
             self._said_wait = out.wait is not None
@@ -256,6 +267,20 @@ class Transport:
             )
             if w.taken_over is not None:
                 out.after = f"{w.taken_over}; training goes on unrecorded from step {next_step}"
+        return out
+
+    def _writer_exited(self, w: BackgroundWriter | None) -> Checked | None:
+        self._exit_seen = True
+        if w is not None:
+            # (without a time limit: a successor may be committing the whole log meanwhile,
+            # and a record published into the log after it closed would be lost); what it
+            # saved is said below, from the writer thread's error
+            w.wait_committed()
+            return None
+        self._said_stop = True
+        out = Checked()
+        out.stopped = "the writer process failed: OSError: it exited"
+        out.after = "training goes on, and the steps flushed before stay readable"
         return out
 
     def _wait_said(self, w: BackgroundWriter | None, log: StepLogWriter | None) -> str | None:

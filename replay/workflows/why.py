@@ -229,6 +229,19 @@ def explain_divergence(
                 f" (replayed from the snapshot of step "
                 f"{engine.window.snapshot_for(t)}, not the run's start)",
             )
+        # Or not non-determinism at all: the first replay changed state the step reads that no
+        # snapshot holds (an RL environment's own generator), and the second read it changed.
+        said = out.summary, out.hint
+        out.summary = (
+            f"two replays of step {t} from the same snapshot disagree ({col}: {a.get(col)} vs "
+            f"{b.get(col)}): the first changed state that no snapshot holds, and the second "
+            "started from what it left"
+        )
+        _name_suspects(engine, t, out)
+        if out.suspects:
+            out.kind = "outside_state"
+        else:
+            out.summary, out.hint = said
         return out
     later = [s for s in engine.window.snapshots if s > t]
     differs: list[StateDrift] = []
@@ -271,13 +284,26 @@ def _name_suspects(engine: Engine, t: int, out: DivergenceCause) -> None:
         return
     if not named:
         return
+    # a random generator first: what a step draws from decides all the rest it does
+    named.sort(key=lambda s: not s.kind.startswith("random generator"))
     out.suspects = [s.describe() for s in named]
     shown = ", ".join(s.describe() for s in named[:3]) + (" and more" if len(named) > 3 else "")
     out.summary += f"; the step changes {shown}, which no snapshot holds"
-    plain = ("tensor", "number")
-    objs = [s for s in named if not s.kind.startswith(plain)]
-    tensors = [s for s in named if s.kind.startswith(plain)]
+    plain = ("tensor", "number", "array")
+    rngs = [s for s in named if s.kind.startswith("random generator")]
+    objs = [s for s in named if not s.kind.startswith((*plain, "random generator"))]
+    # (an array beside a generator is most often drawn from it: an environment's state, made
+    # again at each reset; the advice is then the generator's alone)
+    tensors = [
+        s for s in named if s.kind.startswith(plain) and not (rngs and s.kind.startswith("array"))
+    ]
     says = []
+    if rngs:
+        says.append(
+            f"seed {_names(rngs)} from the step's batch when the step starts (an environment's "
+            "reset(seed=...) with the episode's seed as the batch), or draw from torch's, "
+            "numpy's global or python's generator, whose states the Recorder keeps"
+        )
     if objs:
         given = ", ".join(f'"{_key(s.name)}": {s.name}' for s in objs[:3])
         says.append(f"give the Recorder {_names(objs)} (objects={{..., {given}}})")

@@ -176,6 +176,43 @@ def test_a_mean_teachers_ema_the_recorder_was_not_given_is_named_while_it_trains
     assert d["cause"] == "data" and d["samples"] == [3], {k: d[k] for k in ("cause", "samples")}
 
 
+def test_a_reinforce_loop_whose_step_plays_its_episode_bisects_to_std_of_one_return(
+    tmp_path, elsewhere
+):
+    """reinforce.py (pytorch/examples reinforcement_learning): no loader, each step plays an
+    episode seeded by the step's batch and learns from it. Was: refused at Recorder() since
+    ``episode(seed)`` had no parameter named 'batch'. The episode that ends after one move has
+    one return, whose std is NaN."""
+    run, p = record(tmp_path, "reinforce.py", "run.h5")
+    assert p.returncode == 3 and "loss is nan at step 17" in p.stderr, p.stderr[-2000:]
+    b = replay("bisect", str(run), "--json", cwd=elsewhere)
+    d = json.loads(b.stdout)
+    assert (d["first_bad_step"], d["kind"], d["cause"]) == (17, "nonfinite", "op"), d["notes"]
+    assert (d["op"], d["phase"], d["made"]) == ("aten::std", "forward", "NaN")
+    assert d["source"]["function"] == "episode" and d["reproducible"] is True
+
+
+@pytest.mark.slow
+def test_an_environments_own_generator_is_named_while_it_trains(tmp_path, elsewhere):
+    """The same loop with the environment's generator seeded once for the run, as gymnasium's
+    ``env.reset(seed=...)`` does: a replay from a snapshot cannot redo its draws. Was: the
+    self-check said so generically, and bisect called two replays that disagree
+    non-determinism; both now name ``env.np_random`` and say to seed it from the batch."""
+    script = tmp_path / "reinforce.py"
+    shutil.copy(PROGRAMS / "reinforce.py", script)
+    p = run_py(str(script), "run.h5", "--env-rng", "global", cwd=tmp_path, timeout=180,
+               env={"REPLAY_SELF_CHECK": "1"})  # fmt: skip
+    warn = [ln for ln in p.stderr.splitlines() if "does NOT replay" in ln]
+    assert warn and "env.np_random (random generator numpy Generator" in warn[0], p.stderr[-3000:]
+    assert "seed env.np_random from the step's batch" in warn[0]
+    b = replay("bisect", str(tmp_path / "run.h5"), "--json", cwd=elsewhere)
+    d = json.loads(b.stdout)
+    assert d["first_bad_step"] == 17 and d["reproducible"] is False, b.stderr[-2000:]
+    cause = d["divergence_cause"]
+    assert cause["kind"] == "outside_state", cause
+    assert cause["suspects"][0].startswith("env.np_random (random generator"), cause
+
+
 def test_a_step_needing_an_object_build_fn_does_not_make_is_named_as_raised(tmp_path, elsewhere):
     run, p = record(tmp_path, "global_object.py", "run.h5")
     assert p.returncode == 0, p.stderr[-2000:]

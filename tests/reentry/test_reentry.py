@@ -240,11 +240,15 @@ def test_a_batch_prefetched_by_the_previous_step_is_named_not_called_nondetermin
 def test_bisect_of_a_prefetching_loop_does_not_blame_the_kernels_alone(tmp_path, elsewhere):
     """The same loop failing at step 6: bisect replays from the snapshot of step 4, whose
     globals hold what the program's start left there, and cannot reproduce it. It must not
-    say only "non-determinism": the prefetched batch is named beside it."""
+    say "non-determinism": two replays of one step disagree because the first moved the
+    prefetched batch on, which is named (was: "nondeterministic", the globals only guessed at)."""
     run = record(tmp_path, "prefetching_gpt.py", "run.h5", "--prefetch", "--bad-step", "6")
     rc, v, p = replay_json("bisect", str(run), cwd=elsewhere)
     assert v["first_bad_step"] == 6 and v["reproducible"] is False, p.stderr[-3000:]
-    assert "prefetches into a global" in v["divergence_cause"]["hint"], v
+    cause = v["divergence_cause"]
+    assert cause["kind"] == "outside_state", cause
+    assert "the first changed state that no snapshot holds" in cause["summary"], cause
+    assert cause["hint"].startswith("hand X, Y to the step through rec.step"), cause
 
 
 @pytest.mark.slow

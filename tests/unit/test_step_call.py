@@ -59,3 +59,25 @@ def test_a_step_that_cannot_take_a_batch_is_refused_at_once():
 
     with pytest.raises(EntryPointError, match="takes no batch"):
         StepCall(step, OBJECTS)
+
+
+def test_named_objects_and_a_step_without_a_batch_parameter_gets_it_in_its_first_other_one():
+    """Was: an RL step ``episode(seed)`` (objects={"model": ..., "optimizer": ...}) was refused
+    for want of a parameter named 'batch'."""
+    named = RunObjects({"model": model, "optimizer": opt}, "named")
+
+    def episode(seed):
+        return seed
+
+    assert StepCall(episode, named)(17) == 17
+
+    def step(model, optimizer, data, it=0):
+        return (model, optimizer, data, it)
+
+    assert StepCall(step, named)(5, {"it": 2}) == (model, opt, 5, 2)
+
+    def objects_only(model, optimizer):
+        return 0.0
+
+    with pytest.raises(EntryPointError, match="takes no batch"):
+        StepCall(objects_only, named)

@@ -133,3 +133,36 @@ def test_a_number_the_step_keeps_in_a_global_is_named_and_a_constant_is_not():
     assert sorted(s.name for s, _ in found) == ["EPS", "calls"]
     changed = changed_by(lambda: counting_step(torch.randn(2, 3)), found)
     assert [(s.name, s.kind) for s in changed] == [("calls", "number int")]
+
+
+class CartPole:
+    """An RL environment: its own numpy generator, seeded once, and a state array."""
+
+    def __init__(self) -> None:
+        import numpy as np
+
+        self.np_random = np.random.default_rng(0)
+        self.state = np.zeros(4)
+        self.spec = {"max_steps": 200}  # read, never written
+
+
+env = CartPole()
+
+
+def episode(seed: int) -> torch.Tensor:
+    env.state = env.np_random.uniform(-0.05, 0.05, size=4)
+    x = torch.from_numpy(env.state).float()
+    loss = model(x[:3]).sum()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return loss
+
+
+def test_an_environments_own_generator_and_state_are_named():
+    found = candidates(episode, _objects())
+    names = {s.name: s.kind for s, _ in found}
+    assert names["env.np_random"] == "random generator numpy Generator"
+    assert names["env.state"] == "array float64[4]"
+    changed = {s.name for s in changed_by(lambda: episode(0), found)}
+    assert changed == {"env.np_random", "env.state"}
