@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_py
+from tests.conftest import replay_here, run_py
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
@@ -81,7 +81,7 @@ def test_example_reaches_its_verdict(script, tmp_path):
     verified = json.loads(v.stdout)
     assert verified["deterministic"] is True and verified["replayed_steps"] > 0, verified["cause"]
     if doctor:
-        d = run("-m", "replay", "doctor", rec, "--json", cwd=tmp_path)
+        d = replay_here("doctor", rec, "--json")  # (torch-free: in this process)
         assert d.returncode == 0, d.stderr[-2000:]
         found = json.loads(d.stdout)
         rules = {f["rule"] for f in found}
