@@ -34,6 +34,7 @@ __all__ = ["Suspect", "candidates", "changed_by"]
 _DEPTH = 3  # the user's functions followed from the step function
 _MAX = 64  # candidates kept (a module's globals can hold many)
 _SKIP_MODULES = ("torch", "numpy", "replay", "lightning", "pytorch_lightning", "transformers")
+_WRAPPED = 3  # plain objects followed below the first attribute, for a generator only
 _ARRAY_BYTES = 64 << 20  # arrays compared before and after the step, at most this large
 _PYTHON_GLOBAL = random.getstate.__self__  # type: ignore[attr-defined]  # (a bound method)
 
@@ -134,6 +135,30 @@ def _parts(name: str, obj: object, get: Lookup) -> Iterator[tuple[str, str, obje
         kind = _stateful(v)
         if kind is not None:
             yield label, kind, v, at
+        elif _plain_object(v):
+            yield from _generators(label, v, at, _WRAPPED)
+
+
+def _plain_object(obj: object) -> bool:
+    return isinstance(getattr(obj, "__dict__", None), dict) and not isinstance(
+        obj, (types.ModuleType, type, types.FunctionType, types.MethodType, torch.nn.Module)
+    )
+
+
+def _generators(
+    name: str, obj: object, get: Lookup, depth: int
+) -> Iterator[tuple[str, str, object, Lookup]]:
+    """The random generators further down plain objects' attributes: an environment wrapped
+    several times keeps its own (gymnasium's ``TimeLimit(OrderEnforcing(CartPoleEnv))``:
+    ``env.env.env._np_random``). Only generators: the rest, that deep, is rarely the run's."""
+    for k, v in list(vars(obj).items())[:32]:
+        label, at = f"{name}.{k}", _attr(get, k)
+        kind = _stateful(v)
+        if kind is not None:
+            if kind.startswith("random generator"):
+                yield label, kind, v, at
+        elif depth > 0 and _plain_object(v):
+            yield from _generators(label, v, at, depth - 1)
 
 
 def _cell(cell: types.CellType) -> Lookup:

@@ -166,3 +166,41 @@ def test_an_environments_own_generator_and_state_are_named():
     assert names["env.state"] == "array float64[4]"
     changed = {s.name for s in changed_by(lambda: episode(0), found)}
     assert changed == {"env.np_random", "env.state"}
+
+
+class Wrapper:
+    """gymnasium's wrappers: each holds the next as ``env``; the generator is at the bottom."""
+
+    def __init__(self, env: object) -> None:
+        self.env = env
+        self.steps = 0
+
+
+class Bottom:
+    def __init__(self) -> None:
+        import numpy as np
+
+        self._np_random = np.random.default_rng(1)
+        self.state = np.zeros(4)
+
+
+wrapped_env = Wrapper(Wrapper(Wrapper(Bottom())))
+
+
+def wrapped_episode(seed: int) -> torch.Tensor:
+    bottom = wrapped_env.env.env.env
+    bottom.state = bottom._np_random.uniform(-0.05, 0.05, size=4)
+    loss = model(torch.from_numpy(bottom.state).float()[:3]).sum()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return loss
+
+
+def test_a_generator_inside_wrapped_environments_is_named():
+    found = candidates(wrapped_episode, _objects())
+    names = {s.name for s, _ in found}
+    assert "wrapped_env.env.env.env._np_random" in names
+    assert "wrapped_env.env.env.env.state" not in names  # deep down: generators only
+    changed = {s.name for s in changed_by(lambda: wrapped_episode(0), found)}
+    assert changed == {"wrapped_env.env.env.env._np_random"}
