@@ -246,17 +246,14 @@ class Transport:
                     exited = self._writer_exited(w)
                     if exited is not None:
                         return exited
-        if self._said_wait or not (
-            (log is not None and (log.waited or log.lagged or self._spills))
-            or (w is not None and w.throttled)
-        ):
-            if w is None or w.error is None or self._said_stop:
-                return None
+        wait = None if self._said_wait else self._wait_said(w, log)
+        failed = w is not None and w.error is not None and not self._said_stop
+        if wait is None and not failed:
+            return None
         out = Checked()
-        if not self._said_wait:
-            out.wait = self._wait_said(w, log)
-            self._said_wait = out.wait is not None
-        if w is not None and w.error is not None and not self._said_stop:
+        if wait is not None:
+            out.wait, self._said_wait = wait, True
+        if failed and w is not None and w.error is not None:
             self._said_stop = True
             out.stopped = w.error
             # A path the store refuses to write (a device, a FIFO, a planted link) held nothing.
