@@ -22,6 +22,10 @@ backward started from it (each closure call's loss), a Python number read off it
 first producer over all of them, not only over the first sink. Custom ``torch.autograd.Function``\\ s are tagged at ``.apply``
   (``Function.apply`` is wrapped while tracing and restored afterwards).
 
+A warning that torch raises from inside an op (``TORCH_WARN``: ``std()`` of one value) names
+the innermost Python frame, which is the tracer's own while it runs the op: while tracing, such
+a warning is shown at the user's line that ran the op instead (``Tracer._showwarning``).
+
 NB: not reentrant; one ``Tracer`` per traced step. Statistics are computed with ``self.off``
 set, so the tensors they touch are neither traced nor tagged.
 """
@@ -31,6 +35,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
@@ -424,6 +429,7 @@ class Tracer:
         self._modes: list[_FunctionMode | _DispatchMode] = []
         self._apply: object = None  # Function.apply as it was, while it is patched
         self._backward: object = None  # torch.autograd.backward as it was, while patched
+        self._showwarning: Callable[..., None] | None = None  # ours, while it is installed
         self._quiet = quiet_numpy()
 
     # ---------------------------------------------------------------- setup and teardown
@@ -448,6 +454,7 @@ class Tracer:
                 self._handles.append(opt.register_step_post_hook(self._post_step))
         self._patch_function_apply()
         self._patch_backward()
+        self._attribute_warnings()
         self._quiet.__enter__()
         mode = _dispatch_mode(self) if self.direct_dispatch else _DispatchMode(self)
         self._frames_before = _compiled_frames() if type(mode) is _DirectDispatchMode else -1
@@ -477,6 +484,10 @@ class Tracer:
         if self._backward is not None:
             setattr(torch.autograd, "backward", self._backward)  # noqa: B010
             self._backward = None
+        if self._showwarning is not None:
+            if warnings.showwarning is self._showwarning:  # (not if the step replaced it since)
+                warnings.showwarning = self._showwarning.__wrapped__  # type: ignore[attr-defined]
+            self._showwarning = None
         self.stage.flush()
         self._quiet.__exit__(None, None, None)
         self.memory.finish()
@@ -524,6 +535,30 @@ class Tracer:
             original(tensors, *args, **kwargs)
 
         setattr(torch.autograd, "backward", backward)  # noqa: B010  (restored in __exit__)
+
+    def _attribute_warnings(self) -> None:
+        """Show a warning raised inside an op at the user's line that ran it, not at the
+        tracer's frame that called the op (the innermost Python frame torch's C++ warnings
+        name). Only the place shown changes: filters and "once" registries are as they were."""
+        original = warnings.showwarning
+        locs = self.locs
+
+        def showwarning(
+            message: Warning | str,
+            category: type[Warning],
+            filename: str,
+            lineno: int,
+            file: Any = None,
+            line: str | None = None,
+        ) -> None:
+            if filename == __file__:
+                f = locs.user_frame(sys._getframe(1))
+                if f is not None:
+                    filename, lineno, line = f.f_code.co_filename, f.f_lineno, None
+            original(message, category, filename, lineno, file, line)
+
+        showwarning.__wrapped__ = original  # type: ignore[attr-defined]
+        self._showwarning = warnings.showwarning = showwarning
 
     def notice(self, t: torch.Tensor, what: str, index: int | None = None) -> None:
         """Record that the step looked at ``t`` (``Noticed``) if it holds NaN/Inf."""

@@ -122,6 +122,15 @@ class Locations:
         locs.reverse()
         return locs[-1], self._stack(tuple(locs))
 
+    def user_frame(self, frame: FrameType | None) -> FrameType | None:
+        """The innermost user frame at or outside ``frame`` (inside the traced step), or None."""
+        f = frame
+        while f is not None and f is not self.outer:
+            if self._is_user(f.f_code):
+                return f
+            f = f.f_back
+        return None
+
     def from_traceback(self, tb: TracebackType | None) -> tuple[int, int]:
         """The innermost user frame of a traceback (where a Python-level error was raised)."""
         locs: list[int] = []

@@ -264,3 +264,33 @@ def test_measuring_a_small_tensor_left_its_storage_unresizable():
     assert a is not None and a.shape == (64,)
     t.untyped_storage().resize_(0)  # raised before: the storage was exported to numpy
     assert t.untyped_storage().nbytes() == 0
+
+
+def test_a_warning_torch_raises_inside_a_traced_op_names_the_users_line_not_the_tracer():
+    """``std()`` of one value warns from C++ ("degrees of freedom is <= 0"), naming the innermost
+    Python frame. Was: while tracing that frame is the tracer's, so `replay bisect` printed the
+    REINFORCE culprit's own warning at replay/trace/mode.py:332."""
+    import warnings
+
+    torch.manual_seed(0)
+    model = Tiny()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(model, optimizer, batch):
+        returns = model(batch).squeeze(1)
+        loss = (returns - returns.mean()) / returns.std()  # the line the warning names
+        optimizer.zero_grad()
+        loss.sum().backward()
+        optimizer.step()
+
+    line = step.__code__.co_firstlineno + 2
+    before = warnings.showwarning
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        r = trace_step(model, opt, step, torch.randn(1, 3))
+    assert warnings.showwarning is before  # put back when the trace ends
+    dof = [w for w in seen if "degrees of freedom" in str(w.message)]
+    assert dof and {(w.filename, w.lineno) for w in dof} == {(__file__, line)}, [
+        (w.filename, w.lineno) for w in seen
+    ]
+    assert r.verdict["op"] == "aten::std"
