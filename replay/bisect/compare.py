@@ -23,9 +23,10 @@ VERIFIED_COLUMNS = ("loss", "param_fingerprint")
 
 # What to change, for each reason a replay can differ (replay/workflows/why.py tells them apart).
 HINT_RAISED = (
-    "the step depends on state build_fn does not create (a global the training loop sets, an "
-    "object build_fn does not return): return it from build_fn as a named object, or pass it "
-    "through rec.step(batch, name=value)"
+    "the step depends on state that neither its batch nor the objects the Recorder holds bring "
+    "(a global the training loop sets or fills between steps, an object build_fn does not "
+    "return): pass it through rec.step(batch, name=value), or give it to the Recorder as a "
+    "named object (objects=..., or returned by build_fn)"
 )
 HINT_OUTSIDE = (
     "something outside step_fn changes what the step reads: give the Recorder every stateful "

@@ -42,7 +42,7 @@ def verify(
     bisect of a failure after it would start), or from --from STEP on.
 
     Compares each replayed loss and parameter fingerprint with the recorded ones. When a step
-    differs, says why: the replay raised (the step needs state build_fn does not create), state
+    differs, says why: the replay raised (the step needs state its batch and objects do not bring), state
     changed outside the step (which objects drifted by the next snapshot), or real
     non-determinism (two replays from the same state disagree).
 

@@ -14,6 +14,7 @@ are state the run carries from step to step that a snapshot loses.
 
 from __future__ import annotations
 
+import collections
 import functools
 import hashlib
 import inspect
@@ -29,7 +30,7 @@ import torch
 
 from ..capture.objects import RunObjects
 
-__all__ = ["Suspect", "candidates", "changed_by"]
+__all__ = ["Suspect", "candidates", "changed_by", "buffers"]
 
 _DEPTH = 3  # the user's functions followed from the step function
 _MAX = 64  # candidates kept (a module's globals can hold many)
@@ -111,15 +112,30 @@ def _attr(base: Lookup, name: str) -> Lookup:
     return lambda: getattr(base(), name, _GONE)
 
 
-def _parts(name: str, obj: object, get: Lookup) -> Iterator[tuple[str, str, object, Lookup]]:
+def _buffer(obj: object) -> str | None:
+    """A collection the loop may fill between steps for the step to draw from: an RL replay
+    memory's ``deque`` (any size), or a list or dict that is empty here."""
+    if isinstance(obj, collections.deque):
+        n = len(obj)
+        return f"deque of {n} item{'s' * (n != 1)}" if n else "deque, empty here"
+    if type(obj) in (list, dict) and not obj:
+        return f"{type(obj).__name__}, empty here"
+    return None
+
+
+def _parts(
+    name: str, obj: object, get: Lookup, stateful: Callable[[object], str | None] = _stateful
+) -> Iterator[tuple[str, str, object, Lookup]]:
     """``(name, kind, object, lookup)`` of the stateful things ``obj`` is or holds one level
     down; ``lookup`` finds what is at that place again (a global the step rebinds)."""
-    kind = _stateful(obj)
+    kind = stateful(obj)
     if kind is not None:
         yield name, kind, obj, get
         return
     if isinstance(obj, (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType)):
         return
+    if stateful is not _stateful and _stateful(obj) is not None:
+        return  # (a module's or an optimizer's own collections are not the loop's)
     items: list[tuple[str, object, Lookup]] = []
     if isinstance(obj, (list, tuple)):
         items = [(f"{name}[{i}]", v, _item(get, i)) for i, v in enumerate(obj[:16])]
@@ -132,10 +148,10 @@ def _parts(name: str, obj: object, get: Lookup) -> Iterator[tuple[str, str, obje
     elif isinstance(getattr(obj, "__dict__", None), dict):
         items = [(f"{name}.{k}", v, _attr(get, k)) for k, v in list(vars(obj).items())[:32]]
     for label, v, at in items:
-        kind = _stateful(v)
+        kind = stateful(v)
         if kind is not None:
             yield label, kind, v, at
-        elif _plain_object(v):
+        elif _plain_object(v) and stateful is _stateful:
             yield from _generators(label, v, at, _WRAPPED)
 
 
@@ -171,9 +187,21 @@ def _cell(cell: types.CellType) -> Lookup:
     return get
 
 
-def candidates(step_fn: Callable[..., Any], objects: RunObjects) -> list[tuple[Suspect, Lookup]]:
+def buffers(step_fn: Callable[..., Any], objects: RunObjects) -> list[Suspect]:
+    """The collections ``step_fn``'s code reads that a training loop may fill between steps
+    (``_buffer``: a replay memory's deque, an empty list or dict), outside ``objects``. A step
+    that samples its minibatch from one (PyTorch's DQN tutorial: ``memory.sample(BATCH_SIZE)``
+    in ``optimize_model``) cannot be replayed from a snapshot, which does not hold it."""
+    return [s for s, _ in candidates(step_fn, objects, _buffer)]
+
+
+def candidates(
+    step_fn: Callable[..., Any],
+    objects: RunObjects,
+    stateful: Callable[[object], str | None] = _stateful,
+) -> list[tuple[Suspect, Lookup]]:
     """The stateful objects ``step_fn``'s code reaches that ``objects`` does not hold, each
-    with a way to find what is at its place again."""
+    with a way to find what is at its place again (``stateful``: what counts, and its kind)."""
     held = _held(objects)
     out: dict[int, tuple[Suspect, Lookup]] = {}
     seen: set[int] = set()
@@ -181,7 +209,7 @@ def candidates(step_fn: Callable[..., Any], objects: RunObjects) -> list[tuple[S
     def visit(fn: Any, depth: int) -> None:
         if isinstance(fn, types.MethodType):
             owner = fn.__self__
-            for label, kind, part, at in _parts("self", owner, lambda: owner):
+            for label, kind, part, at in _parts("self", owner, lambda: owner, stateful):
                 take(label, kind, part, at, fn.__func__.__qualname__)
             fn = fn.__func__
         fn = inspect.unwrap(fn) if callable(fn) else fn
@@ -204,7 +232,7 @@ def candidates(step_fn: Callable[..., Any], objects: RunObjects) -> list[tuple[S
                 if depth > 0 and _users(v):
                     visit(v, depth - 1)
                 continue
-            for label, kind, part, at in _parts(n, v, get):
+            for label, kind, part, at in _parts(n, v, get, stateful):
                 take(label, kind, part, at, where)
 
     def take(label: str, kind: str, obj: object, at: Lookup, where: str) -> None:

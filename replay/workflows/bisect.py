@@ -100,12 +100,13 @@ def bisect_engine(
     recorded. ``reraise``: the tracer's errors that must still end the replay (a lockstep
     failure)."""
     from ..bisect import SearchError, auto_criterion, find_culprit
+    from ..bisect.compare import HINT_RAISED
     from ..bisect.report import bisect_report
     from ..bisect.subject import Subject
     from ..distributed.bisect import RankSubject, adjust_verdict, is_rank_recording
     from ..engine.subject import EngineSubject
     from .culprit import trace_verdict
-    from .why import explain_divergence
+    from .why import buffers_hint, explain_divergence, read_buffers
 
     subject: Subject = EngineSubject(engine)
     if is_rank_recording(rec.meta) and not together:
@@ -114,7 +115,11 @@ def bisect_engine(
     try:
         verdict = find_culprit(subject, crit, progress=progress)
     except SearchError as e:
-        raise ReplayError(str(e)) from None
+        # a replay that raised because the step samples from a collection the loop fills (a
+        # replay memory): name it instead of the general hint
+        found = read_buffers(engine) if HINT_RAISED in str(e) else []
+        said = str(e).replace(HINT_RAISED, buffers_hint(found)) if found else str(e)
+        raise ReplayError(said) from None
     if isinstance(subject, RankSubject):
         adjust_verdict(verdict, subject)
     traced = trace_verdict(engine, rec, verdict, reraise=reraise) if trace else None

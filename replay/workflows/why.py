@@ -33,7 +33,7 @@ from ..bisect.compare import (
 from ..capture.tensors import from_leaves
 from ..engine import Engine
 from ..engine.state import _int_keys
-from ..engine.suspects import Suspect, candidates, changed_by
+from ..engine.suspects import Suspect, buffers, candidates, changed_by
 from ..reports import DivergenceCause, ExceptionInfo, StateDrift
 
 __all__ = ["explain_divergence", "state_diff"]
@@ -189,6 +189,7 @@ def explain_divergence(
             )
             out.hint = HINT_RAISED
             out.exception = ExceptionInfo(type=got, message=msg)
+            _name_buffers(engine, out)
             return out
         out.summary = f"the recorded step {t} raised {rec_type}, its replay did not"
         out.hint = HINT_OUTSIDE
@@ -314,6 +315,40 @@ def _name_suspects(engine: Engine, t: int, out: DivergenceCause) -> None:
             "an object the Recorder holds (a module's buffer)"
         )
     out.hint = "; ".join(says)
+
+
+def _name_buffers(engine: Engine, out: DivergenceCause) -> None:
+    """A replay that raised where the run did not: name the collections the step reads that
+    the loop fills between steps (``suspects.buffers``: an RL replay memory it samples from,
+    empty in a replay from a snapshot), with the remedy, sampling in the loop."""
+    found = read_buffers(engine)
+    if not found:
+        return
+    out.suspects = [s.describe() for s in found]
+    shown = ", ".join(s.describe() for s in found[:3]) + (" and more" if len(found) > 3 else "")
+    out.summary += f"; the step reads {shown}, which no snapshot holds"
+    out.hint = buffers_hint(found, named=True)
+
+
+def read_buffers(engine: Engine) -> list[Suspect]:
+    """``suspects.buffers`` of the engine's step (none when they cannot be read)."""
+    try:
+        return buffers(engine.step_fn, engine.objs)
+    except Exception:  # noqa: BLE001 - naming them helps; it must not fail the verdict
+        return []
+
+
+def buffers_hint(found: list[Suspect], named: bool = False) -> str:
+    """What to change when the step samples from a collection the loop fills (``named``:
+    the text around it names the collection already)."""
+    remedy = (
+        f"sample what the step takes from {_names(found)} in the training loop and hand it to "
+        "the step as its batch (rec.step(transitions)): the loop fills it between steps, so a "
+        "replay from a snapshot cannot draw the same samples"
+    )
+    if named:
+        return remedy
+    return f"the step reads {found[0].describe()}, which no snapshot holds: {remedy}"
 
 
 def _names(suspects: list[Suspect]) -> str:

@@ -215,6 +215,44 @@ def test_an_environments_own_generator_is_named_while_it_trains(tmp_path, elsewh
     assert cause["suspects"][0].startswith("env.np_random (random generator"), cause
 
 
+def test_a_dqn_loop_handing_its_sampled_minibatch_to_the_step_bisects_to_the_bad_transition(
+    tmp_path, elsewhere
+):
+    """dqn.py (PyTorch's DQN tutorial): the loop plays a move, pushes the transition into its
+    replay memory and hands a minibatch sampled from it to the step (a list of transitions).
+    The transition kept for move 70 holds a NaN; the first minibatch that samples it is bad."""
+    run, p = record(tmp_path, "dqn.py", "run.h5")
+    assert p.returncode == 3 and "loss is nan at step 55" in p.stderr, p.stderr[-2000:]
+    b = replay("bisect", str(run), "--json", cwd=elsewhere)
+    d = json.loads(b.stdout)
+    assert (d["first_bad_step"], d["kind"], d["cause"]) == (55, "nonfinite", "data"), d["notes"]
+    assert [t["name"] for t in d["data"]["tensors"]] == ["batch[5].state"]
+    assert d["reproducible"] is True
+
+
+@pytest.mark.slow
+def test_a_dqn_step_sampling_the_replay_memory_itself_names_the_memory_while_it_trains(
+    tmp_path, elsewhere
+):
+    """The tutorial's own shape: ``optimize_model()`` samples the global replay memory, which
+    the loop fills between steps. A replay from a snapshot finds it empty and raises. Was: the
+    self-check and bisect gave the general advice about build_fn (there is none: the program
+    is re-entered); both now name ``memory.memory`` and say to sample in the loop."""
+    script = tmp_path / "dqn.py"
+    shutil.copy(PROGRAMS / "dqn.py", script)
+    p = run_py(str(script), "run.h5", "--shape", "memory", cwd=tmp_path, timeout=180,
+               env={"REPLAY_SELF_CHECK": "1"})  # fmt: skip
+    assert p.returncode == 3, p.stderr[-2000:]
+    warn = [ln for ln in p.stderr.splitlines() if "does NOT replay" in ln]
+    assert warn and "memory.memory (deque, empty here, read by optimize_model)" in warn[0], warn
+    assert "sample what the step takes from memory.memory in the training loop" in warn[0]
+    b = replay("bisect", str(tmp_path / "run.h5"), cwd=elsewhere)
+    assert b.returncode not in (0, 1) and "Traceback" not in b.stderr, b.stderr[-2000:]
+    said = b.stderr.strip().splitlines()[-1]
+    assert "raised ValueError" in said and "memory.memory (deque" in said, said
+    assert "build_fn" not in said
+
+
 def test_a_step_needing_an_object_build_fn_does_not_make_is_named_as_raised(tmp_path, elsewhere):
     run, p = record(tmp_path, "global_object.py", "run.h5")
     assert p.returncode == 0, p.stderr[-2000:]
@@ -222,7 +260,7 @@ def test_a_step_needing_an_object_build_fn_does_not_make_is_named_as_raised(tmp_
     assert rc == 1
     cause = v["cause"]
     assert cause["kind"] == "raised" and cause["exception"]["type"] == "AttributeError"
-    assert "build_fn does not create" in cause["hint"]
+    assert "neither its batch nor the objects the Recorder holds" in cause["hint"]
 
 
 def test_real_non_determinism_is_told_apart_from_drifted_state(tmp_path, elsewhere):

@@ -8,7 +8,7 @@ import copy
 import torch
 
 from replay.capture.objects import RunObjects
-from replay.engine.suspects import candidates, changed_by
+from replay.engine.suspects import buffers, candidates, changed_by
 
 model = torch.nn.Linear(3, 2)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -204,3 +204,45 @@ def test_a_generator_inside_wrapped_environments_is_named():
     assert "wrapped_env.env.env.env.state" not in names  # deep down: generators only
     changed = {s.name for s in changed_by(lambda: wrapped_episode(0), found)}
     assert changed == {"wrapped_env.env.env.env._np_random"}
+
+
+class _Memory:
+    def __init__(self) -> None:
+        import collections
+
+        self.memory: collections.deque[tuple[torch.Tensor, ...]] = collections.deque(maxlen=100)
+        self.seen: list[int] = [1]  # not empty: not a buffer the loop has yet to fill
+
+    def sample(self, n: int) -> list[tuple[torch.Tensor, ...]]:
+        import random
+
+        return random.sample(list(self.memory), n)
+
+
+replay_memory = _Memory()
+episodes: list[torch.Tensor] = []  # an empty list the loop fills
+
+
+def dqn_step(batch: int) -> torch.Tensor:
+    transitions = replay_memory.sample(4)
+    x = torch.cat([t[0] for t in transitions]) + len(episodes)
+    return model(x).sum()
+
+
+def test_the_collections_a_step_samples_from_that_the_loop_fills_are_named():
+    """A DQN step sampling its replay memory (a deque) is named with the deque, here empty, as
+    a replay from a snapshot would find it; an empty global list too; not the collections of
+    the recorded model and optimizer (their hooks' dicts), nor a list that holds values."""
+    objects = RunObjects({"model": model, "optimizer": opt})
+    named = [s.describe() for s in buffers(dqn_step, objects)]
+    assert named == [
+        "episodes (list, empty here, read by dqn_step)",
+        "replay_memory.memory (deque, empty here, read by dqn_step)",
+    ]
+    replay_memory.memory.append((torch.randn(1, 3),))
+    try:
+        assert "replay_memory.memory (deque of 1 item, read by dqn_step)" in [
+            s.describe() for s in buffers(dqn_step, objects)
+        ]
+    finally:
+        replay_memory.memory.clear()
