@@ -50,6 +50,7 @@ __all__ = [
     "permute_batch",
     "no_dropout",
     "hinted_axes",
+    "sample_list",
 ]
 
 REL_TOL = 1e-4  # a loss unchanged by permuting samples, up to the order of float sums
@@ -100,9 +101,36 @@ def _per_sample_leaves(batch: object) -> list[torch.Tensor]:
     return [t for t in leaves if t.shape[0] == size]
 
 
+def sample_list(batch: object) -> bool:
+    """The batch is a list (or plain tuple) of samples, each a container of its own tensors: a
+    DQN minibatch of transitions (``random.sample(memory, n)``: namedtuples of ``[1, 4]``
+    states, actions, rewards), a list of dicts collated inside the step. Its sample axis is
+    the list itself. Not ``[x, y]`` (tensors), nor a list of micro-batches (containers whose
+    tensors share a leading size over 1: the rows of each are samples)."""
+    if not isinstance(batch, (list, tuple)) or type(batch) not in (list, tuple):
+        return False
+    if len(batch) < 2:
+        return False
+    first = batch[0]
+    if not isinstance(first, (tuple, list, dict)) or any(type(b) is not type(first) for b in batch):
+        return False
+    from replay.trace.picture import batch_leaves
+
+    for item in batch[:4]:
+        leaves = [t for _, t in batch_leaves(item)]
+        if not leaves:
+            return False
+        rows = {t.shape[0] if t.dim() else 1 for t in leaves}
+        if len(rows) == 1 and rows.pop() > 1:
+            return False  # a micro-batch of rows
+    return True
+
+
 def batch_size_of(batch: object, axis: int = 0) -> int | None:
     """The size of ``axis`` in the batch: by default the most common dim-0 size among the
-    tensor leaves (None without any)."""
+    tensor leaves (None without any); the list's length for a ``sample_list``."""
+    if axis == 0 and sample_list(batch):
+        return len(cast(list[object], batch))
     if axis == 0:
         leaves = _per_sample_leaves(batch)
         return leaves[0].shape[0] if leaves else None
@@ -114,8 +142,11 @@ def candidate_axes(batch: object) -> list[tuple[int, int]]:
     says, and each further dimension that every per-sample leaf has, with one size > 1.
 
     ``x[B, F], y[B]`` gives ``[(0, B)]``; time-major ``x[T, B], y[T, B]`` gives
-    ``[(0, T), (1, B)]``; micro-batches ``x[M, B, T], y[M, B]`` give ``[(0, M), (1, B)]``.
+    ``[(0, T), (1, B)]``; micro-batches ``x[M, B, T], y[M, B]`` give ``[(0, M), (1, B)]``; a
+    ``sample_list`` of N samples gives ``[(0, N)]``: its samples are its items.
     """
+    if sample_list(batch):
+        return [(0, len(cast(list[object], batch)))]
     leaves = _per_sample_leaves(batch)
     if not leaves:
         return []
@@ -130,7 +161,10 @@ def candidate_axes(batch: object) -> list[tuple[int, int]]:
 def slice_batch(batch: _Batch, indices: Sequence[int], axis: int = 0) -> _Batch:
     """The same nested structure (dict, list, tuple, namedtuple) with every tensor leaf whose
     ``axis`` has the batch's size along it indexed by ``indices`` there; other leaves are kept
-    as they are."""
+    as they are. A ``sample_list``: those of its items."""
+    if axis == 0 and sample_list(batch):
+        items = cast(list[object], batch)
+        return cast(_Batch, type(items)(items[i] for i in indices))
     size = batch_size_of(batch, axis)
     leaves = _per_sample_leaves(batch)
     ref = tuple(leaves[0].shape) if leaves else ()

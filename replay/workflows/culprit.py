@@ -100,8 +100,17 @@ def _probe_step(engine: Engine, step: int, batch: Any) -> tuple[int, Any]:
 def _data_samples(batch: Any, axes: list[int]) -> list[Any]:
     """Positions along ``axes`` of the batch's non-finite values (pairs for two axes)."""
     from replay.trace.picture import batch_leaves
-    from replay.trace.samples import batch_size_of
+    from replay.trace.samples import batch_size_of, sample_list
 
+    if axes == [0] and sample_list(batch):  # the items that hold a non-finite value
+        return [
+            i
+            for i, item in enumerate(batch)
+            if any(
+                t.is_floating_point() and not bool(torch.isfinite(t.detach()).all())
+                for _, t in batch_leaves(item)
+            )
+        ]
     sizes = [batch_size_of(batch, a) for a in axes]
     found: set[tuple[int, ...]] = set()
     for _, t in batch_leaves(batch):

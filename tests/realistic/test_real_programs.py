@@ -220,14 +220,16 @@ def test_a_dqn_loop_handing_its_sampled_minibatch_to_the_step_bisects_to_the_bad
 ):
     """dqn.py (PyTorch's DQN tutorial): the loop plays a move, pushes the transition into its
     replay memory and hands a minibatch sampled from it to the step (a list of transitions).
-    The transition kept for move 70 holds a NaN; the first minibatch that samples it is bad."""
+    The transition kept for move 70 holds a NaN; the first minibatch that samples it is bad.
+    Was: the samples were looked for along dim 0 of each transition's tensors (size 1), and
+    sample 0 was named."""
     run, p = record(tmp_path, "dqn.py", "run.h5")
     assert p.returncode == 3 and "loss is nan at step 55" in p.stderr, p.stderr[-2000:]
     b = replay("bisect", str(run), "--json", cwd=elsewhere)
     d = json.loads(b.stdout)
     assert (d["first_bad_step"], d["kind"], d["cause"]) == (55, "nonfinite", "data"), d["notes"]
     assert [t["name"] for t in d["data"]["tensors"]] == ["batch[5].state"]
-    assert d["reproducible"] is True
+    assert d["samples"] == [5] and d["reproducible"] is True  # the list's items are its samples
 
 
 @pytest.mark.slow

@@ -184,3 +184,23 @@ def test_a_batch_axis_hint_wins_when_it_fits_the_batch():
     assert choose_sample_axes((torch.randn(4, 8, 3), torch.zeros(4, 8)), probe, (0, 1))[0] == [0, 1]
     axes, notes = choose_sample_axes((x,), probe, hint=2)  # no such shared dim: ignored
     assert axes == [0] and "does not fit" in notes[0]
+
+
+def test_a_list_of_samples_is_cut_by_its_items():
+    """A DQN minibatch is a list of transitions (namedtuples of ``[1, 4]`` states, actions,
+    rewards), collated inside the step. Was: its samples were looked for along dim 0 of each
+    tensor, of size 1, and bisect named sample 0 for the NaN transition at index 5."""
+    from replay.trace.samples import candidate_axes, sample_list
+
+    T = namedtuple("T", "state action reward")
+    batch = [T(torch.randn(1, 4), torch.tensor([[i % 2]]), torch.tensor([1.0])) for i in range(6)]
+    assert sample_list(batch) and batch_size_of(batch) == 6 and candidate_axes(batch) == [(0, 6)]
+    sub = slice_batch(batch, [5, 1])
+    assert type(sub) is list and sub[0] is batch[5] and sub[1] is batch[1]
+    dicts = [{"image": torch.randn(3, 4, 4), "label": torch.tensor(i)} for i in range(3)]
+    assert sample_list(dicts) and batch_size_of(dicts) == 3
+    # not samples: [x, y], a pair of micro-batches (their rows are the samples), one sample
+    x, y = torch.randn(8, 3), torch.randn(8)
+    assert not sample_list([x, y]) and batch_size_of([x, y]) == 8
+    assert not sample_list([(x, y), (x, y)]) and batch_size_of([(x, y), (x, y)]) == 8
+    assert not sample_list(batch[:1])
