@@ -120,9 +120,16 @@ def bisect(
 
 def _quote_self_check(run: str) -> None:
     """A recording whose self-check failed while it trained: say so first (docs/selfcheck.md)."""
+    from ..errors import RecordingError
     from ..safetext import term_safe
+    from ..store.reader import open_recording
     from ..store.selfcheck import read_selfcheck
 
-    v = read_selfcheck(run)
+    try:  # (not a single file: a rank set is checked with its ranks together, never quoted)
+        with open_recording(run, health_only=True) as rec:
+            run_id = rec.run_id
+    except (RecordingError, OSError):
+        return
+    v = read_selfcheck(run, run_id)
     if v is not None and v.failed:
         click.echo(term_safe(f"replay: note: while it trained, {run} {v.line()}"), err=True)

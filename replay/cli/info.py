@@ -48,18 +48,18 @@ def _steps_summary(rec: Recording) -> dict[str, Any]:
         "truncated": None,
         "damaged_steps": rec.damaged_steps(),
         "damaged_health": sorted(rec.damaged_health),
-        "self_check": _self_check(rec.path),
+        "self_check": _self_check(rec.path, rec.run_id),
         # The other segments of this recording: a resumed run records beside it (run.1.h5)
         "segments": [_segment(f) for f in segment_files(rec.path)],
         "watched_objects": rec.watched_objects,
     }
 
 
-def _self_check(path: str) -> dict[str, Any] | None:
+def _self_check(path: str, run_id: str) -> dict[str, Any] | None:
     """The background self-check's verdict beside the file (docs/selfcheck.md), with its line."""
     from ..store.selfcheck import read_selfcheck
 
-    v = read_selfcheck(path)
+    v = read_selfcheck(path, run_id)
     return None if v is None else {**v.to_json(), "line": v.line()}
 
 

@@ -196,6 +196,9 @@ class Recorder:
         self._lifecycle = Lifecycle(self.close, self._close_again, lambda: self._closed)
         self._ranks: RankPolicy = SingleProcess()
         self._self_check: SelfCheckLauncher | None = None
+        # the file's run id: the self-check's verdict beside it names it (a verdict left by an
+        # earlier recording at this path is not this one's)
+        self.run_id = uuid.uuid4().hex
         self.next_step = self.config.start_step
         # From here on nothing raises into training: an object the recorder does not know (an
         # optimizer wrapper without torch's hooks, a missing private attribute) turns recording
@@ -336,6 +339,7 @@ class Recorder:
             return
         self._self_check = SelfCheckLauncher(
             self.path,
+            self.run_id,
             self.config.start_step,
             self.config.self_check_steps,
             self.config.self_check_budget,
@@ -826,7 +830,7 @@ class Recorder:
         snap_guess = 4 * model_bytes + 4096  # weights, Adam's two moments, pending gradients
         return client.create(
             self.path,
-            run_id=uuid.uuid4().hex,
+            run_id=self.run_id,
             meta=meta,
             sources=sources,
             steps=RingSpec(plan.step_slots, pow2(step_guess // 4, 16 << 10, 1 << 20), step_guess),

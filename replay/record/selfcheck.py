@@ -33,6 +33,7 @@ class SelfCheckLauncher:
     def __init__(
         self,
         path: str,
+        run_id: str,
         first_step: int,
         steps: int,
         budget: int,
@@ -41,6 +42,7 @@ class SelfCheckLauncher:
         skip: str | None,
     ) -> None:
         self.path = path
+        self.run_id = run_id
         self.steps = max(1, steps)
         self.at = first_step + self.steps - 1
         self.first = first_step
@@ -67,7 +69,7 @@ class SelfCheckLauncher:
             )
 
     def _skipped(self, why: str) -> None:
-        write_selfcheck(self.path, SelfCheck("skipped", summary=why))
+        write_selfcheck(self.path, SelfCheck("skipped", summary=why, run_id=self.run_id))
 
     def _start(self, t: int) -> None:
         if self.skip is not None:
@@ -83,11 +85,12 @@ class SelfCheckLauncher:
         device, rtol = self._device()
         cmd = [sys.executable, "-m", "replay.workflows.selfcheck", self.path]
         cmd += ["--after", str(t), "--steps", str(self.steps), "--training-pid", str(os.getpid())]
+        cmd += ["--run-id", self.run_id]
         if device is not None:
             cmd += ["--device", device]
         if rtol is not None:
             cmd += ["--rtol", repr(rtol)]
-        write_selfcheck(self.path, SelfCheck("running", steps=(self.first, t)))
+        write_selfcheck(self.path, SelfCheck("running", steps=(self.first, t), run_id=self.run_id))
         self.proc = subprocess.Popen(
             cmd,
             env=_child_env(),

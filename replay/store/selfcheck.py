@@ -16,7 +16,7 @@ from typing import Any
 
 __all__ = ["SelfCheck", "selfcheck_path", "read_selfcheck", "write_selfcheck", "STATUSES"]
 
-VERSION = 1
+VERSION = 2  # 2: run_id (version 1 files have none)
 STATUSES = ("running", "ok", "failed", "skipped", "error")
 _MAX_BYTES = 64 << 10  # a verdict is a few hundred bytes; anything larger is not ours
 
@@ -35,6 +35,7 @@ class SelfCheck:
     summary: str = ""
     hint: str = ""
     seconds: float | None = None
+    run_id: str | None = None  # the recording's: a verdict beside another recording is not its
 
     @property
     def failed(self) -> bool:
@@ -75,6 +76,7 @@ class SelfCheck:
             "summary": self.summary,
             "hint": self.hint,
             "seconds": self.seconds,
+            "run_id": self.run_id,
         }
 
     @classmethod
@@ -104,6 +106,7 @@ class SelfCheck:
             summary=text("summary"),
             hint=text("hint"),
             seconds=float(seconds) if isinstance(seconds, (int, float)) else None,
+            run_id=text("run_id") or None,
         )
 
 
@@ -112,8 +115,17 @@ def selfcheck_path(path: str) -> str:
     return f"{root}.selfcheck.json"
 
 
-def read_selfcheck(path: str) -> SelfCheck | None:
-    """The verdict beside recording ``path``, or ``None`` (none yet, or not a verdict)."""
+def read_selfcheck(path: str, run_id: str | None = None) -> SelfCheck | None:
+    """The verdict beside recording ``path``, or ``None`` (none yet, or not a verdict).
+    ``run_id``: the recording's; a verdict naming another run is an earlier recording's at
+    the same path (deleted and made again), not this one's, and is ``None`` too."""
+    v = _read(path)
+    if v is not None and run_id and v.run_id is not None and v.run_id != run_id:
+        return None
+    return v
+
+
+def _read(path: str) -> SelfCheck | None:
     try:
         fd = os.open(selfcheck_path(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:

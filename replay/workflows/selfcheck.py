@@ -19,6 +19,7 @@ program that cannot be rebuilt, a missing object, state changed outside the step
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import sys
@@ -162,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default=None)
     p.add_argument("--rtol", type=float, default=None)
     p.add_argument("--training-pid", type=int, default=None)
+    p.add_argument("--run-id", default=None, help="the recording's run id, kept in the verdict")
     args = p.parse_args(argv)
     try:
         os.nice(19)  # the training's cores come first
@@ -176,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         first = (str(e).strip().splitlines() or [""])[0][:300]
         verdict = SelfCheck("error", summary=f"{type(e).__name__}: {first}")
     try:
-        write_selfcheck(args.run, verdict)
+        write_selfcheck(args.run, dataclasses.replace(verdict, run_id=args.run_id))
     except OSError:
         pass
     if verdict.failed:

@@ -118,7 +118,7 @@ def test_a_verdict_file_is_untrusted_input(tmp_path):
     write_selfcheck(run, SelfCheck("failed", "bitwise on cpu", (0, 3), "raised", "x\x1b[2J"))
     v = read_selfcheck(run)
     assert v is not None and v.failed and v.steps == (0, 3) and v.kind == "raised"
-    assert json.loads(path.read_text())["version"] == 1
+    assert json.loads(path.read_text())["version"] == 2
 
 
 def test_a_check_whose_run_ended_before_its_steps_does_not_outlive_it(tmp_path):
@@ -147,3 +147,36 @@ def test_a_check_whose_run_ended_before_its_steps_does_not_outlive_it(tmp_path):
     assert v is not None and v.status == "error", v
     assert "the run ended before step 3" in v.summary
     assert "does NOT replay" not in p.stderr
+
+
+def test_a_verdict_left_by_an_earlier_recording_at_the_same_path_is_not_this_ones(
+    tmp_path, mlp_nan_run, capsys
+):
+    """Was: run.selfcheck.json outlives its recording. A run recorded again at the same path
+    (the old run.h5 deleted) with the check off was shown the old run's "does NOT replay" by
+    info, bisect and the TUI. A verdict names its run; one naming another is not shown."""
+    from replay.cli.bisect import _quote_self_check
+    from replay.store.reader import open_recording
+
+    run = tmp_path / "run.h5"
+    shutil.copy(mlp_nan_run, run)
+    with open_recording(str(run), health_only=True) as rec:
+        own = rec.run_id
+    old = SelfCheck("failed", "bitwise on cpu", (0, 3), "raised", "old run", run_id="0" * 32)
+    write_selfcheck(str(run), old)
+    rc, d, err = replay_here_json("info", str(run))
+    assert rc == 0 and d["self_check"] is None, err
+    _quote_self_check(str(run))
+    assert "does NOT replay" not in capsys.readouterr().err
+    write_selfcheck(str(run), SelfCheck("failed", "bitwise on cpu", (0, 3), "raised", "this run",
+                                        run_id=own))  # fmt: skip
+    rc, d, _ = replay_here_json("info", str(run))
+    assert d["self_check"]["summary"] == "this run" and d["self_check"]["run_id"] == own
+    _quote_self_check(str(run))
+    assert "does NOT replay: the self-check (steps 0..3) found raised: this run" in (
+        capsys.readouterr().err
+    )
+    # a verdict from before run ids (version 1) cannot be told apart: it is shown
+    Path(selfcheck_path(str(run))).write_text('{"version": 1, "status": "ok", "steps": [0, 3]}')
+    rc, d, _ = replay_here_json("info", str(run))
+    assert d["self_check"]["status"] == "ok"

@@ -269,7 +269,7 @@ class OverviewScreen(RunScreen):
         t.append(
             f"  replayable {window.first}..{window.last}\n" if window else "  nothing replayable\n"
         )
-        check = read_selfcheck(rec.path)  # the background self-check (docs/selfcheck.md)
+        check = read_selfcheck(rec.path, rec.run_id)  # the background self-check (selfcheck.md)
         if check is not None:
             t.append(
                 f"  self-check: {term_safe(check.short())}\n",
