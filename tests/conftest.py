@@ -8,12 +8,15 @@ The folders of importable test programs (``integration/scripts``, ``integration`
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import warnings
 from collections.abc import Iterator
@@ -45,11 +48,27 @@ def run_py(
     check: bool = False,
     cwd: str | os.PathLike | None = None,
     input: str | None = None,
+    fresh: bool = False,
 ) -> subprocess.CompletedProcess:
-    """Run ``python args...`` with this checkout importable; capture text output."""
+    """Run ``python args...`` with this checkout importable; capture text output.
+
+    ``python script.py ...``, ``-m module ...`` and ``-c code ...`` are forked from this worker's
+    fork server (``tests/forkserver.py``: torch imported once) unless ``fresh``: a fresh
+    interpreter, for what must see one (which modules a command imports).
+    ``REPLAY_TEST_FORKSERVER=0`` in the environment turns the server off."""
     full_env = run_env()
     if env:
         full_env.update(env)
+    if not fresh and (
+        server := _fork_server("replay" if args[:2] == ("-m", "replay") else "program")
+    ):
+        ran = server.run(list(args), full_env, cwd, input, timeout)
+        if ran is not None:
+            if check and ran.returncode != 0:
+                raise AssertionError(
+                    f"exit {ran.returncode}\nstdout:\n{ran.stdout}\nstderr:\n{ran.stderr}"
+                )
+            return ran
     proc = subprocess.run(
         [sys.executable, *args],
         capture_output=True,
@@ -64,6 +83,115 @@ def run_py(
             f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
         )
     return proc
+
+
+class _ForkServer:
+    """The client of ``tests/forkserver.py``. A test process has two, started on first use:
+    one forks the programs that record, the other the ``replay`` commands, each with its own
+    hash seed, so that a recording is replayed under another one, as in real use (a forked
+    child keeps its server's: a set of strings iterates in the same order in all of them)."""
+
+    def __init__(self) -> None:
+        env = run_env()
+        for k in ("COVERAGE_PROCESS_START", "COVERAGE_PROCESS_CONFIG"):
+            env.pop(k, None)  # the server measures nothing; each child starts its own
+        env["PYTHONHASHSEED"] = str(int.from_bytes(os.urandom(4), "little"))
+        self.proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).with_name("forkserver.py"))],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        self.lock = threading.Lock()
+        self.dir = Path(tempfile.mkdtemp(prefix="replay-forks-"))
+        atexit.register(shutil.rmtree, self.dir, True)
+        ready = self._line(120)
+        if ready is None or "ready" not in ready:
+            raise RuntimeError("the fork server did not start")
+
+    def _line(self, timeout: float) -> dict | None:
+        import select
+
+        assert self.proc.stdout is not None
+        r, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        if not r:
+            return None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError("the fork server ended")
+        return json.loads(line)
+
+    def run(
+        self,
+        args: list[str],
+        env: dict[str, str],
+        cwd: str | os.PathLike | None,
+        input: str | None,
+        timeout: float,
+    ) -> subprocess.CompletedProcess | None:
+        """``python args...`` forked from the server; None when it cannot take it (busy, not
+        a script, ``-m`` or ``-c``), and the caller starts a fresh interpreter."""
+        if not args or not (args[0] in ("-m", "-c") or args[0].endswith(".py")):
+            return None
+        if not self.lock.acquire(blocking=False):
+            return None
+        try:
+            io = {k: self.dir / f"{k}" for k in ("stdin", "stdout", "stderr")}
+            io["stdin"].write_text(input or "")
+            for k in ("stdout", "stderr"):
+                io[k].write_bytes(b"")
+            req = {
+                "argv": args,
+                "env": env,
+                "cwd": os.fspath(cwd) if cwd is not None else os.getcwd(),
+                **{k: str(v) for k, v in io.items()},
+            }
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(json.dumps(req) + "\n")
+            self.proc.stdin.flush()
+            pid = (self._line(60) or {})["pid"]
+            done = self._line(timeout)
+            if done is None:  # as subprocess.run: kill it (and what it started), then raise
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
+                self._line(60)
+                raise subprocess.TimeoutExpired(
+                    [sys.executable, *args], timeout, _read(io["stdout"]), _read(io["stderr"])
+                )
+            return subprocess.CompletedProcess(
+                [sys.executable, *args],
+                os.waitstatus_to_exitcode(done["status"]),
+                _read(io["stdout"]),
+                _read(io["stderr"]),
+            )
+        finally:
+            self.lock.release()
+
+
+def _read(path: Path) -> str:
+    """As ``subprocess.run(text=True)`` decodes: universal newlines (a progress line's ``\\r``)."""
+    text = path.read_bytes().decode("utf-8", "replace")
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+_SERVERS: dict[str, _ForkServer | None] = {}
+
+
+def _fork_server(role: str) -> _ForkServer | None:
+    """This process's fork server for ``role`` ("program" or "replay"); None when the servers
+    are off or it could not start."""
+    if os.environ.get("REPLAY_TEST_FORKSERVER", "1") == "0":
+        return None
+    server = _SERVERS.get(role)
+    if server is not None and server.proc.poll() is not None:
+        del _SERVERS[role]  # it died: start another
+    if role not in _SERVERS:
+        try:
+            _SERVERS[role] = _ForkServer()
+        except (OSError, RuntimeError):
+            _SERVERS[role] = None
+    return _SERVERS[role]
 
 
 def replay_cli(*args: str, timeout: float = 300, **kw) -> subprocess.CompletedProcess:

@@ -2,7 +2,6 @@
 replay draws each batch again from the dataset, and a dataset edited since is refused."""
 
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +10,7 @@ from recorded_runs import cli
 
 from replay.errors import EXIT_DATA_CHANGED
 from replay.store import open_recording
-from tests.conftest import run_env as env
+from tests.conftest import run_py
 
 SCRIPT = Path(__file__).with_name("scripts") / "loader_train.py"
 
@@ -25,13 +24,7 @@ def _data(path: Path) -> Path:
 
 def _record(tmp_path: Path, *extra: str) -> tuple[Path, Path, subprocess.CompletedProcess]:
     data, run = _data(tmp_path / "data.npy"), tmp_path / "run.h5"
-    p = subprocess.run(
-        [sys.executable, str(SCRIPT), str(run), str(data), *extra],
-        env=env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    p = run_py(str(SCRIPT), str(run), str(data), *extra, timeout=120)
     assert p.returncode == 0, p.stderr
     return run, data, p
 

@@ -19,7 +19,7 @@ from recorded_runs import cli_json
 from torch.overrides import TorchFunctionMode
 
 from replay.reports import BisectReport
-from tests.conftest import run_env
+from tests.conftest import run_env, run_py
 
 SCRIPTS = Path(__file__).with_name("scripts")
 
@@ -33,13 +33,7 @@ def load(name: str):
 
 def record(tmp_path: Path, name: str, *args: str) -> Path:
     run = tmp_path / f"{name}.h5"
-    p = subprocess.run(
-        [sys.executable, str(SCRIPTS / f"{name}.py"), str(run), *args],
-        env=run_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    p = run_py(str(SCRIPTS / f"{name}.py"), str(run), *args, timeout=120)
     assert p.returncode == 0 and run.exists(), p.stderr[-2000:]
     return run
 

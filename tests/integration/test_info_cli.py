@@ -129,5 +129,5 @@ def test_help_and_info_do_not_import_torch(nan_run):
         "r = CliRunner().invoke(cli, ['--help']); assert r.exit_code == 0\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )
-    proc = run_py("-c", code)
+    proc = run_py("-c", code, fresh=True)  # (a forked child has torch already)
     assert proc.returncode == 0, proc.stderr

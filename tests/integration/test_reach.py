@@ -6,28 +6,19 @@ on. The dense snapshots cover only the last 150 steps; the sparse ones and the k
 reach step 300, so bisect names it and replays it bitwise.
 """
 
-import sys
 from pathlib import Path
 
 import pytest
 from recorded_runs import cli, cli_json
 
-from tests.conftest import run_env as env
+from tests.conftest import run_py
 
 SCRIPT = Path(__file__).with_name("scripts") / "reach_spike.py"
 
 
 def _record(tmp_path: Path, *extra: str) -> Path:
-    import subprocess
-
     run = tmp_path / "run.h5"
-    p = subprocess.run(
-        [sys.executable, str(SCRIPT), str(run), "--steps", "3000", "--at", "300", *extra],
-        env=env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    p = run_py(str(SCRIPT), str(run), "--steps", "3000", "--at", "300", *extra, timeout=300)
     assert p.returncode == 0, p.stderr
     return run
 
