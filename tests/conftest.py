@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -89,7 +90,11 @@ class _ForkServer:
     """The client of ``tests/forkserver.py``. A test process has two, started on first use:
     one forks the programs that record, the other the ``replay`` commands, each with its own
     hash seed, so that a recording is replayed under another one, as in real use (a forked
-    child keeps its server's: a set of strings iterates in the same order in all of them)."""
+    child keeps its server's: a set of strings iterates in the same order in all of them).
+
+    A child's stdout and stderr are FIFOs read until every process holding them closed them,
+    as ``subprocess.run`` reads its pipes: a self-check the run started still writes its
+    warning there after the run ended."""
 
     def __init__(self) -> None:
         env = run_env()
@@ -100,26 +105,31 @@ class _ForkServer:
             [sys.executable, str(Path(__file__).with_name("forkserver.py"))],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            text=True,
             env=env,
         )
+        assert self.proc.stdout is not None
+        self.fd = self.proc.stdout.fileno()
+        self.pending = b""
         self.lock = threading.Lock()
         self.dir = Path(tempfile.mkdtemp(prefix="replay-forks-"))
         atexit.register(shutil.rmtree, self.dir, True)
-        ready = self._line(120)
+        ready = self._message(time.monotonic() + 120)
         if ready is None or "ready" not in ready:
             raise RuntimeError("the fork server did not start")
 
-    def _line(self, timeout: float) -> dict | None:
+    def _message(self, deadline: float) -> dict | None:
+        """The server's next message, or None at the deadline."""
         import select
 
-        assert self.proc.stdout is not None
-        r, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        if not r:
-            return None
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError("the fork server ended")
+        while b"\n" not in self.pending:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.fd], [], [], left)[0]:
+                return None
+            chunk = os.read(self.fd, 4096)
+            if not chunk:
+                raise RuntimeError("the fork server ended")
+            self.pending += chunk
+        line, _, self.pending = self.pending.partition(b"\n")
         return json.loads(line)
 
     def run(
@@ -137,42 +147,97 @@ class _ForkServer:
         if not self.lock.acquire(blocking=False):
             return None
         try:
-            io = {k: self.dir / f"{k}" for k in ("stdin", "stdout", "stderr")}
-            io["stdin"].write_text(input or "")
-            for k in ("stdout", "stderr"):
-                io[k].write_bytes(b"")
-            req = {
-                "argv": args,
-                "env": env,
-                "cwd": os.fspath(cwd) if cwd is not None else os.getcwd(),
-                **{k: str(v) for k, v in io.items()},
-            }
-            assert self.proc.stdin is not None
-            self.proc.stdin.write(json.dumps(req) + "\n")
-            self.proc.stdin.flush()
-            pid = (self._line(60) or {})["pid"]
-            done = self._line(timeout)
-            if done is None:  # as subprocess.run: kill it (and what it started), then raise
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(pid, signal.SIGKILL)
-                self._line(60)
-                raise subprocess.TimeoutExpired(
-                    [sys.executable, *args], timeout, _read(io["stdout"]), _read(io["stderr"])
-                )
-            return subprocess.CompletedProcess(
-                [sys.executable, *args],
-                os.waitstatus_to_exitcode(done["status"]),
-                _read(io["stdout"]),
-                _read(io["stderr"]),
-            )
+            return self._run(args, env, cwd, input, timeout)
         finally:
             self.lock.release()
 
+    def _run(
+        self,
+        args: list[str],
+        env: dict[str, str],
+        cwd: str | os.PathLike | None,
+        input: str | None,
+        timeout: float,
+    ) -> subprocess.CompletedProcess:
+        import select
 
-def _read(path: Path) -> str:
+        stdin = self.dir / "stdin"
+        stdin.write_text(input or "")
+        fifos = {k: self.dir / k for k in ("stdout", "stderr")}
+        for f in fifos.values():
+            f.unlink(missing_ok=True)
+            os.mkfifo(f)
+        reads = {k: os.open(f, os.O_RDONLY | os.O_NONBLOCK) for k, f in fifos.items()}
+        # held open for writing until the child ended: no EOF before it opened its own ends
+        holds = [os.open(f, os.O_WRONLY | os.O_NONBLOCK) for f in fifos.values()]
+        out = {k: bytearray() for k in fifos}
+        req = {
+            "argv": args,
+            "env": env,
+            "cwd": os.fspath(cwd) if cwd is not None else os.getcwd(),
+            "stdin": str(stdin),
+            **{k: str(f) for k, f in fifos.items()},
+        }
+        assert self.proc.stdin is not None
+        self.proc.stdin.write((json.dumps(req) + "\n").encode())
+        self.proc.stdin.flush()
+        deadline = time.monotonic() + timeout
+        pid: int | None = None
+        status: int | None = None
+        timed_out = False
+        try:
+            while reads or status is None:
+                if status is None and b"\n" in self.pending:
+                    msg = self._message(deadline)
+                    assert msg is not None
+                    if "pid" in msg:
+                        pid = msg["pid"]
+                    else:
+                        status = msg["status"]
+                        for h in holds:
+                            os.close(h)
+                        holds = []
+                    continue
+                left = deadline - time.monotonic()
+                if left <= 0 and not timed_out and pid is not None:
+                    timed_out = True  # as subprocess.run: kill it and what it started
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(pid, signal.SIGKILL)
+                    deadline = time.monotonic() + 60
+                    continue
+                if left <= 0:
+                    raise RuntimeError("the fork server did not answer")
+                watch = list(reads.values()) + ([self.fd] if status is None else [])
+                ready = select.select(watch, [], [], left)[0]
+                for fd in ready:
+                    if fd == self.fd:
+                        chunk = os.read(self.fd, 4096)
+                        if not chunk:
+                            raise RuntimeError("the fork server ended")
+                        self.pending += chunk
+                        continue
+                    key = next(k for k, v in reads.items() if v == fd)
+                    data = os.read(fd, 65536)
+                    if data:
+                        out[key] += data
+                    else:
+                        os.close(fd)
+                        del reads[key]
+        finally:
+            for fd in [*reads.values(), *holds]:
+                os.close(fd)
+        stdout, stderr = _text(bytes(out["stdout"])), _text(bytes(out["stderr"]))
+        if timed_out:
+            raise subprocess.TimeoutExpired([sys.executable, *args], timeout, stdout, stderr)
+        assert status is not None
+        return subprocess.CompletedProcess(
+            [sys.executable, *args], os.waitstatus_to_exitcode(status), stdout, stderr
+        )
+
+
+def _text(data: bytes) -> str:
     """As ``subprocess.run(text=True)`` decodes: universal newlines (a progress line's ``\\r``)."""
-    text = path.read_bytes().decode("utf-8", "replace")
-    return text.replace("\r\n", "\n").replace("\r", "\n")
+    return data.decode("utf-8", "replace").replace("\r\n", "\n").replace("\r", "\n")
 
 
 _SERVERS: dict[str, _ForkServer | None] = {}

@@ -96,15 +96,11 @@ def _child(req: dict) -> None:
             else:
                 print(e.code, file=sys.stderr)
                 code = 1
-        except KeyboardInterrupt:
-            import traceback
-
-            traceback.print_exc()
+        except KeyboardInterrupt as e:
+            _print_exception(e)
             code = 130
-        except BaseException:  # noqa: BLE001 - as the interpreter does: print it, exit 1
-            import traceback
-
-            traceback.print_exc()
+        except BaseException as e:  # noqa: BLE001 - as the interpreter does: print it, exit 1
+            _print_exception(e)
             code = 1
         import threading
 
@@ -123,6 +119,20 @@ def _child(req: dict) -> None:
             except Exception:  # noqa: BLE001
                 pass
         os._exit(code & 0xFF)
+
+
+def _print_exception(e: BaseException) -> None:
+    """The traceback the interpreter prints, from the program's first frame (not this file's
+    or runpy's, which a fresh ``python`` does not have)."""
+    import traceback
+
+    tb = e.__traceback__
+    while tb is not None and (
+        tb.tb_frame.f_code.co_filename == __file__
+        or tb.tb_frame.f_code.co_filename.startswith("<frozen runpy")
+    ):
+        tb = tb.tb_next
+    traceback.print_exception(type(e), e, tb)
 
 
 _SERVER_PATH_HEAD: list[str] = []
