@@ -147,22 +147,17 @@ class _ForkServer:
         if not self.lock.acquire(blocking=False):
             return None
         try:
-            return self._run(args, env, cwd, input, timeout)
+            return self._run(args, env, os.fspath(cwd or os.getcwd()), input or "", timeout)
         finally:
             self.lock.release()
 
     def _run(
-        self,
-        args: list[str],
-        env: dict[str, str],
-        cwd: str | os.PathLike | None,
-        input: str | None,
-        timeout: float,
+        self, args: list[str], env: dict[str, str], cwd: str, input: str, timeout: float
     ) -> subprocess.CompletedProcess:
         import select
 
         stdin = self.dir / "stdin"
-        stdin.write_text(input or "")
+        stdin.write_text(input)
         fifos = {k: self.dir / k for k in ("stdout", "stderr")}
         for f in fifos.values():
             f.unlink(missing_ok=True)
@@ -174,7 +169,7 @@ class _ForkServer:
         req = {
             "argv": args,
             "env": env,
-            "cwd": os.fspath(cwd) if cwd is not None else os.getcwd(),
+            "cwd": cwd,
             "stdin": str(stdin),
             **{k: str(f) for k, f in fifos.items()},
         }
