@@ -204,7 +204,7 @@ def explain_divergence(
             f"{t} would not reproduce it"
         )
         out.hint = HINT_CARRIED
-        _name_suspects(engine, t, out)
+        _name_suspects(engine, t, out, memories=True)
         return out
     engine.state_before(t, keep=True)
     a = engine.run_step(t).row()
@@ -268,22 +268,27 @@ def explain_divergence(
     if changed:
         summary += f"; note that {', '.join(changed)} changed since the recording"
     out.kind, out.summary, out.hint = "outside_state", summary, HINT_OUTSIDE
-    _name_suspects(engine, t, out)
+    _name_suspects(engine, t, out, memories=True)
     return out
 
 
-def _name_suspects(engine: Engine, t: int, out: DivergenceCause) -> None:
+def _name_suspects(engine: Engine, t: int, out: DivergenceCause, memories: bool = False) -> None:
     """Name the state the step changes that no snapshot holds (``engine/suspects.py``), in
-    the summary and the hint: one more run of step ``t``."""
+    the summary and the hint: one more run of step ``t``. ``memories``: when it changes none,
+    name a replay memory (a ``deque``) it reads instead, which the loop fills between steps
+    (PyTorch's DQN tutorial: ``optimize_model()`` returns early while the memory is short,
+    samples it after; replayed from a snapshot, it finds another memory)."""
     try:
         found = candidates(engine.step_fn, engine.objs)
-        if not found:
-            return
-        engine.state_before(t, keep=True)
-        named = changed_by(lambda: engine.run_step(t), found)
+        named = []
+        if found:
+            engine.state_before(t, keep=True)
+            named = changed_by(lambda: engine.run_step(t), found)
     except Exception:  # noqa: BLE001 - naming suspects helps; it must not fail the verdict
         return
     if not named:
+        if memories:
+            _name_buffers(engine, out, kinds=("deque",))
         return
     # a random generator first: what a step draws from decides all the rest it does
     named.sort(key=lambda s: not s.kind.startswith("random generator"))
@@ -317,11 +322,14 @@ def _name_suspects(engine: Engine, t: int, out: DivergenceCause) -> None:
     out.hint = "; ".join(says)
 
 
-def _name_buffers(engine: Engine, out: DivergenceCause) -> None:
-    """A replay that raised where the run did not: name the collections the step reads that
-    the loop fills between steps (``suspects.buffers``: an RL replay memory it samples from,
-    empty in a replay from a snapshot), with the remedy, sampling in the loop."""
-    found = read_buffers(engine)
+def _name_buffers(
+    engine: Engine, out: DivergenceCause, kinds: tuple[str, ...] = ("deque", "list", "dict")
+) -> None:
+    """A replay that raised where the run did not (or, ``kinds`` deques alone, differs with no
+    state named): name the collections the step reads that the loop fills between steps
+    (``suspects.buffers``: an RL replay memory it samples from, empty in a replay from a
+    snapshot), with the remedy, sampling in the loop."""
+    found = [s for s in read_buffers(engine) if s.kind.startswith(kinds)]
     if not found:
         return
     out.suspects = [s.describe() for s in found]

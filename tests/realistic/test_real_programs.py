@@ -255,6 +255,27 @@ def test_a_dqn_step_sampling_the_replay_memory_itself_names_the_memory_while_it_
     assert "build_fn" not in said
 
 
+def test_a_dqn_step_that_waits_for_its_memory_to_fill_names_the_memory_where_it_differs(
+    tmp_path, elsewhere
+):
+    """The tutorial's own loop: the step after every move, returning at once while the memory
+    holds less than a minibatch. Steps replayed from a later snapshot differ (their
+    memory is empty) while two replays agree. Was: "something outside step_fn changes what
+    the step reads", naming nothing; now the memory, and to sample in the loop. (The
+    self-check passes this run: its first steps are no-ops that do replay.)"""
+    run, p = record(tmp_path, "dqn.py", "run.h5", "--shape", "tutorial", "--nan-at", "1000")
+    assert p.returncode == 0, p.stderr[-2000:]
+    rc, v, err = verify_all_json(run, elsewhere)
+    assert rc == 1 and v["cause"]["kind"] == "outside_state", (v.get("cause"), err[-2000:])
+    assert any(s.startswith("memory.memory (deque") for s in v["cause"]["suspects"]), v["cause"]
+    assert "sample what the step takes from memory.memory" in v["cause"]["hint"]
+
+
+def verify_all_json(run: Path, cwd: Path) -> tuple[int, dict, str]:
+    p = replay("verify", str(run), "--all", "--json", cwd=cwd)
+    return p.returncode, json.loads(p.stdout) if p.stdout.strip() else {}, p.stderr
+
+
 def test_a_step_needing_an_object_build_fn_does_not_make_is_named_as_raised(tmp_path, elsewhere):
     run, p = record(tmp_path, "global_object.py", "run.h5")
     assert p.returncode == 0, p.stderr[-2000:]

@@ -10,9 +10,12 @@ it makes the Q-values, the loss and then the weights NaN.
 (``rec.step(transitions)``), so the step depends on nothing but the objects and its batch.
 ``--shape memory``: as the tutorial writes it, ``optimize_model()`` samples from the global
 memory itself (``rec.step(t)``); the memory, filled by the loop between steps, is state no
-snapshot holds, so a replay from a snapshot cannot sample what the run sampled.
+snapshot holds, so a replay from a snapshot cannot sample what the run sampled (it raises: the
+replayed memory is empty). ``--shape tutorial``: the same step, called after every move as the
+tutorial calls it, returns at once while the memory is short: the first steps are no-ops that
+replay, and later ones differ.
 
-    python dqn.py run.h5 [--moves 120] [--nan-at 70] [--shape batch|memory]
+    python dqn.py run.h5 [--moves 120] [--nan-at 70] [--shape batch|memory|tutorial]
 """
 
 import argparse
@@ -118,12 +121,20 @@ def optimize_model(t):
     return learn(memory.sample(BATCH_SIZE))
 
 
+def optimize_model_when_full(t):
+    """As the tutorial writes it: returns at once while the memory holds less than a
+    minibatch, samples it after."""
+    if len(memory) < BATCH_SIZE:
+        return None
+    return learn(memory.sample(BATCH_SIZE))
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("out")
     p.add_argument("--moves", type=int, default=120)
     p.add_argument("--nan-at", type=int, default=70)
-    p.add_argument("--shape", choices=["batch", "memory"], default="batch")
+    p.add_argument("--shape", choices=["batch", "memory", "tutorial"], default="batch")
     args = p.parse_args()
 
     random.seed(0)
@@ -131,7 +142,9 @@ def main():
     target_net.load_state_dict(policy_net.state_dict())
     env = CartPole(0)
     state = torch.tensor(env.reset()).unsqueeze(0)
-    step_fn = learn if args.shape == "batch" else optimize_model
+    step_fn = {"batch": learn, "memory": optimize_model, "tutorial": optimize_model_when_full}[
+        args.shape
+    ]
     with replay.Recorder(
         args.out,
         objects={"model": policy_net, "target_net": target_net, "optimizer": optimizer},
@@ -152,6 +165,9 @@ def main():
             next_state = None if done else torch.tensor(obs).unsqueeze(0)
             memory.push(state, action, next_state, torch.tensor([reward]))
             state = torch.tensor(env.reset()).unsqueeze(0) if done else next_state
+            if args.shape == "tutorial":  # a step every move, as the tutorial optimizes
+                loss = rec.step(move)
+                continue
             if len(memory) < BATCH_SIZE:
                 continue
             if args.shape == "batch":
