@@ -123,8 +123,8 @@ def preflight(
     is left alone), snapshots at step 0 and half-way, and ends the run cleanly after --steps
     steps. The steps are then replayed in a fresh process, as `replay bisect` would after a
     crash. When they differ, the report says why: the replayed step raised (it needs state its
-    batch and objects do not bring: a replay memory the loop fills), state changed outside the step (which objects), or real
-    non-determinism; and what to change. The run's own output goes to stderr.
+    batch and objects do not bring: a replay memory the loop fills), state changed outside the
+    step (which objects), or real non-determinism; and what to change. The run's own output goes to stderr.
     Exit codes: 0 replayable, 1 not replayable, 2 usage error.
     """
     from ..preflight import run_preflight

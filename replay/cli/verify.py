@@ -42,9 +42,9 @@ def verify(
     bisect of a failure after it would start), or from --from STEP on.
 
     Compares each replayed loss and parameter fingerprint with the recorded ones. When a step
-    differs, says why: the replay raised (the step needs state its batch and objects do not bring), state
-    changed outside the step (which objects drifted by the next snapshot), or real
-    non-determinism (two replays from the same state disagree).
+    differs, says why: the replay raised (the step needs state its batch and objects do not
+    bring), state changed outside the step (which objects drifted by the next snapshot), or
+    real non-determinism (two replays from the same state disagree).
 
     \b
     A DDP run: RUN names its rank set (run.h5 for run.rank0.h5, run.rank1.h5, ...); every rank

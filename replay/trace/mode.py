@@ -24,7 +24,7 @@ first producer over all of them, not only over the first sink. Custom ``torch.au
 
 A warning that torch raises from inside an op (``TORCH_WARN``: ``std()`` of one value) names
 the innermost Python frame, which is the tracer's own while it runs the op: while tracing, such
-a warning is shown at the user's line that ran the op instead (``Tracer._showwarning``).
+a warning is shown at the user's line that ran the op instead (``Tracer._attribute_warnings``).
 
 NB: not reentrant; one ``Tracer`` per traced step. Statistics are computed with ``self.off``
 set, so the tensors they touch are neither traced nor tagged.
