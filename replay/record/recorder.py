@@ -346,6 +346,7 @@ class Recorder:
             4 * self._model_meta.param_bytes,
             self._inner,
             skip_reason(self),
+            later=self.config.start_step + self.config.keep_snapshots * self.config.snapshot_every,
         )
         # One more snapshot half-way through the checked steps: the check replays the steps
         # after it from it, as a bisect of a later failure would start, which a replay carried

@@ -4,7 +4,9 @@ Once the first snapshot and ``self_check_steps`` steps are recorded, the Recorde
 child process, ``python -m replay.workflows.selfcheck``, at the lowest priority with one
 thread, and goes on: nothing here waits for it, and nothing it does can fail training. The
 child replays those steps and writes the verdict beside the recording; a failure reaches the
-training's stderr as one line. ``REPLAY_SELF_CHECK=0`` in the environment turns it off for every
+training's stderr as one line. When they replay, the same child then waits for the run's
+snapshot at ``later`` (once the dense ring has turned over: ``keep_snapshots * snapshot_every``
+steps in) and replays ``steps`` steps from it: a snapshot taken once training is under way. ``REPLAY_SELF_CHECK=0`` in the environment turns it off for every
 Recorder of the process (the test suite does); ``Recorder(self_check=False)`` for one.
 """
 
@@ -40,8 +42,10 @@ class SelfCheckLauncher:
         state_bytes: int,
         model: torch.nn.Module,
         skip: str | None,
+        later: int | None = None,
     ) -> None:
         self.path = path
+        self.later = later
         self.run_id = run_id
         self.steps = max(1, steps)
         self.at = first_step + self.steps - 1
@@ -86,6 +90,8 @@ class SelfCheckLauncher:
         cmd = [sys.executable, "-m", "replay.workflows.selfcheck", self.path]
         cmd += ["--after", str(t), "--steps", str(self.steps), "--training-pid", str(os.getpid())]
         cmd += ["--run-id", self.run_id]
+        if self.later is not None and self.later > t:
+            cmd += ["--later", str(self.later)]
         if device is not None:
             cmd += ["--device", device]
         if rtol is not None:

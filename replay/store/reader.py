@@ -68,6 +68,13 @@ class Window:
         """The newest snapshot at or before ``step`` inside this window."""
         return max(s for s in self.snapshots if s <= step)
 
+    def from_snapshot(self, step: int) -> Window | None:
+        """The part of this window from its oldest snapshot at or after ``step``, or ``None``."""
+        later = [s for s in self.snapshots if s >= step]
+        if not later:
+            return None
+        return Window(min(later), self.last, tuple(later))
+
 
 def _check_signature(path: str, probe: bool = True) -> None:
     V.check_regular_file(path)  # before any open: a FIFO would block, a device never end
@@ -624,9 +631,11 @@ class Recording:
         pinned = self._pinned.get(("snapshots", step))
         return pinned if pinned is not None else self._record("snapshots", step)
 
-    def pin(self, steps: int) -> Window | None:
+    def pin(self, steps: int, start: int | None = None) -> Window | None:
         """Read the first ``steps`` steps of the replayable window, with the snapshots they
-        start from, and serve them (and that window) from memory from now on.
+        start from, and serve them (and that window) from memory from now on. ``start``: the
+        steps from the oldest kept snapshot at or after that step instead (``None`` when the
+        window holds none yet).
 
         A live run's ring moves on while a replay of it starts (the self-check re-runs the
         program for seconds first): what was committed when it was opened is what it replays.
@@ -634,6 +643,8 @@ class Recording:
         """
         for _ in range(20):
             w = self.replayable_window()
+            if w is not None and start is not None:
+                w = w.from_snapshot(start)
             if w is None:
                 return None
             last = min(w.last, w.first + max(1, steps) - 1)

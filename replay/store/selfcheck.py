@@ -16,7 +16,7 @@ from typing import Any
 
 __all__ = ["SelfCheck", "selfcheck_path", "read_selfcheck", "write_selfcheck", "STATUSES"]
 
-VERSION = 2  # 2: run_id (version 1 files have none)
+VERSION = 3  # 2: run_id (version 1 files have none); 3: earlier (the first steps' span)
 STATUSES = ("running", "ok", "failed", "skipped", "error")
 _MAX_BYTES = 64 << 10  # a verdict is a few hundred bytes; anything larger is not ours
 
@@ -36,6 +36,9 @@ class SelfCheck:
     hint: str = ""
     seconds: float | None = None
     run_id: str | None = None  # the recording's: a verdict beside another recording is not its
+    # the later check's verdict: the first steps, which replayed (``steps`` are the later ones,
+    # from a snapshot taken once training was under way)
+    earlier: tuple[int, int] | None = None
 
     @property
     def failed(self) -> bool:
@@ -44,10 +47,21 @@ class SelfCheck:
     def line(self) -> str:
         """One line for a person: what the check found and what to do."""
         span = f" (steps {self.steps[0]}..{self.steps[1]})" if self.steps else ""
+        later = self.earlier is not None and self.steps is not None
         if self.status == "ok":
+            if later:
+                return (
+                    f"replays: the self-check replayed the first steps ({_span(self.earlier)}) "
+                    f"and, from a later snapshot, steps {_span(self.steps)} {self.check}"
+                )
             return f"replays: the self-check replayed the first steps{span} {self.check}"
         if self.status == "failed":
             what = f"{self.kind}: " if self.kind else ""
+            if later:
+                span = (
+                    f" (steps {_span(self.steps)}, from a snapshot taken once training was under "
+                    f"way; the first steps, {_span(self.earlier)}, replayed)"
+                )
             return f"does NOT replay: the self-check{span} found {what}{self.summary}" + (
                 f"; {self.hint}" if self.hint else ""
             )
@@ -59,7 +73,9 @@ class SelfCheck:
 
     def short(self) -> str:
         """A few words for a narrow panel (the TUI's overview)."""
-        span = f"steps {self.steps[0]}..{self.steps[1]}, " if self.steps else ""
+        span = f"steps {_span(self.steps)}, " if self.steps else ""
+        if self.earlier is not None and self.steps is not None:
+            span = f"steps {_span(self.earlier)} and {_span(self.steps)}, "
         if self.status == "ok":
             return f"replays ({span}{self.check})"
         if self.status == "failed":
@@ -77,6 +93,7 @@ class SelfCheck:
             "hint": self.hint,
             "seconds": self.seconds,
             "run_id": self.run_id,
+            "earlier": list(self.earlier) if self.earlier else None,
         }
 
     @classmethod
@@ -84,14 +101,6 @@ class SelfCheck:
         """A verdict read back, or ``None`` when ``d`` is not one (a file is untrusted input)."""
         if not isinstance(d, dict) or d.get("status") not in STATUSES:
             return None
-        raw = d.get("steps")
-        steps: list[int] | None = None
-        if (
-            isinstance(raw, list)
-            and len(raw) == 2
-            and all(isinstance(x, int) and not isinstance(x, bool) for x in raw)
-        ):
-            steps = raw
         seconds = d.get("seconds")
 
         def text(k: str) -> str:
@@ -101,13 +110,28 @@ class SelfCheck:
         return cls(
             status=str(d["status"]),
             check=text("check"),
-            steps=(int(steps[0]), int(steps[1])) if steps is not None else None,
+            steps=_pair(d.get("steps")),
             kind=text("kind") or None,
             summary=text("summary"),
             hint=text("hint"),
             seconds=float(seconds) if isinstance(seconds, (int, float)) else None,
             run_id=text("run_id") or None,
+            earlier=_pair(d.get("earlier")),
         )
+
+
+def _pair(raw: Any) -> tuple[int, int] | None:
+    if (
+        isinstance(raw, list)
+        and len(raw) == 2
+        and all(isinstance(x, int) and not isinstance(x, bool) for x in raw)
+    ):
+        return int(raw[0]), int(raw[1])
+    return None
+
+
+def _span(steps: tuple[int, int] | None) -> str:
+    return f"{steps[0]}..{steps[1]}" if steps else ""
 
 
 def selfcheck_path(path: str) -> str:

@@ -3,14 +3,21 @@
 Started by the Recorder (``replay/record/selfcheck.py``) as a child process at the lowest
 priority, one thread::
 
-    python -m replay.workflows.selfcheck RUN --after T --steps K [--device D] [--rtol R]
+    python -m replay.workflows.selfcheck RUN --after T --steps K [--later S] [--device D]
+                                         [--rtol R]
 
 It waits until the writer process has committed step ``T``, replays ``K`` steps from the
 oldest kept snapshot as
 ``replay verify`` would (by re-entry, or through ``build_fn``), and writes its verdict beside the
 recording (``run.selfcheck.json``, ``replay/store/selfcheck.py``). When the steps do not
 replay it writes **one line** to the training's stderr at once; everything else it (and the
-re-run program) prints goes nowhere: the training's output stays the training's. ``--rtol``: a
+re-run program) prints goes nowhere: the training's output stays the training's.
+
+``--later S``: when the first steps replay, the check then becomes (by ``exec``: a fresh
+interpreter, since the re-run program's own modules keep their state) the *later* check, which
+waits for the snapshot of step ``S`` and replays ``K`` steps from it (``--from S --earlier A B``).
+The first steps of a run can replay while a snapshot taken once training is under way does not
+(a DQN step that returns at once while its replay memory fills). ``--rtol``: a
 replay on another device than the recording's (a GPU run checked on the CPU) cannot be bitwise;
 its losses must then agree within ``R``, which still catches every structural failure (a
 program that cannot be rebuilt, a missing object, state changed outside the step).
@@ -19,6 +26,7 @@ program that cannot be rebuilt, a missing object, state changed outside the step
 from __future__ import annotations
 
 import argparse
+import atexit
 import dataclasses
 import math
 import os
@@ -32,13 +40,15 @@ from ..store.selfcheck import SelfCheck, write_selfcheck
 
 __all__ = ["run_selfcheck", "judge", "main"]
 
-WAIT = 300.0  # seconds for the writer process to commit the steps to check
+WAIT = 300.0  # seconds for the writer process to commit the first steps to check
+POLL = 0.5  # seconds between looks at the file, waiting for the first steps
+POLL_LATER = 2.0  # waiting for the later steps, which may be hours away
 
 
-def _checkable(run: str, after: int, steps: int) -> int | None:
+def _checkable(run: str, after: int, steps: int, start: int | None = None) -> int | None:
     """The last step to check once the writer has committed step ``after``: ``steps`` steps
-    from the oldest kept snapshot (a short run may be over, its ring moved on, by now;
-    ``run_verify`` pins them when it opens the file)."""
+    from the oldest kept snapshot, or from the oldest at or after ``start`` (a short run may be
+    over, its ring moved on, by now; ``run_verify`` pins them when it opens the file)."""
     from ..store import open_recording
 
     try:
@@ -47,6 +57,8 @@ def _checkable(run: str, after: int, steps: int) -> int | None:
         return None
     try:
         w = rec.replayable_window()
+        if w is not None and start is not None:
+            w = w.from_snapshot(start)
         if w is None or w.last < min(after, w.first + steps - 1):
             return None
         return min(w.last, w.first + steps - 1)
@@ -105,22 +117,25 @@ def run_selfcheck(
     device: str | None = None,
     rtol: float | None = None,
     training_pid: int | None = None,
+    start: int | None = None,
 ) -> SelfCheck:
-    """Wait for step ``after`` in ``run``, replay ``steps`` steps from its oldest snapshot,
-    and judge. ``training_pid``: the process recording ``run`` (default: this one's parent)."""
-    deadline = time.monotonic() + WAIT
+    """Wait for step ``after`` in ``run``, replay ``steps`` steps from its oldest snapshot
+    (``start``: from its oldest at or after that step), and judge. ``training_pid``: the
+    process recording ``run`` (default: this one's parent). The first steps come within
+    ``WAIT`` seconds or not at all; later ones are waited for as long as the run goes on."""
+    deadline = time.monotonic() + WAIT if start is None else math.inf
     parent = training_pid if training_pid is not None else os.getppid()
-    while _checkable(run, after, steps) is None:
+    while _checkable(run, after, steps, start) is None:
         if time.monotonic() > deadline:
             return SelfCheck("error", summary=f"step {after} did not reach the file in {WAIT:g} s")
         if _run_over(run, parent):
             return SelfCheck("error", summary=f"the run ended before step {after} reached the file")
-        time.sleep(0.5)
+        time.sleep(POLL if start is None else POLL_LATER)
     from .verify import run_verify
 
     t0 = time.monotonic()
     try:
-        report = run_verify(run, device=device, first_steps=steps)
+        report = run_verify(run, device=device, first_steps=steps, start=start)
     except EntryPointError as e:
         return SelfCheck(
             "failed",
@@ -164,6 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rtol", type=float, default=None)
     p.add_argument("--training-pid", type=int, default=None)
     p.add_argument("--run-id", default=None, help="the recording's run id, kept in the verdict")
+    p.add_argument("--later", type=int, default=None, help="then check from this step's snapshot")
+    p.add_argument("--from", dest="start", type=int, default=None, help="(the later check)")
+    p.add_argument("--earlier", type=int, nargs=2, default=None, help="(the first steps checked)")
     args = p.parse_args(argv)
     try:
         os.nice(19)  # the training's cores come first
@@ -172,13 +190,17 @@ def main(argv: list[str] | None = None) -> int:
     err = _quiet()
     try:
         verdict = run_selfcheck(
-            args.run, args.after, args.steps, args.device, args.rtol, args.training_pid
+            args.run, args.after, args.steps, args.device, args.rtol, args.training_pid, args.start
         )
     except BaseException as e:  # noqa: BLE001 - the check breaking says nothing of the recording
         first = (str(e).strip().splitlines() or [""])[0][:300]
         verdict = SelfCheck("error", summary=f"{type(e).__name__}: {first}")
+    earlier = tuple(args.earlier) if args.earlier else None
+    if earlier is not None and verdict.status == "error":
+        return 0  # (the run ended first, most often): the first steps' verdict stands
+    verdict = dataclasses.replace(verdict, run_id=args.run_id, earlier=earlier)
     try:
-        write_selfcheck(args.run, dataclasses.replace(verdict, run_id=args.run_id))
+        write_selfcheck(args.run, verdict)
     except OSError:
         pass
     if verdict.failed:
@@ -186,7 +208,29 @@ def main(argv: list[str] | None = None) -> int:
 
         line = term_safe(f"replay: warning: {args.run} {verdict.line()}; training goes on")
         os.write(err, (line + "\n").encode("utf-8", "replace"))
+    elif verdict.status == "ok" and args.later is not None and verdict.steps is not None:
+        if verdict.steps[0] < args.later:
+            _become_later_check(args, verdict.steps, err)
     return 0
+
+
+def _become_later_check(args: argparse.Namespace, earlier: tuple[int, int], err: int) -> None:
+    """Replace this process with the later check (a fresh interpreter: the re-run program's
+    modules keep the state the first replay left in them). Exit handlers run first (coverage,
+    logging); the training's stderr goes back to descriptor 2."""
+    cmd = [sys.executable, "-m", "replay.workflows.selfcheck", args.run]
+    cmd += ["--after", str(args.later + args.steps - 1), "--steps", str(args.steps)]
+    cmd += ["--from", str(args.later), "--earlier", str(earlier[0]), str(earlier[1])]
+    cmd += ["--training-pid", str(args.training_pid or os.getppid())]
+    for flag, value in (("--run-id", args.run_id), ("--device", args.device)):
+        if value is not None:
+            cmd += [flag, value]
+    if args.rtol is not None:
+        cmd += ["--rtol", repr(args.rtol)]
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    os.dup2(err, 2)
+    os.execv(sys.executable, cmd)
 
 
 if __name__ == "__main__":

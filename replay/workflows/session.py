@@ -68,6 +68,7 @@ def with_engine(
     check: Callable[[Recording], None] | None = None,
     reenter: bool = False,
     pin_steps: int | None = None,
+    pin_from: int | None = None,
     log: Callable[[str], None] = _say,
 ) -> T:
     """Open ``run``, start the replay engine on it and return ``work(recording, engine)``.
@@ -77,8 +78,9 @@ def with_engine(
     ``build_fn`` (``--entry`` names another). ``work`` then runs inside the re-run program,
     which ends before any training. ``check(recording)`` runs before any user code does (to
     refuse a request the file alone shows wrong). ``pin_steps``: replay only the first steps
-    of the window, read into memory at once (a live run's ring moves on). Both are closed
-    afterwards.
+    of the window, read into memory at once (a live run's ring moves on); ``pin_from``: the
+    first steps from the oldest kept snapshot at or after that step. The recording and the
+    engine are closed afterwards.
     """
     override = parse_entry(entry)
     from ..engine import Engine
@@ -88,7 +90,7 @@ def with_engine(
     rec = open_recording(run)
     try:
         if pin_steps is not None:
-            rec.pin(pin_steps)
+            rec.pin(pin_steps, pin_from)
         if check is not None:
             check(rec)
         if override is None and (reenter or "build_fn" not in rec.entry):

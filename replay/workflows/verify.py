@@ -41,7 +41,8 @@ def run_verify(
     (``replay.multirank.launch``), and ``ranks`` holds each rank's own check;
     ``rank`` with ``alone`` replays that rank alone in this process (``"approximate": true``).
     ``first_steps``: replay only the window's first steps, read at once (the self-check of a
-    live run, whose ring moves on).
+    live run, whose ring moves on); with ``start``, the first steps from the oldest kept
+    snapshot at or after ``start`` (the self-check's later steps).
     """
     from .ranks import APPROXIMATE, RankChoice, choose_ranks
 
@@ -120,6 +121,10 @@ def _verify_one(
     start: int | None = None,
     every_step: bool = False,
 ) -> VerifyReport:
+    pin_from = start if first_steps is not None else None
+    if pin_from is not None:
+        start = None  # the pinned window starts there (at a later snapshot, if that one is gone)
+
     def work(rec: Recording, engine: Engine) -> VerifyReport:
         if opened is not None:
             opened()
@@ -135,4 +140,5 @@ def _verify_one(
         trust=trust,
         reenter=reenter,
         pin_steps=first_steps,
+        pin_from=pin_from,
     )

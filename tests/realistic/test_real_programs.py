@@ -261,10 +261,22 @@ def test_a_dqn_step_that_waits_for_its_memory_to_fill_names_the_memory_where_it_
     """The tutorial's own loop: the step after every move, returning at once while the memory
     holds less than a minibatch. Steps replayed from a later snapshot differ (their
     memory is empty) while two replays agree. Was: "something outside step_fn changes what
-    the step reads", naming nothing; now the memory, and to sample in the loop. (The
-    self-check passes this run: its first steps are no-ops that do replay.)"""
-    run, p = record(tmp_path, "dqn.py", "run.h5", "--shape", "tutorial", "--nan-at", "1000")
+    the step reads", naming nothing; now the memory, and to sample in the loop.
+
+    Was, too: the self-check passed this run (its first steps are no-ops that replay). It now
+    also replays steps from a snapshot taken once training is under way (step 60 here:
+    ``keep_snapshots`` x ``snapshot_every``), and says so while the run trains."""
+    script = tmp_path / "dqn.py"
+    shutil.copy(PROGRAMS / "dqn.py", script)
+    p = run_py(str(script), "run.h5", "--shape", "tutorial", "--nan-at", "1000", cwd=tmp_path,
+               timeout=180, env={"REPLAY_SELF_CHECK": "1"})  # fmt: skip
     assert p.returncode == 0, p.stderr[-2000:]
+    warn = [ln for ln in p.stderr.splitlines() if "does NOT replay" in ln]
+    assert len(warn) == 1, p.stderr[-2000:]
+    assert "the self-check (steps 60..63, from a snapshot taken once training was under way; " \
+        "the first steps, 0..3, replayed) found outside_state" in warn[0], warn[0]  # fmt: skip
+    assert "memory.memory (deque, empty here" in warn[0], warn[0]
+    run = tmp_path / "run.h5"
     rc, v, err = verify_all_json(run, elsewhere)
     assert rc == 1 and v["cause"]["kind"] == "outside_state", (v.get("cause"), err[-2000:])
     assert any(s.startswith("memory.memory (deque") for s in v["cause"]["suspects"]), v["cause"]

@@ -88,6 +88,29 @@ def test_healthy_runs_are_not_flagged(tmp_path, shape):
     assert v is not None and v.status == "ok" and v.check == "bitwise on cpu", (v, p.stdout[-2000:])
 
 
+def test_once_the_first_steps_replay_steps_from_a_later_snapshot_are_checked_too(tmp_path):
+    """The first steps of a run can replay while a snapshot taken once training is under way
+    does not (a DQN step that returns at once while its memory fills: tests/realistic). The
+    same child, once the first steps replay, waits for the snapshot at keep_snapshots x
+    snapshot_every (step 30 here) and replays from it."""
+    p = train(tmp_path, "--later")
+    assert p.returncode == 0, p.stdout[-3000:]
+    assert "does NOT replay" not in p.stdout
+    v = read_selfcheck(str(tmp_path / "run.h5"))
+    assert v is not None and v.status == "ok", (v, p.stdout[-2000:])
+    # from step 30's snapshot, or (the ring moved on while the check re-ran the program) from
+    # the oldest kept after it
+    first = v.steps[0] if v.steps else -1
+    assert v.earlier == (0, 3) and first >= 30 and first % 10 == 0, v
+    assert v.steps == (first, first + 3) and v.check == "bitwise on cpu", v
+    rc, d, _ = replay_here_json("info", str(tmp_path / "run.h5"))
+    assert d["self_check"]["earlier"] == [0, 3] and d["self_check"]["steps"] == list(v.steps)
+    assert v.line() == (
+        "replays: the self-check replayed the first steps (0..3) and, from a later snapshot, "
+        f"steps {first}..{first + 3} bitwise on cpu"
+    )
+
+
 def test_a_state_over_the_budget_says_it_skipped_the_check_and_why(tmp_path):
     p = train(tmp_path, "--budget", "1000")
     assert p.returncode == 0, p.stdout[-3000:]
@@ -118,7 +141,11 @@ def test_a_verdict_file_is_untrusted_input(tmp_path):
     write_selfcheck(run, SelfCheck("failed", "bitwise on cpu", (0, 3), "raised", "x\x1b[2J"))
     v = read_selfcheck(run)
     assert v is not None and v.failed and v.steps == (0, 3) and v.kind == "raised"
-    assert json.loads(path.read_text())["version"] == 2
+    assert json.loads(path.read_text())["version"] == 3
+    for junk in ([30], [30, "33"], [True, 33], "30..33"):  # an earlier span that is not one
+        path.write_text(json.dumps({"status": "ok", "steps": [30, 33], "earlier": junk}))
+        v = read_selfcheck(run)
+        assert v is not None and v.earlier is None and v.steps == (30, 33)
 
 
 def test_a_check_whose_run_ended_before_its_steps_does_not_outlive_it(tmp_path):
