@@ -420,6 +420,12 @@ class Tracer:
         self.on_closure: Callable[[int], None] | None = None  # told each closure call's index
         self.on_optimizer_pre: Callable[[], None] | None = None  # set by the caller
         self._module_stack: list[int] = []
+        # how many modules on the stack were entered while an autograd node ran: a forward run
+        # again inside the backward (activation checkpointing recomputes its blocks there)
+        self._recomputing = 0
+        self._entered_in_backward: list[bool] = []
+        self._outer_fn: list[tuple[FrameType | None, tuple[int, int] | None]] = []
+        self._recompute_mode: _FunctionMode | None = None
         self._module_names: weakref.WeakKeyDictionary[torch.nn.Module, int] = (
             weakref.WeakKeyDictionary()
         )
@@ -468,6 +474,9 @@ class Tracer:
 
     def __exit__(self, *exc: object) -> None:
         self.locs.outer = None
+        if self._recompute_mode is not None:  # (a recomputed forward that never returned)
+            self._recompute_mode.__exit__(None, None, None)  # type: ignore[no-untyped-call]
+            self._recompute_mode = None
         for m in reversed(self._modes):
             m.__exit__(None, None, None)  # type: ignore[no-untyped-call]  # torch stubs
         if self._frames_before >= 0 and _compiled_frames() > self._frames_before:
@@ -572,11 +581,32 @@ class Tracer:
     # ---------------------------------------------------------------- hooks
     def _pre_forward(self, mod: torch.nn.Module, args: tuple[object, ...]) -> None:
         self._module_stack.append(self._module_names.get(mod, -1))
-        self.after_backward = False
+        in_backward = torch._C._current_autograd_node() is not None
+        self._entered_in_backward.append(in_backward)
+        if in_backward:
+            # The torch function running is the one that started the backward (Tensor.backward):
+            # inside the recomputed forward, torch functions are sites of their own again, and
+            # tag the nodes they make (the backward of the recomputed graph runs those nodes).
+            # The function mode is off for the whole backward (it is inside the handler of
+            # that torch function): it is entered again for the recomputed forward.
+            self._recomputing += 1
+            self._outer_fn.append((self.fn_frame, self.fn_site))
+            self.fn_frame = self.fn_site = None
+            if self._recomputing == 1 and not self.off:
+                self._recompute_mode = _FunctionMode(self)
+                self._recompute_mode.__enter__()  # type: ignore[no-untyped-call]  # torch stubs
+        else:
+            self.after_backward = False
 
     def _post_forward(self, mod: torch.nn.Module, args: tuple[object, ...], out: object) -> None:
         if self._module_stack:
             self._module_stack.pop()
+            if self._entered_in_backward.pop():
+                self._recomputing -= 1
+                self.fn_frame, self.fn_site = self._outer_fn.pop()
+                if not self._recomputing and self._recompute_mode is not None:
+                    self._recompute_mode.__exit__(None, None, None)  # type: ignore[no-untyped-call]
+                    self._recompute_mode = None
         if self.off:
             return
         ts = [t for t in _tensors(out) if t.is_floating_point()]
@@ -642,6 +672,15 @@ class Tracer:
             self.fn_site = self.locs.here(self.fn_frame)
         return self.fn_site
 
+    def _backward_site(self) -> int:
+        """The location of the torch function that started the backward a forward is being
+        recomputed in (-1: none known)."""
+        frame, site = self._outer_fn[0] if self._outer_fn else (None, None)
+        if site is None and frame is not None:
+            site = self.locs.here(frame)
+            self._outer_fn[0] = (frame, site)
+        return site[0] if site is not None else -1
+
     def tag(self, node: Node, frame: FrameType | None, function: str | None = None) -> None:
         """Tag ``node`` (and untagged nodes it leads to, e.g. a weight's ``t()``) with the
         current module and the forward site: ``frame``'s, or (None) the torch function's."""
@@ -696,10 +735,25 @@ class Tracer:
         if node is not None:
             self.after_backward = True
             tag: Tag | None = _metadata(node).get(TAG)
-            if tag is not None:
-                mod, loc, stack, _ = tag
+            if self._recomputing and self._entered_in_backward[-1]:
+                # a module's forward run again by the backward (activation checkpointing):
+                # where it runs, not where the node that runs it was made
+                mod = self._module_stack[-1]
+                if self.fn_frame is not None:
+                    loc, stack = self._fn_site()
+                else:
+                    loc, stack = self.locs.here(sys._getframe(_OP_CALLER))
+                if loc == self._backward_site():
+                    # no user code in the recomputed forward (torch's own modules): the user
+                    # frame found is the one that called backward; the node's forward site
+                    # says more
+                    if tag is not None:
+                        loc, stack = tag[1], tag[2]
             else:
-                mod = loc = stack = -1
+                if tag is not None:
+                    mod, loc, stack, _ = tag
+                else:
+                    mod = loc = stack = -1
             site = OpSite(index, info, BACKWARD, mod, loc, stack, self.nodes(node.name()))
         else:
             # Inside optimizer.step with grad mode on is a closure's forward (Lightning runs the

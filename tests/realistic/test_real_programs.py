@@ -378,3 +378,34 @@ def test_preflight_of_a_command_without_a_recorder_says_so(tmp_path):
     p = replay("preflight", "--", sys.executable, "-c", "print('hello')", cwd=tmp_path)
     assert p.returncode == 1
     assert "created no replay.Recorder" in p.stdout
+
+
+@pytest.mark.parametrize("flavour", [[], ["--reentrant"]], ids=["non_reentrant", "reentrant"])
+def test_an_lm_trained_with_activation_checkpointing_is_bisected_and_its_recompute_placed(
+    tmp_path, elsewhere, flavour
+):
+    """checkpointed_lm.py (HF's gradient checkpointing, torchtitan's AC): every block's forward
+    runs again inside the backward. The culprit is the first producer, in the forward; and the
+    recomputed forward's ops, which run inside the backward, are in their own block at their own
+    lines. Was: the model, at the checkpoint(...) line; and, with use_reentrant=True, the
+    backward of every block in no module at no line."""
+    from replay.store.forensics import ForensicsReader
+
+    run, p = record(tmp_path, "checkpointed_lm.py", "run.h5", *flavour)
+    assert p.returncode == 3 and "loss is nan at step 12" in p.stderr, p.stderr[-2000:]
+    b = replay("bisect", str(run), "--json", cwd=elsewhere)
+    d = json.loads(b.stdout)
+    assert (d["first_bad_step"], d["cause"], d["op"], d["phase"], d["module"]) == (
+        12, "op", "aten::mul", "forward", "blocks.1"
+    ), d  # fmt: skip
+    assert d["source"]["code"] == "scores = scores * temperature" and d["reproducible"] is True
+    with ForensicsReader.open(tmp_path / "run.forensics.h5") as f:
+        rows = [f.op_row(i) for i in range(f.n_ops)]
+    recomputed = [r for r in rows if r["phase"] == "backward" and r["op"] == "aten::_softmax"]
+    assert len(recomputed) == 3, [(r["op"], r["module"]) for r in recomputed]
+    assert {r["module"] for r in recomputed} == {"blocks.0", "blocks.1", "blocks.2"}
+    assert {r["source"].split(":")[1] for r in recomputed} == {"43"}  # the softmax's own line
+    backward = [r for r in rows if r["op"] == "aten::softmax_backward_data"] or [
+        r for r in rows if r["op"] == "aten::_softmax_backward_data"
+    ]
+    assert {r["module"] for r in backward} == {"blocks.0", "blocks.1", "blocks.2"}, backward

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -294,3 +295,58 @@ def test_a_warning_torch_raises_inside_a_traced_op_names_the_users_line_not_the_
         (w.filename, w.lineno) for w in seen
     ]
     assert r.verdict["op"] == "aten::std"
+
+
+class CheckpointedBlocks(nn.Module):
+    """Two blocks run under activation checkpointing (HF's gradient_checkpointing, torchtitan's
+    AC): the backward runs each block's forward again before its own backward."""
+
+    def __init__(self, reentrant):
+        super().__init__()
+        self.reentrant = reentrant
+        self.inp = nn.Linear(4, 4)  # (a reentrant checkpoint's input must require grad)
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(4, 4), nn.Tanh()) for _ in range(2))
+        self.head = nn.Linear(4, 1)
+
+    def forward(self, x):
+        from torch.utils.checkpoint import checkpoint
+
+        x = self.inp(x)
+        for b in self.blocks:
+            x = checkpoint(b, x, use_reentrant=self.reentrant)  # the checkpoint's line
+        return self.head(x)
+
+
+@pytest.mark.parametrize("reentrant", [True, False], ids=["reentrant", "non_reentrant"])
+def test_a_forward_recomputed_by_activation_checkpointing_is_attributed_where_it_runs(reentrant):
+    """Was: the ops of a block's forward run again inside the backward were attributed to the
+    node running them (module: the model, source: the checkpoint(...) line), and the backward of
+    the recomputed graph (the reentrant flavour) to no module and no line: the function mode,
+    which tags autograd nodes with their forward site, is off inside the backward. Now a
+    recomputed op is in its own module at its own line, and so are the backward ops of the graph
+    it makes; the phase stays backward (it runs there)."""
+    torch.manual_seed(0)
+    model = CheckpointedBlocks(reentrant)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(model, optimizer, batch):
+        optimizer.zero_grad()
+        loss = model(batch).square().mean()
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    r = trace_step(model, opt, step, torch.randn(8, 4))
+    rows = [r.op_row(i) for i in range(r.n_ops)]
+    recomputed = [x for x in rows if x["phase"] == "backward" and x["op"] == "aten::tanh"]
+    assert len(recomputed) == 2, [(x["op"], x["module"]) for x in rows]
+    assert {x["module"] for x in recomputed} == {"blocks.0.1", "blocks.1.1"}
+    # the forward line that ran it: Sequential's, in torch, is not user code; the innermost
+    # user frame is the checkpoint's line inside our forward
+    line = CheckpointedBlocks.forward.__code__.co_firstlineno + 5
+    assert {x["source"] for x in recomputed} == {f"{__file__}:{line}:forward"}
+    # every backward op of a block's parameters is in that block: addmm's mm and tanh's grad
+    grads = [x for x in rows if x["op"] in ("aten::tanh_backward", "aten::mm")]
+    unplaced = [(x["op"], x["node"], x["module"]) for x in grads if not x["module"]]
+    assert grads and not unplaced, unplaced
+    assert all(x["source"] for x in grads), [(x["op"], x["node"]) for x in grads if not x["source"]]
