@@ -34,6 +34,7 @@ __all__ = ["Suspect", "candidates", "changed_by", "buffers"]
 
 _DEPTH = 3  # the user's functions followed from the step function
 _MAX = 64  # candidates kept (a module's globals can hold many)
+_MAX_UNSAVED = 4096  # and attributes of the recorded modules (numbers: cheap to compare)
 _SKIP_MODULES = ("torch", "numpy", "replay", "lightning", "pytorch_lightning", "transformers")
 _WRAPPED = 3  # plain objects followed below the first attribute, for a generator only
 _ARRAY_BYTES = 64 << 20  # arrays compared before and after the step, at most this large
@@ -48,8 +49,13 @@ class Suspect:
     name: str
     kind: str
     where: str
+    # state a recorded module keeps outside its state_dict (a plain tensor or number attribute,
+    # a non-persistent buffer): ``where`` is then the module's class
+    unsaved: bool = False
 
     def describe(self) -> str:
+        if self.unsaved:
+            return f"{self.name} ({self.kind}, kept by {self.where} outside its state_dict)"
         return f"{self.name} ({self.kind}, read by {self.where})"
 
 
@@ -247,7 +253,45 @@ def candidates(
         out[id(obj)] = (Suspect(label, kind, where), at)
 
     visit(step_fn, _DEPTH)
-    return list(out.values())
+    found = list(out.values())
+    if stateful is _stateful:
+        for label, kind, obj, at, owner in _unsaved(objects):
+            # (by name: two attributes may hold the same small int object)
+            if id(obj) not in out and len(found) < _MAX_UNSAVED:
+                found.append((Suspect(label, kind, owner, unsaved=True), at))
+    return found
+
+
+_MODULE_OWN = frozenset(vars(torch.nn.Module()))  # what every module keeps (hooks, training)
+
+
+def _unsaved(objects: RunObjects) -> Iterator[tuple[str, str, object, Lookup, str]]:
+    """``(name, kind, object, lookup, owner class)`` of the state the recorded modules keep
+    outside their ``state_dict``, which snapshots are made of: a tensor or a number set as a
+    plain attribute (a MoCo queue ``self.queue = ...`` and its pointer ``self.ptr``), a buffer
+    registered with ``persistent=False``."""
+    for role, root in objects.named.items():
+        if not isinstance(root, torch.nn.Module):
+            continue
+        for path, m in root.named_modules():
+            prefix = f"{role}.{path}" if path else role
+            owner = type(m).__name__
+            for k, v in list(vars(m).items())[:64]:
+                if k in _MODULE_OWN or isinstance(v, (torch.nn.Parameter, bool)):
+                    continue
+                if isinstance(v, (torch.Tensor, int, float)):
+                    kind = _stateful(v)
+                    assert kind is not None
+                    yield f"{prefix}.{k}", kind, v, _attr(_const(m), k), owner
+            for k in sorted(m._non_persistent_buffers_set):
+                b = m._buffers.get(k)
+                if b is not None:
+                    kind = f"non-persistent buffer {_stateful(b)}"
+                    yield f"{prefix}.{k}", kind, b, _item(_const(m._buffers), k), owner
+
+
+def _const(obj: object) -> Lookup:
+    return lambda: obj
 
 
 def _held(objects: RunObjects) -> set[int]:
@@ -260,7 +304,9 @@ def _held(objects: RunObjects) -> set[int]:
         if isinstance(obj, torch.nn.Module):
             ids.update(id(m) for m in obj.modules())
             ids.update(id(p) for p in obj.parameters())
-            ids.update(id(b) for b in obj.buffers())
+            for m in obj.modules():  # a non-persistent buffer is in no snapshot
+                unsaved = m._non_persistent_buffers_set
+                ids.update(id(b) for k, b in m._buffers.items() if k not in unsaved)
         elif isinstance(obj, torch.optim.Optimizer):
             for p, st in obj.state.items():
                 ids.add(id(p))

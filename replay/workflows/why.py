@@ -296,6 +296,8 @@ def _name_suspects(engine: Engine, t: int, out: DivergenceCause, memories: bool 
     shown = ", ".join(s.describe() for s in named[:3]) + (" and more" if len(named) > 3 else "")
     out.summary += f"; the step changes {shown}, which no snapshot holds"
     plain = ("tensor", "number", "array")
+    unsaved = [s for s in named if s.unsaved]
+    named = [s for s in named if not s.unsaved]
     rngs = [s for s in named if s.kind.startswith("random generator")]
     objs = [s for s in named if not s.kind.startswith((*plain, "random generator"))]
     # (an array beside a generator is most often drawn from it: an environment's state, made
@@ -318,6 +320,15 @@ def _name_suspects(engine: Engine, t: int, out: DivergenceCause, memories: bool 
             f"hand {_names(tensors)} to the step through rec.step(batch, name=value) (a batch "
             f"it prefetched: as the batch), or keep {'them' if len(tensors) > 1 else 'it'} in "
             "an object the Recorder holds (a module's buffer)"
+        )
+    if unsaved:
+        many = len(unsaved) > 1
+        where = "their modules' state_dicts" if many else "its module's state_dict"
+        says.append(
+            f"keep {_names(unsaved)} in {where}, which the snapshots are made of: register "
+            f"{'each' if many else 'it'} as a "
+            'persistent buffer (self.register_buffer("name", tensor); a number as a 0-dim '
+            "tensor) instead of a plain attribute or a buffer with persistent=False"
         )
     out.hint = "; ".join(says)
 

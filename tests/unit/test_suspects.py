@@ -49,6 +49,12 @@ def _objects() -> RunObjects:
     return RunObjects({"model": model, "optimizer": opt})
 
 
+def _reached(found: list) -> list[str]:
+    """The candidates the step's code reaches (not the recorded modules' own attributes:
+    ``model.in_features``)."""
+    return [s.name for s, _ in found if not s.unsaved]
+
+
 def test_the_state_a_step_changes_outside_the_recorded_objects_is_named():
     found = candidates(step, _objects())
     names = {s.name for s, _ in found}
@@ -91,7 +97,7 @@ class Trainer:
 def test_a_bound_methods_own_attributes_are_reached():
     tr = Trainer()
     found = candidates(tr.training_step, _objects())
-    assert [s.name for s, _ in found] == ["self.teacher"]
+    assert _reached(found) == ["self.teacher"]
     changed = changed_by(lambda: tr.training_step(torch.randn(2, 3)), found)
     assert [s.name for s in changed] == ["self.teacher"]
 
@@ -113,7 +119,7 @@ def test_a_global_the_step_rebinds_is_named():
     """Was: a global batch the step replaces each step seemed unchanged (its old tensors were
     never written): what is at the name now is compared too."""
     found = candidates(prefetching_step, _objects())
-    assert [s.name for s, _ in found] == ["NEXT[0]", "NEXT[1]"]
+    assert _reached(found) == ["NEXT[0]", "NEXT[1]"]
     changed = changed_by(lambda: prefetching_step(None), found)
     assert [s.name for s in changed] == ["NEXT[0]", "NEXT[1]"]
 
@@ -130,7 +136,7 @@ def counting_step(batch: torch.Tensor) -> torch.Tensor:
 
 def test_a_number_the_step_keeps_in_a_global_is_named_and_a_constant_is_not():
     found = candidates(counting_step, _objects())
-    assert sorted(s.name for s, _ in found) == ["EPS", "calls"]
+    assert sorted(_reached(found)) == ["EPS", "calls"]
     changed = changed_by(lambda: counting_step(torch.randn(2, 3)), found)
     assert [(s.name, s.kind) for s in changed] == [("calls", "number int")]
 
@@ -246,3 +252,56 @@ def test_the_collections_a_step_samples_from_that_the_loop_fills_are_named():
         ]
     finally:
         replay_memory.memory.clear()
+
+
+class Queued(torch.nn.Module):
+    """A MoCo-style encoder: a queue of past keys and its pointer kept as plain attributes (as
+    many re-implementations keep them), a count in a non-persistent buffer, and state that does
+    belong in the snapshots or never changes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 2)
+        self.queue = torch.zeros(2, 8)  # plain attribute: in no state_dict
+        self.ptr = 0
+        self.width = 8  # a constant: never changed
+        self.register_buffer("seen", torch.zeros(()), persistent=False)
+        self.register_buffer("mean", torch.zeros(2))  # persistent: the snapshots hold it
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        k = self.lin(x)
+        with torch.no_grad():
+            self.queue[:, self.ptr] = k[0]
+            self.ptr = (self.ptr + 1) % self.width
+            self.seen += 1
+            self.mean.mul_(0.9).add_(k.mean(0), alpha=0.1)
+        return k @ self.queue
+
+
+def test_state_a_recorded_module_keeps_outside_its_state_dict_is_named():
+    """Was: a queue a module keeps as a plain tensor attribute (MoCo) is in no snapshot, so a
+    replay from one differs, and nothing was named: the recorded model counted as held whole.
+    Plain tensor and number attributes, and non-persistent buffers, the step changes are
+    named, with their module; parameters, persistent buffers and constants are not."""
+    torch.manual_seed(0)
+    enc = Queued()
+    sgd = torch.optim.SGD(enc.parameters(), lr=0.1)
+
+    def train(batch: torch.Tensor) -> torch.Tensor:
+        loss = enc(batch).pow(2).mean()
+        sgd.zero_grad()
+        loss.backward()
+        sgd.step()
+        return loss
+
+    found = candidates(train, RunObjects({"model": enc, "optimizer": sgd}))
+    names = {s.name for s, _ in found}
+    assert {"model.queue", "model.ptr", "model.width", "model.seen"} <= names, names
+    assert not names & {"model.mean", "model.lin.weight", "model.training"}, names
+    changed = changed_by(lambda: train(torch.randn(4, 3)), found)
+    assert sorted(s.describe() for s in changed) == [
+        "model.ptr (number int, kept by Queued outside its state_dict)",
+        "model.queue (tensor float32[2, 8], kept by Queued outside its state_dict)",
+        "model.seen (non-persistent buffer tensor float32[], kept by Queued outside its "
+        "state_dict)",
+    ]
