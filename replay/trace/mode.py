@@ -610,18 +610,21 @@ class Tracer:
         if self.off:
             return
         ts = [t for t in _tensors(out) if t.is_floating_point()]
-        if ts:
-            self.off = True
-            try:
-                with torch.no_grad():
-                    row, _ = tensor_stats(ts[0], hist=False)
-                n = max(row.numel, 1.0)
-                bad = row.nan + row.posinf + row.neginf
-                self.module_acts[self._module_names.get(mod, -1)] = Activation(
-                    row.mean, row.std, row.absmax, row.zeros / n, bad
-                )
-            finally:
-                self.off = False
+        if not ts:
+            return
+        self.off = True
+        try:
+            with torch.no_grad():
+                row, _ = tensor_stats(ts[0], hist=False)
+        except Exception:  # noqa: BLE001 - one we cannot read: no activation; the step goes on
+            return
+        finally:
+            self.off = False
+        n = max(row.numel, 1.0)
+        bad = row.nan + row.posinf + row.neginf
+        self.module_acts[self._module_names.get(mod, -1)] = Activation(
+            row.mean, row.std, row.absmax, row.zeros / n, bad
+        )
 
     def _pre_step(
         self, opt: torch.optim.Optimizer, args: tuple[object, ...], kwargs: dict[str, object]

@@ -102,9 +102,25 @@ def _moments(f: torch.Tensor) -> tuple[float, float]:
     return mean, math.sqrt(var)
 
 
+_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+
+
+def physical(t: torch.Tensor) -> torch.Tensor:
+    """The tensor holding ``t``'s values: ``t`` itself, or under a torch.func transform
+    (``vmap``, ``grad``: per-sample gradients, DP-SGD) the tensor inside its wrappers, which
+    have no storage of their own (a vmapped tensor's holds every sample's values). Read it
+    with the transforms off (``torch._C._DisableFuncTorch``): inside one, an op's result is
+    wrapped again."""
+    while _wrapped(t):
+        t = torch._C._functorch.get_unwrapped(t)
+    return t
+
+
 def _small_array(t: torch.Tensor) -> np.ndarray | None:
     """The values of a small, plain, CPU float32/float64 tensor as a flat numpy array (a
     copy), else None. Read with Python dispatch off: no mode sees it."""
+    if _wrapped(t):
+        return None
     if type(t) is not torch.Tensor or t.dtype not in _NP_FLOATS or not t.is_cpu:
         return None
     with torch._C.DisableTorchFunction():  # Tensor methods would go through the modes
@@ -178,6 +194,9 @@ def tensor_stats(t: torch.Tensor, *, hist: bool = True) -> tuple[Stats, np.ndarr
     """``(row, hist)``: the tensor's :class:`Stats` and histogram; non-floating tensors get
     min/max/mean over their values and zero NaN counts.
     """
+    if _wrapped(t):  # inside a torch.func transform: the values of every sample
+        with torch._C._DisableFuncTorch():
+            return tensor_stats(physical(t), hist=hist)
     a = _small_array(t)
     if a is not None:
         if np.geterr()["over"] != "ignore":  # called outside a traced step
@@ -223,6 +242,9 @@ def finite_kind(t: torch.Tensor) -> str:
 
     One ``aminmax`` (NaN propagates through it); non-floating tensors are "finite".
     """
+    if _wrapped(t):
+        with torch._C._DisableFuncTorch():
+            return finite_kind(physical(t))
     a = _small_array(t)
     if a is not None:
         lo, hi = float(a.min()), float(a.max())

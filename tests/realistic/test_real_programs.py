@@ -409,3 +409,60 @@ def test_an_lm_trained_with_activation_checkpointing_is_bisected_and_its_recompu
         r for r in rows if r["op"] == "aten::_softmax_backward_data"
     ]
     assert {r["module"] for r in backward} == {"blocks.0", "blocks.1", "blocks.2"}, backward
+
+
+def test_a_gradient_penalty_through_a_double_backward_names_sqrt_at_zero_and_the_blank_sample(
+    tmp_path, elsewhere
+):
+    """gradient_penalty_gan.py: the critic's penalty ``sqrt(sum(g ** 2))`` of its input
+    gradient, made with ``autograd.grad(create_graph=True)``; a blank real sample makes that
+    gradient exactly 0, and sqrt's derivative there is infinite. The failure is recorded one
+    step late (the step's loss is finite; its update makes the parameters NaN); the culprit is
+    the double backward's division at the penalty's line, and the blank sample is named."""
+    run, p = record(tmp_path, "gradient_penalty_gan.py", "run.h5")
+    assert p.returncode == 3 and "at step 11" in p.stderr, p.stderr[-2000:]
+    b = replay("bisect", str(run), "--json", cwd=elsewhere)
+    d = json.loads(b.stdout)
+    assert (d["first_bad_step"], d["cause"], d["op"], d["phase"]) == (
+        10, "op", "aten::div", "backward"
+    ), d  # fmt: skip
+    assert "torch.sqrt((grads**2).sum(1))" in d["source"]["code"], d["source"]
+    assert d["samples"] == [3] and d["reproducible"] is True, d["notes"]
+
+
+def test_a_moco_queue_kept_as_plain_attributes_is_named_while_it_trains(tmp_path, elsewhere):
+    """moco_queue.py: a queue of keys and its pointer kept as plain attributes of the model are
+    in no state_dict, so no snapshot holds them. Was: the self-check and verify said only that
+    the step reads state the snapshots do not hold; the recorded model counted as held whole.
+    Now both are named, with their module, and what to do; done (register_buffer), the run
+    replays bitwise."""
+    script = tmp_path / "moco_queue.py"
+    shutil.copy(PROGRAMS / "moco_queue.py", script)
+    p = run_py(str(script), "run.h5", cwd=tmp_path, timeout=180, env={"REPLAY_SELF_CHECK": "1"})
+    assert p.returncode == 0, p.stderr[-2000:]
+    warn = [ln for ln in p.stderr.splitlines() if "does NOT replay" in ln]
+    assert len(warn) == 1, p.stderr[-2000:]
+    assert "model.queue (tensor float32[16, 64], kept by MoCo outside its state_dict)" in warn[0]
+    assert "model.ptr (number int, kept by MoCo outside its state_dict)" in warn[0]
+    assert "register each as a persistent buffer" in warn[0], warn[0]
+    _, p = record(tmp_path, "moco_queue.py", "fixed.h5", "--shape", "buffers")
+    assert p.returncode == 0, p.stderr[-2000:]
+    rc, v, err = verify_json(tmp_path / "fixed.h5", elsewhere)
+    assert rc == 0 and v["deterministic"] is True, (v.get("cause"), err[-2000:])
+
+
+def test_dp_sgd_with_per_sample_gradients_from_torch_func_is_traced_and_bisected(
+    tmp_path, elsewhere
+):
+    """dp_sgd.py: per-sample gradients from vmap(grad(...)) (PyTorch's tutorial, Opacus's
+    functorch mode). Was: the tracer's module hook measured the module's output, a vmapped
+    tensor with no storage of its own; reading it raised inside the traced step ("Cannot access
+    data pointer of Tensor that doesn't have storage"), and the trace stopped at its 11th op
+    with no verdict. The values under the transform's wrappers are read with it off."""
+    run, p = record(tmp_path, "dp_sgd.py", "run.h5")
+    assert p.returncode == 3 and "loss is nan at step 8" in p.stderr, p.stderr[-2000:]
+    b = replay("bisect", str(run), "--json", cwd=elsewhere)
+    d = json.loads(b.stdout)
+    assert (d["first_bad_step"], d["cause"]) == (8, "data"), d
+    assert [t["name"] for t in d["data"]["tensors"]] == ["batch[0]"], d["data"]
+    assert d["samples"] == [5] and d["reproducible"] is True, d["notes"]

@@ -350,3 +350,45 @@ def test_a_forward_recomputed_by_activation_checkpointing_is_attributed_where_it
     unplaced = [(x["op"], x["node"], x["module"]) for x in grads if not x["module"]]
     assert grads and not unplaced, unplaced
     assert all(x["source"] for x in grads), [(x["op"], x["node"]) for x in grads if not x["source"]]
+
+
+def test_a_step_taking_per_sample_gradients_with_torch_func_is_traced_whole():
+    """vmap(grad(...)) over functional_call (DP-SGD). Was: the module hook measured a vmapped
+    output, which has no storage; the read raised inside the traced step, which then stopped
+    at its 11th op. Every op is traced now, and the module's activation is that of every
+    sample."""
+    from torch.func import functional_call, grad, vmap
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def one(params, x, y):
+        return F.cross_entropy(functional_call(model, params, (x.unsqueeze(0),)), y.unsqueeze(0))
+
+    def step(model, optimizer, batch):
+        x, y = batch
+        params = {k: v.detach() for k, v in model.named_parameters()}
+        grads = vmap(grad(one), in_dims=(None, 0, 0))(params, x, y)
+        for name, p in model.named_parameters():
+            p.grad = grads[name].mean(0)
+        optimizer.step()
+
+    class Count(TorchDispatchMode):
+        ops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.ops += func.namespace != "profiler"  # (optimizer.step's markers)
+            return func(*args, **(kwargs or {}))
+
+    batch = (torch.randn(6, 4), torch.randint(0, 2, (6,)))
+    step(model, opt, batch)  # (the first step makes the optimizer's state)
+    with Count():
+        step(model, opt, batch)
+    r = trace_step(model, opt, step, batch)
+    assert r.exception is None, r.exception
+    assert r.n_ops == Count.ops
+    names = r.strings["modules"]
+    relu = r.modules["act_zero_frac"][names.index("1")]
+    assert 0.0 < relu < 1.0  # measured over the samples' activations
