@@ -32,6 +32,9 @@ from ..errors import EntryPointError
 
 __all__ = [
     "inner_optimizer",
+    "apply_layout",
+    "run_params",
+    "param_layout",
     "ROLES",
     "RunObjects",
     "StepCall",
@@ -331,6 +334,7 @@ def gather_state(objects: RunObjects, model: torch.nn.Module | None = None) -> d
             state[role] = obj.state_dict()
     if objects.extras:
         state["objects"] = {k: v.state_dict() for k, v in objects.extras.items()}
+    state["layout"] = param_layout(objects, model)
     state["grads"] = {n: p.grad for n, p in _param_names(model) if p.grad is not None}
     # The other models' pending gradients too (a GAN's netG): a replay from this state must
     # not see a previous replay's gradients there.
@@ -341,6 +345,84 @@ def gather_state(objects: RunObjects, model: torch.nn.Module | None = None) -> d
             for name, m in other.items()
         }
     return state
+
+
+def _named_params(objects: RunObjects, model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
+    """Every parameter of the run's modules by a name that finds it again in a replay: the
+    model's as ``model.<name>``, another named module's as ``<object name>.<name>``."""
+    out: dict[str, torch.nn.Parameter] = {}
+    seen: set[int] = set()
+    for owner, m in [("model", model), *_other_models(objects, model).items()]:
+        for n, p in _param_names(m):
+            if id(p) not in seen:
+                seen.add(id(p))
+                out[f"{owner}.{n}"] = p
+    return out
+
+
+def run_params(objects: RunObjects, model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """Every parameter of the run's modules, in the order of a step's ``trainable`` flags."""
+    return list(_named_params(objects, model).values())
+
+
+def _optimizers(objects: RunObjects) -> dict[str, torch.optim.Optimizer]:
+    found = {"optimizer": objects.optimizer, **objects.extras}
+    out = {}
+    for k, v in found.items():
+        inner = inner_optimizer(v) if v is not None else None
+        if isinstance(inner, torch.optim.Optimizer):
+            out[k] = inner
+    return out
+
+
+def param_layout(objects: RunObjects, model: torch.nn.Module) -> dict[str, Any]:
+    """What a ``state_dict`` leaves out of the run's parameters, and a run can change: which
+    parameters each optimizer's groups hold, by name (``optimizer.add_param_group``: gradual
+    unfreezing), and which parameters are frozen (``requires_grad`` off). A parameter no module
+    of the run holds has no name (``None``): its group is then left as the replay built it."""
+    named = _named_params(objects, model)
+    names = {id(p): n for n, p in named.items()}
+    groups = {
+        k: [[names.get(id(p)) for p in g["params"]] for g in opt.param_groups]
+        for k, opt in _optimizers(objects).items()
+    }
+    frozen = [n for n, p in named.items() if not p.requires_grad]
+    return {"groups": groups, "frozen": frozen}
+
+
+def apply_layout(objects: RunObjects, model: torch.nn.Module, layout: Any) -> None:
+    """Put the parameters back as ``param_layout`` found them: frozen or not, and in the
+    optimizers' groups (a group a later ``add_param_group`` made is made again; one made after
+    this snapshot goes). A snapshot without a layout (older files) leaves them as they are."""
+    if not isinstance(layout, dict):
+        return
+    named = _named_params(objects, model)
+    frozen = layout.get("frozen")
+    if isinstance(frozen, list) and all(isinstance(n, str) for n in frozen):
+        off = set(frozen)
+        for n, p in named.items():
+            if p.requires_grad == (n in off):
+                p.requires_grad_(n not in off)
+    kept = layout.get("groups")
+    if not isinstance(kept, dict):
+        return
+    for k, opt in _optimizers(objects).items():
+        groups = kept.get(k)
+        if not isinstance(groups, list) or not all(isinstance(g, list) for g in groups):
+            continue
+        now = {id(p): n for n, p in named.items()}
+        if [[now.get(id(p)) for p in g["params"]] for g in opt.param_groups] == groups:
+            continue
+        if not groups or not all(isinstance(n, str) and n in named for g in groups for n in g):
+            continue  # (a parameter it cannot name: load_state_dict says what does not fit)
+        base = {k2: v for k2, v in opt.param_groups[0].items() if k2 != "params"}
+        opt.param_groups = [
+            {
+                **(opt.param_groups[i] if i < len(opt.param_groups) else base),
+                "params": [named[n] for n in names],
+            }
+            for i, names in enumerate(groups)
+        ]
 
 
 def _other_models(objects: RunObjects, model: torch.nn.Module) -> dict[str, torch.nn.Module]:
@@ -364,6 +446,7 @@ def load_state(
     """
     model = objects.model
     model.load_state_dict(convert("model", state["model"]))
+    apply_layout(objects, model, state.get("layout"))
     if objects.optimizer is not None and state.get("optimizer") is not None:
         objects.optimizer.load_state_dict(int_keys(convert("optimizer", state["optimizer"])))
     for role in ROLES[2:]:

@@ -127,6 +127,11 @@ class GradProbe:
         self.stepped = False
         self.clipped = False
 
+    def watch(self, params: list[torch.Tensor]) -> None:
+        """Measure ``params`` from now on (the loop gave the optimizer a new param group)."""
+        self.meter = GradMeter(params)
+        self._ids = None
+
     def begin(self, *, at_step: bool = True) -> None:
         """``at_step=False``: the optimizer's step does not measure (it only marks the step as
         taken); a framework that runs the backward inside ``optimizer.step(closure)`` calls

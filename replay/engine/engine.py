@@ -30,7 +30,7 @@ from ..capture.bounded import is_unrecorded
 from ..capture.fingerprint import absmax, exact_if_needed, loss_of, param_fingerprint
 from ..capture.guard import LiveProgram, replay_runs_user_code
 from ..capture.loader import check_drawn, draw, kept_rng
-from ..capture.objects import RunObjects, StepCall
+from ..capture.objects import RunObjects, StepCall, apply_layout, run_params
 from ..capture.probe import GradProbe
 from ..capture.rng import restore_rng
 from ..capture.tensors import from_leaves, leaf_finite
@@ -189,6 +189,7 @@ class Engine(ObservedCalls):
         self.step_fn = step_fn
         self.call = StepCall(step_fn, self.objs)
         self._modules = [m for _, m in self.objs.model.named_modules()]
+        self._run_params = run_params(self.objs, self.objs.model)
         recorded_modules = rec.run_meta.model.modules
         if "modules" in (rec.meta.get("model") or {}) and len(recorded_modules) != len(
             self._modules
@@ -470,10 +471,14 @@ class Engine(ObservedCalls):
         opt = self.objs.optimizer
         groups = opt.param_groups if opt is not None else []
         hparams = r.get("hparams") or []
+        if len(hparams) != len(groups) and opt is not None:
+            self._relayout(t, len(hparams))
+            groups = opt.param_groups
         if len(hparams) != len(groups):
             raise ReplayError(
-                f"step {t}: the recording has {len(hparams)} param groups, the optimizer "
-                f"build_fn made has {len(groups)}"
+                f"step {t}: the recording has {len(hparams)} param groups, the replayed "
+                f"optimizer has {len(groups)}, and no snapshot says which parameters the "
+                "others hold (the training loop changed the optimizer's groups between steps)"
             )
         for g, h in zip(groups, hparams):
             # Every recorded entry: a scheduler stepped outside step_fn changed lr, momentum...
@@ -483,6 +488,33 @@ class Engine(ObservedCalls):
         if modes is not None:
             for m, training in zip(self._modules, modes):
                 m.training = bool(training)
+        flags = r.get("trainable")  # (where the loop froze or unfroze parameters)
+        if flags is not None and len(flags) == len(self._run_params):
+            for p, on in zip(self._run_params, flags.tolist()):
+                if p.requires_grad != on:
+                    p.requires_grad_(on)
+
+    def _relayout(self, t: int, n_groups: int) -> None:
+        """The training loop changed the optimizer's groups between the snapshot this replay
+        started from and step ``t`` (``add_param_group``: gradual unfreezing). Take the groups,
+        and which parameters are frozen, from the nearest kept snapshot whose optimizer has
+        ``n_groups`` groups: the newest at or before ``t``, else the oldest after it. Only the
+        layout: the values carried on stay."""
+        before = sorted((s for s in self.window.snapshots if s <= t), reverse=True)
+        after = sorted(s for s in self.window.snapshots if s > t)
+        for s in (*before, *after):
+            try:
+                layout = self.snapshot(s).get("layout")
+            except RecordingError:
+                continue
+            groups = (
+                (layout or {}).get("groups", {}).get("optimizer")
+                if isinstance(layout, dict)
+                else None
+            )
+            if isinstance(groups, list) and len(groups) == n_groups:
+                apply_layout(self.objs, self.objs.model, layout)
+                return
 
     def state_before(self, t: int, *, keep: bool = False, fresh: bool = False) -> None:
         """Make the live objects hold the state right before step ``t`` and prepare step ``t``.

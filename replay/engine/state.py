@@ -96,8 +96,8 @@ def load_snapshot(objs: RunObjects, snap: dict[str, Any], leaf_device: str | Non
     except (RuntimeError, KeyError, ValueError, TypeError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ReplayError(
-            f"the snapshot of step {snap.get('step')} does not fit the objects build_fn made "
-            f"({first}); did the model change since the recording?"
+            f"the snapshot of step {snap.get('step')} does not fit the objects the replay made "
+            f"({first}): did the model or the optimizer change since the recording?"
         ) from None
 
 

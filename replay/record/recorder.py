@@ -22,6 +22,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..capture.bounded import unrecorded, value_excess
@@ -33,7 +34,7 @@ from ..capture.guard import (
     refuse_if_replaying,
     take_over,
 )
-from ..capture.objects import RunObjects, StepCall, objects_from_build
+from ..capture.objects import RunObjects, StepCall, objects_from_build, run_params
 from ..capture.probe import GradProbe
 from ..capture.rng import capture_rng
 from ..capture.sharded import layout
@@ -291,6 +292,11 @@ class Recorder:
         self.scheduler, self.scaler = scheduler, scaler
         self._modules = [m for _, m in self._inner.named_modules()]
         self._params = [p for p in self._inner.parameters()]
+        # requires_grad of every parameter, into the step record where it changed (gradual
+        # unfreezing between steps: a replay from an earlier snapshot freezes them again)
+        self._run_params = run_params(self.objects, self._inner)
+        self._trainable: list[bool] | None = None
+        self._trainable_record: np.ndarray | None = None
         self._opt_params = self.objects.trained_params()
         self._probe_grads = GradProbe(self._opt_params, optimizer)
         # Every other model and optimizer among the objects (a GAN's netG and optG).
@@ -467,7 +473,16 @@ class Recorder:
                 )
             rng, hparams, modes, health, scale = self._before_step(t, copied, values.get("lr"))
             direct, job = self.transport.capture(
-                t, rng, hparams, modes, health, None if ref else batch, kept, copied, ref
+                t,
+                rng,
+                hparams,
+                modes,
+                health,
+                None if ref else batch,
+                kept,
+                copied,
+                ref,
+                self._trainable_record,
             )
         except Exception as e:  # noqa: BLE001 - the recorder must never take training down
             self._give_up("capturing the step", e)
@@ -549,7 +564,7 @@ class Recorder:
         try:
             values = self._bounded(values) if values else values
             direct, job = self.transport.capture(
-                t, rng, hparams, modes, health, batch, values, copied
+                t, rng, hparams, modes, health, batch, values, copied, None, self._trainable_record
             )
         except Exception as e:  # noqa: BLE001 - the recorder must never take training down
             self._probe_grads.end(measure=False)
@@ -582,10 +597,25 @@ class Recorder:
             "raised": 0.0,
         }
         modes = [m.training for m in self._modules]
+        flags = [p.requires_grad for p in self._run_params]
+        if flags != self._trainable:
+            if self._trainable is not None:  # unfrozen between steps: a new group, maybe
+                self._watch_trained()
+            self._trainable, self._trainable_record = flags, np.asarray(flags, dtype=bool)
+        else:
+            self._trainable_record = None
         scale = getattr(self.scaler, "_scale", None) if self.scaler is not None else None
         if scale is not None:
             health["scale"] = scale.detach().clone()
         return rng, hparams, modes, health, scale
+
+    def _watch_trained(self) -> None:
+        """The gradient norm over what the optimizer updates now: a param group the loop added
+        (``add_param_group`` when it unfreezes a backbone) is measured too."""
+        now = self.objects.trained_params()
+        if [id(p) for p in now] != [id(p) for p in self._opt_params]:
+            self._opt_params = now
+            self._probe_grads.watch(now)
 
     def _bounded(self, values: dict[str, Any]) -> dict[str, Any]:
         """``values`` as the step record holds them: one beyond ``capture.bounded.VALUE_LIMITS``

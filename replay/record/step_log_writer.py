@@ -108,6 +108,7 @@ class StepLogWriter:
         batch: Any,
         values: dict[str, Any] | None,
         batch_ref: dict[str, Any] | None = None,
+        trainable: np.ndarray | None = None,
     ) -> bool:
         """Copy the step's record into the log; ``False``: the caller hands the step to the
         writer thread instead (a record too large for the log, or the writer process gone) and
@@ -129,6 +130,8 @@ class StepLogWriter:
         }
         if batch_ref is not None:  # the batch by reference (capture/loader.py)
             record["batch_ref"] = batch_ref
+        if trainable is not None:  # the parameters' requires_grad, changed since the last step
+            record["trainable"] = trainable
         # The step number changes every step and nothing else in the layout usually does.
         parts, mlen = self._packer.pack(record, (f'{{"t":"int","v":{int(step)}}}', *hp_text))
         ncols = self._ncols

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..capture.pool import HostPool
@@ -102,12 +103,15 @@ class Transport:
         values: Any,
         copied: CopyStats,
         batch_ref: dict[str, Any] | None = None,
+        trainable: np.ndarray | None = None,
     ) -> tuple[bool, StepJob]:
         """The step's record: into the step log when the step lives in host memory (safe once
         the step returns, ``direct``), else copied for the writer thread. ``batch_ref``: the
         batch by reference (``batch`` is then ``None``)."""
         loggable = self._host_run() and on_host(batch) and on_host(values)
-        direct = loggable and self.log.begin(t, rng, hparams, modes, batch, values, batch_ref)  # type: ignore[union-attr]  # (_host_run)
+        direct = loggable and self.log.begin(  # type: ignore[union-attr]  # (_host_run)
+            t, rng, hparams, modes, batch, values, batch_ref, trainable
+        )
         # A CPU step the log could not take (larger than the log, or its writer process gone)
         # goes by the writer thread, and the step waits until it is passed on (finish).
         self.spilled = loggable and not direct
@@ -120,6 +124,7 @@ class Transport:
             health=health,
             values=copy_tree(values, stats=copied) if values and not direct else None,
             batch_ref=batch_ref,
+            trainable=trainable,
         )
         return direct, job
 

@@ -44,6 +44,7 @@ class StepJob:
     buffers: list[Any] | None = None  # the batch's pooled copies, given back once sent
     values: dict[str, Any] | None = None  # rec.step(batch, **values), handed back on replay
     batch_ref: dict[str, Any] | None = None  # the batch by reference (batch is None then)
+    trainable: np.ndarray | None = None  # requires_grad of every parameter, where it changed
     # The whole record, already leaves: a step that began in the step log and then raised
     # (its batch as it was before the step, read back from the log).
     record: StepRecord | None = None
@@ -349,6 +350,8 @@ class BackgroundWriter:
             }
             if job.batch_ref is not None and job.record is None:
                 record["batch_ref"] = job.batch_ref
+            if job.trainable is not None and job.record is None:
+                record["trainable"] = job.trainable
             payload, mlen = pack_parts(record)
             steps.append(StepFrame(job.step, payload, mlen))
             health.append(HealthFrame(job.step, health_row(job.health, self._watched)))

@@ -141,6 +141,9 @@ class StepRecord(TypedDict):
     values: Any  # per-step values (``rec.step(batch, **values)``) or None
     # v3, MAY: the batch by reference (batch is None): {"indices", "batched", "sha256"}
     batch_ref: NotRequired[dict[str, Any]]
+    # MAY: requires_grad of every parameter of the run (``capture.objects.trainable_params``
+    # order), on the first step and each step where it changed (gradual unfreezing)
+    trainable: NotRequired[np.ndarray]
 
 
 class _StrEnum(str, Enum):

@@ -701,9 +701,10 @@ def check_record(rec: object, ring: str, step: int, where: str) -> None:
         hp = rec.get("hparams", [])
         if not (isinstance(hp, list) and all(isinstance(g, dict) for g in hp)):
             raise _BAD(f"{w}: hparams is not a list of dicts")
-        modes = rec.get("modes")
-        if modes is not None and not (isinstance(modes, np.ndarray) and modes.ndim == 1):
-            raise _BAD(f"{w}: modes is not a 1-D array")
+        for key in ("modes", "trainable"):
+            flags = rec.get(key)
+            if flags is not None and not (isinstance(flags, np.ndarray) and flags.ndim == 1):
+                raise _BAD(f"{w}: {key} is not a 1-D array")
         ref = rec.get("batch_ref")
         if ref is not None and not (
             isinstance(ref, dict)
