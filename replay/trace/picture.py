@@ -13,6 +13,7 @@ from torch.utils._pytree import KeyPath, SequenceKey, tree_flatten_with_path
 
 from replay.store.tree import leaf_path
 from replay.trace.origins import storage_key
+from replay.trace.stats import stored_values
 
 __all__ = [
     "ParamPicture",
@@ -241,7 +242,7 @@ class ParamPicture:
                 if g is None:
                     rows.append(_NO_GRAD)
                     continue
-                f = g.detach().double()
+                f = stored_values(g.detach()).double()  # (a sparse gradient's stored values)
                 nan, inf = float(torch.isnan(f).sum()), float(torch.isinf(f).sum())
                 # The norm of the finite part; NaN when nothing is finite (0 would read "dead").
                 norm = _norm(torch.nan_to_num(f, 0.0, 0.0, 0.0)) if nan + inf < f.numel() else NAN
@@ -254,7 +255,7 @@ class ParamPicture:
             for n, p in zip(self.names, self.params)
             if p.grad is not None
             and p.grad.is_floating_point()
-            and not torch.isfinite(p.grad).all()
+            and not torch.isfinite(stored_values(p.grad)).all()
         ]
 
     def bad_params(self) -> list[tuple[str, torch.Tensor]]:

@@ -38,7 +38,12 @@ def copy_small(t: torch.Tensor) -> np.ndarray | None:
     dispatch off, unseen by the tracer. A copy, never a view of the tensor's memory: numpy's
     view makes a storage unresizable (FSDP2 resizes its parameters' storage to zero).
     """
-    if type(t) is not torch.Tensor or t.dtype not in _NP_FLOATS or not t.is_cpu:
+    if (
+        type(t) is not torch.Tensor
+        or t.dtype not in _NP_FLOATS
+        or not t.is_cpu
+        or t.layout is not torch.strided  # (a sparse gradient: measured by its stored values)
+    ):
         return None
     n = t.numel()
     if n == 0 or n > NUMPY_MAX:

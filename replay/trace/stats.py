@@ -116,10 +116,21 @@ def physical(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def stored_values(t: torch.Tensor) -> torch.Tensor:
+    """The values a sparse tensor stores (``nn.Embedding(sparse=True)``'s gradients,
+    ``SparseAdam``'s updates): statistics of a sparse tensor are those of its stored values;
+    a dense tensor as it is."""
+    if t.layout is torch.strided:
+        return t
+    if t.layout is torch.sparse_coo:
+        return t.coalesce()._values()  # (an index stored twice holds the sum of both)
+    return t.values()  # CSR, CSC, BSR, BSC
+
+
 def _small_array(t: torch.Tensor) -> np.ndarray | None:
     """The values of a small, plain, CPU float32/float64 tensor as a flat numpy array (a
     copy), else None. Read with Python dispatch off: no mode sees it."""
-    if _wrapped(t):
+    if _wrapped(t) or t.layout is not torch.strided:
         return None
     if type(t) is not torch.Tensor or t.dtype not in _NP_FLOATS or not t.is_cpu:
         return None
@@ -197,6 +208,8 @@ def tensor_stats(t: torch.Tensor, *, hist: bool = True) -> tuple[Stats, np.ndarr
     if _wrapped(t):  # inside a torch.func transform: the values of every sample
         with torch._C._DisableFuncTorch():
             return tensor_stats(physical(t), hist=hist)
+    if t.layout is not torch.strided:
+        return tensor_stats(stored_values(t), hist=hist)
     a = _small_array(t)
     if a is not None:
         if np.geterr()["over"] != "ignore":  # called outside a traced step
@@ -245,6 +258,8 @@ def finite_kind(t: torch.Tensor) -> str:
     if _wrapped(t):
         with torch._C._DisableFuncTorch():
             return finite_kind(physical(t))
+    if t.layout is not torch.strided:
+        return finite_kind(stored_values(t))
     a = _small_array(t)
     if a is not None:
         lo, hi = float(a.min()), float(a.max())

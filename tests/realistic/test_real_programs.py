@@ -466,3 +466,39 @@ def test_dp_sgd_with_per_sample_gradients_from_torch_func_is_traced_and_bisected
     assert (d["first_bad_step"], d["cause"]) == (8, "data"), d
     assert [t["name"] for t in d["data"]["tensors"]] == ["batch[0]"], d["data"]
     assert d["samples"] == [5] and d["reproducible"] is True, d["notes"]
+
+
+@pytest.mark.parametrize("how", ["group", "flag"])
+def test_gradual_unfreezing_between_steps_replays_across_the_unfreeze(tmp_path, elsewhere, how):
+    """gradual_unfreeze.py: the loop unfreezes the backbone at step 21, between two snapshots
+    (every 10 steps): ``requires_grad_(True)`` and ``add_param_group`` (``group``), or only
+    ``requires_grad`` and the learning rate (``flag``). Neither is in a state_dict. Was: the
+    snapshot of step 30 did not fit the replayed optimizer ("loaded state dict has a different
+    number of parameter groups", and the self-check said so while the run trained), a replay
+    carried across step 21 stopped ("the recording has 2 param groups"), and the flag's replay
+    from step 20 trained a frozen backbone: not reproducible. Snapshots now hold which
+    parameters each group holds and which are frozen, and a step record the requires_grad of
+    every parameter where it changed."""
+    run, p = record(tmp_path, "gradual_unfreeze.py", "run.h5", "--how", how)
+    assert p.returncode == 3 and "loss is nan" in p.stderr, p.stderr[-2000:]
+    rc, v, err = verify_all_json(run, elsewhere)
+    assert rc == 0 and v["deterministic"] is True, (v.get("cause"), err[-2000:])
+    b = replay("bisect", str(run), "--json", cwd=elsewhere)
+    d = json.loads(b.stdout)
+    assert d["cause"] == "op" and d["reproducible"] is True, (d["notes"], b.stderr[-2000:])
+    if how == "flag":  # replayed from the snapshot before the unfreeze, through it
+        assert (d["first_bad_step"], d["snapshot"]) == (25, 20), d
+
+
+def test_sparse_embedding_gradients_are_traced_and_the_bad_label_named(tmp_path, elsewhere):
+    """sparse_embeddings.py (DLRM-shaped): EmbeddingBag(sparse=True) under SparseAdam. Was:
+    the tracer copied each op's output to numpy, which a sparse gradient cannot be ("can't
+    convert Sparse layout tensor to numpy"): the traced backward raised, and bisect named no
+    cause and two samples. A sparse tensor is measured by the values it stores."""
+    run, p = record(tmp_path, "sparse_embeddings.py", "run.h5")
+    assert p.returncode == 3 and "loss is nan at step 12" in p.stderr, p.stderr[-2000:]
+    b = replay("bisect", str(run), "--json", cwd=elsewhere)
+    d = json.loads(b.stdout)
+    assert (d["first_bad_step"], d["cause"]) == (12, "data"), d
+    assert [t["name"] for t in d["data"]["tensors"]] == ["batch[2]"], d["data"]
+    assert d["samples"] == [5] and d["reproducible"] is True, d["notes"]

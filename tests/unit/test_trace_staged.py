@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import torch
 import torch.nn as nn
 
 from replay.trace import trace_step
-from replay.trace.staged import measure
+from replay.trace.staged import copy_small, measure
 from replay.trace.stats import np_stats, quiet_numpy
 
 
@@ -57,3 +59,22 @@ def test_a_transposed_weight_gets_the_statistics_of_its_values_each_time():
     assert first["max"] == float(w.max()) and first["min"] == float(w.min())
     assert third["max"] == float(2 * w.max()) and third["mean"] != first["mean"]
     assert third["numel"] == 15.0
+
+
+def test_a_sparse_tensor_is_measured_by_the_values_it_stores():
+    """nn.Embedding(sparse=True)'s gradient. Was: copied to numpy, which a sparse tensor cannot
+    be: the traced backward raised. Not staged; measured (and checked) by its stored values,
+    an index stored twice as the sum of both."""
+    from replay.trace.stats import finite_kind, tensor_stats
+
+    coo = torch.sparse_coo_tensor([[0, 2, 2]], [1.0, -3.0, 1.0], (5,), check_invariants=True)
+    assert copy_small(coo) is None
+    row, _ = tensor_stats(coo)
+    assert (row.min, row.max, row.numel) == (-2.0, 1.0, 2.0)
+    assert finite_kind(coo) == "finite"
+    bad = torch.sparse_coo_tensor([[1]], [float("-inf")], (5,), check_invariants=True)
+    assert finite_kind(bad) == "neginf" and tensor_stats(bad)[0].neginf == 1.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # ("Sparse CSR tensor support is in beta state")
+        csr = torch.tensor([[0.0, float("nan")], [2.0, 0.0]]).to_sparse_csr()
+    assert finite_kind(csr) == "nan" and tensor_stats(csr)[0].nan == 1.0
