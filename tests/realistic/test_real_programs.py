@@ -34,6 +34,15 @@ def replay(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return replay_cli(*args, cwd=cwd)
 
 
+def assert_bad_data(run: Path, cwd: Path, *, step: int, tensor: str, samples: list[int]) -> None:
+    """``replay bisect`` of ``run`` names bad data at ``step``: that batch tensor, those
+    samples, reproducibly."""
+    d = json.loads(replay("bisect", str(run), "--json", cwd=cwd).stdout)
+    assert (d["first_bad_step"], d["cause"]) == (step, "data"), d
+    assert [t["name"] for t in d["data"]["tensors"]] == [tensor], d["data"]
+    assert d["samples"] == samples and d["reproducible"] is True, d["notes"]
+
+
 def verify_json(run: Path, cwd: Path) -> tuple[int, dict, str]:
     p = replay("verify", str(run), "--json", cwd=cwd)
     assert p.returncode in (0, 1), p.stderr[-2000:]
@@ -461,11 +470,7 @@ def test_dp_sgd_with_per_sample_gradients_from_torch_func_is_traced_and_bisected
     with no verdict. The values under the transform's wrappers are read with it off."""
     run, p = record(tmp_path, "dp_sgd.py", "run.h5")
     assert p.returncode == 3 and "loss is nan at step 8" in p.stderr, p.stderr[-2000:]
-    b = replay("bisect", str(run), "--json", cwd=elsewhere)
-    d = json.loads(b.stdout)
-    assert (d["first_bad_step"], d["cause"]) == (8, "data"), d
-    assert [t["name"] for t in d["data"]["tensors"]] == ["batch[0]"], d["data"]
-    assert d["samples"] == [5] and d["reproducible"] is True, d["notes"]
+    assert_bad_data(run, elsewhere, step=8, tensor="batch[0]", samples=[5])
 
 
 @pytest.mark.parametrize("how", ["group", "flag"])
@@ -497,8 +502,4 @@ def test_sparse_embedding_gradients_are_traced_and_the_bad_label_named(tmp_path,
     cause and two samples. A sparse tensor is measured by the values it stores."""
     run, p = record(tmp_path, "sparse_embeddings.py", "run.h5")
     assert p.returncode == 3 and "loss is nan at step 12" in p.stderr, p.stderr[-2000:]
-    b = replay("bisect", str(run), "--json", cwd=elsewhere)
-    d = json.loads(b.stdout)
-    assert (d["first_bad_step"], d["cause"]) == (12, "data"), d
-    assert [t["name"] for t in d["data"]["tensors"]] == ["batch[2]"], d["data"]
-    assert d["samples"] == [5] and d["reproducible"] is True, d["notes"]
+    assert_bad_data(run, elsewhere, step=12, tensor="batch[2]", samples=[5])
