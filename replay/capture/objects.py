@@ -387,7 +387,7 @@ def param_layout(objects: RunObjects, model: torch.nn.Module) -> dict[str, Any]:
         for k, opt in _optimizers(objects).items()
     }
     frozen = [n for n, p in named.items() if not p.requires_grad]
-    return {"groups": groups, "frozen": frozen}
+    return {"params": list(named), "groups": groups, "frozen": frozen}
 
 
 def apply_layout(objects: RunObjects, model: torch.nn.Module, layout: Any) -> None:
@@ -397,6 +397,8 @@ def apply_layout(objects: RunObjects, model: torch.nn.Module, layout: Any) -> No
     if not isinstance(layout, dict):
         return
     named = _named_params(objects, model)
+    if layout.get("params") != list(named):
+        return  # another model than the recorded one, or named otherwise: nothing to match by
     frozen = layout.get("frozen")
     if isinstance(frozen, list) and all(isinstance(n, str) for n in frozen):
         off = set(frozen)

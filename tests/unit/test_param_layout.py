@@ -27,6 +27,7 @@ def test_a_group_added_and_a_backbone_unfrozen_are_put_back_and_taken_away():
     model, opt, objs = _run()
     before = param_layout(objs, model)
     assert before == {
+        "params": ["model.0.weight", "model.0.bias", "model.1.weight", "model.1.bias"],
         "groups": {"optimizer": [["model.1.weight", "model.1.bias"]]},
         "frozen": ["model.0.weight", "model.0.bias"],
     }
@@ -50,11 +51,19 @@ def test_a_group_added_and_a_backbone_unfrozen_are_put_back_and_taken_away():
     assert [p.requires_grad for p in run_params(fresh_objs, fresh)] == [False, False, True, True]
 
 
-def test_a_layout_that_names_a_parameter_the_replay_lacks_changes_no_group():
+def test_a_layout_of_other_parameters_changes_nothing():
+    """Names that are not the replay's (another model, a wrapper's prefix): no group is made
+    and nothing is unfrozen; load_state_dict says what does not fit."""
     model, opt, objs = _run()
-    apply_layout(objs, model, {"groups": {"optimizer": [["model.7.weight"]]}, "frozen": []})
-    assert [len(g["params"]) for g in opt.param_groups] == [2]  # left for load_state_dict to refuse
-    apply_layout(objs, model, "not a layout")  # (an untrusted file's) is ignored
+    names = ["model.0.weight", "model.0.bias", "model.1.weight", "model.1.bias"]
+    for layout in (
+        {"params": names, "groups": {"optimizer": [["model.7.weight"]]}, "frozen": names[:2]},
+        {"params": [f"model._orig_mod.{n[6:]}" for n in names], "groups": {}, "frozen": []},
+        "not a layout",  # (an untrusted file's)
+    ):
+        apply_layout(objs, model, layout)
+        assert [len(g["params"]) for g in opt.param_groups] == [2]
+    assert [p.requires_grad for p in model.parameters()] == [False, False, True, True]
 
 
 _NORMS: dict[int, float] = {}  # each step's norm over the optimizer's gradients, by hand
