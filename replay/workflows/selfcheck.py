@@ -230,7 +230,10 @@ def _become_later_check(args: argparse.Namespace, earlier: tuple[int, int], err:
     atexit._run_exitfuncs()
     sys.stdout.flush()
     os.dup2(err, 2)
-    os.execv(sys.executable, cmd)
+    try:
+        os.execv(sys.executable, cmd)
+    except OSError:  # (the interpreter gone since): the first steps' verdict stands
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
 
 
 if __name__ == "__main__":
