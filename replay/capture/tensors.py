@@ -9,12 +9,14 @@ copied to pinned host memory asynchronously) so training can go on mutating the 
 from __future__ import annotations
 
 import collections
+import sys
+import types
 from typing import Any
 
 import numpy as np
 import torch
 
-from ..store.tree import TensorLeaf
+from ..store.tree import ObjectRecord, TensorLeaf, record_of
 from .pool import HostPool, poolable, poolable_array
 
 __all__ = [
@@ -111,7 +113,10 @@ def copy_tree(obj: Any, *, stats: CopyStats | None = None, pool: HostPool | None
                 stats.pooled.append(arr)
                 return arr
         return obj.copy()
-    return obj
+    if isinstance(obj, ObjectRecord):
+        return ObjectRecord(obj.module, obj.qualname, copy_tree(obj.attrs, stats=stats, pool=pool))
+    rec = record_of(obj, lambda v: copy_tree(v, stats=stats, pool=pool))
+    return obj if rec is None else rec
 
 
 def _tensor_leaf(t: torch.Tensor) -> TensorLeaf:
@@ -142,7 +147,8 @@ def tree_nbytes(obj: Any) -> int:
         return sum(tree_nbytes(v) for v in obj.values())
     if isinstance(obj, (list, tuple)):
         return sum(tree_nbytes(v) for v in obj)
-    return 0
+    rec = obj if isinstance(obj, ObjectRecord) else record_of(obj, lambda v: v)
+    return tree_nbytes(rec.attrs) if rec is not None else 0
 
 
 def to_leaves(obj: Any) -> Any:
@@ -168,7 +174,10 @@ def to_leaves(obj: Any) -> Any:
         return tuple(to_leaves(v) for v in obj)
     if isinstance(obj, list):
         return [to_leaves(v) for v in obj]
-    return obj
+    if isinstance(obj, ObjectRecord):
+        return ObjectRecord(obj.module, obj.qualname, to_leaves(obj.attrs))
+    rec = record_of(obj, to_leaves)
+    return obj if rec is None else rec
 
 
 def leaf_to_tensor(leaf: TensorLeaf, device: str | torch.device | None = None) -> torch.Tensor:
@@ -210,4 +219,25 @@ def from_leaves(obj: Any, device: str | torch.device | None = None) -> Any:
         return tuple(from_leaves(v, device) for v in obj)
     if isinstance(obj, list):
         return [from_leaves(v, device) for v in obj]
+    if isinstance(obj, ObjectRecord):
+        return live_object(obj, {k: from_leaves(v, device) for k, v in obj.attrs.items()})
     return obj
+
+
+def live_object(rec: ObjectRecord, attrs: dict[str, Any]) -> Any:
+    """The object ``rec`` describes, with ``attrs``: of its own class where the replayed
+    program has loaded it (looked up, never imported: a file names the module), made without
+    calling its ``__init__``; else a stand-in with the same attributes."""
+    cls: Any = sys.modules.get(rec.module)
+    for part in rec.qualname.split("."):
+        cls = getattr(cls, part, None) if cls is not None else None
+    if isinstance(cls, type):
+        try:
+            obj = cls.__new__(cls)  # type: ignore[call-overload]  # (a class found at run time)
+            for k, v in attrs.items():
+                object.__setattr__(obj, k, v)
+            return obj
+        except Exception:  # noqa: BLE001 - a class that cannot be made so: the stand-in
+            pass
+    stand_in = type(rec.qualname.rsplit(".", 1)[-1], (types.SimpleNamespace,), {})
+    return stand_in(**attrs)

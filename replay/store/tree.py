@@ -5,6 +5,13 @@ A *tree* is any nesting of dict / list / tuple / namedtuple whose leaves are num
 bytes and ``None``. ``encode`` returns the manifest (JSON-able) and the byte buffers to place in the
 arena; ``decode`` rebuilds the tree from the manifest and the arena bytes, bit for bit.
 
+A dataclass instance, a ``collections.UserDict`` (Hugging Face's ``BatchEncoding``) or a plain
+object whose attributes are all data (tensors, arrays, numbers, strings, containers of them) is
+an :class:`ObjectRecord`: its class's module and qualified name and its attributes. It comes
+back as that record; ``capture.tensors.from_leaves`` makes it the object again in a replay,
+from its class where the replayed program has it loaded (never importing a module a file
+names).
+
 No pickle: an object of any other type is stored as :class:`Opaque` (its type name and ``repr``)
 and comes back as such, never as the object.
 
@@ -28,6 +35,8 @@ import numpy as np
 __all__ = [
     "TensorLeaf",
     "Opaque",
+    "ObjectRecord",
+    "record_of",
     "Spliced",
     "SPLICE_MARK",
     "encode",
@@ -65,6 +74,59 @@ class Opaque:
 
     type: str
     repr: str = field(default="")
+
+
+@dataclass
+class ObjectRecord:
+    """An object of the batch kept as its class's name and its attributes (see the module
+    docstring); ``attrs`` holds them as the tree does everything else."""
+
+    module: str
+    qualname: str
+    attrs: dict[str, Any]
+
+
+_DATA = (str, int, float, complex, bool, bytes, type(None))
+_MAX_ATTRS = 64  # attributes of a plain object kept as a record (more: not a batch's)
+
+
+def record_of(obj: Any, convert: Any) -> ObjectRecord | None:
+    """``obj`` as an :class:`ObjectRecord` with ``convert`` applied to each attribute, or
+    ``None`` when it is not one the format keeps so (see the module docstring). ``convert`` is
+    the caller's walk (a copy, the leaves)."""
+    import dataclasses
+
+    cls = type(obj)
+    if isinstance(obj, type) or cls.__module__ in ("builtins", "torch", "numpy"):
+        return None
+    if dataclasses.is_dataclass(obj):
+        names = [f.name for f in dataclasses.fields(obj)]
+    elif isinstance(obj, collections.UserDict) or (
+        isinstance(getattr(obj, "__dict__", None), dict)
+        and 0 < len(vars(obj)) <= _MAX_ATTRS
+        and all(_is_data(v, 3) for v in vars(obj).values())
+    ):
+        names = list(vars(obj))
+    else:
+        return None
+    attrs = {n: convert(getattr(obj, n)) for n in names if n[:2] != "__" and hasattr(obj, n)}
+    return ObjectRecord(cls.__module__, cls.__qualname__, attrs)
+
+
+def _is_data(v: Any, depth: int) -> bool:
+    """A value a batch holds: a tensor or an array (by type name: this module has no torch),
+    a scalar, a string, or a container of them."""
+    if isinstance(v, (*_DATA, np.ndarray)) or type(v).__name__ == "Tensor":
+        return True
+    if hasattr(v, "__torch_function__"):  # a tensor subclass (a Parameter)
+        return True
+    if depth <= 0:
+        return False
+    if isinstance(v, dict):
+        return all(_is_data(x, depth - 1) for x in v.values())
+    if isinstance(v, (list, tuple)):
+        return all(_is_data(x, depth - 1) for x in v[:64])
+    return False
 
 
 class Spliced:
@@ -157,6 +219,16 @@ class _Encoder:
             return {"t": "list", "v": [self.node(v) for v in obj]}
         if isinstance(obj, Opaque):
             return {"t": "opaque", "type": obj.type, "repr": obj.repr}
+        if not isinstance(obj, ObjectRecord):
+            obj = record_of(obj, lambda v: v) or obj
+        if isinstance(obj, ObjectRecord):
+            return {
+                "t": "object",
+                "module": obj.module,
+                "qualname": obj.qualname,
+                "k": list(obj.attrs),
+                "v": [self.node(v) for v in obj.attrs.values()],
+            }
         cls = type(obj)
         return {
             "t": "opaque",
@@ -273,6 +345,9 @@ def decode(node: dict[str, Any], data: memoryview | bytes) -> Any:
         return [decode(v, data) for v in node["v"]]
     if t == "opaque":
         return Opaque(node["type"], node.get("repr", ""))
+    if t == "object":
+        values = (decode(v, data) for v in node["v"])
+        return ObjectRecord(node["module"], node["qualname"], dict(zip(node["k"], values)))
     raise ValueError(f"unknown tree node type {t!r}")
 
 
@@ -297,6 +372,9 @@ def iter_leaves(tree: Any, keys: tuple[str | int, ...] = ()) -> Iterator[tuple[s
     elif isinstance(tree, dict):
         for k, v in tree.items():
             yield from iter_leaves(v, (*keys, str(k)))
+    elif isinstance(tree, ObjectRecord):
+        for k, v in tree.attrs.items():
+            yield from iter_leaves(v, (*keys, k))
     elif isinstance(tree, (list, tuple)):
         names = getattr(type(tree), "_fields", None)
         for i, v in enumerate(tree):

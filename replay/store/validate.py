@@ -413,6 +413,7 @@ _TREE_TAGS = {
     "odict",
     "ntuple",
     "opaque",
+    "object",
 }
 _DTYPE_KINDS = set("biufcmMSUV")
 # What decodes to a hashable value, so may be a dict key (tuples: when their items are).
@@ -537,6 +538,17 @@ def check_tree(root: Any, arena_bytes: int, where: str) -> None:
         elif t == "opaque":
             if not isinstance(node.get("type"), str) or not isinstance(node.get("repr", ""), str):
                 raise bad("an opaque node lacks its type")
+        elif t == "object":
+            k = node.get("k")
+            if not (
+                isinstance(k, list)
+                and isinstance(v, list)
+                and len(k) == len(v)
+                and all(isinstance(x, str) and x.isidentifier() and x[:2] != "__" for x in k)
+                and all(isinstance(node.get(a), str) for a in ("module", "qualname"))
+            ):
+                raise bad("an object node has unusable attributes")
+            stack.extend((x, depth + 1, as_key) for x in v)
 
 
 def _intlike(s: str) -> bool:

@@ -4,14 +4,13 @@ per sample, and the tensors present before the step (for the origins of non-fini
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import NamedTuple, TypedDict
 
 import numpy as np
 import torch
-from torch.utils._pytree import KeyPath, SequenceKey, tree_flatten_with_path
 
-from replay.store.tree import leaf_path
+from replay.store.tree import leaf_path, record_of
 from replay.trace.origins import storage_key
 from replay.trace.stats import stored_values
 
@@ -84,34 +83,53 @@ class _GradStats(NamedTuple):
 _NO_GRAD = _GradStats(False, NAN, NAN, NAN)
 
 
-def _path_str(path: KeyPath) -> str:
-    """A pytree key path as ``leaf_path`` names it (as the store and the TUI do)."""
-    keys: list[str | int] = []
-    for k in path:
-        if isinstance(k, SequenceKey):
-            keys.append(k.idx)
-        else:  # MappingKey, GetAttrKey (a namedtuple's field)
-            keys.append(str(getattr(k, "key", getattr(k, "name", k))))
-    return leaf_path(keys)
+_Key = tuple[str, object]  # ("map", a dict key) | ("seq", an index) | ("attr", a name)
+
+
+def _walk(x: object, path: tuple[_Key, ...] = ()) -> Iterator[tuple[tuple[_Key, ...], object]]:
+    """``(path, leaf)`` of every leaf of a nested batch, in order: dicts, lists, tuples,
+    namedtuples, and the objects the store keeps by their attributes (a dataclass batch, a
+    ``UserDict``: ``store.tree.record_of``)."""
+    if isinstance(x, dict):
+        for k, v in x.items():
+            yield from _walk(v, (*path, ("map", k)))
+    elif isinstance(x, tuple) and hasattr(x, "_fields"):
+        for name, v in zip(x._fields, x):
+            yield from _walk(v, (*path, ("attr", name)))
+    elif isinstance(x, (list, tuple)):
+        for i, v in enumerate(x):
+            yield from _walk(v, (*path, ("seq", i)))
+    elif not isinstance(x, torch.Tensor) and (rec := record_of(x, lambda v: v)) is not None:
+        for k, v in rec.attrs.items():
+            yield from _walk(v, (*path, ("attr", k)))
+    else:
+        yield path, x
+
+
+def _path_str(path: tuple[_Key, ...]) -> str:
+    """A leaf's path as ``leaf_path`` names it (as the store and the TUI do)."""
+    return leaf_path([k if isinstance(k, int) and kind == "seq" else str(k) for kind, k in path])
+
+
+def _name(path: tuple[_Key, ...]) -> str:
+    """A leaf as the code reaching it reads: ``batch[0]``, ``batch['x']``, ``batch.state``."""
+    parts = {"map": "[{!r}]", "seq": "[{}]", "attr": ".{}"}
+    return "batch" + "".join(parts[kind].format(k) for kind, k in path)
 
 
 def batch_leaves(batch: object) -> list[tuple[str, torch.Tensor]]:
     """``(path, tensor)`` for every tensor leaf of a nested batch; paths as ``leaf_path`` says:
     ``x``, ``[0]``, ``inputs[1].ids``."""
-    leaves, _ = tree_flatten_with_path(batch)
-    return [(_path_str(p), t) for p, t in leaves if isinstance(t, torch.Tensor)]
+    return [(_path_str(p), t) for p, t in _walk(batch) if isinstance(t, torch.Tensor)]
 
 
 def batch_nonfinite(batch: object) -> list[BatchNonFinite]:
     """Every floating tensor of the batch that holds NaN/Inf: where it sits in the batch
     (``name``: ``batch[0]``, ``batch['x']``; ``path``: as ``batch_leaves`` says), its shape, how
     many NaN, +inf and -inf it holds, and the first ``N_POSITIONS`` positions (index lists)."""
-    from torch.utils._pytree import keystr
-
     out: list[BatchNonFinite] = []
-    leaves, _ = tree_flatten_with_path(batch)
     with torch.no_grad():
-        for p, t in leaves:
+        for p, t in _walk(batch):
             if not isinstance(t, torch.Tensor) or not t.is_floating_point() or not t.numel():
                 continue
             bad = ~torch.isfinite(t.detach())
@@ -120,7 +138,7 @@ def batch_nonfinite(batch: object) -> list[BatchNonFinite]:
             pos = torch.nonzero(bad)
             out.append(
                 {
-                    "name": "batch" + keystr(p),
+                    "name": _name(p),
                     "path": _path_str(p),
                     "shape": list(t.shape),
                     "dtype": str(t.dtype)[6:],

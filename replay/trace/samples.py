@@ -23,6 +23,7 @@ Example::
 
 from __future__ import annotations
 
+import copy
 import math
 from collections import Counter
 from collections.abc import Callable, Collection, Sequence
@@ -36,6 +37,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from replay.store.tree import record_of
 from replay.trace.origins import ALLOC_OPS
 
 __all__ = [
@@ -208,6 +210,12 @@ def _map(x: object, fn: Callable[[torch.Tensor], torch.Tensor]) -> object:
         return make(*(_map(v, fn) for v in x))
     if isinstance(x, (list, tuple)):
         return type(x)(_map(v, fn) for v in x)
+    rec = record_of(x, lambda v: _map(v, fn))  # a dataclass batch, a UserDict
+    if rec is not None:
+        out = copy.copy(x)
+        for k, v in rec.attrs.items():
+            object.__setattr__(out, k, v)
+        return out
     return x
 
 

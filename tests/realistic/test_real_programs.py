@@ -503,3 +503,25 @@ def test_sparse_embedding_gradients_are_traced_and_the_bad_label_named(tmp_path,
     run, p = record(tmp_path, "sparse_embeddings.py", "run.h5")
     assert p.returncode == 3 and "loss is nan at step 12" in p.stderr, p.stderr[-2000:]
     assert_bad_data(run, elsewhere, step=12, tensor="batch[2]", samples=[5])
+
+
+@pytest.mark.parametrize(
+    ("kind", "tensor"),
+    [("dataclass", "batch.features"), ("encoding", "batch.data['features']"), ("graph", "batch.x")],
+)
+def test_a_batch_that_is_an_object_replays_and_its_bad_sample_is_named(
+    tmp_path, elsewhere, kind, tensor
+):
+    """object_batches.py: a dataclass batch, a UserDict (BatchEncoding's shape), a plain object
+    holding tensors (torch_geometric's Data's). Was: each stored as opaque, so no step of the
+    run replayed ("'Opaque' object has no attribute 'x'"), and the self-check and bisect
+    blamed state the step reads outside its batch. Now kept by their attributes and made
+    again as their own class, so the step's own methods work on replay."""
+    run, p = record(tmp_path, "object_batches.py", "run.h5", "--kind", kind)
+    assert p.returncode == 3 and "loss is nan at step 9" in p.stderr, p.stderr[-2000:]
+    samples = [4] if kind != "graph" else None  # (message passing mixes the samples)
+    d = json.loads(replay("bisect", str(run), "--json", cwd=elsewhere).stdout)
+    assert (d["first_bad_step"], d["cause"], d["reproducible"]) == (9, "data", True), d
+    assert [t["name"] for t in d["data"]["tensors"]] == [tensor], d["data"]
+    if samples is not None:
+        assert d["samples"] == samples, d["notes"]
