@@ -97,8 +97,8 @@ def record_of(obj: Any, convert: Any) -> ObjectRecord | None:
     import dataclasses
 
     cls = type(obj)
-    if isinstance(obj, type) or cls.__module__ in ("builtins", "torch", "numpy"):
-        return None
+    if isinstance(obj, type) or cls.__module__.split(".")[0] in ("builtins", "torch", "numpy"):
+        return None  # (a module, a tensor subclass, a generator: never a batch's record)
     if dataclasses.is_dataclass(obj):
         names = [f.name for f in dataclasses.fields(obj)]
     elif isinstance(obj, collections.UserDict) or (
