@@ -490,7 +490,7 @@ class Engine(ObservedCalls):
                 m.training = bool(training)
         flags = r.get("trainable")  # (where the loop froze or unfroze parameters)
         if flags is not None and len(flags) == len(self._run_params):
-            for p, on in zip(self._run_params, flags.tolist()):
+            for p, on in zip(self._run_params, map(bool, flags.tolist())):
                 if p.requires_grad != on:
                     p.requires_grad_(on)
 
@@ -507,11 +507,8 @@ class Engine(ObservedCalls):
                 layout = self.snapshot(s).get("layout")
             except RecordingError:
                 continue
-            groups = (
-                (layout or {}).get("groups", {}).get("optimizer")
-                if isinstance(layout, dict)
-                else None
-            )
+            kept = layout.get("groups") if isinstance(layout, dict) else None
+            groups = kept.get("optimizer") if isinstance(kept, dict) else None
             if isinstance(groups, list) and len(groups) == n_groups:
                 apply_layout(self.objs, self.objs.model, layout)
                 return
