@@ -183,9 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--from", dest="start", type=int, default=None, help="(the later check)")
     p.add_argument("--earlier", type=int, nargs=2, default=None, help="(the first steps checked)")
     args = p.parse_args(argv)
-    try:
-        os.nice(19)  # the training's cores come first
-    except OSError:
+    try:  # the training's cores come first (REPLAY_SELF_CHECK_NICE: how much, 0..19)
+        os.nice(min(19, max(0, int(os.environ.get("REPLAY_SELF_CHECK_NICE", "19")))))
+    except (OSError, ValueError):
         pass
     err = _quiet()
     try:

@@ -22,7 +22,9 @@ PROGRAM = Path(__file__).with_name("programs") / "train_until_checked.py"
 def train(tmp: Path, *args: str) -> subprocess.CompletedProcess:
     """Run the program with the self-check on, stdout and stderr in one stream, in order."""
     shutil.copy(PROGRAM, tmp)
-    env = {**run_env(), "REPLAY_SELF_CHECK": "1"}
+    # nice 10, not 19: the suite's two workers keep both cores busy, and a nice-19 check then
+    # ran past the program's deadline (a run of the whole suite failed so)
+    env = {**run_env(), "REPLAY_SELF_CHECK": "1", "REPLAY_SELF_CHECK_NICE": "10"}
     return subprocess.run(
         [sys.executable, str(tmp / PROGRAM.name), *args],
         cwd=tmp,
@@ -30,7 +32,7 @@ def train(tmp: Path, *args: str) -> subprocess.CompletedProcess:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        timeout=240,
+        timeout=420,
     )
 
 
@@ -66,10 +68,14 @@ def test_a_batch_the_previous_step_prefetched_into_a_global_is_flagged(tmp_path)
     warn = [ln for ln in p.stdout.splitlines() if "does NOT replay" in ln]
     assert len(warn) == 1, p.stdout[-3000:]
     # From the run's first snapshot the check names it (the replay carried on to step 2 matches,
-    # the one from step 2's snapshot does not); from a later one (a fast run's ring moved on
-    # before the check started) the first replayed step already differs, and the line names it
-    # beside non-deterministic kernels.
-    assert "prefetches into a global" in warn[0] or "not from the snapshot of step 2" in warn[0]
+    # the one from step 2's snapshot does not); from a later one (a loaded machine's check
+    # started after a fast run's ring moved on) the first replayed step already differs, and
+    # the line names the global it prefetches into as a batch to hand to the step.
+    assert (
+        "not from the snapshot of step 2" in warn[0]
+        or "prefetches into a global" in warn[0]
+        or "(a batch it prefetched: as the batch)" in warn[0]
+    ), warn[0]
     assert "rec.step(batch, name=value)" in warn[0], warn[0]
     # and what it is: the global the step rebinds (replay/engine/suspects.py)
     assert "NEXT[0] (tensor float32[16, 16]" in warn[0], warn[0]
