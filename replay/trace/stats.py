@@ -5,10 +5,14 @@ per-parameter update) are measured in numpy on the tensor's own memory, with tor
 dispatch switched off while it is read: a torch reduction called from Python inside the tracing
 modes costs tens of microseconds, a numpy one about one.
 
-The fast path (every value finite, which ``aminmax`` decides in one pass) costs four reductions:
-``aminmax``, ``sum``, ``dot`` (sum of squares) and ``count_nonzero``. Only a tensor holding NaN
-or Inf pays for masks. The histogram is taken over an evenly strided sample of at most
-``HIST_SAMPLE`` values (scaled to the tensor's size): it is a picture, not an exact count.
+Any other tensor (large, not float32/float64, or on a GPU) is reduced on its own device into one
+small float64 tensor that is read to the host once: the statistics and an evenly strided sample
+of at most about ``2 * HIST_SAMPLE`` values, packed together. The fast path (every value finite,
+which ``aminmax`` decides) costs four reductions: ``aminmax``, ``sum``, ``dot`` (sum of squares)
+and ``count_nonzero``. Only a tensor holding NaN or Inf pays for masks, and a second read. The
+histogram is drawn in numpy from the host copy of the sample (``torch.histc`` has no
+deterministic CUDA kernel; nothing here is an op ``torch.use_deterministic_algorithms`` forbids):
+it is a picture, not an exact count, scaled to the tensor's size.
 
 NB: call these with the tracing modes switched off; they never keep a reference to the tensor.
 """
@@ -75,31 +79,92 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
     return f
 
 
-def _hist(f: torch.Tensor, lo: float, hi: float) -> np.ndarray:
-    n = f.numel()
-    if n < 2:
-        h = np.zeros(N_BINS, dtype=np.float32)
+def _sample_step(n: int) -> int:
+    return max(1, n // HIST_SAMPLE)
+
+
+def _read(
+    parts: list[torch.Tensor], f: torch.Tensor, hist: bool
+) -> tuple[list[float], list[float]]:
+    """``parts`` (0-d reductions on ``f``'s device) and, with ``hist``, an evenly strided
+    sample of ``f``, packed into one float64 tensor and read to the host in ONE read: the
+    statistics of an op on a GPU cost one device-to-host copy, not one per number. Returns
+    (the parts' values, the sample's values)."""
+    packed = torch.stack([p.to(torch.float64) for p in parts])
+    if hist:
+        step = _sample_step(f.numel())
+        packed = torch.cat([packed, (f[::step] if step > 1 else f).to(torch.float64)])
+    values: list[float] = packed.tolist()
+    return values[: len(parts)], values[len(parts) :]
+
+
+def _sample_hist(sample: list[float], n: int, lo: float, hi: float) -> np.ndarray:
+    """The histogram of ``n`` values in [lo, hi] from a host copy of a strided sample of them
+    (numpy on the host: ``torch.histc`` has no deterministic CUDA kernel), scaled to ``n``.
+    Non-finite sample values are left out (the scale counts only the finite ones)."""
+    h = np.zeros(N_BINS, dtype=np.float32)
+    if n < 2 or hi <= lo:
         h[0] = n
         return h
-    step = max(1, n // HIST_SAMPLE)
-    sample = f[::step] if step > 1 else f
-    if hi <= lo:
-        h = np.zeros(N_BINS, dtype=np.float32)
-        h[0] = n
+    a = np.asarray(sample, dtype=np.float64)
+    a = a[np.isfinite(a)]
+    if a.size == 0:
         return h
-    h = torch.histc(sample, N_BINS, lo, hi).numpy().astype(np.float32)
-    if step > 1:
-        h *= n / max(1, sample.numel())
+    idx = ((a - lo) * (N_BINS / (hi - lo))).astype(np.intp)
+    np.clip(idx, 0, N_BINS - 1, out=idx)
+    h[:] = np.bincount(idx, minlength=N_BINS)
+    if a.size != n:
+        h *= n / a.size
     return h
 
 
-def _moments(f: torch.Tensor) -> tuple[float, float]:
-    n = f.numel()
-    s = f.sum(dtype=torch.float64).item()
-    sq = torch.dot(f, f).item() if f.dtype == torch.float32 else (f * f).sum().item()
+def _sumsq(f: torch.Tensor) -> torch.Tensor:
+    return torch.dot(f, f) if f.dtype == torch.float32 else (f * f).sum()
+
+
+def _moments(n: int, s: float, sq: float) -> tuple[float, float]:
     mean = s / n
     var = max(0.0, sq / n - mean * mean)
     return mean, math.sqrt(var)
+
+
+def _device_stats(f: torch.Tensor, n: int, hist: bool) -> tuple[Stats, np.ndarray]:
+    """The statistics of ``f`` (flat float32/float64, ``n > 0`` values), reduced on its own
+    device, whatever that is (no branch on the device type: a CPU tensor that reaches here
+    takes the path a CUDA one takes, so the tests on the CPU run it).
+
+    Every op is one ``use_deterministic_algorithms`` allows on CUDA (no ``histc``, no
+    indexing by a mask, which would also synchronise to size its result). A tensor whose
+    values are all finite costs one read to the host (statistics and sample together); one
+    holding NaN or Inf pays a second, masked reduction and its read.
+    """
+    lo_t, hi_t = torch.aminmax(f)
+    (lo, hi, s, sq, nz), sample = _read(
+        [lo_t, hi_t, f.sum(dtype=torch.float64), _sumsq(f), torch.count_nonzero(f)], f, hist
+    )
+    zeros = float(n - nz)
+    if math.isfinite(lo) and math.isfinite(hi):
+        mean, std = _moments(n, s, sq)
+        row = Stats(lo, hi, mean, std, max(abs(lo), abs(hi)), 0.0, 0.0, 0.0, zeros, float(n))
+        return row, (_sample_hist(sample, n, lo, hi) if hist else _EMPTY_HIST)
+    finite = torch.isfinite(f)
+    good = torch.where(finite, f, 0.0)  # a mask-sized copy, not a compaction: no sync
+    parts = [
+        finite.sum(),
+        torch.isnan(f).sum(),
+        (f == math.inf).sum(),
+        (f == -math.inf).sum(),
+        torch.where(finite, f, math.inf).amin(),
+        torch.where(finite, f, -math.inf).amax(),
+        good.sum(dtype=torch.float64),
+        _sumsq(good),
+    ]
+    (m, n_nan, n_pos, n_neg, lo, hi, s, sq), sample = _read(parts, f, hist)
+    if m == 0:
+        return Stats(NAN, NAN, NAN, NAN, NAN, n_nan, n_pos, n_neg, zeros, float(n)), _EMPTY_HIST
+    mean, std = _moments(int(m), s, sq)
+    row = Stats(lo, hi, mean, std, max(abs(lo), abs(hi)), n_nan, n_pos, n_neg, zeros, float(n))
+    return row, (_sample_hist(sample, int(m), lo, hi) if hist else _EMPTY_HIST)
 
 
 _wrapped = torch._C._functorch.is_functorch_wrapped_tensor
@@ -223,31 +288,11 @@ def tensor_stats(t: torch.Tensor, *, hist: bool = True) -> tuple[Stats, np.ndarr
     if n == 0:
         return Stats(NAN, NAN, NAN, NAN, NAN, 0.0, 0.0, 0.0, 0.0, 0.0), _EMPTY_HIST
     if t.dtype == torch.bool:
-        z = float(n - torch.count_nonzero(t).item())
+        z = float(n - _read([torch.count_nonzero(t)], t, False)[0][0])
         return Stats(0.0, 1.0, 1.0 - z / n, NAN, 1.0, 0.0, 0.0, 0.0, z, float(n)), _EMPTY_HIST
     if t.is_complex():
         return Stats(NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, float(n)), _EMPTY_HIST
-    f = _flat(t)
-    lo_t, hi_t = torch.aminmax(f)
-    lo, hi = lo_t.item(), hi_t.item()
-    zeros = float(n - torch.count_nonzero(f).item())
-    if math.isfinite(lo) and math.isfinite(hi):
-        mean, std = _moments(f)
-        absmax = max(abs(lo), abs(hi))
-        row = Stats(lo, hi, mean, std, absmax, 0.0, 0.0, 0.0, zeros, float(n))
-        return row, (_hist(f, lo, hi) if hist else _EMPTY_HIST)
-    finite = torch.isfinite(f)
-    n_nan = float(torch.isnan(f).sum().item())
-    n_pos = float((f == math.inf).sum().item())
-    n_neg = float((f == -math.inf).sum().item())
-    good = f[finite]
-    if good.numel() == 0:
-        return Stats(NAN, NAN, NAN, NAN, NAN, n_nan, n_pos, n_neg, zeros, float(n)), _EMPTY_HIST
-    lo_t, hi_t = torch.aminmax(good)
-    lo, hi = lo_t.item(), hi_t.item()
-    mean, std = _moments(good)
-    row = Stats(lo, hi, mean, std, max(abs(lo), abs(hi)), n_nan, n_pos, n_neg, zeros, float(n))
-    return row, (_hist(good, lo, hi) if hist else _EMPTY_HIST)
+    return _device_stats(_flat(t), n, hist)
 
 
 def finite_kind(t: torch.Tensor) -> str:
@@ -271,8 +316,7 @@ def finite_kind(t: torch.Tensor) -> str:
     t = local(t)  # an FSDP2 DTensor: this rank's shard, as in tensor_stats
     if not t.is_floating_point() or t.numel() == 0:
         return "finite"
-    lo_t, hi_t = torch.aminmax(_flat(t))
-    lo, hi = lo_t.item(), hi_t.item()
+    (lo, hi), _ = _read(list(torch.aminmax(_flat(t))), t, False)  # one read
     if math.isfinite(lo) and math.isfinite(hi):
         return "finite"
     if math.isnan(lo) or math.isnan(hi):
