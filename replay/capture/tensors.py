@@ -9,8 +9,8 @@ copied to pinned host memory asynchronously) so training can go on mutating the 
 from __future__ import annotations
 
 import collections
-import sys
 import types
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -202,38 +202,45 @@ def leaf_finite(leaf: TensorLeaf) -> bool:
     return bool(torch.isfinite(leaf_to_tensor(leaf, "cpu")).all())
 
 
-def from_leaves(obj: Any, device: str | torch.device | None = None) -> Any:
-    """Rebuild tensors from :class:`TensorLeaf` leaves (on ``device``, else where recorded)."""
+def from_leaves(
+    obj: Any,
+    device: str | torch.device | None = None,
+    classes: Callable[[str, str], type | None] | None = None,
+) -> Any:
+    """Rebuild tensors from :class:`TensorLeaf` leaves (on ``device``, else where recorded).
+
+    An object record becomes an instance of the class ``classes(module, qualname)`` returns
+    (``engine.classes.OwnClasses``: the program's own, plain to make), else a stand-in."""
     if isinstance(obj, TensorLeaf):
         return leaf_to_tensor(obj, device)
     if isinstance(obj, dict):
-        items = ((k, from_leaves(v, device)) for k, v in obj.items())
+        items = ((k, from_leaves(v, device, classes)) for k, v in obj.items())
         return (
             collections.OrderedDict(items)
             if isinstance(obj, collections.OrderedDict)
             else dict(items)
         )
     if _is_namedtuple(obj):
-        return type(obj)(*(from_leaves(v, device) for v in obj))
+        return type(obj)(*(from_leaves(v, device, classes) for v in obj))
     if isinstance(obj, tuple):
-        return tuple(from_leaves(v, device) for v in obj)
+        return tuple(from_leaves(v, device, classes) for v in obj)
     if isinstance(obj, list):
-        return [from_leaves(v, device) for v in obj]
+        return [from_leaves(v, device, classes) for v in obj]
     if isinstance(obj, ObjectRecord):
-        return live_object(obj, {k: from_leaves(v, device) for k, v in obj.attrs.items()})
+        attrs = {k: from_leaves(v, device, classes) for k, v in obj.attrs.items()}
+        return live_object(obj, attrs, classes)
     return obj
 
 
-def live_object(rec: ObjectRecord, attrs: dict[str, Any]) -> Any:
-    """The object ``rec`` describes, with ``attrs``: of its own class where the replayed
-    program has loaded it (looked up, never imported: a file names the module), made without
-    calling its ``__init__``; else a stand-in with the same attributes."""
-    cls: Any = sys.modules.get(rec.module)
-    for part in rec.qualname.split("."):
-        cls = getattr(cls, part, None) if cls is not None else None
-    if isinstance(cls, type):
+def live_object(
+    rec: ObjectRecord, attrs: dict[str, Any], classes: Callable[[str, str], type | None] | None
+) -> Any:
+    """The object ``rec`` describes, with ``attrs``: of its own class where ``classes`` gives
+    one, made without calling its ``__init__``; else a stand-in with the same attributes."""
+    cls: Any = classes(rec.module, rec.qualname) if classes is not None else None
+    if cls is not None:
         try:
-            obj = cls.__new__(cls)  # type: ignore[call-overload]  # (a class found at run time)
+            obj = cls.__new__(cls)
             for k, v in attrs.items():
                 object.__setattr__(obj, k, v)
             return obj

@@ -39,6 +39,7 @@ from ..errors import EntryPointError, RecordingError, ReplayError
 from ..store.liveness import writer_state
 from ..store.reader import Recording, Window
 from ..store.tree import TensorLeaf
+from .classes import OwnClasses
 from .device import choose_device
 from .entry import (
     EntryOverride,
@@ -186,6 +187,8 @@ class Engine(ObservedCalls):
                     )
             step_fn, files = eps.step_fn, eps.files
         self.entry_files = files
+        # Object batches are made as their own class only if it is one of these files' (classes.py).
+        self._classes = OwnClasses(files, log)
         self.step_fn = step_fn
         self.call = StepCall(step_fn, self.objs)
         self._modules = [m for _, m in self.objs.model.named_modules()]
@@ -360,7 +363,7 @@ class Engine(ObservedCalls):
         ref = r.get("batch_ref")
         if ref is not None:
             return self._drawn(t, ref)
-        return _owned(from_leaves(r["batch"], self._leaf_device))
+        return _owned(from_leaves(r["batch"], self._leaf_device, self._classes))
 
     def _drawn(self, t: int, ref: dict[str, Any]) -> Any:
         """A batch recorded by reference, drawn again from the program's dataset and checked
@@ -381,7 +384,9 @@ class Engine(ObservedCalls):
     def values(self, t: int) -> dict[str, Any]:
         """The per-step values the loop passed to ``rec.step(batch, **values)`` at step ``t``."""
         v = self.record(t).get("values")
-        values: dict[str, Any] = _owned(from_leaves(v, self._leaf_device)) if v else {}
+        values: dict[str, Any] = (
+            _owned(from_leaves(v, self._leaf_device, self._classes)) if v else {}
+        )
         for name, value in values.items():
             why = is_unrecorded(value)
             if why is not None and self.call.takes(name):

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from replay.capture.tensors import copy_tree, from_leaves, to_leaves
+from replay.engine.classes import OwnClasses
 from replay.store.tree import ObjectRecord, Opaque, decode, encode
 from replay.store.validate import check_tree
 from replay.trace.picture import batch_leaves, batch_nonfinite
@@ -50,7 +51,7 @@ def roundtrip(batch):
     manifest = json.loads(json.dumps(manifest))  # as the file holds it
     data = b"".join(bytes(b) for b in bufs)
     check_tree(manifest, len(data), "test")
-    return from_leaves(decode(manifest, data))
+    return from_leaves(decode(manifest, data), classes=OwnClasses([__file__]))
 
 
 @pytest.mark.parametrize(
@@ -108,3 +109,58 @@ def test_an_object_node_with_unusable_attributes_is_refused():
     ):
         with pytest.raises(RecordingError, match="object node"):
             check_tree(bad, 0, "test")
+
+
+class Scratch:
+    """A class of the program's own with a finaliser: made from a file's attributes, it would
+    delete whatever ``path`` the file names."""
+
+    def __del__(self):
+        import os
+
+        os.unlink(self.path)
+
+
+def _rebuilt(rec: ObjectRecord, files: list[str]):
+    manifest, bufs = encode(rec)
+    manifest = json.loads(json.dumps(manifest))
+    return from_leaves(
+        decode(manifest, b"".join(bytes(b) for b in bufs)), classes=OwnClasses(files)
+    )
+
+
+def test_a_gadget_class_is_not_built_and_its_finaliser_never_runs(tmp_path):
+    """Was: a batch recorded as tempfile._TemporaryFileCloser (a loaded class) was made as one
+    without its constructor, and its finaliser deleted the file the batch named."""
+    import gc
+    import tempfile
+    import types
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine")
+    inner = ObjectRecord("tempfile", "_TemporaryFileCloser", {})
+    gadgets = [
+        # the standard library's: not the program's own class
+        ObjectRecord(
+            "tempfile", "_TemporaryFileCloser", {"file": inner, "name": str(victim), "delete": True}
+        ),
+        # the program's own, with a finaliser
+        ObjectRecord(__name__, "Scratch", {"path": str(victim)}),
+        # a name the program's module re-exports is not where the class is defined
+        ObjectRecord(__name__, "collections.UserDict", {"data": {}}),
+    ]
+    for rec in gadgets:
+        back = _rebuilt(rec, [__file__])
+        assert not isinstance(back, (tempfile._TemporaryFileCloser, Scratch, collections.UserDict))
+        assert isinstance(back, types.SimpleNamespace) and vars(back).keys() == rec.attrs.keys()
+        del back
+        gc.collect()
+        assert victim.read_text() == "mine"
+
+
+def test_a_class_of_the_program_is_built_only_from_its_own_files(tmp_path):
+    """A dataclass of the program's file is its own class; the same record replayed for a
+    program elsewhere (this file is then not the program's) is a stand-in."""
+    rec = ObjectRecord(__name__, "Pair", {"x": np.zeros(2), "y": np.ones(2)})
+    assert type(_rebuilt(rec, [__file__])) is Pair
+    assert type(_rebuilt(rec, [str(tmp_path / "train.py")])) is not Pair
