@@ -30,6 +30,15 @@ ROOT = Path(__file__).resolve().parents[1]
 # No background self-check (docs/selfcheck.md) in the runs the suite records, in this process
 # and its children: each would replay its run once more. tests/selfcheck turns it on.
 os.environ["REPLAY_SELF_CHECK"] = "0"
+# One key for every process of the suite (docs/trust.md): the recordings its children make are
+# signed with it and verify in the children that replay them, without --trust; a user's own key
+# and trust store (~/.local/share/replay) are never touched. Per user, made 0700 by replay.
+os.environ.setdefault(
+    "REPLAY_HOME",
+    os.path.join(
+        tempfile.gettempdir(), f"replay-tests-{os.getuid() if hasattr(os, 'getuid') else 0}"
+    ),
+)
 SCRIPTS = Path(__file__).resolve().parent / "integration" / "scripts"
 
 

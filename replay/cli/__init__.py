@@ -27,6 +27,7 @@ from .info import info
 from .overfit import overfit
 from .preflight import preflight
 from .trace import trace
+from .trust import trust
 from .tui import tui
 from .verify import verify
 from .whatif import whatif
@@ -50,6 +51,7 @@ def cli() -> None:
     replay tui RUN.h5       browse a recording and its forensics in the terminal
     replay export RUN.h5 --out DIR   the state before a step as a torch checkpoint, to resume
     replay preflight -- python train.py ...   before a long run: will its steps replay bitwise?
+    replay trust RUN.h5     run a recording you did not make (read what it runs first)
     """
 
 
@@ -63,6 +65,7 @@ cli.add_command(trace)
 cli.add_command(tui)
 cli.add_command(preflight)
 cli.add_command(export)
+cli.add_command(trust)
 
 
 def _wants_json(argv: list[str]) -> bool:

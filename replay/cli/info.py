@@ -89,6 +89,15 @@ def _writer(path: str) -> dict[str, Any] | None:
     }
 
 
+def _trust(rec: Recording) -> dict[str, str]:
+    """Whether the replaying commands would run this recording's code (docs/trust.md): read
+    only, no key is made."""
+    from ..trust import standing
+
+    got = standing(rec.meta, rec.sources, rec.run_id, rec.format_version)
+    return {"standing": got.kind, "why": got.why, "line": got.words()}
+
+
 def describe(path: str) -> dict[str, Any]:
     """Everything ``replay info`` shows, as a JSON-able dict."""
     with open_recording(path) as rec:
@@ -111,6 +120,7 @@ def describe(path: str) -> dict[str, Any]:
             "scaler": rec.meta.get("scaler"),
             "objects": rec.meta.get("objects"),
             "distributed": rec.meta.get("distributed"),
+            "trust": _trust(rec),
         }
         out["model"]["n_params"] = sum(p.numel for p in rec.run_meta.model.params)
     out["truncated"] = _truncated(path, out["writer"])
@@ -171,6 +181,8 @@ def render(d: dict[str, Any]) -> str:
     else:
         state = "not closed (its training or its writer died)"
     lines.append(f"  status          {state}")
+    if d.get("trust"):
+        lines.append(f"  trust           {d['trust']['line']}")
     lines.append(
         f"  steps recorded  {d['steps_recorded']}  (health for {_fmt_range(d['health_steps'])})"
     )

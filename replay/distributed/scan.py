@@ -20,8 +20,9 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import IncompleteRankSetError, RecordingError
+from ..errors import EntryPointError, IncompleteRankSetError, RecordingError
 from ..store.reader import claimed_size, open_recording
+from ..trust import standing
 from .ranks import (
     RankEvidence,
     RankFailure,
@@ -59,6 +60,8 @@ class RankFileScan:
     damaged: str | None = None
     backend: str | None = None  # the process group's, as recorded
     fsdp: bool = False  # the model was sharded with FSDP2 (meta.distributed.fsdp)
+    run_id: str = ""  # the same in every file of one run (docs/trust.md)
+    foreign: str | None = None  # why this user does not vouch for its code (None: they do)
 
 
 def scan_file(path: str) -> RankFileScan:
@@ -88,6 +91,7 @@ def scan_file(path: str) -> RankFileScan:
             world = d.get("world_size")
             steps = (int(h["step"][0]), int(h["step"][-1])) if len(h["step"]) else None
             total = int(rec.status().get("steps_total") or len(h["step"]))
+            vouched = standing(rec.meta, rec.sources, rec.run_id, rec.format_version)
             return RankFileScan(
                 path,
                 None if rank is None else int(rank),
@@ -97,6 +101,8 @@ def scan_file(path: str) -> RankFileScan:
                 evidence,
                 backend=d.get("backend"),
                 fsdp=bool(d.get("fsdp")),
+                run_id=rec.run_id,
+                foreign=None if vouched.runs else vouched.why,
             )
     except RecordingError as e:
         return RankFileScan(path, named, damaged=_why(str(e), path))
@@ -160,6 +166,30 @@ class RankScan:
             "replayed_rank": rank,
             "summary": describe_failure(f),
         }
+
+    def check_one_run(self, trust: bool) -> None:
+        """Before anything runs: every rank file carries the same run id (a rank set is one
+        run, never files of several put side by side), and each one is vouched for by this user
+        (docs/trust.md) unless ``trust`` (``--trust``)."""
+        ids: dict[str, list[int]] = {}
+        for r, f in sorted(self.ranks.items()):
+            ids.setdefault(f.run_id, []).append(r)
+        if len(ids) > 1:
+            parts = [f"rank(s) {spans(rs)}: run {i[:8] or '(none)'}" for i, rs in ids.items()]
+            raise EntryPointError(
+                f"{self.spec}: the rank files are not of one run ({'; '.join(parts[:4])}"
+                f"{'; ...' if len(parts) > 4 else ''}); replay runs nothing from a set of "
+                "several runs: keep one run's files together"
+            )
+        foreign = {r: f for r, f in sorted(self.ranks.items()) if f.foreign is not None}
+        if foreign and not trust:
+            r, f = next(iter(foreign.items()))
+            raise EntryPointError(
+                f"{self.spec}: rank file(s) {spans(list(foreign))} are foreign (rank {r}: "
+                f"{f.foreign}); replaying them would run their program (`replay info "
+                f"{os.path.basename(f.path)}` names it): read it, then pass --trust (this once) "
+                "or run `replay trust` on every rank file (remember it)"
+            )
 
     def check(self) -> RankScan:
         """This scan, or :class:`IncompleteRankSetError` when a rank's file is missing or

@@ -35,19 +35,14 @@ from ..capture.probe import GradProbe
 from ..capture.rng import restore_rng
 from ..capture.tensors import from_leaves, leaf_finite
 from ..capture.watch import ObjectWatch
-from ..errors import EntryPointError, RecordingError, ReplayError
+from ..errors import RecordingError, ReplayError
 from ..store.liveness import writer_state
 from ..store.reader import Recording, Window
 from ..store.tree import TensorLeaf
 from .classes import OwnClasses
 from .device import choose_device
-from .entry import (
-    EntryOverride,
-    entry_files,
-    foreign_origin,
-    load_entry_points,
-    recorded_process,
-)
+from .entry import EntryOverride, load_entry_points, recorded_process
+from .foreign import check_trusted
 from .live import pin_live_window
 from .observe import ObservedCalls
 from .outcome import StepOutcome
@@ -261,15 +256,8 @@ class Engine(ObservedCalls):
 
     @staticmethod
     def check_origin(rec: Recording, entry: EntryOverride | None, trust: bool) -> None:
-        """A recording made by another user or on another host runs its code only with trust."""
-        origin = foreign_origin(rec.env) if entry is None else None
-        if origin is not None and not trust:
-            files = entry_files(rec.entry) or ([str(rec.program["path"])] if rec.program else [])
-            raise EntryPointError(
-                f"{rec.path} was recorded on {origin}, not by you here; replaying it imports and "
-                f"runs {', '.join(files) or 'its entry points'}: read them, then "
-                "pass --trust (or --entry to name your own)"
-            )
+        """A recording runs its code only when this user vouches for it (docs/trust.md)."""
+        check_trusted(rec, entry, trust)
 
     def _around(self, t: int) -> contextlib.AbstractContextManager[Any]:
         return contextlib.nullcontext() if self.around_step is None else self.around_step(t)

@@ -4,8 +4,8 @@ A script recorded as ``__main__`` is imported as a file under a private module n
 ``if __name__ == "__main__":`` training loop does not run; a module is imported by name from the
 project root its recorded file implies (never from the recording's working directory, which a
 crafted recording could point anywhere). An entry point must be a function written in that
-file: never one of the standard library or an installed package. A recording made by another
-user or on another host is imported only with ``trust`` (``--trust``). We say on stderr which file is imported and, when its
+file: never one of the standard library or an installed package. A recording this user did not
+sign or trust is imported only with ``--trust`` (``foreign.py``, docs/trust.md). We say on stderr which file is imported and, when its
 source changed since the recording, show a short diff: a replay of different code is a different
 experiment, and the user must know.
 """
@@ -20,7 +20,6 @@ import importlib.util
 import inspect
 import os
 import site
-import socket
 import sys
 import sysconfig
 from collections.abc import Callable, Iterator
@@ -36,8 +35,6 @@ __all__ = [
     "parse_entry_override",
     "load_entry_points",
     "recorded_process",
-    "foreign_origin",
-    "entry_files",
 ]
 
 _DIFF_LINES = 40  # enough to see what changed, short enough not to bury the verdict
@@ -244,8 +241,11 @@ def load_entry_points(
     for role in roles:
         rec = entry.get(role)
         if override is not None and role not in ("build_fn", "step_fn"):
-            pass  # build arguments are still the recorded ones
-        elif override is not None:
+            # --entry: the user's file alone is imported, nothing else the recording names
+            # (another entry file, the classes a framework integration's build takes).
+            log(f"replay: note: --entry: not importing {role} from {_named(rec)}")
+            continue
+        if override is not None:
             qual = override.build if role == "build_fn" else override.step
             if override.is_file:
                 mod = imp.file(override.target, role, rec)
@@ -279,6 +279,13 @@ def load_entry_points(
         fns[role] = fn
     args = {r: f for r, f in fns.items() if r not in ("build_fn", "step_fn")}
     return EntryPoints(fns["build_fn"], fns["step_fn"], imp.files, args)
+
+
+def _named(rec: Any) -> str:
+    """Where a recorded entry says its code is, for a note (escaped: the file's words)."""
+    if not isinstance(rec, dict):
+        return "the recording"
+    return ascii(str(rec.get("path") or rec.get("module") or "the recording"))
 
 
 def _own(rec: dict[str, Any], role: str) -> Callable[..., Any]:
@@ -365,20 +372,3 @@ def _defined_in(fn: Callable[..., Any], path: str, role: str) -> None:
             f"{role} {getattr(fn, '__qualname__', fn)!r} is not a function defined in {path}; "
             f"refusing to call it. {_ENTRY_HINT}"
         )
-
-
-def foreign_origin(env: dict[str, Any]) -> str | None:
-    """Who made the recording, when it was not this user on this host (``None`` otherwise)."""
-    host, uid = env.get("hostname"), env.get("uid")
-    here = socket.gethostname()
-    if isinstance(host, str) and host != here:
-        return f"host {host!r}" + (f" (user id {uid})" if uid is not None else "")
-    if isinstance(uid, int) and hasattr(os, "getuid") and uid != os.getuid():
-        return f"user id {uid} on this host"
-    return None
-
-
-def entry_files(entry: dict[str, Any]) -> list[str]:
-    return sorted(
-        {str(e.get("path")) for e in entry.values() if isinstance(e, dict) and e.get("path")}
-    )

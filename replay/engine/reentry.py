@@ -52,13 +52,9 @@ def program_of(meta: dict[str, Any], path: str) -> dict[str, Any]:
 
 def describe_command(program: dict[str, Any], env: dict[str, Any]) -> str:
     """``python train.py --lr 1`` as the recording ran it, for the log line."""
-    argv = [a for a in env.get("argv") or [] if isinstance(a, str)]
-    head = (
-        ["python", "-m", str(program.get("module"))]
-        if program.get("kind") == "module"
-        else ["python", str(program.get("path"))]
-    )
-    return " ".join(head + argv[1:])
+    from .foreign import command_of
+
+    return command_of(program, env)
 
 
 @contextlib.contextmanager

@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..child import RANK_WORKER, python_module
 from ..distributed.scan import RankScan
 from ..errors import RecordingError, ReplayError, UsageError, error_of_exit_code
 
@@ -138,7 +139,7 @@ def _run_ranks(
                 open(os.path.join(tmp, f"rank{r}.err"), "wb") as err,
             ):
                 procs[r] = subprocess.Popen(
-                    [sys.executable, "-m", "replay.workflows.rank_worker", spec_path],
+                    python_module(RANK_WORKER, spec_path),
                     env=env,
                     stdout=out,
                     stderr=err,
@@ -209,6 +210,7 @@ def replay_rank_set(
     state); the others run it on the leader, which every other rank follows.
     """
     scan.check()
+    scan.check_one_run(trust or entry is not None)
     paths, world = scan.paths, scan.world_size
     backends = {f.backend for f in scan.ranks.values()}
     first = scan.first_bad

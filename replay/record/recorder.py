@@ -10,8 +10,10 @@ tensors where they are and handed to the writer thread, which waits for the devi
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
+import json
 import math
 import os
 import sys
@@ -49,13 +51,15 @@ from ..store.contracts import (
     RunMeta,
     StepException,
 )
+from ..store.layout import FORMAT_VERSION
 from ..store.segments import segment_path
 from ..store.writer import RingSpec
 from ..store.writer_process import WriterClient
+from ..trust import sign, signed_payload, user_key
 from .batch_refs import BatchRefs
 from .config import RecorderConfig
 from .ddp.consistency import Verdict
-from .ddp.context import detect, unwrap
+from .ddp.context import detect, shared_run_id, unwrap
 from .ddp.policy import DdpRanks, RankPolicy, SingleProcess
 from .entry import describe_entry, describe_program, describe_step, read_source
 from .env import collect_env
@@ -200,6 +204,9 @@ class Recorder:
         # the file's run id: the self-check's verdict beside it names it (a verdict left by an
         # earlier recording at this path is not this one's)
         self.run_id = uuid.uuid4().hex
+        # This user's key signs the file (replay/trust.py): read, or made, here on the training
+        # thread, where its one warning belongs; a key that cannot be made leaves it unsigned.
+        self._key = self._signing_key()
         self.next_step = self.config.start_step
         # From here on nothing raises into training: an object the recorder does not know (an
         # optimizer wrapper without torch's hooks, a missing private attribute) turns recording
@@ -283,6 +290,7 @@ class Recorder:
             self.path = mine(self.path)
         if self.dist is not None:
             self.base_path = base_path(self.path) or self.path
+            self.run_id = shared_run_id(self.dist, self.run_id, self.base_path)
         self.model, self.optimizer = model, optimizer
         # What replay rebuilds with build_fn: the module inside a DDP wrapper. step_fn still
         # gets the wrapper, which is what the training loop passes.
@@ -822,6 +830,32 @@ class Recorder:
 
     # -- the store --------------------------------------------------------------------------
 
+    @staticmethod
+    def _signing_key() -> bytes | None:
+        try:
+            return user_key(create=True)
+        except (OSError, ValueError) as e:
+            warnings.warn(
+                f"replay: this recording will be unsigned ({e}): replaying it will need --trust "
+                "or `replay trust` (docs/trust.md)",
+                RecorderWarning,
+                stacklevel=4,
+            )
+            return None
+
+    def _signed(self, meta: RunMeta, sources: dict[str, str]) -> RunMeta:
+        """``meta`` with its signature (docs/trust.md): over the blob as the file will hold it."""
+        if self._key is None:
+            return meta
+        try:
+            blob = json.loads(json.dumps(meta.to_json()))
+            payload = signed_payload(
+                blob, json.loads(json.dumps(sources)), self.run_id, FORMAT_VERSION
+            )
+            return dataclasses.replace(meta, signature=sign(payload, self._key))
+        except (TypeError, ValueError):  # a value JSON cannot hold: the file is refused anyway
+            return meta
+
     def _make_store(self, client: WriterClient) -> WriterClient:
         """Runs on the writer thread at the first commit, when sizes are known: the file,
         created through ``client`` with the run's metadata and sources."""
@@ -853,6 +887,7 @@ class Recorder:
             text = read_source(path) if path else None
             if text is not None:
                 sources[path] = text
+        meta = self._signed(meta, sources)
         # A step's record: the batch (sized at the first step, when the loop handed one over)
         # and about 16 KiB of RNG states and manifest. Chunks of about a quarter of it: each
         # chunk is one write call in the writer process (a 146 KB step in 16 KiB chunks cost 33

@@ -297,6 +297,9 @@ class RunMeta:
     program: dict[str, Any] | None = None
     # v3: the snapshot tiers and the reach they give (store/retention.py ``ReachPlan.meta``)
     reach: dict[str, Any] | None = None
+    # json-blobs v2: the recorder's HMAC over what decides what replay runs (replay/trust.py),
+    # ``{"version", "alg", "key", "mac"}``; written only when signed
+    signature: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         def named(c: str | None) -> dict[str, str] | None:
@@ -319,6 +322,7 @@ class RunMeta:
             "scaler": named(self.scaler),
             "distributed": self.distributed,
             **({"reach": self.reach} if self.reach is not None else {}),
+            **({"signature": self.signature} if self.signature is not None else {}),
         }
 
     @classmethod
@@ -337,4 +341,5 @@ class RunMeta:
             not_replayable=d.get("not_replayable"),
             program=d.get("program") if isinstance(d.get("program"), dict) else None,
             reach=d.get("reach") if isinstance(d.get("reach"), dict) else None,
+            signature=d.get("signature") if isinstance(d.get("signature"), dict) else None,
         )

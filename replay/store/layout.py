@@ -9,7 +9,7 @@ READABLE_VERSIONS = (1, 2, 3)
 
 RING_ENCODING = ("ring", 2)  # v2: a crc dataset (slot checksums)
 HEALTH_ENCODING = ("health-ring", 2)  # v2: a crc dataset (row checksums)
-META_ENCODING = ("json-blobs", 1)
+META_ENCODING = ("json-blobs", 2)  # v2: meta/run.signature (replay/trust.py)
 
 # Health columns, one float64 each. NaN means "not measured at this step".
 HEALTH_COLUMNS = (

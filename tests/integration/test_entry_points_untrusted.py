@@ -2,7 +2,8 @@
 
 Regressions pinned here: ``os:abort`` as ``build_fn`` made ``bisect`` exit 134 with no message;
 the recorded working directory was put first on ``sys.path``, so a recording could choose where
-modules were imported from; a recording from another host was imported without a word.
+modules were imported from; a recording from another host was imported without a word. An
+edited recording is foreign (docs/trust.md): the checks below hold even under ``--trust``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import h5py
 import numpy as np
 import pytest
 
-from tests.conftest import replay_cli, run_py
+from tests.conftest import replay_cli, run_env, run_py
 
 USERMOD = textwrap.dedent(
     """
@@ -57,8 +58,8 @@ DRIVER = textwrap.dedent(
 )
 
 
-def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return replay_cli(*args, cwd=cwd, timeout=180)
+def cli(*args: str, cwd: Path, **kw) -> subprocess.CompletedProcess:
+    return replay_cli(*args, cwd=cwd, timeout=180, **kw)
 
 
 def rewrite_meta(path: Path, change) -> None:
@@ -109,7 +110,9 @@ def test_the_recorded_working_directory_does_not_choose_what_is_imported(module_
         meta["env"]["sys_path0"] = str(evil)
 
     rewrite_meta(run, point_at_evil)
-    p = cli("verify", str(run), cwd=tmp_path)
+    refused = cli("verify", str(run), cwd=tmp_path)  # edited: foreign
+    assert refused.returncode == 4 and "foreign" in refused.stderr, refused.stderr
+    p = cli("verify", str(run), "--trust", cwd=tmp_path)  # trusted, still not from evil/
     assert p.returncode == 0, p.stderr
     assert not marker.exists()
     assert f"importing {module_run / 'usermod.py'}" in p.stderr
@@ -129,7 +132,7 @@ def test_a_standard_library_function_is_never_called_as_an_entry_point(module_ru
 
     rewrite_meta(run, abort)
     for cmd in ("verify", "bisect"):
-        p = cli(cmd, str(run), cwd=tmp_path)
+        p = cli(cmd, str(run), "--trust", cwd=tmp_path)
         assert p.returncode == 4, (cmd, p.returncode, p.stderr)
         assert "standard library or an installed package" in p.stderr
         assert "Traceback" not in p.stderr
@@ -142,18 +145,24 @@ def test_a_name_that_leads_out_of_the_recorded_file_is_refused(module_run, tmp_p
         meta["entry"]["build_fn"]["qualname"] = "torch.manual_seed"  # usermod imports torch
 
     rewrite_meta(run, reexport)
-    p = cli("verify", str(run), cwd=tmp_path)
+    p = cli("verify", str(run), "--trust", cwd=tmp_path)
     assert p.returncode == 4, p.stderr
     assert "is not a function defined in" in p.stderr and "usermod.py" in p.stderr
 
 
 def test_a_recording_from_another_host_needs_trust(module_run, tmp_path):
+    """Another user's recording (here: read with another data directory, whose key did not
+    sign it) is refused, naming what would be imported; its hostname field proves nothing."""
     run = _copy(module_run, tmp_path)
-    rewrite_meta(run, lambda meta: meta["env"].update(hostname="somewhere-else"))
-    p = cli("verify", str(run), cwd=tmp_path)
+    other = {**run_env(), "REPLAY_HOME": str(tmp_path / "another-user")}
+    p = cli("verify", str(run), cwd=tmp_path, env=other)
     assert p.returncode == 4
-    assert "somewhere-else" in p.stderr and "--trust" in p.stderr
+    assert "foreign" in p.stderr and "--trust" in p.stderr and "replay trust" in p.stderr
     assert str(module_run / "usermod.py") in p.stderr  # what would be imported
     assert "importing" not in p.stderr  # nothing was
-    ok = cli("verify", str(run), "--trust", cwd=tmp_path)
+    ok = cli("verify", str(run), "--trust", cwd=tmp_path, env=other)
     assert ok.returncode == 0, ok.stderr
+    # The file saying "made here, by you" changes nothing for the user who did not sign it
+    rewrite_meta(run, lambda meta: meta["env"].update(hostname=os.uname().nodename))
+    again = cli("verify", str(run), cwd=tmp_path, env=other)
+    assert again.returncode == 4 and "foreign" in again.stderr

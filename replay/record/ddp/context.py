@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-__all__ = ["DistContext", "detect", "unwrap"]
+__all__ = ["DistContext", "detect", "shared_run_id", "unwrap"]
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,33 @@ def detect(rank: int | None = None, world_size: int | None = None) -> DistContex
     if not 0 <= rank < world_size:
         raise ValueError(f"rank={rank} is not in range(world_size={world_size})")
     return DistContext(rank, world_size, None, _local_rank(), None)
+
+
+_PROCESS_RUN = uuid.uuid4()  # ranks recorded by one process (rank= overrides) agree on it
+
+
+def shared_run_id(ctx: DistContext, mine: str, base: str) -> str:
+    """One run id for every rank of the run (docs/trust.md: a rank set is one run). Rank 0's,
+    broadcast over the process group as 16 bytes (no pickle); without a group, what the launcher
+    says (``REPLAY_RUN_ID``, torchrun's ``TORCHELASTIC_RUN_ID``) or, for ranks one process
+    records, that process's, with the base path. ``mine`` when none of these can be had."""
+    if ctx.group is not None:
+        try:
+            device = (
+                torch.device("cuda", torch.cuda.current_device())
+                if ctx.backend == "nccl"
+                else torch.device("cpu")
+            )
+            raw = torch.tensor(list(bytes.fromhex(mine)), dtype=torch.uint8, device=device)
+            torch.distributed.broadcast(raw, src=0, group=ctx.group)
+            return bytes(raw.cpu().tolist()).hex()
+        except (RuntimeError, ValueError):  # never fail training over an id: the set says so
+            return mine
+    for name in ("REPLAY_RUN_ID", "TORCHELASTIC_RUN_ID"):
+        given = os.environ.get(name, "")
+        if given and given != "none":
+            return uuid.uuid5(uuid.NAMESPACE_URL, f"{given}\0{base}").hex
+    return uuid.uuid5(_PROCESS_RUN, base).hex
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
