@@ -10,6 +10,7 @@ directory, found without importing anything).
 from __future__ import annotations
 
 import importlib.machinery
+import os
 import shlex
 import sys
 from typing import TYPE_CHECKING, Any
@@ -68,10 +69,8 @@ def _what_runs(rec: Recording) -> str:
     cwd = env.get("cwd") if isinstance(env.get("cwd"), str) else "?"
     program = rec.program
     if "build_fn" not in rec.entry and program is not None:
-        if program.get("kind") == "module":
-            first = env.get("sys_path0") if isinstance(env.get("sys_path0"), str) else cwd
-            first = first or cwd
-            resolved = module_file(str(program.get("module")), str(first))
+        if program.get("kind") == "module":  # from the working directory, as reentry.py runs it
+            resolved = module_file(str(program.get("module")), cwd if cwd != "?" else os.getcwd())
         else:
             resolved = str(program.get("path"))
         return f"`{command_of(program, env)}` in {cwd} (file {resolved})"

@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 import ddp_worker
+import h5py
 import numpy as np
 import pytest
 import torch
@@ -181,6 +182,12 @@ def test_verify_replays_every_rank_together_bitwise(tmp_path: Any) -> None:
     one rank alone is not (and says so)."""
     run_ranks(tmp_path, steps=6, snapshot_every=2)
     base = str(tmp_path / "run.h5")
+    # one run: rank 0's id, broadcast to every rank (docs/trust.md)
+    ids = set()
+    for r in (0, 1):
+        with h5py.File(tmp_path / f"run.rank{r}.h5", "r") as f:
+            ids.add(str(f.attrs["run_id"]))
+    assert len(ids) == 1
     out = replay_cli("verify", base, "--json")
     assert out.returncode == 0, out.stderr
     d = json.loads(out.stdout)
