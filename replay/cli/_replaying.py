@@ -1,5 +1,5 @@
 """The options of every command that replays (``bisect``, ``verify``, ``trace``, ``whatif``,
-``export``, ``overfit``)."""
+``export``, ``overfit``). ``--trust``: docs/trust.md."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ def engine_options(fn: Any) -> Any:
     fn = click.option(
         "--trust",
         is_flag=True,
-        help="Import the entry points of a recording made by another user or on another host "
-        "(read the files it names first).",
+        help="Run the code of a recording you did not sign or trust, this once (read what the "
+        "refusal names first; `replay trust RUN` remembers it). See docs/trust.md.",
     )(fn)
     fn = click.option(
         "--reenter",

@@ -126,8 +126,8 @@ class Engine(ObservedCalls):
 
     ``device``: where to replay (default: where it was recorded when possible, else the CPU with
     a warning). ``entry``: an :class:`EntryOverride` (``--entry``). ``trust``: import the entry
-    points of a recording made by another user or on another host (``--trust``). ``log``: where notes go
-    (stderr by default; never ``warnings``, which tests turn into errors).
+    points of a recording this user did not sign or trust (``--trust``, docs/trust.md). ``log``:
+    where notes go (stderr by default; never ``warnings``, which tests turn into errors).
     """
 
     def __init__(
