@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from .readback import value_now
 from .sharded import any_dtensor, local
 
 __all__ = [
@@ -135,19 +136,14 @@ class GradMeter:
         gn = self.grad_norm()
         if gn is None:
             return None, None
-        if gn.is_cuda:
-            return gn, exact_if_needed(gn, lambda: grad_absmax(self.params))
-        value = gn.item()
-        if math.isfinite(value):  # a finite norm proves every element finite
-            return value, None
-        return value, grad_absmax(self.params).item()  # type: ignore[union-attr]
+        return gn, exact_if_needed(gn, lambda: grad_absmax(self.params))
 
 
 def measure_grads(params: list[torch.Tensor]) -> tuple[Any, Any]:
-    """``(grad_norm, grad_absmax)`` as the health row takes them: python floats on the CPU
-    (read once, here, while the gradients are still these), device tensors on a GPU (read a
-    step late). ``grad_absmax`` is ``None`` when a finite norm already proves every element
-    finite. A loop calling this every step keeps a :class:`GradMeter` instead."""
+    """``(grad_norm, grad_absmax)`` as the health row takes them: float64 tensors on the
+    gradients' device, never read here (``capture/readback.py`` brings them to the host).
+    ``grad_absmax`` is ``None`` when a norm already known finite proves every element finite.
+    A loop calling this every step keeps a :class:`GradMeter` instead."""
     return GradMeter(params)()
 
 
@@ -188,15 +184,17 @@ def absmax(tensors: Sequence[torch.Tensor]) -> torch.Tensor | None:
 def exact_if_needed(norm: torch.Tensor | None, exact: Callable[[], Any]) -> Any:
     """``exact()`` (an ``absmax``) when a non-finite flag needs it, else ``None``.
 
-    A finite norm proves every element finite, so on the CPU, where reading the norm is free,
-    the second pass over the tensors runs only after an inf/NaN norm. On a GPU reading the norm
-    would sync, so the pass is queued asynchronously every time.
+    A finite norm proves every element finite, so where the norm is in host memory already
+    (``readback.value_now``: a CPU tensor) the second pass over the tensors runs only after an
+    inf/NaN norm. A device norm is not read (that would wait for the device): the pass is queued
+    asynchronously every time, while the tensors are still these.
     """
     if norm is None:
         return None
-    if norm.is_cuda:
+    value = value_now(norm)
+    if value is None:
         return exact()
-    return exact() if not math.isfinite(float(norm)) else None
+    return exact() if not math.isfinite(value) else None
 
 
 def grad_absmax(params: list[torch.Tensor]) -> torch.Tensor | None:

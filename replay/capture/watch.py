@@ -30,6 +30,7 @@ import torch
 from .fingerprint import absmax, exact_if_needed, param_fingerprint
 from .objects import RunObjects
 from .probe import GradProbe
+from .readback import value_now
 
 __all__ = ["ObjectWatch", "watched_objects"]
 
@@ -117,11 +118,13 @@ class ObjectWatch:
         self._grads = [w.probe.end(measure=measure)[:2] for w in self._watched]
 
     def any_bad(self) -> bool:
-        """A gradient norm measured this step is NaN/Inf (read on the CPU only: free there)."""
+        """A gradient norm measured this step is NaN/Inf (read where it is in host memory only,
+        ``readback.value_now``: a device's is never waited for)."""
         for gn, _ in self._grads:
             if isinstance(gn, float) and not math.isfinite(gn):
                 return True
-            if isinstance(gn, torch.Tensor) and not gn.is_cuda and not math.isfinite(float(gn)):
+            value = value_now(gn) if isinstance(gn, torch.Tensor) else None
+            if value is not None and not math.isfinite(value):
                 return True
         return False
 

@@ -4,8 +4,9 @@ Per step, on the training thread: the RNG states (captured after the batch was f
 before the step), a copy of the batch, the param-group hyper-parameters and module modes; after
 the step, the loss, the gradient norm measured in an optimizer step pre-hook and a parameter
 fingerprint. On a CPU run the step's record goes straight into the shared step log that the
-writer process reads (``step_log_writer.py``): safe once ``step`` returns. A GPU step is left as
-tensors where they are and handed to the writer thread, which waits for the device's copies.
+writer process reads (``step_log_writer.py``): safe once ``step`` returns. Nothing here reads a
+device value: a step's health goes to the host in one non-blocking copy (``inflight.py``), and a
+GPU step is handed to the writer thread once that copy and its batch's are done.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from ..capture.guard import (
 )
 from ..capture.objects import RunObjects, StepCall, objects_from_build, run_params
 from ..capture.probe import GradProbe
+from ..capture.readback import value_now
 from ..capture.rng import capture_rng
 from ..capture.sharded import layout
 from ..capture.tensors import CopyStats, copy_tree, tree_nbytes
@@ -63,6 +65,7 @@ from .ddp.context import detect, shared_run_id, unwrap
 from .ddp.policy import DdpRanks, RankPolicy, SingleProcess
 from .entry import describe_entry, describe_program, describe_step, read_source
 from .env import collect_env
+from .inflight import InFlight, Settled
 from .lifecycle import Lifecycle
 from .selfcheck import SelfCheckLauncher, enabled_by_env, skip_reason
 from .snapshots import Snapshots, pow2
@@ -73,14 +76,15 @@ __all__ = ["Recorder"]
 
 
 def _looks_bad(loss: Any, gn: torch.Tensor | None) -> bool:
-    """On the CPU, where reading is free: a NaN/Inf loss or gradient norm at this step.
+    """Where reading is free (host memory, ``readback.value_now``; a device's value is never
+    waited for): a NaN/Inf loss or gradient norm at this step.
 
     Then the parameters are checked too, whatever ``fingerprint_every`` says: the step that went
     bad is the one whose parameter flag matters.
     """
     for v in (loss, gn):
-        if isinstance(v, torch.Tensor) and not v.is_cuda and not math.isfinite(float(v)):
-            return True
+        if isinstance(v, torch.Tensor):
+            v = value_now(v)
         if isinstance(v, float) and not math.isfinite(v):
             return True
     return False
@@ -328,7 +332,9 @@ class Recorder:
             model_bytes, self.config, self._watch.names, self._make_store, self.path
         )
         self._warned_values: set[str] = set()  # per-step values left out (too large): said once
-        self._pending_check: tuple[int, torch.Tensor] | None = None
+        # steps whose health is on its way to the host (a GPU's: read when its event says so)
+        self._inflight = InFlight()
+        self._bad_unraised: tuple[int, float] | None = None  # settled by a flush: raised next
         self._observed: Any = None  # observe_begin's capture, until observe_end
         self._hp_items: Any = None
         self._hp_tensors = False
@@ -467,7 +473,7 @@ class Recorder:
             self._end_preflight()  # (also when recording stopped: preflight ends the run anyway)
         if self.enabled:
             self._check_writer()
-            self._check_pending()
+            self._settle_ready()
         if not self.enabled:
             return self._unrecorded_step(batch, values)
         t = self.next_step
@@ -528,7 +534,7 @@ class Recorder:
             self._end_preflight()
         if self.enabled:
             self._check_writer()
-            self._check_pending()
+            self._settle_ready()
         if not self.enabled:
             self._observed = None
             return False
@@ -671,7 +677,9 @@ class Recorder:
         )
         self.next_step = t + 1
         try:
-            self.transport.raised(job, direct, exception, copied)
+            # (its health, and every step's still in flight, waited for: the step is failing)
+            self._inflight.launch(t, job, direct, health, copied, exception)
+            self._pass_on(self._inflight.drain())
             self._check_writer()
         except Exception as rec_error:  # noqa: BLE001 - the user's exception is the one to raise
             self._give_up("recording the exception", rec_error)
@@ -687,17 +695,17 @@ class Recorder:
         scale: Any,
         copied: CopyStats,
     ) -> Any:
-        """After the step returned ``ret``: its health, then the non-finite check."""
+        """After the step returned ``ret``: its health, launched to the host (``inflight.py``);
+        the steps whose health is there are passed on, and the non-finite check reads them."""
         local_gn = None
         loss = None
+        settled: list[Settled] = []
         try:
             wall = time.perf_counter() - t0
             # Before anything else: the norm when no clip or optimizer step measured it (an AMP
             # skip, accumulation, a loop without an optimizer).
             gn, gmax, stepped = self._probe_grads.end()
             loss = loss_of(ret)
-            if isinstance(loss, torch.Tensor) and not loss.is_cuda:
-                loss = float(loss)  # read once; every check below is then plain python
             health["wall_time"] = wall
             health["time"] = time.time()
             health["loss"] = loss
@@ -728,7 +736,12 @@ class Recorder:
             if self._cuda_built and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]  # torch stubs
                 health["cuda_allocated"] = float(torch.cuda.memory_allocated())
                 health["cuda_peak"] = float(torch.cuda.max_memory_allocated())
-            self.transport.finish(job, direct, health, copied)
+            self._inflight.launch(t, job, direct, health, copied)
+            # A step in the step log is in host memory (its copy is done at once): settled now,
+            # before the log begins the next one. A GPU step is settled when its copy is done.
+            settled = self._inflight.ready()
+            if direct and self._inflight:
+                settled += self._inflight.drain()  # (never waits: see above)
         except Exception as e:  # noqa: BLE001 - the recorder must never take training down
             self._give_up("recording the step's health", e)
             self.next_step = t + 1
@@ -738,19 +751,16 @@ class Recorder:
         self.next_step = t + 1
         if self._self_check is not None:
             self._self_check.after_step(t)  # starts a child once; never waits
+        self._pass_on(settled)
         if t == self.config.start_step:
-            # Once, at the first step: wait until the file exists and holds it (the writer
-            # process starting up, about 0.3 s), so a crash right after still leaves a file.
-            self.flush()
+            # Once, at the first step: wait until the file exists and holds what was passed on
+            # (the writer process starting up, about 0.3 s), so a crash right after still leaves
+            # a file. A step still in flight is not waited for.
+            self.transport.flush()
+            self._check_writer()
         if self._ranks.agrees:
             self._ranks.after_step(t, loss, local_gn)
-        elif self.config.raise_on_nonfinite and isinstance(loss, torch.Tensor):
-            if loss.is_cuda:
-                self._pending_check = (t, loss)  # read one step late: no sync now
-            elif not bool(torch.isfinite(loss)):
-                self._raise_nonfinite(t, float(loss))
-        elif self.config.raise_on_nonfinite and isinstance(loss, float) and not math.isfinite(loss):
-            self._raise_nonfinite(t, loss)
+        self._raise_if_bad()
         return ret
 
     def _end_preflight(self) -> None:
@@ -820,13 +830,42 @@ class Recorder:
         self.flush()
         raise NonFiniteLossError(t, loss, self.path)
 
-    def _check_pending(self) -> None:
-        if self._pending_check is None:
-            return
-        t, loss = self._pending_check
-        self._pending_check = None
-        if not bool(torch.isfinite(loss)):  # a step late: the value is long computed
-            self._raise_nonfinite(t, float(loss))
+    def _settle_ready(self) -> None:
+        """Before a step: the steps whose health copies are done are passed on, and checked
+        (a GPU step's loss is so read a step late, or later: never waited for)."""
+        self._raise_if_bad()  # (one a flush settled)
+        settled = self._inflight.ready()
+        if settled:
+            self._pass_on(settled)
+            self._raise_if_bad()
+
+    def _pass_on(self, settled: list[Settled]) -> None:
+        """Steps whose health reached the host: to the step log or the writer thread. The first
+        non-finite loss among them is kept for :meth:`_raise_if_bad` (nothing raises here)."""
+        try:
+            for s in settled:
+                if s.exception is None:
+                    self.transport.finish(s.job, s.direct, s.health, s.copied)
+                else:
+                    self.transport.raised(s.job, s.direct, s.exception, s.copied)
+        except Exception as e:  # noqa: BLE001 - the recorder must never take training down
+            self._give_up("recording the step's health", e)
+        if (
+            self._bad_unraised is None
+            and self.config.raise_on_nonfinite
+            and not self._ranks.agrees  # (the ranks agree on their stop through their votes)
+        ):
+            for s in settled:
+                if s.exception is None and s.loss is not None and not math.isfinite(s.loss):
+                    self._bad_unraised = (s.step, s.loss)
+                    break
+
+    def _raise_if_bad(self) -> None:
+        """Raise :class:`NonFiniteLossError` for the first settled step whose loss is NaN/Inf:
+        in that step on the CPU, a step or more late on a GPU (when its copy is done)."""
+        bad, self._bad_unraised = self._bad_unraised, None
+        if bad is not None:
+            self._raise_nonfinite(*bad)
 
     # -- the store --------------------------------------------------------------------------
 
@@ -906,8 +945,10 @@ class Recorder:
         )
 
     def flush(self, timeout: float | None = 60.0) -> None:
-        """Wait until every recorded step is on disk."""
+        """Wait until every recorded step is on disk (a step whose health is still on its way
+        from the device waited for too; a non-finite loss among them raises at the next step)."""
         if self.transport is not None:
+            self._pass_on(self._inflight.drain())
             self.transport.flush(timeout)
             self._check_writer()
 
@@ -943,6 +984,7 @@ class Recorder:
         finally:
             try:
                 if self.transport is not None:
+                    self._pass_on(self._inflight.drain())
                     self.transport.close()
                     self._check_writer()
             finally:

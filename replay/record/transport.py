@@ -3,8 +3,9 @@
 A step whose tensors all live in host memory (a CPU run) is encoded into the step log that the
 writer process reads (``step_log_writer.py``) before ``Recorder.step`` returns: safe from then
 on. Anything else (a GPU step, a record larger than the log, a log whose writer process died)
-is copied and handed to the writer thread (``writer_thread.py``), which waits for the device's
-copies; a CPU record that went that way is waited for, so it is as safe as one in the log.
+is copied and handed to the writer thread (``writer_thread.py``) once its copies from the device
+are done (``inflight.py``); a CPU record that went that way is waited for, so it is as safe as
+one in the log.
 
 :class:`Transport` owns the writer process's client, the step log, the writer thread and the
 pool of batch buffers. It never warns itself: :meth:`Transport.check` says what the recorder
@@ -126,6 +127,11 @@ class Transport:
             batch_ref=batch_ref,
             trainable=trainable,
         )
+        if self._cuda_built and copied.cuda:
+            # after the batch's copies from the device: the step goes to the writer thread
+            # once this event (and its health's, ``inflight.py``) says they are done
+            job.event = torch.cuda.Event()  # type: ignore[no-untyped-call]  # torch stubs
+            job.event.record()
         return direct, job
 
     def finish(self, job: StepJob, direct: bool, health: dict[str, Any], copied: CopyStats) -> None:
@@ -150,14 +156,9 @@ class Transport:
         self.flush()
 
     def submit(self, job: StepJob, copied: CopyStats) -> None:
-        """Hand a captured step to the writer; on a GPU, behind an event that guards the
-        asynchronous copies and the health tensors (the writer waits on it, not training)."""
-        if self._cuda_built and (
-            copied.cuda
-            or any(isinstance(v, torch.Tensor) and v.is_cuda for v in job.health.values())
-        ):
-            job.event = torch.cuda.Event()  # type: ignore[no-untyped-call]  # torch stubs
-            job.event.record()
+        """Hand a settled step to the writer thread (``record/inflight.py``): its health is
+        host floats and its copies from the device are done, so that thread never waits for
+        the device."""
         job.nbytes, job.buffers = copied.nbytes, copied.pooled
         self.writer_or_start().submit(job)
 

@@ -1,7 +1,8 @@
 """The background writer: encodes and commits what the training thread hands over.
 
-The training thread only copies (``copy_tree``) and enqueues; encoding, waiting for CUDA copies,
-reading health tensors (one step late, so no sync on the hot path) and HDF5 I/O all happen here.
+The training thread only copies (``copy_tree``) and enqueues a step once its health is host floats
+and its copies from the device are done (``inflight.py``): this thread never waits for the device
+on a step. Encoding and HDF5 I/O happen here (a snapshot still waits for its copies here).
 h5py releases the GIL while writing, so this overlaps with torch compute.
 
 Failure policy (first, do no harm): any error here stops recording, keeps what was flushed, and
@@ -37,9 +38,10 @@ class StepJob:
     batch: Any
     hparams: list[dict[str, Any]]
     modes: list[bool]
-    health: dict[str, Any]  # tensors (possibly on the GPU) or floats, keyed by health column
+    health: dict[str, Any]  # python floats once settled (record/inflight.py), by health column
     exception: StepException | None = None
-    event: Any = None  # a CUDA event guarding async copies and health tensors
+    # the batch's copies from the device: settled (None) before the job reaches this thread
+    event: Any = None
     nbytes: int = 0
     buffers: list[Any] | None = None  # the batch's pooled copies, given back once sent
     values: dict[str, Any] | None = None  # rec.step(batch, **values), handed back on replay

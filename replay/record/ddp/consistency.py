@@ -24,8 +24,13 @@ that is not DDP-wrapped) every rank contributes its loss's flag to one tiny ``MA
 at the end of every step: one extra collective a step (benchmarks/bench_ddp.py measured 472 us
 on 2 CPU ranks). The recorder says so once, with a warning.
 
-Both read the result at once on the CPU; with NCCL at the start of the next step (no host sync
-on the hot path), so every rank raises there, naming the step that went bad.
+Both copy the result to the host with one non-blocking copy (``capture/readback.py``). On the
+CPU it is read at once. With NCCL it is read at the start of the step ``VERDICT_LAG`` (2) steps
+later, so every rank raises there, naming the step that went bad: by then the device has
+normally finished the step that voted, and the copy is read without waiting; when it has not
+(the training thread more than a step ahead of the device), the read waits for that step's copy
+alone, while the next step's work stays queued. The ranks must all raise at the same step, so
+a verdict cannot be read "whenever it is ready" as a single process's loss is.
 
 A step that *raises* on one rank cannot take part: its peers are then blocked in DDP's own
 gradient all-reduce or in this one, and no later collective can be matched safely. That rank
@@ -37,6 +42,7 @@ whose exception was its own.
 
 from __future__ import annotations
 
+import collections
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -44,8 +50,12 @@ from typing import Any
 import torch
 
 from ...capture.ddp_hook import LocalGradProbe
+from ...capture.readback import Readback, Ticket
 
-__all__ = ["Verdict", "BucketVotes", "ConsistentStop", "device_of"]
+__all__ = ["Verdict", "BucketVotes", "ConsistentStop", "device_of", "VERDICT_LAG"]
+
+#: A device verdict (NCCL) is read at the start of the step this many steps after it voted.
+VERDICT_LAG = 2
 
 
 @dataclass(frozen=True)
@@ -79,7 +89,8 @@ class BucketVotes:
 
     def __init__(self, probe: LocalGradProbe, world_size: int, device: torch.device) -> None:
         self.probe, self.world_size, self.device = probe, world_size, device
-        self._pending: tuple[int, torch.Tensor] | None = None
+        self._readback = Readback()
+        self._pending: collections.deque[tuple[int, Ticket | None]] = collections.deque()
         self._last_step: int | None = None
 
     @property
@@ -100,11 +111,11 @@ class BucketVotes:
         votes = self.probe.take_votes()
         bad_loss = _nonfinite(loss)
         late = self.probe.late_loss
+        self._pending.append((step, None if votes is None else self._readback.launch_whole(votes)))
         if votes is not None:
             # A pending loss vote was cast now (the verdict stops every rank); this step's loss
             # votes at the next reduction.
             self.probe.late_loss = bad_loss
-            self._pending = (step, votes)
         elif isinstance(late, torch.Tensor) or isinstance(bad_loss, torch.Tensor):
             late_t = torch.as_tensor(late, dtype=torch.float32, device=self.device)
             self.probe.late_loss = torch.where(
@@ -113,12 +124,18 @@ class BucketVotes:
         else:  # still waiting for a reduction: one step older
             self.probe.late_loss = late + 1 if late > 0 else bad_loss
 
-    def result(self) -> Verdict | None:
-        if self._pending is None:
-            return None
-        step, votes = self._pending
-        self._pending = None
-        v = votes.float().cpu().tolist()
+    def result(self, keep: int = 0) -> Verdict | None:
+        """The first verdict among the steps posted, but the newest ``keep``: read from their
+        copies (waiting for a copy not yet done: see the module docstring)."""
+        verdict = None
+        while len(self._pending) > keep:
+            step, ticket = self._pending.popleft()
+            if ticket is not None:
+                ticket.wait()
+                verdict = verdict or self._verdict(step, ticket.values())
+        return verdict
+
+    def _verdict(self, step: int, v: list[float]) -> Verdict | None:
         w = self.world_size
         # When each rank went bad: its gradients at this step (their slot holds NaN, from
         # norm - norm), its loss k steps ago.
@@ -138,7 +155,8 @@ class ConsistentStop:
     def __init__(self, rank: int, world_size: int, group: Any) -> None:
         self.rank, self.world_size, self.group = rank, world_size, group
         self.device = device_of(group)
-        self._pending: tuple[int, torch.Tensor] | None = None
+        self._readback = Readback()
+        self._pending: collections.deque[tuple[int, Ticket]] = collections.deque()
 
     def post(self, step: int, loss: Any, local_grad_norm: torch.Tensor | None) -> None:
         """Join this step's all-reduce with this rank's flag (no host sync for device tensors)."""
@@ -152,17 +170,20 @@ class ConsistentStop:
         flags = torch.zeros(self.world_size, dtype=torch.float32, device=self.device)
         flags[self.rank] = bad
         torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX, group=self.group)
-        self._pending = (step, flags)
+        self._pending.append((step, self._readback.launch_whole(flags)))
 
     @property
     def deferred(self) -> bool:
         return self.device.type == "cuda"
 
-    def result(self) -> Verdict | None:
-        """The verdict on the last posted step when some rank went bad, else ``None``."""
-        if self._pending is None:
-            return None
-        step, flags = self._pending
-        self._pending = None
-        bad = torch.nonzero(flags.cpu() > 0).flatten().tolist()
-        return Verdict(step, tuple(int(r) for r in bad), step) if bad else None
+    def result(self, keep: int = 0) -> Verdict | None:
+        """The first verdict among the steps posted, but the newest ``keep``, when some rank
+        went bad, else ``None`` (waiting for a copy not yet done: see the module docstring)."""
+        verdict = None
+        while len(self._pending) > keep:
+            step, ticket = self._pending.popleft()
+            ticket.wait()
+            bad = [r for r, f in enumerate(ticket.values()) if f > 0]
+            if bad and verdict is None:
+                verdict = Verdict(step, tuple(bad), step)
+        return verdict

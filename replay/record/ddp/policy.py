@@ -23,7 +23,7 @@ import torch
 from ...capture.ddp_hook import LocalGradProbe
 from ...capture.sharded import layout
 from ...errors import RecorderWarning
-from .consistency import BucketVotes, ConsistentStop, Verdict, device_of
+from .consistency import VERDICT_LAG, BucketVotes, ConsistentStop, Verdict, device_of
 
 __all__ = ["RankPolicy", "SingleProcess", "DdpRanks"]
 
@@ -105,12 +105,13 @@ class DdpRanks(RankPolicy):
             )
         self.agrees = self._stop is not None
         self._on_bad = on_bad
-        self._pending_loss: Any = None
+        self._losses: dict[int, Any] = {}  # the loss of each step whose verdict is still unread
 
     def before_step(self) -> None:
+        """A device verdict is read ``VERDICT_LAG`` steps after its step voted (consistency.py):
+        the ones older than the step before this one."""
         if self._stop is not None and self._stop.deferred:
-            loss, self._pending_loss = self._pending_loss, None
-            self._raise_if_bad(self._stop.result(), loss)
+            self._raise_if_bad(self._stop.result(keep=VERDICT_LAG - 1))
 
     def local_grad_norm(self) -> torch.Tensor | None:
         return self._probe.take() if self._probe is not None else None
@@ -119,14 +120,14 @@ class DdpRanks(RankPolicy):
         if self._stop is None:
             return
         self._stop.post(t, loss, local_gn)
+        self._losses[t] = loss
+        self._losses.pop(t - VERDICT_LAG - 1, None)  # (read by now)
         if not self._stop.deferred:
-            self._raise_if_bad(self._stop.result(), loss)
-        else:
-            self._pending_loss = loss
+            self._raise_if_bad(self._stop.result())
 
-    def _raise_if_bad(self, verdict: Verdict | None, loss: Any) -> None:
+    def _raise_if_bad(self, verdict: Verdict | None) -> None:
         if verdict is not None:
-            self._on_bad(verdict, loss)
+            self._on_bad(verdict, self._losses.get(verdict.stopped_at))
 
     def close(self) -> None:
         stop, self._stop = self._stop, None
@@ -137,7 +138,7 @@ class DdpRanks(RankPolicy):
             warnings.warn(
                 f"replay: the ranks agreed that step {verdict.step} went non-finite on rank(s) "
                 f"{', '.join(map(str, verdict.ranks))}, read only as recording ended (a GPU "
-                "verdict is read at the next step); it is recorded",
+                f"verdict is read {VERDICT_LAG} steps later); it is recorded",
                 RecorderWarning,
                 stacklevel=3,
             )
