@@ -94,6 +94,7 @@ def _rank_set_report(rs: RankSet, first: Any) -> RankSetDoctorReport:
 def _doctor_rank_set(run: str, scan: Any, as_json: bool) -> int:
     """Every rank's checklist, and across the ranks: who went bad first, who is slow."""
     from ..distributed.ranks import open_rank_set
+    from ..distributed.scan import spans
 
     with open_rank_set(list(scan.paths.values()), name=run) as rs:
         report = _rank_set_report(rs, scan.first_bad)
@@ -102,7 +103,7 @@ def _doctor_rank_set(run: str, scan: Any, as_json: bool) -> int:
         return EXIT_OK
     lines = [f"{term_safe(run)}: a rank set of {len(report.ranks)} ranks; {report.first_bad}"]
     if report.missing:
-        lines.append(f"  missing rank files: {', '.join(map(str, report.missing))}")
+        lines.append(f"  missing rank files: {spans(report.missing)}")
     slow = report.slowest
     if slow is not None:
         ratio = slow.median_step_s / slow.others_median_step_s if slow.others_median_step_s else 0

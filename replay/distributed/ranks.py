@@ -91,9 +91,12 @@ def resolve_rank_files(spec: str) -> list[str] | None:
     """The rank files ``spec`` names, sorted by rank; ``None`` when it names one plain recording.
 
     ``spec`` is a base path (``run.h5`` with ``run.rank*.h5`` beside it), a directory holding one
-    rank set, or a glob. Raises :class:`RecordingError` when it names nothing usable.
+    rank set, or a glob. A path that exists is a file or a directory before it is a glob
+    (``exp[1].h5`` names that file). Raises :class:`RecordingError` when it names nothing usable.
     """
-    if any(c in spec for c in "*?["):
+    if os.path.isfile(spec):
+        return None  # a plain recording, whatever its name holds (``exp[1].h5`` is a file)
+    if any(c in spec for c in "*?[") and not os.path.isdir(spec):
         files = [p for p in glob.glob(spec) if os.path.isfile(p)]
         if not files:
             raise RecordingError(f"{spec}: the pattern matches no file")

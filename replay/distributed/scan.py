@@ -22,6 +22,7 @@ from typing import Any
 
 from ..errors import EntryPointError, IncompleteRankSetError, RecordingError
 from ..store.reader import claimed_size, open_recording
+from ..store.validate import MAX_WORLD_SIZE
 from ..trust import standing
 from .ranks import (
     RankEvidence,
@@ -265,6 +266,7 @@ def scan_rank_set(
             "name the files of one run"
         )
     world = worlds.pop() if worlds else None
+    _check_bounded(name, world, [*ranks.values(), *damaged.values()])
     present = set(ranks) | set(damaged)
     top = max(world or 0, max(present, default=-1) + 1)
     missing = tuple(r for r in range(top) if r not in present)
@@ -278,6 +280,32 @@ def scan_rank_set(
         first_bad_rank(evidence),
     )
     return scan.check() if strict else scan
+
+
+def _check_bounded(name: str, world: int | None, files: list[RankFileScan]) -> None:
+    """Every rank is below the world size the readable files record (below
+    ``MAX_WORLD_SIZE`` when none records one): a file named ``run.rank2000000000.h5`` beside a
+    run is no rank of it, and a gap up to its number is no list of missing ranks."""
+    bound = world if world is not None else MAX_WORLD_SIZE
+    beyond = sorted((f for f in files if f.rank is not None and f.rank >= bound), key=_rank)
+    if not beyond:
+        return
+    first = beyond[0]
+    more = f" (and {len(beyond) - 1} more such files)" if len(beyond) > 1 else ""
+    recorded = (
+        f"the world size {world} the run's files record"
+        if world is not None
+        else f"any world size replay reads ({MAX_WORLD_SIZE})"
+    )
+    raise RecordingError(
+        f"{name}: {first.path} is named rank {first.rank}, beyond {recorded}{more}: it is not a "
+        "rank of this run; move it away, or name the run's files (a glob such as "
+        "'run.rank[0-9].h5')"
+    )
+
+
+def _rank(f: RankFileScan) -> int:
+    return f.rank if f.rank is not None else -1
 
 
 def rank_set(run: str, *, strict: bool = True) -> RankScan | None:
