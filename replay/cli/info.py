@@ -94,7 +94,10 @@ def _trust(rec: Recording) -> dict[str, str]:
     only, no key is made."""
     from ..trust import standing
 
-    got = standing(rec.meta, rec.sources, rec.run_id, rec.format_version)
+    try:
+        got = standing(rec.meta, rec.sources, rec.run_id, rec.format_version)
+    except RecordingError as e:  # its sources unreadable: shown, and never run
+        return {"standing": "foreign", "why": str(e), "line": f"foreign ({e})"}
     return {"standing": got.kind, "why": got.why, "line": got.words()}
 
 
