@@ -255,9 +255,12 @@ class Engine(ObservedCalls):
         return window
 
     @staticmethod
-    def check_origin(rec: Recording, entry: EntryOverride | None, trust: bool) -> None:
-        """A recording runs its code only when this user vouches for it (docs/trust.md)."""
-        check_trusted(rec, entry, trust)
+    def check_origin(
+        rec: Recording, entry: EntryOverride | None, trust: bool, *, program: bool = False
+    ) -> None:
+        """A recording runs its code only when this user vouches for it (docs/trust.md);
+        ``program``: its recorded program is what would run (re-entry)."""
+        check_trusted(rec, entry, trust, program=program)
 
     def _around(self, t: int) -> contextlib.AbstractContextManager[Any]:
         return contextlib.nullcontext() if self.around_step is None else self.around_step(t)

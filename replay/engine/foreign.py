@@ -46,7 +46,8 @@ def module_file(name: str, first: str) -> str:
         return f"no module (the name {name!r} is not one)"
     if len(parts) == 1 and name in sys.builtin_module_names:
         return f"the built-in module {name}"
-    paths: list[str] | None = [first, *[p for p in sys.path[1:] if p]]
+    # as runpy sees it: the working directory put first (reentry.py), then this sys.path
+    paths: list[str] | None = [first, *sys.path]
     spec = None
     for part in parts:
         spec = importlib.machinery.PathFinder.find_spec(part, paths)
@@ -62,15 +63,16 @@ def module_file(name: str, first: str) -> str:
     return str(spec.origin)
 
 
-def _what_runs(rec: Recording) -> str:
+def _what_runs(rec: Recording, program_runs: bool) -> str:
     """```python -m timeit -s ...` in /cwd (file /usr/lib/python3.11/timeit.py)``, or the entry
     points a ``build_fn`` recording imports."""
     env = rec.env
-    cwd = env.get("cwd") if isinstance(env.get("cwd"), str) else "?"
+    got = env.get("cwd")
+    cwd = got if isinstance(got, str) and got else os.getcwd()
     program = rec.program
-    if "build_fn" not in rec.entry and program is not None:
+    if program is not None and (program_runs or "build_fn" not in rec.entry):
         if program.get("kind") == "module":  # from the working directory, as reentry.py runs it
-            resolved = module_file(str(program.get("module")), cwd if cwd != "?" else os.getcwd())
+            resolved = module_file(str(program.get("module")), cwd)
         else:
             resolved = str(program.get("path"))
         return f"`{command_of(program, env)}` in {cwd} (file {resolved})"
@@ -80,17 +82,20 @@ def _what_runs(rec: Recording) -> str:
     return f"the entry points in {', '.join(files) or '(none named)'} (in {cwd})"
 
 
-def check_trusted(rec: Recording, entry: EntryOverride | None, trust: bool) -> None:
+def check_trusted(
+    rec: Recording, entry: EntryOverride | None, trust: bool, *, program: bool = False
+) -> None:
     """Raise a one-line :class:`EntryPointError` (exit 4) unless the user vouches for ``rec``:
     it verifies with their key, they trusted it, or ``trust`` (``--trust``). ``entry``
-    (``--entry``, the user naming their own files) is their choice for the entry points."""
+    (``--entry``, the user naming their own files) is their choice for the entry points.
+    ``program``: what would run is the recorded program (re-entry), not the entry points."""
     if trust or entry is not None:
         return
     got = standing(rec.meta, rec.sources, rec.run_id, rec.format_version)
     if got.runs:
         return
     raise EntryPointError(
-        f"{rec.path} is foreign ({got.why}); replaying it would run {_what_runs(rec)}: read "
+        f"{rec.path} is foreign ({got.why}); replaying it would run {_what_runs(rec, program)}: read "
         f"that, then pass --trust (this once) or run `replay trust {shlex.quote(rec.path)}` "
         "(remember it)"
     )

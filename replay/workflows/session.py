@@ -115,7 +115,7 @@ def _reentered(
     from ..engine.reentry import run_program
 
     Engine.check_replayable(rec, live_ok=True)  # before the program runs for nothing
-    Engine.check_origin(rec, None, trust)
+    Engine.check_origin(rec, None, trust, program=True)
 
     def takeover(live: LiveProgram) -> T:
         engine = Engine(rec, device=device, trust=True, program=live)

@@ -160,6 +160,10 @@ def test_a_recording_from_another_host_needs_trust(module_run, tmp_path):
     assert "foreign" in p.stderr and "--trust" in p.stderr and "replay trust" in p.stderr
     assert str(module_run / "usermod.py") in p.stderr  # what would be imported
     assert "importing" not in p.stderr  # nothing was
+    # --reenter would run the program instead: the refusal names that command
+    prog = cli("verify", str(run), "--reenter", cwd=tmp_path, env=other)
+    assert prog.returncode == 4 and "run.h5` in " in prog.stderr, prog.stderr
+    assert f"`python {module_run / 'driver.py'} " in prog.stderr
     ok = cli("verify", str(run), "--trust", cwd=tmp_path, env=other)
     assert ok.returncode == 0, ok.stderr
     # The file saying "made here, by you" changes nothing for the user who did not sign it
