@@ -13,13 +13,13 @@ import warnings
 sys.path.insert(0, os.getcwd())
 sys.path.insert(0, os.path.join(os.getcwd(), "benchmarks"))
 os.environ["REPLAY_SELF_CHECK"] = "0"
-import torch
+import torch  # noqa: E402
 
 torch.set_num_threads(1)
 warnings.simplefilter("ignore")
-import workloads
+import workloads  # noqa: E402
 
-import replay
+import replay  # noqa: E402
 
 
 def build():
@@ -42,7 +42,7 @@ def main():
             step_fn=workloads.step,
             build_fn=build,
         ) as rec:
-            for i in range(steps):  # bare and recorded steps alternate
+            for _ in range(steps):  # bare and recorded steps alternate
                 t0 = time.perf_counter()
                 workloads.step(bm, bo, batch)
                 bare.append(time.perf_counter() - t0)
