@@ -263,3 +263,19 @@ def test_the_key_is_made_once_0600_by_processes_racing_for_it(tmp_path: Path) ->
     assert sorted(os.listdir(home)) == ["key"]  # no temporary file left
     assert stat.S_IMODE(os.stat(home / "key").st_mode) == 0o600
     assert stat.S_IMODE(os.stat(home).st_mode) == 0o700
+
+
+def test_a_key_that_cannot_be_made_leaves_an_unsigned_recording_and_one_warning(
+    tmp_path: Path,
+) -> None:
+    """Recording never fails over its signature: a data directory that cannot be made (a file
+    in its way) records unsigned, says so once, and the recording is foreign."""
+    (tmp_path / "prog.py").write_text(PROGRAM)
+    (tmp_path / "in-the-way").write_text("")
+    env = {"REPLAY_HOME": str(tmp_path / "in-the-way" / "replay")}
+    p = run_py(str(tmp_path / "prog.py"), cwd=tmp_path, env=env)
+    assert p.returncode == 0, p.stderr
+    assert p.stderr.count("this recording will be unsigned") == 1, p.stderr
+    info = replay_cli("info", str(tmp_path / "run.h5"), "--json", cwd=tmp_path, env=env)
+    trust = json.loads(info.stdout)["trust"]
+    assert trust["standing"] == "foreign" and trust["why"].startswith("unsigned"), trust
