@@ -39,6 +39,7 @@ TRUST_VERSION = 1  # of the signature block and of the payload's encoding
 _KEY_FILE = "key"
 _STORE_FILE = "trusted"
 _KEY_BYTES = 32
+_STORE_MOST = 64 << 20  # a million trusted recordings' digests
 
 
 class KeyUnusable(OSError):
@@ -64,8 +65,9 @@ def _private_dir() -> str:
     return d
 
 
-def _read_private(path: str) -> bytes:
-    """A file of this user's, readable by nobody else, never through a link."""
+def _read_private(path: str, most: int = 4096) -> bytes:
+    """A file of this user's, readable by nobody else, never through a link (its first
+    ``most`` bytes)."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     try:
         st = os.fstat(fd)
@@ -79,7 +81,7 @@ def _read_private(path: str) -> bytes:
                 "chmod 600 it, or remove it to make a new key"
             )
         with os.fdopen(os.dup(fd), "rb") as fh:
-            return fh.read(4096)
+            return fh.read(most)
     finally:
         os.close(fd)
 
@@ -197,7 +199,7 @@ def _store_path() -> str:
 
 def _trusted_digests() -> set[str]:
     try:
-        raw = _read_private(_store_path())
+        raw = _read_private(_store_path(), _STORE_MOST)
     except OSError:
         return set()
     return {line.strip() for line in raw.decode("ascii", "replace").splitlines() if line.strip()}
