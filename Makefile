@@ -36,11 +36,13 @@ test: setup typecheck
 test-fast: setup
 	$(PY) -m pytest -q $(XDIST) -m "not slow"
 
-# On a machine with a CUDA device: the GPU-marked tests (a CUDA run recorded, verified bitwise
-# on the GPU, a CUDA failure bisected and reproduced). Everywhere else they are skipped.
+# On a machine with a CUDA device, in at most 10 minutes: re-entry with a CPU batch moved inside
+# the step, bf16 autocast, cuDNN, attention, torch.compile, a NaN bisected on the GPU, the
+# self-check, sync debug mode around rec.step, DDP over NCCL on two GPUs. Each check's result
+# and time in gpu-check-report.md (and .json); exit 1 if one failed, 3 where there is no CUDA.
+# `$(PY) tests/gpu/gpu_check.py --device cpu` runs the same checks on the CPU.
 gpu-check: setup
-	$(PY) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'gpu-check: no CUDA device here')"
-	$(PY) -m pytest -q -rs -m gpu tests
+	$(PY) tests/gpu/gpu_check.py --report gpu-check-report.md
 
 lint: setup typecheck
 	$(VENV)/bin/ruff check replay tui tests examples benchmarks
