@@ -206,32 +206,21 @@ def test_a_module_program_is_refused_naming_the_file_it_resolves_to(
     assert "PLANTED RAN" in ran.stderr, ran.stderr  # what the refusal named is what --trust runs
 
 
+# Two ranks recorded by one process with rank=/world_size=, each given its run id by the
+# launcher's REPLAY_RUN_ID (the second from argv): the model and step of test_rank_sets.
 RANKS = textwrap.dedent(
     """
     import os, sys
     import torch, replay
+    from tests.unit.test_rank_sets import build, train_step
 
-    def build():
-        torch.manual_seed(0)
-        model = torch.nn.Linear(4, 2)
-        return model, torch.optim.SGD(model.parameters(), lr=0.1)
-
-    def train_step(model, optimizer, batch):
-        optimizer.zero_grad()
-        loss = model(batch).square().mean()
-        loss.backward()
-        optimizer.step()
-        return loss
-
-    if __name__ == "__main__":
-        for rank, run in ((0, "first"), (1, sys.argv[2])):
-            os.environ["REPLAY_RUN_ID"] = run
-            model, opt = build()
-            with replay.Recorder(sys.argv[1], model=model, optimizer=opt, step_fn=train_step,
-                                 build_fn=build, snapshot_every=2, rank=rank,
-                                 world_size=2) as rec:
-                for s in range(4):
-                    rec.step(torch.full((3, 4), float(s + rank)))
+    for rank, run in ((0, "first"), (1, sys.argv[2])):
+        os.environ["REPLAY_RUN_ID"] = run
+        model, opt = build()
+        with replay.Recorder(sys.argv[1], model=model, optimizer=opt, step_fn=train_step,
+                             build_fn=build, snapshot_every=2, rank=rank, world_size=2) as rec:
+            for s in range(4):
+                rec.step(torch.full((3, 4), float(s + rank)))
     """
 )
 
