@@ -180,7 +180,8 @@ class RankScan:
             raise EntryPointError(
                 f"{self.spec}: the rank files are not of one run ({'; '.join(parts[:4])}"
                 f"{'; ...' if len(parts) > 4 else ''}); replay runs nothing from a set of "
-                "several runs: keep one run's files together"
+                "several runs: keep one run's files together (ranks recorded without a "
+                "process group agree on one when their launcher sets one REPLAY_RUN_ID)"
             )
         foreign = {r: f for r, f in sorted(self.ranks.items()) if f.foreign is not None}
         if foreign and not trust:
