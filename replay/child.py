@@ -5,6 +5,14 @@ without importing torch or running user code itself).
 The child is ``python -m replay VERB ARGS`` in its own process group, stdin closed, its output
 captured as text; at ``timeout`` the whole group is killed (its recorder's writer and DataLoader
 workers with it).
+
+Every Python child the project starts (these, the writer process, the self-check, the rank
+workers, the reader's probe) is started by :func:`python_module`: ``python -m MOD`` would put
+its working directory first on ``sys.path``, so a ``replay.py`` or ``replay/`` there (an RL
+replay buffer is a common file name) would be imported instead of this package, and run. The
+child is ``python -c BOOT MOD ARGS`` instead: ``BOOT`` replaces that first entry with the folder
+this package was imported from before it imports anything, checks that ``replay`` is this one,
+and runs ``MOD`` as ``__main__``. ``PYTHONPATH`` keeps working (a program's own modules).
 """
 
 from __future__ import annotations
@@ -17,7 +25,51 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ChildRun", "start_group", "end_group", "run_replay"]
+__all__ = [
+    "ChildRun",
+    "start_group",
+    "end_group",
+    "run_replay",
+    "python_module",
+    "CLI",
+    "WRITER",
+    "SELF_CHECK",
+    "RANK_WORKER",
+]
+
+# The child entry points: every module the project runs as a child process's ``__main__``.
+CLI = "replay"  # another replay command (this module's run_replay; preflight; the TUI)
+WRITER = "replay.store.writer_process"  # the recorder's writer process
+SELF_CHECK = "replay.workflows.selfcheck"  # the background self-check
+RANK_WORKER = "replay.workflows.rank_worker"  # one rank of a rank set replayed together
+ENTRY_POINTS = (CLI, WRITER, SELF_CHECK, RANK_WORKER)
+
+# The folder holding this ``replay`` package: a child imports it from there, and only there.
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_BOOT = (
+    "import sys\n"
+    "if sys.argv[2] == %r:  # ends with the training process that started it (selfcheck.md)\n"
+    "    import ctypes\n"
+    "    try:\n"
+    "        ctypes.CDLL(None).prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG, SIGKILL\n"
+    "    except (OSError, AttributeError):\n"
+    "        pass\n"
+    "sys.path[0:1] = [sys.argv[1]]\n"
+    "import os, runpy, replay\n"
+    "if os.path.dirname(os.path.dirname(os.path.abspath(replay.__file__))) != sys.argv[1]:\n"
+    "    sys.exit('replay: error: the child imported ' + replay.__file__ + ', not ' + sys.argv[1])\n"
+    "module = sys.argv[2]\n"
+    "del sys.argv[1:3]\n"
+    "runpy.run_module(module, run_name='__main__', alter_sys=True)\n"
+) % (SELF_CHECK,)
+
+
+def python_module(module: str, *args: str) -> list[str]:
+    """The command line that runs ``module`` of this package as ``__main__`` in a child Python,
+    whatever its working directory holds (module docstring)."""
+    if module not in ENTRY_POINTS:
+        raise ValueError(f"{module} is not one of replay's child entry points")
+    return [sys.executable, "-c", _BOOT, ROOT, module, *args]
 
 
 @dataclass(frozen=True)
@@ -63,7 +115,7 @@ def run_replay(
 ) -> ChildRun:
     """``replay VERB ARGS`` in a fresh process group (``env``: its environment, this one's by
     default), killed whole at ``timeout`` seconds."""
-    proc = start_group([sys.executable, "-m", "replay", verb, *args], env)
+    proc = start_group(python_module(CLI, verb, *args), env)
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

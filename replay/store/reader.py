@@ -139,6 +139,7 @@ def _opens_in_time(path: str, timeout: float = 10.0) -> bool:
     # RecordingError is left to the real read; only a probe that does not finish refuses the file.
     code = (
         "import sys\n"
+        "sys.path[0:1] = [sys.argv.pop(2)]  # this replay, whatever the working directory holds\n"
         "from replay.errors import RecordingError\n"
         "from replay.store import reader as r\n"
         "rec = r.Recording(sys.argv[1], probe=False)\n"
@@ -155,7 +156,10 @@ def _opens_in_time(path: str, timeout: float = 10.0) -> bool:
     env = dict(os.environ, PYTHONPATH=pkg_root + os.pathsep + os.environ.get("PYTHONPATH", ""))
     try:
         proc = subprocess.run(
-            [sys.executable, "-c", code, path], capture_output=True, timeout=timeout, env=env
+            [sys.executable, "-c", code, path, pkg_root],
+            capture_output=True,
+            timeout=timeout,
+            env=env,
         )
     except subprocess.TimeoutExpired:
         return False

@@ -40,6 +40,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from ..child import WRITER, python_module
 from .contracts import HealthFrame, Payload, RunMeta, SnapshotFrame, StepFrame
 from .frame_ring import FrameRing
 from .step_log import LOG_BYTES, StepLog
@@ -125,7 +126,7 @@ class WriterClient:
         self.step_log = step_log
         if step_log is None and os.environ.get("REPLAY_STEP_LOG") != "off":
             self.step_log = StepLog.create(log_bytes)
-        argv = [sys.executable, "-m", "replay.store.writer_process"]
+        argv = python_module(WRITER)
         if self.ring is not None:
             argv += ["--ring", str(self.ring.fd)]
         if self.step_log is not None:
