@@ -113,6 +113,20 @@ def _check_source(
         log(msg)
 
 
+def _kept_from(e: BaseException) -> str | None:
+    """What the program was kept from doing, when that is why it stopped (hands_off.py)."""
+    from .hands_off import TouchedError, active_guard
+
+    guard = active_guard()
+    if not isinstance(e, OSError) or guard is None or not guard.refused:
+        return None
+    if not isinstance(e, TouchedError) and not any(
+        isinstance(c, TouchedError) for c in (e.__cause__, e.__context__)
+    ):
+        return None
+    return guard.refused[-1]
+
+
 def run_program(
     meta: dict[str, Any],
     env: dict[str, Any],
@@ -139,6 +153,7 @@ def run_program(
         out.done = True
 
     ended: str | None = None
+    kept: str | None = None
     with _as_recorded(program, env, log), reentering(taken):
         try:
             if program.get("kind") == "module":
@@ -156,11 +171,18 @@ def run_program(
             if not out.done:
                 first = (str(e).strip().splitlines() or [""])[0][:300]
                 ended = f"raised {type(e).__name__}: {first}"
+                kept = _kept_from(e)
         else:
             if not out.done:
                 ended = "ran to its end"
     if out.error is not None:
         raise out.error
+    if not out.done and kept is not None:
+        raise EntryPointError(
+            f"the recorded program {describe_command(program, env)} was stopped before its "
+            f"Recorder: {kept}; a replay changes no file of yours and connects nowhere, so put "
+            "that under `if not replay.replaying():` (docs/reentry.md)"
+        )
     if not out.done:
         raise EntryPointError(
             f"the recorded program {describe_command(program, env)} {ended} before it "

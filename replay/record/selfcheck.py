@@ -14,14 +14,15 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
+import threading
 import warnings
 from typing import Any
 
 import torch
 
+from ..child import SELF_CHECK, python_module
 from ..errors import RecorderWarning
-from ..store.selfcheck import SelfCheck, write_selfcheck
+from ..store.selfcheck import SelfCheck, read_selfcheck, write_selfcheck
 
 __all__ = ["SelfCheckLauncher", "ENV"]
 
@@ -87,7 +88,7 @@ class SelfCheckLauncher:
             )
             return
         device, rtol = self._device()
-        cmd = [sys.executable, "-m", "replay.workflows.selfcheck", self.path]
+        cmd = python_module(SELF_CHECK, self.path)
         cmd += ["--after", str(t), "--steps", str(self.steps), "--training-pid", str(os.getpid())]
         cmd += ["--run-id", self.run_id]
         if self.later is not None and self.later > t:
@@ -96,14 +97,55 @@ class SelfCheckLauncher:
             cmd += ["--device", device]
         if rtol is not None:
             cmd += ["--rtol", repr(rtol)]
-        write_selfcheck(self.path, SelfCheck("running", steps=(self.first, t), run_id=self.run_id))
-        self.proc = subprocess.Popen(
-            cmd,
-            env=_child_env(),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            close_fds=True,
-        )
+        # The child holds none of the training's descriptors: its one line comes back through
+        # a pipe, and a thread of this process writes it on our stderr (a `| tee` of the run
+        # ends with the run, whatever the check does).
+        read, write = os.pipe()
+        try:
+            self.proc = subprocess.Popen(
+                [*cmd, "--report-fd", str(write)],
+                env=_child_env(),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                close_fds=True,
+                pass_fds=(write,),
+            )
+        except BaseException:
+            os.close(read)
+            raise
+        finally:
+            os.close(write)
+        running = SelfCheck("running", steps=(self.first, t), run_id=self.run_id, pid=self.proc.pid)
+        write_selfcheck(self.path, running)
+        threading.Thread(
+            target=self._relay, args=(read, self.proc), name="replay-self-check", daemon=True
+        ).start()
+
+    def _relay(self, read: int, proc: subprocess.Popen[bytes]) -> None:
+        """Copy what the check says onto the training's stderr until it exits; then reap it,
+        and when it died without a verdict, say so in the verdict's place (never "running")."""
+        try:
+            while chunk := os.read(read, 4096):
+                os.write(2, chunk)
+        except OSError:
+            pass
+        finally:
+            os.close(read)
+        code = proc.wait()
+        v = read_selfcheck(self.path, self.run_id, as_written=True)
+        if v is not None and v.status == "running" and v.pid == proc.pid:
+            how = f"signal {-code}" if code < 0 else f"exit code {code}"
+            write_selfcheck(
+                self.path,
+                SelfCheck(
+                    "error",
+                    summary=f"the self-check process (pid {proc.pid}) ended ({how}) before "
+                    "its verdict",
+                    run_id=self.run_id,
+                    pid=proc.pid,
+                ),
+            )
 
     def _device(self) -> tuple[str | None, float | None]:
         """Where to replay: the recording's own device when it has room for a second copy of
@@ -118,11 +160,6 @@ class SelfCheckLauncher:
         if free > 2 * self.state_bytes + (256 << 20):
             return str(p.device), None
         return "cpu", RTOL
-
-    def reap(self) -> None:
-        """At close: collect the child if it has finished (never waits for it)."""
-        if self.proc is not None and self.proc.poll() is not None:
-            self.proc = None
 
 
 def _child_env() -> dict[str, str]:

@@ -16,7 +16,9 @@ from typing import Any
 
 __all__ = ["SelfCheck", "selfcheck_path", "read_selfcheck", "write_selfcheck", "STATUSES"]
 
-VERSION = 3  # 2: run_id (version 1 files have none); 3: earlier (the first steps' span)
+# 2: run_id (version 1 files have none); 3: earlier (the first steps' span); 4: pid (the
+# checking process: a "running" verdict whose process is gone reads as an error)
+VERSION = 4
 STATUSES = ("running", "ok", "failed", "skipped", "error")
 _MAX_BYTES = 64 << 10  # a verdict is a few hundred bytes; anything larger is not ours
 
@@ -39,6 +41,7 @@ class SelfCheck:
     # the later check's verdict: the first steps, which replayed (``steps`` are the later ones,
     # from a snapshot taken once training was under way)
     earlier: tuple[int, int] | None = None
+    pid: int | None = None  # the process that checks (``running``) or checked
 
     @property
     def failed(self) -> bool:
@@ -94,6 +97,7 @@ class SelfCheck:
             "seconds": self.seconds,
             "run_id": self.run_id,
             "earlier": list(self.earlier) if self.earlier else None,
+            "pid": self.pid,
         }
 
     @classmethod
@@ -102,6 +106,7 @@ class SelfCheck:
         if not isinstance(d, dict) or d.get("status") not in STATUSES:
             return None
         seconds = d.get("seconds")
+        pid = d.get("pid")
 
         def text(k: str) -> str:
             v = d.get(k)
@@ -117,6 +122,7 @@ class SelfCheck:
             seconds=float(seconds) if isinstance(seconds, (int, float)) else None,
             run_id=text("run_id") or None,
             earlier=_pair(d.get("earlier")),
+            pid=pid if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 else None,
         )
 
 
@@ -139,14 +145,44 @@ def selfcheck_path(path: str) -> str:
     return f"{root}.selfcheck.json"
 
 
-def read_selfcheck(path: str, run_id: str | None = None) -> SelfCheck | None:
+def read_selfcheck(
+    path: str, run_id: str | None = None, *, as_written: bool = False
+) -> SelfCheck | None:
     """The verdict beside recording ``path``, or ``None`` (none yet, or not a verdict).
-    ``run_id``: the recording's; a verdict naming another run is an earlier recording's at
-    the same path (deleted and made again), not this one's, and is ``None`` too."""
+    ``run_id``: the recording's; a verdict that does not name it (another run's, left by an
+    earlier recording at the same path; or one naming no run, planted) is ``None`` too. A
+    ``running`` verdict whose process is gone (killed with the run, or by hand) reads as an
+    ``error``: nothing will ever replace it (``as_written``: as the file says)."""
     v = _read(path)
-    if v is not None and run_id and v.run_id is not None and v.run_id != run_id:
+    if v is None or (run_id and v.run_id != run_id):
         return None
+    if not as_written and v.status == "running" and v.pid is not None and not _checking(v.pid):
+        return SelfCheck(
+            "error",
+            steps=v.steps,
+            summary=f"the self-check process (pid {v.pid}) is gone; it left no verdict",
+            run_id=v.run_id,
+            pid=v.pid,
+        )
     return v
+
+
+def _checking(pid: int) -> bool:
+    """Whether process ``pid`` lives and is a self-check (not a later process given its pid)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            if fh.read().rsplit(b")", 1)[-1].split()[:1] == [b"Z"]:
+                return False  # a zombie: it has ended
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return b"selfcheck" in fh.read()
+    except OSError:
+        return True  # no /proc here: alive is all we can tell
 
 
 def _read(path: str) -> SelfCheck | None:

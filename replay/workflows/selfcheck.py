@@ -30,10 +30,12 @@ import atexit
 import dataclasses
 import math
 import os
+import signal
 import sys
 import time
 from typing import Any
 
+from ..child import SELF_CHECK, python_module
 from ..errors import EntryPointError, RecordingError, ReplayError
 from ..reports import VerifyReport
 from ..store.selfcheck import SelfCheck, write_selfcheck
@@ -159,15 +161,32 @@ def run_selfcheck(
     )
 
 
-def _quiet() -> int:
-    """Send this process's stdout and stderr nowhere; return a descriptor of the old stderr,
-    for the one line a failed check writes."""
-    saved = os.dup(2)
+def _quiet(report_fd: int | None) -> int:
+    """Send this process's stdout and stderr nowhere; return the descriptor for the one line a
+    failed check writes: ``report_fd`` (the pipe the training process reads and copies onto its
+    stderr), or, started by hand, a copy of the old stderr."""
+    saved = report_fd if report_fd is not None else os.dup(2)
     null = os.open(os.devnull, os.O_WRONLY)
     os.dup2(null, 1)
     os.dup2(null, 2)
     os.close(null)
     return saved
+
+
+def _dies_with(training_pid: int | None) -> bool:
+    """Ask the kernel to end this process when the training process that started it ends (a
+    check never outlives its run; Linux's parent-death signal, kept across the ``exec`` into
+    the later check); ``False`` when that process is gone already."""
+    if training_pid is None:
+        return True
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: the waits below still end once the run is over
+    return os.getppid() == training_pid
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -182,12 +201,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--later", type=int, default=None, help="then check from this step's snapshot")
     p.add_argument("--from", dest="start", type=int, default=None, help="(the later check)")
     p.add_argument("--earlier", type=int, nargs=2, default=None, help="(the first steps checked)")
+    p.add_argument("--report-fd", type=int, default=None, help="where the one line goes")
     args = p.parse_args(argv)
+    if not _dies_with(args.training_pid):
+        return 0  # the run is over already: nothing to check for anyone
     try:  # the training's cores come first (REPLAY_SELF_CHECK_NICE: how much, 0..19)
         os.nice(min(19, max(0, int(os.environ.get("REPLAY_SELF_CHECK_NICE", "19")))))
     except (OSError, ValueError):
         pass
-    err = _quiet()
+    err = _quiet(args.report_fd)
     try:
         verdict = run_selfcheck(
             args.run, args.after, args.steps, args.device, args.rtol, args.training_pid, args.start
@@ -198,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     earlier = tuple(args.earlier) if args.earlier else None
     if earlier is not None and verdict.status == "error":
         return 0  # (the run ended first, most often): the first steps' verdict stands
-    verdict = dataclasses.replace(verdict, run_id=args.run_id, earlier=earlier)
+    verdict = dataclasses.replace(verdict, run_id=args.run_id, earlier=earlier, pid=os.getpid())
     try:
         write_selfcheck(args.run, verdict)
     except OSError:
@@ -217,8 +239,9 @@ def main(argv: list[str] | None = None) -> int:
 def _become_later_check(args: argparse.Namespace, earlier: tuple[int, int], err: int) -> None:
     """Replace this process with the later check (a fresh interpreter: the re-run program's
     modules keep the state the first replay left in them). Exit handlers run first (coverage,
-    logging); the training's stderr goes back to descriptor 2."""
-    cmd = [sys.executable, "-m", "replay.workflows.selfcheck", args.run]
+    logging); the report pipe goes on to the later check (started by hand: the old stderr goes
+    back to descriptor 2)."""
+    cmd = python_module(SELF_CHECK, args.run)
     cmd += ["--after", str(args.later + args.steps - 1), "--steps", str(args.steps)]
     cmd += ["--from", str(args.later), "--earlier", str(earlier[0]), str(earlier[1])]
     cmd += ["--training-pid", str(args.training_pid or os.getppid())]
@@ -227,9 +250,12 @@ def _become_later_check(args: argparse.Namespace, earlier: tuple[int, int], err:
             cmd += [flag, value]
     if args.rtol is not None:
         cmd += ["--rtol", repr(args.rtol)]
+    if args.report_fd is not None:
+        cmd += ["--report-fd", str(err)]
     atexit._run_exitfuncs()
     sys.stdout.flush()
-    os.dup2(err, 2)
+    if args.report_fd is None:
+        os.dup2(err, 2)
     try:
         os.execv(sys.executable, cmd)
     except OSError:  # (the interpreter gone since): the first steps' verdict stands

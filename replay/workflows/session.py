@@ -84,24 +84,28 @@ def with_engine(
     """
     override = parse_entry(entry)
     from ..engine import Engine
+    from ..engine.hands_off import hands_off
     from ..store import open_recording
 
     wait_until_drained(run)
-    rec = open_recording(run)
-    try:
-        if pin_steps is not None:
-            rec.pin(pin_steps, pin_from)
-        if check is not None:
-            check(rec)
-        if override is None and (reenter or "build_fn" not in rec.entry):
-            return _reentered(rec, work, device, trust, log)
-        engine = Engine(rec, device=device, entry=override, trust=trust)
+    # Whatever user code runs from here (the program re-run, build_fn, each replayed step)
+    # changes no file of the user's and connects nowhere (replay/engine/hands_off.py).
+    with hands_off():
+        rec = open_recording(run)
         try:
-            return work(rec, engine)
+            if pin_steps is not None:
+                rec.pin(pin_steps, pin_from)
+            if check is not None:
+                check(rec)
+            if override is None and (reenter or "build_fn" not in rec.entry):
+                return _reentered(rec, work, device, trust, log)
+            engine = Engine(rec, device=device, entry=override, trust=trust)
+            try:
+                return work(rec, engine)
+            finally:
+                engine.close()
         finally:
-            engine.close()
-    finally:
-        rec.close()
+            rec.close()
 
 
 def _reentered(

@@ -107,6 +107,9 @@ def test_once_the_first_steps_replay_steps_from_a_later_snapshot_are_checked_too
     # from step 30's snapshot, or (the ring moved on while the check re-ran the program) from
     # the oldest kept after it
     first = v.steps[0] if v.steps else -1
+    if v.earlier is None:  # the first check itself started past step 30 (a loaded machine)
+        assert first >= 30 and first % 10 == 0, v
+        return
     assert v.earlier == (0, 3) and first >= 30 and first % 10 == 0, v
     assert v.steps == (first, first + 3) and v.check == "bitwise on cpu", v
     rc, d, _ = replay_here_json("info", str(tmp_path / "run.h5"))
@@ -157,14 +160,14 @@ def test_a_verdict_file_is_untrusted_input(tmp_path):
 def test_a_check_whose_run_ended_before_its_steps_does_not_outlive_it(tmp_path):
     """Was: a run that ended (or died) before the steps to check reached its file left the
     check waiting its full 300 s, an orphan holding the run's stderr: ``subprocess.run`` of
-    such a run blocked for five minutes after it returned. The check now ends once the
-    training process is gone and no writer holds the file, with an error verdict and no
-    warning (nothing was found wrong with the recording)."""
+    such a run blocked for five minutes after it returned. The check now ends with the
+    training process that started it (the kernel's parent-death signal), and says nothing."""
     run = tmp_path / "run.h5"
     parent = (
-        "import os, subprocess, sys\n"
+        "import os, subprocess, sys, time\n"
         "subprocess.Popen([sys.executable, '-m', 'replay.workflows.selfcheck', sys.argv[1],\n"
         "                  '--after', '3', '--steps', '4', '--training-pid', str(os.getpid())])\n"
+        "time.sleep(1)\n"
     )
     t0 = time.monotonic()
     p = subprocess.run(
@@ -177,8 +180,7 @@ def test_a_check_whose_run_ended_before_its_steps_does_not_outlive_it(tmp_path):
     assert p.returncode == 0, p.stderr
     assert time.monotonic() - t0 < 30
     v = read_selfcheck(str(run))
-    assert v is not None and v.status == "error", v
-    assert "the run ended before step 3" in v.summary
+    assert v is None or v.status == "error", v
     assert "does NOT replay" not in p.stderr
 
 

@@ -84,8 +84,11 @@ def main():
             try:
                 with open(verdict) as fh:
                     said = json.load(fh)
+                # (--later: a first check that started after the ring moved past step 30, on
+                # a loaded machine, was of a snapshot taken once training was under way too)
+                first = (said.get("steps") or [0])[0]
                 if said["status"] != "running" and not (
-                    args.later and said["status"] == "ok" and not said.get("earlier")
+                    args.later and said["status"] == "ok" and not said.get("earlier") and first < 30
                 ):
                     break
             except (OSError, ValueError):
