@@ -101,6 +101,17 @@ def _trust(rec: Recording) -> dict[str, str]:
     return {"standing": got.kind, "why": got.why, "line": got.words()}
 
 
+def _bitwise_cuda(env: Any) -> dict[str, Any] | None:
+    """Whether a CUDA run can replay bitwise, as its recorded settings say; None for a run
+    with no GPU (``record/bitwise.py``)."""
+    from ..record.bitwise import cuda_blockers
+
+    if not isinstance(env, dict) or not env.get("devices"):
+        return None
+    why = cuda_blockers(env)
+    return {"possible": not why, "why_not": why}
+
+
 def describe(path: str) -> dict[str, Any]:
     """Everything ``replay info`` shows, as a JSON-able dict."""
     with open_recording(path) as rec:
@@ -115,6 +126,7 @@ def describe(path: str) -> dict[str, Any]:
             "entry": rec.entry,
             "program": rec.program,
             "env": rec.env,
+            "bitwise_cuda": _bitwise_cuda(rec.env),
             "model": {
                 k: v for k, v in rec.meta.get("model", {}).items() if k in ("class", "param_bytes")
             },
@@ -253,6 +265,12 @@ def render(d: dict[str, Any]) -> str:
         f"{'CUDA ' + str(env.get('cuda')) + ' on ' + ', '.join(env.get('devices') or []) if env.get('devices') else 'CPU'}, "
         f"{env.get('num_threads')} threads, host {env.get('hostname')}"
     )
+    bitwise = d.get("bitwise_cuda")
+    if bitwise:
+        said = (
+            "possible" if bitwise["possible"] else "NOT possible: " + "; ".join(bitwise["why_not"])
+        )
+        lines.append(f"  bitwise CUDA    {said}")
     if env.get("git_commit"):
         lines.append(f"  git commit      {env['git_commit']}")
     started = env.get("started")

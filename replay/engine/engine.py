@@ -36,6 +36,7 @@ from ..capture.rng import restore_rng
 from ..capture.tensors import from_leaves, leaf_finite
 from ..capture.watch import ObjectWatch
 from ..errors import RecordingError, ReplayError
+from ..record.numerics import apply_numerics, current_env, differences
 from ..store.liveness import writer_state
 from ..store.reader import Recording, Window
 from ..store.tree import TensorLeaf
@@ -327,8 +328,16 @@ class Engine(ObservedCalls):
             torch.backends.cudnn.deterministic = bool(env.get("cudnn_deterministic", False))
             torch.backends.cudnn.benchmark = bool(env.get("cudnn_benchmark", False))
             torch.backends.cuda.matmul.allow_tf32 = bool(env.get("matmul_tf32", False))
+        apply_numerics(env, self.device.startswith("cuda"))
         if env.get("deterministic_algorithms"):
-            torch.use_deterministic_algorithms(True)
+            torch.use_deterministic_algorithms(
+                True, warn_only=bool(env.get("deterministic_warn_only", False))
+            )
+        #: what this replay runs with that the recording did not (versions, GPUs, settings
+        #: that could not be applied): a last-bit difference may be numerics, not state
+        self.numerics_differences = differences(env, current_env())
+        if self.numerics_differences:
+            self.log(f"replay: numerics differ: {'; '.join(self.numerics_differences)}")
 
     # -- records -------------------------------------------------------------------------------
 

@@ -67,6 +67,7 @@ from .entry import describe_entry, describe_program, describe_step, read_source
 from .env import collect_env
 from .inflight import InFlight, Settled
 from .lifecycle import Lifecycle
+from .numerics import warn_unless_bitwise
 from .selfcheck import SelfCheckLauncher, enabled_by_env, skip_reason
 from .snapshots import Snapshots, pow2
 from .transport import Transport
@@ -200,6 +201,7 @@ class Recorder:
         scheduler, scaler = self.objects.scheduler, self.objects.scaler
         self._call = StepCall(step_fn, self.objects)
         self._describe_entry(step_fn, build_fn, build_kwargs, not_replayable)
+        warn_unless_bitwise(model)  # once, at start: a CUDA run's settings
         self.enabled = True
         self._closed = self._warned = False
         self._lifecycle = Lifecycle(self.close, self._close_again, lambda: self._closed)

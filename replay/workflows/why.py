@@ -38,6 +38,11 @@ from ..reports import DivergenceCause, ExceptionInfo, StateDrift
 
 __all__ = ["explain_divergence", "state_diff"]
 
+HINT_NUMERICS = (
+    "replay where the recording was made (the same GPU, driver, CUDA, cuDNN and torch, the "
+    "same matmul precision and TF32 settings), or compare within a tolerance"
+)
+
 _NAMES = 5  # names listed per drifted object
 
 
@@ -267,6 +272,17 @@ def explain_divergence(
         )
     if changed:
         summary += f"; note that {', '.join(changed)} changed since the recording"
+    numerics = getattr(engine, "numerics_differences", None)
+    if numerics and not differs:
+        # The replays agree with each other, and this machine computes otherwise than the
+        # recording's did: a numerics difference, not objects to restructure.
+        out.kind, out.hint = "outside_state", HINT_NUMERICS
+        out.summary = (
+            f"two replays of step {t} agree bitwise but not with the recording, and the "
+            f"numerics differ from the recording's ({'; '.join(numerics)}): a numerics "
+            "difference, not state outside the step"
+        )
+        return out
     out.kind, out.summary, out.hint = "outside_state", summary, HINT_OUTSIDE
     _name_suspects(engine, t, out, memories=True)
     return out
