@@ -263,6 +263,45 @@ def _fork_server(role: str) -> _ForkServer | None:
     return _SERVERS[role]
 
 
+# A run that keeps its process until its self-check has said its word, as a long run would: the
+# check ends with the training process (docs/selfcheck.md), and its line reaches stderr through
+# that process. The program runs as __main__, as `python script.py` would run it.
+_UNTIL_CHECKED = """
+import glob, json, os, runpy, sys, time
+script = sys.argv.pop(1)
+sys.argv[0] = script
+sys.path[0] = os.path.dirname(os.path.abspath(script))
+
+def checking():
+    for path in glob.glob("*.selfcheck.json"):
+        try:
+            with open(path) as fh:
+                pid = json.load(fh).get("pid")
+            os.kill(pid, 0)
+            with open(f"/proc/{pid}/stat") as fh:
+                if fh.read().rsplit(")", 1)[-1].split()[0] != "Z":
+                    return True
+        except (OSError, ValueError, TypeError, AttributeError, IndexError):
+            pass
+    return False
+
+try:
+    runpy.run_path(script, run_name="__main__")
+finally:
+    deadline = time.monotonic() + 150
+    time.sleep(0.5)
+    while checking() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(0.2)  # the training's thread copies the check's last line
+"""
+
+
+def run_until_checked(script: str, *args: str, **kw) -> subprocess.CompletedProcess:
+    """``python script ARGS`` with the self-check on, its process kept until the check ends."""
+    env = {**kw.pop("env", {}), "REPLAY_SELF_CHECK": "1"}
+    return run_py("-c", _UNTIL_CHECKED, script, *args, env=env, **kw)
+
+
 def replay_cli(*args: str, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
     return run_py("-m", "replay", *args, timeout=timeout, **kw)
 

@@ -68,17 +68,27 @@ def _checkable(run: str, after: int, steps: int, start: int | None = None) -> in
         rec.close()
 
 
-def _run_over(run: str, training_pid: int) -> bool:
-    """Whether the file can no longer grow: the training process is gone and no writer holds
-    the file (a writer process still committing what a killed run left holds it). Was: the
-    check waited its full 300 s for steps that would never come, an orphan outliving the run."""
+def _run_over(run: str, training_pid: int, unheld: list[float]) -> bool:
+    """Whether the file can no longer grow: no writer holds it (a writer process still
+    committing what a killed run left holds it), and either the training process is gone or
+    no writer has held it for a second (its Recorder closed; the process may train on, or
+    evaluate, without it). ``unheld``: when this started seeing no writer (kept by the
+    caller). Was: the check waited its full 300 s for steps that would never come, an orphan
+    outliving the run; and a later check waited for a snapshot of a closed recording for as
+    long as its process lived."""
     from ..store.liveness import writer_state
 
-    # The training process started this one: once it exits, even as a zombie nobody reaped
-    # yet (a parent reading our shared stderr to its end), this process has another parent.
-    if os.getppid() == training_pid:
+    if writer_state(run) is not None:
+        unheld.clear()
         return False
-    return writer_state(run) is None
+    # The training process started this one: once it exits, even as a zombie nobody reaped
+    # yet, this process has another parent.
+    if os.getppid() != training_pid:
+        return True
+    now = time.monotonic()
+    if not unheld:
+        unheld.append(now)  # a writer taken over by another (store/writer_process.py) is brief
+    return now - unheld[0] >= 1.0
 
 
 def judge(report: VerifyReport, rtol: float | None, device: str) -> SelfCheck:
@@ -127,10 +137,11 @@ def run_selfcheck(
     ``WAIT`` seconds or not at all; later ones are waited for as long as the run goes on."""
     deadline = time.monotonic() + WAIT if start is None else math.inf
     parent = training_pid if training_pid is not None else os.getppid()
+    unheld: list[float] = []
     while _checkable(run, after, steps, start) is None:
         if time.monotonic() > deadline:
             return SelfCheck("error", summary=f"step {after} did not reach the file in {WAIT:g} s")
-        if _run_over(run, parent):
+        if _run_over(run, parent, unheld):
             return SelfCheck("error", summary=f"the run ended before step {after} reached the file")
         time.sleep(POLL if start is None else POLL_LATER)
     from .verify import run_verify

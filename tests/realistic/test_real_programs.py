@@ -18,7 +18,7 @@ import h5py
 import numpy as np
 import pytest
 
-from tests.conftest import replay_cli, run_env, run_py
+from tests.conftest import replay_cli, run_env, run_py, run_until_checked
 
 PROGRAMS = Path(__file__).with_name("programs")
 
@@ -156,7 +156,7 @@ def test_a_mean_teachers_ema_the_recorder_was_not_given_is_named_while_it_trains
     run replay."""
     script = tmp_path / "mean_teacher.py"
     shutil.copy(PROGRAMS / "mean_teacher.py", script)
-    p = run_py(str(script), cwd=tmp_path, timeout=240, env={"REPLAY_SELF_CHECK": "1"})
+    p = run_until_checked(str(script), cwd=tmp_path, timeout=240)
     assert p.returncode != 0 and "NonFiniteLossError" in p.stderr, p.stderr[-2000:]
     warn = [ln for ln in p.stderr.splitlines() if "does NOT replay" in ln]
     assert warn and "ema.module" in warn[0], p.stderr[-3000:]
@@ -171,13 +171,7 @@ def test_a_mean_teachers_ema_the_recorder_was_not_given_is_named_while_it_trains
     fixed = tmp_path / "fixed"
     fixed.mkdir()
     shutil.copy(PROGRAMS / "mean_teacher.py", fixed / "mean_teacher.py")
-    p = run_py(
-        str(fixed / "mean_teacher.py"),
-        "--give-ema",
-        cwd=fixed,
-        timeout=240,
-        env={"REPLAY_SELF_CHECK": "1"},
-    )
+    p = run_until_checked(str(fixed / "mean_teacher.py"), "--give-ema", cwd=fixed, timeout=240)
     assert "does NOT replay" not in p.stderr, p.stderr[-3000:]
     p = replay("bisect", str(fixed / "run.h5"), "--json", cwd=elsewhere)
     d = json.loads(p.stdout)
@@ -211,8 +205,8 @@ def test_an_environments_own_generator_is_named_while_it_trains(tmp_path, elsewh
     non-determinism; both now name ``env.np_random`` and say to seed it from the batch."""
     script = tmp_path / "reinforce.py"
     shutil.copy(PROGRAMS / "reinforce.py", script)
-    p = run_py(str(script), "run.h5", "--env-rng", "global", cwd=tmp_path, timeout=180,
-               env={"REPLAY_SELF_CHECK": "1"})  # fmt: skip
+    p = run_until_checked(str(script), "run.h5", "--env-rng", "global", cwd=tmp_path,
+                          timeout=180)  # fmt: skip
     warn = [ln for ln in p.stderr.splitlines() if "does NOT replay" in ln]
     assert warn and "env.np_random (random generator numpy Generator" in warn[0], p.stderr[-3000:]
     assert "seed env.np_random from the step's batch" in warn[0]
@@ -251,8 +245,8 @@ def test_a_dqn_step_sampling_the_replay_memory_itself_names_the_memory_while_it_
     is re-entered); both now name ``memory.memory`` and say to sample in the loop."""
     script = tmp_path / "dqn.py"
     shutil.copy(PROGRAMS / "dqn.py", script)
-    p = run_py(str(script), "run.h5", "--shape", "memory", cwd=tmp_path, timeout=180,
-               env={"REPLAY_SELF_CHECK": "1"})  # fmt: skip
+    p = run_until_checked(str(script), "run.h5", "--shape", "memory", cwd=tmp_path,
+                          timeout=180)  # fmt: skip
     assert p.returncode == 3, p.stderr[-2000:]
     warn = [ln for ln in p.stderr.splitlines() if "does NOT replay" in ln]
     assert warn and "memory.memory (deque, empty here, read by optimize_model)" in warn[0], warn
@@ -277,8 +271,8 @@ def test_a_dqn_step_that_waits_for_its_memory_to_fill_names_the_memory_where_it_
     ``keep_snapshots`` x ``snapshot_every``), and says so while the run trains."""
     script = tmp_path / "dqn.py"
     shutil.copy(PROGRAMS / "dqn.py", script)
-    p = run_py(str(script), "run.h5", "--shape", "tutorial", "--nan-at", "1000", cwd=tmp_path,
-               timeout=180, env={"REPLAY_SELF_CHECK": "1"})  # fmt: skip
+    p = run_until_checked(str(script), "run.h5", "--shape", "tutorial", "--nan-at", "1000",
+                          cwd=tmp_path, timeout=180)  # fmt: skip
     assert p.returncode == 0, p.stderr[-2000:]
     warn = [ln for ln in p.stderr.splitlines() if "does NOT replay" in ln]
     assert len(warn) == 1, p.stderr[-2000:]
@@ -447,7 +441,7 @@ def test_a_moco_queue_kept_as_plain_attributes_is_named_while_it_trains(tmp_path
     replays bitwise."""
     script = tmp_path / "moco_queue.py"
     shutil.copy(PROGRAMS / "moco_queue.py", script)
-    p = run_py(str(script), "run.h5", cwd=tmp_path, timeout=180, env={"REPLAY_SELF_CHECK": "1"})
+    p = run_until_checked(str(script), "run.h5", cwd=tmp_path, timeout=180)
     assert p.returncode == 0, p.stderr[-2000:]
     warn = [ln for ln in p.stderr.splitlines() if "does NOT replay" in ln]
     assert len(warn) == 1, p.stderr[-2000:]
