@@ -22,12 +22,12 @@ import torch
 
 from ..child import SELF_CHECK, python_module
 from ..errors import RecorderWarning
-from ..store.selfcheck import SelfCheck, read_selfcheck, write_selfcheck
+from ..store.selfcheck import RTOL, SelfCheck, read_selfcheck, write_selfcheck
 
 __all__ = ["SelfCheckLauncher", "ENV"]
 
 ENV = "REPLAY_SELF_CHECK"
-RTOL = 1e-3  # a GPU run checked on the CPU: losses within this, not bitwise
+CONTEXT_BYTES = 768 << 20  # a second process's CUDA context and allocator slack on that GPU
 
 
 class SelfCheckLauncher:
@@ -87,7 +87,7 @@ class SelfCheckLauncher:
                 "run `replay preflight` to check it"
             )
             return
-        device, rtol = self._device()
+        device, rtol, need = self._device()
         cmd = python_module(SELF_CHECK, self.path)
         cmd += ["--after", str(t), "--steps", str(self.steps), "--training-pid", str(os.getpid())]
         cmd += ["--run-id", self.run_id]
@@ -97,6 +97,8 @@ class SelfCheckLauncher:
             cmd += ["--device", device]
         if rtol is not None:
             cmd += ["--rtol", repr(rtol)]
+        if need is not None:
+            cmd += ["--gpu-bytes", str(need)]
         # The child holds none of the training's descriptors: its one line comes back through
         # a pipe, and a thread of this process writes it on our stderr (a `| tee` of the run
         # ends with the run, whatever the check does).
@@ -104,7 +106,7 @@ class SelfCheckLauncher:
         try:
             self.proc = subprocess.Popen(
                 [*cmd, "--report-fd", str(write)],
-                env=_child_env(),
+                env=_child_env(cpu_only=device == "cpu"),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
@@ -147,29 +149,58 @@ class SelfCheckLauncher:
                 ),
             )
 
-    def _device(self) -> tuple[str | None, float | None]:
-        """Where to replay: the recording's own device when it has room for a second copy of
-        the state (bitwise), else the CPU (within ``RTOL``)."""
+    def _device(self) -> tuple[str | None, float | None, int | None]:
+        """Where to replay, the tolerance, and the GPU memory a replay there needs: the
+        recording's own GPU when it has room for a second training (bitwise), else the CPU
+        (within ``RTOL``). A second training needs what this one peaked at (state, gradients,
+        activations), the engine's two checkpoints of the state, and a CUDA context: never a
+        second model on the training GPU without that room. The child reads the free memory
+        again right before it replays (the later check may start hours on)."""
         p = next(self.model.parameters(), None)
         if p is None or p.device.type != "cuda":
-            return None, None
+            return None, None, None
         try:
             free, _ = torch.cuda.mem_get_info(p.device)
+            peak = torch.cuda.max_memory_allocated(p.device)
         except RuntimeError:
-            free = 0
-        if free > 2 * self.state_bytes + (256 << 20):
-            return str(p.device), None
-        return "cpu", RTOL
+            free = peak = 0
+        need = peak + 2 * self.state_bytes + CONTEXT_BYTES
+        # cuDNN's autotuner picks kernels by timing them: a replay beside training may pick
+        # others, so only a tolerance can be asked of it
+        rtol = RTOL if torch.backends.cudnn.benchmark else None
+        if free > need:
+            return str(p.device), rtol, need
+        return "cpu", RTOL, None
 
 
-def _child_env() -> dict[str, str]:
+def _child_env(cpu_only: bool = False) -> dict[str, str]:
+    """The check's environment: no self-check of its own, one thread; ``cpu_only``: no GPU
+    visible at all (a program that calls ``.cuda()`` cannot put a second model on the training
+    GPU; replay maps the recorded state onto the CPU). A torchrun job of one process is left
+    its own port: the re-run's ``init_process_group`` makes a group of its own, never joining
+    the job's rendezvous."""
     env = dict(os.environ)
     env[ENV] = "0"
     env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = "1"
+    if cpu_only:
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    if env.get("WORLD_SIZE") == "1" and "MASTER_PORT" in env:
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0")
+        env.update(LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
+        for k in [k for k in env if k.startswith("TORCHELASTIC_")]:
+            del env[k]
     # The child imports this replay, wherever the training process found it.
     here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = here + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def enabled_by_env() -> bool:

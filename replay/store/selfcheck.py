@@ -19,6 +19,7 @@ __all__ = ["SelfCheck", "selfcheck_path", "read_selfcheck", "write_selfcheck", "
 # 2: run_id (version 1 files have none); 3: earlier (the first steps' span); 4: pid (the
 # checking process: a "running" verdict whose process is gone reads as an error)
 VERSION = 4
+RTOL = 1e-3  # a GPU run checked on the CPU (or with cuDNN's autotuner): losses within this
 STATUSES = ("running", "ok", "failed", "skipped", "error")
 _MAX_BYTES = 64 << 10  # a verdict is a few hundred bytes; anything larger is not ours
 

@@ -38,7 +38,7 @@ from typing import Any
 from ..child import SELF_CHECK, python_module
 from ..errors import EntryPointError, RecordingError, ReplayError
 from ..reports import VerifyReport
-from ..store.selfcheck import SelfCheck, write_selfcheck
+from ..store.selfcheck import RTOL, SelfCheck, write_selfcheck
 
 __all__ = ["run_selfcheck", "judge", "main"]
 
@@ -130,11 +130,14 @@ def run_selfcheck(
     rtol: float | None = None,
     training_pid: int | None = None,
     start: int | None = None,
+    gpu_bytes: int | None = None,
 ) -> SelfCheck:
     """Wait for step ``after`` in ``run``, replay ``steps`` steps from its oldest snapshot
     (``start``: from its oldest at or after that step), and judge. ``training_pid``: the
     process recording ``run`` (default: this one's parent). The first steps come within
-    ``WAIT`` seconds or not at all; later ones are waited for as long as the run goes on."""
+    ``WAIT`` seconds or not at all; later ones are waited for as long as the run goes on.
+    ``gpu_bytes``: what a replay on GPU ``device`` needs free there, read right before it
+    replays (:class:`NoRoom` when it is not: the training's memory comes first)."""
     deadline = time.monotonic() + WAIT if start is None else math.inf
     parent = training_pid if training_pid is not None else os.getppid()
     unheld: list[float] = []
@@ -144,6 +147,12 @@ def run_selfcheck(
         if _run_over(run, parent, unheld):
             return SelfCheck("error", summary=f"the run ended before step {after} reached the file")
         time.sleep(POLL if start is None else POLL_LATER)
+    if gpu_bytes is not None and device is not None and device.startswith("cuda"):
+        import torch
+
+        free, _ = torch.cuda.mem_get_info(torch.device(device))
+        if free < gpu_bytes:
+            raise NoRoom(free, gpu_bytes)
     from .verify import run_verify
 
     t0 = time.monotonic()
@@ -170,6 +179,14 @@ def run_selfcheck(
         verdict.hint,
         round(time.monotonic() - t0, 3),
     )
+
+
+class NoRoom(Exception):
+    """The training GPU has no room for a replay beside training (it grew since the check
+    started): the check goes on on the CPU."""
+
+    def __init__(self, free: int, need: int) -> None:
+        super().__init__(f"{free >> 20} MiB free of the {need >> 20} MiB a replay needs")
 
 
 def _quiet(report_fd: int | None) -> int:
@@ -213,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--from", dest="start", type=int, default=None, help="(the later check)")
     p.add_argument("--earlier", type=int, nargs=2, default=None, help="(the first steps checked)")
     p.add_argument("--report-fd", type=int, default=None, help="where the one line goes")
+    p.add_argument("--gpu-bytes", type=int, default=None, help="room a GPU replay needs")
     args = p.parse_args(argv)
     if not _dies_with(args.training_pid):
         return 0  # the run is over already: nothing to check for anyone
@@ -223,8 +241,13 @@ def main(argv: list[str] | None = None) -> int:
     err = _quiet(args.report_fd)
     try:
         verdict = run_selfcheck(
-            args.run, args.after, args.steps, args.device, args.rtol, args.training_pid, args.start
-        )
+            args.run, args.after, args.steps, args.device, args.rtol, args.training_pid,
+            args.start, args.gpu_bytes,
+        )  # fmt: skip
+    except NoRoom:
+        # no second model on the training GPU: the same check on the CPU, with no GPU in sight
+        _exec_check(args, err, {"device": "cpu", "rtol": RTOL, "gpu_bytes": None}, cpu_only=True)
+        verdict = SelfCheck("error", summary="the check could not move to the CPU")
     except BaseException as e:  # noqa: BLE001 - the check breaking says nothing of the recording
         first = (str(e).strip().splitlines() or [""])[0][:300]
         verdict = SelfCheck("error", summary=f"{type(e).__name__}: {first}")
@@ -249,27 +272,44 @@ def main(argv: list[str] | None = None) -> int:
 
 def _become_later_check(args: argparse.Namespace, earlier: tuple[int, int], err: int) -> None:
     """Replace this process with the later check (a fresh interpreter: the re-run program's
-    modules keep the state the first replay left in them). Exit handlers run first (coverage,
-    logging); the report pipe goes on to the later check (started by hand: the old stderr goes
-    back to descriptor 2)."""
-    cmd = python_module(SELF_CHECK, args.run)
-    cmd += ["--after", str(args.later + args.steps - 1), "--steps", str(args.steps)]
-    cmd += ["--from", str(args.later), "--earlier", str(earlier[0]), str(earlier[1])]
-    cmd += ["--training-pid", str(args.training_pid or os.getppid())]
-    for flag, value in (("--run-id", args.run_id), ("--device", args.device)):
-        if value is not None:
-            cmd += [flag, value]
-    if args.rtol is not None:
-        cmd += ["--rtol", repr(args.rtol)]
+    modules keep the state the first replay left in them)."""
+    later = {"after": args.later + args.steps - 1, "start": args.later, "later": None}
+    _exec_check(args, err, {**later, "earlier": list(earlier)})
+
+
+def _exec_check(
+    args: argparse.Namespace, err: int, changes: dict[str, Any], cpu_only: bool = False
+) -> None:
+    """Replace this process with the check ``args`` describe, ``changes`` made (``cpu_only``:
+    with no GPU visible). Exit handlers run first (coverage, logging); the report pipe goes on
+    (started by hand: the old stderr goes back to descriptor 2). Returns only when the
+    ``exec`` failed."""
+    a = {**vars(args), **changes}
+    cmd = python_module(SELF_CHECK, a["run"])
+    cmd += ["--after", str(a["after"]), "--steps", str(a["steps"])]
+    cmd += ["--training-pid", str(a["training_pid"] or os.getppid())]
+    for flag, key in (
+        ("--from", "start"), ("--later", "later"), ("--run-id", "run_id"),
+        ("--device", "device"), ("--gpu-bytes", "gpu_bytes"),
+    ):  # fmt: skip
+        if a[key] is not None:
+            cmd += [flag, str(a[key])]
+    if a["earlier"] is not None:
+        cmd += ["--earlier", *map(str, a["earlier"])]
+    if a["rtol"] is not None:
+        cmd += ["--rtol", repr(a["rtol"])]
     if args.report_fd is not None:
         cmd += ["--report-fd", str(err)]
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="") if cpu_only else None
     atexit._run_exitfuncs()
     sys.stdout.flush()
     if args.report_fd is None:
         os.dup2(err, 2)
     try:
-        os.execv(sys.executable, cmd)
-    except OSError:  # (the interpreter gone since): the first steps' verdict stands
+        if env is None:
+            os.execv(sys.executable, cmd)
+        os.execve(sys.executable, cmd, env)
+    except OSError:  # (the interpreter gone since): the verdict so far stands
         os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
 
 
