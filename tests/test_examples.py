@@ -11,6 +11,7 @@ Every recording must also ``replay verify`` bitwise over its whole replayable wi
 from __future__ import annotations
 
 import ast
+import os
 import json
 import subprocess
 from pathlib import Path
@@ -58,6 +59,12 @@ def test_example_reaches_its_verdict(script, tmp_path):
         r = run(str(script), cwd=tmp_path)
         assert r.returncode == 0, r.stderr[-2000:]
         assert "replay tui runs/" in r.stdout
+        # README's sample is what the demo prints (the checkout's own path aside)
+        printed = r.stdout.replace(str(ROOT) + os.sep, "").splitlines()
+        start = printed.index("$ replay bisect runs/gpt_diverging_lr.h5")
+        end = printed.index("", start)
+        readme = (ROOT / "README.md").read_text()
+        assert "```\n" + "\n".join(printed[start:end]) + "\n```" in readme, printed[start:end]
         return
     rec = str(tmp_path / f"{script.stem}.h5")
     r = run(str(script), rec, cwd=tmp_path)
