@@ -1,7 +1,13 @@
-"""JSON has no NaN or infinity: every report and file writes them as "nan", "inf", "-inf".
+"""JSON has no NaN or infinity, and no tensors: every report and file writes what it reads
+from a recording or a live step through one rule.
 
-One rule for the bisect and verify reports, the doctor's JSON, the trace fields and the
-forensics sidecar. No imports beyond the standard library: every layer may use it.
+Non-finite floats become "nan", "inf", "-inf"; a 0-dim tensor or numpy scalar its number; a
+small tensor or array (at most ``SMALL`` elements) its nested list; a larger one a summary
+such as ``tensor float32[3, 4]`` (a Lightning RNG state is 5056 bytes: no report wants them);
+dicts, lists and tuples are walked; anything else JSON cannot hold becomes its type's name.
+For the bisect and verify reports, the doctor's JSON, the trace fields, the per-step values
+export writes and the forensics sidecar. No imports beyond the standard library (tensors and
+arrays are recognised by their ``shape``, ``dtype`` and ``tolist``): every layer may use it.
 """
 
 from __future__ import annotations
@@ -9,12 +15,15 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["json_safe"]
+__all__ = ["SMALL", "json_safe"]
+
+SMALL = 16  # elements: a tensor or array up to this size is written whole, larger ones summarised
 
 
 def json_safe(value: Any) -> Any:
-    """``value`` with every non-finite float (nested in dicts, lists and tuples, numpy scalars
-    included) replaced by "nan", "inf" or "-inf"; dict keys become strings."""
+    """``value`` as JSON can hold it (see the module's rule); dict keys become strings."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
     if isinstance(value, float):
         if math.isnan(value):
             return "nan"
@@ -25,6 +34,24 @@ def json_safe(value: Any) -> Any:
         return {str(k): json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [json_safe(v) for v in value]
-    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):  # numpy scalars
-        return json_safe(value.item())
-    return value
+    if hasattr(value, "shape") and hasattr(value, "dtype") and hasattr(value, "tolist"):
+        return _array(value)
+    if isinstance(value, complex):
+        return str(value)
+    return f"<{type(value).__name__}>"
+
+
+def _array(value: Any) -> Any:
+    """A tensor's or numpy array's (or numpy scalar's) number, list or summary."""
+    shape = [int(n) for n in value.shape]
+    if math.prod(shape) <= SMALL:
+        try:
+            data = value.detach() if hasattr(value, "detach") else value
+            if getattr(data, "is_sparse", False):
+                data = data.to_dense()
+            return json_safe(data.tolist())
+        except (RuntimeError, TypeError, ValueError):  # a meta or quantised tensor: summarised
+            pass
+    kind = "tensor" if hasattr(value, "detach") else "array"
+    dtype = str(value.dtype).removeprefix("torch.")
+    return f"{kind} {dtype}[{', '.join(map(str, shape))}]"
