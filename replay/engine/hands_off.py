@@ -80,6 +80,16 @@ _STDLIB = tuple(
 )
 
 
+def _stdlib(filename: str) -> bool:
+    """A frame of the standard library's (a venv's or a system install's site-packages lies
+    under the same folder, and is not)."""
+    if filename.startswith("<frozen"):
+        return True
+    return filename.startswith(_STDLIB) and not any(
+        d in filename for d in ("site-packages", "dist-packages")
+    )
+
+
 class Guard:
     """What one re-run has been kept from: the copies it wrote instead, what it was refused,
     and what it created (removed at the end)."""
@@ -89,18 +99,26 @@ class Guard:
         self.copies: dict[str, str] = {}  # real path -> its private copy
         self.refused: list[str] = []  # one line each
         self.created: list[str] = []  # paths the re-run made, removed at the end
-        self._lib = _STDLIB + _roots(("torch", "numpy", "h5py"))
+        self._lib = _roots(("torch", "numpy", "h5py"))
+        self.caches = _cache_roots()  # (read once: the audit hook must import nothing)
         self._lock = threading.Lock()
 
     # -- who is writing -----------------------------------------------------------------------
-    def users_code(self, frame: FrameType | None) -> bool:
-        """Whether the first frame outside the libraries, from ``frame`` outwards, is not
-        replay's own."""
+    def users_code(self, frame: FrameType | None, path: Any = None) -> bool:
+        """Whether the write ``frame`` makes is user code's. Writes into torch's compile caches
+        (``path`` there: ``torch.compile``'s kernels and their locks, made and replaced again
+        when the re-run compiles what the run compiled) are torch's. Otherwise, from ``frame``
+        outwards past the standard library's frames: a frame of replay's own says no;
+        torch's, numpy's and h5py's are passed too (replay writes through them: its sidecar,
+        an export); any other frame (the program, or a library it called: Lightning's logger,
+        a tokenizer's cache) says yes."""
+        if path is not None and (real := _real(path)) is not None and real.startswith(self.caches):
+            return False
         while frame is not None:
             f = frame.f_code.co_filename
             if f.startswith(_OWN):
                 return False
-            if not (f.startswith(self._lib) or f.startswith("<frozen")):
+            if not (f.startswith(self._lib) or _stdlib(f)):
                 return True
             frame = frame.f_back
         return False
@@ -118,7 +136,7 @@ class Guard:
         with self._lock:
             if real in self.copies:
                 return self.copies[real]
-            if not write:
+            if not write or self.made_here(real):
                 return path
             try:
                 st = os.stat(real)
@@ -144,9 +162,24 @@ class Guard:
         """Whether ``path`` is one of the user's (it existed before and is no copy or creation
         of this re-run)."""
         real = _real(path)
-        if real is None or real in self.created or real.startswith(self.scratch + os.sep):
+        if real is None or self.made_here(real):
             return False
         return os.path.lexists(real)
+
+    def made_here(self, real: str) -> bool:
+        """Whether ``real`` is this re-run's: its copy, something it created, or anything in a
+        folder it created (a compiler it started fills a temporary folder unseen)."""
+        if real.startswith(self.scratch + os.sep):
+            return True
+        made = set(self.created)
+        p = real
+        while True:
+            if p in made:
+                return True
+            parent = os.path.dirname(p)
+            if parent == p:
+                return False
+            p = parent
 
     # -- the end ------------------------------------------------------------------------------
     def clean_up(self) -> None:
@@ -161,6 +194,23 @@ class Guard:
             except OSError:
                 pass
         shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+def _cache_roots() -> tuple[str, ...]:
+    """torch's compile caches: inductor's (``TORCHINDUCTOR_CACHE_DIR``, else
+    ``/tmp/torchinductor_<user>``) and Triton's (``TRITON_CACHE_DIR``, else ``~/.triton``)."""
+    roots = [os.environ.get("TRITON_CACHE_DIR") or os.path.expanduser("~/.triton")]
+    inductor = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if inductor is None:
+        import getpass
+
+        try:
+            user = getpass.getuser()
+        except (KeyError, OSError):
+            user = f"uid_{os.getuid()}" if hasattr(os, "getuid") else "unknown_user"
+        inductor = os.path.join(tempfile.gettempdir(), "torchinductor_" + user)
+    roots.append(inductor)
+    return tuple(os.path.realpath(r) + os.sep for r in roots)
 
 
 def _real(path: Any) -> str | None:
@@ -198,7 +248,8 @@ def _audit(event: str, args: tuple[Any, ...]) -> None:
     if g is None or event not in _EVENTS:
         return
     frame = sys._getframe(1)
-    if not g.users_code(frame):
+    path = args[1] if event == "os.rename" and len(args) > 1 else args[0] if args else None
+    if not g.users_code(frame, path):
         return
     _EVENTS[event](g, args)
 
@@ -218,7 +269,7 @@ def _on_open(g: Guard, args: tuple[Any, ...]) -> None:
     except OSError:
         g.created.append(real)  # a new file: removed at the end
         return
-    if stat.S_ISREG(st.st_mode) and real not in g.created:
+    if stat.S_ISREG(st.st_mode) and not g.made_here(real):
         g.refuse("writes", path)
 
 
@@ -292,7 +343,7 @@ _EVENTS: dict[str, Callable[[Guard, tuple[Any, ...]], None]] = {
 def _wrap_open(real_open: Callable[..., Any]) -> Callable[..., Any]:
     def open(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:  # noqa: A001
         g = _ACTIVE
-        if g is not None and g.users_code(sys._getframe(1)):
+        if g is not None and g.users_code(sys._getframe(1), file):
             writes, keeps = _mode_writes(mode)
             file = g.target(file, write=writes, append=keeps)
         return real_open(file, mode, *args, **kwargs)
