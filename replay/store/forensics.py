@@ -34,6 +34,7 @@ __all__ = [
     "PHASES",
     "STATUSES",
     "NotAForensicsFile",
+    "staging_name",
     "write_forensics",
     "ForensicsReader",
     "json_safe",
@@ -154,10 +155,18 @@ def _columns(g: h5py.Group, spec: dict[str, Any], data: Any, where: str, chunked
         g.create_dataset(name, data=arr, chunks=chunks, maxshape=(None, *tail) if chunked else None)
 
 
+def staging_name(path: str) -> str:
+    """Where this process writes the sidecar ``path`` before renaming it: its own name (the
+    pid), so that two commands tracing the same recording at once never write into, or
+    rename, each other's file (one ``path.tmp`` for all made one of them fail, "No such file
+    or directory", and lose its trace). A file a killed process left there is replaced."""
+    return f"{path}.{os.getpid()}.tmp"
+
+
 def write_forensics(
     path: str | os.PathLike[str], *, run_id: str, step: int, tables: dict[str, Any]
 ) -> None:
-    """Write a sidecar atomically (``path + ".tmp"``, then ``os.replace``).
+    """Write a sidecar atomically (:func:`staging_name`, then ``os.replace``).
 
     ``tables`` is what ``TraceResult.to_tables()`` returns: keys ``verdict`` (dict[str, Any]), ``ops``,
     ``modules``, ``params`` (dicts of columns), ``strings`` (dict[str, Any] of lists of str), ``memory``
@@ -173,7 +182,7 @@ def write_forensics(
     # Only a regular file is replaced, and the temporary one is made with O_EXCL|O_NOFOLLOW and
     # written through its descriptor: a link or device planted at either name is an error.
     refuse_non_regular(path, "the forensics sidecar")
-    tmp = path + ".tmp"
+    tmp = staging_name(path)
     with (
         os.fdopen(create_new(tmp, os.O_RDWR, stale_ok=True), "w+b") as raw,
         h5py.File(raw, "w") as f,

@@ -53,7 +53,7 @@ from torch.utils.hooks import RemovableHandle
 
 from replay.store.contracts import OpStatus, Phase
 from replay.trace.memory import MemoryTracker
-from replay.trace.origins import Origins, storage_key
+from replay.trace.origins import Origins, Storages, storage_key
 from replay.trace.source import Interner, Locations
 from replay.trace.spool import NonFiniteTable, OpSpool
 from replay.trace.staged import STAGE_MAX, Stage, copy_small, quick_finite
@@ -354,10 +354,10 @@ class Tracer:
         self,
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer | None,
-        batch_keys: set[int],
-        present_keys: set[int],
+        batch_keys: Storages,
+        present_keys: Storages,
         cuda: bool = False,
-        mask_keys: set[int] | None = None,
+        mask_keys: Storages | None = None,
         others: Sequence[tuple[str, object]] = (),
         direct_dispatch: bool = False,
     ) -> None:
@@ -387,7 +387,7 @@ class Tracer:
         self.origins = Origins()
         self.origins.batch_keys = batch_keys
         self.origins.present_keys = present_keys
-        self.origins.mask_keys = mask_keys or set()
+        self.origins.mask_keys = mask_keys or {}
         self.memory = MemoryTracker(cuda)
         # the op table, streamed to files as it grows (spool.py): a step of millions of ops
         # is traced in bounded memory

@@ -36,11 +36,23 @@ blamed on the batch.
 
 Which origins matter is decided later (``verdict.py``) by what reaches the loss, the gradients or
 the parameters. A storage whose values become finite again (fully overwritten) forgets its origins.
+
+A storage is known by its address (``storage_key``), and an address outlives its storage: when
+``zero_grad()`` frees the gradients present before the step, the allocator hands their addresses
+to the new gradients of the backward, and to intermediates; which tensor gets which address
+differs from run to run. Every key kept here is therefore held with a weak reference to its
+storage, and a key whose storage was freed names nothing: the new tensor at that address is
+neither present state nor the batch nor carries the freed one's origins (it did, and a replay
+then blamed a NaN gradient on "state non-finite before the step" in some runs and not others).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+from typing import Protocol
+
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 __all__ = [
     "BATCH",
@@ -49,7 +61,9 @@ __all__ = [
     "MASK_BUFFER",
     "ALLOC_OPS",
     "Origins",
+    "Storages",
     "storage_key",
+    "storages",
 ]
 
 BATCH, PRESENT, UNKNOWN, MASK_BUFFER = -2, -3, -4, -5
@@ -76,6 +90,30 @@ def storage_key(t: torch.Tensor) -> int | None:
         return None
 
 
+class _StorageRef(Protocol):
+    def expired(self) -> bool: ...
+
+
+_weak_ref: Callable[[torch.UntypedStorage], _StorageRef] = StorageWeakRef  # torch's, untyped
+Storages = dict[int, _StorageRef]  # storage key -> a weak reference to that storage
+
+
+def storages(tensors: Iterable[torch.Tensor]) -> Storages:
+    """The storages of ``tensors``, by key, each with a weak reference that tells when it is
+    freed (and its key then names another storage, or none)."""
+    out: Storages = {}
+    for t in tensors:
+        key = storage_key(t)
+        if key is not None and key not in out:
+            out[key] = _weak_ref(t.untyped_storage())
+    return out
+
+
+def _alive(keys: Storages, key: int | None) -> bool:
+    ref = keys.get(key) if key is not None else None
+    return ref is not None and not ref.expired()
+
+
 def _covers_storage(t: torch.Tensor) -> bool:
     try:
         return t.numel() * t.element_size() >= t.untyped_storage().nbytes()
@@ -86,33 +124,41 @@ def _covers_storage(t: torch.Tensor) -> bool:
 class Origins:
     def __init__(self) -> None:
         self.by_storage: dict[int, frozenset[int]] = {}
+        self._bad_storages: Storages = {}  # the storage each key of by_storage was set for
         # origin (op index) -> "real" | "nan" | "intentional" | "alloc"
         self.klass: dict[int, str] = {}
         self.kind: dict[int, str] = {}  # "real" origin -> what it made: nan | inf | neginf
         self.parents: dict[int, frozenset[int]] = {}  # converter -> origins of its infinities
         self.from_intentional: dict[int, frozenset[int]] = {}  # producer (3) -> those origins
-        self.batch_keys: set[int] = set()
-        self.present_keys: set[int] = set()
-        self.mask_keys: set[int] = set()
+        self.batch_keys: Storages = {}
+        self.present_keys: Storages = {}
+        self.mask_keys: Storages = {}
 
     def external(self, key: int | None) -> int:
-        if key in self.batch_keys:
+        if _alive(self.batch_keys, key):
             return BATCH
-        if key in self.mask_keys:
+        if _alive(self.mask_keys, key):
             return MASK_BUFFER
-        if key in self.present_keys:
+        if _alive(self.present_keys, key):
             return PRESENT
         return UNKNOWN
+
+    def _found(self, key: int | None) -> frozenset[int] | None:
+        """The origins recorded for the storage at ``key``, while that storage lives."""
+        found = self.by_storage.get(key) if key is not None else None
+        if found is None or key is None or _alive(self._bad_storages, key):
+            return found
+        del self.by_storage[key], self._bad_storages[key]  # freed: the address is another's
+        return None
 
     def of(self, t: torch.Tensor) -> frozenset[int]:
         """Origins of a tensor known (or checked) to hold non-finite values."""
         key = storage_key(t)
-        found = self.by_storage.get(key) if key is not None else None
+        found = self._found(key)
         return found if found is not None else frozenset({self.external(key)})
 
     def known_bad(self, t: torch.Tensor) -> bool:
-        key = storage_key(t)
-        return key is not None and key in self.by_storage
+        return self._found(storage_key(t)) is not None
 
     def intentional(self, origin: int) -> bool:
         return origin in (UNKNOWN, MASK_BUFFER) or self.klass.get(origin) == "intentional"
@@ -163,5 +209,7 @@ class Origins:
             return
         if origins is not None:
             self.by_storage[key] = origins
+            if not _alive(self._bad_storages, key):
+                self._bad_storages[key] = _weak_ref(t.untyped_storage())
         elif key in self.by_storage and _covers_storage(t):
-            del self.by_storage[key]
+            del self.by_storage[key], self._bad_storages[key]

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from replay.store.tree import leaf_path, record_of
-from replay.trace.origins import storage_key
+from replay.trace.origins import Storages, storage_key, storages
 from replay.trace.stats import stored_values
 
 __all__ = [
@@ -152,29 +152,28 @@ def batch_nonfinite(batch: object) -> list[BatchNonFinite]:
     return out
 
 
-def mask_buffer_keys(model: torch.nn.Module) -> set[int]:
+def mask_buffer_keys(model: torch.nn.Module) -> Storages:
     """Storages of floating buffers (not parameters) whose only non-finite values are ``-inf``:
     an additive attention mask registered with ``register_buffer``, written on purpose."""
     params = {storage_key(p) for p in model.parameters()}
-    keys: set[int] = set()
+    masks: list[torch.Tensor] = []
     with torch.no_grad():
         for b in model.buffers():
             if not b.is_floating_point() or not b.numel() or torch.isfinite(b).all():
                 continue
             k = storage_key(b)
             if k is not None and k not in params and not (torch.isnan(b) | (b == math.inf)).any():
-                keys.add(k)
-    return keys
+                masks.append(b)
+    return storages(masks)
 
 
 def present_keys(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer | None,
     others: Sequence[object] = (),
-) -> set[int]:
+) -> Storages:
     """Storages of parameters, gradients, buffers and optimizer state before the step, of the
     model and optimizer and of ``others`` (the run's other models and optimizers)."""
-    keys: set[int] = set()
     modules = [model, *(o for o in others if isinstance(o, torch.nn.Module))]
     opts = [optimizer, *(o for o in others if isinstance(o, torch.optim.Optimizer))]
     ts: list[torch.Tensor] = []
@@ -186,11 +185,7 @@ def present_keys(
             continue
         for state in opt.state.values():
             ts += [v for v in state.values() if isinstance(v, torch.Tensor)]
-    for t in ts:
-        k = storage_key(t)
-        if k is not None:
-            keys.add(k)
-    return keys
+    return storages(ts)
 
 
 def batch_picture(

@@ -15,7 +15,7 @@ import torch
 
 from replay.store.forensics import PHASES
 from replay.trace.mode import Activation, Tracer
-from replay.trace.origins import storage_key
+from replay.trace.origins import storages
 from replay.trace.picture import (
     BatchPicture,
     ParamPicture,
@@ -156,7 +156,7 @@ def trace_step(
         if isinstance(o, (torch.nn.Module, torch.optim.Optimizer))
     ]
     params = ParamPicture(eager, [(n, o) for n, o in other if isinstance(o, torch.nn.Module)])
-    batch_keys = {k for _, t in batch_leaves(batch) if (k := storage_key(t)) is not None}
+    batch_keys = storages(t for _, t in batch_leaves(batch))
     cuda = any(p.is_cuda for p in eager.parameters())
     tracer = Tracer(
         eager,

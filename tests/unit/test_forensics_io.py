@@ -4,6 +4,7 @@ are refused with a clear error."""
 from __future__ import annotations
 
 import json
+import os
 
 import h5py
 import numpy as np
@@ -17,6 +18,7 @@ from replay.store.forensics import (
     STATS_COLUMNS,
     ForensicsReader,
     NotAForensicsFile,
+    staging_name,
     write_forensics,
 )
 from replay.trace import trace_step
@@ -57,7 +59,7 @@ def test_traced_step_round_trips(tmp_path):
     )
     path = tmp_path / "run.forensics.h5"
     r.write(path, run_id="run-1", step=42)
-    assert not (tmp_path / "run.forensics.h5.tmp").exists()
+    assert not os.path.exists(staging_name(str(path)))
     with ForensicsReader.open(path) as f:
         assert (f.run_id, f.step, f.n_ops) == ("run-1", 42, r.n_ops)
         v = f.verdict
@@ -175,13 +177,13 @@ def test_planted_link_or_fifo_at_the_sidecar_was_written_through(tmp_path, plant
     victim = tmp_path / "victim"
     victim.write_text("precious")
     if planted == "tmp_symlink":
-        os.symlink(victim, str(path) + ".tmp")
+        os.symlink(victim, staging_name(str(path)))
     else:
         os.mkfifo(path)
     with pytest.raises(UnsafePath):
         r.write(path, run_id="run-1", step=42)
     assert victim.read_text() == "precious"
-    assert os.path.islink(str(path) + ".tmp") or not os.path.isfile(path)
+    assert os.path.islink(staging_name(str(path))) or not os.path.isfile(path)
 
 
 def test_a_sidecar_written_before_the_closure_column_reads_it_as_none(tmp_path):
