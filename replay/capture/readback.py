@@ -3,15 +3,19 @@
 The recorder needs a few scalars of each step on the host (the loss, the gradient norm before
 any clip, the non-finite flags, the ranks' stop votes). Reading each with ``.item()`` or
 ``.cpu()`` waits for everything the training thread has queued on the device: a host-device
-synchronisation per read. Instead :meth:`Readback.launch` gathers a step's scalars into one
-float64 tensor on their device, copies it with ``non_blocking=True`` into a reused host buffer
-(page-locked on a GPU) and records a CUDA event after the copy. :meth:`Ticket.ready` asks the
-event (``query()``, which never waits); :meth:`Ticket.values` then reads the buffer through a
-numpy view made when it was allocated: plain host memory, no tensor call.
+synchronisation per read. Instead :meth:`Readback.launch` writes a step's scalars into one
+reused float64 buffer on their device (``copy_`` into its 0-dim cells, which casts), copies it
+with ``non_blocking=True`` into a reused host buffer (page-locked on a GPU) and records a CUDA
+event after the copy. :meth:`Ticket.ready` asks the event (``query()``, which never waits);
+:meth:`Ticket.values` then reads the buffer through a numpy view made when it was allocated:
+plain host memory, no tensor call.
 
-On the CPU the same code runs: the "copy" is done when ``launch`` returns and there is no event,
-so a ticket is ready at once and a CPU run reads its values in the same step. The only branch on
-the device is where a buffer and an event are made (:class:`_Slot`).
+On the CPU the same code runs: the buffer on the values' device *is* the host buffer, so the
+copy to the host is a copy of a tensor onto itself (torch returns at once), there is no event,
+and a ticket is ready at once: a CPU run reads its values in the same step. The only branch on
+the device is where the buffers and the event are made (:class:`_Slot`). Nothing is allocated
+per launch: a step's few values cost a few ``copy_`` calls (the first version stacked them
+into a new tensor and cast it, several times a step: +110-210 us a CPU step, RESULTS.md).
 
 The buffers form a ring per device: a slot is reused only once its ticket was read (or found
 ready), so a copy still in flight is never overwritten; when every slot is in flight (the
@@ -31,17 +35,31 @@ __all__ = ["Readback", "Ticket", "value_now"]
 
 
 class _Slot:
-    """One reused host buffer of ``size`` float64 values (pinned for a CUDA source), its numpy
-    view, and the event its last copy recorded."""
+    """One reused host buffer of ``size`` float64 values (pinned for a CUDA source) and its
+    numpy view; the buffer on the source device the values are gathered in (the host buffer
+    itself for a host source) and its 0-dim cells; the event its last copy recorded."""
 
-    __slots__ = ("host", "view", "event", "busy")
+    __slots__ = ("host", "view", "stage", "cells", "event", "busy")
 
     def __init__(self, size: int, device: torch.device) -> None:
         on_gpu = device.type == "cuda"
         self.host = torch.empty(size, dtype=torch.float64, pin_memory=on_gpu)
         self.view: np.ndarray = self.host.numpy()  # (once, here: reading it is host memory)
+        on_host = device.type == "cpu"
+        self.stage = self.host if on_host else torch.empty(size, dtype=torch.float64, device=device)
+        self.cells = self.stage.unbind()  # 0-dim views: a value is one copy_ into its cell
         self.event = torch.cuda.Event() if on_gpu else None  # type: ignore[no-untyped-call]  # torch stubs
         self.busy = False
+
+    def fill(self, tensors: Sequence[torch.Tensor]) -> None:
+        """Each tensor's first element into a cell (cast to float64), then the one copy to the
+        host, non-blocking (onto itself on the CPU: nothing to do), and the event after it."""
+        self.busy = True
+        for cell, t in zip(self.cells, tensors):
+            cell.copy_(_first(t))
+        self.host.copy_(self.stage, non_blocking=True)
+        if self.event is not None:
+            self.event.record()
 
 
 class Ticket:
@@ -49,8 +67,8 @@ class Ticket:
 
     __slots__ = ("_parts", "_n", "_values")
 
-    def __init__(self, parts: list[tuple[_Slot, list[int]]], n: int) -> None:
-        self._parts = parts  # (slot, the positions its values go to)
+    def __init__(self, parts: list[tuple[_Slot, list[int] | None]], n: int) -> None:
+        self._parts = parts  # (slot, the positions its values go to; None: 0..n-1, one slot)
         self._n = n
         self._values: list[float] | None = None if parts else []
 
@@ -74,11 +92,16 @@ class Ticket:
             self._read()
 
     def _read(self) -> None:
-        out = [math.nan] * self._n
-        for slot, where in self._parts:
-            view = slot.view
-            for j, i in enumerate(where):
-                out[i] = float(view[j])
+        parts = self._parts
+        if len(parts) == 1 and parts[0][1] is None:
+            out = parts[0][0].view.tolist()[: self._n]
+        else:
+            out = [math.nan] * self._n
+            for slot, where in parts:
+                got = slot.view.tolist()
+                for j, i in enumerate(where or range(self._n)):
+                    out[i] = got[j]
+        for slot, _ in parts:
             slot.busy = False  # read: the slot may take the next copy
         self._values = out
 
@@ -107,55 +130,69 @@ class Readback:
 
     def launch(self, tensors: Sequence[torch.Tensor]) -> Ticket:
         """Copy the first element of each tensor to the host, one copy per device."""
+        n = len(tensors)
+        if not n:
+            return Ticket([], 0)
+        device = tensors[0].device
+        if n <= self.size and all(t.device == device for t in tensors):  # the usual launch
+            slot = self._slot(device, n)
+            slot.fill(tensors)
+            return Ticket([(slot, None)], n)
         groups: dict[torch.device, list[int]] = {}
         for i, t in enumerate(tensors):
             groups.setdefault(t.device, []).append(i)
-        parts: list[tuple[_Slot, list[int]]] = []
-        with torch.no_grad():
-            for device, where in groups.items():
-                for k in range(0, len(where), self.size):
-                    chunk = where[k : k + self.size]
-                    flat = torch.stack([_scalar(tensors[i]) for i in chunk])
-                    slot = self._slot(device, len(chunk))
-                    slot.busy = True
-                    slot.host[: len(chunk)].copy_(flat, non_blocking=True)
-                    if slot.event is not None:
-                        slot.event.record()
-                    parts.append((slot, chunk))
-        return Ticket(parts, len(tensors))
+        parts: list[tuple[_Slot, list[int] | None]] = []
+        for device, where in groups.items():
+            for k in range(0, len(where), self.size):
+                chunk = where[k : k + self.size]
+                slot = self._slot(device, len(chunk))
+                slot.fill([tensors[i] for i in chunk])
+                parts.append((slot, chunk))
+        return Ticket(parts, n)
 
     def launch_whole(self, t: torch.Tensor) -> Ticket:
         """Copy every element of ``t`` (a few: the ranks' votes) to the host, as float64."""
         n = t.numel()
         slot = self._slot(t.device, n)
         slot.busy = True
-        with torch.no_grad():
-            slot.host[:n].copy_(t.detach().reshape(-1).to(torch.float64), non_blocking=True)
+        slot.stage[:n].copy_(t.detach().reshape(-1))
+        slot.host.copy_(slot.stage, non_blocking=True)
         if slot.event is not None:
             slot.event.record()
         return Ticket([(slot, list(range(n)))], n)
 
 
-def _scalar(t: torch.Tensor) -> torch.Tensor:
-    """``t``'s first element as a 0-dim float64 tensor on its device (NaN for an empty one)."""
-    t = t.detach()
-    if t.dim():
-        t = t.reshape(-1)[0] if t.numel() else torch.full((), math.nan, device=t.device)
-    return t if t.dtype == torch.float64 else t.to(torch.float64)
+def _first(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s first element (a 0-dim tensor, no autograd), NaN for an empty one."""
+    if t.requires_grad:  # (a loss: copied with its graph, the buffer would join it)
+        t = t.detach()
+    if t.ndim:
+        return t.reshape(-1)[0] if t.numel() else torch.full((), math.nan, device=t.device)
+    return t
 
 
-_now = threading.local()  # each thread its own one-value ring
+_now = threading.local()  # each thread its own one-value buffer
 
 
 def value_now(t: torch.Tensor) -> float | None:
     """``t``'s value when it can be had without waiting for a device: a host tensor's, through
-    a reused host buffer; ``None`` for a tensor on a device (no copy is launched: its value
-    comes with the step's :class:`Readback`, later)."""
+    a reused host buffer (one ``copy_``, no tensor read); ``None`` for a tensor on a device (no
+    copy is launched: its value comes with the step's :class:`Readback`, later).
+
+    The value of the last tensor asked for is kept while its version (bumped by any in-place
+    change) stays: a step asks for its gradient norm twice (``exact_if_needed``, the recorder's
+    ``_looks_bad``). A tensor that requires grad (a loss) is not kept: that would keep its graph.
+    """
     if t.device.type != "cpu":
         return None
-    ring = getattr(_now, "ring", None)
-    if ring is None:
-        ring = _now.ring = Readback(size=1)
-    ticket = ring.launch([t])
-    ticket.ready()
-    return ticket.values()[0]
+    last = getattr(_now, "last", None)
+    if last is None:
+        last = _now.last = [_Slot(1, t.device), None, -1, math.nan]
+    elif last[1] is t and last[2] == t._version:
+        return float(last[3])
+    slot = last[0]
+    slot.cells[0].copy_(_first(t))
+    value = float(slot.view[0])
+    if not t.requires_grad:
+        last[1:] = t, t._version, value
+    return value

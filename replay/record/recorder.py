@@ -81,9 +81,10 @@ def _looks_bad(loss: Any, gn: torch.Tensor | None) -> bool:
     waited for): a NaN/Inf loss or gradient norm at this step.
 
     Then the parameters are checked too, whatever ``fingerprint_every`` says: the step that went
-    bad is the one whose parameter flag matters.
+    bad is the one whose parameter flag matters. (The norm first: ``value_now`` has its value
+    still, read by the gradient probe.)
     """
-    for v in (loss, gn):
+    for v in (gn, loss):
         if isinstance(v, torch.Tensor):
             v = value_now(v)
         if isinstance(v, float) and not math.isfinite(v):
