@@ -40,16 +40,35 @@ def test_a_healthy_fit_replays_bitwise(tmp_path, precision):
     assert ("GradScaler" in text) == (precision == "16-mixed")
 
 
-def test_nan_is_found_at_its_step_with_its_op(tmp_path):
+@pytest.fixture(scope="module")
+def nan_run(tmp_path_factory):
     """The 10th training_step call (micro-batch 1 of optimisation step 4) takes sqrt(h - 100)."""
-    run, p = _fit(tmp_path, "--nan-at", "9")
+    run, p = _fit(tmp_path_factory.mktemp("lightning-nan"), "--nan-at", "9")
     assert p.returncode != 0 and "NonFiniteLossError" in p.stderr
+    return run
+
+
+def test_nan_is_found_at_its_step_with_its_op(nan_run):
+    run = nan_run
     rc, v, err = replay_json("bisect", str(run))
     assert rc == 0, err
     assert v["first_bad_step"] == 4 and v["kind"] == "nonfinite"
     assert v["op"] == "aten::sqrt" and v["phase"] == "forward"
     assert v["reproducible"] is True
     assert "torch.sqrt(h - 100.0)" in json.dumps(v["source"])
+
+
+def test_export_of_a_lightning_recording_writes_its_rng_state_tensors_into_skip_json(
+    nan_run, tmp_path
+):
+    """Lightning's per-step values hold the micro-batches' RNG states, tensors: export died
+    writing skip.json ("Object of type Tensor is not JSON serializable", exit 6)."""
+    rc, d, err = replay_json("export", str(nan_run), "--out", str(tmp_path / "ck"))
+    assert rc == 0, err[-2000:]
+    skip = json.loads((tmp_path / "ck" / "skip.json").read_text())
+    assert skip["first_bad"] == 4 and skip["skip"][0]["step"] == 4, skip
+    values = skip["skip"][0]["values"]
+    assert values["micro_rng"] and all(r.startswith("tensor uint8[") for r in values["micro_rng"])
 
 
 def test_the_callback_is_the_only_change_to_the_script():
