@@ -134,10 +134,14 @@ class Readback:
         if not n:
             return Ticket([], 0)
         device = tensors[0].device
-        if n <= self.size and all(t.device == device for t in tensors):  # the usual launch
-            slot = self._slot(device, n)
-            slot.fill(tensors)
-            return Ticket([(slot, None)], n)
+        if n <= self.size:
+            for t in tensors:
+                if t.device != device:
+                    break
+            else:  # the usual launch: one device, one slot
+                slot = self._slot(device, n)
+                slot.fill(tensors)
+                return Ticket([(slot, None)], n)
         groups: dict[torch.device, list[int]] = {}
         for i, t in enumerate(tensors):
             groups.setdefault(t.device, []).append(i)
@@ -171,7 +175,19 @@ def _first(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-_now = threading.local()  # each thread its own one-value buffer
+class _Last:
+    """A thread's one-value buffer, and the last tensor read through it (see ``value_now``)."""
+
+    __slots__ = ("slot", "tensor", "version", "value")
+
+    def __init__(self) -> None:
+        self.slot = _Slot(1, torch.device("cpu"))
+        self.tensor: torch.Tensor | None = None
+        self.version = -1
+        self.value = math.nan
+
+
+_now = threading.local()  # each thread its own
 
 
 def value_now(t: torch.Tensor) -> float | None:
@@ -183,16 +199,16 @@ def value_now(t: torch.Tensor) -> float | None:
     change) stays: a step asks for its gradient norm twice (``exact_if_needed``, the recorder's
     ``_looks_bad``). A tensor that requires grad (a loss) is not kept: that would keep its graph.
     """
-    if t.device.type != "cpu":
+    if not t.is_cpu:
         return None
     last = getattr(_now, "last", None)
     if last is None:
-        last = _now.last = [_Slot(1, t.device), None, -1, math.nan]
-    elif last[1] is t and last[2] == t._version:
-        return float(last[3])
-    slot = last[0]
+        last = _now.last = _Last()
+    elif last.tensor is t and last.version == t._version:
+        return last.value
+    slot = last.slot
     slot.cells[0].copy_(_first(t))
-    value = float(slot.view[0])
+    value = float(slot.view.item(0))
     if not t.requires_grad:
-        last[1:] = t, t._version, value
+        last.tensor, last.version, last.value = t, t._version, value
     return value

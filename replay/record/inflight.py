@@ -30,7 +30,7 @@ from .writer_thread import StepJob
 __all__ = ["InFlight", "Settled"]
 
 
-@dataclass
+@dataclass(slots=True)
 class Settled:
     """A step whose health is now host floats (``health``; ``loss``: the loss's value, or
     ``None`` when the step returned none)."""
@@ -44,7 +44,7 @@ class Settled:
     loss: float | None
 
 
-@dataclass
+@dataclass(slots=True)
 class _Pending:
     settled: Settled
     keys: list[str]
@@ -69,8 +69,12 @@ class InFlight:
         exception: StepException | None = None,
     ) -> None:
         """Step ``t`` is over: copy its health tensors to the host (one copy per device)."""
-        keys = [k for k, v in health.items() if isinstance(v, torch.Tensor)]
-        ticket = self.readback.launch([health[k] for k in keys])
+        keys, tensors = [], []
+        for k, v in health.items():
+            if isinstance(v, torch.Tensor):
+                keys.append(k)
+                tensors.append(v)
+        ticket = self.readback.launch(tensors)
         loss = health.get("loss")
         settled = Settled(t, job, direct, health, copied, exception, None)
         if isinstance(loss, (int, float)):
