@@ -201,7 +201,7 @@ def value_now(t: torch.Tensor) -> float | None:
     """
     if not t.is_cpu:
         return None
-    last = getattr(_now, "last", None)
+    last: _Last | None = getattr(_now, "last", None)
     if last is None:
         last = _now.last = _Last()
     elif last.tensor is t and last.version == t._version:
