@@ -48,7 +48,7 @@ ENTRY_POINTS = (CLI, WRITER, SELF_CHECK, RANK_WORKER)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _BOOT = (
     "import sys\n"
-    "if sys.argv[2] == %r:  # ends with the training process that started it (selfcheck.md)\n"
+    f"if sys.argv[2] == {SELF_CHECK!r}:  # ends with the training that started it (selfcheck.md)\n"
     "    import ctypes\n"
     "    try:\n"
     "        ctypes.CDLL(None).prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG, SIGKILL\n"
@@ -61,7 +61,7 @@ _BOOT = (
     "module = sys.argv[2]\n"
     "del sys.argv[1:3]\n"
     "runpy.run_module(module, run_name='__main__', alter_sys=True)\n"
-) % (SELF_CHECK,)
+)
 
 
 def python_module(module: str, *args: str) -> list[str]:

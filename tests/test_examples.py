@@ -11,8 +11,8 @@ Every recording must also ``replay verify`` bitwise over its whole replayable wi
 from __future__ import annotations
 
 import ast
-import os
 import json
+import os
 import subprocess
 from pathlib import Path
 

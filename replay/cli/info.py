@@ -103,8 +103,8 @@ def _trust(rec: Recording) -> dict[str, str]:
 
 def _bitwise_cuda(env: Any) -> dict[str, Any] | None:
     """Whether a CUDA run can replay bitwise, as its recorded settings say; None for a run
-    with no GPU (``record/bitwise.py``)."""
-    from ..record.bitwise import cuda_blockers
+    with no GPU (``store/bitwise.py``)."""
+    from ..store.bitwise import cuda_blockers
 
     if not isinstance(env, dict) or not env.get("devices"):
         return None

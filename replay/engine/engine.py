@@ -30,13 +30,13 @@ from ..capture.bounded import is_unrecorded
 from ..capture.fingerprint import absmax, exact_if_needed, loss_of, param_fingerprint
 from ..capture.guard import LiveProgram, replay_runs_user_code
 from ..capture.loader import check_drawn, draw, kept_rng
+from ..capture.numerics import apply_numerics, current_env, differences
 from ..capture.objects import RunObjects, StepCall, apply_layout, run_params
 from ..capture.probe import GradProbe
 from ..capture.rng import restore_rng
 from ..capture.tensors import from_leaves, leaf_finite
 from ..capture.watch import ObjectWatch
 from ..errors import RecordingError, ReplayError
-from ..record.numerics import apply_numerics, current_env, differences
 from ..store.liveness import writer_state
 from ..store.reader import Recording, Window
 from ..store.tree import TensorLeaf

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .numerics import numerics_env
+from ..capture.numerics import numerics_env
 
 __all__ = ["collect_env"]
 
@@ -47,7 +47,7 @@ def collect_env() -> dict[str, Any]:
         "cudnn_deterministic": bool(torch.backends.cudnn.deterministic),
         "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
         "matmul_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
-        **numerics_env(),  # what else decides a bitwise CUDA replay (record/numerics.py)
+        **numerics_env(),  # what else decides a bitwise CUDA replay (capture/numerics.py)
         "hostname": socket.gethostname(),
         "uid": os.getuid() if hasattr(os, "getuid") else None,
         "platform": platform.platform(),

@@ -37,6 +37,7 @@ from ..capture.guard import (
     refuse_if_replaying,
     take_over,
 )
+from ..capture.numerics import warn_unless_bitwise
 from ..capture.objects import RunObjects, StepCall, objects_from_build, run_params
 from ..capture.probe import GradProbe
 from ..capture.readback import value_now
@@ -67,7 +68,6 @@ from .entry import describe_entry, describe_program, describe_step, read_source
 from .env import collect_env
 from .inflight import InFlight, Settled
 from .lifecycle import Lifecycle
-from .numerics import warn_unless_bitwise
 from .selfcheck import SelfCheckLauncher, enabled_by_env, skip_reason
 from .snapshots import Snapshots, pow2
 from .transport import Transport

@@ -161,7 +161,8 @@ def read_selfcheck(
         return SelfCheck(
             "error",
             steps=v.steps,
-            summary=f"the self-check process (pid {v.pid}) is gone; it left no verdict",
+            summary=f"the self-check process (pid {v.pid}) ended before its verdict (a check "
+            "ends with the run that started it)",
             run_id=v.run_id,
             pid=v.pid,
         )

@@ -22,6 +22,7 @@ LAYERS = {
     "safetext": 0,
     "thresholds": 0,  # judgements doctor and the TUI share: no imports
     "jsonsafe": 0,  # NaN/inf as strings in JSON: one rule  # strings from a file made safe for the terminal
+    "trust": 0,  # the user's key and what it vouches for: the standard library only
     "reports": 0,  # the reports' dataclasses, JSON in and out: the standard library only
     "store": 1,  # the file format: numpy + h5py
     "bisect": 1,  # the search: pure python
@@ -40,7 +41,7 @@ LAYERS = {
     "__main__": 6,
     "__init__": 6,  # the package facade
 }
-NO_TORCH = {"reports", "store", "bisect", "doctor", "preflight", "distributed"}
+NO_TORCH = {"trust", "reports", "store", "bisect", "doctor", "preflight", "distributed"}
 
 
 def _package(path: Path) -> str:

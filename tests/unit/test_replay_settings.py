@@ -8,8 +8,8 @@ from pathlib import Path
 
 import torch
 
-from replay.record.bitwise import cuda_blockers, differences
-from replay.record.numerics import apply_numerics, current_env, warn_unless_bitwise
+from replay.capture.numerics import apply_numerics, current_env, warn_unless_bitwise
+from replay.store.bitwise import cuda_blockers, differences
 from tests.conftest import replay_json, run_py
 
 PROGRAM = textwrap.dedent(

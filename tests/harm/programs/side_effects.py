@@ -44,7 +44,7 @@ def main():
     p.add_argument("--until-checked", action="store_true")
     args = p.parse_args()
     torch.manual_seed(0)
-    metrics = open("metrics.csv", "w")  # truncates the run's own log on every start
+    metrics = open("metrics.csv", "w")  # noqa: SIM115 - truncates the run's own log on every start
     metrics.write("step,loss\n")
     logging.basicConfig(filename="train.log", level=logging.INFO)
     if args.remake:

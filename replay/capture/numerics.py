@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from ..errors import RecorderWarning
-from .bitwise import cuda_blockers, differences
+from ..store.bitwise import cuda_blockers, differences
 
 __all__ = [
     "numerics_env",

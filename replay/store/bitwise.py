@@ -1,7 +1,7 @@
 """Whether a recorded run can replay bitwise on CUDA, and what a replay runs with that the
 recording did not, read from the recorded environment (``env``, docs/format.md) without torch:
 ``replay info`` says it, the recorder warns with it once at start, verify names it where two
-replays agree and the recording does not (``record/numerics.py`` records and applies them).
+replays agree and the recording does not (``capture/numerics.py`` records and applies them).
 """
 
 from __future__ import annotations
