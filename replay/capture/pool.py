@@ -12,6 +12,13 @@ are sent, to the shared ring or the pipe (``give``). A writer that lags keeps it
 the pool then allocates as before. Buffers are keyed by shape and dtype; what the pool holds while
 idle is capped (``max_bytes``), least recently used shapes going first, so batches whose shape
 changes every step cost a little bookkeeping and hold no memory.
+
+A pool made with ``state=True`` is the snapshots' arena (``record/transport.py``): it takes the
+model's own tensors too (parameters that require grad; a GPU's, into page-locked buffers copied
+to with ``non_blocking=True``), and is not capped: it holds one snapshot's worth between
+snapshots, so a snapshot is a copy into memory already mapped (and pinned), not an allocation
+of the whole state (the page faults of 2 GiB were 1.9-5.8 s of a 1 GiB model's snapshot on the
+CPU, RESULTS.md).
 """
 
 from __future__ import annotations
@@ -42,13 +49,26 @@ def poolable(t: torch.Tensor) -> bool:
     )
 
 
+def _plain(t: torch.Tensor) -> bool:
+    """A tensor a contiguous buffer of its shape and dtype copies exactly (wherever it is)."""
+    return (
+        type(t) is torch.Tensor
+        and t.layout == torch.strided
+        and not t.is_quantized
+        and not t.is_conj()
+        and not t.is_neg()
+        and t.is_contiguous()
+    )
+
+
 def poolable_array(a: np.ndarray) -> bool:
     return not a.dtype.hasobject
 
 
 class HostPool:
-    def __init__(self, max_bytes: int = 256 << 20) -> None:
+    def __init__(self, max_bytes: int = 256 << 20, *, state: bool = False) -> None:
         self.max_bytes = max_bytes
+        self.state = state  # the snapshots' arena (see the module docstring)
         self._free: collections.OrderedDict[_Key, list[Any]] = collections.OrderedDict()
         self._bytes = 0  # held while idle, in the free lists
         self._lock = threading.Lock()
@@ -67,12 +87,24 @@ class HostPool:
             self.hits += 1
             return free.pop()
 
+    def takes(self, t: torch.Tensor) -> bool:
+        """Whether ``copy`` takes ``t``: ``poolable``; for the arena, also a plain tensor that
+        requires grad or lives on a GPU."""
+        if poolable(t):
+            return True
+        return self.state and t.device.type in ("cpu", "cuda") and _plain(t)
+
     def copy(self, t: torch.Tensor) -> torch.Tensor:
-        """A copy of ``t`` (``poolable``) in a pooled buffer; give it back with ``give``."""
-        buf: torch.Tensor | None = self._pop(_key(t), _nbytes(t))
+        """A copy of ``t`` (``takes``) in a pooled buffer; give it back with ``give``. A GPU's
+        tensor is copied into a page-locked buffer with ``non_blocking=True``: the caller
+        records an event after it (``CopyStats.cuda``)."""
+        on_gpu = t.is_cuda
+        buf: torch.Tensor | None = self._pop(_key(t, on_gpu), _nbytes(t))
         if buf is None:
-            buf = torch.empty(t.shape, dtype=t.dtype)
-        buf.copy_(t)
+            buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=on_gpu)
+            if on_gpu:
+                buf._replay_pinned = True  # type: ignore[attr-defined]
+        buf.copy_(t, non_blocking=on_gpu)  # (copy_tree detached it)
         return buf
 
     def copy_array(self, a: np.ndarray) -> np.ndarray:
@@ -103,9 +135,11 @@ class HostPool:
         return self._bytes
 
 
-def _key(buf: Any) -> _Key:
+def _key(buf: Any, pinned: bool | None = None) -> _Key:
     if isinstance(buf, torch.Tensor):
-        return ("torch", buf.dtype, buf.shape)
+        if pinned is None:
+            pinned = getattr(buf, "_replay_pinned", False)
+        return ("torch", buf.dtype, buf.shape, pinned)
     return ("numpy", buf.dtype, buf.shape)
 
 

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from ..store.tree import ObjectRecord, TensorLeaf, record_of
-from .pool import HostPool, poolable, poolable_array
+from .pool import HostPool, poolable_array
 
 __all__ = [
     "CopyStats",
@@ -76,9 +76,14 @@ def copy_tree(obj: Any, *, stats: CopyStats | None = None, pool: HostPool | None
         t = obj.detach() if obj.requires_grad else obj  # each op costs ~15 us in a training loop
         if stats is not None:
             stats.nbytes += t.numel() * t.element_size()
-            if pool is not None and poolable(obj):
+            if pool is not None and pool.takes(obj):
                 out = pool.copy(t)
                 stats.pooled.append(out)
+                if pool.state:  # (a reused buffer: what it holds is said every time)
+                    out._replay_grad = obj.requires_grad  # type: ignore[attr-defined]
+                    if t.is_cuda:
+                        stats.cuda = True
+                        out._replay_device = str(t.device)  # type: ignore[attr-defined]
                 return out
         if t.is_cuda:
             if stats is not None:

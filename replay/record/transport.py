@@ -68,6 +68,8 @@ class Transport:
         self._watched = watched
         self._make_store = make_store
         self.pool = HostPool()  # the batch copies' buffers, given back by the writer thread
+        # the snapshots' arena: one state's worth of buffers, reused (pinned on a GPU)
+        self.arena = HostPool(1 << 62, state=True)
         # Started early: its imports overlap the first steps. The step log holds a few
         # snapshots (weights, moments, gradients: about 4x the model) besides the steps.
         self.client = WriterClient(min(max(LOG_BYTES, 12 * model_bytes), 1 << 30))
@@ -170,12 +172,13 @@ class Transport:
         if loggable and self.log.snapshot(t, slot, live):  # type: ignore[union-attr]  # (_host_run)
             return
         copied = CopyStats()
-        state = {"step": t, **copy_tree(live, stats=copied)}
+        state = {"step": t, **copy_tree(live, stats=copied, pool=self.arena)}
         event = None
         if copied.cuda:
             event = torch.cuda.Event()  # type: ignore[no-untyped-call]  # torch stubs
             event.record()
-        writer.submit(SnapshotJob(t, slot, state, event, copied.nbytes))
+        job = SnapshotJob(t, slot, state, event, copied.nbytes, copied.pooled, self.arena)
+        writer.submit(job)
         if loggable:
             self.wait_handed()  # a CPU snapshot the log could not take: passed on before the step
 

@@ -59,6 +59,8 @@ class SnapshotJob:
     state: dict[str, Any]
     event: Any = None
     nbytes: int = 0
+    buffers: list[Any] | None = None  # the state's copies in the arena, given back once sent
+    arena: HostPool | None = None
 
 
 @dataclass
@@ -372,3 +374,7 @@ class BackgroundWriter:
                 if isinstance(job, StepJob) and job.buffers:
                     self._pool.give(job.buffers)
                     job.buffers = None
+        for job in jobs:  # a snapshot's copies: back to the arena, for the next snapshot
+            if isinstance(job, SnapshotJob) and job.buffers and job.arena is not None:
+                job.arena.give(job.buffers)
+                job.buffers = None

@@ -65,3 +65,20 @@ def test_copy_tree_pools_plain_tensors_and_arrays_and_clones_the_rest():
     assert out["w"]._replay_grad and not out["w"].requires_grad
     assert out["obj"][0] == {"a": 1} and out["s"] == "label"
     assert stats.nbytes == 4 * 3 * 4 + 12 * 4 + 3 * 4 + 6 * 8 + out["obj"].nbytes
+
+
+def test_the_snapshot_arena_takes_parameters_and_reuses_their_buffers():
+    # issue 43 item 3: a snapshot copied the whole state into fresh memory every time
+    arena = HostPool(1 << 62, state=True)
+    w = torch.randn(64, 32, requires_grad=True)
+    first = CopyStats()
+    out = copy_tree({"w": w, "n": torch.tensor(3)}, stats=first, pool=arena)
+    assert torch.equal(out["w"], w.detach()) and out["w"].data_ptr() != w.data_ptr()
+    assert out["w"]._replay_grad is True and out["n"]._replay_grad is False
+    assert not out["w"].requires_grad and len(first.pooled) == 2
+    arena.give(first.pooled)  # the writer thread, once the snapshot is sent
+    with torch.no_grad():
+        w.add_(1.0)
+    again = copy_tree({"w": w, "n": torch.tensor(3)}, stats=CopyStats(), pool=arena)
+    assert again["w"].data_ptr() == out["w"].data_ptr()  # the same memory, the new values
+    assert torch.equal(again["w"], w.detach()) and (arena.hits, arena.misses) == (2, 2)
