@@ -26,6 +26,7 @@ __all__ = [
     "NonFiniteLossError",
     "RecorderWarning",
     "replaying",
+    "step",
     "__version__",
 ]
 
@@ -37,6 +38,37 @@ def replaying() -> bool:
     from .capture.guard import replaying as _replaying
 
     return _replaying()
+
+
+def step(batch: Any, step_fn: Any = None, **values: Any) -> Any:
+    """Hand one step to the Recorder this process has open (the newest one not closed), from
+    wherever the step is: a program that opens its Recorder where the run starts need not pass
+    it down to the function that runs each epoch. Example::
+
+        def train_one_epoch(model, loader, optimizer):
+            for batch in loader:
+                def step(batch):              # a closure made again each epoch: the same step
+                    ...
+                    return loss
+                replay.step(batch, step)
+
+        with replay.Recorder("run.h5", objects={"model": model, "optimizer": optimizer}):
+            for epoch in range(epochs):
+                train_one_epoch(model, loader, optimizer)
+
+    ``step_fn`` and ``values`` as :meth:`replay.Recorder.step` takes them; returns what the step
+    returned. With no Recorder open, raises :class:`ReplayError` saying so.
+    """
+    from .record.active import current
+
+    rec = current()
+    if rec is None:
+        raise ReplayError(
+            "replay.step: no replay.Recorder is open in this process; open one where the run "
+            'starts, `with replay.Recorder("run.h5", objects={...}):`, before the first step '
+            "(docs/recording.md)"
+        )
+    return rec.step(batch, step_fn, **values)
 
 
 def __getattr__(name: str) -> Any:

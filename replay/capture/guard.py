@@ -4,8 +4,9 @@ importing user code, and preflight.
 **Replay re-entering the program** (docs/reentry.md). ``replay bisect`` runs the recorded
 program again in its own process (:func:`reentering`); the first Recorder (or framework
 callback) the program constructs hands its live objects and step function to replay
-(:func:`take_over`), which restores the snapshot into them and replays; the Recorder then
-raises :class:`ReplayFinished`, which unwinds the program before any training.
+(:func:`take_over`; a Recorder made without a step function does so at its first step, which
+brings one), which restores the snapshot into them and replays; the Recorder then raises
+:class:`ReplayFinished`, which unwinds the program before any training.
 
 **Replay importing user code.** ``replay bisect`` imports the recorded script to find
 ``build_fn`` and ``step_fn``. A script that trains at import time (its loop not under
@@ -35,6 +36,7 @@ __all__ = [
     "reentering",
     "replaying",
     "take_over",
+    "takes_over_at_first_step",
     "TrainingAtImportError",
     "PreflightStop",
     "Preflight",
@@ -159,6 +161,13 @@ def take_over(live: Callable[[], LiveProgram]) -> None:
     _taken.append(True)
     on(live())  # never raises: the replay's outcome, or its error, is kept by the caller
     raise ReplayFinished()
+
+
+def takes_over_at_first_step() -> bool:
+    """Whether replay is re-running this program and no Recorder took over yet: a Recorder
+    made without a step function then waits for its first step, which brings one, and takes
+    over there (:func:`take_over` with it) instead of at its construction."""
+    return bool(_reentry) and not _taken
 
 
 @dataclass

@@ -276,6 +276,14 @@ class StepCall:
         other.objects = RunObjects({**self.objects.named, **replace}, self.objects.style)
         return other
 
+    def with_step(self, step_fn: Callable[..., Any]) -> StepCall:
+        """The same call of another function of the same code (a closure made again each
+        epoch, or each batch): its parameters are the same, so is the plan."""
+        other = StepCall.__new__(StepCall)
+        other.__dict__.update(self.__dict__)
+        other.step_fn = step_fn
+        return other
+
     def __call__(self, batch: Any, values: Mapping[str, Any] | None = None) -> Any:
         objs = self.objects
         if not self._by_name:

@@ -30,7 +30,7 @@ import torch
 
 from ..capture.objects import RunObjects
 
-__all__ = ["Suspect", "candidates", "changed_by", "buffers"]
+__all__ = ["Suspect", "candidates", "changed_by", "buffers", "unheld_state"]
 
 _DEPTH = 3  # the user's functions followed from the step function
 _MAX = 64  # candidates kept (a module's globals can hold many)
@@ -199,6 +199,33 @@ def buffers(step_fn: Callable[..., Any], objects: RunObjects) -> list[Suspect]:
     that samples its minibatch from one (PyTorch's DQN tutorial: ``memory.sample(BATCH_SIZE)``
     in ``optimize_model``) cannot be replayed from a snapshot, which does not hold it."""
     return [s for s, _ in candidates(step_fn, objects, _buffer)]
+
+
+def _training_state(obj: object) -> str | None:
+    """An object a snapshot must hold for a replay to start from it: a module with parameters
+    or buffers (not a loss function), an optimizer, a scheduler, anything else that saves and
+    loads a state (a GradScaler, an EMA helper)."""
+    if isinstance(obj, torch.nn.Module):
+        if next(obj.parameters(), None) is None and next(obj.buffers(), None) is None:
+            return None
+        return type(obj).__name__
+    if isinstance(obj, (torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler)):
+        return _stateful(obj)
+    if isinstance(obj, (type, types.ModuleType)):
+        return None
+    if callable(getattr(obj, "state_dict", None)) and callable(
+        getattr(obj, "load_state_dict", None)
+    ):
+        return type(obj).__name__
+    return None
+
+
+def unheld_state(step_fn: Callable[..., Any], objects: RunObjects) -> list[Suspect]:
+    """The models, optimizers, schedulers and other ``state_dict`` holders ``step_fn``'s code
+    reaches (its closures, its globals, the user's functions it calls) that ``objects`` does not
+    hold: said once when recording begins, since no snapshot can hold them (an EMA or a
+    GradScaler the step updates, left out of ``objects=``)."""
+    return [s for s, _ in candidates(step_fn, objects, _training_state)]
 
 
 def candidates(

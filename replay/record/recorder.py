@@ -20,6 +20,7 @@ import os
 import sys
 import time
 import traceback
+import types
 import uuid
 import warnings
 from collections.abc import Callable, Mapping
@@ -33,9 +34,11 @@ from ..capture.fingerprint import absmax, exact_if_needed, loss_of, param_finger
 from ..capture.guard import (
     LiveProgram,
     PreflightStop,
+    ReplayFinished,
     preflight_from_env,
     refuse_if_replaying,
     take_over,
+    takes_over_at_first_step,
 )
 from ..capture.numerics import warn_unless_bitwise
 from ..capture.objects import RunObjects, StepCall, objects_from_build, run_params
@@ -59,6 +62,7 @@ from ..store.segments import segment_path
 from ..store.writer import RingSpec
 from ..store.writer_process import WriterClient
 from ..trust import sign, signed_payload, user_key
+from . import active
 from .batch_refs import BatchRefs
 from .config import RecorderConfig
 from .ddp.consistency import Verdict
@@ -93,6 +97,20 @@ def _looks_bad(loss: Any, gn: torch.Tensor | None) -> bool:
 
 
 _SMALL = frozenset({int, float, bool, type(None)})  # per-step values no limit can refuse
+
+_NO_STEP = (
+    "replay: this step has no step function: hand it over with the batch, "
+    "replay.step(batch, step_fn) or rec.step(batch, step_fn), or make the Recorder with "
+    "step_fn= (docs/recording.md)"
+)
+
+
+def _code_of(fn: Callable[..., Any] | None) -> Any:
+    """The code object that makes ``fn`` the step it is: a closure made again each epoch has
+    the same one (``None`` for a callable without one: a partial, an object with __call__)."""
+    if isinstance(fn, types.MethodType):
+        fn = fn.__func__
+    return fn.__code__ if isinstance(fn, types.FunctionType) else None
 
 
 class Recorder:
@@ -172,7 +190,7 @@ class Recorder:
         *,
         model: torch.nn.Module | None = None,
         optimizer: torch.optim.Optimizer | None = None,
-        step_fn: Callable[..., Any],
+        step_fn: Callable[..., Any] | None = None,
         build_fn: Callable[..., Any] | None = None,
         scheduler: Any = None,
         scaler: Any = None,
@@ -190,8 +208,25 @@ class Recorder:
         fields of :class:`replay.RecorderConfig`, its only list (``config=`` gives them all at
         once; a setting named here overrides it)."""
         refuse_if_replaying()  # before anything is started or created
+        if step_fn is None and build_fn is not None:
+            raise TypeError("Recorder: build_fn= needs step_fn= (replay imports both by name)")
+        self._pending: Callable[[Callable[..., Any]], None] | None = None
+        self._life = False  # the lifecycle (exit and SIGTERM close the file) started
+        if step_fn is None and takes_over_at_first_step():
+            # Replay re-running a program that hands its step function over at each step
+            # (replay.step(batch, step_fn)): the take-over waits for the first one, which brings
+            # it; then the objects, as they are by then, and that function are replay's.
+            def at_first_step(fn: Callable[..., Any]) -> None:
+                take_over(
+                    lambda: self._live(objects, model, optimizer, scheduler, scaler, fn, loader)
+                )
+
+            self._pending = at_first_step
+            active.opened(self)
+            return
         # Replay re-running this program: hand it the live objects; it replays, then ends the
-        # program (ReplayFinished) before any training. Nothing is recorded.
+        # program (ReplayFinished) before any training. Nothing is recorded. (Without a step
+        # function this only ends a program that caught ReplayFinished and went on.)
         take_over(lambda: self._live(objects, model, optimizer, scheduler, scaler, step_fn, loader))
         self.preflight = preflight_from_env()
         if self.preflight is not None:
@@ -200,7 +235,11 @@ class Recorder:
         self.objects = self._objects(objects, model, optimizer, scheduler, scaler)
         model, optimizer = self.objects.model, self.objects.optimizer
         scheduler, scaler = self.objects.scheduler, self.objects.scaler
-        self._call = StepCall(step_fn, self.objects)
+        # The step function: given here, or at each step (rec.step(batch, step_fn)), where a
+        # closure made again each epoch is the same step (the same code) as the first one.
+        self._call = StepCall(step_fn, self.objects) if step_fn is not None else None
+        self._step_code = _code_of(step_fn)
+        self._other_step_said = False
         self._describe_entry(step_fn, build_fn, build_kwargs, not_replayable)
         warn_unless_bitwise(model)  # once, at start: a CUDA run's settings
         self.enabled = True
@@ -230,22 +269,24 @@ class Recorder:
             self._start_self_check()
         except Exception as e:  # noqa: BLE001 - the recorder must never take training down
             self._off_from_the_start(path, e)
+        active.opened(self)  # replay.step reaches it (active.py)
 
     def _describe_entry(
         self,
-        step_fn: Callable[..., Any],
+        step_fn: Callable[..., Any] | None,
         build_fn: Callable[..., Any] | None,
         build_kwargs: Mapping[str, Any] | None,
         not_replayable: str | None,
     ) -> None:
         """How replay runs this program again (``meta.entry``): re-entry, or ``build_fn`` and
         ``step_fn`` imported by name; and why it cannot (``not_replayable``)."""
-        self.step_fn = step_fn
+        self._fn = step_fn  # the function the last step was handed
         # Without build_fn, replay runs the program again and takes over here (re-entry); with
         # it, replay imports build_fn and step_fn by name (no program set-up to redo).
         self.program, self._no_program = describe_program()
         if build_fn is None:
-            self.entry = {"step_fn": describe_step(step_fn)}
+            # (without a step function yet: described at the first step, which brings it)
+            self.entry = {"step_fn": describe_step(step_fn)} if step_fn is not None else {}
             if self.program is None and not_replayable is None:
                 not_replayable = f"no build_fn, and {self._no_program}"
                 warnings.warn(
@@ -255,6 +296,7 @@ class Recorder:
                     stacklevel=3,
                 )
         else:
+            assert step_fn is not None  # (refused in __init__)
             self.entry = {
                 "step_fn": describe_entry(step_fn, "step_fn"),
                 "build_fn": describe_entry(build_fn, "build_fn"),
@@ -409,7 +451,7 @@ class Recorder:
         optimizer: Any,
         scheduler: Any,
         scaler: Any,
-        step_fn: Callable[..., Any],
+        step_fn: Callable[..., Any] | None,
         loader: Any = None,
     ) -> LiveProgram:
         """What replay takes over when it re-runs this program: the objects with the plain
@@ -419,6 +461,7 @@ class Recorder:
         wrapper = None if inner is objs.model else objs.model
         if wrapper is not None:
             objs = RunObjects({**objs.named, "model": inner}, objs.style)
+        assert step_fn is not None  # (a Recorder without one takes over at its first step)
         return LiveProgram(objs, step_fn, wrapper, loader=loader)
 
     @staticmethod
@@ -454,7 +497,9 @@ class Recorder:
     # -- context manager ----------------------------------------------------------------------
 
     def __enter__(self) -> Recorder:
-        self._lifecycle.start(self.config.handle_signals)
+        if self._pending is None and not self._life:
+            self._life = True
+            self._lifecycle.start(self.config.handle_signals)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -462,12 +507,27 @@ class Recorder:
 
     # -- the hot path -----------------------------------------------------------------------
 
-    def step(self, batch: Any, **values: Any) -> Any:
+    def step(self, batch: Any, step_fn: Callable[..., Any] | None = None, **values: Any) -> Any:
         """Run the step function on ``batch`` under recording; return what it returned.
 
-        ``values``: per-step values computed outside the step (``lr=lr``, ``it=it``) that the
-        step function takes as parameters; they are recorded and handed back on replay.
+        ``step_fn``: the step function, when the Recorder was made without one or the program
+        makes it where the step is (a closure made again each epoch: the same code is the same
+        step; replay runs every step with the one the first step was handed). ``values``:
+        per-step values computed outside the step (``lr=lr``, ``it=it``) that the step function
+        takes as parameters; they are recorded and handed back on replay.
         """
+        if self._pending is not None:  # replay re-running the program takes over here
+            if step_fn is None:
+                raise TypeError(_NO_STEP)
+            self._pending(step_fn)
+            raise ReplayFinished()
+        if step_fn is not None and step_fn is not self._fn:
+            self._use(step_fn)
+        elif self._call is None:
+            raise TypeError(_NO_STEP)
+        if not self._life:  # made without `with`: exit and SIGTERM close the file all the same
+            self._life = True
+            self._lifecycle.start(self.config.handle_signals)
         self._ranks.before_step()
         if (
             self.preflight is not None
@@ -508,6 +568,7 @@ class Recorder:
         self._probe_grads.begin()
         if self._watch:
             self._watch.begin()
+        assert self._call is not None  # (step() saw to it)
         try:
             ret = self._call(batch, values)
         except Exception as e:
@@ -517,6 +578,62 @@ class Recorder:
             self._record_exception(t, job, direct, health, t0, copied, e)
             raise
         return self._finish(t, job, direct, health, ret, t0, scale, copied)
+
+    @property
+    def step_fn(self) -> Callable[..., Any] | None:
+        """The step function: the one given here, or the one the last step was handed."""
+        return self._fn
+
+    def _use(self, fn: Callable[..., Any]) -> None:
+        """``fn`` was handed to this step: the step function from now on. The same code as the
+        first one's (a closure made again) keeps the plan of its call; the first one is
+        described in the recording; another function is said once."""
+        code = _code_of(fn)
+        self._fn = fn
+        if self._call is not None and code is not None and code is self._step_code:
+            self._call = self._call.with_step(fn)
+            return
+        call = StepCall(fn, self.objects)  # (a step that takes no batch: EntryPointError)
+        if self._call is None:
+            self._call, self._step_code = call, code
+            if "build_fn" not in self.entry:
+                self.entry["step_fn"] = describe_step(fn)
+            self._say_unheld(fn)
+            return
+        self._call = call
+        if not self._other_step_said:
+            self._other_step_said = True
+            first = self.entry.get("step_fn", {}).get("qualname", "the first")
+            warnings.warn(
+                f"replay: step {self.next_step} was handed another step function "
+                f"({getattr(fn, '__qualname__', type(fn).__name__)}) than the first step "
+                f"({first}); a replay runs every step with the one its first step is handed, so "
+                "steps made by another function will not replay",
+                RecorderWarning,
+                stacklevel=3,
+            )
+
+    def _say_unheld(self, fn: Callable[..., Any]) -> None:
+        """Once, when the step function is known: the models, optimizers and other state its
+        code reaches that ``objects=`` does not hold, named in one warning (no snapshot holds
+        them, so no replay can start from one)."""
+        if self.not_replayable is not None or not self.enabled:
+            return
+        from ..engine.suspects import unheld_state
+
+        try:
+            found = unheld_state(fn, self.objects)
+        except Exception:  # noqa: BLE001 - naming them helps; it must not stop training
+            return
+        if found:
+            warnings.warn(
+                "replay: the step reads state the Recorder does not hold: "
+                + ", ".join(s.describe() for s in found[:6])
+                + ("; ..." if len(found) > 6 else "")
+                + "; give it to objects= (no snapshot holds it, so a replay cannot start from one)",
+                RecorderWarning,
+                stacklevel=4,
+            )
 
     # -- steps a framework runs (replay.integrations) ---------------------------------------
 
@@ -810,6 +927,7 @@ class Recorder:
     def _unrecorded_step(self, batch: Any, values: dict[str, Any]) -> Any:
         """Recording stopped (write failure): train on, but still join the ranks' agreement,
         or the other ranks would wait for this one forever."""
+        assert self._call is not None  # (step() saw to it)
         ret = self._call(batch, values)
         if self._ranks.agrees:
             self._ranks.after_step(self.next_step, loss_of(ret), self._ranks.local_grad_norm())
@@ -975,7 +1093,8 @@ class Recorder:
 
     def close(self) -> None:
         """Flush and close the file. Idempotent; called on exit, SIGTERM and interpreter exit."""
-        if self._closed:
+        active.closed(self)
+        if self._pending is not None or self._closed:
             return
         self._closed = True
         try:
