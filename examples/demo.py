@@ -32,7 +32,10 @@ def main() -> int:
         if os.path.exists(stale):
             os.remove(stale)
     print(f"$ python examples/gpt_diverging_lr.py {RUN}", flush=True)
-    subprocess.check_call([sys.executable, os.path.join(HERE, "gpt_diverging_lr.py"), RUN])
+    # One torch thread: the same numbers, so the same verdict, on a machine of any size (the
+    # recording keeps the thread count, and replay runs with it).
+    one = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.check_call([sys.executable, os.path.join(HERE, "gpt_diverging_lr.py"), RUN], env=one)
     rc = replay("bisect", RUN)
     if rc not in (0, 1):
         print(f"replay bisect failed (exit {rc})")

@@ -136,12 +136,14 @@ class Guard:
         with self._lock:
             if real in self.copies:
                 return self.copies[real]
-            if not write or self.made_here(real):
+            if not write:
                 return path
             try:
                 st = os.stat(real)
             except OSError:
                 self.created.append(real)
+                return path
+            if self.made_here(real):
                 return path
             if not stat.S_ISREG(st.st_mode):
                 return path  # /dev/null, a FIFO, a terminal: no bytes of the user's to keep
@@ -183,12 +185,13 @@ class Guard:
 
     # -- the end ------------------------------------------------------------------------------
     def clean_up(self) -> None:
-        """Remove what the re-run created (files, then emptied folders, deepest first) and the
+        """Remove what the re-run created (a folder whole: nothing in it existed before) and the
         scratch folder."""
         for path in sorted(set(self.created), key=len, reverse=True):
             try:
                 if os.path.isdir(path) and not os.path.islink(path):
-                    os.rmdir(path)  # only when empty: never a tree
+                    # nothing in it existed before the re-run made it (a compiler's files too)
+                    shutil.rmtree(path, ignore_errors=True)
                 else:
                     os.unlink(path)
             except OSError:
