@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-fast gpu-check lint typecheck bench clean
+.PHONY: setup demo test test-all test-fast soak gpu-check lint typecheck bench clean
 
 setup: $(STAMP)
 
@@ -21,20 +21,37 @@ $(STAMP): pyproject.toml
 demo: setup
 	$(PY) examples/demo.py
 
-# Coverage of replay/ and tui/ (package replay_tui), child processes included; the floor is
-# what the suite measured when it was set (92% on 2026-12-03), less a little slack.
-COV_FLOOR ?= 90
 # Two pytest workers, a test file each at a time: most tests wait on a child process (a training
 # script, a `replay` command), so one worker leaves a core idle. More workers oversubscribe a
 # small machine (every child's torch starts a thread per core); `make test JOBS=0` runs serially.
 JOBS ?= 2
 XDIST = $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadfile)
 
-test: setup typecheck
+# Every claim once, in about 10 minutes on 2 cores: the default tier (tests/tiers.py says what
+# the matrix repeats), no coverage, mypy --strict beside pytest rather than before it.
+test: setup
+	@log=$$(mktemp); $(VENV)/bin/mypy > $$log 2>&1 & mypy=$$!; \
+	$(PY) -m pytest -q $(XDIST) -m "not matrix"; rc=$$?; \
+	wait $$mypy || rc=1; echo "mypy: $$(tail -n 1 $$log)"; \
+	if [ $$rc -ne 0 ]; then cat $$log; fi; rm -f $$log; exit $$rc
+
+# Coverage of replay/ and tui/ (package replay_tui), child processes included; the floor is
+# what the suite measured when it was set (92% on 2026-12-03), less a little slack.
+COV_FLOOR ?= 90
+
+# Everything: the default tier and the matrix (every rank count, precision, framework spelling,
+# TUI corpus view), with coverage measured in every child process too. CI runs it after make test.
+test-all: setup typecheck
 	$(PY) -m pytest -q $(XDIST) --cov --cov-report=term --cov-fail-under=$(COV_FLOOR)
 
 test-fast: setup
-	$(PY) -m pytest -q $(XDIST) -m "not slow"
+	$(PY) -m pytest -q $(XDIST) -m "not slow and not matrix"
+
+# The crash-safety figures of benchmarks/RESULTS.md: the kill loops with 200 kills each (the
+# suite kills 16 times).
+soak: setup
+	REPLAY_KILLS=200 $(PY) -m pytest -q tests/integration/test_crash_safety.py \
+		tests/integration/test_returned_steps.py -k "kill"
 
 # On a machine with a CUDA device, in at most 10 minutes: re-entry with a CPU batch moved inside
 # the step, bf16 autocast, cuDNN, attention, torch.compile, a NaN bisected on the GPU, the

@@ -42,6 +42,15 @@ os.environ.setdefault(
 SCRIPTS = Path(__file__).resolve().parent / "integration" / "scripts"
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark the matrix cases (tests/tiers.py): `make test` leaves them to `make test-all`."""
+    from tests.tiers import tier
+
+    for item in items:
+        if tier(item.nodeid) is not None:
+            item.add_marker(pytest.mark.matrix)
+
+
 def run_env(*paths: str | os.PathLike[str]) -> dict[str, str]:
     """The environment of a child Python: this checkout (and ``paths``, first) importable, one
     torch thread."""

@@ -1,0 +1,50 @@
+"""Which tests prove a claim once (`make test`, at most 10 minutes on 2 cores) and which repeat
+it over a matrix (`make test-all`, which CI runs too).
+
+`make test` runs one case of every claim: one rank count, one framework of each kind, one
+compile case, a few of the crafted-file corpus's views. The cases below (node id prefixes) prove
+nothing new of their own: they repeat a claim already proven in the default tier for another
+rank count, precision, framework spelling or crafted file. Each is marked `matrix` at
+collection (conftest.py) and runs in `make test-all`. The 200-kill figures are `make soak`'s
+(REPLAY_KILLS=200); the suite kills 16 times.
+"""
+
+from __future__ import annotations
+
+# node id prefix -> the case of the same claim that `make test` keeps
+MATRIX: dict[str, str] = {
+    # every rank count: two ranks prove re-entry rank by rank, and every rank replayed together
+    "tests/reentry/test_reentry.py::test_a_torchrun_program_is_replayed_rank_by_rank_by_reentry[4]": "[2]",
+    "tests/integration/test_distributed.py::test_four_ranks_replay_together_bitwise": "test_verify_replays_every_rank_together_bitwise",
+    # the stop votes over other failures: a NaN on one rank stops every rank at the same step
+    "tests/integration/test_distributed.py::test_nonfinite_loss_with_finite_gradients_stops_every_rank_one_step_later": "test_nan_on_one_rank_stops_every_rank_at_the_same_step",
+    "tests/integration/test_distributed.py::test_inf_on_one_rank_stops_every_rank_without_a_collective_of_its_own": "test_nan_on_one_rank_stops_every_rank_at_the_same_step",
+    "tests/integration/test_distributed.py::test_under_a_grad_scaler_inf_gradients_are_a_skip_not_a_stop": "test_nan_on_one_rank_stops_every_rank_at_the_same_step",
+    # one rank replayed alone: the together test replays one alone too
+    "tests/integration/test_distributed.py::test_healthy_ddp_run_replays_bitwise_per_rank": "test_verify_replays_every_rank_together_bitwise",
+    # FSDP2 in mixed precision: the fp32 run proves the shards replay together
+    "tests/integration/test_fsdp.py::test_fsdp2_mixed_precision_and_pending_sharded_gradients_replay_bitwise": "test_fsdp2_ranks_record_their_own_shards_and_replay_together_bitwise",
+    # one torch.compile case: a compiled model replayed bitwise and bisected to its op
+    "tests/reentry/test_reentry.py::test_a_step_that_compiles_on_its_first_call_is_traced_with_its_compiled_ops": "test_a_compiled_model_replays_bitwise_and_bisects_to_its_op",
+    # gpu-check's kernel checks on the CPU: the re-entry, nan and sync checks stay
+    "tests/gpu/test_gpu_check.py::test_the_kernel_checks_run_on_the_cpu": "test_the_checks_run_on_the_cpu_and_write_their_report",
+    # the self-check's false-alarm matrix: plain proves no false alarm
+    "tests/selfcheck/test_selfcheck.py::test_healthy_runs_are_not_flagged[workers]": "[plain]",
+    "tests/selfcheck/test_selfcheck.py::test_healthy_runs_are_not_flagged[amp]": "[plain]",
+    # framework precisions and spellings: one of each framework stays
+    "tests/integrations/test_lightning.py::test_a_healthy_fit_replays_bitwise[16-mixed]": "[32-true]",
+    "tests/integrations/test_transformers.py::test_a_healthy_train_replays_bitwise[bf16]": "[fp32]",
+    "tests/integrations/test_lightning.py::test_a_module_without_save_hyperparameters_replays_by_reentry_in_both_namespaces[pytorch_lightning]": "[lightning.pytorch]",
+    # every view of every crafted file in the TUI: the CLI corpus covers every file, and the
+    # TUI's own refusal tests stay
+    "tests/untrusted/test_tui_corpus.py::test_tui[": "test_replay_tui_refuses_a_fifo_before_drawing",
+    "tests/untrusted/test_tui_corpus.py::test_replay_tui_exits_3_with_one_line_when_browsing_hits_a_damaged_record": "test_cli_corpus",
+}
+
+
+def tier(nodeid: str) -> str | None:
+    """The default-tier case that stands for ``nodeid``, when ``nodeid`` is a matrix case."""
+    for prefix, kept in MATRIX.items():
+        if nodeid.startswith(prefix):
+            return kept
+    return None
