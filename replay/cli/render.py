@@ -112,6 +112,13 @@ def render_verdict(report: BisectReport) -> str:
         else:
             what = f"along dim {axes[0]}: " if axes != [0] else ""
             shown = ", ".join(map(str, d.samples))
+            if d.sample_sources and len(d.sample_sources) == len(d.samples):
+                shown = ", ".join(
+                    f"{s} (dataset index {src.get('index')}"
+                    + (f": {src['file']}" if src.get("file") else "")
+                    + ")"
+                    for s, src in zip(d.samples, d.sample_sources)
+                )
         lines.append(f"  samples       {what}{shown}{exact}")
     rep = d.reproducible
     lines.append(

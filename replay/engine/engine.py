@@ -23,6 +23,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils._pytree import tree_map_only
 
@@ -364,6 +365,17 @@ class Engine(ObservedCalls):
         if ref is not None:
             return self._drawn(t, ref)
         return _owned(from_leaves(r["batch"], self._leaf_device, self._classes))
+
+    def batch_indices(self, t: int) -> list[int] | None:
+        """The dataset indices of step ``t``'s samples, one per row of a batch recorded by
+        reference (``Recorder(loader=...)``); ``None`` for a batch kept by value."""
+        ref = self.record(t).get("batch_ref")
+        if not isinstance(ref, dict) or not ref.get("batched"):
+            return None
+        idx = np.asarray(ref.get("indices"))
+        if idx.ndim != 1 or idx.dtype.kind not in "iu":
+            return None
+        return [int(i) for i in idx]
 
     def _drawn(self, t: int, ref: dict[str, Any]) -> Any:
         """A batch recorded by reference, drawn again from the program's dataset and checked

@@ -27,6 +27,7 @@ _CULPRIT_ORDER = (
     "samples",
     "samples_exact",
     "sample_axes",
+    "sample_sources",
     "closure",
     "surfaced",
 )

@@ -31,6 +31,7 @@ class Culprit:
     samples: list[Any] | None = None
     samples_exact: bool | None = None
     sample_axes: list[int] | None = None
+    sample_sources: list[JSONObject] | None = None
     forensics: str | None = None
 
     def culprit_json(self) -> dict[str, Any]:
@@ -71,6 +72,7 @@ class TracedOp(Culprit):
             samples=v.samples,
             samples_exact=v.samples_exact,
             sample_axes=v.sample_axes,
+            sample_sources=v.sample_sources,
             forensics=forensics,
             trace_notes=list(v.notes),
             traced_loss=traced_loss,

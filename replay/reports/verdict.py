@@ -106,6 +106,9 @@ class TraceVerdict:
     samples: list[Any] | None = None  # ints, or [micro-batch, row] pairs
     samples_exact: bool | None = None
     sample_axes: list[int] | None = None
+    # where each sample came from, for a batch drawn from a dataset by reference: its index
+    # in the dataset and, when the dataset says, its file
+    sample_sources: list[JSONObject] | None = None
     closure: int | None = None
     surfaced: JSONObject | None = None
     sinks: list[str] = field(default_factory=list)

@@ -163,6 +163,7 @@ def build_verdict(
         "samples": None,
         "samples_exact": None,
         "sample_axes": None,
+        "sample_sources": None,
         "closure": None,
         "surfaced": None,
         "sinks": [s for s, _ in sinks],

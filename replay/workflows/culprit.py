@@ -15,6 +15,7 @@ function may name its axis: ``train_step.batch_axis = 1`` (or ``(0, 1)`` for mic
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -277,6 +278,7 @@ def trace_culprit(
             _samples(engine, step, kind, batch, result)
         except Exception as e:  # noqa: BLE001 - the op verdict stands without the samples
             result.add_notes([f"the samples search failed: {type(e).__name__}: {e}"])
+    _where_they_came_from(engine, step, result)
     result.write(forensics_path, run_id=run_id, step=step)
     loss = result.loss
     nonfinite_loss = loss is not None and isinstance(loss, float) and not math.isfinite(loss)
@@ -285,6 +287,42 @@ def trace_culprit(
         forensics_path,
         traced_loss=json_safe(loss) if nonfinite_loss else None,
     )
+
+
+def _where_they_came_from(engine: Engine, step: int, result: TraceResult) -> None:
+    """Name each culprit sample where the user can find it: a batch drawn from a dataset by
+    reference (``Recorder(loader=...)``) gives each row's index in the dataset, and a dataset
+    that lists its files (an ``ImageFolder``'s ``samples``) the file. Was: "samples 21", the
+    row in the batch, for a NaN planted at dataset index 3000."""
+    v = result.verdict
+    samples, axes = v.get("samples"), v.get("sample_axes") or [0]
+    if not samples or list(axes) != [0]:
+        return
+    idx = engine.batch_indices(step)
+    if idx is None or not all(isinstance(s, int) and 0 <= s < len(idx) for s in samples):
+        return
+    dataset = getattr(engine.loader, "dataset", None)
+    v["sample_sources"] = [{"index": idx[s], "file": _file_of(dataset, idx[s])} for s in samples]
+
+
+def _file_of(dataset: Any, i: int, depth: int = 0) -> str | None:
+    """The file a dataset says its sample ``i`` comes from: ``samples``/``imgs`` as
+    torchvision's ``ImageFolder`` and ``DatasetFolder`` keep them (``(path, class)`` pairs),
+    or ``files``; through a ``Subset``'s indices. ``None`` when it does not say."""
+    if depth < 4 and hasattr(dataset, "indices") and hasattr(dataset, "dataset"):
+        try:
+            return _file_of(dataset.dataset, int(dataset.indices[i]), depth + 1)
+        except (IndexError, TypeError, ValueError):
+            return None
+    for name in ("samples", "imgs", "files"):
+        listed = getattr(dataset, name, None)
+        if not isinstance(listed, (list, tuple)) or not 0 <= i < len(listed):
+            continue
+        item = listed[i]
+        path = item[0] if isinstance(item, (list, tuple)) and item else item
+        if isinstance(path, (str, os.PathLike)):
+            return os.fspath(path)
+    return None
 
 
 def sample_axes(engine: Engine, step: int, batch: Any) -> tuple[list[int], list[str]]:

@@ -1,6 +1,7 @@
 """Batches by reference: a DataLoader-fed run records the sample indices and a digest per step,
 replay draws each batch again from the dataset, and a dataset edited since is refused."""
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -60,3 +61,23 @@ def test_a_loop_that_changes_its_batches_keeps_them_by_value(tmp_path):
         assert record["batch"] is not None and "batch_ref" not in record
     p = cli("verify", str(run))
     assert p.returncode == 0, p.stderr
+
+
+def test_a_culprit_sample_drawn_by_reference_is_named_by_its_dataset_index_and_file(tmp_path):
+    """Was: "samples 3", its row in the batch, for a NaN planted at dataset index 37: nothing a
+    user could look up. The batch's recorded indices name the sample in the dataset, and a
+    dataset that lists its files (an ImageFolder's ``samples``) names the file."""
+    data = _data(tmp_path / "data.npy")
+    rows = np.load(data)
+    rows[37, 3] = np.nan
+    np.save(data, rows)
+    run = tmp_path / "run.h5"
+    p = run_py(str(SCRIPT), str(run), str(data), timeout=120)
+    assert p.returncode != 0 and "loss is nan" in p.stderr, p.stderr[-2000:]
+    b = cli("bisect", str(run), "--json")
+    assert b.returncode == 0, b.stderr[-2000:]
+    d = json.loads(b.stdout)
+    assert d["cause"] == "data" and len(d["samples"]) == 1, d
+    assert d["sample_sources"] == [{"index": 37, "file": "rows/0037.row"}], d["sample_sources"]
+    text = cli("bisect", str(run)).stdout
+    assert f"samples       {d['samples'][0]} (dataset index 37: rows/0037.row)" in text, text

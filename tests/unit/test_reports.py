@@ -43,6 +43,7 @@ CULPRIT = {
     "samples": [[2, 5]],
     "samples_exact": False,
     "sample_axes": [0, 1],
+    "sample_sources": None,
     "closure": 1,
     "surfaced": {
         "op_index": 9,
@@ -107,6 +108,7 @@ BISECT = {
             "samples",
             "samples_exact",
             "sample_axes",
+            "sample_sources",
             "closure",
             "surfaced",
         )
@@ -214,6 +216,7 @@ def test_verify_and_trace_reports_read_back_as_written():
                 "samples",
                 "samples_exact",
                 "sample_axes",
+                "sample_sources",
             )
         },
         "trace_notes": ["n"],
