@@ -132,14 +132,16 @@ def test_the_self_check_truncates_no_log_and_training_is_bitwise_training_withou
     assert (off / "metrics.csv").read_bytes() == first40  # bitwise the same losses
 
 
-def test_children_import_this_replay_whatever_the_working_directory_holds(tmp_path):
+@pytest.mark.parametrize("planted", ["replay.py", "replay/__init__.py"])
+def test_children_import_this_replay_whatever_the_working_directory_holds(tmp_path, planted):
     """Was: the writer and self-check children started as `python -m replay...` from the
     training's directory, so a `replay.py` there (an RL replay buffer) was imported instead of
     the package: the recording was lost and the planted file ran."""
     from replay.child import ENTRY_POINTS, python_module
 
     marker = tmp_path / "planted-ran"
-    (tmp_path / "replay.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    (tmp_path / planted).parent.mkdir(exist_ok=True)
+    (tmp_path / planted).write_text(f"open({str(marker)!r}, 'w').close()\n")
     script = Path(__file__).resolve().parents[1] / "integration" / "scripts" / "mlp_train.py"
     p = subprocess.run(
         [sys.executable, str(script), "run.h5", "--steps", "12"],
