@@ -346,9 +346,11 @@ _EVENTS: dict[str, Callable[[Guard, tuple[Any, ...]], None]] = {
 def _wrap_open(real_open: Callable[..., Any]) -> Callable[..., Any]:
     def open(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:  # noqa: A001
         g = _ACTIVE
-        if g is not None and g.users_code(sys._getframe(1), file):
+        if g is not None:
             writes, keeps = _mode_writes(mode)
-            file = g.target(file, write=writes, append=keeps)
+            # a read, with nothing redirected yet (a data loader's thousands of files): as is
+            if (writes or g.copies) and g.users_code(sys._getframe(1), file):
+                file = g.target(file, write=writes, append=keeps)
         return real_open(file, mode, *args, **kwargs)
 
     open.__doc__ = real_open.__doc__
