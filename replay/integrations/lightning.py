@@ -53,6 +53,7 @@ except ImportError:  # pragma: no cover - only pytorch_lightning installed
     import pytorch_lightning as pl  # type: ignore[no-redef]
     from pytorch_lightning.callbacks import Callback  # type: ignore[assignment]
 
+from ..capture.guard import replaying
 from ..capture.probe import running_probe
 from ..errors import NonFiniteLossError, RecorderWarning
 from ..record.recorder import Recorder
@@ -136,6 +137,16 @@ class ReplayCallback(Callback):
         self._sched_before: list[int] = []
 
     # -- set-up --------------------------------------------------------------------------
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        """Under replay, let LightningCLI's SaveConfigCallback write its config again: it
+        refuses a ``config.yaml`` that exists, and the recorded run made that one. Its write
+        goes to a private copy (the re-run guard), so the user's file stays as it is."""
+        if not replaying():
+            return
+        for cb in trainer.callbacks:  # type: ignore[attr-defined]
+            if type(cb).__name__ == "SaveConfigCallback" and hasattr(cb, "overwrite"):
+                cb.overwrite = True
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         sharded = _sharded(trainer)

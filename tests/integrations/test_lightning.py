@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import replay_cli, replay_here, replay_json, run_py
+from tests.conftest import replay_cli, replay_here, replay_json, run_py, run_until_checked
 
 pytest.importorskip("lightning")
 
@@ -173,3 +173,44 @@ def test_pytorch_lightning_nan_is_found_at_its_step_with_its_op(tmp_path):
     rc, v, err = replay_json("bisect", str(tmp_path / "run.h5"))
     assert rc == 0, err[-3000:]
     assert v["first_bad_step"] == 4 and v["op"] == "aten::sqrt" and v["reproducible"] is True
+
+
+def _cli(out: Path, *flags: str) -> list[str]:
+    """lightning_cli.py's command line with the callback added as docs/integrations.md says."""
+    return [
+        str(HERE / "lightning_cli.py"),
+        "fit",
+        "--trainer.callbacks+=replay.integrations.lightning.ReplayCallback",
+        f"--trainer.callbacks.path={out}/run.h5",
+        f"--trainer.default_root_dir={out}",
+        "--trainer.accelerator=cpu",
+        "--trainer.logger=false",
+        "--trainer.enable_checkpointing=false",
+        "--trainer.enable_progress_bar=false",
+        *flags,
+    ]
+
+
+def test_lightningcli_replays_though_its_config_file_exists_and_leaves_that_file_alone(tmp_path):
+    """A LightningCLI program wired from the command line alone. Its SaveConfigCallback refuses a
+    config.yaml that exists, and the recorded run wrote one: the self-check and every replay
+    died "SaveConfigCallback expected .../config.yaml to NOT exist" before the take-over."""
+    pytest.importorskip("jsonargparse")
+    p = run_until_checked(*_cli(tmp_path, "--trainer.max_epochs=3"), cwd=tmp_path, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    check = json.loads((tmp_path / "run.selfcheck.json").read_text())
+    assert check["status"] == "ok", check
+    config = (tmp_path / "config.yaml").read_bytes()
+    rc, v, err = replay_json("verify", str(tmp_path / "run.h5"))
+    assert rc == 0 and v["deterministic"] is True and v["window"] == [0, 23], err[-3000:]
+    assert (tmp_path / "config.yaml").read_bytes() == config
+
+
+def test_lightningcli_nan_is_found_at_its_step_with_its_op(tmp_path):
+    pytest.importorskip("jsonargparse")
+    p = run_py(*_cli(tmp_path, "--trainer.max_epochs=2", "--model.nan_at=11"), timeout=300)
+    assert "NonFiniteLossError" in p.stderr, p.stderr[-3000:]
+    rc, v, err = replay_json("bisect", str(tmp_path / "run.h5"))
+    assert rc == 0, err[-3000:]
+    assert v["first_bad_step"] == 11 and v["op"] == "aten::sqrt" and v["reproducible"] is True
+    assert "torch.sqrt(out - 100.0)" in json.dumps(v["source"])
