@@ -724,6 +724,15 @@ class Recording:
             out[name] = vals[:, have[name]]
         return out
 
+    def health_rows(self) -> list[dict[str, Any]]:
+        """The health as rows, one dict per step: ``step`` plus every column (what the bisect
+        criteria read)."""
+        h = self.health()
+        cols = [k for k in h if k != "step"]
+        return [
+            {"step": int(s), **{c: float(h[c][i]) for c in cols}} for i, s in enumerate(h["step"])
+        ]
+
     @property
     def object_columns(self) -> list[str]:
         """The watched objects' health columns this file holds (``store.layout``'s
