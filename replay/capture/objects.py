@@ -39,6 +39,7 @@ __all__ = [
     "RunObjects",
     "StepCall",
     "objects_from_build",
+    "optimizers",
     "gather_state",
     "load_state",
 ]
@@ -373,7 +374,8 @@ def run_params(objects: RunObjects, model: torch.nn.Module) -> list[torch.nn.Par
     return list(_named_params(objects, model).values())
 
 
-def _optimizers(objects: RunObjects) -> dict[str, torch.optim.Optimizer]:
+def optimizers(objects: RunObjects) -> dict[str, torch.optim.Optimizer]:
+    """Every optimizer among the run's objects by name (``optimizer`` first), unwrapped."""
     found = {"optimizer": objects.optimizer, **objects.extras}
     out = {}
     for k, v in found.items():
@@ -392,7 +394,7 @@ def param_layout(objects: RunObjects, model: torch.nn.Module) -> dict[str, Any]:
     names = {id(p): n for n, p in named.items()}
     groups = {
         k: [[names.get(id(p)) for p in g["params"]] for g in opt.param_groups]
-        for k, opt in _optimizers(objects).items()
+        for k, opt in optimizers(objects).items()
     }
     frozen = [n for n, p in named.items() if not p.requires_grad]
     return {"params": list(named), "groups": groups, "frozen": frozen}
@@ -416,7 +418,7 @@ def apply_layout(objects: RunObjects, model: torch.nn.Module, layout: Any) -> No
     kept = layout.get("groups")
     if not isinstance(kept, dict):
         return
-    for k, opt in _optimizers(objects).items():
+    for k, opt in optimizers(objects).items():
         groups = kept.get(k)
         if not isinstance(groups, list) or not all(isinstance(g, list) for g in groups):
             continue

@@ -14,6 +14,7 @@ from ..distributed.scan import RankScan, rank_set, spans
 from ..errors import EXIT_BAD_RECORDING, EXIT_INCOMPLETE_RANKS, EXIT_OK, RecordingError
 from ..safetext import term_safe, term_safe_tree
 from ..store import open_recording
+from ..store.hparams import step_hparams
 from ..store.liveness import writer_state
 from ..store.reader import claimed_size
 from ..store.segments import segment_files
@@ -52,7 +53,20 @@ def _steps_summary(rec: Recording) -> dict[str, Any]:
         # The other segments of this recording: a resumed run records beside it (run.1.h5)
         "segments": [_segment(f) for f in segment_files(rec.path)],
         "watched_objects": rec.watched_objects,
+        "hparams": _hparams(rec, steps),
     }
+
+
+def _hparams(rec: Recording, steps: np.ndarray) -> dict[str, Any] | None:
+    """Every optimizer's numeric hyper-parameters, per param group, at the newest step kept
+    (``None`` without an optimizer or a readable step record)."""
+    if not len(steps):
+        return None
+    try:
+        values = step_hparams(rec, int(steps[-1]))
+    except (KeyError, RecordingError):
+        return None
+    return {"step": int(steps[-1]), "optimizers": values} if values else None
 
 
 def _self_check(path: str, run_id: str) -> dict[str, Any] | None:
@@ -254,6 +268,11 @@ def render(d: dict[str, Any]) -> str:
         + (f", scheduler {sch.get('class')}" if sch else "")
         + (", GradScaler" if d.get("scaler") else "")
     )
+    hp: dict[str, Any] = d.get("hparams") or {}
+    for name, groups in (hp.get("optimizers") or {}).items():
+        for i, g in enumerate(groups):
+            said = ", ".join(f"{k} {v:.6g}" for k, v in g.items()) or "no numbers"
+            lines.append(f"  hyper-params    {name} group {i} at step {hp['step']}: {said}")
     extra = (d.get("objects") or {}).get("stateful") or []
     if extra:
         lines.append(f"  also kept       {', '.join(map(str, extra))} (named objects)")

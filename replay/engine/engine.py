@@ -30,6 +30,7 @@ from torch.utils._pytree import tree_map_only
 from ..capture.bounded import is_unrecorded
 from ..capture.fingerprint import absmax, exact_if_needed, loss_of, param_fingerprint
 from ..capture.guard import LiveProgram, replay_runs_user_code
+from ..capture.hparams import put_back
 from ..capture.loader import check_drawn, draw, kept_rng
 from ..capture.numerics import apply_numerics, current_env, differences
 from ..capture.objects import RunObjects, StepCall, apply_layout, run_params
@@ -430,7 +431,13 @@ class Engine(ObservedCalls):
     def recorded_rows(self) -> list[dict[str, Any]]:
         """The recorded health, one dict per step (``step`` plus every health column), less
         the steps in ``not_compared``."""
-        return [r for r in self.rec.health_rows() if r["step"] not in self.not_compared]
+        h = self.rec.health()
+        cols = [k for k in h if k != "step"]
+        return [
+            {"step": int(s), **{c: float(h[c][i]) for c in cols}}
+            for i, s in enumerate(h["step"])
+            if int(s) not in self.not_compared
+        ]
 
     def snapshot(self, s: int) -> dict[str, Any]:
         """The snapshot taken before step ``s``, as read from the store.
@@ -495,6 +502,7 @@ class Engine(ObservedCalls):
             # Every recorded entry: a scheduler stepped outside step_fn changed lr, momentum...
             for k, v in h.items():
                 g[k] = from_leaves(v, self._leaf_device)
+        put_back(self.objs, r.get("object_hparams"), lambda v: from_leaves(v, self._leaf_device))
         modes = r.get("modes")
         if modes is not None:
             for m, training in zip(self._modules, modes):

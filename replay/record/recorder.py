@@ -40,13 +40,14 @@ from ..capture.guard import (
     take_over,
     takes_over_at_first_step,
 )
+from ..capture.hparams import HyperParams
 from ..capture.numerics import warn_unless_bitwise
-from ..capture.objects import RunObjects, StepCall, objects_from_build, run_params
+from ..capture.objects import RunObjects, StepCall, objects_from_build, optimizers, run_params
 from ..capture.probe import GradProbe
 from ..capture.readback import value_now
 from ..capture.rng import capture_rng
 from ..capture.sharded import layout
-from ..capture.tensors import CopyStats, copy_tree, tree_nbytes
+from ..capture.tensors import CopyStats, tree_nbytes
 from ..capture.watch import ObjectWatch
 from ..distributed.ranks import base_path, rank_path
 from ..errors import NonFiniteLossError, RecorderWarning
@@ -381,9 +382,7 @@ class Recorder:
         self._inflight = InFlight()
         self._bad_unraised: tuple[int, float] | None = None  # settled by a flush: raised next
         self._observed: Any = None  # observe_begin's capture, until observe_end
-        self._hp_items: Any = None
-        self._hp_tensors = False
-        self._hp_copy: list[dict[str, Any]] | None = None
+        self._hp = HyperParams(optimizer, optimizers(self.objects))  # every optimizer's
         self._cuda_built = torch.cuda.is_available()  # ~16 us a call inside a training loop
         if self.dist is not None and self.dist.collective:
             self._ranks = DdpRanks(
@@ -560,6 +559,7 @@ class Recorder:
                 copied,
                 ref,
                 self._trainable_record,
+                self._hp.others,
             )
         except Exception as e:  # noqa: BLE001 - the recorder must never take training down
             self._give_up("capturing the step", e)
@@ -698,7 +698,17 @@ class Recorder:
         try:
             values = self._bounded(values) if values else values
             direct, job = self.transport.capture(
-                t, rng, hparams, modes, health, batch, values, copied, None, self._trainable_record
+                t,
+                rng,
+                hparams,
+                modes,
+                health,
+                batch,
+                values,
+                copied,
+                None,
+                self._trainable_record,
+                self._hp.others,
             )
         except Exception as e:  # noqa: BLE001 - the recorder must never take training down
             self._probe_grads.end(measure=False)
@@ -724,7 +734,7 @@ class Recorder:
         elif self._snapshots.due(t):
             self._snapshots.take(t, self.transport)
         rng = capture_rng()
-        hparams = self._hparams(copied)
+        hparams = self._hp.take(copied)
         lr = hparams[0].get("lr") if hparams else lr
         health: dict[str, Any] = {
             "lr": lr if isinstance(lr, (int, float, torch.Tensor)) else None,
@@ -893,23 +903,6 @@ class Recorder:
             flush=True,
         )
         raise PreflightStop()
-
-    def _hparams(self, copied: CopyStats) -> list[dict[str, Any]]:
-        """Param-group hyper-parameters, copied only when one changed since the last step."""
-        if self.optimizer is None:
-            return []
-        items = tuple(
-            tuple(
-                (k, tuple(v) if isinstance(v, list) else v) for k, v in g.items() if k != "params"
-            )
-            for g in self.optimizer.param_groups
-        )
-        if self._hp_copy is not None and not self._hp_tensors and items == self._hp_items:
-            return self._hp_copy
-        self._hp_tensors = any(isinstance(v, torch.Tensor) for it in items for _, v in it)
-        self._hp_items = items
-        self._hp_copy = copy_tree([dict(it) for it in items], stats=copied)
-        return self._hp_copy
 
     def _give_up(self, what: str, e: Exception) -> None:
         """Recording fails on the training thread: stop it, say so once, keep training."""

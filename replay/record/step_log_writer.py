@@ -54,6 +54,40 @@ LAG_SECONDS = 0.5
 LAG_STEPS = 1024
 
 
+class _Reused:
+    """A subtree of the record that rarely changes between steps (hyper-parameters), and its
+    manifest text while it can be reused: encoding them was the largest part of the manifest
+    (an AdamW group: 11 values, 23 nodes). The key is ``marshal``'s exact bytes (``-0.0`` is
+    not ``0.0``, ``True`` is not ``1``); values it cannot take (a tensor ``lr``) or any array
+    are encoded every time, as before. The recorder passes the very same object while none
+    changed (it copies them anew on a change, never in place): then not even the key is
+    computed."""
+
+    def __init__(self) -> None:
+        self._key: bytes | None = None  # the last tree seen, and its manifest
+        self._text = ""
+        self._src: Any = None  # the object those were taken from
+
+    def take(self, tree: Any) -> tuple[Any, tuple[str, ...]]:
+        """What the record holds in its place (a :class:`Spliced` when the manifest text is
+        reused, the leaves otherwise), and that text."""
+        if tree is self._src:
+            return Spliced(), (self._text,)
+        self._src = None
+        leaves = to_leaves(tree)
+        try:
+            key = marshal.dumps(leaves, 2)  # (version 2: no back-references, same bytes)
+        except ValueError:
+            return leaves, ()
+        if key != self._key:
+            manifest, buffers = encode(leaves)
+            if buffers:
+                return leaves, ()
+            self._key, self._text = key, manifest_text(manifest)
+        self._src = tree  # (held: its id cannot go to another object meanwhile)
+        return Spliced(), (self._text,)
+
+
 class StepLogWriter:
     """Begins, publishes or abandons one step at a time in a :class:`StepLog`."""
 
@@ -70,34 +104,9 @@ class StepLogWriter:
         self._unreleased: collections.deque[tuple[int, float]] = collections.deque()
         self.overflowed = 0  # steps that went the slow way for want of room
         self._begun = False
-        self._hp_key: bytes | None = None  # the last hyper-parameters seen, and their manifest
-        self._hp_text = ""
-        self._hp_src: Any = None  # the object those were taken from
+        self._hparams = _Reused()  # the run's optimizer's hyper-parameters
+        self._object_hparams = _Reused()  # the other optimizers'
         self._packer = PackCache()  # the record's manifest, reused while its layout holds
-
-    def _hparams(self, hparams: Any) -> tuple[Any, tuple[str, ...]]:
-        """The hyper-parameters for the record, and their manifest text when it can be reused:
-        they rarely change between steps, and encoding them was the largest part of the
-        manifest (an AdamW group: 11 values, 23 nodes). The key is ``marshal``'s exact bytes
-        (``-0.0`` is not ``0.0``, ``True`` is not ``1``); values it cannot take (a tensor ``lr``)
-        or any array are encoded every time, as before. The recorder passes the very same object
-        while no hyper-parameter changed (it copies them anew on a change, never in place): then
-        not even the key is computed."""
-        if hparams is self._hp_src:  # the recorder hands over the same copy while none changed
-            return Spliced(), (self._hp_text,)
-        self._hp_src = None
-        leaves = to_leaves(hparams)
-        try:
-            key = marshal.dumps(leaves, 2)  # (version 2: no back-references, same bytes)
-        except ValueError:
-            return leaves, ()
-        if key != self._hp_key:
-            manifest, buffers = encode(leaves)
-            if buffers:
-                return leaves, ()
-            self._hp_key, self._hp_text = key, manifest_text(manifest)
-        self._hp_src = hparams  # (held: its id cannot go to another object meanwhile)
-        return Spliced(), (self._hp_text,)
 
     def begin(
         self,
@@ -109,6 +118,7 @@ class StepLogWriter:
         values: dict[str, Any] | None,
         batch_ref: dict[str, Any] | None = None,
         trainable: np.ndarray | None = None,
+        object_hparams: dict[str, Any] | None = None,
     ) -> bool:
         """Copy the step's record into the log; ``False``: the caller hands the step to the
         writer thread instead (a record too large for the log, or the writer process gone) and
@@ -118,7 +128,7 @@ class StepLogWriter:
         that process lives (a bounded backlog is what bounds a kill's loss, and memory)."""
         if self._unreleased:
             self._bound_lag()
-        hp, hp_text = self._hparams(hparams)
+        hp, hp_text = self._hparams.take(hparams)
         record: StepRecord = {
             "step": Spliced(),  # type: ignore[typeddict-item]  # its text is spliced in below
             "rng": rng_to_tree(rng),
@@ -132,6 +142,9 @@ class StepLogWriter:
             record["batch_ref"] = batch_ref
         if trainable is not None:  # the parameters' requires_grad, changed since the last step
             record["trainable"] = trainable
+        if object_hparams is not None:  # the other optimizers' (capture/hparams.py)
+            record["object_hparams"], more = self._object_hparams.take(object_hparams)
+            hp_text += more
         # The step number changes every step and nothing else in the layout usually does.
         parts, mlen = self._packer.pack(record, (f'{{"t":"int","v":{int(step)}}}', *hp_text))
         ncols = self._ncols

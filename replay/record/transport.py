@@ -107,13 +107,15 @@ class Transport:
         copied: CopyStats,
         batch_ref: dict[str, Any] | None = None,
         trainable: np.ndarray | None = None,
+        object_hparams: dict[str, list[dict[str, Any]]] | None = None,
     ) -> tuple[bool, StepJob]:
         """The step's record: into the step log when the step lives in host memory (safe once
         the step returns, ``direct``), else copied for the writer thread. ``batch_ref``: the
-        batch by reference (``batch`` is then ``None``)."""
+        batch by reference (``batch`` is then ``None``). ``object_hparams``: the other named
+        optimizers' groups (``capture/hparams.py``)."""
         loggable = self._host_run() and on_host(batch) and on_host(values)
         direct = loggable and self.log.begin(  # type: ignore[union-attr]  # (_host_run)
-            t, rng, hparams, modes, batch, values, batch_ref, trainable
+            t, rng, hparams, modes, batch, values, batch_ref, trainable, object_hparams
         )
         # A CPU step the log could not take (larger than the log, or its writer process gone)
         # goes by the writer thread, and the step waits until it is passed on (finish).
@@ -128,6 +130,7 @@ class Transport:
             values=copy_tree(values, stats=copied) if values and not direct else None,
             batch_ref=batch_ref,
             trainable=trainable,
+            object_hparams=object_hparams,
         )
         if self._cuda_built and copied.cuda:
             # after the batch's copies from the device: the step goes to the writer thread

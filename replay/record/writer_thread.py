@@ -47,6 +47,7 @@ class StepJob:
     values: dict[str, Any] | None = None  # rec.step(batch, **values), handed back on replay
     batch_ref: dict[str, Any] | None = None  # the batch by reference (batch is None then)
     trainable: np.ndarray | None = None  # requires_grad of every parameter, where it changed
+    object_hparams: dict[str, list[dict[str, Any]]] | None = None  # the other optimizers' groups
     # The whole record, already leaves: a step that began in the step log and then raised
     # (its batch as it was before the step, read back from the log).
     record: StepRecord | None = None
@@ -356,6 +357,8 @@ class BackgroundWriter:
                 record["batch_ref"] = job.batch_ref
             if job.trainable is not None and job.record is None:
                 record["trainable"] = job.trainable
+            if job.object_hparams is not None and job.record is None:
+                record["object_hparams"] = to_leaves(job.object_hparams)
             payload, mlen = pack_parts(record)
             steps.append(StepFrame(job.step, payload, mlen))
             health.append(HealthFrame(job.step, health_row(job.health, self._watched)))

@@ -144,6 +144,8 @@ class StepRecord(TypedDict):
     # MAY: requires_grad of every parameter of the run (``capture.objects.trainable_params``
     # order), on the first step and each step where it changed (gradual unfreezing)
     trainable: NotRequired[np.ndarray]
+    # MAY: {optimizer name: groups, like hparams} of every other named optimizer of the run
+    object_hparams: NotRequired[dict[str, Any]]
 
 
 class _StrEnum(str, Enum):

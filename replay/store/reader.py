@@ -630,6 +630,22 @@ class Recording:
         pinned = self._pinned.get(("steps", step))
         return pinned if pinned is not None else self._record("steps", step)
 
+    def read_step_entries(self, step: int, keys: tuple[str, ...]) -> dict[str, Any]:
+        """Those entries of ``step``'s record that it has, decoded from its manifest alone
+        when none holds a buffer (the hyper-parameters: no batch read); from the whole record
+        otherwise (a tensor ``lr``)."""
+        pinned = self._pinned.get(("steps", step))
+        root = {} if pinned is not None else self._read_manifest("steps", step)
+        found = {
+            k["v"]: v
+            for k, v in zip(root.get("k", []), root.get("v", []))
+            if k.get("t") == "str" and k.get("v") in keys
+        }
+        if pinned is not None or any(map(_buffered, found.values())):
+            record = self.read_step(step)
+            return {k: record[k] for k in keys if k in record}
+        return {k: decode(v, b"") for k, v in found.items()}
+
     def read_snapshot(self, step: int) -> dict[str, Any]:
         """State before ``step``: ``model``, ``optimizer``, ``scheduler``, ``scaler`` trees."""
         pinned = self._pinned.get(("snapshots", step))
@@ -724,15 +740,6 @@ class Recording:
             out[name] = vals[:, have[name]]
         return out
 
-    def health_rows(self) -> list[dict[str, Any]]:
-        """The health as rows, one dict per step: ``step`` plus every column (what the bisect
-        criteria read)."""
-        h = self.health()
-        cols = [k for k in h if k != "step"]
-        return [
-            {"step": int(s), **{c: float(h[c][i]) for c in cols}} for i, s in enumerate(h["step"])
-        ]
-
     @property
     def object_columns(self) -> list[str]:
         """The watched objects' health columns this file holds (``store.layout``'s
@@ -822,6 +829,19 @@ class Recording:
     @property
     def forensics_path(self) -> str:
         return sidecar_path(self.path)
+
+
+def _buffered(node: Any) -> bool:
+    """Whether a manifest node, or one inside it, has its bytes in the arena."""
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, dict):
+            if "off" in n:
+                return True
+            stack.extend(n.get("k", []) if isinstance(n.get("k"), list) else [])
+            stack.extend(n.get("v", []) if isinstance(n.get("v"), list) else [])
+    return False
 
 
 class DamagedSlot(RecordingError):

@@ -713,6 +713,14 @@ def check_record(rec: object, ring: str, step: int, where: str) -> None:
         hp = rec.get("hparams", [])
         if not (isinstance(hp, list) and all(isinstance(g, dict) for g in hp)):
             raise _BAD(f"{w}: hparams is not a list of dicts")
+        others = rec.get("object_hparams", {})
+        if not (
+            isinstance(others, dict)
+            and all(
+                isinstance(g, list) and all(isinstance(x, dict) for x in g) for g in others.values()
+            )
+        ):
+            raise _BAD(f"{w}: object_hparams is not a dict of lists of dicts")
         for key in ("modes", "trainable"):
             flags = rec.get(key)
             if flags is not None and not (isinstance(flags, np.ndarray) and flags.ndim == 1):

@@ -10,6 +10,8 @@ writes that state so the user's own resume code loads it with nothing but torch:
   that never zeroes them, depends on them; ``None`` where a parameter had none);
 - ``rng.pt``: the torch, CUDA, numpy and python generator states, as tensors, tuples and ints
   (``torch.load``'s default ``weights_only=True`` takes them);
+- ``hparams.json``: every optimizer's numeric hyper-parameters per param group (``lr``,
+  ``betas.0``, ...) at each recorded step from there on, by step: the schedule to resume with;
 - ``skip.json``: where to resume, and the steps to skip on the way (the failing step, with the
   per-step values the loop recorded for it: its iteration number, its batch's indices);
 - ``README.md``: how to load it.
@@ -28,7 +30,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ReplayError, UsageError
+from ..errors import RecordingError, ReplayError, UsageError
+from ..store.hparams import Groups, step_hparams
 from .export_state import NotReached, finite, first_failure, reach
 from .outdir import check_out, staged_dir
 from .session import with_engine
@@ -281,6 +284,11 @@ def export_work(
                     {"resume_step": step, "first_bad": first_bad_step, "skip": skip}, fh, indent=2
                 )
             files["skip"] = "skip.json"
+            schedule = _schedule(rec, step)
+            if schedule:
+                with open(os.path.join(tmp, "hparams.json"), "x") as fh:
+                    json.dump({"steps": schedule}, fh, indent=1)
+                files["hparams"] = "hparams.json"
             loads = "".join(
                 f'{name}.load_state_dict(torch.load(f"{{d}}/{name}.pt"))\n'
                 for name in states
@@ -316,6 +324,20 @@ def export_work(
         )
 
     return work
+
+
+def _schedule(rec: Recording, step: int) -> dict[str, Groups]:
+    """Every optimizer's numeric hyper-parameters, per param group, at each recorded step from
+    ``step`` on (the schedule the resumed run follows), by step; ``{}`` without an optimizer."""
+    out: dict[str, Groups] = {}
+    for t in (int(t) for t in rec.steps() if t >= step):
+        try:
+            values = step_hparams(rec, t)
+        except (KeyError, RecordingError):  # (the ring moved on, or a damaged record)
+            continue
+        if values:
+            out[str(t)] = values
+    return out
 
 
 def _save(obj: Any, path: str) -> None:

@@ -3,8 +3,6 @@
     python resume_train.py OUT.h5 CKPT first  [--steps N]   # steps 0..N-1, then CKPT saved
     python resume_train.py OUT.h5 CKPT resume [--steps N]   # from CKPT's step, N more steps
 
-``--bad-step T``: step T takes log(logits - 100), NaN (the batch carries the flag).
-
 The resumed run passes ``start_step`` (the checkpoint's step) to the Recorder, as a resuming
 script would.
 """
@@ -18,10 +16,9 @@ import torch.nn.functional as F
 import replay
 
 
-def make_batch(t: int, bad: int):
+def make_batch(t: int):
     g = torch.Generator().manual_seed(300 + t)
-    x, y = torch.randn(8, 6, generator=g), torch.randint(0, 3, (8,), generator=g)
-    return x, y, torch.tensor(t == bad)
+    return torch.randn(8, 6, generator=g), torch.randint(0, 3, (8,), generator=g)
 
 
 def build():
@@ -31,12 +28,9 @@ def build():
 
 
 def train_step(model, optimizer, batch):
-    x, y, bad = batch
+    x, y = batch
     optimizer.zero_grad()
-    logits = model(x)
-    if bool(bad):
-        logits = torch.log(logits - 100)
-    loss = F.cross_entropy(logits, y)
+    loss = F.cross_entropy(model(x), y)
     loss.backward()
     optimizer.step()
     return loss
@@ -48,7 +42,6 @@ def main():
     p.add_argument("ckpt")
     p.add_argument("phase", choices=["first", "resume"])
     p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--bad-step", type=int, default=-1)
     args = p.parse_args()
     model, opt = build()
     start = 0
@@ -67,7 +60,7 @@ def main():
         start_step=start,
     ) as rec:
         for t in range(start, start + args.steps):
-            rec.step(make_batch(t, args.bad_step))
+            rec.step(make_batch(t))
     torch.save(
         {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": start + args.steps},
         args.ckpt,
