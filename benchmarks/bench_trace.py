@@ -81,7 +81,7 @@ def parts(model, opt, run, batch):
     """Where a traced step's time goes, as variants of it: the modes and hooks alone (every
     op passed straight through), and the per-op bookkeeping without statistics (no copy, no
     finiteness check, a constant row). The whole tracer is ``trace_step``."""
-    import replay.trace.mode as mode
+    import replay.trace.oplog as mode
     from replay.trace.mode import Tracer
 
     finite = mode.NO_STATS._replace(nan=0.0, posinf=0.0, neginf=0.0)
@@ -97,7 +97,7 @@ def parts(model, opt, run, batch):
     def no_stats():
         copy_small, stats = mode.copy_small, mode.tensor_stats
         mode.copy_small = lambda t: None
-        mode.tensor_stats = lambda t, hist=True: (finite, mode._NO_HIST)
+        mode.tensor_stats = lambda t, hist=True: (finite, mode.NO_HIST)
         try:
             trace_step(model, opt, run, batch, direct_dispatch=True)
         finally:

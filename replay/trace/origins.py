@@ -4,8 +4,8 @@ Every non-finite value is traced back to its *origins*, keyed by tensor storage.
 op whose output holds NaN or an infinity ("inputs" are its floating tensor inputs, "arguments"
 its non-tensor arguments, such as ``masked_fill``'s fill value):
 
-1. an uninitialised allocation (``empty*``, ``new_empty*``, ``resize_``, ``set_``) is an origin of
-   class ``"alloc"``: whatever bits it holds are never blamed;
+1. an uninitialised allocation (``empty*``, ``new_empty*``, ``resize_``, ``set_``: the op rule
+   ``alloc``) is an origin of class ``"alloc"``: whatever bits it holds are never blamed;
 2. an op whose inputs and arguments are all finite is a *producer*, class ``"real"``, whatever it
    made (NaN, ``+inf``, or ``-inf``: ``log(0)`` is a producer);
 3. an op that makes NaN where no input and no argument held NaN, but some input held an infinity
@@ -54,6 +54,8 @@ from typing import Protocol
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from replay.trace.rules import ALLOC_OPS, rule
+
 __all__ = [
     "BATCH",
     "PRESENT",
@@ -67,20 +69,6 @@ __all__ = [
 ]
 
 BATCH, PRESENT, UNKNOWN, MASK_BUFFER = -2, -3, -4, -5
-
-ALLOC_OPS = frozenset(
-    {
-        "aten::empty",
-        "aten::empty_like",
-        "aten::empty_strided",
-        "aten::new_empty",
-        "aten::new_empty_strided",
-        "aten::resize_",
-        "aten::resize_as_",
-        "aten::set_",
-        "aten::empty_permuted",
-    }
-)
 
 
 def storage_key(t: torch.Tensor) -> int | None:
@@ -177,7 +165,7 @@ class Origins:
         taken before the op ran for the inputs it mutates. ``arg_kind``: the same for the
         non-tensor arguments. ``role`` is producer, converter, propagator or exempt.
         """
-        if op in ALLOC_OPS:
+        if rule(op).alloc:
             self.klass[index] = "alloc"
             return "exempt", "alloc", frozenset({index})
         bad = [(t, k) for t, k in inputs if k != "finite"]

@@ -194,7 +194,7 @@ class OpColumns(Mapping[str, np.ndarray]):
 class NonFiniteTable(Mapping[int, Any]):
     """Every op whose output was not finite, in bounded space: a row index, a role code and the
     id of its origin set per op (a few bytes each; after a step turns NaN every op is one), and
-    the full record (``mode.NonFinite``) only for those described in detail.
+    the full record (``findings.NonFinite``) only for those described in detail.
 
     ``table[i]`` gives back a record for any of them (inputs empty unless detailed).
     """

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from replay.store.forensics import PHASES
-from replay.trace.mode import Activation, Tracer
+from replay.trace.mode import Tracer
 from replay.trace.origins import storages
 from replay.trace.picture import (
     BatchPicture,
@@ -27,6 +27,7 @@ from replay.trace.picture import (
 )
 from replay.trace.result import TraceException, TraceResult
 from replay.trace.samples import batch_size_of
+from replay.trace.scope import Activation
 from replay.trace.source import snapshot_sources
 from replay.trace.spool import CHUNK_ROWS, OpColumns
 from replay.trace.verdict import build_verdict
@@ -72,11 +73,11 @@ def stderr_progress() -> Callable[[Tracer], None]:
         if now - last[0] < PROGRESS_EVERY_S:
             return
         last[0] = now
-        phases = tr.cols.buf["phase"]
+        phases = tr.log.cols.buf["phase"]
         phase = str(PHASES[phases[-1]]) if phases else "?"
-        call = f" · closure call {tr.closure + 1}" if tr.closure >= 0 else ""
+        call = f" · closure call {tr.phase.closure + 1}" if tr.phase.closure >= 0 else ""
         sys.stderr.write(
-            f"replay trace: {len(tr.cols):,} ops{call} · {phase} · {now - start:.0f} s\n"
+            f"replay trace: {len(tr.log.cols):,} ops{call} · {phase} · {now - start:.0f} s\n"
         )
         sys.stderr.flush()
 
@@ -109,7 +110,7 @@ def _finite(t: torch.Tensor) -> bool:
 
 def _match_raise(tracer: Tracer, exc: BaseException) -> int | None:
     text = str(exc)
-    for r in reversed(tracer.raised):
+    for r in reversed(tracer.findings.raised):
         raised = r.exc
         if raised is exc or (str(raised) and (str(raised) in text or text in str(raised))):
             return r.index
@@ -167,6 +168,7 @@ def trace_step(
         mask_keys=mask_buffer_keys(eager),
         others=other,
         direct_dispatch=direct_dispatch,
+        progress=progress,
     )
     sinks: list[tuple[str, frozenset[int]]] = []
     notes: list[str] = []
@@ -176,7 +178,7 @@ def trace_step(
         params.take_grads()
         bad = params.bad_grads()
         if bad:
-            origins = frozenset().union(*(tracer.origins.of(g) for _, g in bad))
+            origins = frozenset().union(*(tracer.findings.origins.of(g) for _, g in bad))
             sinks.append((f"gradients ({', '.join(n for n, _ in bad[:4])})", origins))
 
     def at_optimizer() -> None:
@@ -192,8 +194,7 @@ def trace_step(
     state_opts = [("optimizer.", optimizer)] if optimizer is not None else []
     state_opts += [(f"{n}.", o) for n, o in other if isinstance(o, torch.optim.Optimizer)]
     finite_before = {n: _finite(t) for n, t in _state_tensors(state_modules, state_opts).items()}
-    tracer.on_optimizer_pre = at_optimizer
-    tracer.progress = progress
+    tracer.phase.on_optimizer_pre = at_optimizer
     loss_value: float | None = None
     exc_info: Exception | None = None
     with tracer:
@@ -207,12 +208,12 @@ def trace_step(
     if isinstance(loss, torch.Tensor) and loss.numel() == 1:
         loss_value = loss.detach().double().item()
         if not math.isfinite(loss_value):
-            sinks.insert(0, ("the loss", tracer.origins.of(loss)))
+            sinks.insert(0, ("the loss", tracer.findings.origins.of(loss)))
     elif isinstance(loss, float):
         loss_value = loss
         if not math.isfinite(loss):
             # a Python float carries no storage: any op origin may have made it
-            sinks.insert(0, ("the loss", frozenset(tracer.origins.klass)))
+            sinks.insert(0, ("the loss", frozenset(tracer.findings.origins.klass)))
     del loss
     if exc_info is None and not ran_optimizer:
         if scaler is not None:
@@ -225,7 +226,7 @@ def trace_step(
             grad_sink()
     bad_params = params.bad_params() if exc_info is None else []
     if bad_params:
-        origins = frozenset().union(*(tracer.origins.of(p) for _, p in bad_params))
+        origins = frozenset().union(*(tracer.findings.origins.of(p) for _, p in bad_params))
         sinks.append((f"parameters ({', '.join(n for n, _ in bad_params[:4])})", origins))
     if exc_info is None:
         bad_state = [
@@ -234,18 +235,18 @@ def trace_step(
             if finite_before.get(n, True) and not _finite(t)
         ]
         if bad_state:
-            origins = frozenset().union(*(tracer.origins.of(t) for _, t in bad_state))
+            origins = frozenset().union(*(tracer.findings.origins.of(t) for _, t in bad_state))
             sinks.append((f"state ({', '.join(n for n, _ in bad_state[:4])})", origins))
 
     exception: TraceException | None = None
     if exc_info is not None:
         index = _match_raise(tracer, exc_info)
-        loc, _ = tracer.locs.from_traceback(exc_info.__traceback__)
+        loc, _ = tracer.sites.locs.from_traceback(exc_info.__traceback__)
         exception = {
             "type": type(exc_info).__name__,
             "message": str(exc_info),
             "op_index": index,
-            "source": tracer.locs.describe(loc),
+            "source": tracer.sites.locs.describe(loc),
             "traceback": "".join(traceback.format_exception(exc_info)),
         }
         exc_info = None
@@ -257,7 +258,7 @@ def trace_step(
         data=data,
         notes=notes,
     )
-    for r in tracer.raised:
+    for r in tracer.findings.raised:
         r.exc = None  # drop its traceback, and the step's frames with it
     result = _result(tracer, eager, params, batch_pic, verdict, exception, loss_value)
     params.release()
@@ -273,8 +274,8 @@ def _result(
     exception: TraceException | None,
     loss: float | None,
 ) -> TraceResult:
-    ops = OpColumns(tracer.cols)
-    names = tracer.modules.items
+    ops = OpColumns(tracer.log.cols)
+    names = tracer.scope.modules.items
     kinds: list[str] = []
     kind_index: dict[str, int] = {}
     mods = dict(model.named_modules())
@@ -304,8 +305,10 @@ def _result(
         parent = name.rpartition(".")[0] if name else None
         rows["name"].append(i)
         rows["kind"].append(kind_index[kind])
-        rows["parent"].append(tracer.modules.index.get(parent, -1) if parent is not None else -1)
-        act = tracer.module_acts.get(i, _NO_ACTIVATION)
+        rows["parent"].append(
+            tracer.scope.modules.index.get(parent, -1) if parent is not None else -1
+        )
+        act = tracer.scope.acts.get(i, _NO_ACTIVATION)
         for k, v in zip(
             ("act_mean", "act_std", "act_absmax", "act_zero_frac", "act_nonfinite"), act
         ):
@@ -314,14 +317,14 @@ def _result(
     modules = {k: np.asarray(v) for k, v in rows.items()}
     param_table = params.table()
     strings: dict[str, list[str]] = {
-        "ops": tracer.op_names.items,
+        "ops": tracer.log.op_names.items,
         "modules": names,
-        "locations": tracer.locs.locations.items,
-        "stacks": tracer.locs.stacks.items,
-        "shapes": tracer.shapes.items,
+        "locations": tracer.sites.locs.locations.items,
+        "stacks": tracer.sites.locs.stacks.items,
+        "shapes": tracer.log.shapes.items,
         "module_kinds": kinds,
         "params": list(params.names),
-        "nodes": tracer.nodes.items,
+        "nodes": tracer.sites.nodes.items,
     }
     return TraceResult(
         verdict=verdict,
@@ -329,8 +332,8 @@ def _result(
         strings=strings,
         modules=modules,
         params=param_table,
-        memory=tracer.memory.picture(),
-        sources=snapshot_sources(tracer.locs.locations.items),
+        memory=tracer.log.memory.picture(),
+        sources=snapshot_sources(tracer.sites.locs.locations.items),
         batch=batch_pic,
         loss=loss,
         exception=exception,

@@ -47,7 +47,8 @@ import numpy as np
 
 from replay.store.contracts import OpStatus, Phase
 from replay.store.forensics import PHASES
-from replay.trace.mode import InputInfo, Tracer
+from replay.trace.findings import InputInfo
+from replay.trace.mode import Tracer
 from replay.trace.origins import BATCH, PRESENT
 from replay.trace.picture import BatchNonFinite
 from replay.trace.result import TraceException
@@ -62,49 +63,51 @@ N_PREVIOUS = 8
 
 
 def _op_ref(tr: Tracer, i: int) -> dict[str, Any]:
-    mod = tr.cols["module"][i]
+    mod = tr.log.cols["module"][i]
     return {
         "op_index": i,
-        "op": tr.op_names.items[tr.cols["name"][i]],
-        "phase": PHASE_NAMES[tr.cols["phase"][i]],
-        "module": tr.modules.items[mod] if mod >= 0 else None,
+        "op": tr.log.op_names.items[tr.log.cols["name"][i]],
+        "phase": PHASE_NAMES[tr.log.cols["phase"][i]],
+        "module": tr.scope.modules.items[mod] if mod >= 0 else None,
     }
 
 
 def _describe_op(tr: Tracer, i: int, inputs: list[InputInfo], executed_at: int) -> dict[str, Any]:
     ref = _op_ref(tr, i)
-    backward = tr.cols["phase"][i] == Phase.BACKWARD.code
-    node = tr.cols["node"][i]
-    src = tr.locs.describe(tr.cols["source"][i])
+    backward = tr.log.cols["phase"][i] == Phase.BACKWARD.code
+    node = tr.log.cols["node"][i]
+    src = tr.sites.locs.describe(tr.log.cols["source"][i])
     ref.update(
         source=src,
         created_at=src if backward else None,
-        executed_at=tr.locs.describe(executed_at),
-        autograd_node=tr.nodes.items[node] if node >= 0 else None,
+        executed_at=tr.sites.locs.describe(executed_at),
+        autograd_node=tr.sites.nodes.items[node] if node >= 0 else None,
         inputs=inputs,
     )
     return ref
 
 
 def _closure_of(tr: Tracer, i: int) -> int | None:
-    k = tr.cols["closure"][i]
+    k = tr.log.cols["closure"][i]
     return k if k >= 0 else None
 
 
 def _surfaced(tr: Tracer, i: int, how: str) -> dict[str, Any]:
     ref = _op_ref(tr, i)
-    ref.update(source=tr.locs.describe(tr.cols["source"][i]), closure=_closure_of(tr, i), how=how)
+    ref.update(
+        source=tr.sites.locs.describe(tr.log.cols["source"][i]), closure=_closure_of(tr, i), how=how
+    )
     return ref
 
 
 def _first_real(tr: Tracer, origins: frozenset[int]) -> int | None:
-    real = [o for o in origins if o >= 0 and tr.origins.klass.get(o) == "real"]
+    real = [o for o in origins if o >= 0 and tr.findings.origins.klass.get(o) == "real"]
     return min(real) if real else None
 
 
 def _first_consumer(tr: Tracer, origin: int) -> int | None:
-    for i in sorted(tr.nonfinite):
-        nf = tr.nonfinite[i]
+    for i in sorted(tr.findings.nonfinite):
+        nf = tr.findings.nonfinite[i]
         if origin in nf.origins and (
             nf.role in ("propagator", "converter") or nf.klass == "intentional"
         ):
@@ -114,13 +117,16 @@ def _first_consumer(tr: Tracer, origin: int) -> int | None:
 
 def _nan_from_inf(tr: Tracer, culprit: int, first: frozenset[int]) -> dict[str, Any] | None:
     """The first converter that turned the culprit's infinity into NaN, on the way to the sink."""
-    if tr.origins.kind.get(culprit) not in ("inf", "neginf"):
+    if tr.findings.origins.kind.get(culprit) not in ("inf", "neginf"):
         return None
     for i in sorted(o for o in first if o >= 0):
-        if tr.origins.klass.get(i) == "nan" and culprit in tr.nonfinite[i].origins:
+        if (
+            tr.findings.origins.klass.get(i) == "nan"
+            and culprit in tr.findings.nonfinite[i].origins
+        ):
             ref = _op_ref(tr, i)
-            ref["source"] = tr.locs.describe(tr.cols["source"][i])
-            ref["from"] = "+inf" if tr.origins.kind[culprit] == "inf" else "-inf"
+            ref["source"] = tr.sites.locs.describe(tr.log.cols["source"][i])
+            ref["from"] = "+inf" if tr.findings.origins.kind[culprit] == "inf" else "-inf"
             return ref
     return None
 
@@ -169,18 +175,18 @@ def build_verdict(
         "sinks": [s for s, _ in sinks],
         "notes": list(notes),
     }
-    status = tr.cols["status"]
-    nft = tr.nonfinite
+    status = tr.log.cols["status"]
+    nft = tr.findings.nonfinite
     # every non-finite op is exempt unless what it carried reached a sink (below): set for all
     # of them at once, as they may be millions (spool.OpSpool.set_rows)
-    tr.cols.set_rows("status", np.asarray(nft.index, dtype=np.int64), EXEMPT)
-    for r in tr.raised:
+    tr.log.cols.set_rows("status", np.asarray(nft.index, dtype=np.int64), EXEMPT)
+    for r in tr.findings.raised:
         status[r.index] = RAISED
     if exception is not None:
         v["kind"] = "exception"
         at = exception["op_index"]
         if at is not None:
-            raised = next(r for r in tr.raised if r.index == at)
+            raised = next(r for r in tr.findings.raised if r.index == at)
             v["previous"] = [_op_ref(tr, j) for j in range(max(0, at - N_PREVIOUS), at)]
             v["closure"] = _closure_of(tr, at)
             producer = _first_real(tr, raised.bad_origins)
@@ -191,7 +197,7 @@ def build_verdict(
                 v["surfaced"] = _surfaced(tr, at, f"raised {exception['type']} on it")
                 v["notes"].append(
                     f"{v['op']} (op {producer}) made {v['made']} from finite inputs; "
-                    f"{tr.op_names.items[tr.cols['name'][at]]} (op {at}) raised on it"
+                    f"{tr.log.op_names.items[tr.log.cols['name'][at]]} (op {at}) raised on it"
                 )
                 return v
             v.update(_describe_op(tr, at, raised.inputs, raised.executed_at))
@@ -201,19 +207,19 @@ def build_verdict(
             v["previous"] = [_op_ref(tr, j) for j in range(max(0, n - N_PREVIOUS), n)]
         return v
     if not sinks:
-        if tr.nonfinite:
+        if tr.findings.nonfinite:
             v["notes"].append(
-                f"{len(tr.nonfinite)} op(s) made non-finite values that never reached the loss, "
+                f"{len(tr.findings.nonfinite)} op(s) made non-finite values that never reached the loss, "
                 "the gradients or the parameters (masks, uninitialised buffers): exempt"
             )
         return v
     v["kind"] = "nonfinite"
     first = sinks[0][1]
-    noticed = frozenset().union(*(n.origins for n in tr.noticed))
+    noticed = frozenset().union(*(n.origins for n in tr.findings.noticed))
     reached = frozenset().union(*(o for _, o in sinks)) | noticed
-    klass = tr.origins.klass
+    klass = tr.findings.origins.klass
     carried = {k for k, o in enumerate(nft.sets) if o & reached}
-    tr.cols.set_rows("status", nft.rows_where(carried), PROPAGATOR)
+    tr.log.cols.set_rows("status", nft.rows_where(carried), PROPAGATOR)
     for i in sorted(o for o in reached if o >= 0):
         if i in nft and klass.get(i) == "real":
             status[i] = PRODUCER
@@ -243,21 +249,21 @@ def build_verdict(
         if real and real[0] != culprit:
             v["surfaced"] = _surfaced(tr, real[0], f"first producer of what reached {sinks[0][0]}")
             v["notes"].append(
-                f"{tr.op_names.items[tr.cols['name'][culprit]]} (op {culprit}) made the first "
+                f"{tr.log.op_names.items[tr.log.cols['name'][culprit]]} (op {culprit}) made the first "
                 f"non-finite value of the step; {sinks[0][0]} got theirs from "
-                f"{tr.op_names.items[tr.cols['name'][real[0]]]} (op {real[0]}), later"
+                f"{tr.log.op_names.items[tr.log.cols['name'][real[0]]]} (op {real[0]}), later"
             )
         v["nan_from_inf"] = conv = _nan_from_inf(tr, culprit, reached)
-        name = tr.op_names.items[tr.cols["name"][culprit]]
+        name = tr.log.op_names.items[tr.log.cols["name"][culprit]]
         if conv is not None:
             v["notes"].append(
                 f"{name} (op {culprit}) made {conv['from']} from finite inputs; "
                 f"{conv['op']} (op {conv['op_index']}) turned it into NaN"
             )
-        elif culprit in tr.origins.from_intentional:
-            src = sorted(o for o in tr.origins.from_intentional[culprit] if o >= 0)
+        elif culprit in tr.findings.origins.from_intentional:
+            src = sorted(o for o in tr.findings.origins.from_intentional[culprit] if o >= 0)
             given = (
-                f"{tr.op_names.items[tr.cols['name'][src[0]]]} (op {src[0]})"
+                f"{tr.log.op_names.items[tr.log.cols['name'][src[0]]]} (op {src[0]})"
                 if src
                 else "a constant made before the step"
             )
@@ -269,7 +275,7 @@ def build_verdict(
         v["cause"] = "intentional"
         culprit = intentional[0]
         v["notes"].append(
-            f"a non-finite value written on purpose by {tr.op_names.items[tr.cols['name'][culprit]]}"
+            f"a non-finite value written on purpose by {tr.log.op_names.items[tr.log.cols['name'][culprit]]}"
             f" (op {culprit}, a non-finite argument) reached {sinks[0][0]} unchanged"
         )
     elif ops:
@@ -277,37 +283,39 @@ def build_verdict(
         culprit = _first_consumer(tr, ops[0])
         v["notes"].append(
             "only uninitialised buffers ("
-            + tr.op_names.items[tr.cols["name"][ops[0]]]
+            + tr.log.op_names.items[tr.log.cols["name"][ops[0]]]
             + f", op {ops[0]}) reached {sinks[0][0]}: the op named "
             "read memory it never wrote"
         )
     if culprit is None:
         v["notes"].append(f"{sinks[0][0]} is non-finite but no traced op explains it")
         return v
-    nf = tr.nonfinite[culprit]
+    nf = tr.findings.nonfinite[culprit]
     _describe_culprit(tr, v, culprit)
     status[culprit] = PRODUCER if nf.role in ("producer", "exempt") else PROPAGATOR
     if v["cause"] == "op":
-        v["made_from"] = "intentional" if culprit in tr.origins.from_intentional else "finite"
+        v["made_from"] = (
+            "intentional" if culprit in tr.findings.origins.from_intentional else "finite"
+        )
     key = culprit if culprit in nf.origins else next(iter(nf.origins))
     v["propagators"] = [
         _op_ref(tr, i)
-        for i in sorted(tr.nonfinite)
+        for i in sorted(tr.findings.nonfinite)
         if i > culprit
-        and tr.nonfinite[i].role in ("propagator", "converter")
-        and key in tr.nonfinite[i].origins
+        and tr.findings.nonfinite[i].role in ("propagator", "converter")
+        and key in tr.findings.nonfinite[i].origins
     ][:N_PROPAGATORS]
     return v
 
 
 def _describe_culprit(tr: Tracer, v: dict[str, Any], culprit: int) -> None:
     """The named op's description, output and what it made, into ``v``."""
-    nf = tr.nonfinite[culprit]
+    nf = tr.findings.nonfinite[culprit]
     v.update(_describe_op(tr, culprit, nf.inputs, nf.executed_at))
     v["closure"] = _closure_of(tr, culprit)
     v["output"] = {
         **(nf.output or {"shape": None, "dtype": None, "device": None}),
-        "stats": stats_dict(tr.cols.get("stats", culprit)),
+        "stats": stats_dict(tr.log.cols.get("stats", culprit)),
     }
     st = v["output"]["stats"]
     made = [w for k, w in (("nan", "NaN"), ("posinf", "+inf"), ("neginf", "-inf")) if st[k] > 0]
@@ -318,12 +326,12 @@ def _blame_producer(tr: Tracer, v: dict[str, Any], producer: int, origins: froze
     """An exception's verdict naming the producer of the non-finite value the op raised on."""
     _describe_culprit(tr, v, producer)
     v["cause"] = "op"
-    v["made_from"] = "intentional" if producer in tr.origins.from_intentional else "finite"
+    v["made_from"] = "intentional" if producer in tr.findings.origins.from_intentional else "finite"
     v["nan_from_inf"] = _nan_from_inf(tr, producer, origins)
     v["propagators"] = [
         _op_ref(tr, i)
-        for i in sorted(tr.nonfinite)
+        for i in sorted(tr.findings.nonfinite)
         if i > producer
-        and tr.nonfinite[i].role in ("propagator", "converter")
-        and producer in tr.nonfinite[i].origins
+        and tr.findings.nonfinite[i].role in ("propagator", "converter")
+        and producer in tr.findings.nonfinite[i].origins
     ][:N_PROPAGATORS]

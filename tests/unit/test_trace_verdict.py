@@ -527,16 +527,19 @@ print(r.n_ops, r.verdict["op"], r.verdict["module"])
 
 
 def test_the_unwrapped_dispatch_mode_is_only_for_steps_with_nothing_compiled():
-    from replay.trace.mode import Tracer, _DirectDispatchMode, _dispatch_mode
+    from replay.trace.dispatch import _DirectDispatchMode, compiled_frames, dispatch_mode
+    from replay.trace.mode import Tracer
 
     torch.manual_seed(0)
     net = Classifier()
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
     compiled = torch.compile(Classifier())
     # (an earlier test in this process may have compiled frames: then neither is unwrapped)
-    from replay.trace.mode import _compiled_frames
-
-    plain = _dispatch_mode(Tracer(net, opt, set(), set(), direct_dispatch=True))
-    assert isinstance(plain, _DirectDispatchMode) == (_compiled_frames() == 0)
-    wrapped = _dispatch_mode(Tracer(compiled, opt, set(), set(), direct_dispatch=True))
+    tracer = Tracer(net, opt, set(), set(), direct_dispatch=True)
+    plain = dispatch_mode(tracer.off, tracer.on_op, [net, opt], direct=True)
+    assert isinstance(plain, _DirectDispatchMode) == (compiled_frames() == 0)
+    wrapped = dispatch_mode(tracer.off, tracer.on_op, [compiled, opt], direct=True)
     assert not isinstance(wrapped, _DirectDispatchMode)
+    assert not isinstance(
+        dispatch_mode(tracer.off, tracer.on_op, [net], direct=False), _DirectDispatchMode
+    )

@@ -207,14 +207,14 @@ def test_a_per_sample_vector_of_a_time_major_batch_is_cut_along_its_own_axis():
 
 
 def test_a_trace_streamed_through_small_chunks_matches_one_kept_in_memory(monkeypatch):
-    import replay.trace.mode as mode
+    import replay.trace.oplog as oplog
     import replay.trace.spool as spool
 
     model, opt, batch = make_lbfgs(1e200)
     whole = trace_step(model, opt, lbfgs_step, batch)
     assert whole.ops.spool.flushed == 0  # small enough to stay in memory
     monkeypatch.setattr(spool, "CHUNK_ROWS", 64)
-    monkeypatch.setattr(mode, "PROGRESS_ROWS", 16)
+    monkeypatch.setattr(oplog, "PROGRESS_ROWS", 16)
     model, opt, batch = make_lbfgs(1e200)
     streamed = trace_step(model, opt, lbfgs_step, batch)
     assert streamed.ops.spool.flushed > 0 and streamed.n_ops == whole.n_ops
