@@ -73,11 +73,11 @@ def render_whatif(r: WhatIfReport) -> str:
     if r.reproduces:
         lines.append("  baseline  reproduces the recording bitwise")
     else:
-        dv = r.divergence or {}
+        dv = r.divergence
+        step, col, was, got = (dv.step, dv.column, dv.recorded, dv.replayed) if dv else [None] * 4
         lines.append(
-            f"  baseline  DIFFERS from the recording at step {dv.get('step')} "
-            f"({dv.get('column')}: recorded {_num(dv.get('recorded'))}, "
-            f"replayed {_num(dv.get('replayed'))})"
+            f"  baseline  DIFFERS from the recording at step {step} "
+            f"({col}: recorded {_num(was)}, replayed {_num(got)})"
         )
     runs: list[tuple[str, list[StepResult], Experiment | None]] = [
         ("recorded", r.recorded, None),

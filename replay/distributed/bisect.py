@@ -79,7 +79,7 @@ def adjust_verdict(v: Any, subject: RankSubject) -> None:
         "snapshot step; later steps update with this rank's gradient, not the all-reduced average"
     )
     d = v.divergence
-    if d is None or v.snapshot is None or d.get("step") == v.snapshot:
+    if d is None or v.snapshot is None or d.step == v.snapshot:
         return
     # Drift after the snapshot step is the missing all-reduce, not non-determinism.
     v.notes = [n for n in v.notes if note_kind(n) is not NoteKind.NONDETERMINISM]
