@@ -33,8 +33,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import replay  # noqa: E402
-from replay.capture.ddp_hook import LocalGradProbe  # noqa: E402
-from replay.record.ddp.consistency import BucketVotes  # noqa: E402
+from replay.ranks.ddp_hook import LocalGradProbe  # noqa: E402
+from replay.ranks.votes import BucketVotes  # noqa: E402
 
 BATCH, D_IN, HIDDEN, D_OUT = 64, 256, 512, 10
 

@@ -8,7 +8,7 @@ Rank 0 is recorded by ``replay.Recorder`` (its ``rank=``/``world_size=`` overrid
 MLP's training loop; the other ranks are written by the real store writer from its contents
 (``_generate`` says why). One rank (60% of the way) goes non-finite at step ``BAD_STEP``,
 another a few steps later, so the answer is one (step, rank). Then times
-``replay.distributed.scan.scan_rank_set`` on each set, alternating variants: one process reading
+``replay.ranks.scan.scan_rank_set`` on each set, alternating variants: one process reading
 every file, a thread pool, and the process pool the scan uses (one worker per core). Prints a
 markdown table (median seconds over ``--rounds``) and checks that the scan's worker processes
 never imported torch. ``--dir`` keeps the generated files (reused on the next run).
@@ -87,7 +87,7 @@ def _generate(base: str, ranks: int, steps: int, snapshots: bool) -> None:
     import h5py
     import numpy as np
 
-    from replay.distributed.ranks import rank_path
+    from replay.ranks.names import rank_path
     from replay.store.contracts import HealthFrame, SnapshotFrame, StepFrame
     from replay.store.layout import HEALTH_COLUMNS
     from replay.store.reader import open_recording
@@ -177,8 +177,8 @@ def _threads(files: list[str]) -> tuple[float, Any]:
 
 
 def _threads_here(files: list[str]) -> tuple[float, Any]:
-    from replay.distributed.ranks import first_bad_rank
-    from replay.distributed.scan import scan_file
+    from replay.ranks.first_bad import first_bad_rank
+    from replay.ranks.scan import scan_file
 
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=len(os.sched_getaffinity(0)) * 2) as pool:
@@ -192,7 +192,7 @@ def _no_torch_in_workers() -> bool:
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    from replay.distributed import scan
+    from replay.ranks import scan
 
     ctx = multiprocessing.get_context("forkserver")
     with ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
@@ -226,8 +226,8 @@ def main() -> None:
         "health only": _ensure(root, "health", args.ranks, args.steps, False),
         "health + snapshots": _ensure(root, "snapshots", args.ranks, args.steps, True),
     }
-    from replay.distributed.ranks import resolve_rank_files
-    from replay.distributed.scan import scan_rank_set
+    from replay.ranks.names import resolve_rank_files
+    from replay.ranks.scan import scan_rank_set
 
     cores = len(os.sched_getaffinity(0))
 

@@ -63,9 +63,7 @@ class PreflightReport:
             "verify_exit": self.verify_exit,
             "verify_error": self.verify_error,
             "cause": v.cause.to_json() if v is not None and v.cause is not None else None,
-            "first_divergence": (
-                v.first_divergence.to_json() if v is not None and v.first_divergence else None
-            ),
+            "first_divergence": v.first_divergence if v is not None else None,
             "replayed_steps": v.replayed_steps if v is not None else None,
             "failure": (
                 {"error": self.failure_error}
@@ -242,8 +240,8 @@ def _recorded_files(path: str) -> list[str]:
     ranks wrote beside it (``preflight.rank0.h5``, ...)."""
     if os.path.isfile(path):
         return [path]
-    from .distributed.ranks import resolve_rank_files
     from .errors import RecordingError
+    from .ranks.names import resolve_rank_files
 
     try:
         return resolve_rank_files(path) or []
@@ -253,8 +251,8 @@ def _recorded_files(path: str) -> list[str]:
 
 def _health_failed(path: str) -> bool:
     """Whether the recording's health shows a NaN/Inf or an exception (torch-free)."""
-    from .distributed.ranks import resolve_rank_files
     from .errors import ReplayError
+    from .ranks.names import resolve_rank_files
     from .store import open_recording
 
     try:

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from replay.distributed.scan import rank_set
 from replay.errors import RecordingError
+from replay.ranks.scan import rank_set
 from replay.reports import TraceVerdict
 from replay.safetext import term_safe, term_safe_tree
 from replay.store import Recording, open_recording

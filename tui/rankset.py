@@ -1,6 +1,6 @@
 """What the Ranks view reads: every rank of a DDP run, side by side (numpy + h5py, never torch).
 
-A rank set is named as ``replay info`` names it (``replay/distributed/scan.py``): the base path
+A rank set is named as ``replay info`` names it (``replay/ranks/scan.py``): the base path
 ``run.h5`` beside ``run.rank0.h5``, ``run.rank1.h5``..., a directory or a glob. The TUI opens the
 culprit rank's file like any recording and keeps this summary of all ranks next to it.
 """
@@ -12,9 +12,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from replay.distributed.ranks import describe_failure, open_rank_set
-from replay.distributed.scan import rank_set
 from replay.errors import RecordingError
+from replay.ranks.files import open_rank_set
+from replay.ranks.first_bad import describe_failure
+from replay.ranks.scan import rank_set
 from replay.safetext import term_safe
 
 __all__ = ["RankRow", "RankSetSummary", "read_rank_set", "trace_line"]

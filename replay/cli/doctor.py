@@ -13,7 +13,7 @@ from ..reports.doctor import DoctorReport, RankSetDoctorReport, SlowestRank
 from ..safetext import term_safe
 
 if TYPE_CHECKING:
-    from ..distributed.ranks import RankSet
+    from ..ranks.files import RankFiles
 
 __all__ = ["doctor"]
 
@@ -62,13 +62,13 @@ def _is_file(path: str) -> bool:
     return os.path.isfile(path)
 
 
-def _rank_set_report(rs: RankSet, first: Any) -> RankSetDoctorReport:
+def _rank_set_report(rs: RankFiles, first: Any) -> RankSetDoctorReport:
     """Every rank's checklist, and across the ranks: which went bad first (``first``, the
     scan's), which is slow (median step wall time)."""
     import numpy as np
 
-    from ..distributed.ranks import describe_failure
     from ..doctor import diagnose
+    from ..ranks.first_bad import describe_failure
 
     times: dict[int, float] = {}
     for r, rec in rs.recordings.items():
@@ -93,8 +93,8 @@ def _rank_set_report(rs: RankSet, first: Any) -> RankSetDoctorReport:
 
 def _doctor_rank_set(run: str, scan: Any, as_json: bool) -> int:
     """Every rank's checklist, and across the ranks: who went bad first, who is slow."""
-    from ..distributed.ranks import open_rank_set
-    from ..distributed.scan import spans
+    from ..ranks.files import open_rank_set
+    from ..ranks.scan import spans
 
     with open_rank_set(list(scan.paths.values()), name=run) as rs:
         report = _rank_set_report(rs, scan.first_bad)
@@ -130,8 +130,8 @@ def doctor(run: str, as_json: bool) -> int:
     A DDP rank set (run.h5 for run.rank<N>.h5): every rank's checklist, the rank that went bad
     first and the slowest rank.
     """
-    from ..distributed.scan import rank_set
     from ..doctor import diagnose
+    from ..ranks.scan import rank_set
 
     if not _is_file(run):
         scan = rank_set(run)  # a DDP rank set: run.h5 for run.rank<N>.h5 (or a glob)

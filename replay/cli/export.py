@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
 
 import click
 
 from ..errors import EXIT_OK
-from ._replaying import ReplayOptions, engine_options, replaying
-
-if TYPE_CHECKING:
-    from ..workflows.export import ExportReport
+from ._process import big_imports, user_stdout_to_stderr
+from ._replaying import engine_options
 
 __all__ = ["export"]
 
@@ -39,7 +36,10 @@ def export(
     out: str,
     step: int | None,
     as_json: bool,
-    options: ReplayOptions,
+    device: str | None,
+    entry: str | None,
+    trust: bool,
+    reenter: bool,
 ) -> int:
     """Write the state before a step of RUN as a torch.save checkpoint to resume the real run.
 
@@ -55,27 +55,26 @@ def export(
     """
     from ..workflows import run_export
 
-    replaying(
-        as_json,
-        lambda _opened, _progress: run_export(run, out, step=step, **options.engine()),
-        render_export,
-    )
-    return EXIT_OK
-
-
-def render_export(report: ExportReport) -> str:
-    """Where the checkpoint went, what it holds, and what to skip on resume."""
+    with user_stdout_to_stderr(as_json), big_imports() as phase:
+        report = run_export(
+            run, out, step=step, device=device, entry=entry, trust=trust, reenter=reenter
+        )
+        phase.end()
+    if as_json:
+        click.echo(json.dumps(report.to_json(), indent=2))
+        return EXIT_OK
     how = (
         f"the snapshot of step {report.snapshot}"
         if report.replayed == 0
         else f"replayed {report.replayed} step(s) from the snapshot of step {report.snapshot}, "
         f"{report.verified} checked bitwise against the recording"
     )
-    lines = [f"exported the state before step {report.step} ({how}) to {report.out}/"]
-    lines.append("  " + ", ".join(report.files.values()))
+    click.echo(f"exported the state before step {report.step} ({how}) to {report.out}/")
+    click.echo("  " + ", ".join(report.files.values()))
     for s in report.skip:
         ident = f" (values {json.dumps(s['values'])})" if s.get("values") else ""
-        lines.append(f"  skip on resume: step {s['step']}{ident}")
-    lines += [f"  note: {n}" for n in report.notes]
-    lines.append(f"  how to load it: {report.out}/README.md")
-    return "\n".join(lines)
+        click.echo(f"  skip on resume: step {s['step']}{ident}")
+    for n in report.notes:
+        click.echo(f"  note: {n}")
+    click.echo(f"  how to load it: {report.out}/README.md")
+    return EXIT_OK

@@ -9,9 +9,10 @@ from typing import TYPE_CHECKING, Any
 import click
 import numpy as np
 
-from ..distributed.ranks import describe_failure, open_rank_set
-from ..distributed.scan import RankScan, rank_set, spans
 from ..errors import EXIT_BAD_RECORDING, EXIT_INCOMPLETE_RANKS, EXIT_OK, RecordingError
+from ..ranks.files import open_rank_set
+from ..ranks.first_bad import describe_failure
+from ..ranks.scan import RankScan, rank_set, spans
 from ..safetext import term_safe, term_safe_tree
 from ..store import open_recording
 from ..store.hparams import step_hparams

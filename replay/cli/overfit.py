@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import click
 
 from ..errors import EXIT_NOTHING_FOUND, EXIT_OK
 from ..reports import OverfitReport
-from ._replaying import ReplayOptions, engine_options, replaying
+from ._process import user_stdout_to_stderr
+from ._replaying import engine_options
 
 _BARS = "▁▂▃▄▅▆▇█"
 
@@ -109,7 +111,10 @@ def overfit(
     iters: int,
     lr: float | None,
     as_json: bool,
-    options: ReplayOptions,
+    device: str | None,
+    entry: str | None,
+    trust: bool,
+    reenter: bool,
 ) -> int:
     """Rebuild the model from RUN's state and train it on one recorded batch, again and again.
 
@@ -128,11 +133,16 @@ def overfit(
                 f"{run}: no replayable state (no kept snapshot with its batches), so there is "
                 "nothing to rebuild the model from"
             )
-    result = replaying(
-        as_json,
-        lambda _opened, _progress: overfit_batch(
-            run, step=step, iters=iters, lr=lr, **options.engine()
-        ),
-        render,
-    )
+    with user_stdout_to_stderr(as_json):
+        result = overfit_batch(
+            run,
+            step=step,
+            iters=iters,
+            lr=lr,
+            device=device,
+            entry=entry,
+            trust=trust,
+            reenter=reenter,
+        )
+    click.echo(json.dumps(result.to_json(), indent=2) if as_json else render(result))
     return EXIT_OK if result.overfits else EXIT_NOTHING_FOUND

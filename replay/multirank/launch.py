@@ -30,8 +30,9 @@ from collections.abc import Callable
 from typing import Any
 
 from ..child import RANK_WORKER, python_module
-from ..distributed.scan import RankScan
 from ..errors import RecordingError, ReplayError, UsageError, error_of_exit_code
+from ..ranks.first_bad import describe_failure
+from ..ranks.scan import RankScan
 
 __all__ = ["replay_rank_set", "DEADLINE"]
 
@@ -200,7 +201,7 @@ def replay_rank_set(
     **job: Any,
 ) -> dict[str, Any]:
     """``replay verify``, ``bisect``, ``trace``, ``export`` or ``whatif`` (``mode``) of every rank
-    of the rank set ``scan`` (:func:`replay.distributed.scan.rank_set`).
+    of the rank set ``scan`` (:func:`replay.ranks.scan.rank_set`).
 
     Returns the leader's report (rank 0, or for ``bisect``, ``whatif`` and ``trace`` of that
     step the rank whose own values went bad first), with ``ranks``: every rank's own bitwise check (``deterministic``,
@@ -257,7 +258,7 @@ def replay_rank_set(
             "ranks": sorted(paths),
             "first_bad": None if first is None else first.to_json(),
             "replayed_rank": leader,
-            "summary": _summary(first),
+            "summary": describe_failure(first),
         }
     reduction = "FSDP2's gradient reduce-scatter" if sharded else "DDP's gradient all-reduce"
     if failure is not None:
@@ -284,9 +285,3 @@ def replay_rank_set(
     }
     report["ranks"] = ranks
     return report
-
-
-def _summary(failure: Any) -> str:
-    from ..distributed.ranks import describe_failure
-
-    return describe_failure(failure)

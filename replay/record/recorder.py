@@ -49,8 +49,11 @@ from ..capture.rng import capture_rng
 from ..capture.sharded import layout
 from ..capture.tensors import CopyStats, tree_nbytes
 from ..capture.watch import ObjectWatch
-from ..distributed.ranks import base_path, rank_path
 from ..errors import NonFiniteLossError, RecorderWarning
+from ..ranks.context import detect, shared_run_id, unwrap
+from ..ranks.names import base_path, rank_path
+from ..ranks.policy import DdpRanks, RankPolicy, SingleProcess
+from ..ranks.votes import Verdict
 from ..store.contracts import (
     ModelMeta,
     ModuleMeta,
@@ -66,9 +69,6 @@ from ..trust import sign, signed_payload, user_key
 from . import active
 from .batch_refs import BatchRefs
 from .config import RecorderConfig
-from .ddp.consistency import Verdict
-from .ddp.context import detect, shared_run_id, unwrap
-from .ddp.policy import DdpRanks, RankPolicy, SingleProcess
 from .entry import describe_entry, describe_program, describe_step, read_source
 from .env import collect_env
 from .inflight import InFlight, Settled
@@ -170,7 +170,7 @@ class Recorder:
     without a DDP wrapper) the ranks agree on the loss alone, with one extra tiny all-reduce per
     step (a warning says so). Open the rank set with ``replay info run.h5`` /
     ``replay bisect run.h5``. A step that *raises* on one rank cannot be agreed on (see
-    ``replay/record/ddp/consistency.py``).
+    ``replay/ranks/votes.py``).
 
     **FSDP2** (``model`` sharded with ``torch.distributed.fsdp.fully_shard``, the optimizer made
     over its sharded parameters; ``build_fn`` returns the plain model and its optimizer): each

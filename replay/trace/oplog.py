@@ -158,10 +158,12 @@ class OpLog:
     def measure(self, site: OpSite, ins: list[torch.Tensor], outs: list[torch.Tensor]) -> Measured:
         """Count the op's tensors in memory and measure its outputs."""
         see, seen = self.memory.see, self.memory.seen
-        for ts in (ins, outs):
-            for t in ts:
-                if id(t) not in seen:
-                    see(t, site.index, site.op.name)
+        for t in ins:
+            if id(t) not in seen:
+                see(t, site.index, site.op.name)
+        for t in outs:
+            if id(t) not in seen:
+                see(t, site.index, site.op.name)
         floats = [t for t in outs if t.is_floating_point()]
         main = floats[0] if floats else (outs[0] if outs else None)
         staged: np.ndarray | None = None

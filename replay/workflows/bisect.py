@@ -44,7 +44,7 @@ def run_bisect(
     led by the rank whose own values went bad first; ``alone`` replays one rank in this process
     (``rank``, or that culprit rank), labelled ``"approximate": true``.
     """
-    from .ranks import APPROXIMATE, choose_ranks
+    from ..multirank.choice import APPROXIMATE, choose_ranks
 
     choice = choose_ranks(run, rank, alone)
     if choice.together:
@@ -101,9 +101,11 @@ def bisect_engine(
     failure)."""
     from ..bisect import SearchError, auto_criterion, find_culprit
     from ..bisect.compare import HINT_RAISED
+    from ..bisect.report import bisect_report
     from ..bisect.subject import Subject
-    from ..distributed.bisect import RankSubject, adjust_verdict, is_rank_recording
     from ..engine.subject import EngineSubject
+    from ..multirank.alone import RankSubject, adjust_verdict
+    from ..ranks.files import is_rank_recording
     from .culprit import trace_verdict
     from .why import buffers_hint, explain_divergence, read_buffers
 
@@ -112,7 +114,7 @@ def bisect_engine(
         subject = RankSubject(subject, int(rec.meta["distributed"]["rank"]))
     crit = criterion if criterion is not None else auto_criterion(subject.recorded_rows())
     try:
-        report = find_culprit(subject, crit, progress=progress)
+        verdict = find_culprit(subject, crit, progress=progress)
     except SearchError as e:
         # a replay that raised because the step samples from a collection the loop fills (a
         # replay memory): name it instead of the general hint
@@ -120,13 +122,13 @@ def bisect_engine(
         said = str(e).replace(HINT_RAISED, buffers_hint(found)) if found else str(e)
         raise ReplayError(said) from None
     if isinstance(subject, RankSubject):
-        adjust_verdict(report, subject)
-    traced = trace_verdict(engine, rec, report, reraise=reraise) if trace else None
-    report.recording, report.entry_files = rec.path, list(engine.entry_files)
+        adjust_verdict(verdict, subject)
+    traced = trace_verdict(engine, rec, verdict, reraise=reraise) if trace else None
+    report = bisect_report(verdict, recording=rec.path, entry_files=engine.entry_files)
     if traced is not None:
         report.take_trace(traced)
-    if report.divergence is not None:
-        report.divergence_cause = explain_divergence(engine, report.divergence, report.exception)
+    if verdict.divergence is not None:
+        report.divergence_cause = explain_divergence(engine, verdict.divergence, verdict.exception)
     return report
 
 

@@ -23,9 +23,10 @@ import torch
 
 from ..engine import Engine
 from ..jsonsafe import json_safe
-from ..reports import BisectReport, TracedOp, TraceVerdict
+from ..reports import TracedOp, TraceVerdict
 
 if TYPE_CHECKING:
+    from ..bisect.search import Verdict
     from ..store.reader import Recording
     from ..trace.result import TraceResult
 
@@ -126,7 +127,7 @@ def _data_samples(batch: Any, axes: list[int]) -> list[Any]:
 def trace_verdict(
     engine: Engine,
     rec: Recording,
-    verdict: BisectReport,
+    verdict: Verdict,
     *,
     reraise: tuple[type[BaseException], ...] = (),
 ) -> TracedOp | None:
@@ -174,7 +175,7 @@ def trace_verdict(
             )
             verdict.first_bad_step = t
             engine.state_before(t)
-            verdict.take_row(engine.run_step(t).row())
+            verdict.culprit_row = engine.run_step(t).row()
         return traced
     except reraise:
         raise

@@ -180,9 +180,9 @@ def run_export(
     the report is rank 0's, with every rank's in ``ranks``.
     """
     check_out(out)
-    from .ranks import rank_set_files
+    from ..ranks.scan import rank_set
 
-    scan = rank_set_files(run)
+    scan = rank_set(run)
     if scan is not None:
         return _export_ranks(scan, out, step, device, entry, trust, reenter)
     work = export_work(run, out, step)

@@ -54,7 +54,7 @@ def _wrap_ddp(engine: Engine, device: str, rec: Recording) -> set[int]:
 
     The recorder's per-rank gradient probe (``local_grad_norm``) averaged the buckets as DDP's
     default all-reduce hook does and, with the rank-consistent stop on, carried the ranks'
-    votes in the last bucket's all-reduce (``replay/capture/ddp_hook.py``, which the recorder uses). Where the recording
+    votes in the last bucket's all-reduce (``replay/ranks/ddp_hook.py``, which the recorder uses). Where the recording
     shows the probe, the replay runs that same hook: the buckets that meet in each all-reduce
     then have the recorded lengths, and with three or more ranks the backend sums every
     element in the recorded order (a longer bucket moves the chunks a ring all-reduce sums).
@@ -63,7 +63,7 @@ def _wrap_ddp(engine: Engine, device: str, rec: Recording) -> set[int]:
 
     from torch.nn.parallel import DistributedDataParallel
 
-    from ..capture.ddp_hook import LocalGradProbe
+    from ..ranks.ddp_hook import LocalGradProbe
 
     ids = [device] if device.startswith("cuda") else None
     ddp = engine.wrapper  # a re-run program's own wrapper
@@ -108,7 +108,7 @@ def _shard(engine: Engine, spec: dict[str, Any]) -> set[int]:
 
 def peer_failed_steps(engine: Engine) -> set[int]:
     """Steps at which this rank recorded a collective error (a peer failed), not its own."""
-    from ..distributed.ranks import is_collective_error
+    from ..ranks.first_bad import is_collective_error
 
     out = set()
     for row in engine.recorded_rows():

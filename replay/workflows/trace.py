@@ -30,9 +30,9 @@ def run_trace(
     ``source``, ``forensics``...) plus ``step`` and ``window``; on a healthy step
     ``op`` is ``None`` and the sidecar holds every op of the step for ``replay tui``.
     """
-    from .ranks import rank_set_files
+    from ..ranks.scan import rank_set
 
-    files = rank_set_files(run)
+    files = rank_set(run)
     if files is not None:  # a DDP rank set: every rank together, each traced into its sidecar
         from ..multirank.launch import replay_rank_set
         from ..reports.verdict import only_known

@@ -542,9 +542,9 @@ def run_whatif(
     """
     if not changes:
         raise UsageError("name at least one change (--set, --scale, --clip, --skip-step, ...)")
-    from .ranks import rank_set_files
+    from ..ranks.scan import rank_set
 
-    scan = rank_set_files(run)
+    scan = rank_set(run)
     if scan is not None:  # a DDP rank set: every rank runs every experiment, together
         from ..multirank.launch import replay_rank_set
 
@@ -637,8 +637,8 @@ def whatif_work(
 
         if divergence is not None:
             notes.append(
-                f"the baseline differs from the recording at step {divergence.step} "
-                f"({divergence.column}): the experiments are compared with the baseline; "
+                f"the baseline differs from the recording at step {divergence['step']} "
+                f"({divergence['column']}): the experiments are compared with the baseline; "
                 "run `replay verify` to see why"
             )
         if bad is not None and bad > hi:

@@ -29,7 +29,8 @@ import torch.multiprocessing as mp
 from replay.capture.fingerprint import grad_norm, param_fingerprint
 from replay.capture.rng import restore_rng
 from replay.capture.tensors import from_leaves
-from replay.distributed import first_bad_rank, open_rank_set, rank_health
+from replay.ranks.files import open_rank_set, rank_health
+from replay.ranks.first_bad import first_bad_rank
 from replay.store import open_recording
 from tests.conftest import replay_here, run_env, run_py
 

@@ -1,4 +1,4 @@
-"""The bookkeeping of the DDP stop's votes (replay/record/ddp/consistency.py), without ranks.
+"""The bookkeeping of the DDP stop's votes (replay/ranks/votes.py), without ranks.
 
 The votes ride DDP's last gradient all-reduce; here a fake probe hands over what that
 all-reduce summed. Slots ``[0, W)``: a rank's own gradients went non-finite at this step (NaN);
@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from replay.record.ddp.consistency import BucketVotes, Verdict
+from replay.ranks.votes import BucketVotes, Verdict
 
 W = 2
 NAN = float("nan")
@@ -97,7 +97,7 @@ def test_a_loss_on_the_gpu_is_kept_as_a_tensor_without_a_host_sync() -> None:
 
 
 def test_two_reductions_in_one_step_merge_their_votes() -> None:
-    from replay.capture.ddp_hook import LocalGradProbe
+    from replay.ranks.ddp_hook import LocalGradProbe
 
     probe = LocalGradProbe(None, [], rank=0, world_size=W, votes=True)
     probe._reduced = [_votes(grads={1: NAN}, late={0: 2.0}), _votes(late={0: 2.0, 1: 1.0})]

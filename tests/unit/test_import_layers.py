@@ -9,6 +9,9 @@ click). The store and the bisector never import torch; the TUI reads through the
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -28,25 +31,32 @@ LAYERS = {
     "bisect": 1,  # the search: pure python
     "doctor": 2,  # rules over what the store reads
     "capture": 2,  # what recording and replay both compute, one copy
-    "distributed": 2,  # reading and bisecting rank sets
+    "ranks": 2,  # what a rank set is and how each rank records (imports capture, never back)
     "record": 3,  # the recorder: capture on the training thread, the writer, its DDP side
     "trace": 3,  # per-op dispatch mode
     "engine": 3,  # replaying steps (never imports the recorder: see test below)
     "workflows": 4,  # what each command does, as library calls
-    "multirank": 3,  # every rank of a rank set replayed together: launch and lockstep (the
-    # per-rank process that runs a workflow is workflows/rank_worker.py)
+    "multirank": 3,  # a rank set's ranks replayed: which way, one alone, every one together
+    # (the per-rank process that runs a workflow is workflows/rank_worker.py)
     "preflight": 4,
     "integrations": 4,  # framework callbacks: a Recorder driven by the framework's hooks
     "cli": 5,  # parse, call, render
     "__main__": 6,
     "__init__": 6,  # the package facade
 }
-NO_TORCH = {"trust", "reports", "store", "bisect", "doctor", "preflight", "distributed"}
+NO_TORCH = {"trust", "reports", "store", "bisect", "doctor", "preflight"}
+# The reading side of replay/ranks (the recording side is torch's: context, policy, votes, hook).
+RANKS_READING = ("names", "files", "first_bad", "scan")
 
 
 def _package(path: Path) -> str:
     rel = path.relative_to(ROOT / "replay")
     return rel.parts[0].removesuffix(".py")
+
+
+def _no_torch(path: Path) -> bool:
+    me = _package(path)
+    return me in NO_TORCH or (me == "ranks" and path.stem in (*RANKS_READING, "__init__"))
 
 
 def _imports(path: Path) -> list[tuple[int, str]]:
@@ -94,7 +104,7 @@ def test_imports_point_down_the_pipeline(path):
                 )
         if parts[0] == "click" and me not in ("cli", "__main__"):
             wrong.append(f"line {line}: {me} imports click (only the CLI may)")
-        if parts[0] == "torch" and me in NO_TORCH:
+        if parts[0] == "torch" and _no_torch(path):
             wrong.append(f"line {line}: {me} imports torch")
     assert not wrong, "\n".join(wrong)
 
@@ -111,7 +121,7 @@ def test_the_tui_reads_through_the_store_alone():
                 and parts[1]
                 not in ("store", "errors", "words", "safetext", "thresholds", "reports", "child")
                 # rank file sets and their scan: numpy + h5py only
-                and name not in ("replay.distributed.ranks", "replay.distributed.scan")
+                and name not in [f"replay.ranks.{m}" for m in RANKS_READING]
             ):
                 wrong.append(f"{path.relative_to(ROOT)}:{line} imports {name}")
     assert not wrong, "\n".join(wrong)
@@ -128,3 +138,43 @@ def test_replay_shares_capture_code_with_the_recorder_but_never_imports_it():
         if name.startswith("replay.record")
     ]
     assert not wrong, "\n".join(wrong)
+
+
+def test_capture_never_imports_ranks():
+    """``ranks`` and ``capture`` share a layer: ``ranks`` builds on ``capture`` (the hook's
+    norms are the fingerprint's), so an arrow back would be a circle."""
+    wrong = [
+        f"{p.relative_to(ROOT)}:{line} imports {name}"
+        for p in sorted((ROOT / "replay" / "capture").rglob("*.py"))
+        for line, name in _imports(p)
+        if name.startswith("replay.ranks")
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+# What reads a recording back (and the reader itself): none of it belongs in a training process.
+READING_SIDE = (
+    "replay.store.reader",
+    "replay.ranks.scan",
+    "replay.ranks.files",
+    "replay.engine",
+    "replay.trace",
+    "replay.bisect",
+    "replay.workflows",
+    "replay.multirank",
+)
+
+
+def test_the_recorder_loads_nothing_of_the_reading_side():
+    """``import replay.record.recorder`` in a fresh interpreter (the training process): the
+    recorder names its rank file with ``replay.ranks.names`` alone, never through the reader."""
+    code = (
+        "import json, sys\nimport replay.record.recorder\nprint(json.dumps(sorted(sys.modules)))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    loaded = json.loads(out.stdout)
+    assert "replay.ranks.names" in loaded and "replay.ranks.policy" in loaded
+    wrong = [m for m in loaded if any(m == r or m.startswith(r + ".") for r in READING_SIDE)]
+    assert not wrong, f"importing the recorder loaded {wrong}"

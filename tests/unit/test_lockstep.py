@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from replay.distributed.ranks import is_collective_error
 from replay.engine.observe import ObservedCalls
 from replay.errors import ReplayError
 from replay.multirank import lockstep
+from replay.ranks.first_bad import is_collective_error
 
 
 class FakeEngine(ObservedCalls):

@@ -13,15 +13,10 @@ import pytest
 import torch
 
 import replay
-from replay.distributed import (
-    base_path,
-    first_bad_rank,
-    open_rank_set,
-    rank_health,
-    rank_path,
-    resolve_rank_files,
-)
 from replay.errors import RecordingError
+from replay.ranks.files import open_rank_set, rank_health
+from replay.ranks.first_bad import first_bad_rank
+from replay.ranks.names import base_path, rank_path, resolve_rank_files
 from replay.store import HEALTH_COLUMNS, open_recording
 
 
@@ -151,7 +146,7 @@ def _three_ranks(tmp_path: Any, nan_rank: int = 2) -> tuple[str, list[str]]:
 
 
 def test_scan_finds_the_first_bad_step_and_rank_as_the_serial_reading_does(tmp_path: Any) -> None:
-    from replay.distributed.scan import scan_rank_set
+    from replay.ranks.scan import scan_rank_set
 
     base, files = _three_ranks(tmp_path, nan_rank=1)
     with open_rank_set(base) as rs:
@@ -168,8 +163,8 @@ def test_a_rank_set_with_a_missing_or_damaged_rank_file_is_named_never_guessed_o
 ) -> None:
     """A gap in the rank numbers, fewer files than the recorded world size, a truncated file:
     each is one line naming the rank, exit code 7 from every command that reads the set."""
-    from replay.distributed.scan import rank_set
     from replay.errors import EXIT_INCOMPLETE_RANKS, IncompleteRankSetError
+    from replay.ranks.scan import rank_set
     from tests.conftest import replay_cli
 
     base, files = _three_ranks(tmp_path)

@@ -68,7 +68,7 @@ class RanksScreen(RunScreen):
         t.append(f"{self.model.name} is one recording.\n")
         d = self.model.rec.meta.get("distributed") or {}
         if d.get("rank") is not None:
-            from replay.distributed.ranks import base_path
+            from replay.ranks.names import base_path
 
             base = base_path(self.model.path)
             t.append(

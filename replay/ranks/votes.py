@@ -2,7 +2,7 @@
 the same step with the same error, instead of some raising and the rest hanging in a collective.
 
 **Votes in DDP's own all-reduce** (:class:`BucketVotes`, under a ``DistributedDataParallel``
-model): the recorder's communication hook (``hook.py``) appends every rank's vote to the last
+model): the recorder's communication hook (``ddp_hook.py``) appends every rank's vote to the last
 gradient bucket of the step, so the stop costs no collective of its own. What a vote covers:
 
 - this rank's own gradients at this step, measured before the all-reduce: a NaN/Inf stops every
@@ -49,8 +49,8 @@ from typing import Any
 
 import torch
 
-from ...capture.ddp_hook import LocalGradProbe
-from ...capture.readback import Readback, Ticket
+from ..capture.readback import Readback, Ticket
+from .ddp_hook import LocalGradProbe
 
 __all__ = ["Verdict", "BucketVotes", "ConsistentStop", "device_of", "VERDICT_LAG"]
 

@@ -18,14 +18,9 @@ from typing import Any
 from ..bisect.compare import same_bits
 from ..bisect.search import NoteKind, note_kind
 
-__all__ = ["RankSubject", "adjust_verdict", "is_rank_recording"]
+__all__ = ["RankSubject", "adjust_verdict"]
 
 _NOT_COMPARABLE = ("param_fingerprint",)
-
-
-def is_rank_recording(meta: dict[str, Any]) -> bool:
-    d = meta.get("distributed") or {}
-    return int(d.get("world_size") or 1) > 1
 
 
 class RankSubject:

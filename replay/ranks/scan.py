@@ -1,7 +1,7 @@
 """Scanning a rank set: every rank file read once, in parallel, into one small summary each.
 
 A run of a thousand ranks leaves a thousand files; the first (step, rank) over them is the minimum
-of what each file says (:func:`~replay.distributed.ranks.rank_evidence`), so each file is read in
+of what each file says (:func:`~replay.ranks.first_bad.rank_evidence`), so each file is read in
 a worker process of its own (h5py and numpy only: no torch is imported on this path) and hands
 back a :class:`RankFileScan` of a few numbers. ``benchmarks/bench_rankscan.py`` measures it on
 1,024 generated rank files.
@@ -24,15 +24,8 @@ from ..errors import EntryPointError, IncompleteRankSetError, RecordingError
 from ..store.reader import claimed_size, open_recording
 from ..store.validate import MAX_WORLD_SIZE
 from ..trust import standing
-from .ranks import (
-    RankEvidence,
-    RankFailure,
-    describe_failure,
-    first_bad_rank,
-    rank_evidence,
-    rank_of_name,
-    resolve_rank_files,
-)
+from .first_bad import RankEvidence, RankFailure, describe_failure, first_bad_rank, rank_evidence
+from .names import rank_of_name, resolve_rank_files
 
 __all__ = [
     "PARALLEL_FROM",
@@ -235,7 +228,7 @@ def scan_rank_set(
     name: str | None = None,
 ) -> RankScan:
     """Read every rank file of ``spec`` (a rank-set name, see
-    :func:`~replay.distributed.ranks.resolve_rank_files`, or a list of rank files) and find the
+    :func:`~replay.ranks.names.resolve_rank_files`, or a list of rank files) and find the
     first (step, rank) that went bad.
 
     ``workers``: processes reading files (default: one per core; 1 reads here). ``strict``:

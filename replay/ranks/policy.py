@@ -1,5 +1,5 @@
 """What recording does about the other ranks: nothing in a single process, and under DDP the
-per-rank gradient probe and the rank-consistent stop (``consistency.py``, ``hook.py``).
+per-rank gradient probe and the rank-consistent stop (``votes.py``, ``ddp_hook.py``).
 
 Under a ``DistributedDataParallel`` model the stop's votes ride DDP's own last gradient
 all-reduce of the step (no collective of its own). Only when the probe cannot be installed (the
@@ -20,10 +20,10 @@ from typing import Any
 
 import torch
 
-from ...capture.ddp_hook import LocalGradProbe
-from ...capture.sharded import layout
-from ...errors import RecorderWarning
-from .consistency import VERDICT_LAG, BucketVotes, ConsistentStop, Verdict, device_of
+from ..capture.sharded import layout
+from ..errors import RecorderWarning
+from .ddp_hook import LocalGradProbe
+from .votes import VERDICT_LAG, BucketVotes, ConsistentStop, Verdict, device_of
 
 __all__ = ["RankPolicy", "SingleProcess", "DdpRanks"]
 
@@ -108,7 +108,7 @@ class DdpRanks(RankPolicy):
         self._losses: dict[int, Any] = {}  # the loss of each step whose verdict is still unread
 
     def before_step(self) -> None:
-        """A device verdict is read ``VERDICT_LAG`` steps after its step voted (consistency.py):
+        """A device verdict is read ``VERDICT_LAG`` steps after its step voted (votes.py):
         the ones older than the step before this one."""
         if self._stop is not None and self._stop.deferred:
             self._raise_if_bad(self._stop.result(keep=VERDICT_LAG - 1))

@@ -3,7 +3,7 @@
 A rank set (``run.h5`` naming ``run.rank0.h5``, ``run.rank1.h5``, ...) is replayed with every
 rank together by default (``replay.multirank.launch``): the collectives happen for real
 and the replay is the recording on every rank. ``--rank N --alone`` replays one rank in this
-process, as before: exact at the first step after a snapshot only (it updates with that rank's
+process (``alone.py``): exact at the first step after a snapshot only (it updates with that rank's
 own gradients, not the all-reduced average), so its report says ``"approximate": true``.
 """
 
@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from ..errors import UsageError
+from ..errors import RecordingError, UsageError
+from ..ranks.files import is_rank_recording
+from ..ranks.scan import RankScan, rank_set
+from ..store import open_recording
 
-if TYPE_CHECKING:
-    from ..distributed.scan import RankScan
-
-__all__ = ["RankChoice", "choose_ranks", "rank_set_files", "APPROXIMATE"]
+__all__ = ["RankChoice", "choose_ranks", "APPROXIMATE"]
 
 APPROXIMATE = (
     "one DDP rank replayed alone: exact at the first step after a snapshot; later steps update "
@@ -47,20 +46,7 @@ class RankChoice:
         return not self.together and (self.scan is not None or self.lone_rank)
 
 
-def rank_set_files(run: str, *, strict: bool = True) -> RankScan | None:
-    """The rank set ``run`` names, every file read once (``replay.distributed.scan``), or
-    ``None`` for one plain recording. ``strict``: a missing or damaged rank file is an
-    :class:`~replay.errors.IncompleteRankSetError` (exit 7)."""
-    from ..distributed.scan import rank_set
-
-    return rank_set(run, strict=strict)
-
-
 def _recorded_under_ddp(path: str) -> bool:
-    from ..distributed.bisect import is_rank_recording
-    from ..errors import RecordingError
-    from ..store import open_recording
-
     try:
         with open_recording(path, health_only=True) as rec:
             return is_rank_recording(rec.meta)
@@ -78,7 +64,7 @@ def choose_ranks(run: str, rank: int | None, alone: bool) -> RankChoice:
             "--rank N replays one rank alone, which is approximate: pass --rank N --alone "
             "(without both, every rank is replayed together)"
         )
-    scan = rank_set_files(run, strict=rank is None)
+    scan = rank_set(run, strict=rank is None)
     if scan is None:
         if rank is not None or alone:
             raise UsageError(f"--rank/--alone: {run} is not a DDP rank set (NAME.rank<N>.h5)")

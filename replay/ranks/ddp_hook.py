@@ -14,7 +14,7 @@ The per-parameter norms are combined at the end of the step the way
 single-process replay of this rank's step recomputes ``local_grad_norm`` bitwise.
 Everything stays a tensor: no host sync.
 
-**Votes** (``votes=True``, the rank-consistent stop; ``record/ddp/consistency.py`` reads
+**Votes** (``votes=True``, the rank-consistent stop; ``ranks/votes.py`` reads
 them). DDP launches its buckets in index order, so when the last bucket is handed over every local gradient of the
 step has been measured. Its all-reduce then carries ``2 * world_size`` extra elements, zero but
 for this rank's two slots: ``[r]`` is NaN when this rank's own gradients hold a NaN/Inf (it is
@@ -38,7 +38,7 @@ from typing import Any
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-from .fingerprint import group_by_dtype
+from ..capture.fingerprint import group_by_dtype
 
 __all__ = ["LocalGradProbe"]
 
