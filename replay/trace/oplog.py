@@ -93,6 +93,10 @@ class OpLog:
     def __len__(self) -> int:
         return len(self.cols)
 
+    def name(self, row: int) -> str:
+        """The name of the op of row ``row``."""
+        return self.op_names.items[self.cols["name"][row]]
+
     def op(self, func: OpOverload[..., object]) -> OpInfo:
         info = self._ops.get(func)
         if info is None:
@@ -158,12 +162,10 @@ class OpLog:
     def measure(self, site: OpSite, ins: list[torch.Tensor], outs: list[torch.Tensor]) -> Measured:
         """Count the op's tensors in memory and measure its outputs."""
         see, seen = self.memory.see, self.memory.seen
-        for t in ins:
-            if id(t) not in seen:
-                see(t, site.index, site.op.name)
-        for t in outs:
-            if id(t) not in seen:
-                see(t, site.index, site.op.name)
+        for ts in (ins, outs):
+            for t in ts:
+                if id(t) not in seen:
+                    see(t, site.index, site.op.name)
         floats = [t for t in outs if t.is_floating_point()]
         main = floats[0] if floats else (outs[0] if outs else None)
         staged: np.ndarray | None = None

@@ -66,7 +66,7 @@ def _op_ref(tr: Tracer, i: int) -> dict[str, Any]:
     mod = tr.log.cols["module"][i]
     return {
         "op_index": i,
-        "op": tr.log.op_names.items[tr.log.cols["name"][i]],
+        "op": tr.log.name(i),
         "phase": PHASE_NAMES[tr.log.cols["phase"][i]],
         "module": tr.scope.modules.items[mod] if mod >= 0 else None,
     }
@@ -197,7 +197,7 @@ def build_verdict(
                 v["surfaced"] = _surfaced(tr, at, f"raised {exception['type']} on it")
                 v["notes"].append(
                     f"{v['op']} (op {producer}) made {v['made']} from finite inputs; "
-                    f"{tr.log.op_names.items[tr.log.cols['name'][at]]} (op {at}) raised on it"
+                    f"{tr.log.name(at)} (op {at}) raised on it"
                 )
                 return v
             v.update(_describe_op(tr, at, raised.inputs, raised.executed_at))
@@ -249,12 +249,12 @@ def build_verdict(
         if real and real[0] != culprit:
             v["surfaced"] = _surfaced(tr, real[0], f"first producer of what reached {sinks[0][0]}")
             v["notes"].append(
-                f"{tr.log.op_names.items[tr.log.cols['name'][culprit]]} (op {culprit}) made the first "
+                f"{tr.log.name(culprit)} (op {culprit}) made the first "
                 f"non-finite value of the step; {sinks[0][0]} got theirs from "
-                f"{tr.log.op_names.items[tr.log.cols['name'][real[0]]]} (op {real[0]}), later"
+                f"{tr.log.name(real[0])} (op {real[0]}), later"
             )
         v["nan_from_inf"] = conv = _nan_from_inf(tr, culprit, reached)
-        name = tr.log.op_names.items[tr.log.cols["name"][culprit]]
+        name = tr.log.name(culprit)
         if conv is not None:
             v["notes"].append(
                 f"{name} (op {culprit}) made {conv['from']} from finite inputs; "
@@ -263,9 +263,7 @@ def build_verdict(
         elif culprit in tr.findings.origins.from_intentional:
             src = sorted(o for o in tr.findings.origins.from_intentional[culprit] if o >= 0)
             given = (
-                f"{tr.log.op_names.items[tr.log.cols['name'][src[0]]]} (op {src[0]})"
-                if src
-                else "a constant made before the step"
+                f"{tr.log.name(src[0])} (op {src[0]})" if src else "a constant made before the step"
             )
             v["notes"].append(
                 f"{name} (op {culprit}) made NaN out of infinities written on purpose by "
@@ -275,7 +273,7 @@ def build_verdict(
         v["cause"] = "intentional"
         culprit = intentional[0]
         v["notes"].append(
-            f"a non-finite value written on purpose by {tr.log.op_names.items[tr.log.cols['name'][culprit]]}"
+            f"a non-finite value written on purpose by {tr.log.name(culprit)}"
             f" (op {culprit}, a non-finite argument) reached {sinks[0][0]} unchanged"
         )
     elif ops:
@@ -283,7 +281,7 @@ def build_verdict(
         culprit = _first_consumer(tr, ops[0])
         v["notes"].append(
             "only uninitialised buffers ("
-            + tr.log.op_names.items[tr.log.cols["name"][ops[0]]]
+            + tr.log.name(ops[0])
             + f", op {ops[0]}) reached {sinks[0][0]}: the op named "
             "read memory it never wrote"
         )
