@@ -63,7 +63,9 @@ class PreflightReport:
             "verify_exit": self.verify_exit,
             "verify_error": self.verify_error,
             "cause": v.cause.to_json() if v is not None and v.cause is not None else None,
-            "first_divergence": v.first_divergence if v is not None else None,
+            "first_divergence": (
+                v.first_divergence.to_json() if v is not None and v.first_divergence else None
+            ),
             "replayed_steps": v.replayed_steps if v is not None else None,
             "failure": (
                 {"error": self.failure_error}

@@ -22,9 +22,10 @@ Example::
 
 from __future__ import annotations
 
+import math
 from typing import Any, Protocol
 
-__all__ = ["Blame", "op_role", "role_text", "cause_text", "STATUS_WORDS"]
+__all__ = ["Blame", "op_role", "role_text", "cause_text", "fmt_num", "STATUS_WORDS"]
 
 
 class Blame(Protocol):
@@ -131,3 +132,13 @@ def role_text(verdict: Blame, op_index: int | None, status: str) -> str:
     """``"culprit · the producer: made -inf from finite inputs"``."""
     word, why = op_role(verdict, op_index, status)
     return f"{word} · {why}" if why else word
+
+
+def fmt_num(v: float) -> str:
+    """A measured number as the TUI and ``replay report``'s page both show it (four significant
+    digits; scientific outside 1e-3..1e5), so that a number on one is the number on the other."""
+    if not math.isfinite(v):
+        return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
+    if v != 0 and (abs(v) >= 1e5 or abs(v) < 1e-3):
+        return f"{v:.2e}"
+    return f"{v:.4g}"

@@ -6,7 +6,7 @@ for real recordings; tests give synthetic ones)."""
 from .compare import compare_rows, same_bits
 from .criteria import NonFinite, Predicate, Raised, Symptom, auto_criterion, is_nonfinite
 from .predicate import Expression, History, PredicateError
-from .search import SearchError, Verdict, find_culprit, newest_healthy
+from .search import SearchError, find_culprit, newest_healthy
 from .subject import Subject
 from .verify import WindowCheck, verify_window
 
@@ -20,7 +20,6 @@ __all__ = [
     "SearchError",
     "Subject",
     "Symptom",
-    "Verdict",
     "WindowCheck",
     "auto_criterion",
     "compare_rows",

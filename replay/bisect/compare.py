@@ -6,6 +6,8 @@ import math
 import struct
 from typing import Any
 
+from ..reports.divergence import Divergence
+
 __all__ = [
     "same_bits",
     "compare_rows",
@@ -75,30 +77,21 @@ def _measured(flag: Any) -> bool:
     return flag is not None and not math.isnan(float(flag))
 
 
-def compare_rows(
-    recorded: dict[str, Any] | None, replayed: dict[str, Any]
-) -> dict[str, Any] | None:
+def compare_rows(recorded: dict[str, Any] | None, replayed: dict[str, Any]) -> Divergence | None:
     """``None`` when the replayed step matches the recording, else what differs and by how much.
 
     A step that raised matches when the replay raised the same exception type.
     """
     if recorded is None:
         return None  # nothing recorded to compare with (health row rolled out)
-    step = replayed.get("step")
+    step = int(replayed["step"])
     rec_raised = recorded.get("raised") == 1.0
     rep_exc = replayed.get("exception")
     if rec_raised or rep_exc is not None:
         want = recorded.get("exception_type")
         got = rep_exc.get("type") if rep_exc else None
         if rec_raised != (rep_exc is not None) or (want and got != want):
-            return {
-                "step": step,
-                "column": "exception",
-                "recorded": want if rec_raised else None,
-                "replayed": got,
-                "abs_diff": None,
-                "ulps": None,
-            }
+            return Divergence(step, "exception", want if rec_raised else None, got)
         return None
     # The watched objects' fingerprints too (netG__param_fingerprint: capture/watch.py).
     watched = [c for c in recorded if c.endswith("__param_fingerprint") and c in replayed]
@@ -113,7 +106,7 @@ def compare_rows(
     return None
 
 
-def _column_differs(step: Any, col: str, a: Any, b: Any) -> dict[str, Any] | None:
+def _column_differs(step: Any, col: str, a: Any, b: Any) -> Divergence | None:
     """``compare_rows``'s entry for column ``col`` whose values ``a`` (recorded) and ``b``
     (replayed) differ in their bits, else ``None``."""
     if same_bits(a, b):
@@ -121,33 +114,19 @@ def _column_differs(step: Any, col: str, a: Any, b: Any) -> dict[str, Any] | Non
     r = math.nan if a is None else float(a)
     p = math.nan if b is None else float(b)
     diff = abs(r - p) if math.isfinite(r) and math.isfinite(p) else None
-    return {
-        "step": step,
-        "column": col,
-        "recorded": r,
-        "replayed": p,
-        "abs_diff": diff,
-        "ulps": _ulps(r, p),
-    }
+    return Divergence(step, col, r, p, diff, _ulps(r, p))
 
 
-def compare_replays(carried: dict[str, Any], fresh: dict[str, Any]) -> dict[str, Any] | None:
+def compare_replays(carried: dict[str, Any], fresh: dict[str, Any]) -> Divergence | None:
     """``None`` when a replay of a step from its snapshot (``fresh``) gives the bits the replay
     carried on to it gave, else the first column that differs, in ``compare_rows``'s shape
     (``recorded``: the carried-on value). Every column the replay measures counts, also where
     the recording measured none (a parameter fingerprint between ``fingerprint_every`` steps)."""
-    step = fresh.get("step")
+    step = int(fresh["step"])
     if (carried.get("exception") is None) != (fresh.get("exception") is None):
         got = (fresh.get("exception") or {}).get("type")
         want = (carried.get("exception") or {}).get("type")
-        return {
-            "step": step,
-            "column": "exception",
-            "recorded": want,
-            "replayed": got,
-            "abs_diff": None,
-            "ulps": None,
-        }
+        return Divergence(step, "exception", want, got)
     for col in (*VERIFIED_COLUMNS, "grad_norm"):
         differs = _column_differs(step, col, carried.get(col), fresh.get(col))
         if differs is not None:

@@ -9,10 +9,10 @@ kept in memory by the subject, so the second check replays one step, not the win
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
 
+from ..reports import BisectReport
+from ..reports.verdict import exception_info
 from .compare import HINT_RAISED, compare_rows, same_bits
 from .criteria import Criterion
 from .subject import Row, Subject
@@ -47,7 +47,6 @@ def note_kind(note: str) -> NoteKind:
 
 
 __all__ = [
-    "Verdict",
     "SearchError",
     "find_culprit",
     "newest_healthy",
@@ -59,29 +58,6 @@ __all__ = [
 
 class SearchError(Exception):
     """The recording cannot answer (the failure started before what it keeps, ...)."""
-
-
-@dataclass
-class Verdict:
-    kind: str
-    criterion: str
-    window: tuple[int, int]
-    device: str
-    healthy: bool = False
-    checked: tuple[int, int] | None = None  # health rows examined (steps)
-    first_bad_step: int | None = None
-    symptom_step: int | None = None
-    snapshot: int | None = None  # the replay started from the snapshot taken before this step
-    snapshots_checked: int = 0
-    exception: dict[str, Any] | None = None  # what the culprit raised on replay
-    recorded_exception: dict[str, Any] | None = None
-    deterministic: bool | None = None  # every replayed step matched the recording bitwise
-    divergence: dict[str, Any] | None = None  # the first mismatch with the recording
-    reproducible: bool | None = None  # the second replay of the culprit agreed with the first
-    replayed_steps: int = 0
-    rechecked_steps: int = 0
-    culprit_row: Row | None = None
-    notes: list[str] = field(default_factory=list)
 
 
 def newest_healthy(
@@ -121,13 +97,19 @@ def find_culprit(
     criterion: Criterion,
     *,
     progress: Callable[[int, int], None] | None = None,
-) -> Verdict:
-    """Find the first step that fails ``criterion`` by replaying as few steps as possible."""
+) -> BisectReport:
+    """Find the first step that fails ``criterion`` by replaying as few steps as possible: the
+    report's search fields (the trace, the divergence's cause and where it ran come later)."""
     first, last = subject.window
-    v = Verdict(criterion.kind, criterion.describe(), (first, last), subject.device)
+    v = BisectReport(
+        kind=criterion.kind,
+        criterion=criterion.describe(),
+        window=[first, last],
+        device=subject.device,
+    )
     rows = subject.recorded_rows()
     if rows:
-        v.checked = (int(rows[0]["step"]), int(rows[-1]["step"]))
+        v.checked = [int(rows[0]["step"]), int(rows[-1]["step"])]
     symptom = criterion.first_symptom(rows)
     if symptom is None:
         v.healthy = True
@@ -198,14 +180,12 @@ def find_culprit(
         return v
     t = int(culprit["step"])
     v.first_bad_step = t
-    v.culprit_row = culprit
-    v.exception = culprit.get("exception")
-    if v.exception is not None:
-        v.recorded_exception = subject.recorded_exception(t)
+    v.take_row(culprit)
+    v.exception = exception_info(culprit.get("exception"))
     if criterion.kind == "exception":
         v.symptom_step = symptom.step
         want = (subject.recorded_exception(symptom.step) or {}).get("type")
-        got = (v.exception or {}).get("type")
+        got = v.exception["type"] if v.exception else None
         if want and got != want:
             v.notes.append(
                 f"the recording raised {want} at step {symptom.step}, the replay raised {got} "
@@ -222,11 +202,12 @@ def find_culprit(
             "non-determinism (a data race, an uninitialised read, a flaky device)"
         )
     elif not v.deterministic:
-        d = v.divergence or {}
+        d = v.divergence
+        assert d is not None  # (not deterministic: it differs somewhere)
         v.notes.append(
             Note(
-                f"the replay differs from the recording at step {d.get('step')} "
-                f"({d.get('column')}): suspect non-determinism (or changed code) between the "
+                f"the replay differs from the recording at step {d.step} "
+                f"({d.column}): suspect non-determinism (or changed code) between the "
                 "recording and this replay",
                 NoteKind.NONDETERMINISM,
             )

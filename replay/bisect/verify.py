@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..reports.divergence import Divergence
 from .compare import compare_replays, compare_rows
 from .subject import Subject
 
@@ -23,7 +24,7 @@ class WindowCheck:
     replayed_steps: int = 0
 
     @property
-    def divergences(self) -> list[dict[str, Any]]:
+    def divergences(self) -> list[Divergence]:
         return [s["divergence"] for s in self.steps if s["divergence"] is not None]
 
     @property
@@ -31,7 +32,7 @@ class WindowCheck:
         return not self.divergences
 
     @property
-    def first_divergence(self) -> dict[str, Any] | None:
+    def first_divergence(self) -> Divergence | None:
         d = self.divergences
         return d[0] if d else None
 
@@ -73,7 +74,9 @@ def verify_window(
         if carried is not None and compare_rows(recorded, carried) is None:
             divergence = divergence or compare_replays(carried, replayed)
             if divergence is not None:
-                divergence["carried_on"] = max(s for s in subject.snapshots if s < t)
+                divergence = replace(
+                    divergence, carried_on=max(s for s in subject.snapshots if s < t)
+                )
         rep.steps.append(
             {
                 "step": t,

@@ -1,16 +1,86 @@
-"""The options of every command that replays (``bisect``, ``verify``, ``trace``, ``whatif``,
-``export``, ``overfit``). ``--trust``: docs/trust.md."""
+"""What every command that replays (``bisect``, ``verify``, ``trace``, ``whatif``, ``export``,
+``overfit``) shares: its engine options, declared once and handed over as one
+:class:`ReplayOptions` value (``--trust``: docs/trust.md), and one body that runs the workflow
+and prints its report (memray's one command for every reporter)."""
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol, TypedDict, TypeVar, cast
 
 import click
 
-__all__ = ["engine_options", "rank_options"]
+from ._process import big_imports, user_stdout_to_stderr
+
+__all__ = ["EngineArgs", "ReplayOptions", "engine_options", "rank_options", "replaying"]
 
 
-def engine_options(fn: Any) -> Any:
+class EngineArgs(TypedDict):
+    """The engine's options as every workflow takes them (``run_bisect(run, **o.engine())``)."""
+
+    device: str | None
+    entry: str | None
+    trust: bool
+    reenter: bool
+
+
+@dataclass(frozen=True)
+class ReplayOptions:
+    """``--device``, ``--entry``, ``--trust``, ``--reenter``: where and what to replay."""
+
+    device: str | None = None
+    entry: str | None = None
+    trust: bool = False
+    reenter: bool = False
+
+    def engine(self) -> EngineArgs:
+        return cast(EngineArgs, asdict(self))
+
+
+class _Report(Protocol):
+    def to_json(self) -> Any: ...
+
+
+R = TypeVar("R", bound=_Report)
+
+
+def replaying(
+    as_json: bool,
+    work: Callable[[Callable[[], None], Callable[[int, int], None] | None], R],
+    render: Callable[[R], str],
+    *,
+    progress: str | None = None,
+) -> R:
+    """The body of every replaying command: runs ``work(opened, progress)`` (the workflow:
+    ``opened`` once its engine is up; a progress bar named ``progress``, if any) with whatever
+    the user's code prints sent to stderr under ``--json``, then prints the report as JSON or
+    in words (``render``) and returns it (each command's exit code follows from it)."""
+    from ..bisect.progress import Progress
+
+    bar = Progress(progress) if progress is not None else None
+    try:
+        with user_stdout_to_stderr(as_json), big_imports() as phase:
+            report = work(phase.end, bar)
+    finally:
+        if bar is not None:
+            bar.close()
+    click.echo(json.dumps(report.to_json(), indent=2) if as_json else render(report))
+    return report
+
+
+def engine_options(body: Any) -> Any:
+    """The four engine options, handed to the command as ``options: ReplayOptions``."""
+
+    @functools.wraps(body)
+    def command(
+        *args: Any, device: str | None, entry: str | None, trust: bool, reenter: bool, **kw: Any
+    ) -> Any:
+        return body(*args, options=ReplayOptions(device, entry, trust, reenter), **kw)
+
+    fn = command
     fn = click.option(
         "--device",
         default=None,

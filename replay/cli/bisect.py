@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING
 
 import click
@@ -11,8 +10,7 @@ if TYPE_CHECKING:
     from ..bisect.criteria import Criterion
 
 from ..errors import EXIT_NOTHING_FOUND, EXIT_OK
-from ._process import big_imports, user_stdout_to_stderr
-from ._replaying import engine_options, rank_options
+from ._replaying import ReplayOptions, engine_options, rank_options, replaying
 
 __all__ = ["bisect"]
 
@@ -69,10 +67,7 @@ def bisect(
     spike: float | None,
     no_trace: bool,
     as_json: bool,
-    device: str | None,
-    entry: str | None,
-    trust: bool,
-    reenter: bool,
+    options: ReplayOptions,
     rank: int | None,
     alone: bool,
 ) -> int:
@@ -89,32 +84,27 @@ def bisect(
     Exit codes: 0 culprit found, 1 the recorded window is healthy, 2 usage error,
     3 unusable recording, 4 unusable entry point, 5 replay failed, 6 internal error.
     """
-    from ..bisect.progress import Progress
     from ..workflows import run_bisect
     from .render import render_verdict
 
     criterion = _criterion(kind, until, spike)
     _quote_self_check(run)
-    bar = Progress("replay bisect")
-    try:
-        with user_stdout_to_stderr(as_json), big_imports() as phase:
-            report = run_bisect(
-                run,
-                criterion=criterion,
-                trace=not no_trace,
-                device=device,
-                entry=entry,
-                reenter=reenter,
-                trust=trust,
-                progress=bar,
-                log=None if as_json else lambda m: click.echo(m, err=True),
-                opened=phase.end,
-                rank=rank,
-                alone=alone,
-            )
-    finally:
-        bar.close()
-    click.echo(json.dumps(report.to_json(), indent=2) if as_json else render_verdict(report))
+    report = replaying(
+        as_json,
+        lambda opened, progress: run_bisect(
+            run,
+            criterion=criterion,
+            trace=not no_trace,
+            **options.engine(),
+            progress=progress,
+            log=None if as_json else lambda m: click.echo(m, err=True),
+            opened=opened,
+            rank=rank,
+            alone=alone,
+        ),
+        render_verdict,
+        progress="replay bisect",
+    )
     return EXIT_NOTHING_FOUND if report.healthy else EXIT_OK
 
 

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 import click
 
 from ..errors import EXIT_OK
-from ._process import big_imports, user_stdout_to_stderr
-from ._replaying import engine_options
+from ._replaying import ReplayOptions, engine_options, replaying
+
+if TYPE_CHECKING:
+    from ..workflows.export import ExportReport
 
 __all__ = ["export"]
 
@@ -36,10 +39,7 @@ def export(
     out: str,
     step: int | None,
     as_json: bool,
-    device: str | None,
-    entry: str | None,
-    trust: bool,
-    reenter: bool,
+    options: ReplayOptions,
 ) -> int:
     """Write the state before a step of RUN as a torch.save checkpoint to resume the real run.
 
@@ -55,26 +55,27 @@ def export(
     """
     from ..workflows import run_export
 
-    with user_stdout_to_stderr(as_json), big_imports() as phase:
-        report = run_export(
-            run, out, step=step, device=device, entry=entry, trust=trust, reenter=reenter
-        )
-        phase.end()
-    if as_json:
-        click.echo(json.dumps(report.to_json(), indent=2))
-        return EXIT_OK
+    replaying(
+        as_json,
+        lambda _opened, _progress: run_export(run, out, step=step, **options.engine()),
+        render_export,
+    )
+    return EXIT_OK
+
+
+def render_export(report: ExportReport) -> str:
+    """Where the checkpoint went, what it holds, and what to skip on resume."""
     how = (
         f"the snapshot of step {report.snapshot}"
         if report.replayed == 0
         else f"replayed {report.replayed} step(s) from the snapshot of step {report.snapshot}, "
         f"{report.verified} checked bitwise against the recording"
     )
-    click.echo(f"exported the state before step {report.step} ({how}) to {report.out}/")
-    click.echo("  " + ", ".join(report.files.values()))
+    lines = [f"exported the state before step {report.step} ({how}) to {report.out}/"]
+    lines.append("  " + ", ".join(report.files.values()))
     for s in report.skip:
         ident = f" (values {json.dumps(s['values'])})" if s.get("values") else ""
-        click.echo(f"  skip on resume: step {s['step']}{ident}")
-    for n in report.notes:
-        click.echo(f"  note: {n}")
-    click.echo(f"  how to load it: {report.out}/README.md")
-    return EXIT_OK
+        lines.append(f"  skip on resume: step {s['step']}{ident}")
+    lines += [f"  note: {n}" for n in report.notes]
+    lines.append(f"  how to load it: {report.out}/README.md")
+    return "\n".join(lines)

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import math
 
 import click
 
 from ..errors import EXIT_NOTHING_FOUND, EXIT_OK
 from ..reports import OverfitReport
-from ._process import user_stdout_to_stderr
-from ._replaying import engine_options
+from ._replaying import ReplayOptions, engine_options, replaying
 
 _BARS = "▁▂▃▄▅▆▇█"
 
@@ -111,10 +109,7 @@ def overfit(
     iters: int,
     lr: float | None,
     as_json: bool,
-    device: str | None,
-    entry: str | None,
-    trust: bool,
-    reenter: bool,
+    options: ReplayOptions,
 ) -> int:
     """Rebuild the model from RUN's state and train it on one recorded batch, again and again.
 
@@ -133,16 +128,11 @@ def overfit(
                 f"{run}: no replayable state (no kept snapshot with its batches), so there is "
                 "nothing to rebuild the model from"
             )
-    with user_stdout_to_stderr(as_json):
-        result = overfit_batch(
-            run,
-            step=step,
-            iters=iters,
-            lr=lr,
-            device=device,
-            entry=entry,
-            trust=trust,
-            reenter=reenter,
-        )
-    click.echo(json.dumps(result.to_json(), indent=2) if as_json else render(result))
+    result = replaying(
+        as_json,
+        lambda _opened, _progress: overfit_batch(
+            run, step=step, iters=iters, lr=lr, **options.engine()
+        ),
+        render,
+    )
     return EXIT_OK if result.overfits else EXIT_NOTHING_FOUND

@@ -133,8 +133,8 @@ def render_verdict(report: BisectReport) -> str:
     if d.divergence:
         dv = d.divergence
         det += (
-            f" (step {dv['step']}, {dv['column']}: recorded {dv['recorded']}, replayed "
-            f"{dv['replayed']}, |diff| {dv['abs_diff']})"
+            f" (step {dv.step}, {dv.column}: recorded {dv.recorded}, replayed "
+            f"{dv.replayed}, |diff| {dv.abs_diff})"
         )
     lines.append(f"  deterministic {det}")
     lines.extend(render_cause(d.divergence_cause))
@@ -230,20 +230,21 @@ def render_verify(report: VerifyReport) -> str:
         )
     if not bad:  # the leading rank matched, another did not
         return "\n".join(["NOT bitwise on every rank", *extra])
-    fd = d.first_divergence or {}
+    fd = d.first_divergence
+    assert fd is not None  # (a step differs)
     cause = d.cause
     head = _HEADLINES.get(cause.kind if cause else "", "NOT bitwise")
     lines = [
         f"{head}: {len(bad)} of {n} steps differ from the recording "
         f"(window {w[0]}..{w[1]}, on {d.device})",
-        f"  first divergence at step {fd['step']}, {fd['column']}: "
+        f"  first divergence at step {fd.step}, {fd.column}: "
         + (
-            f"carried on from step {fd['carried_on']} {fd['recorded']}, from its own snapshot "
-            if fd.get("carried_on") is not None
-            else f"recorded {fd['recorded']}, "
+            f"carried on from step {fd.carried_on} {fd.recorded}, from its own snapshot "
+            if fd.carried_on is not None
+            else f"recorded {fd.recorded}, "
         )
-        + f"replayed {fd['replayed']}, |diff| {fd['abs_diff']}"
-        + (f", {fd['ulps']} ulps" if fd.get("ulps") is not None else ""),
+        + f"replayed {fd.replayed}, |diff| {fd.abs_diff}"
+        + (f", {fd.ulps} ulps" if fd.ulps is not None else ""),
         "  differing steps: "
         + ", ".join(str(s.step) for s in bad[:20])
         + (" ..." if len(bad) > 20 else ""),

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
 from ..errors import EXIT_OK
-from ._process import big_imports, user_stdout_to_stderr
-from ._replaying import engine_options
+from ._replaying import ReplayOptions, engine_options, replaying
 
 __all__ = ["trace"]
 
@@ -22,10 +19,7 @@ def trace(
     run: str,
     step: int | None,
     as_json: bool,
-    device: str | None,
-    entry: str | None,
-    trust: bool,
-    reenter: bool,
+    options: ReplayOptions,
 ) -> int:
     """Replay one step of RUN under per-op hooks, healthy or not, and write its forensics.
 
@@ -38,7 +32,7 @@ def trace(
     from ..workflows.trace import run_trace
     from .render import render_trace
 
-    with user_stdout_to_stderr(as_json), big_imports():
-        report = run_trace(run, step, device=device, entry=entry, trust=trust, reenter=reenter)
-    click.echo(json.dumps(report.to_json(), indent=2) if as_json else render_trace(report))
+    replaying(
+        as_json, lambda _opened, _progress: run_trace(run, step, **options.engine()), render_trace
+    )
     return EXIT_OK

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
 from ..errors import EXIT_NOTHING_FOUND, EXIT_OK
-from ._process import big_imports, user_stdout_to_stderr
-from ._replaying import engine_options, rank_options
+from ._replaying import ReplayOptions, engine_options, rank_options, replaying
 
 __all__ = ["verify"]
 
@@ -30,10 +27,7 @@ def verify(
     as_json: bool,
     every_step: bool,
     start: int | None,
-    device: str | None,
-    entry: str | None,
-    trust: bool,
-    reenter: bool,
+    options: ReplayOptions,
     rank: int | None,
     alone: bool,
 ) -> int:
@@ -55,28 +49,23 @@ def verify(
     matches, 1 some step differs, 3 unusable recording, 4 unusable entry point,
     5 replay failed, 6 internal error.
     """
-    from ..bisect.progress import Progress
     from ..workflows import run_verify
     from .render import render_verify
 
-    bar = Progress("replay verify")
-    try:
-        with user_stdout_to_stderr(as_json), big_imports() as phase:
-            report = run_verify(
-                run,
-                device=device,
-                entry=entry,
-                reenter=reenter,
-                trust=trust,
-                progress=bar,
-                opened=phase.end,
-                rank=rank,
-                alone=alone,
-                start=start,
-                every_step=every_step,
-                log=None if as_json else lambda m: click.echo(m, err=True),
-            )
-    finally:
-        bar.close()
-    click.echo(json.dumps(report.to_json(), indent=2) if as_json else render_verify(report))
+    report = replaying(
+        as_json,
+        lambda opened, progress: run_verify(
+            run,
+            **options.engine(),
+            progress=progress,
+            opened=opened,
+            rank=rank,
+            alone=alone,
+            start=start,
+            every_step=every_step,
+            log=None if as_json else lambda m: click.echo(m, err=True),
+        ),
+        render_verify,
+        progress="replay verify",
+    )
     return EXIT_OK if report.deterministic else EXIT_NOTHING_FOUND

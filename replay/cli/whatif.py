@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any, TypeGuard
 
@@ -11,8 +10,7 @@ import click
 from ..errors import EXIT_NOTHING_FOUND, EXIT_OK
 from ..reports.whatif import Experiment, StepResult, WhatIfReport
 from ..safetext import term_safe
-from ._process import big_imports, user_stdout_to_stderr
-from ._replaying import engine_options
+from ._replaying import ReplayOptions, engine_options, replaying
 
 __all__ = ["whatif", "render_whatif"]
 
@@ -73,11 +71,11 @@ def render_whatif(r: WhatIfReport) -> str:
     if r.reproduces:
         lines.append("  baseline  reproduces the recording bitwise")
     else:
-        dv = r.divergence or {}
+        dv = r.divergence
+        step, col, was, got = (dv.step, dv.column, dv.recorded, dv.replayed) if dv else [None] * 4
         lines.append(
-            f"  baseline  DIFFERS from the recording at step {dv.get('step')} "
-            f"({dv.get('column')}: recorded {_num(dv.get('recorded'))}, "
-            f"replayed {_num(dv.get('replayed'))})"
+            f"  baseline  DIFFERS from the recording at step {step} "
+            f"({col}: recorded {_num(was)}, replayed {_num(got)})"
         )
     runs: list[tuple[str, list[StepResult], Experiment | None]] = [
         ("recorded", r.recorded, None),
@@ -199,10 +197,7 @@ def whatif(
     dtypes: tuple[str, ...],
     no_autocast: int,
     as_json: bool,
-    device: str | None,
-    entry: str | None,
-    trust: bool,
-    reenter: bool,
+    options: ReplayOptions,
 ) -> int:
     """Replay RUN's failing steps as recorded, then once per change: does the failure go away?
 
@@ -227,7 +222,6 @@ def whatif(
     failure), 2 usage error or a change the run cannot take, 3 unusable recording, 4 unusable
     entry point, 5 replay failed, 6 internal error.
     """
-    from ..bisect.progress import Progress
     from ..workflows.whatif import run_whatif
 
     changes = _changes(
@@ -247,24 +241,20 @@ def whatif(
             "name at least one change: --set, --scale, --clip, --skip-step, --drop-samples, "
             "--seed, --no-autocast, --dtype"
         )
-    bar = Progress("replay whatif")
-    try:
-        with user_stdout_to_stderr(as_json), big_imports() as phase:
-            report = run_whatif(
-                run,
-                changes,
-                from_step=from_step,
-                to_step=to_step,
-                device=device,
-                entry=entry,
-                reenter=reenter,
-                trust=trust,
-                progress=bar,
-                opened=phase.end,
-            )
-    finally:
-        bar.close()
-    click.echo(json.dumps(report.to_json(), indent=2) if as_json else render_whatif(report))
+    report = replaying(
+        as_json,
+        lambda opened, progress: run_whatif(
+            run,
+            changes,
+            from_step=from_step,
+            to_step=to_step,
+            **options.engine(),
+            progress=progress,
+            opened=opened,
+        ),
+        render_whatif,
+        progress="replay whatif",
+    )
     if as_json and report.baseline.first_failure is None:  # (the text report's verdict says so)
         click.echo(
             f"replay: the baseline has no failure in steps {report.from_step}..{report.to_step}: "

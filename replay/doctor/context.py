@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..store.contracts import ModuleMeta, ParamMeta
+from ..store.hparams import step_hparams
 from ..store.reader import DamagedSlot, Recording
 from ..store.tree import iter_leaves
 from .arrays import as_array, as_float
@@ -195,6 +196,18 @@ class Context:
                 return float(h["lr"][hit][0])
         before = ok & (h["step"] <= (min(steps) if steps else np.inf))
         return float(h["lr"][before][-1]) if before.any() else self.lr
+
+    def lrs_at(self, steps: list[int]) -> dict[str, list[float]]:
+        """Every optimizer's learning rate, per param group, at the first of ``steps`` (the
+        last recorded step when none is given) whose record is kept: ``{"optimizer": [group
+        0's, group 1's], "optD": [...]}``; ``{}`` when none is (``lr`` is group 0's alone)."""
+        for s in steps or self.batch_steps[-1:].tolist():
+            try:
+                groups = step_hparams(self.rec, int(s))
+            except (KeyError, DamagedSlot):
+                continue
+            return {k: [g.get("lr", math.nan) for g in v] for k, v in groups.items() if v}
+        return {}
 
     def modes_at(self, steps: list[int]) -> dict[int, np.ndarray]:
         """``module.training`` per module (``modules`` order) at each of ``steps`` whose record

@@ -30,6 +30,7 @@ import torch.distributed as dist
 
 from ..bisect.compare import HINT_RAISED, compare_rows
 from ..errors import ReplayError
+from ..reports.divergence import Divergence
 
 if TYPE_CHECKING:
     from ..engine import Engine
@@ -161,7 +162,7 @@ def rank_summary(engine: Engine, log: StepLog, rank: int) -> dict[str, Any]:
     first that did not.
     """
     by_step = {int(r["step"]): r for r in engine.recorded_rows()}
-    first: dict[str, Any] | None = None
+    first: Divergence | None = None
     compared: set[int] = set()  # (a step a snapshot restarts is run twice: carried on, afresh)
     steps: set[int] = set()
     for t, own, row in log.runs:
@@ -185,5 +186,5 @@ def rank_summary(engine: Engine, log: StepLog, rank: int) -> dict[str, Any]:
         "runs": sum(1 for _, own, _ in log.runs if own),
         "compared": len(compared),
         "deterministic": first is None,
-        "divergence": first,
+        "divergence": None if first is None else first.to_json(),
     }

@@ -12,6 +12,7 @@ beyond the standard library: the TUI reads them without torch.
 ``VerifyReport``     ``replay verify``: every step of the window compared bitwise
 ``TraceReport``      ``replay trace``: one step traced per op
 ``DivergenceCause``  why a replay differs from its recording (verify and bisect)
+``Divergence``       where a replay first differs from its recording (the step, the column)
 ``OverfitReport``    ``replay overfit``: one recorded batch trained on again and again
 ``WhatIfReport``     ``replay whatif``: the failing steps replayed as recorded and per change
 ``DoctorReport``     ``replay doctor``: the checklist's findings (``RankSetDoctorReport``: per rank)
@@ -23,6 +24,7 @@ beyond the standard library: the TUI reads them without torch.
 from .bisect import BisectReport
 from .cause import DivergenceCause, StateDrift
 from .culprit import Culprit, TracedOp
+from .divergence import Divergence
 from .doctor import DoctorReport, Finding, RankSetDoctorReport
 from .overfit import OverfitReport
 from .trace import TraceReport
@@ -33,6 +35,7 @@ from .whatif import Experiment, StepResult, WhatIfReport
 __all__ = [
     "BisectReport",
     "Culprit",
+    "Divergence",
     "DivergenceCause",
     "DoctorReport",
     "Experiment",

@@ -8,6 +8,7 @@ from typing import Any
 from ..jsonsafe import json_safe
 from .cause import DivergenceCause
 from .culprit import Culprit, TracedOp
+from .divergence import Divergence
 from .verdict import ExceptionInfo, JSONObject, exception_info
 
 __all__ = ["BisectReport"]
@@ -35,8 +36,8 @@ _CULPRIT_ORDER = (
 
 @dataclass(kw_only=True)
 class BisectReport(Culprit):
-    """The bisector's verdict (``replay.bisect.Verdict``), what the per-op trace of the first
-    bad step named (:class:`Culprit`, ``None`` until traced) and why the replay differs from the
+    """The bisector's verdict (what ``replay.bisect.find_culprit`` found), what the per-op trace
+    of the first bad step named (:class:`Culprit`, ``None`` until traced) and why the replay differs from the
     recording when it does (``divergence_cause``).
 
     Present in the JSON only when set: ``rank_set`` (``run`` named a DDP rank set),
@@ -52,7 +53,7 @@ class BisectReport(Culprit):
     exception: ExceptionInfo | None = None
     deterministic: bool | None = None
     reproducible: bool | None = None
-    divergence: JSONObject | None = None  # step, column, recorded, replayed, abs_diff, ulps
+    divergence: Divergence | None = None  # the first step that differs from the recording
     replayed_steps: int = 0
     rechecked_steps: int = 0
     snapshot: int | None = None
@@ -73,6 +74,10 @@ class BisectReport(Culprit):
     multi_rank: JSONObject | None = None
     ranks: dict[str, JSONObject] | None = None
 
+    def take_row(self, row: dict[str, Any]) -> None:
+        """The first bad step's health as replayed: its loss and gradient norm."""
+        self.loss, self.grad_norm = json_safe(row.get("loss")), json_safe(row.get("grad_norm"))
+
     def take_trace(self, traced: TracedOp) -> None:
         """The trace of the first bad step: its culprit, its notes (after the bisector's own,
         none twice) and its non-finite loss."""
@@ -91,7 +96,7 @@ class BisectReport(Culprit):
             "exception": None if self.exception is None else dict(self.exception),
             "deterministic": self.deterministic,
             "reproducible": self.reproducible,
-            "divergence": json_safe(self.divergence),
+            "divergence": None if self.divergence is None else self.divergence.to_json(),
             "replayed_steps": self.replayed_steps,
             "rechecked_steps": self.rechecked_steps,
             "snapshot": self.snapshot,
@@ -135,13 +140,11 @@ class BisectReport(Culprit):
         """Read a report back; keys it lacks keep their defaults (a partial report renders)."""
         cause = d.get("divergence_cause")
         exc = d.get("exception")
-        simple = {
-            k: v
-            for k, v in d.items()
-            if k in cls.__dataclass_fields__ and k not in ("divergence_cause", "exception")
-        }
+        typed = ("divergence_cause", "exception", "divergence")
+        simple = {k: v for k, v in d.items() if k in cls.__dataclass_fields__ and k not in typed}
         return cls(
             **simple,
             exception=exception_info(exc),
+            divergence=Divergence.from_json(d.get("divergence")),
             divergence_cause=None if cause is None else DivergenceCause.from_json(cause),
         )

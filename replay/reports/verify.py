@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .cause import DivergenceCause
+from .divergence import Divergence
 from .verdict import ExceptionInfo, JSONObject, exception_info
 
 __all__ = ["VerifiedStep", "VerifyReport"]
@@ -64,7 +65,7 @@ class VerifyReport:
     window: list[int]  # [first, last]
     device: str
     replayed_steps: int
-    first_divergence: JSONObject | None = None
+    first_divergence: Divergence | None = None
     steps: list[VerifiedStep] = field(default_factory=list)
     cause: DivergenceCause | None = None
     recording: str = ""
@@ -80,7 +81,9 @@ class VerifyReport:
             "window": list(self.window),
             "device": self.device,
             "replayed_steps": self.replayed_steps,
-            "first_divergence": self.first_divergence,
+            "first_divergence": (
+                None if self.first_divergence is None else self.first_divergence.to_json()
+            ),
             "steps": [s.to_json() for s in self.steps],
             "cause": None if self.cause is None else self.cause.to_json(),
             "recording": self.recording,
@@ -103,7 +106,7 @@ class VerifyReport:
             window=list(d["window"]),
             device=str(d["device"]),
             replayed_steps=int(d["replayed_steps"]),
-            first_divergence=d.get("first_divergence"),
+            first_divergence=Divergence.from_json(d.get("first_divergence")),
             steps=[VerifiedStep.from_json(s) for s in d.get("steps") or []],
             cause=None if cause is None else DivergenceCause.from_json(cause),
             recording=str(d.get("recording", "")),

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..jsonsafe import json_safe
+from .divergence import Divergence
 
 __all__ = ["Experiment", "StepResult", "WhatIfReport"]
 
@@ -119,7 +120,7 @@ class WhatIfReport:
     recorded: list[StepResult]
     baseline: Experiment
     reproduces: bool  # the baseline matches the recording bitwise
-    divergence: dict[str, Any] | None
+    divergence: Divergence | None
     experiments: list[Experiment]
     notes: list[str] = field(default_factory=list)
     # A DDP rank set replayed together: each rank's baseline check and what removed its failure
@@ -142,7 +143,7 @@ class WhatIfReport:
             "recorded_failure": self.recorded_failure,
             "baseline_failure": self.baseline.first_failure,
             "reproduces": self.reproduces,
-            "divergence": self.divergence,
+            "divergence": None if self.divergence is None else self.divergence.to_json(),
             "removed_by": [e.change for e in self.helpful],
             "recorded": [s.to_json() for s in self.recorded],
             "baseline": self.baseline.to_json(),
@@ -169,7 +170,7 @@ class WhatIfReport:
             recorded=[StepResult.from_json(s) for s in d.get("recorded") or []],
             baseline=Experiment.from_json(d["baseline"]),
             reproduces=bool(d.get("reproduces", True)),
-            divergence=d.get("divergence"),
+            divergence=Divergence.from_json(d.get("divergence")),
             experiments=[Experiment.from_json(e) for e in d.get("experiments") or []],
             notes=list(d.get("notes") or []),
             ranks=dict(d.get("ranks") or {}),

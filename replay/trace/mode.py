@@ -1,17 +1,8 @@
-"""The per-op tracer, in the shape of torch's ``flop_counter``: a public context manager
-(``Tracer``) around two thin private modes (``dispatch.py``: a ``TorchDispatchMode`` that hands
-it every aten op, a ``TorchFunctionMode`` that tags autograd nodes with their forward site), and
-the parts it owns, each testable alone:
-
-- ``OpLog`` (``oplog.py``): the rows, the outputs' statistics, memory and string tables;
-- ``Sites`` (``sites.py``): each op's phase, module, source line and closure call, from the
-  ``ModuleScope`` (``scope.py``: module hooks) and the ``StepPhase`` (``phase.py``: optimizer
-  hooks, closure calls);
-- ``Findings`` (``findings.py``): non-finite ops classified by origin, ops that raised, values
-  the step looked at;
-- the op rules (``rules.py``): what is special about an op, by name; registered, never written
-  into the mode;
-- ``Patches`` (``patches.py``): the global functions replaced while tracing, put back after.
+"""The per-op tracer, in the shape of torch's ``flop_counter``: a public context manager around
+thin private modes (``dispatch.py``) and the parts it owns: the log of op rows (``oplog.py``),
+each op's site (``sites.py``) from the module scope and the optimizer's phase (``scope.py``),
+the non-finite findings (``findings.py``), the op rules (``rules.py``: registered, never written
+into the mode) and the global functions replaced while tracing (``patches.py``).
 
 NB: not reentrant; one ``Tracer`` per traced step. Statistics are computed with ``off`` set, so
 the tensors they touch are neither traced nor tagged.

@@ -67,13 +67,11 @@ class ModuleScope:
             for name, mod in root.named_modules():
                 if mod in self._names:
                     continue  # (a module the model holds too keeps the model's name)
-                self._names[mod] = self.modules(
-                    f"{prefix}.{name}" if prefix and name else prefix or name
-                )
-                self._handles.append(mod.register_forward_pre_hook(self._pre_forward))
-                self._handles.append(
-                    mod.register_forward_hook(self._post_forward, always_call=True)
-                )
+                self._names[mod] = self.modules(".".join(n for n in (prefix, name) if n))
+                self._handles += [
+                    mod.register_forward_pre_hook(self._pre_forward),
+                    mod.register_forward_hook(self._post_forward, always_call=True),
+                ]
 
     def __exit__(self, *exc: object) -> None:
         for h in self._handles:

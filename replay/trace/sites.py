@@ -1,7 +1,7 @@
 """Where and when each op runs (``OpSite``), decided before it runs.
 
 - phase: ``backward`` while an autograd node is current (``torch._C._current_autograd_node()``),
-  ``optimizer`` inside ``optimizer.step`` (``phase.py``), ``other`` after a backward op until
+  ``optimizer`` inside ``optimizer.step`` (``scope.StepPhase``), ``other`` after a backward op until
   the next module forward (``scope.py``), else ``forward``;
 - module: the innermost module whose forward is running (``scope.py``); for backward ops, the
   module of the forward op that created the node, read from the node's ``metadata``;
@@ -54,7 +54,7 @@ class OpSite:
     location: int
     stack: int
     node: int  # the autograd node running it (backward ops), else -1
-    closure: int  # the closure call it ran in (phase.py), -1: none
+    closure: int  # the closure call it ran in (scope.StepPhase), -1: none
 
 
 def _metadata(node: Node) -> dict[str, Any]:

@@ -101,7 +101,6 @@ def bisect_engine(
     failure)."""
     from ..bisect import SearchError, auto_criterion, find_culprit
     from ..bisect.compare import HINT_RAISED
-    from ..bisect.report import bisect_report
     from ..bisect.subject import Subject
     from ..engine.subject import EngineSubject
     from ..multirank.alone import RankSubject, adjust_verdict
@@ -114,7 +113,7 @@ def bisect_engine(
         subject = RankSubject(subject, int(rec.meta["distributed"]["rank"]))
     crit = criterion if criterion is not None else auto_criterion(subject.recorded_rows())
     try:
-        verdict = find_culprit(subject, crit, progress=progress)
+        report = find_culprit(subject, crit, progress=progress)
     except SearchError as e:
         # a replay that raised because the step samples from a collection the loop fills (a
         # replay memory): name it instead of the general hint
@@ -122,13 +121,13 @@ def bisect_engine(
         said = str(e).replace(HINT_RAISED, buffers_hint(found)) if found else str(e)
         raise ReplayError(said) from None
     if isinstance(subject, RankSubject):
-        adjust_verdict(verdict, subject)
-    traced = trace_verdict(engine, rec, verdict, reraise=reraise) if trace else None
-    report = bisect_report(verdict, recording=rec.path, entry_files=engine.entry_files)
+        adjust_verdict(report, subject)
+    traced = trace_verdict(engine, rec, report, reraise=reraise) if trace else None
+    report.recording, report.entry_files = rec.path, list(engine.entry_files)
     if traced is not None:
         report.take_trace(traced)
-    if verdict.divergence is not None:
-        report.divergence_cause = explain_divergence(engine, verdict.divergence, verdict.exception)
+    if report.divergence is not None:
+        report.divergence_cause = explain_divergence(engine, report.divergence, report.exception)
     return report
 
 

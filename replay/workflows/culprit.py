@@ -23,10 +23,9 @@ import torch
 
 from ..engine import Engine
 from ..jsonsafe import json_safe
-from ..reports import TracedOp, TraceVerdict
+from ..reports import BisectReport, TracedOp, TraceVerdict
 
 if TYPE_CHECKING:
-    from ..bisect.search import Verdict
     from ..store.reader import Recording
     from ..trace.result import TraceResult
 
@@ -127,7 +126,7 @@ def _data_samples(batch: Any, axes: list[int]) -> list[Any]:
 def trace_verdict(
     engine: Engine,
     rec: Recording,
-    verdict: Verdict,
+    verdict: BisectReport,
     *,
     reraise: tuple[type[BaseException], ...] = (),
 ) -> TracedOp | None:
@@ -175,7 +174,7 @@ def trace_verdict(
             )
             verdict.first_bad_step = t
             engine.state_before(t)
-            verdict.culprit_row = engine.run_step(t).row()
+            verdict.take_row(engine.run_step(t).row())
         return traced
     except reraise:
         raise

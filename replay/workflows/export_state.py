@@ -116,7 +116,7 @@ def reach(engine: Engine, step: int) -> int:
         if d is not None:
             raise Diverged(
                 f"replaying step {t} from the snapshot of step {snapshot} does not match the "
-                f"recording ({d['column']}: recorded {d['recorded']}, replayed {d['replayed']}), "
+                f"recording ({d.column}: recorded {d.recorded}, replayed {d.replayed}), "
                 f"so the state before step {step} would not be the recorded one; run `replay "
                 f"verify` to see why, or export the snapshot's own state: --step {snapshot}"
             )

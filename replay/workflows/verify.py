@@ -84,6 +84,7 @@ def verify_engine(
     from ..bisect import verify_window
     from ..bisect.report import verify_report
     from ..engine.subject import EngineSubject
+    from ..reports.verdict import exception_info
     from .why import explain_divergence
 
     w, notes = engine.window, []
@@ -102,7 +103,7 @@ def verify_engine(
     fd = check.first_divergence
     cause = None
     if fd is not None:
-        cause = explain_divergence(engine, fd, check.replayed_exception(int(fd["step"])))
+        cause = explain_divergence(engine, fd, exception_info(check.replayed_exception(fd.step)))
     report = verify_report(check, recording=rec.path, entry_files=engine.entry_files, cause=cause)
     if notes:
         report.notes = [*(report.notes or []), *notes]

@@ -637,8 +637,8 @@ def whatif_work(
 
         if divergence is not None:
             notes.append(
-                f"the baseline differs from the recording at step {divergence['step']} "
-                f"({divergence['column']}): the experiments are compared with the baseline; "
+                f"the baseline differs from the recording at step {divergence.step} "
+                f"({divergence.column}): the experiments are compared with the baseline; "
                 "run `replay verify` to see why"
             )
         if bad is not None and bad > hi:

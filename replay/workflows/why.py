@@ -34,7 +34,7 @@ from ..capture.tensors import from_leaves
 from ..engine import Engine
 from ..engine.state import _int_keys
 from ..engine.suspects import Suspect, buffers, candidates, changed_by
-from ..reports import DivergenceCause, ExceptionInfo, StateDrift
+from ..reports import Divergence, DivergenceCause, ExceptionInfo, StateDrift
 
 __all__ = ["explain_divergence", "state_diff"]
 
@@ -176,16 +176,16 @@ def _changed_sources(engine: Engine) -> list[str]:
 
 
 def explain_divergence(
-    engine: Engine, divergence: dict[str, Any], replayed_exception: dict[str, Any] | None = None
+    engine: Engine, divergence: Divergence, replayed_exception: ExceptionInfo | None = None
 ) -> DivergenceCause:
-    """Tell why step ``divergence["step"]`` differs from the recording (see the module doc)."""
-    t = int(divergence["step"])
+    """Tell why step ``divergence.step`` differs from the recording (see the module doc)."""
+    t = divergence.step
     changed = _changed_sources(engine)
     out = DivergenceCause(step=t, changed_files=changed)
-    if divergence.get("column") == "exception":
-        rec_type, got = divergence.get("recorded"), divergence.get("replayed")
+    if divergence.column == "exception":
+        rec_type, got = divergence.recorded, divergence.replayed
         if got is not None:
-            msg = (replayed_exception or {}).get("message", "")
+            msg = replayed_exception["message"] if replayed_exception else ""
             out.kind = "raised"
             out.summary = (
                 f"the replay of step {t} raised {got}: {msg}"
@@ -193,13 +193,13 @@ def explain_divergence(
                 + ("" if rec_type else "; the recorded step did not raise")
             )
             out.hint = HINT_RAISED
-            out.exception = ExceptionInfo(type=got, message=msg)
+            out.exception = ExceptionInfo(type=str(got), message=msg)
             _name_buffers(engine, out)
             return out
         out.summary = f"the recorded step {t} raised {rec_type}, its replay did not"
         out.hint = HINT_OUTSIDE
         return out
-    carried = divergence.get("carried_on")
+    carried = divergence.carried_on
     if carried is not None:  # (verify_window's finding: no experiment can redo it here)
         out.snapshot = t
         out.summary = (

@@ -21,6 +21,7 @@ LR = {
     "clipped_explosion": 20.0,
     "rnn_state": 1e-3,
     "decaying_lr": 1e6,  # set by the loop, 0.9x every step: far too high all along
+    "grouped_lr": 1e6,  # the first layer's group only, set like decaying_lr; the rest 1e-3
 }
 CLIP = 1.0
 
@@ -58,6 +59,11 @@ def build():
         model = nn.Sequential(nn.Linear(8, 32), act, nn.Linear(32, 4))
     if VARIANT == "clipped_explosion":
         return model, torch.optim.SGD(model.parameters(), lr=LR[VARIANT])
+    if VARIANT == "grouped_lr":
+        first, rest = list(model[0].parameters()), list(model[2].parameters())
+        return model, torch.optim.Adam(
+            [{"params": first}, {"params": rest, "lr": 1e-3}], LR[VARIANT]
+        )
     opt = torch.optim.Adam(model.parameters(), lr=LR[VARIANT])
     if VARIANT == "amp_collapse":
         return model, opt, None, torch.amp.GradScaler("cpu", init_scale=2.0**16)
@@ -126,6 +132,8 @@ def record(path: str, variant: str, steps: int = 40) -> str:
             if variant == "decaying_lr":
                 for group in opt.param_groups:
                     group["lr"] = LR[variant] * 0.9**s
+            if variant == "grouped_lr":
+                opt.param_groups[0]["lr"] = LR[variant] * 0.9**s
             xs, ys = x[s * 16 : (s + 1) * 16], y[s * 16 : (s + 1) * 16]
             if variant == "rnn_state":
                 _, h = rec.step((xs.reshape(4, 4, 8).repeat(1, 4, 1), ys[:16], h))

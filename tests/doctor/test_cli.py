@@ -113,6 +113,22 @@ def test_lr_rule_cites_a_learning_rate_that_was_used(recording):
     assert f["evidence"]["lr"] != float(np.median(h["lr"]))
 
 
+def test_lr_rule_names_every_param_groups_learning_rate(recording):
+    """The rule cited group 0's learning rate alone: with the first layer's group far too high
+    and the rest at 1e-3, it now gives each group's, as recorded at the step it cites."""
+    from replay.store import open_recording
+    from replay.store.hparams import step_hparams
+
+    path = recording("loop:grouped_lr")
+    f = _doctor(path)["learning_rate"]
+    with open_recording(path) as rec:
+        groups = step_hparams(rec, f["steps"][0])["optimizer"]
+    assert f["evidence"]["lrs"] == {"optimizer": [g["lr"] for g in groups]}
+    assert f["evidence"]["lrs"]["optimizer"][1] == 1e-3
+    assert f["evidence"]["lr"] == groups[0]["lr"] > 1.0
+    assert "optimizer group 1 0.001" in f["title"]
+
+
 def test_doctor_flags_a_run_trained_in_eval_mode(recording):
     f = _doctor(recording("loop:eval_mode"))["model_in_eval_mode"]
     assert f["evidence"]["layers"] == ["2"] and f["severity"] == "warning"

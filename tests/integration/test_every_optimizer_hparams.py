@@ -61,3 +61,20 @@ def test_a_second_optimizers_schedule_outside_the_step_replays_bitwise(recorded)
     d, _ = recorded
     code, v, err = replay_json("verify", "run.h5", "--trust", cwd=d)
     assert code == 0 and v["deterministic"] is True, (v, err[-2000:])
+
+
+async def test_the_tuis_overview_shows_every_groups_lr_at_the_cursor(recorded):
+    from replay_tui import make_app
+
+    d, seen = recorded
+    app = make_app(str(d / "run.h5"), poll=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        for _ in range(4):
+            await pilot.pause()
+        overview = app.get_screen("overview")
+        step = int(app.model.health["step"][overview.cursor])
+        info = str(overview.query_one("#cursor-info").render())
+    for name, groups in seen[str(step)].items():
+        for i in range(len(groups)):
+            assert f"lr {name}[{i}]" in info
+    assert f"{seen[str(step)]['optD'][1]['lr']:.4g}" in info

@@ -174,7 +174,7 @@ def test_exception_of_another_type_on_replay_is_a_divergence():
 
     s.truth = other
     v = find_culprit(s, Raised())
-    assert v.divergence["column"] == "exception" and v.reproducible is False
+    assert v.divergence.column == "exception" and v.reproducible is False
 
 
 def test_predicate_kind_finds_the_spike_without_checking_snapshots():
@@ -195,7 +195,7 @@ def test_predicate_kind_finds_the_spike_without_checking_snapshots():
 def test_healthy_window_says_what_it_checked():
     s = Synthetic(n=30, kind="none")
     v = find_culprit(s, NonFinite())
-    assert v.healthy and v.checked == (0, 29) and s.replayed == []
+    assert v.healthy and v.checked == [0, 29] and s.replayed == []
 
 
 def test_two_replays_that_disagree_mean_not_reproducible():
@@ -211,8 +211,8 @@ def test_replay_differing_from_the_recording_is_reported_with_its_size():
     s.diverge_at = 53
     v = find_culprit(s, NonFinite())
     assert v.deterministic is False and v.reproducible is False
-    assert v.divergence["step"] == 53 and v.divergence["column"] == "loss"
-    assert v.divergence["ulps"] == 1 and v.divergence["abs_diff"] > 0
+    assert v.divergence.step == 53 and v.divergence.column == "loss"
+    assert v.divergence.ulps == 1 and v.divergence.abs_diff > 0
 
 
 def test_failure_that_does_not_reproduce_points_at_hardware():
@@ -240,7 +240,7 @@ def test_verify_reports_every_step_and_the_first_divergence():
     s.diverge_at = 12
     r = verify_window(s)
     assert r.replayed_steps == 20 and not r.deterministic
-    assert r.first_divergence["step"] == 12 and len(r.divergences) == 8
+    assert r.first_divergence.step == 12 and len(r.divergences) == 8
 
 
 def test_verify_starts_each_kept_snapshot_afresh_as_a_bisect_after_it_would():

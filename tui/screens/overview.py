@@ -15,9 +15,10 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Footer, Header, Static
 
 from replay.child import run_replay
-from replay.errors import EXIT_NOTHING_FOUND, EXIT_OK
+from replay.errors import EXIT_NOTHING_FOUND, EXIT_OK, RecordingError
 from replay.reports import StepResult, WhatIfReport
 from replay.safetext import term_safe
+from replay.store.hparams import step_hparams
 from replay.store.selfcheck import read_selfcheck
 from replay.words import cause_text, op_role
 
@@ -225,6 +226,20 @@ class OverviewScreen(RunScreen):
 
     # -- text panels ---------------------------------------------------------------------------
 
+    def _every_lr(self, step: int) -> list[tuple[str, float]]:
+        """Each param group's learning rate at ``step``, of every optimizer, when the run has
+        more than one group (the health's ``lr`` is the first's); read from the step's record."""
+        try:
+            groups = step_hparams(self.model.rec, step)
+        except (KeyError, RecordingError):  # no longer kept, or damaged: the plot's lr stays
+            return []
+        rows = [
+            (f"{name}[{i}]", g.get("lr", float("nan")))
+            for name, gs in groups.items()
+            for i, g in enumerate(gs)
+        ]
+        return rows if len(rows) > 1 else []
+
     def _cursor_info(self) -> Text:
         h = self.model.health
         if not len(h.get("step", ())):
@@ -242,6 +257,9 @@ class OverviewScreen(RunScreen):
             if key == "scale" and np.isnan(v):
                 continue
             t.append(f"  {label:<10}", style="dim")
+            t.append(fmt_num(v) + "\n", style="bold red" if not np.isfinite(v) else "")
+        for label, v in self._every_lr(int(h["step"][i])):
+            t.append(f"  lr {label:<7}", style="dim")
             t.append(fmt_num(v) + "\n", style="bold red" if not np.isfinite(v) else "")
         flags = [
             name

@@ -7,19 +7,13 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
 
+from replay.words import fmt_num
+
 from .braille import bin_edges, braille_rows, column_ranges
 
 __all__ = ["SeriesPlot", "fmt_num", "column_of"]
 
 GUTTER = 9  # width of the y labels
-
-
-def fmt_num(v: float) -> str:
-    if not np.isfinite(v):
-        return "nan" if np.isnan(v) else ("inf" if v > 0 else "-inf")
-    if v != 0 and (abs(v) >= 1e5 or abs(v) < 1e-3):
-        return f"{v:.2e}"
-    return f"{v:.4g}"
 
 
 def column_of(index: int, n: int, cells: int) -> int:

@@ -1,0 +1,57 @@
+"""``Divergence``: where a replayed step first differs from its recording (bisect, verify,
+whatif, each rank replayed together) or from another replay of it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..jsonsafe import json_safe
+
+__all__ = ["Divergence"]
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """Step ``step``'s ``column`` (``loss``, ``param_fingerprint``, ``exception``...) was
+    ``recorded`` in the recording and ``replayed`` on replay (exception type names for
+    ``exception``); ``abs_diff`` and ``ulps`` when both are finite numbers. ``carried_on``: the
+    snapshot a replay carried on from gave the recorded bits, one from the step's own snapshot
+    did not (``replay verify``)."""
+
+    step: int
+    column: str
+    recorded: float | str | None
+    replayed: float | str | None
+    abs_diff: float | None = None
+    ulps: int | None = None
+    carried_on: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON of every report that names one (``carried_on`` only when set)."""
+        out: dict[str, Any] = {
+            "step": self.step,
+            "column": self.column,
+            "recorded": json_safe(self.recorded),
+            "replayed": json_safe(self.replayed),
+            "abs_diff": json_safe(self.abs_diff),
+            "ulps": self.ulps,
+        }
+        if self.carried_on is not None:
+            out["carried_on"] = self.carried_on
+        return out
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any] | None) -> Divergence | None:
+        """One read back (``None``: none)."""
+        if d is None:
+            return None
+        return cls(
+            step=int(d["step"]),
+            column=str(d.get("column")),
+            recorded=d.get("recorded"),
+            replayed=d.get("replayed"),
+            abs_diff=d.get("abs_diff"),
+            ulps=d.get("ulps"),
+            carried_on=d.get("carried_on"),
+        )
