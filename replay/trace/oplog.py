@@ -95,7 +95,7 @@ class OpLog:
 
     def name(self, row: int) -> str:
         """The name of the op of row ``row``."""
-        return self.op_names.items[self.cols["name"][row]]
+        return self.op_names.items[int(self.cols["name"][row])]
 
     def op(self, func: OpOverload[..., object]) -> OpInfo:
         info = self._ops.get(func)
