@@ -16,6 +16,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q "$(TORCH)"
 	echo "$(TORCH)" > $(VENV)/torch-constraint.txt
 	$(PY) -m pip install -q -c $(VENV)/torch-constraint.txt -e ".[test]"
+	@# replay report's browser tests drive the system's chromium (never a downloaded one); as
+	@# root with apt-get it is installed, elsewhere (or on failure) those tests skip with a reason
+	@if [ ! -x /usr/bin/chromium ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		(apt-get update -qq && apt-get install -y -qq chromium) || echo "chromium not installed: the browser tests will skip"; fi
 	touch $(STAMP)
 
 demo: setup

@@ -25,7 +25,15 @@ from __future__ import annotations
 import math
 from typing import Any, Protocol
 
-__all__ = ["Blame", "op_role", "role_text", "cause_text", "fmt_num", "STATUS_WORDS"]
+__all__ = [
+    "Blame",
+    "op_role",
+    "role_text",
+    "cause_text",
+    "samples_text",
+    "fmt_num",
+    "STATUS_WORDS",
+]
 
 
 class Blame(Protocol):
@@ -132,6 +140,43 @@ def role_text(verdict: Blame, op_index: int | None, status: str) -> str:
     """``"culprit · the producer: made -inf from finite inputs"``."""
     word, why = op_role(verdict, op_index, status)
     return f"{word} · {why}" if why else word
+
+
+class Samples(Protocol):
+    """What :func:`samples_text` reads off a report that names culprit samples."""
+
+    @property
+    def samples(self) -> list[Any] | None: ...
+    @property
+    def samples_exact(self) -> bool | None: ...
+    @property
+    def sample_axes(self) -> list[int] | None: ...
+    @property
+    def sample_sources(self) -> list[dict[str, Any]] | None: ...
+
+
+def samples_text(v: Samples) -> str:
+    """The culprit samples as ``replay bisect`` and ``replay report`` word them: ``7``,
+    ``3 (dataset index 37: rows/0037.row)``, ``along dim 1: 7``, ``[micro-batch, row] along dims
+    0, 1: [2, 5]``; ``(approximate: ...)`` when batch-coupled layers made the search inexact."""
+    samples = v.samples or []
+    exact = "" if v.samples_exact is not False else " (approximate: batch-coupled layers)"
+    axes = v.sample_axes or [0]
+    if len(axes) > 1:
+        what = f"[micro-batch, row] along dims {axes[0]}, {axes[1]}: "
+        shown = ", ".join(f"[{m}, {r}]" for m, r in samples)
+    else:
+        what = f"along dim {axes[0]}: " if axes != [0] else ""
+        shown = ", ".join(map(str, samples))
+        sources = v.sample_sources
+        if sources and len(sources) == len(samples):
+            shown = ", ".join(
+                f"{s} (dataset index {src.get('index')}"
+                + (f": {src['file']}" if src.get("file") else "")
+                + ")"
+                for s, src in zip(samples, sources)
+            )
+    return f"{what}{shown}{exact}"
 
 
 def fmt_num(v: float) -> str:

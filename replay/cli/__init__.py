@@ -26,6 +26,7 @@ from .export import export
 from .info import info
 from .overfit import overfit
 from .preflight import preflight
+from .report import report
 from .trace import trace
 from .trust import trust
 from .tui import tui
@@ -52,6 +53,7 @@ def cli() -> None:
     replay export RUN.h5 --out DIR   the state before a step as a torch checkpoint, to resume
     replay preflight -- python train.py ...   before a long run: will its steps replay bitwise?
     replay trust RUN.h5     run a recording you did not make (read what it runs first)
+    replay report RUN.h5 -o report.html   the verdict as one HTML page to share
     """
 
 
@@ -66,6 +68,7 @@ cli.add_command(tui)
 cli.add_command(preflight)
 cli.add_command(export)
 cli.add_command(trust)
+cli.add_command(report)
 
 
 def _wants_json(argv: list[str]) -> bool:

@@ -35,6 +35,7 @@ LAYERS = {
     "record": 3,  # the recorder: capture on the training thread, the writer, its DDP side
     "trace": 3,  # per-op dispatch mode
     "engine": 3,  # replaying steps (never imports the recorder: see test below)
+    "report": 3,  # replay report's page: reads the store, the sidecar, doctor and rank sets
     "workflows": 4,  # what each command does, as library calls
     "multirank": 3,  # a rank set's ranks replayed: which way, one alone, every one together
     # (the per-rank process that runs a workflow is workflows/rank_worker.py)
@@ -44,7 +45,7 @@ LAYERS = {
     "__main__": 6,
     "__init__": 6,  # the package facade
 }
-NO_TORCH = {"trust", "reports", "store", "bisect", "doctor", "preflight"}
+NO_TORCH = {"trust", "reports", "store", "bisect", "doctor", "preflight", "report"}
 # The reading side of replay/ranks (the recording side is torch's: context, policy, votes, hook).
 RANKS_READING = ("names", "files", "first_bad", "scan")
 

@@ -1,0 +1,307 @@
+"""What the report page shows, read from a recording and its forensics sidecar (no torch).
+
+The same readers the TUI and ``replay info``/``doctor`` use, and the same typed reports
+(``replay.reports``: ``TraceVerdict``, ``DoctorReport``, ``BisectReport``), so that a number on
+the page is the number on the other views. Nothing here runs recorded code or unpickles anything;
+strings stay as recorded (the page escapes each one: ``escape.py``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import RecordingError
+from ..reports import BisectReport, Finding, TraceVerdict
+from ..store import open_recording
+from ..store.selfcheck import SelfCheck, read_selfcheck
+
+if TYPE_CHECKING:
+    from ..ranks.scan import RankScan
+    from ..store.forensics import ForensicsReader
+    from ..store.reader import Recording
+
+__all__ = ["RunFacts", "OpsAround", "LayerMap", "RankTable", "RankRow", "read_facts", "OPS_AROUND"]
+
+OPS_AROUND = 100  # ops shown before and after the culprit (a trace may hold millions)
+_MAX_LAYERS = 64  # rows of a heat map
+
+
+@dataclass
+class OpsAround:
+    """The traced ops ``first..last`` around ``culprit``: one dict per op (``op_row``'s keys)."""
+
+    culprit: int | None
+    n_ops: int
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class LayerMap:
+    """Per layer over steps: ``values[layer, step]`` and the cells that went NaN/Inf."""
+
+    title: str
+    labels: list[str]
+    steps: np.ndarray
+    values: np.ndarray
+    bad: np.ndarray
+
+
+@dataclass
+class RunFacts:
+    """Everything the page shows of one recording (``read_facts``)."""
+
+    path: str
+    run_id: str
+    meta: dict[str, Any]
+    status: dict[str, int]
+    health: dict[str, np.ndarray]
+    window: tuple[int, int] | None
+    snapshots: list[int]
+    symptom: int | None  # first step whose health shows NaN/Inf or an exception
+    selfcheck: SelfCheck | None
+    n_params: int
+    update_steps: np.ndarray  # steps of the update-ratio curve (each later snapshot of a pair)
+    update_ratio: np.ndarray  # median over weight tensors of their per-step update ratio
+    layers: list[LayerMap] = field(default_factory=list)
+    verdict: TraceVerdict | None = None
+    traced_step: int | None = None
+    forensics_path: str = ""
+    forensics_missing: str | None = None  # why there is no sidecar to show
+    ops: OpsAround | None = None
+    params: list[dict[str, Any]] = field(default_factory=list)
+    sources: dict[str, dict[int, str]] = field(default_factory=dict)
+    findings: list[Finding] = field(default_factory=list)
+    bisect: BisectReport | None = None
+    ranks: RankTable | None = None  # a rank set: every rank's summary
+
+    @property
+    def first_bad(self) -> int | None:
+        """The step the page marks: bisect's (the traced step of a failure), else the first
+        failure the health shows."""
+        if self.verdict is not None and self.verdict.kind != "none":
+            return self.traced_step
+        return self.symptom
+
+
+def _update_ratios(rec: Recording) -> tuple[np.ndarray, np.ndarray, LayerMap | None]:
+    """Per pair of consecutive kept snapshots, each weight tensor's per-step update ratio (as
+    ``replay doctor`` measures it: ``doctor/context.py``), and their median."""
+    from ..doctor.context import Context, per_step_ratio
+
+    ctx = Context(rec)
+    try:
+        snaps = ctx.snapshots
+    finally:
+        ctx.close()
+    names = [p.name for p in ctx.params]
+    steps, med, cols = [], [], []
+    for a, b in zip(snaps, snaps[1:]):
+        col = np.full(len(names), np.nan)
+        for i, name in enumerate(names):
+            w0, w1 = a.weights.get(name), b.weights.get(name)
+            if w0 is None or w1 is None or w0.ndim < 2 or w1.shape != w0.shape:
+                continue
+            if np.isfinite(w0).all() and np.isfinite(w1).all():
+                col[i] = per_step_ratio(w0, w1, b.step - a.step)
+        steps.append(b.step)
+        ok = col[np.isfinite(col)]
+        med.append(float(np.median(ok)) if ok.size else np.nan)
+        cols.append(col)
+    s = np.asarray(steps, dtype=np.int64)
+    layer_map = None
+    if cols:
+        values = np.stack(cols, axis=1)
+        rows = [i for i in range(len(names)) if np.isfinite(values[i]).any()][:_MAX_LAYERS]
+        if rows:
+            layer_map = LayerMap(
+                "update ratio per weight tensor, between kept snapshots",
+                [names[i] for i in rows],
+                s,
+                values[rows],
+                np.zeros((len(rows), len(s)), dtype=bool),
+            )
+    return s, np.asarray(med, dtype=np.float64), layer_map
+
+
+def _object_grads(rec: Recording, h: dict[str, np.ndarray]) -> LayerMap | None:
+    """The watched objects' own gradient norms per step (``<object>__grad_norm``), where the
+    recording has them (a GAN's generator and discriminator, a second model)."""
+    names = rec.watched_objects
+    labels = [n for n in names if f"{n}__grad_norm" in h]
+    if not labels:
+        return None
+    values = np.stack([h[f"{n}__grad_norm"] for n in labels])
+    bad = np.stack([h[f"{n}__grad_nonfinite"] == 1 for n in labels])
+    return LayerMap(
+        "gradient norm per watched model, each step", labels[:_MAX_LAYERS], h["step"], values, bad
+    )
+
+
+def _ops_around(f: ForensicsReader, verdict: TraceVerdict) -> OpsAround:
+    culprit = verdict.op_index
+    if culprit is None and verdict.exception is not None:
+        culprit = verdict.exception.get("op_index")
+    n = f.n_ops
+    center = culprit if culprit is not None else 0
+    first, last = max(0, center - OPS_AROUND), min(n, center + OPS_AROUND + 1)
+    return OpsAround(culprit, n, [f.op_row(i) for i in range(first, last)])
+
+
+def _sources(f: ForensicsReader, rec: Recording) -> dict[str, dict[int, str]]:
+    """``{path: {line: text}}``: the sidecar's lines, else the recorded entry-point files (as
+    the TUI's source view reads them)."""
+    out: dict[str, dict[int, str]] = {}
+    for path, entry in f.sources().items():
+        lines = entry.get("lines", {}) if isinstance(entry, dict) else {}
+        out[path] = {int(k): str(v) for k, v in lines.items() if str(k).isdigit()}
+    try:
+        recorded = rec.sources
+    except RecordingError:
+        recorded = {}
+    for path, text in recorded.items():
+        out.setdefault(path, {}).update({i + 1: s for i, s in enumerate(text.splitlines())})
+    return out
+
+
+def _forensics(facts: RunFacts, rec: Recording) -> None:
+    """The sidecar's verdict, ops around the culprit, parameters and source lines; or why
+    there is none (absent, another run's, refused)."""
+    from ..store.forensics import ForensicsReader, NotAForensicsFile
+
+    path = rec.forensics_path
+    facts.forensics_path = path
+    if not os.path.exists(path):
+        facts.forensics_missing = "absent"
+        return
+    try:
+        f = ForensicsReader.open(path)
+    except (NotAForensicsFile, OSError) as e:
+        facts.forensics_missing = f"refused: {str(e).splitlines()[0] if str(e) else e!r}"
+        return
+    with f:
+        if f.run_id != rec.run_id:
+            facts.forensics_missing = "it belongs to another run"
+            return
+        facts.verdict = TraceVerdict.from_json(f.verdict)
+        facts.traced_step = int(f.step)
+        facts.ops = _ops_around(f, facts.verdict)
+        facts.params = f.params()
+        facts.sources = _sources(f, rec)
+
+
+@dataclass
+class RankRow:
+    """One rank of a set: what ``replay info`` lists of it."""
+
+    rank: int
+    path: str
+    health_steps: tuple[int, int] | None
+    window: tuple[int, int] | None
+    last_loss: float | None
+    closed: bool
+    own_bad: tuple[int, tuple[str, ...]] | None  # (step, what: loss / local_grad / exception)
+    median_step_s: float | None
+
+
+@dataclass
+class RankTable:
+    """A rank set: every readable rank, the missing ones, the first bad (step, rank) in the
+    words ``replay info`` uses, and the slowest rank as ``replay doctor`` finds it."""
+
+    spec: str
+    world_size: int | None
+    rows: list[RankRow]
+    missing: list[int]
+    culprit_ranks: list[int]
+    summary: str
+
+    @property
+    def slowest(self) -> tuple[RankRow, float] | None:
+        """The rank whose median step took longest, and the others' median (two ranks or more
+        with step times)."""
+        timed = [r for r in self.rows if r.median_step_s is not None]
+        if len(timed) < 2:
+            return None
+        slow = max(timed, key=lambda r: r.median_step_s or 0.0)
+        others = float(np.median([r.median_step_s for r in timed if r is not slow]))
+        return slow, others
+
+
+def _rank_row(rank: int, path: str, own: tuple[int, tuple[str, ...]] | None) -> RankRow:
+    with open_recording(path) as rec:
+        h = rec.health()
+        w = rec.replayable_window()
+        closed = bool(rec.status().get("closed"))
+    losses, times = h["loss"][np.isfinite(h["loss"])], h["wall_time"][np.isfinite(h["wall_time"])]
+    return RankRow(
+        rank=rank,
+        path=path,
+        health_steps=(int(h["step"][0]), int(h["step"][-1])) if len(h["step"]) else None,
+        window=(w.first, w.last) if w else None,
+        last_loss=float(losses[-1]) if losses.size else None,
+        closed=closed,
+        own_bad=own,
+        median_step_s=float(np.median(times)) if times.size else None,
+    )
+
+
+def _rank_table(scan: RankScan) -> RankTable:
+    from ..ranks.first_bad import describe_failure
+
+    rows = []
+    for r, f in sorted(scan.ranks.items()):
+        ev = f.evidence
+        own = None if ev is None or ev.own_step is None else (ev.own_step, tuple(ev.own))
+        rows.append(_rank_row(r, f.path, own))
+    failure = scan.first_bad
+    return RankTable(
+        spec=scan.spec,
+        world_size=scan.world_size,
+        rows=rows,
+        missing=list(scan.missing),
+        culprit_ranks=list(failure.ranks) if failure is not None else [],
+        summary=describe_failure(failure),
+    )
+
+
+def read_facts(run: str, *, bisect: BisectReport | None = None) -> RunFacts:
+    """Read what the page shows of ``run``: a recording, or a DDP rank set's name (``run.h5``
+    for ``run.rank<N>.h5``, a directory or a glob), whose culprit rank's file is shown (the
+    one ``replay bisect`` replays) beside every rank's summary.
+
+    Raises ``RecordingError`` (one line) when ``run`` is not a readable recording."""
+    from ..doctor import diagnose
+    from ..ranks.scan import rank_set
+
+    scan = None if os.path.isfile(run) else rank_set(run)
+    path = scan.culprit_file()[0] if scan is not None else run
+    with open_recording(path) as rec:
+        h = rec.health()
+        window = rec.replayable_window()
+        bad = rec.first_bad()
+        update_steps, update_ratio, update_map = _update_ratios(rec)
+        facts = RunFacts(
+            path=path,
+            run_id=rec.run_id,
+            meta=rec.meta,
+            status=rec.status(),
+            health=h,
+            window=(window.first, window.last) if window else None,
+            snapshots=[int(s) for s in rec.snapshot_steps()],
+            symptom=bad["nonfinite"] if bad["nonfinite"] is not None else bad["exception"],
+            selfcheck=read_selfcheck(rec.path, rec.run_id),
+            n_params=sum(p.numel for p in rec.run_meta.model.params),
+            update_steps=update_steps,
+            update_ratio=update_ratio,
+            bisect=bisect,
+        )
+        facts.layers = [m for m in (_object_grads(rec, h), update_map) if m is not None]
+        _forensics(facts, rec)
+    facts.findings = diagnose(path)
+    if scan is not None:
+        facts.ranks = _rank_table(scan)
+    return facts
