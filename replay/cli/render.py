@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 from ..reports import BisectReport, DivergenceCause, TraceReport, VerifyReport
 from ..safetext import term_safe_tree
-from ..words import cause_text, op_role, role_text
+from ..words import cause_text, op_role, role_text, samples_text
 
 __all__ = ["render_cause", "render_ranks", "render_trace", "render_verdict", "render_verify"]
 
@@ -104,22 +104,7 @@ def render_verdict(report: BisectReport) -> str:
         if src:
             lines.append(f"                {src}")
     if d.samples:
-        exact = "" if d.samples_exact is not False else " (approximate: batch-coupled layers)"
-        axes = d.sample_axes or [0]
-        if len(axes) > 1:
-            what = f"[micro-batch, row] along dims {axes[0]}, {axes[1]}: "
-            shown = ", ".join(f"[{m}, {r}]" for m, r in d.samples)
-        else:
-            what = f"along dim {axes[0]}: " if axes != [0] else ""
-            shown = ", ".join(map(str, d.samples))
-            if d.sample_sources and len(d.sample_sources) == len(d.samples):
-                shown = ", ".join(
-                    f"{s} (dataset index {src.get('index')}"
-                    + (f": {src['file']}" if src.get("file") else "")
-                    + ")"
-                    for s, src in zip(d.samples, d.sample_sources)
-                )
-        lines.append(f"  samples       {what}{shown}{exact}")
+        lines.append(f"  samples       {samples_text(d)}")
     rep = d.reproducible
     lines.append(
         "  reproducible  "
