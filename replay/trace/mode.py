@@ -34,15 +34,21 @@ from replay.trace.oplog import NO_HIST, OpLog
 from replay.trace.origins import Storages
 from replay.trace.patches import Patches
 from replay.trace.scope import ModuleScope, StepPhase
-from replay.trace.sites import Sites
+from replay.trace.sites import OpSite, Sites
 from replay.trace.stats import NO_STATS
 
-__all__ = ["Tracer"]
+__all__ = ["Tracer", "TracerFault"]
 
 # ``on_op`` is called by ``dispatch._dispatch``, which the code running the op called: in
 # ``on_op``, ``sys._getframe(_OP_CALLER)`` is that code's frame, where the op ran.
 _OP_CALLER = 2
 _FINITE, _RAISED = STATUS["finite"], STATUS["raised"]
+
+
+class TracerFault(BaseException):
+    """The tracer's own work on an op's outputs failed (a bug in replay, not the step's
+    error). A ``BaseException``, so that the step's own ``except Exception`` cannot take it for
+    its error and go on with a half-traced step: ``trace_step`` raises it as ``TraceFailed``."""
 
 
 class Tracer:
@@ -152,6 +158,24 @@ class Tracer:
                 self.log.append(site, _RAISED, self.log.shapes_of(ins), -1, NO_STATS, NO_HIST, 0)
             raise
         elapsed = time.perf_counter_ns() - t0
+        try:
+            self._measure(site, args, kwargs, ins, mutated, pre_bad, out, elapsed)
+        except Exception as e:
+            raise TracerFault(f"op {site.index} ({info.name}): {type(e).__name__}: {e}") from e
+        return out
+
+    def _measure(
+        self,
+        site: OpSite,
+        args: tuple[object, ...],
+        kwargs: dict[str, object],
+        ins: list[torch.Tensor],
+        mutated: list[object],
+        pre_bad: dict[int, bool],
+        out: object,
+        elapsed: int,
+    ) -> None:
+        """An op's outputs measured and classified, its row appended."""
         # Tensor methods below skip the function mode (not for subclasses: torch functions)
         with self.off, torch._C.DisableTorchFunction() if self.plain else nullcontext():
             outs = tensors(out) or [t for t in mutated if isinstance(t, torch.Tensor)]
@@ -169,4 +193,3 @@ class Tracer:
                 self.findings.finite(floats)
             ins_at, outs_at = log.shapes_of(ins), log.shapes_of(outs)
             log.append(site, status, ins_at, outs_at, row, hist, elapsed, staged, alias)
-        return out

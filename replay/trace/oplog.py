@@ -210,7 +210,9 @@ class OpLog:
         (``t`` is one the memory tracker counts: its storage's entry goes when the storage is
         let go)."""
         key = storage_key(t)
-        if key is not None and self.memory.counts(key):
+        # An inference tensor (made under torch.inference_mode()) has no version counter: an
+        # in-place change to it would not show, so its values are never taken as measured.
+        if key is not None and self.memory.counts(key) and not t.is_inference():
             at = self._values.get(key)
             if at is None:
                 at = self._values[key] = {}
@@ -222,7 +224,7 @@ class OpLog:
     def _measured(self, t: torch.Tensor) -> int:
         """The row of finite values measured that ``t`` holds now, else -1."""
         key = storage_key(t)
-        at = self._values.get(key) if key is not None else None
+        at = self._values.get(key) if key is not None and not t.is_inference() else None
         v = at.get(t.data_ptr()) if at is not None else None
         if v is not None and v[0] == t.numel() and v[1] == t._version and v[2] == t.dtype:
             return v[3]

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from replay.store.forensics import PHASES
-from replay.trace.mode import Tracer
+from replay.trace.mode import Tracer, TracerFault
 from replay.trace.origins import storages
 from replay.trace.picture import (
     BatchPicture,
@@ -32,13 +32,18 @@ from replay.trace.source import snapshot_sources
 from replay.trace.spool import CHUNK_ROWS, OpColumns
 from replay.trace.verdict import build_verdict
 
-__all__ = ["trace_step", "StepFn", "stderr_progress", "CompiledDuringTrace"]
+__all__ = ["trace_step", "StepFn", "stderr_progress", "CompiledDuringTrace", "TraceFailed"]
 
 
 class CompiledDuringTrace(RuntimeError):
     """``trace_step(direct_dispatch=True)`` ran a step that compiled code (``torch.compile``
     on its first call): the unwrapped dispatch mode does not see compiled ops, so the result
     would miss them. Restore the state before the step and trace it again without."""
+
+
+class TraceFailed(RuntimeError):
+    """The tracer's own work failed at an op (a bug in replay): the trace names no op rather
+    than one the failure made up; bisect keeps the step's verdict with this as a note."""
 
 
 #: ``step_fn(model, optimizer, batch)``: the user's training step; what it returns (the loss,
@@ -197,12 +202,15 @@ def trace_step(
     tracer.phase.on_optimizer_pre = at_optimizer
     loss_value: float | None = None
     exc_info: Exception | None = None
-    with tracer:
-        try:
-            loss = run(eager, optimizer, batch)
-        except Exception as exc:  # noqa: BLE001 - the step's failure is what we are here to describe
-            loss = None
-            exc_info = exc
+    try:
+        with tracer:
+            try:
+                loss = run(eager, optimizer, batch)
+            except Exception as exc:  # noqa: BLE001 - the step's failure is what we describe
+                loss = None
+                exc_info = exc
+    except TracerFault as fault:
+        raise TraceFailed(f"the tracer failed at {fault}") from fault.__cause__
     if tracer.compiled_during:
         raise CompiledDuringTrace("the step compiled code under the unwrapped dispatch mode")
     if isinstance(loss, torch.Tensor) and loss.numel() == 1:
