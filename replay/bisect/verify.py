@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -83,11 +84,11 @@ def verify_window(
                 "recorded": None
                 if recorded is None
                 else {
-                    "loss": recorded.get("loss"),
+                    "loss": _loss(recorded),
                     "param_fingerprint": recorded.get("param_fingerprint"),
                 },
                 "replayed": {
-                    "loss": replayed.get("loss"),
+                    "loss": _loss(replayed),
                     "param_fingerprint": replayed.get("param_fingerprint"),
                 },
                 "exception": replayed.get("exception"),
@@ -96,3 +97,12 @@ def verify_window(
             }
         )
     return rep
+
+
+def _loss(row: dict[str, Any]) -> Any:
+    """The step's loss, ``None`` where it returned none (the column's NaN then marks an absent
+    value, as ``loss_nonfinite`` says; ``verify --json`` said ``"nan"`` for such steps)."""
+    flag = row.get("loss_nonfinite")
+    if isinstance(flag, float) and math.isnan(flag):
+        return None
+    return row.get("loss")
