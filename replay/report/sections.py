@@ -80,6 +80,11 @@ def _reproducible(f: RunFacts) -> str:
             "prints it (give its <code>--json</code> to <code>replay report --bisect</code>)"
             "</span>"
         )
+    if b.first_bad_step != f.traced_step:  # another bisect's report (another run, a retrace)
+        return (
+            f'<span class="warn">unknown: the --bisect report names step '
+            f"{esc(b.first_bad_step)}, the sidecar step {esc(f.traced_step)}</span>"
+        )
     if b.reproducible:
         return '<span class="ok">yes</span> (two replays and the recording agree bitwise)'
     return (

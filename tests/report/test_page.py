@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 
@@ -35,6 +36,18 @@ def test_the_page_holds_the_verdict_and_fetches_nothing(example, tmp_path):
     assert script_hash(SCRIPT).replace("'", "&#x27;") in html
     assert not re.search(r"(https?|ftp|wss?):|//[a-z]", html, re.IGNORECASE)
     assert "src=" not in html and "href=" not in html and "@import" not in html
+
+
+def test_a_bisect_report_of_another_step_is_not_taken_for_this_one(example, tmp_path):
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({**example.bisect, "first_bad_step": 3}))
+    html = _page(tmp_path, example.traced, "--bisect", str(other))
+    assert "unknown: the --bisect report names step 3" in html
+    assert "agree bitwise" not in html
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1, 2]")
+    r = replay_here("report", example.traced, "--bisect", str(bad), "-o", str(tmp_path / "x.html"))
+    assert r.returncode == 3 and "not a `replay bisect --json` report" in r.stderr
 
 
 def test_the_ops_around_the_culprit_carry_the_sidecars_numbers(example, tmp_path):
