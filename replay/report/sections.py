@@ -195,7 +195,9 @@ def _marks(f: RunFacts) -> list[Mark]:
     if f.symptom is not None and f.symptom != f.first_bad:
         marks.append(Mark(f.symptom, f"symptom {f.symptom}", "symptom"))
     if f.first_bad is not None:
-        marks.append(Mark(f.first_bad, f"first bad step {f.first_bad}", "bad"))
+        # bisect's step when it traced one; else only what the health shows, said as such
+        said = "first bad step" if f.verdict is not None else "first NaN/Inf recorded at"
+        marks.append(Mark(f.first_bad, f"{said} {f.first_bad}", "bad"))
     return marks
 
 

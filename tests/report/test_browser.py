@@ -66,6 +66,7 @@ def test_without_a_sidecar_the_recording_alone_is_shown(example, tmp_path, open_
     page = got.page
     assert "replay bisect" in page.locator("#no-forensics").inner_text()
     step = page.locator("#first-bad").inner_text().split()[-1]
-    assert page.locator(f'#plot-loss g.mark.bad[data-step="{step}"]').is_visible()
+    mark = page.locator(f'#plot-loss g.mark.bad[data-step="{step}"]')
+    assert mark.is_visible() and mark.text_content() == f"first NaN/Inf recorded at {step}"
     page.screenshot(path=str(artifact("sqrt_at_zero-no-sidecar.png")), full_page=True)
     assert len(got.requests) == 1 and got.console == []
