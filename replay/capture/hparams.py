@@ -20,6 +20,8 @@ from .tensors import CopyStats, copy_tree
 
 __all__ = ["HyperParams", "put_back"]
 
+_MISSING = object()
+
 
 class _Groups:
     """One optimizer's groups: the entries last seen, and the copy taken of them."""
@@ -30,18 +32,33 @@ class _Groups:
         self.copy: list[dict[str, Any]] | None = None
 
     def take(self, optimizer: Any, copied: CopyStats) -> list[dict[str, Any]]:
+        groups = optimizer.param_groups
+        if self.copy is not None and not self.tensors and self._same(groups):
+            return self.copy
         items = tuple(
             tuple(
                 (k, tuple(v) if isinstance(v, list) else v) for k, v in g.items() if k != "params"
             )
-            for g in optimizer.param_groups
+            for g in groups
         )
-        if self.copy is not None and not self.tensors and items == self.items:
-            return self.copy
         self.tensors = any(isinstance(v, torch.Tensor) for it in items for _, v in it)
         self.items = items
         self.copy = copy_tree([dict(it) for it in items], stats=copied)
         return self.copy
+
+    def _same(self, groups: list[dict[str, Any]]) -> bool:
+        """Whether every group holds the entries last seen: each the same object, or an equal
+        one (a scheduler writes a new float each step; most entries never change)."""
+        if len(groups) != len(self.items):
+            return False
+        for g, last in zip(groups, self.items):
+            if len(g) != len(last) + 1:  # (+ params)
+                return False
+            for k, v in last:
+                x = g.get(k, _MISSING)
+                if x is not v and (tuple(x) if type(x) is list else x) != v:
+                    return False
+        return True
 
 
 class HyperParams:
