@@ -92,10 +92,12 @@ def copy_tree(obj: Any, *, stats: CopyStats | None = None, pool: HostPool | None
             host.copy_(t, non_blocking=True)
             host._replay_device = str(t.device)  # type: ignore[attr-defined]
             host._replay_grad = obj.requires_grad  # type: ignore[attr-defined]
+            _keep_strides(t, host)
             return host
         out = t.clone() if t.device.type == "cpu" else t.to("cpu")
         if obj.requires_grad:
             out._replay_grad = True  # type: ignore[attr-defined]
+        _keep_strides(t, out)
         return out
     if isinstance(obj, dict):
         items = ((k, copy_tree(v, stats=stats, pool=pool)) for k, v in obj.items())
@@ -124,9 +126,20 @@ def copy_tree(obj: Any, *, stats: CopyStats | None = None, pool: HostPool | None
     return obj if rec is None else rec
 
 
+def _keep_strides(t: torch.Tensor, copy: torch.Tensor) -> None:
+    """The copy of a tensor that is not contiguous (a channels_last or transposed batch) says
+    how the original was laid out: a clone of a slice is contiguous, and ops can give other
+    bits on another layout (a BatchNorm over a channels_last batch)."""
+    if not t.is_contiguous():
+        copy._replay_strides = tuple(t.stride())  # type: ignore[attr-defined]
+
+
 def _tensor_leaf(t: torch.Tensor) -> TensorLeaf:
     device = getattr(t, "_replay_device", str(t.device))
     grad = bool(getattr(t, "_replay_grad", False))
+    strides = getattr(t, "_replay_strides", None)
+    if strides is None and not t.is_contiguous():
+        strides = tuple(t.stride())
     # The copies copy_tree made are plain CPU tensors: no detach/cpu calls for them (each
     # torch call on the writer thread competes with training for the GIL).
     if t.requires_grad:
@@ -139,7 +152,7 @@ def _tensor_leaf(t: torch.Tensor) -> TensorLeaf:
         t = t.resolve_neg()
     view = _VIEW_AS.get(t.dtype)
     data = (t.contiguous().view(view) if view is not None else t).numpy()
-    return TensorLeaf(dtype_name(t.dtype), data, device, grad)
+    return TensorLeaf(dtype_name(t.dtype), data, device, grad, strides)
 
 
 def tree_nbytes(obj: Any) -> int:
@@ -192,11 +205,31 @@ def leaf_to_tensor(leaf: TensorLeaf, device: str | torch.device | None = None) -
     if t.dtype != dtype:
         t = t.view(dtype)
     target = leaf.device if device is None else device
-    if str(target) != "cpu":
+    if leaf.strides is not None:
+        t = _laid_out(t, leaf.strides, target)
+    elif str(target) != "cpu":
         t = t.to(target)
     if leaf.requires_grad and (t.is_floating_point() or t.is_complex()):
         t.requires_grad_(True)
     return t
+
+
+def _laid_out(
+    t: torch.Tensor, strides: tuple[int, ...], device: str | torch.device
+) -> torch.Tensor:
+    """``t``'s values on ``device`` with the recorded ``strides``. A dimension of stride 0 (an
+    expanded tensor) is made once and expanded; a layout whose elements overlap otherwise
+    cannot be written element by element, and comes back contiguous."""
+    broadcast = [d for d, (n, x) in enumerate(zip(t.shape, strides)) if x == 0 and n > 1]
+    base = t
+    for d in broadcast:
+        base = base.narrow(d, 0, 1)
+    out = torch.empty_strided(base.shape, strides, dtype=t.dtype, device=device)
+    try:
+        out.copy_(base)
+    except RuntimeError:  # elements that overlap (an as_strided view): no layout to copy into
+        return t.to(device)
+    return out.expand(t.shape) if broadcast else out
 
 
 def leaf_finite(leaf: TensorLeaf) -> bool:

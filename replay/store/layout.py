@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 FORMAT_NAME = "replay-recording"
-FORMAT_VERSION = 3  # v3: tiered snapshots (meta/run.reach, config.snapshot_slots)
+FORMAT_VERSION = 4  # v4: a tensor leaf's strides (a non-contiguous batch); v3: tiered snapshots
 # Versions this reader understands. Older ones are listed here while they stay readable.
-READABLE_VERSIONS = (1, 2, 3)
+READABLE_VERSIONS = (1, 2, 3, 4)
 
 RING_ENCODING = ("ring", 2)  # v2: a crc dataset (slot checksums)
 HEALTH_ENCODING = ("health-ring", 2)  # v2: a crc dataset (row checksums)

@@ -58,6 +58,9 @@ class TensorLeaf:
     data: np.ndarray
     device: str = "cpu"
     requires_grad: bool = False
+    # The tensor's strides (in elements) where it was not contiguous (a channels_last or
+    # transposed batch): a replay lays its values out so again. ``data`` is the values.
+    strides: tuple[int, ...] | None = None
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -172,6 +175,8 @@ class _Encoder:
         if isinstance(obj, TensorLeaf):
             d = self.leaf_array(obj.data)
             d.update(t="tensor", tdtype=obj.dtype, device=obj.device, grad=obj.requires_grad)
+            if obj.strides is not None:
+                d["strides"] = list(obj.strides)
             return d
         if isinstance(obj, np.ndarray):
             if obj.dtype.hasobject:
@@ -261,7 +266,7 @@ def layout_key(obj: Any, key: list[Any], buffers: list[np.ndarray | bytes]) -> b
         a = obj.data
         if type(a) is not np.ndarray or not a.flags.c_contiguous:
             return False
-        key.append((t, obj.dtype, a.dtype.str, a.shape, obj.device, obj.requires_grad))
+        key.append((t, obj.dtype, a.dtype.str, a.shape, obj.device, obj.requires_grad, obj.strides))
         buffers.append(a)
     elif t is np.ndarray:
         if obj.dtype.hasobject or not obj.flags.c_contiguous:
@@ -318,7 +323,14 @@ def decode(node: dict[str, Any], data: memoryview | bytes) -> Any:
     if t == "none":
         return None
     if t == "tensor":
-        return TensorLeaf(node["tdtype"], _array(node, data), node["device"], node["grad"])
+        strides = node.get("strides")  # (v4; absent: contiguous)
+        return TensorLeaf(
+            node["tdtype"],
+            _array(node, data),
+            node["device"],
+            node["grad"],
+            None if strides is None else tuple(strides),
+        )
     if t == "ndarray":
         return _array(node, data)
     if t == "npscalar":

@@ -435,6 +435,26 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+#: A tensor's strides may ask for at most this many times its elements of memory (a slice of
+#: every 64th column; more is no batch's layout, and a file's word to allocate it is not taken).
+STRIDE_SPAN = 64
+
+
+def _usable_strides(strides: Any, shape: list[int]) -> bool:
+    """A tensor leaf's ``strides`` (v4, MAY): one non-negative int per dimension, spanning at
+    most ``STRIDE_SPAN`` times the tensor's elements."""
+    if strides == []:
+        return True  # (absent: contiguous)
+    if not (
+        isinstance(strides, list)
+        and len(strides) == len(shape)
+        and all(_is_int(x) and 0 <= x < 2**62 for x in strides)
+    ):
+        return False
+    span: int = 1 + sum((n - 1) * x for n, x in zip(shape, strides) if n > 0)
+    return span <= STRIDE_SPAN * max(math.prod(shape), 1)
+
+
 def check_tree(root: Any, arena_bytes: int, where: str) -> None:
     """Every node of a record manifest (docs/format.md, "Record trees") is well formed, within
     ``LIMITS["tree_depth"]``, and every array or bytes leaf lies inside the ``arena_bytes`` that
@@ -501,6 +521,8 @@ def check_tree(root: Any, arena_bytes: int, where: str) -> None:
                     and isinstance(node.get("grad"), bool)
                 ):
                     raise bad("a tensor leaf lacks its tdtype, device or grad")
+                if t == "tensor" and not _usable_strides(node.get("strides", []), shape):
+                    raise bad("a tensor leaf has unusable strides")
         elif t == "bool":
             if not isinstance(v, bool):
                 raise bad("a bool node does not hold a boolean")

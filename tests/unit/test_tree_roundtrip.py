@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from replay.capture.tensors import copy_tree, from_leaves, to_leaves
+from replay.errors import RecordingError
 from replay.store.tree import Opaque, TensorLeaf, decode
 from replay.store.validate import check_tree
 from replay.store.writer import pack_record
@@ -101,6 +102,46 @@ def test_non_contiguous_and_requires_grad_tensors():
     back = roundtrip({"v": view, "p": base})
     assert torch.equal(back["v"], view)
     assert back["p"].requires_grad and torch.equal(back["p"].detach(), base.detach())
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: torch.randn(2, 3, 4, 5).contiguous(memory_format=torch.channels_last),
+        lambda: torch.randn(6, 4).t(),
+        lambda: torch.randn(4, 16)[:, ::2],
+        lambda: torch.randn(4, 1).expand(4, 5),
+        lambda: torch.randn(2, 3, 4, 5, dtype=torch.bfloat16).permute(0, 2, 3, 1),
+    ],
+    ids=["channels_last", "transposed", "sliced", "expanded", "bf16_permuted"],
+)
+def test_a_non_contiguous_tensor_comes_back_with_its_strides(make):
+    """Ops can give other bits on another memory layout (a BatchNorm over a channels_last
+    batch): a tensor comes back laid out as recorded, whether copied first or not."""
+    x = make()
+    back = roundtrip(x)
+    assert same_bits(back, x) and back.stride() == x.stride()
+    assert to_leaves(x).strides == x.stride() and to_leaves(copy_tree(x)).strides == x.stride()
+
+
+def test_a_tensor_leaf_without_strides_is_contiguous_as_files_before_v4_hold_it():
+    manifest = {"t": "tensor", "dtype": "<f4", "shape": [2, 3], "off": 0, "n": 24}
+    manifest.update(tdtype="float32", device="cpu", grad=False)
+    arena = np.arange(6, dtype=np.float32).tobytes()
+    check_tree(manifest, len(arena), "v3")
+    back = from_leaves(decode(manifest, arena))
+    assert back.is_contiguous() and back.tolist() == [[0, 1, 2], [3, 4, 5]]
+
+
+@pytest.mark.parametrize(
+    "strides", [[1], [3, "1"], [3, -1], [2**40, 1]], ids=["rank", "type", "negative", "span"]
+)
+def test_a_tensor_leafs_strides_are_checked_before_any_memory_is_laid_out(strides):
+    """A file's strides could ask for any amount of memory: at most 64 times the elements."""
+    manifest = {"t": "tensor", "dtype": "<f4", "shape": [2, 3], "off": 0, "n": 24}
+    manifest.update(tdtype="float32", device="cpu", grad=False, strides=strides)
+    with pytest.raises(RecordingError, match="unusable strides"):
+        check_tree(manifest, 24, "hostile")
 
 
 def test_copy_tree_is_not_aliased_by_later_in_place_edits():
