@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, TypeVar
 
 from ..reports import BisectReport, DivergenceCause, TraceReport, VerifyReport
+from ..reports.ranks import MultiRankRun, RankReplay
 from ..safetext import term_safe_tree
 from ..words import cause_text, op_role, role_text, samples_text
 
@@ -143,28 +144,27 @@ def _span(steps: list[int]) -> str:
     return "steps " + ", ".join(map(str, steps))
 
 
-def render_ranks(mr: dict[str, Any] | None, ranks: dict[str, dict[str, Any]] | None) -> list[str]:
+def render_ranks(mr: MultiRankRun | None, ranks: dict[str, RankReplay] | None) -> list[str]:
     """The lines of a multi-rank replay (``ranks``): each rank's own bitwise check and what its
     trace found. Empty for a single process."""
     if not mr or not ranks:
         return []
     lines = [
-        f"  ranks         {mr['world_size']} replayed together ({mr['backend']}), "
-        f"led by rank {mr['leader']}"
+        f"  ranks         {mr.world_size} replayed together ({mr.backend}), led by rank {mr.leader}"
     ]
     for r, s in sorted(ranks.items(), key=lambda kv: int(kv[0])):
-        dv = s.get("divergence")
+        dv = s.divergence
         check = (
             "bitwise"
             if dv is None
-            else f"DIFFERS at step {dv['step']} ({dv['column']}: recorded {dv['recorded']}, "
-            f"replayed {dv['replayed']})"
+            else f"DIFFERS at step {dv.step} ({dv.column}: recorded {dv.recorded}, "
+            f"replayed {dv.replayed})"
         )
-        line = f"    rank {r:<7}{_span(s['replayed_steps'])} {check}"
-        if s.get("peer_failed_steps"):
-            line += f"; {_span(s['peer_failed_steps'])} without the all-reduce (a peer raised)"
+        line = f"    rank {r:<7}{_span(s.replayed_steps or [])} {check}"
+        if s.peer_failed_steps:
+            line += f"; {_span(s.peer_failed_steps)} without the all-reduce (a peer raised)"
         lines.append(line)
-        tr = s.get("trace")
+        tr = s.trace
         if tr:
             if tr.get("op"):
                 what = _op_where(tr)

@@ -27,12 +27,13 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from ..child import RANK_WORKER, python_module
 from ..errors import RecordingError, ReplayError, UsageError, error_of_exit_code
-from ..ranks.first_bad import describe_failure
 from ..ranks.scan import RankScan
+from ..reports.ranks import MultiRankRun, RankFailure, RankReplay
 
 __all__ = ["replay_rank_set", "DEADLINE"]
 
@@ -245,43 +246,40 @@ def replay_rank_set(
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     report: dict[str, Any] = dict(results[leader]["report"])
-    ranks = {str(r): results[r]["replay"] for r in sorted(results)}
-    every = all(s["deterministic"] for s in ranks.values())
+    ranks = {r: RankReplay.from_json(results[r]["replay"]) for r in sorted(results)}
+    every = all(s.deterministic for s in ranks.values())
     report["deterministic"] = bool(report.get("deterministic", True)) and every
     if mode in ("bisect", "trace"):
         if report.get("reproducible") is not None:
             report["reproducible"] = bool(report["reproducible"]) and every
         report["rank"] = leader
     if mode != "verify":
-        report["rank_set"] = {
-            "spec": spec,
-            "ranks": sorted(paths),
-            "first_bad": None if first is None else first.to_json(),
-            "replayed_rank": leader,
-            "summary": describe_failure(first),
-        }
+        report["rank_set"] = scan.culprit_file(leader)[1].to_json()
     reduction = "FSDP2's gradient reduce-scatter" if sharded else "DDP's gradient all-reduce"
     if failure is not None:
-        for r, summary in ranks.items():
-            tr = summary.get("trace")
-            if tr is None or int(r) in failure.ranks or tr.get("op") is not None:
-                continue
-            if failure.step in summary.get("peer_failed_steps", ()):
-                tr["received"] = (
-                    f"rank {r}'s gradient all-reduce at step {failure.step} failed in the "
-                    f"recording because rank {leader} raised before joining it; replayed "
-                    "without the all-reduce (not compared with the recording)"
-                )
-            elif failure.kind == "nonfinite":
-                tr["received"] = (
-                    f"rank {r}'s own values stayed finite at step {failure.step}; what went "
-                    f"non-finite reached it from rank {leader} through {reduction}"
-                )
-    report["multi_rank"] = {
-        "world_size": world,
-        "backend": job["backend"],
-        "leader": leader,
-        "approximate": False,
-    }
-    report["ranks"] = ranks
+        ranks = {r: _received(s, failure, leader, reduction) for r, s in ranks.items()}
+    report["multi_rank"] = MultiRankRun(world, job["backend"], leader).to_json()
+    report["ranks"] = {str(r): s.to_json() for r, s in ranks.items()}
     return report
+
+
+def _received(s: RankReplay, failure: RankFailure, leader: int, reduction: str) -> RankReplay:
+    """Rank ``s``, its trace saying what reached it from the culprit ``leader`` when it named
+    no op of its own."""
+    tr, r, step = s.trace, s.rank, failure.step
+    if tr is None or r in failure.ranks or tr.get("op") is not None:
+        return s
+    if step in s.peer_failed_steps:
+        why = (
+            f"rank {r}'s gradient all-reduce at step {step} failed in the recording because "
+            f"rank {leader} raised before joining it; replayed without the all-reduce (not "
+            "compared with the recording)"
+        )
+    elif failure.kind == "nonfinite":
+        why = (
+            f"rank {r}'s own values stayed finite at step {step}; what went non-finite reached "
+            f"it from rank {leader} through {reduction}"
+        )
+    else:
+        return s
+    return replace(s, trace={**tr, "received": why})

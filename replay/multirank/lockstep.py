@@ -31,6 +31,7 @@ import torch.distributed as dist
 from ..bisect.compare import HINT_RAISED, compare_rows
 from ..errors import ReplayError
 from ..reports.divergence import Divergence
+from ..reports.ranks import RankReplay
 
 if TYPE_CHECKING:
     from ..engine import Engine
@@ -154,7 +155,7 @@ def run_own_step(engine: Engine, t: int) -> None:
         pass
 
 
-def rank_summary(engine: Engine, log: StepLog, rank: int) -> dict[str, Any]:
+def rank_summary(engine: Engine, log: StepLog, rank: int) -> RankReplay:
     """This rank's replay checked bitwise against its own recording.
 
     ``deterministic``: every step run on its recorded batch matched the recorded health row
@@ -179,12 +180,12 @@ def rank_summary(engine: Engine, log: StepLog, rank: int) -> dict[str, Any]:
         diff = compare_rows(recorded, row)
         if diff is not None and first is None:
             first = diff
-    return {
-        "rank": rank,
-        "recording": engine.rec.path,
-        "replayed_steps": sorted(steps),
-        "runs": sum(1 for _, own, _ in log.runs if own),
-        "compared": len(compared),
-        "deterministic": first is None,
-        "divergence": None if first is None else first.to_json(),
-    }
+    return RankReplay(
+        rank=rank,
+        recording=engine.rec.path,
+        replayed_steps=sorted(steps),
+        runs=sum(1 for _, own, _ in log.runs if own),
+        compared=len(compared),
+        deterministic=first is None,
+        divergence=first,
+    )

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from ..reports.ranks import RankFailure
 from ..store.reader import Recording
 from .files import RankFiles
 
@@ -41,39 +42,6 @@ _PEER_GONE = (
     "nccl communicator was aborted",
     "watchdog caught collective operation timeout",
 )
-
-
-@dataclass(frozen=True)
-class RankFailure:
-    """Where a DDP run first went bad: ``step``, the culprit ``ranks`` and what each showed.
-
-    ``kind`` is ``nonfinite`` or ``exception``. ``local`` is False when no rank's own values
-    explain the failure (only post-all-reduce gradients or parameters went bad: an overflow in the
-    reduction itself, or ranks recorded without the DDP gradient probe); ``ranks`` then lists
-    every rank that showed it.
-    """
-
-    step: int
-    ranks: tuple[int, ...]
-    kind: str
-    local: bool
-    evidence: dict[int, list[str]]  # rank -> the columns/exception that were bad at ``step``
-
-    @property
-    def rank(self) -> int:
-        """The rank to replay: the lowest culprit."""
-        return self.ranks[0]
-
-    def to_json(self, *, evidence: bool = False) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "step": self.step,
-            "ranks": list(self.ranks),
-            "kind": self.kind,
-            "local": self.local,
-        }
-        if evidence:
-            out["evidence"] = {str(r): v for r, v in self.evidence.items()}
-        return out
 
 
 def is_collective_error(exc: dict[str, Any] | None) -> bool:

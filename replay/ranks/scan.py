@@ -18,13 +18,13 @@ import os
 from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
 
 from ..errors import EntryPointError, IncompleteRankSetError, RecordingError
+from ..reports.ranks import RankFailure, RankSet
 from ..store.reader import claimed_size, open_recording
 from ..store.validate import MAX_WORLD_SIZE
 from ..trust import standing
-from .first_bad import RankEvidence, RankFailure, describe_failure, first_bad_rank, rank_evidence
+from .first_bad import RankEvidence, describe_failure, first_bad_rank, rank_evidence
 from .names import rank_of_name, resolve_rank_files
 
 __all__ = [
@@ -148,18 +148,14 @@ class RankScan:
             "rank with --rank N --alone"
         )
 
-    def culprit_file(self) -> tuple[str, dict[str, Any]]:
+    def culprit_file(self, rank: int | None = None) -> tuple[str, RankSet]:
         """The file ``replay bisect --alone`` replays and what the set showed: the culprit
-        rank's (rank 0's when no rank failed, so a ``--until`` predicate has a file to search)."""
+        rank's (rank 0's when no rank failed, so a ``--until`` predicate has a file to search),
+        or ``rank``'s."""
         f, paths = self.first_bad, self.paths
-        rank = f.rank if f is not None else min(paths)
-        return paths[rank], {
-            "spec": self.spec,
-            "ranks": sorted(paths),
-            "first_bad": None if f is None else f.to_json(),
-            "replayed_rank": rank,
-            "summary": describe_failure(f),
-        }
+        if rank is None:
+            rank = f.rank if f is not None else min(paths)
+        return paths[rank], RankSet(self.spec, sorted(paths), f, rank, describe_failure(f))
 
     def check_one_run(self, trust: bool) -> None:
         """Before anything runs: every rank file carries the same run id (a rank set is one

@@ -9,7 +9,8 @@ from ..jsonsafe import json_safe
 from .cause import DivergenceCause
 from .culprit import Culprit, TracedOp
 from .divergence import Divergence
-from .verdict import ExceptionInfo, JSONObject, exception_info
+from .ranks import MultiRankRun, RankReplay, RankSet, json_of, ranks_from_json, ranks_json
+from .verdict import ExceptionInfo, exception_info
 
 __all__ = ["BisectReport"]
 
@@ -67,12 +68,12 @@ class BisectReport(Culprit):
     divergence_cause: DivergenceCause | None = None
     recording: str = ""
     entry_files: list[str] = field(default_factory=list)
-    rank_set: JSONObject | None = None
+    rank_set: RankSet | None = None
     traced_loss: str | None = None
     approximate: bool = False
     rank: int | None = None
-    multi_rank: JSONObject | None = None
-    ranks: dict[str, JSONObject] | None = None
+    multi_rank: MultiRankRun | None = None
+    ranks: dict[str, RankReplay] | None = None
 
     def take_row(self, row: dict[str, Any]) -> None:
         """The first bad step's health as replayed: its loss and gradient norm."""
@@ -118,7 +119,7 @@ class BisectReport(Culprit):
         # in the order each replay adds them: one process, or every rank together (led by rank)
         optional = (
             {
-                "rank_set": self.rank_set,
+                "rank_set": json_of(self.rank_set),
                 "traced_loss": self.traced_loss,
                 "approximate": self.approximate or None,
             }
@@ -127,9 +128,9 @@ class BisectReport(Culprit):
                 "traced_loss": self.traced_loss,
                 "approximate": self.approximate or None,
                 "rank": self.rank,
-                "rank_set": self.rank_set,
-                "multi_rank": self.multi_rank,
-                "ranks": self.ranks,
+                "rank_set": json_of(self.rank_set),
+                "multi_rank": json_of(self.multi_rank),
+                "ranks": ranks_json(self.ranks),
             }
         )
         out.update({k: v for k, v in optional.items() if v is not None})
@@ -143,7 +144,7 @@ class BisectReport(Culprit):
         typed = ("divergence_cause", "exception", "divergence")
         simple = {k: v for k, v in d.items() if k in cls.__dataclass_fields__ and k not in typed}
         return cls(
-            **simple,
+            **{**simple, **ranks_from_json(d)},
             exception=exception_info(exc),
             divergence=Divergence.from_json(d.get("divergence")),
             divergence_cause=None if cause is None else DivergenceCause.from_json(cause),

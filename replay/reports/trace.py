@@ -6,7 +6,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from .culprit import TracedOp
-from .verdict import JSONObject
+from .ranks import MultiRankRun, RankReplay, RankSet, json_of, ranks_from_json, ranks_json
 
 __all__ = ["TraceReport"]
 
@@ -22,9 +22,9 @@ class TraceReport(TracedOp):
     # every rank of a DDP rank set traced together: the leading rank, the set, each rank's check
     deterministic: bool | None = None
     rank: int | None = None
-    rank_set: JSONObject | None = None
-    multi_rank: JSONObject | None = None
-    ranks: dict[str, JSONObject] | None = None
+    rank_set: RankSet | None = None
+    multi_rank: MultiRankRun | None = None
+    ranks: dict[str, RankReplay] | None = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -40,9 +40,9 @@ class TraceReport(TracedOp):
         together = {
             "deterministic": self.deterministic,
             "rank": self.rank,
-            "rank_set": self.rank_set,
-            "multi_rank": self.multi_rank,
-            "ranks": self.ranks,
+            "rank_set": json_of(self.rank_set),
+            "multi_rank": json_of(self.multi_rank),
+            "ranks": ranks_json(self.ranks),
         }
         out.update({k: v for k, v in together.items() if v is not None})
         return out
@@ -50,7 +50,7 @@ class TraceReport(TracedOp):
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> TraceReport:
         names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+        return cls(**{**{k: v for k, v in d.items() if k in names}, **ranks_from_json(d)})
 
     @classmethod
     def of(cls, recording: str, step: int, window: list[int], traced: TracedOp) -> TraceReport:

@@ -7,7 +7,8 @@ from typing import Any
 
 from .cause import DivergenceCause
 from .divergence import Divergence
-from .verdict import ExceptionInfo, JSONObject, exception_info
+from .ranks import MultiRankRun, RankReplay, json_of, ranks_from_json, ranks_json
+from .verdict import ExceptionInfo, exception_info
 
 __all__ = ["VerifiedStep", "VerifyReport"]
 
@@ -72,8 +73,8 @@ class VerifyReport:
     entry_files: list[str] = field(default_factory=list)
     approximate: bool = False
     notes: list[str] | None = None
-    multi_rank: JSONObject | None = None
-    ranks: dict[str, JSONObject] | None = None
+    multi_rank: MultiRankRun | None = None
+    ranks: dict[str, RankReplay] | None = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -92,8 +93,8 @@ class VerifyReport:
         optional = {
             "approximate": self.approximate or None,
             "notes": self.notes,
-            "multi_rank": self.multi_rank,
-            "ranks": self.ranks,
+            "multi_rank": json_of(self.multi_rank),
+            "ranks": ranks_json(self.ranks),
         }
         out.update({k: v for k, v in optional.items() if v is not None})
         return out
@@ -113,6 +114,5 @@ class VerifyReport:
             entry_files=list(d.get("entry_files") or []),
             approximate=bool(d.get("approximate", False)),
             notes=d.get("notes"),
-            multi_rank=d.get("multi_rank"),
-            ranks=d.get("ranks"),
+            **ranks_from_json(d),
         )

@@ -9,6 +9,7 @@ from typing import Any
 
 from ..jsonsafe import json_safe
 from .divergence import Divergence
+from .ranks import MultiRankRun, RankReplay, json_of, ranks_json
 
 __all__ = ["Experiment", "StepResult", "WhatIfReport"]
 
@@ -124,8 +125,8 @@ class WhatIfReport:
     experiments: list[Experiment]
     notes: list[str] = field(default_factory=list)
     # A DDP rank set replayed together: each rank's baseline check and what removed its failure
-    ranks: dict[str, Any] = field(default_factory=dict)
-    multi_rank: dict[str, Any] | None = None
+    ranks: dict[str, RankReplay] = field(default_factory=dict)
+    multi_rank: MultiRankRun | None = None
 
     @property
     def helpful(self) -> list[Experiment]:
@@ -151,8 +152,8 @@ class WhatIfReport:
             "notes": list(self.notes),
         }
         if self.ranks:
-            out["ranks"] = dict(self.ranks)
-            out["multi_rank"] = self.multi_rank
+            out["ranks"] = ranks_json(self.ranks)
+            out["multi_rank"] = json_of(self.multi_rank)
         safe: dict[str, Any] = json_safe(out)
         return safe
 
@@ -173,6 +174,6 @@ class WhatIfReport:
             divergence=Divergence.from_json(d.get("divergence")),
             experiments=[Experiment.from_json(e) for e in d.get("experiments") or []],
             notes=list(d.get("notes") or []),
-            ranks=dict(d.get("ranks") or {}),
-            multi_rank=d.get("multi_rank"),
+            ranks={r: RankReplay.from_json(x) for r, x in (d.get("ranks") or {}).items()},
+            multi_rank=MultiRankRun.from_json(d["multi_rank"]) if d.get("multi_rank") else None,
         )

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ..bisect.criteria import Criterion
     from ..engine import Engine
+    from ..reports.ranks import RankSet
     from ..store.reader import Recording
 
 from ..errors import ReplayError
@@ -72,7 +73,7 @@ def run_bisect(
     if choice.scan is not None and path == run:  # --alone without --rank: the culprit rank
         path, rank_set = choice.scan.culprit_file()
         if log is not None:
-            log(f"rank set: {rank_set['summary']}; replaying {path}")
+            log(f"rank set: {rank_set.summary}; replaying {path}")
     report = _bisect_one(
         path, rank_set, criterion, trace, device, entry, trust, progress, log, opened, reenter
     )
@@ -133,7 +134,7 @@ def bisect_engine(
 
 def _bisect_one(
     run: str,
-    rank_set: dict[str, Any] | None,
+    rank_set: RankSet | None,
     criterion: Criterion | None,
     trace: bool,
     device: str | None,

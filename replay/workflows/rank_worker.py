@@ -24,9 +24,12 @@ import os
 import sys
 import traceback
 from contextlib import nullcontext
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ..errors import EXIT_USAGE, ReplayError, exit_code_of
+from ..reports.divergence import Divergence
+from ..reports.ranks import RankReplay
 
 if TYPE_CHECKING:
     from ..engine import Engine
@@ -326,30 +329,28 @@ def _replay_rank(
         on_call = _tracer(engine, rec, traced) if tracing else None
         follow(engine, leader, group, on_call)
     if mode == "whatif":  # its experiments change the steps on purpose: its baseline is checked
-        summary = {
-            "rank": rank,
-            "recording": rec.path,
-            "deterministic": bool(own["reproduces"]),
-            "divergence": own["divergence"],
-            "removed_by": own["removed_by"],
-        }
+        div = Divergence.from_json(own["divergence"])
+        summary = RankReplay(rank=rank, recording=rec.path, deterministic=bool(own["reproduces"]))
+        summary = replace(summary, divergence=div, removed_by=list(own["removed_by"]))
     else:
         summary = rank_summary(engine, log, rank)
-    if mode == "export":
-        summary["export"] = own
-    summary["peer_failed_steps"] = sorted(peer_failed)
+    trace: dict[str, Any] | None = traced or None
     if rank == leader and report is not None and report.get("forensics"):
-        summary["trace"] = {k: report.get(k) for k in _TRACE_KEYS}
+        trace = {k: report.get(k) for k in _TRACE_KEYS}
         step = report.get("first_bad_step", report.get("step"))
-        summary["trace"].update(step=step, kind=report.get("kind"))
-    elif traced:
-        summary["trace"] = traced
+        trace.update(step=step, kind=report.get("kind"))
+    summary = replace(
+        summary,
+        export=own if mode == "export" else None,
+        peer_failed_steps=sorted(peer_failed),
+        trace=trace,
+    )
     return {
         "rank": rank,
         "ok": True,
         "leader": rank == leader,
         "report": report,
-        "replay": summary,
+        "replay": summary.to_json(),
     }
 
 

@@ -19,6 +19,7 @@ from replay.reports import (
     TraceVerdict,
     VerifyReport,
 )
+from replay.reports.ranks import RankFailure, RankReplay, RankSet
 from replay.trace import trace_step
 
 SOURCE = {"file": "/abs/model.py", "line": 27, "function": "forward", "code": "return x.log()"}
@@ -121,6 +122,28 @@ BISECT = {
 }
 
 
+# The rank-set parts (replay/reports/ranks.py) in the shapes a multi-rank replay writes them.
+RANK_SET = {
+    "spec": "run.h5",
+    "ranks": [0, 1],
+    "first_bad": {"step": 5, "ranks": [1], "kind": "nonfinite", "local": True},
+    "replayed_rank": 1,
+    "summary": "first bad at step 5 on rank 1 (loss)",
+}
+MULTI_RANK = {"world_size": 2, "backend": "gloo", "leader": 1, "approximate": False}
+RANK_REPLAY = {
+    "rank": 0,
+    "recording": "run.rank0.h5",
+    "replayed_steps": [4, 5],
+    "runs": 2,
+    "compared": 2,
+    "deterministic": True,
+    "divergence": None,
+    "peer_failed_steps": [],
+    "trace": {"op": None, "received": "through DDP's gradient all-reduce", "step": 5},
+}
+
+
 def roundtrip(cls, d):
     back = cls.from_json(json.loads(json.dumps(d))).to_json()
     assert back == d
@@ -134,7 +157,7 @@ def test_bisect_reports_of_every_shape_read_back_as_written():
     roundtrip(BisectReport, healthy)
     alone = {
         **BISECT,
-        "rank_set": {"summary": "rank 1 first"},
+        "rank_set": {**RANK_SET, "first_bad": None, "replayed_rank": 0},
         "traced_loss": "nan",
         "approximate": True,
     }
@@ -142,11 +165,26 @@ def test_bisect_reports_of_every_shape_read_back_as_written():
     together = {
         **BISECT,
         "rank": 1,
-        "rank_set": {"spec": "run.h5"},
-        "multi_rank": {"world_size": 2, "backend": "gloo", "leader": 1, "approximate": False},
-        "ranks": {"0": {"deterministic": True, "replayed_steps": [7]}},
+        "rank_set": RANK_SET,
+        "multi_rank": MULTI_RANK,
+        "ranks": {"0": RANK_REPLAY, "1": {k: v for k, v in RANK_REPLAY.items() if k != "trace"}},
     }
     roundtrip(BisectReport, together)
+
+
+def test_each_rank_replay_reads_back_as_written():
+    """A rank's own check in each shape its replay process writes: replayed with its peers,
+    after ``whatif`` (no steps compared: the changes removed its failure) and ``export``."""
+    roundtrip(RankReplay, RANK_REPLAY)
+    whatif = {"rank": 1, "recording": "run.rank1.h5", "deterministic": False}
+    diverged = {"step": 5, "column": "loss", "recorded": 1.5, "replayed": "nan"}
+    diverged |= {"abs_diff": None, "ulps": None}
+    whatif |= {"divergence": diverged, "removed_by": ["--skip-step 5"], "peer_failed_steps": []}
+    roundtrip(RankReplay, whatif)
+    export = {k: v for k, v in RANK_REPLAY.items() if k not in ("peer_failed_steps", "trace")}
+    export |= {"export": {"out": "x", "step": 5}, "peer_failed_steps": [5]}
+    roundtrip(RankReplay, export)
+    assert RankSet.from_json(RANK_SET).first_bad == RankFailure(5, (1,), "nonfinite", True)
 
 
 def test_every_divergence_cause_reads_back_as_written():
@@ -201,7 +239,8 @@ def test_verify_and_trace_reports_read_back_as_written():
     }
     roundtrip(VerifyReport, verify)
     roundtrip(VerifyReport, {**verify, "cause": None, "approximate": True, "notes": ["alone"]})
-    roundtrip(VerifyReport, {**verify, "multi_rank": {"world_size": 2}, "ranks": {"0": {}}})
+    every = {"0": {k: v for k, v in RANK_REPLAY.items() if k != "trace"}}
+    roundtrip(VerifyReport, {**verify, "multi_rank": MULTI_RANK, "ranks": every})
     trace = {
         "recording": "run.h5",
         "step": 7,
@@ -232,6 +271,8 @@ def test_verify_and_trace_reports_read_back_as_written():
     }
     roundtrip(TraceReport, trace)
     roundtrip(TraceReport, {**trace, "traced_loss": "inf"})
+    together = {"deterministic": True, "rank": 1, "rank_set": RANK_SET, "multi_rank": MULTI_RANK}
+    roundtrip(TraceReport, {**trace, **together, "ranks": {"0": RANK_REPLAY}})
 
 
 def test_overfit_report_reads_back_as_written():
