@@ -84,7 +84,7 @@ class TraceVerdict:
 
     step: int | None = None
     kind: str = "none"
-    cause: str | None = None  # op, data, state, intentional, uninitialised
+    cause: str | None = None  # op, data, state, intentional, uninitialised, compiled
     op_index: int | None = None
     op: str | None = None
     phase: str | None = None
