@@ -142,7 +142,12 @@ def trace_verdict(
         return None
     try:
         traced = trace_culprit(
-            engine, t, verdict.kind, forensics_path=rec.forensics_path, run_id=rec.run_id
+            engine,
+            t,
+            verdict.kind,
+            forensics_path=rec.forensics_path,
+            run_id=rec.run_id,
+            reproducible=verdict.reproducible,
         )
         # The step began with non-finite state (cause "state"): the step that made it so is
         # earlier, and it is the one to report and trace, not this one with a note.
@@ -232,11 +237,13 @@ def trace_culprit(
     forensics_path: str,
     run_id: str,
     samples: bool = True,
+    reproducible: bool | None = None,
 ) -> TracedOp:
     """Trace ``step`` from the state right before it; write the sidecar; return what it named.
 
     ``samples=False``: no culprit samples are searched (a step whose failure shows only in
-    state no health column measures: replaying it on part of the batch tells nothing)."""
+    state no health column measures: replaying it on part of the batch tells nothing).
+    ``reproducible``: bisect's finding at ``step``, kept in the sidecar's verdict."""
     from replay.trace import trace_step
     from replay.trace.step import CompiledDuringTrace, stderr_progress
 
@@ -285,6 +292,7 @@ def trace_culprit(
         except Exception as e:  # noqa: BLE001 - the op verdict stands without the samples
             result.add_notes([f"the samples search failed: {type(e).__name__}: {e}"])
     _where_they_came_from(engine, step, result)
+    result.verdict["reproducible"] = reproducible  # bisect's finding, kept for the page
     result.write(forensics_path, run_id=run_id, step=step)
     loss = result.loss
     nonfinite_loss = loss is not None and isinstance(loss, float) and not math.isfinite(loss)
