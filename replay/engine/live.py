@@ -61,7 +61,7 @@ def pin_live_window(
     """``None`` when no process writes ``rec`` (its file holds still); else the window's
     records, read now, and the window they cover. The writer can overwrite a slot while its
     checksum is read (a window that looks empty for a moment): a few tries."""
-    state = writer_state(rec.path)
+    state = writer_state(rec.file)
     if state is None or state.draining:
         return None
     for i in range(tries):

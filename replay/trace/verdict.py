@@ -172,7 +172,6 @@ def build_verdict(
         "sample_sources": None,
         "closure": None,
         "surfaced": None,
-        "reproducible": None,
         "sinks": [s for s, _ in sinks],
         "notes": list(notes),
     }
