@@ -246,7 +246,7 @@ class Engine(ObservedCalls):
                 "doctor and tui read it"
             )
         if window is None and live_ok:
-            state = writer_state(rec.file)
+            state = writer_state(rec.path)
             if state is not None and not state.draining:
                 return None
         window = window if window is not None else rec.replayable_window()
@@ -431,13 +431,7 @@ class Engine(ObservedCalls):
     def recorded_rows(self) -> list[dict[str, Any]]:
         """The recorded health, one dict per step (``step`` plus every health column), less
         the steps in ``not_compared``."""
-        h = self.rec.health()
-        cols = [k for k in h if k != "step"]
-        return [
-            {"step": int(s), **{c: float(h[c][i]) for c in cols}}
-            for i, s in enumerate(h["step"])
-            if int(s) not in self.not_compared
-        ]
+        return [r for r in self.rec.health_rows() if r["step"] not in self.not_compared]
 
     def snapshot(self, s: int) -> dict[str, Any]:
         """The snapshot taken before step ``s``, as read from the store.

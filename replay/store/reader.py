@@ -280,10 +280,7 @@ class Recording:
     """
 
     def __init__(self, path: str, *, probe: bool = True, health_only: bool = False) -> None:
-        self.path = path  # as given: what messages name
-        # Where it is: a replay runs the recorded program in its recorded working directory,
-        # where a relative path names another file (another run.h5, or none)
-        self.file = os.path.abspath(path)
+        self.path = path
         # health_only: the step and snapshot rings are not checked, so not read (a scan of a
         # thousand rank files reads health, status and meta alone: open_health)
         self.health_only = health_only
@@ -539,7 +536,7 @@ class Recording:
         )
 
     def _payload(self, ring: str, slot: int, n: int) -> np.ndarray:
-        V.check_payload_stored(self._ds(f"{ring}/arena"), n, self.file, f"{ring}/arena")
+        V.check_payload_stored(self._ds(f"{ring}/arena"), n, self.path, f"{ring}/arena")
         payload: np.ndarray = self._read(f"{ring}/arena", np.s_[slot, :n])
         return payload
 
@@ -595,7 +592,7 @@ class Recording:
         arena = self._ds("steps/arena")
         width = arena.shape[1]
         try:
-            stored = V.bytes_stored(arena, self.file, "steps/arena")
+            stored = V.bytes_stored(arena, self.path, "steps/arena")
         except RecordingError:  # its index unreadable (a cut copy): no record can be trusted
             stored = -1
         bad, suspect = [], []
@@ -743,6 +740,15 @@ class Recording:
             out[name] = vals[:, have[name]]
         return out
 
+    def health_rows(self) -> list[dict[str, Any]]:
+        """The health as rows, one dict per step: ``step`` plus every column (what the bisect
+        criteria read)."""
+        h = self.health()
+        cols = [k for k in h if k != "step"]
+        return [
+            {"step": int(s), **{c: float(h[c][i]) for c in cols}} for i, s in enumerate(h["step"])
+        ]
+
     @property
     def object_columns(self) -> list[str]:
         """The watched objects' health columns this file holds (``store.layout``'s
@@ -831,7 +837,7 @@ class Recording:
 
     @property
     def forensics_path(self) -> str:
-        return sidecar_path(self.file)
+        return sidecar_path(self.path)
 
 
 def _buffered(node: Any) -> bool:

@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 from .liveness import writer_state
 
-__all__ = ["segment_path", "segment_files", "MAX_SEGMENTS"]
+__all__ = ["segment_path", "segment_files", "later_segments", "MAX_SEGMENTS"]
 
 MAX_SEGMENTS = 10_000
 
@@ -72,6 +72,19 @@ def segment_path(
 def segment_files(path: str) -> list[str]:
     """The other segment files of the recording ``path`` (``run.h5`` -> ``run.1.h5``, ...;
     from ``run.2.h5`` the others too), in segment order, existing ones only."""
+    return [f for _, f in _segments(path) if f != os.path.abspath(path)]
+
+
+def later_segments(path: str) -> list[str]:
+    """The segments recorded after ``path`` (a run resumed from it, and so on), in order."""
+    found = _segments(path)
+    mine = next((n for n, f in found if f == os.path.abspath(path)), None)
+    return [] if mine is None else [f for n, f in found if n > mine]
+
+
+def _segments(path: str) -> list[tuple[int, str]]:
+    """Every existing segment of the recording ``path``, ``path`` itself included, with its
+    number (0 for the first), in segment order; absolute paths."""
     path = os.path.abspath(path)
     root, ext = os.path.splitext(path)
     m = re.fullmatch(r"(.*)\.(\d+)", root)
@@ -83,4 +96,4 @@ def segment_files(path: str) -> list[str]:
         n = re.fullmatch(re.escape(base_root) + r"\.(\d+)" + re.escape(ext), f)
         if n:
             found.append((int(n.group(1)), f))
-    return [f for _, f in sorted(found) if os.path.abspath(f) != path]
+    return sorted(found)

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 from ..errors import ReplayError
 from ..reports import BisectReport
 from ..reports.verdict import only_known
+from .segments import failing_segment
 from .session import with_engine
 
 __all__ = ["bisect_engine", "run_bisect"]
@@ -69,14 +70,20 @@ def run_bisect(
                 ),
             )
         )
-    path, rank_set = choice.path, None
+    path, rank_set, moved = choice.path, None, None
     if choice.scan is not None and path == run:  # --alone without --rank: the culprit rank
         path, rank_set = choice.scan.culprit_file()
         if log is not None:
             log(f"rank set: {rank_set.summary}; replaying {path}")
+    elif choice.scan is None:  # a resumed run's failure may lie in a later segment
+        path, moved = failing_segment(path, criterion)
+        if moved is not None and log is not None:
+            log(moved)
     report = _bisect_one(
         path, rank_set, criterion, trace, device, entry, trust, progress, log, opened, reenter
     )
+    if moved is not None:
+        report.notes.append(moved)
     if choice.approximate:
         report.approximate = True
         report.notes.append(APPROXIMATE)

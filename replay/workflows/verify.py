@@ -11,6 +11,7 @@ if TYPE_CHECKING:
 
 from ..reports import VerifyReport
 from ..reports.verdict import only_known
+from .segments import later_segments_note
 from .session import with_engine
 
 __all__ = ["run_verify", "verify_engine"]
@@ -64,6 +65,10 @@ def run_verify(
     if choice.approximate:
         report.approximate = True
         report.notes = [APPROXIMATE, *(report.notes or [])]
+    elif (
+        first_steps is None and choice.scan is None and (later := later_segments_note(choice.path))
+    ):
+        report.notes = [*(report.notes or []), later]
     return report
 
 

@@ -118,3 +118,34 @@ def test_a_run_restarted_while_the_crashed_one_still_drains_records_its_own_segm
     assert f"this run records to {tmp_path / 'run.1.h5'}" in p.stderr
     assert _health_steps(tmp_path / "run.1.h5") == list(range(10, 20))
     assert _health_steps(run) == list(range(10))
+
+
+@pytest.mark.slow
+def test_a_failure_right_after_the_segment_boundary_is_bisected_from_the_first_segments_name(
+    tmp_path,
+):
+    """Steps 0..9 in run.h5, healthy; the resumed run's first step (10, in run.1.h5) makes a
+    NaN. ``replay bisect run.h5``, the name the user gave the Recorder, said the window was
+    healthy (exit 1). It bisects the later segment that shows the failure, says so, and names
+    step 10 and its op, reproducible; the resumed segment verifies bitwise from its first
+    snapshot, and verify of run.h5 names the segment the run goes on in."""
+    script = str(SCRIPTS / "resume_train.py")
+    run, ckpt, resumed = tmp_path / "run.h5", str(tmp_path / "ckpt.pt"), tmp_path / "run.1.h5"
+    run_py(script, str(run), ckpt, "first", check=True, cwd=tmp_path)
+    p = run_py(script, str(run), ckpt, "resume", "--bad-step", "10", cwd=tmp_path)
+    assert p.returncode != 0 and "NonFiniteLossError" in p.stderr, p.stderr[-3000:]
+    assert _health_steps(resumed) == [10]
+    rc, v, err = replay_json("bisect", str(run), cwd=tmp_path)
+    assert rc == 0, err[-3000:]
+    assert v["first_bad_step"] == 10 and v["op"] == "aten::log", v
+    assert v["reproducible"] is True and v["deterministic"] is True, v
+    assert v["recording"] == str(resumed), v
+    moved = f"{run} is healthy; the run was resumed into {resumed}, whose recording first "
+    assert any(n.startswith(moved) for n in v["notes"]), v["notes"]
+    said = replay_cli("bisect", str(run), "--no-trace", cwd=tmp_path)
+    assert said.returncode == 0 and moved in said.stderr, said.stderr[-3000:]
+    rc, d, err = replay_json("verify", str(resumed), cwd=tmp_path)
+    assert rc == 0 and d["deterministic"] is True and d["window"] == [10, 10], (d, err[-3000:])
+    rc, d, err = replay_json("verify", str(run), cwd=tmp_path)
+    assert rc == 0 and d["deterministic"] is True and d["window"] == [0, 9], (d, err[-3000:])
+    assert f"the run goes on in {resumed} (resumed)" in " ".join(d["notes"]), d

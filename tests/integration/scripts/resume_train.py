@@ -3,6 +3,8 @@
     python resume_train.py OUT.h5 CKPT first  [--steps N]   # steps 0..N-1, then CKPT saved
     python resume_train.py OUT.h5 CKPT resume [--steps N]   # from CKPT's step, N more steps
 
+``--bad-step T``: step T takes log(logits - 100), NaN (the batch carries the flag).
+
 The resumed run passes ``start_step`` (the checkpoint's step) to the Recorder, as a resuming
 script would.
 """
@@ -16,9 +18,10 @@ import torch.nn.functional as F
 import replay
 
 
-def make_batch(t: int):
+def make_batch(t: int, bad: int):
     g = torch.Generator().manual_seed(300 + t)
-    return torch.randn(8, 6, generator=g), torch.randint(0, 3, (8,), generator=g)
+    x, y = torch.randn(8, 6, generator=g), torch.randint(0, 3, (8,), generator=g)
+    return x, y, torch.tensor(t == bad)
 
 
 def build():
@@ -28,9 +31,12 @@ def build():
 
 
 def train_step(model, optimizer, batch):
-    x, y = batch
+    x, y, bad = batch
     optimizer.zero_grad()
-    loss = F.cross_entropy(model(x), y)
+    logits = model(x)
+    if bool(bad):
+        logits = torch.log(logits - 100)
+    loss = F.cross_entropy(logits, y)
     loss.backward()
     optimizer.step()
     return loss
@@ -42,6 +48,7 @@ def main():
     p.add_argument("ckpt")
     p.add_argument("phase", choices=["first", "resume"])
     p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--bad-step", type=int, default=-1)
     args = p.parse_args()
     model, opt = build()
     start = 0
@@ -60,7 +67,7 @@ def main():
         start_step=start,
     ) as rec:
         for t in range(start, start + args.steps):
-            rec.step(make_batch(t))
+            rec.step(make_batch(t, args.bad_step))
     torch.save(
         {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": start + args.steps},
         args.ckpt,
