@@ -246,7 +246,7 @@ class Engine(ObservedCalls):
                 "doctor and tui read it"
             )
         if window is None and live_ok:
-            state = writer_state(rec.path)
+            state = writer_state(rec.file)
             if state is not None and not state.draining:
                 return None
         window = window if window is not None else rec.replayable_window()

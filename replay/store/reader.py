@@ -280,7 +280,10 @@ class Recording:
     """
 
     def __init__(self, path: str, *, probe: bool = True, health_only: bool = False) -> None:
-        self.path = path
+        self.path = path  # as given: what messages name
+        # Where it is: a replay runs the recorded program in its recorded working directory,
+        # where a relative path names another file (another run.h5, or none)
+        self.file = os.path.abspath(path)
         # health_only: the step and snapshot rings are not checked, so not read (a scan of a
         # thousand rank files reads health, status and meta alone: open_health)
         self.health_only = health_only
@@ -536,7 +539,7 @@ class Recording:
         )
 
     def _payload(self, ring: str, slot: int, n: int) -> np.ndarray:
-        V.check_payload_stored(self._ds(f"{ring}/arena"), n, self.path, f"{ring}/arena")
+        V.check_payload_stored(self._ds(f"{ring}/arena"), n, self.file, f"{ring}/arena")
         payload: np.ndarray = self._read(f"{ring}/arena", np.s_[slot, :n])
         return payload
 
@@ -592,7 +595,7 @@ class Recording:
         arena = self._ds("steps/arena")
         width = arena.shape[1]
         try:
-            stored = V.bytes_stored(arena, self.path, "steps/arena")
+            stored = V.bytes_stored(arena, self.file, "steps/arena")
         except RecordingError:  # its index unreadable (a cut copy): no record can be trusted
             stored = -1
         bad, suspect = [], []
@@ -837,7 +840,7 @@ class Recording:
 
     @property
     def forensics_path(self) -> str:
-        return sidecar_path(self.path)
+        return sidecar_path(self.file)
 
 
 def _buffered(node: Any) -> bool:
