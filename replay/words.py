@@ -108,6 +108,8 @@ def cause_text(verdict: Blame) -> str | None:
         return f"a value {op} wrote on purpose (a non-finite argument) reached the failure"
     if cause == "uninitialised":
         return f"uninitialised memory: {op} read a buffer nothing wrote"
+    if cause == "compiled":
+        return "compiled and eager replays disagree: the step fails compiled, not run eagerly"
     return None
 
 

@@ -74,6 +74,10 @@ def _source(src: Any, sources: dict[str, dict[int, str]], context: int = 3) -> s
 
 def _reproducible(f: RunFacts) -> str:
     b = f.bisect
+    if (b is None or b.reproducible is None) and f.verdict is not None:
+        kept = f.verdict.reproducible  # what bisect found, kept in the sidecar
+        if kept is not None:
+            return _said_reproducible(kept)
     if b is None or b.reproducible is None:
         return (
             '<span class="note">not kept beside the recording: <code>replay bisect</code> '
@@ -85,7 +89,11 @@ def _reproducible(f: RunFacts) -> str:
             f'<span class="warn">unknown: the --bisect report names step '
             f"{esc(b.first_bad_step)}, the sidecar step {esc(f.traced_step)}</span>"
         )
-    if b.reproducible:
+    return _said_reproducible(b.reproducible)
+
+
+def _said_reproducible(yes: bool) -> str:
+    if yes:
         return '<span class="ok">yes</span> (two replays and the recording agree bitwise)'
     return (
         '<span class="bad">NO</span>: suspect non-determinism, hardware, or state no snapshot holds'

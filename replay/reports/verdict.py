@@ -84,7 +84,7 @@ class TraceVerdict:
 
     step: int | None = None
     kind: str = "none"
-    cause: str | None = None  # op, data, state, intentional, uninitialised
+    cause: str | None = None  # op, data, state, intentional, uninitialised, compiled
     op_index: int | None = None
     op: str | None = None
     phase: str | None = None
@@ -111,6 +111,9 @@ class TraceVerdict:
     sample_sources: list[JSONObject] | None = None
     closure: int | None = None
     surfaced: JSONObject | None = None
+    # bisect's finding at this step: two replays and the recording agree bitwise (None: not
+    # known, as for a step `replay trace` traced)
+    reproducible: bool | None = None
     sinks: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 

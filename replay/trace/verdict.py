@@ -172,6 +172,7 @@ def build_verdict(
         "sample_sources": None,
         "closure": None,
         "surfaced": None,
+        "reproducible": None,
         "sinks": [s for s, _ in sinks],
         "notes": list(notes),
     }

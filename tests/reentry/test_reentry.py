@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import shutil
 import subprocess
 from pathlib import Path
@@ -206,6 +207,24 @@ def test_a_compiled_model_replays_bitwise_and_bisects_to_its_op(tmp_path, elsewh
     rc, v, p = replay_json("bisect", str(run), cwd=elsewhere)
     assert rc == 0 and v["first_bad_step"] == 5 and v["op"] == "aten::log", p.stderr[-3000:]
     assert v["reproducible"] is True
+
+
+@pytest.mark.slow
+def test_a_nan_only_the_compiled_code_makes_is_said_to_be_compiled_and_eager_disagreeing(
+    tmp_path, elsewhere
+):
+    """Step 3's NaN comes from inductor keeping a float16 round trip in float32: the compiled
+    replay reproduces it bitwise, the per-op trace (which runs the model eagerly) is finite.
+    Was: cause null, op null and "no sample named", as if the trace had failed; now the cause
+    says compiled and eager replays disagree, with both losses."""
+    run = record(tmp_path, "compiled_disagrees.py", "3")
+    rc, v, p = replay_json("bisect", str(run), cwd=elsewhere)
+    assert rc == 0 and v["first_bad_step"] == 3 and v["reproducible"] is True, p.stderr[-3000:]
+    assert v["cause"] == "compiled" and v["op"] is None and v["samples"] is None, v
+    said = [n for n in v["notes"] if n.startswith("compiled and eager replays disagree: step 3")]
+    assert len(said) == 1 and "fails compiled, as recorded (loss nan)" in said[0], v["notes"]
+    eager = said[0].split("torch.compile'd model (loss ")[1].split(")")[0]
+    assert math.isfinite(float(eager)), said
 
 
 def test_a_nanogpt_shaped_script_verifies_bitwise_from_every_snapshot(tmp_path, elsewhere):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import sys
 
 from replay.report.assets import SCRIPT
@@ -58,7 +59,23 @@ def test_the_ops_around_the_culprit_carry_the_sidecars_numbers(example, tmp_path
     tr = re.search(rf'<tr class="culprit" id="op-{culprit}">(.*?)</tr>', html).group(1)
     assert "aten::div" in tr and "culprit" in tr
     assert f'data-v="{row["stats"]["max"]!r}"' in tr  # the number itself, to sort by
-    # without --bisect the page says where reproducibility is found instead of guessing
+    # without --bisect: what bisect found, kept in the sidecar's verdict
+    assert "two replays and the recording agree bitwise" in html
+    assert "not kept beside the recording" not in html
+
+
+def test_a_sidecar_that_replay_trace_wrote_leaves_reproducible_to_bisect(example, tmp_path):
+    """The sidecar kept no reproducibility: the page said "not kept" even after a bisect.
+    bisect now keeps its finding in the verdict; a step `replay trace` traced has none."""
+    with ForensicsReader.open(example.traced.replace(".h5", ".forensics.h5")) as f:
+        assert f.verdict["reproducible"] is True and example.bisect["reproducible"] is True
+    run = tmp_path / "copy" / "sqrt_at_zero.h5"  # (the session's sidecar stays bisect's)
+    run.parent.mkdir()
+    shutil.copy(example.traced, run)
+    step = str(example.bisect["first_bad_step"])
+    t = run_py("-m", "replay", "trace", str(run), "--step", step, cwd=tmp_path, timeout=300)
+    assert t.returncode == 0, t.stderr[-2000:]
+    html = _page(tmp_path, str(run))
     assert "not kept beside the recording" in html
 
 
