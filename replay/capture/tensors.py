@@ -8,7 +8,6 @@ copied to pinned host memory asynchronously) so training can go on mutating the 
 
 from __future__ import annotations
 
-import collections
 import types
 from collections.abc import Callable
 from typing import Any
@@ -16,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..store.tree import ObjectRecord, TensorLeaf, record_of
+from ..store.tree import ObjectRecord, TensorLeaf, as_record, leaves, map_tree
 from .pool import HostPool, poolable_array
 
 __all__ = [
@@ -47,10 +46,6 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _is_namedtuple(obj: Any) -> bool:
-    return isinstance(obj, tuple) and hasattr(type(obj), "_fields")
-
-
 class CopyStats:
     """What ``copy_tree`` saw on the way: whether any tensor was on CUDA (the caller then records
     an event to wait on), how many tensor bytes it copied (the writer's backpressure) and which
@@ -72,6 +67,11 @@ def copy_tree(obj: Any, *, stats: CopyStats | None = None, pool: HostPool | None
     With a ``pool`` (and ``stats``), plain CPU tensors and arrays are copied into its buffers
     instead, listed in ``stats.pooled`` for the writer to give back.
     """
+    return map_tree(lambda x: _copied(x, stats, pool), obj, as_record)
+
+
+def _copied(obj: Any, stats: CopyStats | None, pool: HostPool | None) -> Any:
+    """One leaf of ``copy_tree``."""
     if isinstance(obj, torch.Tensor):
         t = obj.detach() if obj.requires_grad else obj  # each op costs ~15 us in a training loop
         if stats is not None:
@@ -99,19 +99,6 @@ def copy_tree(obj: Any, *, stats: CopyStats | None = None, pool: HostPool | None
             out._replay_grad = True  # type: ignore[attr-defined]
         _keep_strides(t, out)
         return out
-    if isinstance(obj, dict):
-        items = ((k, copy_tree(v, stats=stats, pool=pool)) for k, v in obj.items())
-        return (
-            collections.OrderedDict(items)
-            if isinstance(obj, collections.OrderedDict)
-            else dict(items)
-        )
-    if _is_namedtuple(obj):
-        return type(obj)(*(copy_tree(v, stats=stats, pool=pool) for v in obj))
-    if isinstance(obj, tuple):
-        return tuple(copy_tree(v, stats=stats, pool=pool) for v in obj)
-    if isinstance(obj, list):
-        return [copy_tree(v, stats=stats, pool=pool) for v in obj]
     if isinstance(obj, np.ndarray):
         if stats is not None:
             stats.nbytes += int(obj.nbytes)
@@ -120,10 +107,7 @@ def copy_tree(obj: Any, *, stats: CopyStats | None = None, pool: HostPool | None
                 stats.pooled.append(arr)
                 return arr
         return obj.copy()
-    if isinstance(obj, ObjectRecord):
-        return ObjectRecord(obj.module, obj.qualname, copy_tree(obj.attrs, stats=stats, pool=pool))
-    rec = record_of(obj, lambda v: copy_tree(v, stats=stats, pool=pool))
-    return obj if rec is None else rec
+    return obj
 
 
 def _keep_strides(t: torch.Tensor, copy: torch.Tensor) -> None:
@@ -157,45 +141,26 @@ def _tensor_leaf(t: torch.Tensor) -> TensorLeaf:
 
 def tree_nbytes(obj: Any) -> int:
     """Bytes of the tensors and arrays in a nested structure (a size hint; nothing is copied)."""
-    if isinstance(obj, torch.Tensor):
-        return int(obj.numel() * obj.element_size())
-    if isinstance(obj, np.ndarray):
-        return int(obj.nbytes)
-    if isinstance(obj, dict):
-        return sum(tree_nbytes(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return sum(tree_nbytes(v) for v in obj)
-    rec = obj if isinstance(obj, ObjectRecord) else record_of(obj, lambda v: v)
-    return tree_nbytes(rec.attrs) if rec is not None else 0
+    return sum(
+        int(x.numel() * x.element_size()) if isinstance(x, torch.Tensor) else int(x.nbytes)
+        for _, x in leaves(obj)
+        if isinstance(x, (torch.Tensor, np.ndarray))
+    )
 
 
 def to_leaves(obj: Any) -> Any:
     """Replace tensors by :class:`TensorLeaf` (writer thread; no copy for CPU clones)."""
+    return map_tree(_leaf_of, obj, as_record)
+
+
+def _leaf_of(obj: Any) -> Any:
     if isinstance(obj, torch.Tensor):
         if obj.layout != torch.strided:
             obj = obj.to_dense()
         return _tensor_leaf(obj)
-    if isinstance(obj, torch.Size):
-        return tuple(obj)
     if isinstance(obj, (torch.dtype, torch.device)):
         return str(obj)
-    if isinstance(obj, dict):
-        items = ((k, to_leaves(v)) for k, v in obj.items())
-        return (
-            collections.OrderedDict(items)
-            if isinstance(obj, collections.OrderedDict)
-            else dict(items)
-        )
-    if _is_namedtuple(obj):
-        return type(obj)(*(to_leaves(v) for v in obj))
-    if isinstance(obj, tuple):
-        return tuple(to_leaves(v) for v in obj)
-    if isinstance(obj, list):
-        return [to_leaves(v) for v in obj]
-    if isinstance(obj, ObjectRecord):
-        return ObjectRecord(obj.module, obj.qualname, to_leaves(obj.attrs))
-    rec = record_of(obj, to_leaves)
-    return obj if rec is None else rec
+    return obj
 
 
 def leaf_to_tensor(leaf: TensorLeaf, device: str | torch.device | None = None) -> torch.Tensor:
@@ -249,25 +214,11 @@ def from_leaves(
 
     An object record becomes an instance of the class ``classes(module, qualname)`` returns
     (``engine.classes.OwnClasses``: the program's own, plain to make), else a stand-in."""
-    if isinstance(obj, TensorLeaf):
-        return leaf_to_tensor(obj, device)
-    if isinstance(obj, dict):
-        items = ((k, from_leaves(v, device, classes)) for k, v in obj.items())
-        return (
-            collections.OrderedDict(items)
-            if isinstance(obj, collections.OrderedDict)
-            else dict(items)
-        )
-    if _is_namedtuple(obj):
-        return type(obj)(*(from_leaves(v, device, classes) for v in obj))
-    if isinstance(obj, tuple):
-        return tuple(from_leaves(v, device, classes) for v in obj)
-    if isinstance(obj, list):
-        return [from_leaves(v, device, classes) for v in obj]
-    if isinstance(obj, ObjectRecord):
-        attrs = {k: from_leaves(v, device, classes) for k, v in obj.attrs.items()}
-        return live_object(obj, attrs, classes)
-    return obj
+    return map_tree(
+        lambda x: leaf_to_tensor(x, device) if isinstance(x, TensorLeaf) else x,
+        obj,
+        lambda _, rec: live_object(rec, rec.attrs, classes),
+    )
 
 
 def live_object(

@@ -25,7 +25,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils._pytree import tree_map_only
 
 from ..capture.bounded import is_unrecorded
 from ..capture.fingerprint import absmax, exact_if_needed, loss_of, param_fingerprint
@@ -41,7 +40,7 @@ from ..capture.watch import ObjectWatch
 from ..errors import RecordingError, ReplayError
 from ..store.liveness import writer_state
 from ..store.reader import Recording, Window
-from ..store.tree import TensorLeaf
+from ..store.tree import TensorLeaf, leaves, map_tree
 from .classes import OwnClasses
 from .device import choose_device
 from .entry import EntryOverride, load_entry_points, recorded_process
@@ -74,36 +73,23 @@ def _num(x: Any) -> float | None:
 
 
 def _owned(tree: Any) -> Any:
-    """``tree`` with every CPU tensor copied. On the CPU, tensors rebuilt from a record share
-    memory with the record the engine caches (torch.from_numpy): a step that changes its batch
-    in place (``x.mul_(0.5)``) changed the cache, and the next replay of that step (bisect's
-    re-check, a whatif experiment) ran on the changed batch. Tensors moved to another device
-    are copies already."""
-    if isinstance(tree, torch.Tensor):
-        if tree.device.type != "cpu":
-            return tree
-        return tree.detach().clone().requires_grad_(tree.requires_grad)
-    if isinstance(tree, dict):
-        return type(tree)((k, _owned(v)) for k, v in tree.items())
-    if isinstance(tree, tuple) and hasattr(tree, "_fields"):  # namedtuple
-        return type(tree)(*(_owned(v) for v in tree))
-    if isinstance(tree, (list, tuple)):
-        return type(tree)(_owned(v) for v in tree)
-    return tree
+    """``tree`` with every CPU tensor and array copied, in an object batch too. On the CPU,
+    tensors rebuilt from a record share memory with the record the engine caches
+    (torch.from_numpy): a step that changes its batch in place (``x.mul_(0.5)``) changed the
+    cache, and the next replay of that step (bisect's re-check, a whatif experiment) ran on the
+    changed batch. Tensors moved to another device are copies already."""
+    return map_tree(_own, tree)
+
+
+def _own(x: Any) -> Any:
+    if isinstance(x, torch.Tensor) and x.device.type == "cpu":
+        return x.detach().clone().requires_grad_(x.requires_grad)
+    return x.copy() if isinstance(x, np.ndarray) else x
 
 
 def _first_device(tree: Any) -> str:
     """Where the first tensor of a snapshot's part lived (``cpu`` when it holds none)."""
-    stack = [tree]
-    while stack:
-        node = stack.pop(0)
-        if isinstance(node, TensorLeaf):
-            return node.device
-        if isinstance(node, dict):
-            stack.extend(node.values())
-        elif isinstance(node, (list, tuple)):
-            stack.extend(node)
-    return "cpu"
+    return next((x.device for _, x in leaves(tree) if isinstance(x, TensorLeaf)), "cpu")
 
 
 @contextlib.contextmanager
@@ -392,7 +378,8 @@ class Engine(ObservedCalls):
         check_drawn(batch, ref, t)
         if self._leaf_device is None:
             return batch
-        return tree_map_only(torch.Tensor, lambda x: x.to(self._leaf_device), batch)
+        dev = self._leaf_device
+        return map_tree(lambda x: x.to(dev) if isinstance(x, torch.Tensor) else x, batch)
 
     def values(self, t: int) -> dict[str, Any]:
         """The per-step values the loop passed to ``rec.step(batch, **values)`` at step ``t``."""
@@ -431,7 +418,13 @@ class Engine(ObservedCalls):
     def recorded_rows(self) -> list[dict[str, Any]]:
         """The recorded health, one dict per step (``step`` plus every health column), less
         the steps in ``not_compared``."""
-        return [r for r in self.rec.health_rows() if r["step"] not in self.not_compared]
+        h = self.rec.health()
+        cols = [k for k in h if k != "step"]
+        return [
+            {"step": int(s), **{c: float(h[c][i]) for c in cols}}
+            for i, s in enumerate(h["step"])
+            if int(s) not in self.not_compared
+        ]
 
     def snapshot(self, s: int) -> dict[str, Any]:
         """The snapshot taken before step ``s``, as read from the store.
@@ -455,17 +448,11 @@ class Engine(ObservedCalls):
         """Whether every floating tensor of the snapshot at ``s`` (model, optimizer, the other
         named objects: a GAN's generator) is finite."""
         snap = self.snapshot(s)
-        stack: list[Any] = [snap.get("model"), snap.get("optimizer"), snap.get("objects")]
-        while stack:
-            node = stack.pop()
-            if isinstance(node, TensorLeaf):
-                if node.dtype.startswith(("float", "bfloat", "complex")) and not leaf_finite(node):
-                    return False
-            elif isinstance(node, dict):
-                stack.extend(node.values())
-            elif isinstance(node, (list, tuple)):
-                stack.extend(node)
-        return True
+        return all(
+            leaf_finite(x)
+            for _, x in leaves([snap.get("model"), snap.get("optimizer"), snap.get("objects")])
+            if isinstance(x, TensorLeaf) and x.dtype.startswith(("float", "bfloat", "complex"))
+        )
 
     # -- state -------------------------------------------------------------------------------
 

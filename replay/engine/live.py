@@ -19,7 +19,7 @@ from typing import Any
 from ..errors import RecordingError
 from ..store.liveness import writer_state
 from ..store.reader import Recording, Window
-from ..store.tree import TensorLeaf
+from ..store.tree import TensorLeaf, leaves
 
 __all__ = ["LiveCopy", "pin_live_window"]
 
@@ -36,16 +36,7 @@ class LiveCopy:
 
 
 def _nbytes(tree: Any) -> int:
-    n, stack = 0, [tree]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, TensorLeaf):
-            n += node.nbytes
-        elif isinstance(node, dict):
-            stack.extend(node.values())
-        elif isinstance(node, (list, tuple)):
-            stack.extend(node)
-    return n
+    return sum(x.nbytes for _, x in leaves(tree) if isinstance(x, TensorLeaf))
 
 
 def _budget() -> int:

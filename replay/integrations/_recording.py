@@ -4,12 +4,24 @@ when the run cannot be replayed. Imports no framework."""
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from typing import Any
+
+import torch
 
 from ..errors import RecorderWarning
 from ..record.recorder import Recorder
+from ..store.tree import ObjectRecord, keep_kind, map_tree
 
-__all__ = ["start_recorder", "warn_not_replayable"]
+__all__ = ["clone_batch", "start_recorder", "warn_not_replayable"]
+
+
+def clone_batch(batch: Any, objects: Callable[[Any, ObjectRecord], Any] = keep_kind) -> Any:
+    """A copy of a batch the training step cannot change under us (an in-place
+    normalisation); ``objects`` rebuilds an object batch (``store.tree.map_tree``)."""
+    return map_tree(
+        lambda x: x.detach().clone() if isinstance(x, torch.Tensor) else x, batch, objects
+    )
 
 
 def warn_not_replayable(why: str) -> None:

@@ -57,22 +57,11 @@ from ..capture.guard import replaying
 from ..capture.probe import running_probe
 from ..errors import NonFiniteLossError, RecorderWarning
 from ..record.recorder import Recorder
-from ._recording import start_recorder, warn_not_replayable
+from ._recording import clone_batch, start_recorder, warn_not_replayable
 
 __all__ = ["ReplayCallback", "build", "train_step"]
 
 _SINGLE = ("SingleDeviceStrategy",)
-
-
-def _clone(batch: Any) -> Any:
-    """A copy the training step cannot change under us (an in-place normalisation)."""
-    if isinstance(batch, torch.Tensor):
-        return batch.detach().clone()
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(_clone(b) for b in batch) if not hasattr(batch, "_fields") else batch
-    if isinstance(batch, dict):
-        return {k: _clone(v) for k, v in batch.items()}
-    return batch
 
 
 def _sched_count(s: Any) -> int:
@@ -194,7 +183,7 @@ class ReplayCallback(Callback):
             self._window, self._micro_rng, self._losses = [], [], []
             self._first_idx, self._epoch = batch_idx, trainer.current_epoch
             self._sched_before = [_sched_count(c.scheduler) for c in trainer.lr_scheduler_configs]
-        self._window.append(_clone(batch))
+        self._window.append(clone_batch(batch))
         self._micro_rng.append(torch.get_rng_state())
 
     def on_before_optimizer_step(

@@ -50,6 +50,7 @@ replay differ, which ``replay verify`` reports.
 
 from __future__ import annotations
 
+import collections
 import functools
 import importlib
 import inspect
@@ -58,7 +59,6 @@ import sys
 import tempfile
 import types
 import warnings
-from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -68,7 +68,8 @@ from transformers import PreTrainedModel, TrainerCallback, TrainingArguments
 from ..capture.objects import inner_optimizer
 from ..errors import NonFiniteLossError, RecorderWarning
 from ..record.recorder import Recorder
-from ._recording import start_recorder, warn_not_replayable
+from ..store.tree import ObjectRecord, keep_kind
+from ._recording import clone_batch, start_recorder, warn_not_replayable
 
 __all__ = ["ReplayCallback", "build", "train_step"]
 
@@ -76,16 +77,10 @@ __all__ = ["ReplayCallback", "build", "train_step"]
 _QUIET = {"report_to": "none", "disable_tqdm": True, "save_strategy": "no", "push_to_hub": False}
 
 
-def _clone(batch: Any) -> Any:
-    """A copy the training step cannot change under us, as plain dicts and lists (a
-    ``BatchEncoding`` is a mapping, not a dict; ``training_step`` takes either)."""
-    if isinstance(batch, torch.Tensor):
-        return batch.detach().clone()
-    if isinstance(batch, Mapping):
-        return {k: _clone(v) for k, v in batch.items()}
-    if isinstance(batch, (list, tuple)) and not hasattr(batch, "_fields"):
-        return type(batch)(_clone(b) for b in batch)
-    return batch
+def _as_dict(node: Any, rec: ObjectRecord) -> Any:
+    """A ``BatchEncoding`` (a ``UserDict``) as a plain dict: as its own class it would replay
+    as a stand-in, not a mapping (``training_step`` takes either)."""
+    return rec.attrs["data"] if isinstance(node, collections.UserDict) else keep_kind(node, rec)
 
 
 def _sched_count(s: Any) -> int:
@@ -236,8 +231,8 @@ class ReplayCallback(TrainerCallback):
         def training_step(model: Any, inputs: Any, num_items_in_batch: Any = None) -> Any:
             if self._window is not None:
                 if not self._window:
-                    self._num_items = _clone(num_items_in_batch)
-                self._window.append(_clone(inputs))
+                    self._num_items = clone_batch(num_items_in_batch)
+                self._window.append(clone_batch(inputs, _as_dict))
             loss = step(model, inputs, num_items_in_batch)
             if self._window is not None:
                 self._losses.append(loss)

@@ -29,7 +29,7 @@ from ..capture.tensors import to_leaves
 from ..store.contracts import StepException, StepRecord
 from ..store.layout import HEALTH_COLUMNS, object_columns
 from ..store.step_log import StepLog
-from ..store.tree import Spliced, decode, encode
+from ..store.tree import Spliced, decode, encode, leaves
 from ..store.writer import PackCache, manifest_text, pack_parts
 
 __all__ = ["StepLogWriter", "on_host"]
@@ -37,13 +37,11 @@ __all__ = ["StepLogWriter", "on_host"]
 
 def on_host(tree: Any) -> bool:
     """Whether every tensor in ``tree`` lives in host memory (and is not sparse)."""
-    if isinstance(tree, torch.Tensor):
-        return tree.device.type == "cpu" and tree.layout == torch.strided
-    if isinstance(tree, dict):
-        return all(on_host(v) for v in tree.values())
-    if isinstance(tree, (list, tuple)):
-        return all(on_host(v) for v in tree)
-    return True
+    return all(
+        x.device.type == "cpu" and x.layout == torch.strided
+        for _, x in leaves(tree)
+        if isinstance(x, torch.Tensor)
+    )
 
 
 # What a kill of the whole process group (training and its writer process, ``kill -9 -PGID``)

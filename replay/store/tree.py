@@ -15,6 +15,10 @@ names).
 No pickle: an object of any other type is stored as :class:`Opaque` (its type name and ``repr``)
 and comes back as such, never as the object.
 
+Every walk of such a tree, live (tensors, objects) or read back (leaves, records), is this
+module's: ``map_tree`` rebuilds it with each leaf mapped, ``leaves`` yields each leaf with its
+keys, ``leaf_path`` names a leaf.
+
 Example::
 
     >>> manifest, bufs = encode({"x": np.arange(3, dtype=np.int16), "name": "a"})
@@ -26,7 +30,8 @@ Example::
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterator, Sequence
+import copy
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +47,11 @@ __all__ = [
     "encode",
     "layout_key",
     "decode",
+    "Key",
+    "map_tree",
+    "keep_kind",
+    "as_record",
+    "leaves",
     "iter_leaves",
     "leaf_path",
 ]
@@ -363,31 +373,127 @@ def decode(node: dict[str, Any], data: memoryview | bytes) -> Any:
     raise ValueError(f"unknown tree node type {t!r}")
 
 
-def leaf_path(keys: Sequence[str | int]) -> str:
-    """The one name of a leaf inside a nested batch (the store, the trace and the TUI all name
-    leaves so): a name (dict key, namedtuple field) after a dot, a position in brackets;
-    ``batch`` for the batch itself.
+Key = tuple[str, Any]  # ("map", a dict key) | ("seq", a position) | ("attr", a name)
 
-    >>> leaf_path(["x"]), leaf_path([0]), leaf_path(["inputs", 1, "ids"]), leaf_path([])
-    ('x', '[0]', 'inputs[1].ids', 'batch')
+# Nodes that are leaves whatever they hold (the objects below are walked by their attributes).
+_LEAVES = (TensorLeaf, np.ndarray, *_DATA, bytearray, np.generic, Opaque, Spliced)
+_LEAF, _DICT, _ODICT, _LIST, _TUPLE, _NTUPLE, _RECORD, _OBJECT = range(1, 9)
+_KINDS: dict[type, int] = {}  # what a node of each type is to the walk, found once a type
+
+
+def _kind(x: Any) -> int:
+    cls = type(x)
+    if len(_KINDS) > 4096:  # (classes made on the fly: a replay's stand-ins)
+        _KINDS.clear()
+    if issubclass(cls, dict):
+        k = _ODICT if issubclass(cls, collections.OrderedDict) else _DICT
+    elif issubclass(cls, (list, tuple)):
+        k = _LIST if issubclass(cls, list) else _NTUPLE if hasattr(cls, "_fields") else _TUPLE
+    elif issubclass(cls, _LEAVES) or hasattr(cls, "__torch_function__"):  # (a tensor: no torch)
+        k = _LEAF
+    else:
+        k = _RECORD if cls is ObjectRecord else _OBJECT
+    _KINDS[cls] = k
+    return k
+
+
+def keep_kind(node: Any, rec: ObjectRecord) -> Any:
+    """An object node rebuilt as what it was: a record stays ``rec``; an object is a copy of
+    itself with ``rec``'s attributes (its class's own ``__init__`` is not called)."""
+    if isinstance(node, ObjectRecord):
+        return rec
+    out = copy.copy(node)
+    for k, v in rec.attrs.items():
+        object.__setattr__(out, k, v)
+    return out
+
+
+def as_record(node: Any, rec: ObjectRecord) -> ObjectRecord:
+    """An object node rebuilt as its record (what the store holds)."""
+    return rec
+
+
+def map_tree(
+    fn: Callable[[Any], Any],
+    tree: Any,
+    objects: Callable[[Any, ObjectRecord], Any] = keep_kind,
+) -> Any:
+    """``tree`` rebuilt with ``fn`` applied to every leaf: the one walk of a batch or value
+    tree. Dicts (an ``OrderedDict`` stays one, another mapping becomes a ``dict``), lists,
+    tuples and namedtuples are rebuilt as such; an :class:`ObjectRecord` or an object
+    ``record_of`` takes (a dataclass, a ``UserDict``, a plain data object) is walked by its
+    attributes and rebuilt by ``objects(node, record of the new attributes)``; anything else
+    (a tensor, an array, a scalar, ``None``, an object of any other kind) is a leaf.
+
+    >>> map_tree(lambda v: v * 2 if isinstance(v, int) else v, {"a": [1, (2, "x")]})
+    {'a': [2, (4, 'x')]}
+    """
+
+    def walk(x: Any) -> Any:
+        k = _KINDS.get(type(x)) or _kind(x)
+        if k == _LEAF:
+            return fn(x)
+        if k in (_DICT, _ODICT):
+            items = [(key, walk(v)) for key, v in x.items()]
+            return dict(items) if k == _DICT else collections.OrderedDict(items)
+        if k == _LIST:
+            return [walk(v) for v in x]
+        if k == _TUPLE:
+            return tuple([walk(v) for v in x])
+        if k == _NTUPLE:
+            return type(x)(*[walk(v) for v in x])
+        if k == _RECORD:
+            return objects(x, ObjectRecord(x.module, x.qualname, walk(x.attrs)))
+        rec = record_of(x, walk)
+        return fn(x) if rec is None else objects(x, rec)
+
+    return walk(tree)
+
+
+def leaves(tree: Any, keys: tuple[Key, ...] = ()) -> Iterator[tuple[tuple[Key, ...], Any]]:
+    """``(keys, leaf)`` of every leaf of ``tree`` in order, walked as :func:`map_tree` walks it;
+    ``leaf_path(keys)`` names it."""
+    k = _KINDS.get(type(tree)) or _kind(tree)
+    if k == _LEAF:
+        yield keys, tree
+    elif k in (_DICT, _ODICT):
+        for key, v in tree.items():
+            yield from leaves(v, (*keys, ("map", key)))
+    elif k in (_LIST, _TUPLE):
+        for i, v in enumerate(tree):
+            yield from leaves(v, (*keys, ("seq", i)))
+    elif k == _NTUPLE:
+        for name, v in zip(type(tree)._fields, tree):
+            yield from leaves(v, (*keys, ("attr", name)))
+    elif (rec := tree if k == _RECORD else record_of(tree, _same)) is not None:
+        for name, v in rec.attrs.items():
+            yield from leaves(v, (*keys, ("attr", name)))
+    else:
+        yield keys, tree
+
+
+def _same(v: Any) -> Any:
+    return v
+
+
+def leaf_path(keys: Sequence[Key]) -> str:
+    """The one name of a leaf inside a nested batch (the store, the trace and the TUI all name
+    leaves so): a name (dict key, namedtuple field, attribute) after a dot, a position in
+    brackets; ``batch`` for the batch itself.
+
+    >>> leaf_path([("map", "x")]), leaf_path([("seq", 0)]), leaf_path([])
+    ('x', '[0]', 'batch')
+    >>> leaf_path([("map", "inputs"), ("seq", 1), ("attr", "ids")])
+    'inputs[1].ids'
     """
     out = ""
-    for k in keys:
-        out += f"[{k}]" if isinstance(k, int) else f".{k}" if out else k
+    for kind, k in keys:
+        out += f"[{k}]" if kind == "seq" else f".{k}" if out else str(k)
     return out or "batch"
 
 
-def iter_leaves(tree: Any, keys: tuple[str | int, ...] = ()) -> Iterator[tuple[str, Any]]:
-    """Yield ``(leaf_path, leaf)`` for every array-like leaf (numpy array or TensorLeaf)."""
-    if isinstance(tree, (TensorLeaf, np.ndarray)):
-        yield leaf_path(keys), tree
-    elif isinstance(tree, dict):
-        for k, v in tree.items():
-            yield from iter_leaves(v, (*keys, str(k)))
-    elif isinstance(tree, ObjectRecord):
-        for k, v in tree.attrs.items():
-            yield from iter_leaves(v, (*keys, k))
-    elif isinstance(tree, (list, tuple)):
-        names = getattr(type(tree), "_fields", None)
-        for i, v in enumerate(tree):
-            yield from iter_leaves(v, (*keys, names[i] if names else i))
+def iter_leaves(tree: Any) -> Iterator[tuple[str, Any]]:
+    """``(leaf_path, leaf)`` for every array-like leaf (a TensorLeaf, a numpy array, a tensor)."""
+    for keys, leaf in leaves(tree):
+        if isinstance(leaf, (TensorLeaf, np.ndarray)) or hasattr(leaf, "__torch_function__"):
+            yield leaf_path(keys), leaf

@@ -4,13 +4,13 @@ per sample, and the tensors present before the step (for the origins of non-fini
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import NamedTuple, TypedDict
 
 import numpy as np
 import torch
 
-from replay.store.tree import leaf_path, record_of
+from replay.store.tree import Key, leaf_path, leaves
 from replay.trace.origins import Storages, storage_key, storages
 from replay.trace.stats import stored_values
 
@@ -83,44 +83,16 @@ class _GradStats(NamedTuple):
 _NO_GRAD = _GradStats(False, NAN, NAN, NAN)
 
 
-_Key = tuple[str, object]  # ("map", a dict key) | ("seq", an index) | ("attr", a name)
-
-
-def _walk(x: object, path: tuple[_Key, ...] = ()) -> Iterator[tuple[tuple[_Key, ...], object]]:
-    """``(path, leaf)`` of every leaf of a nested batch, in order: dicts, lists, tuples,
-    namedtuples, and the objects the store keeps by their attributes (a dataclass batch, a
-    ``UserDict``: ``store.tree.record_of``)."""
-    if isinstance(x, dict):
-        for k, v in x.items():
-            yield from _walk(v, (*path, ("map", k)))
-    elif isinstance(x, tuple) and hasattr(x, "_fields"):
-        for name, v in zip(x._fields, x):
-            yield from _walk(v, (*path, ("attr", name)))
-    elif isinstance(x, (list, tuple)):
-        for i, v in enumerate(x):
-            yield from _walk(v, (*path, ("seq", i)))
-    elif not isinstance(x, torch.Tensor) and (rec := record_of(x, lambda v: v)) is not None:
-        for k, v in rec.attrs.items():
-            yield from _walk(v, (*path, ("attr", k)))
-    else:
-        yield path, x
-
-
-def _path_str(path: tuple[_Key, ...]) -> str:
-    """A leaf's path as ``leaf_path`` names it (as the store and the TUI do)."""
-    return leaf_path([k if isinstance(k, int) and kind == "seq" else str(k) for kind, k in path])
-
-
-def _name(path: tuple[_Key, ...]) -> str:
+def _name(keys: tuple[Key, ...]) -> str:
     """A leaf as the code reaching it reads: ``batch[0]``, ``batch['x']``, ``batch.state``."""
     parts = {"map": "[{!r}]", "seq": "[{}]", "attr": ".{}"}
-    return "batch" + "".join(parts[kind].format(k) for kind, k in path)
+    return "batch" + "".join(parts[kind].format(k) for kind, k in keys)
 
 
 def batch_leaves(batch: object) -> list[tuple[str, torch.Tensor]]:
     """``(path, tensor)`` for every tensor leaf of a nested batch; paths as ``leaf_path`` says:
     ``x``, ``[0]``, ``inputs[1].ids``."""
-    return [(_path_str(p), t) for p, t in _walk(batch) if isinstance(t, torch.Tensor)]
+    return [(leaf_path(k), t) for k, t in leaves(batch) if isinstance(t, torch.Tensor)]
 
 
 def batch_nonfinite(batch: object) -> list[BatchNonFinite]:
@@ -129,7 +101,7 @@ def batch_nonfinite(batch: object) -> list[BatchNonFinite]:
     many NaN, +inf and -inf it holds, and the first ``N_POSITIONS`` positions (index lists)."""
     out: list[BatchNonFinite] = []
     with torch.no_grad():
-        for p, t in _walk(batch):
+        for p, t in leaves(batch):
             if not isinstance(t, torch.Tensor) or not t.is_floating_point() or not t.numel():
                 continue
             bad = ~torch.isfinite(t.detach())
@@ -139,7 +111,7 @@ def batch_nonfinite(batch: object) -> list[BatchNonFinite]:
             out.append(
                 {
                     "name": _name(p),
-                    "path": _path_str(p),
+                    "path": leaf_path(p),
                     "shape": list(t.shape),
                     "dtype": str(t.dtype)[6:],
                     "nan": int(torch.isnan(t).sum()),

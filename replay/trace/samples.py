@@ -23,7 +23,6 @@ Example::
 
 from __future__ import annotations
 
-import copy
 import math
 from collections import Counter
 from collections.abc import Callable, Collection, Sequence
@@ -37,7 +36,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from replay.store.tree import record_of
+from replay.store.tree import map_tree
 from replay.trace.origins import ALLOC_OPS
 
 __all__ = [
@@ -170,8 +169,14 @@ def slice_batch(batch: _Batch, indices: Sequence[int], axis: int = 0) -> _Batch:
     size = batch_size_of(batch, axis)
     leaves = _per_sample_leaves(batch)
     ref = tuple(leaves[0].shape) if leaves else ()
-    # _map rebuilds each container with its own type: the result has the batch's type
-    return cast(_Batch, _map(batch, lambda t: _take(t, list(indices), axis, size, ref)))
+    take = list(indices)
+    # each container rebuilt as it was (a mapping: a dict): the result has the batch's type
+    return cast(
+        _Batch,
+        map_tree(
+            lambda t: _take(t, take, axis, size, ref) if isinstance(t, torch.Tensor) else t, batch
+        ),
+    )
 
 
 def permute_batch(batch: _Batch, axis: int) -> _Batch:
@@ -197,25 +202,6 @@ def _take(
             return full.reshape(-1, *x.shape[1:])
     if 0 < x.dim() <= axis and x.shape[0] == size:
         return x.index_select(0, ix)  # one value per sample (lengths [B] of a [T, B] batch)
-    return x
-
-
-def _map(x: object, fn: Callable[[torch.Tensor], torch.Tensor]) -> object:
-    if isinstance(x, torch.Tensor):
-        return fn(x)
-    if isinstance(x, dict):
-        return type(x)((k, _map(v, fn)) for k, v in x.items())
-    if isinstance(x, tuple) and hasattr(x, "_fields"):  # namedtuple: takes its fields
-        make: Callable[..., object] = type(x)
-        return make(*(_map(v, fn) for v in x))
-    if isinstance(x, (list, tuple)):
-        return type(x)(_map(v, fn) for v in x)
-    rec = record_of(x, lambda v: _map(v, fn))  # a dataclass batch, a UserDict
-    if rec is not None:
-        out = copy.copy(x)
-        for k, v in rec.attrs.items():
-            object.__setattr__(out, k, v)
-        return out
     return x
 
 

@@ -55,6 +55,12 @@ def others(objs: Any) -> dict[str, Any]:
 
 def plain(x: Any) -> Any:
     """A state dict with its tensors as bytes: comparable with ``==``, bit for bit."""
+    from ..store.tree import as_record, map_tree
+
+    return map_tree(_plain_leaf, x, as_record)
+
+
+def _plain_leaf(x: Any) -> Any:
     import torch
 
     if isinstance(x, torch.Tensor):
@@ -65,13 +71,7 @@ def plain(x: Any) -> Any:
             tuple(t.shape),
             t.reshape(-1).view(torch.uint8).numpy().tobytes(),
         )
-    if isinstance(x, dict):
-        return {k: plain(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [plain(v) for v in x]
-    if isinstance(x, float) and x != x:
-        return ("nan",)
-    return x
+    return ("nan",) if isinstance(x, float) and x != x else x
 
 
 def _recorded(engine: Engine) -> dict[int, dict[str, Any]]:

@@ -360,15 +360,12 @@ def _float32(batch: Any) -> Any:
     """The batch with its floating tensors in float32 (the rest as it is)."""
     import torch
 
-    if isinstance(batch, torch.Tensor):
-        return batch.float() if batch.is_floating_point() else batch
-    if isinstance(batch, dict):
-        return type(batch)((k, _float32(v)) for k, v in batch.items())
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
-        return type(batch)(*(_float32(v) for v in batch))
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(_float32(v) for v in batch)
-    return batch
+    from ..store.tree import map_tree
+
+    def f(x: Any) -> Any:
+        return x.float() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+
+    return map_tree(f, batch)
 
 
 @contextmanager

@@ -177,12 +177,14 @@ def test_samples_are_dropped_along_the_axis_the_diagnosis_finds(tmp_path):
     assert p.returncode == 2 and "10 samples along dim 1" in one_error_line(p)
 
 
-def test_a_step_that_changes_its_batch_in_place_does_not_change_the_next_experiment(tmp_path):
+@pytest.mark.parametrize("kind", ["tuple", "dataclass"])
+def test_a_step_that_changes_its_batch_in_place_does_not_change_the_next_experiment(tmp_path, kind):
     """Regression: the engine handed the step a batch sharing memory with the record it
     caches, so ``x.mul_(0.5)`` in the step halved the batch every later replay of that step
-    ran on: experiments that change nothing (another seed, no RNG used) differed."""
+    ran on: experiments that change nothing (another seed, no RNG used) differed. The engine's
+    copy then skipped the tensors of an object batch (``dataclass``): the same, for it."""
     run = tmp_path / "inplace.h5"
-    run_py(str(SCRIPTS / "inplace_batch.py"), str(run), check=True, cwd=tmp_path)
+    run_py(str(SCRIPTS / "inplace_batch.py"), str(run), kind, check=True, cwd=tmp_path)
     p = whatif(
         run,
         "--from-step",
