@@ -418,13 +418,7 @@ class Engine(ObservedCalls):
     def recorded_rows(self) -> list[dict[str, Any]]:
         """The recorded health, one dict per step (``step`` plus every health column), less
         the steps in ``not_compared``."""
-        h = self.rec.health()
-        cols = [k for k in h if k != "step"]
-        return [
-            {"step": int(s), **{c: float(h[c][i]) for c in cols}}
-            for i, s in enumerate(h["step"])
-            if int(s) not in self.not_compared
-        ]
+        return [r for r in self.rec.health_rows() if r["step"] not in self.not_compared]
 
     def snapshot(self, s: int) -> dict[str, Any]:
         """The snapshot taken before step ``s``, as read from the store.

@@ -142,7 +142,12 @@ def trace_verdict(
         return None
     try:
         traced = trace_culprit(
-            engine, t, verdict.kind, forensics_path=rec.forensics_path, run_id=rec.run_id
+            engine,
+            t,
+            verdict.kind,
+            forensics_path=rec.forensics_path,
+            run_id=rec.run_id,
+            reproducible=verdict.reproducible,
         )
         # The step began with non-finite state (cause "state"): the step that made it so is
         # earlier, and it is the one to report and trace, not this one with a note.
@@ -221,11 +226,13 @@ def trace_culprit(
     forensics_path: str,
     run_id: str,
     samples: bool = True,
+    reproducible: bool | None = None,
 ) -> TracedOp:
     """Trace ``step`` from the state right before it; write the sidecar; return what it named.
 
     ``samples=False``: no culprit samples are searched (a step whose failure shows only in
-    state no health column measures: replaying it on part of the batch tells nothing)."""
+    state no health column measures: replaying it on part of the batch tells nothing).
+    ``reproducible``: bisect's finding at ``step``, kept in the sidecar's verdict."""
     from replay.trace import trace_step
     from replay.trace.step import CompiledDuringTrace, stderr_progress
 
@@ -252,6 +259,12 @@ def trace_culprit(
     except CompiledDuringTrace:  # compiled on its first call: again, seeing compiled ops
         result = traced(direct=False)
     batch = engine.batch(step)
+    found = TraceVerdict.from_json(result.verdict)
+    disagree = compiled_disagreement(engine, step, kind, found, result.loss)
+    if disagree is not None:
+        result.add_notes([disagree])
+        if found.kind != kind:
+            result.verdict["cause"] = "compiled"
     if not samples:
         result.add_notes(
             [
@@ -259,14 +272,16 @@ def trace_culprit(
                 "in no health column a replay on part of the batch could be judged by"
             ]
         )
-    elif (found := TraceVerdict.from_json(result.verdict)).cause == "state":
-        pass  # bisect goes back to the step that made the state bad, and searches there
+    elif found.cause == "state" or result.verdict["cause"] == "compiled":
+        pass  # state: bisect goes back to the step that made it bad, and searches there;
+        # compiled: the search's replays on part of the batch run the step eagerly too
     elif kind in ("nonfinite", "exception") and not found.samples:
         try:
             _samples(engine, step, kind, batch, result)
         except Exception as e:  # noqa: BLE001 - the op verdict stands without the samples
             result.add_notes([f"the samples search failed: {type(e).__name__}: {e}"])
     _where_they_came_from(engine, step, result)
+    result.verdict["reproducible"] = reproducible  # bisect's finding, kept for the page
     result.write(forensics_path, run_id=run_id, step=step)
     loss = result.loss
     nonfinite_loss = loss is not None and isinstance(loss, float) and not math.isfinite(loss)
@@ -275,6 +290,42 @@ def trace_culprit(
         forensics_path,
         traced_loss=json_safe(loss) if nonfinite_loss else None,
     )
+
+
+def compiled_disagreement(
+    engine: Engine, step: int, kind: str, found: TraceVerdict, traced_loss: object
+) -> str | None:
+    """What a step that ran torch.compile'd code and its per-op trace, which runs the step
+    eagerly (``trace.step._eager``), say differently: the compiled replay (as recorded) fails
+    and the eager one does not, or their losses differ bitwise; ``None`` when they agree or
+    nothing compiled ran. Was: a trace that named no op, and a samples search that found none,
+    for a NaN only the compiled code made."""
+    from replay.trace.dispatch import compiled_frames
+
+    from ..bisect.compare import same_bits
+
+    row = next((r for r in engine.recorded_rows() if r["step"] == step), None)
+    if not compiled_frames() or row is None:
+        return None
+    eager = "raised" if found.exception else f"loss {json_safe(traced_loss)}"
+    if kind in ("nonfinite", "exception") and found.kind != kind:
+        failed = "raises" if kind == "exception" else f"loss {json_safe(row.get('loss'))}"
+        return (
+            f"compiled and eager replays disagree: step {step} fails compiled, as recorded "
+            f"({failed}), and not when run eagerly, as the per-op trace runs a torch.compile'd "
+            f"model ({eager}): the compiled code computes otherwise than the eager ops (fused "
+            "float16/bfloat16 intermediates kept in float32, another order of summing), so no "
+            "eager op made the failure; torch._inductor.config.emulate_precision_casts = True, "
+            'or torch.compile(backend="aot_eager"), tells whether the kernels or the graph differ'
+        )
+    recorded = row.get("loss")
+    if isinstance(traced_loss, float) and not same_bits(recorded, traced_loss):
+        return (
+            f"compiled and eager replays disagree at step {step}: loss {json_safe(recorded)} "
+            f"compiled (as recorded), {json_safe(traced_loss)} run eagerly by the per-op trace; "
+            "the trace's values are the eager code's"
+        )
+    return None
 
 
 def _where_they_came_from(engine: Engine, step: int, result: TraceResult) -> None:
