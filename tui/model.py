@@ -15,12 +15,11 @@ import numpy as np
 
 from replay.errors import RecordingError
 from replay.ranks.scan import rank_set
+from replay.ranks.summary import RankSetSummary, summarise
 from replay.reports import TraceVerdict
 from replay.safetext import term_safe, term_safe_tree
 from replay.store import Recording, open_recording
 from replay.store.liveness import WriterState, writer_state
-
-from .rankset import RankSetSummary, read_rank_set
 
 if TYPE_CHECKING:
     from replay.store.forensics import ForensicsReader
@@ -200,9 +199,9 @@ class RunModel:
         self._load_forensics()
         old_ranks = self.ranks.signature() if self.ranks is not None else None
         if self.rank_spec is not None:
-            rank = int((self.rec.meta.get("distributed") or {}).get("rank", -1))
             try:
-                self.ranks = read_rank_set(self.rank_spec, rank)
+                scan = rank_set(self.rank_spec)
+                self.ranks = summarise(scan) if scan is not None else self.ranks
             except (RecordingError, OSError):
                 pass  # a rank file mid-rewrite: keep the last summary, the next poll retries
         new_ranks = self.ranks.signature() if self.ranks is not None else None

@@ -13,7 +13,8 @@ from ..reports.doctor import DoctorReport, RankSetDoctorReport, SlowestRank
 from ..safetext import term_safe
 
 if TYPE_CHECKING:
-    from ..ranks.files import RankFiles
+    from ..ranks.scan import RankScan
+    from ..ranks.summary import RankSetSummary
 
 __all__ = ["doctor"]
 
@@ -62,42 +63,31 @@ def _is_file(path: str) -> bool:
     return os.path.isfile(path)
 
 
-def _rank_set_report(rs: RankFiles, first: Any) -> RankSetDoctorReport:
-    """Every rank's checklist, and across the ranks: which went bad first (``first``, the
-    scan's), which is slow (median step wall time)."""
-    import numpy as np
-
+def _rank_set_report(s: RankSetSummary) -> RankSetDoctorReport:
+    """Every rank's checklist, and across the ranks: which went bad first (the scan's), which
+    is slow (median step wall time)."""
     from ..doctor import diagnose
-    from ..ranks.first_bad import describe_failure
 
-    times: dict[int, float] = {}
-    for r, rec in rs.recordings.items():
-        w = rec.health().get("wall_time")
-        if w is not None and np.isfinite(w).any():
-            times[r] = float(np.median(w[np.isfinite(w)]))
-    slowest = None
-    if len(times) > 1:
-        r = max(times, key=lambda k: times[k])
-        others = float(np.median([t for k, t in times.items() if k != r]))
-        slowest = SlowestRank(r, times[r], others)
+    slow = s.slowest
     return RankSetDoctorReport(
-        world_size=rs.world_size,
-        missing=list(rs.missing),
-        first_bad=describe_failure(first),
-        first_bad_step=first.step if first is not None else None,
-        first_bad_ranks=list(first.ranks) if first is not None else [],
-        slowest=slowest,
-        ranks={str(r): DoctorReport(p, diagnose(p)) for r, p in sorted(rs.paths.items())},
+        world_size=s.world_size,
+        missing=list(s.missing),
+        first_bad=s.summary,
+        first_bad_step=s.culprit_step,
+        first_bad_ranks=list(s.culprit_ranks),
+        slowest=None
+        if slow is None
+        else SlowestRank(slow[0].rank, slow[0].median_step_s or 0.0, slow[1]),
+        ranks={str(r.rank): DoctorReport(r.path, diagnose(r.path)) for r in s.rows},
     )
 
 
-def _doctor_rank_set(run: str, scan: Any, as_json: bool) -> int:
+def _doctor_rank_set(run: str, scan: RankScan, as_json: bool) -> int:
     """Every rank's checklist, and across the ranks: who went bad first, who is slow."""
-    from ..ranks.files import open_rank_set
     from ..ranks.scan import spans
+    from ..ranks.summary import summarise
 
-    with open_rank_set(list(scan.paths.values()), name=run) as rs:
-        report = _rank_set_report(rs, scan.first_bad)
+    report = _rank_set_report(summarise(scan))
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
         return EXIT_OK

@@ -10,9 +10,8 @@ import click
 import numpy as np
 
 from ..errors import EXIT_BAD_RECORDING, EXIT_INCOMPLETE_RANKS, EXIT_OK, RecordingError
-from ..ranks.files import open_rank_set
-from ..ranks.first_bad import describe_failure
-from ..ranks.scan import RankScan, rank_set, spans
+from ..ranks.scan import rank_set, spans
+from ..ranks.summary import summarise
 from ..safetext import term_safe, term_safe_tree
 from ..store import open_recording
 from ..store.hparams import step_hparams
@@ -306,29 +305,6 @@ def render(d: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def describe_rank_set(scan: RankScan) -> dict[str, Any]:
-    """``replay info`` of a DDP run's rank files: each readable rank's summary, the missing and
-    damaged ones, and the first bad (step, rank) (over the readable ranks alone when the set is
-    incomplete: ``complete`` is then false, and the command exits 7)."""
-    with open_rank_set(list(scan.paths.values()), name=scan.spec) as rs:
-        ranks = {}
-        for r, rec in rs.recordings.items():
-            ev = scan.ranks[r].evidence
-            own = None if ev is None or ev.own_step is None else [ev.own_step, list(ev.own)]
-            ranks[r] = {"path": rec.path, **_steps_summary(rec), "own_first_bad": own}
-    failure = scan.first_bad
-    return {
-        "rank_set": scan.spec,
-        "world_size": scan.world_size,
-        "complete": scan.complete,
-        "missing_ranks": list(scan.missing),
-        "damaged_ranks": {str(r): f.damaged for r, f in scan.damaged.items()},
-        "ranks": ranks,
-        "first_bad": None if failure is None else failure.to_json(evidence=True),
-        "summary": describe_failure(failure),
-    }
-
-
 def render_rank_set(d: dict[str, Any]) -> str:
     d = term_safe_tree(d)
     ranks = d["ranks"]
@@ -373,7 +349,7 @@ def info(run: str, as_json: bool) -> int:
     """
     scan = rank_set(run, strict=False)
     if scan is not None:
-        d = describe_rank_set(scan)
+        d = summarise(scan, detail=_steps_summary).to_json()
         text = render_rank_set(d)
         problem = scan.problem()
         if problem is not None:  # what is readable is listed; then the one-line error

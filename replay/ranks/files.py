@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import RecordingError
 from ..store.reader import Recording, open_recording
-from .names import rank_of_name, resolve_rank_files
+from .names import resolve_rank_files
+
+if TYPE_CHECKING:
+    from .scan import RankScan
 
 __all__ = ["RankFiles", "is_rank_recording", "open_rank_set", "rank_health"]
 
@@ -44,48 +46,30 @@ class RankFiles:
         self.close()
 
 
-def open_rank_set(spec: str | list[str], *, name: str | None = None) -> RankFiles:
-    """Open every rank file ``spec`` names (see :func:`resolve_rank_files`, or a list of paths).
-
-    The rank comes from each file's ``meta.distributed`` (the file name only when that is null);
-    files of different world sizes are refused, and ranks absent from the set are listed in
-    ``missing`` (a rank whose file was lost still leaves the others readable).
+def open_rank_set(spec: RankScan | str | list[str], *, name: str | None = None) -> RankFiles:
+    """Open every readable rank file of a scan, or of the rank files ``spec`` names (see
+    :func:`resolve_rank_files`, or a list of paths), scanned here (one file's name alone reads as
+    a set of one rank). The scan's checks are the only ones (a rank twice, files of different
+    world sizes, a rank beyond the world size); ranks without a file are listed in ``missing``
+    (a rank whose file was lost still leaves the others readable), a damaged one is refused.
     """
-    if isinstance(spec, str):
-        files = resolve_rank_files(spec)
-        if files is None:
-            files = [spec]
-        name = spec
-    else:
-        files, name = list(spec), name or ", ".join(spec)
+    from .scan import RankScan, scan_rank_set
+
+    if not isinstance(spec, RankScan):
+        files = (resolve_rank_files(spec) or [spec]) if isinstance(spec, str) else spec
+        named = name or (spec if isinstance(spec, str) else None)
+        spec = scan_rank_set(files, strict=False, name=named)
+        if spec.damaged:
+            spec.check()
     recs: dict[int, Recording] = {}
     try:
-        sizes = set()
-        for p in files:
-            rec = open_recording(p)
-            d = rec.meta.get("distributed") or {}
-            r = d.get("rank", rank_of_name(p))
-            if r is None:
-                rec.close()
-                raise RecordingError(f"{p}: not recorded under DDP and not named NAME.rank<N>.h5")
-            if r in recs:
-                rec.close()
-                raise RecordingError(f"{name}: rank {r} appears twice ({recs[r].path}, {p})")
-            recs[int(r)] = rec
-            if d.get("world_size") is not None:
-                sizes.add(int(d["world_size"]))
-        if len(sizes) > 1:
-            raise RecordingError(
-                f"{name}: files of different runs (world sizes {sorted(sizes)}); "
-                "name the files of one run"
-            )
+        for r, f in spec.ranks.items():
+            recs[r] = open_recording(f.path)
     except BaseException:
         for rec in recs.values():
             rec.close()
         raise
-    world = sizes.pop() if sizes else None
-    missing = [r for r in range(world) if r not in recs] if world else []
-    return RankFiles(name, dict(sorted(recs.items())), world, missing)
+    return RankFiles(spec.spec, recs, spec.world_size, list(spec.missing))
 
 
 def rank_health(paths: str | list[str]) -> dict[int, dict[str, np.ndarray]]:

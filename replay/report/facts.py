@@ -20,11 +20,11 @@ from ..store import open_recording
 from ..store.selfcheck import SelfCheck, read_selfcheck
 
 if TYPE_CHECKING:
-    from ..ranks.scan import RankScan
+    from ..ranks.summary import RankSetSummary
     from ..store.forensics import ForensicsReader
     from ..store.reader import Recording
 
-__all__ = ["RunFacts", "OpsAround", "LayerMap", "RankTable", "RankRow", "read_facts", "OPS_AROUND"]
+__all__ = ["RunFacts", "OpsAround", "LayerMap", "read_facts", "OPS_AROUND"]
 
 OPS_AROUND = 100  # ops shown before and after the culprit (a trace may hold millions)
 _MAX_LAYERS = 64  # rows of a heat map
@@ -76,7 +76,7 @@ class RunFacts:
     sources: dict[str, dict[int, str]] = field(default_factory=dict)
     findings: list[Finding] = field(default_factory=list)
     bisect: BisectReport | None = None
-    ranks: RankTable | None = None  # a rank set: every rank's summary
+    ranks: RankSetSummary | None = None  # a rank set: every rank's summary
 
     @property
     def first_bad(self) -> int | None:
@@ -193,81 +193,6 @@ def _forensics(facts: RunFacts, rec: Recording) -> None:
         facts.sources = _sources(f, rec)
 
 
-@dataclass
-class RankRow:
-    """One rank of a set: what ``replay info`` lists of it."""
-
-    rank: int
-    path: str
-    health_steps: tuple[int, int] | None
-    window: tuple[int, int] | None
-    last_loss: float | None
-    closed: bool
-    own_bad: tuple[int, tuple[str, ...]] | None  # (step, what: loss / local_grad / exception)
-    median_step_s: float | None
-
-
-@dataclass
-class RankTable:
-    """A rank set: every readable rank, the missing ones, the first bad (step, rank) in the
-    words ``replay info`` uses, and the slowest rank as ``replay doctor`` finds it."""
-
-    spec: str
-    world_size: int | None
-    rows: list[RankRow]
-    missing: list[int]
-    culprit_ranks: list[int]
-    summary: str
-
-    @property
-    def slowest(self) -> tuple[RankRow, float] | None:
-        """The rank whose median step took longest, and the others' median (two ranks or more
-        with step times)."""
-        timed = [r for r in self.rows if r.median_step_s is not None]
-        if len(timed) < 2:
-            return None
-        slow = max(timed, key=lambda r: r.median_step_s or 0.0)
-        others = float(np.median([r.median_step_s for r in timed if r is not slow]))
-        return slow, others
-
-
-def _rank_row(rank: int, path: str, own: tuple[int, tuple[str, ...]] | None) -> RankRow:
-    with open_recording(path) as rec:
-        h = rec.health()
-        w = rec.replayable_window()
-        closed = bool(rec.status().get("closed"))
-    losses, times = h["loss"][np.isfinite(h["loss"])], h["wall_time"][np.isfinite(h["wall_time"])]
-    return RankRow(
-        rank=rank,
-        path=path,
-        health_steps=(int(h["step"][0]), int(h["step"][-1])) if len(h["step"]) else None,
-        window=(w.first, w.last) if w else None,
-        last_loss=float(losses[-1]) if losses.size else None,
-        closed=closed,
-        own_bad=own,
-        median_step_s=float(np.median(times)) if times.size else None,
-    )
-
-
-def _rank_table(scan: RankScan) -> RankTable:
-    from ..ranks.first_bad import describe_failure
-
-    rows = []
-    for r, f in sorted(scan.ranks.items()):
-        ev = f.evidence
-        own = None if ev is None or ev.own_step is None else (ev.own_step, tuple(ev.own))
-        rows.append(_rank_row(r, f.path, own))
-    failure = scan.first_bad
-    return RankTable(
-        spec=scan.spec,
-        world_size=scan.world_size,
-        rows=rows,
-        missing=list(scan.missing),
-        culprit_ranks=list(failure.ranks) if failure is not None else [],
-        summary=describe_failure(failure),
-    )
-
-
 def read_facts(run: str, *, bisect: BisectReport | None = None) -> RunFacts:
     """Read what the page shows of ``run``: a recording, or a DDP rank set's name (``run.h5``
     for ``run.rank<N>.h5``, a directory or a glob), whose culprit rank's file is shown (the
@@ -276,6 +201,7 @@ def read_facts(run: str, *, bisect: BisectReport | None = None) -> RunFacts:
     Raises ``RecordingError`` (one line) when ``run`` is not a readable recording."""
     from ..doctor import diagnose
     from ..ranks.scan import rank_set
+    from ..ranks.summary import summarise
 
     scan = None if os.path.isfile(run) else rank_set(run)
     path = scan.culprit_file()[0] if scan is not None else run
@@ -303,5 +229,5 @@ def read_facts(run: str, *, bisect: BisectReport | None = None) -> RunFacts:
         _forensics(facts, rec)
     facts.findings = diagnose(path)
     if scan is not None:
-        facts.ranks = _rank_table(scan)
+        facts.ranks = summarise(scan)
     return facts

@@ -437,7 +437,7 @@ def ranks_section(f: RunFacts) -> str:
             f"{(row.median_step_s or 0.0) * 1e3:.1f} ms ({ratio:.2f}x the others' "
             f"{others * 1e3:.1f} ms)</p>"
         )
-    missing = f'<p class="warn">missing ranks: {esc(t.missing)}</p>' if t.missing else ""
+    missing = f'<p class="warn">missing ranks: {esc(list(t.missing))}</p>' if t.missing else ""
     return (
         f'<section id="ranks"><h2>Ranks ({esc(t.world_size or len(t.rows))})</h2>'
         f'<p>first bad: <span id="rank-culprit">{esc(t.summary)}</span></p>{slow}{missing}'

@@ -47,7 +47,7 @@ LAYERS = {
 }
 NO_TORCH = {"trust", "reports", "store", "bisect", "doctor", "preflight", "report"}
 # The reading side of replay/ranks (the recording side is torch's: context, policy, votes, hook).
-RANKS_READING = ("names", "files", "first_bad", "scan")
+RANKS_READING = ("names", "files", "first_bad", "scan", "summary")
 
 
 def _package(path: Path) -> str:

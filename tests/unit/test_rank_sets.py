@@ -195,3 +195,39 @@ def test_a_rank_set_with_a_missing_or_damaged_rank_file_is_named_never_guessed_o
     # --rank N --alone names the rank itself: the others' files are not needed
     ok = replay_cli("verify", base, "--rank", "1", "--alone", "--json", timeout=300)
     assert ok.returncode == 0, ok.stderr
+
+
+def test_one_summary_of_a_rank_set_is_what_info_doctor_and_the_tui_say(tmp_path: Any) -> None:
+    """``replay info``, ``replay doctor``, the TUI and the report page read one
+    ``RankSetSummary``: its typed rows are the numbers ``info --json`` prints of each rank file,
+    its slowest rank is doctor's; a set opened by name is scanned (one set of checks), a damaged
+    rank file refused by name."""
+    from replay.ranks.scan import rank_set
+    from replay.ranks.summary import summarise
+    from tests.conftest import replay_cli
+
+    base, files = _three_ranks(tmp_path, nan_rank=1)
+    scan = rank_set(base)
+    assert scan is not None
+    s = summarise(scan)
+    assert (s.culprit_step, s.culprit_ranks, s.complete) == (4, (1,), True)
+    info = json.loads(replay_cli("info", base, "--json").stdout)
+    assert info["summary"] == s.summary and info["first_bad"]["ranks"] == [1]
+    for row in s.rows:
+        x = info["ranks"][str(row.rank)]
+        assert x["path"] == row.path == files[row.rank]
+        assert x["steps_recorded"] == row.steps_total == 6
+        assert x["health_steps"] == list(row.health_steps or ()) == [0, 5]
+        assert x["replayable_window"] == list(row.window or ())
+        assert x["last_loss"] == row.last_loss and x["closed_cleanly"] is row.closed
+        assert x["own_first_bad"] == ([4, ["loss"]] if row.rank == 1 else None)
+    doctor = json.loads(replay_cli("doctor", base, "--json").stdout)
+    slow = s.slowest
+    assert slow is not None and doctor["slowest"]["rank"] == slow[0].rank
+    assert doctor["slowest"]["others_median_step_s"] == slow[1]
+    with open_rank_set(scan) as rs:  # the scan's own files, opened
+        assert rs.paths == {r: f.path for r, f in scan.ranks.items()}
+    with open(files[2], "r+b") as fh:  # a cut rank file is refused by name, never skipped
+        fh.truncate(os.path.getsize(files[2]) // 2)
+    with pytest.raises(RecordingError, match="rank 2's file run.rank2.h5 is damaged"):
+        open_rank_set(base)

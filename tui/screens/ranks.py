@@ -50,10 +50,11 @@ class RanksScreen(RunScreen):
         if s.culprit_ranks:
             who = ", ".join(map(str, s.culprit_ranks))
             t.append(f"culprit rank {who}: ", style="bold red")
-            t.append(s.reason + "\n", style="red")
+            t.append(s.summary + "\n", style="red")
         else:
-            t.append(s.reason + "\n", style="green")
-        t.append(f"views 1-7 show rank {s.opened_rank} ({self.model.name})", style="dim")
+            t.append(s.summary + "\n", style="green")
+        opened = next((r.rank for r in s.rows if r.path == self.model.path), "?")
+        t.append(f"views 1-7 show rank {opened} ({self.model.name})", style="dim")
         traced = [r for r in s.rows if r.trace is not None]
         if traced:
             t.append("\nper-op traces (replay bisect, every rank):", style="bold")

@@ -12,7 +12,8 @@ import numpy as np
 from rich.text import Text
 from textual.widget import Widget
 
-from ..rankset import RankSetSummary
+from replay.ranks.summary import RankSetSummary
+
 from .braille import braille_rows, column_ranges
 from .plot import fmt_num
 
@@ -75,7 +76,7 @@ class RankTable(Widget):
         for row in s.rows:
             culprit = row.rank in s.culprit_ranks
             style = "bold red" if culprit else ""
-            last = row.last_loss
+            last = float(row.loss[-1]) if len(row.loss) else None  # NaN/Inf shown
             prefix = (
                 f"{'▶' if culprit else ' '} {row.rank:>4}  {row.steps_total:>6}  "
                 f"{fmt_num(last) if last is not None else '-':>10}  {_own_bad(row):<30}  "
