@@ -1,6 +1,6 @@
 """What every command that replays (``bisect``, ``verify``, ``trace``, ``whatif``, ``export``,
 ``overfit``) shares: its engine options, declared once and handed over as one
-:class:`ReplayOptions` value (``--trust``: docs/trust.md), and one body that runs the workflow
+``ReplayOptions`` value (``--trust``: docs/trust.md), and one body that runs the workflow
 and prints its report (memray's one command for every reporter)."""
 
 from __future__ import annotations
@@ -8,36 +8,13 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
-from typing import Any, Protocol, TypedDict, TypeVar, cast
+from typing import Any, Protocol, TypeVar
 
 import click
 
 from ._process import big_imports, user_stdout_to_stderr
 
-__all__ = ["EngineArgs", "ReplayOptions", "engine_options", "rank_options", "replaying"]
-
-
-class EngineArgs(TypedDict):
-    """The engine's options as every workflow takes them (``run_bisect(run, **o.engine())``)."""
-
-    device: str | None
-    entry: str | None
-    trust: bool
-    reenter: bool
-
-
-@dataclass(frozen=True)
-class ReplayOptions:
-    """``--device``, ``--entry``, ``--trust``, ``--reenter``: where and what to replay."""
-
-    device: str | None = None
-    entry: str | None = None
-    trust: bool = False
-    reenter: bool = False
-
-    def engine(self) -> EngineArgs:
-        return cast(EngineArgs, asdict(self))
+__all__ = ["engine_options", "rank_options", "replaying"]
 
 
 class _Report(Protocol):
@@ -72,12 +49,15 @@ def replaying(
 
 
 def engine_options(body: Any) -> Any:
-    """The four engine options, handed to the command as ``options: ReplayOptions``."""
+    """The four engine options, handed to the command as one ``options``
+    (:class:`replay.workflows.session.ReplayOptions`, which every workflow takes)."""
 
     @functools.wraps(body)
     def command(
         *args: Any, device: str | None, entry: str | None, trust: bool, reenter: bool, **kw: Any
     ) -> Any:
+        from ..workflows.session import ReplayOptions
+
         return body(*args, options=ReplayOptions(device, entry, trust, reenter), **kw)
 
     fn = command

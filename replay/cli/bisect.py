@@ -8,9 +8,10 @@ import click
 
 if TYPE_CHECKING:
     from ..bisect.criteria import Criterion
+    from ..workflows.session import ReplayOptions
 
 from ..errors import EXIT_NOTHING_FOUND, EXIT_OK
-from ._replaying import ReplayOptions, engine_options, rank_options, replaying
+from ._replaying import engine_options, rank_options, replaying
 
 __all__ = ["bisect"]
 
@@ -95,7 +96,7 @@ def bisect(
             run,
             criterion=criterion,
             trace=not no_trace,
-            **options.engine(),
+            options=options,
             progress=progress,
             log=None if as_json else lambda m: click.echo(m, err=True),
             opened=opened,

@@ -8,10 +8,11 @@ from typing import TYPE_CHECKING
 import click
 
 from ..errors import EXIT_OK
-from ._replaying import ReplayOptions, engine_options, replaying
+from ._replaying import engine_options, replaying
 
 if TYPE_CHECKING:
     from ..workflows.export import ExportReport
+    from ..workflows.session import ReplayOptions
 
 __all__ = ["export"]
 
@@ -57,7 +58,7 @@ def export(
 
     replaying(
         as_json,
-        lambda _opened, _progress: run_export(run, out, step=step, **options.engine()),
+        lambda _opened, _progress: run_export(run, out, step=step, options=options),
         render_export,
     )
     return EXIT_OK

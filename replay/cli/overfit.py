@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import click
 
 from ..errors import EXIT_NOTHING_FOUND, EXIT_OK
 from ..reports import OverfitReport
-from ._replaying import ReplayOptions, engine_options, replaying
+from ._replaying import engine_options, replaying
+
+if TYPE_CHECKING:
+    from ..workflows.session import ReplayOptions
 
 _BARS = "▁▂▃▄▅▆▇█"
 
@@ -131,7 +135,7 @@ def overfit(
     result = replaying(
         as_json,
         lambda _opened, _progress: overfit_batch(
-            run, step=step, iters=iters, lr=lr, **options.engine()
+            run, step=step, iters=iters, lr=lr, options=options
         ),
         render,
     )

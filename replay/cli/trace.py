@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
 from ..errors import EXIT_OK
-from ._replaying import ReplayOptions, engine_options, replaying
+from ._replaying import engine_options, replaying
+
+if TYPE_CHECKING:
+    from ..workflows.session import ReplayOptions
 
 __all__ = ["trace"]
 
@@ -32,7 +37,5 @@ def trace(
     from ..workflows.trace import run_trace
     from .render import render_trace
 
-    replaying(
-        as_json, lambda _opened, _progress: run_trace(run, step, **options.engine()), render_trace
-    )
+    replaying(as_json, lambda _opened, _progress: run_trace(run, step, options), render_trace)
     return EXIT_OK

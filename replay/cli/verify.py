@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
 from ..errors import EXIT_NOTHING_FOUND, EXIT_OK
-from ._replaying import ReplayOptions, engine_options, rank_options, replaying
+from ._replaying import engine_options, rank_options, replaying
+
+if TYPE_CHECKING:
+    from ..workflows.session import ReplayOptions
 
 __all__ = ["verify"]
 
@@ -56,7 +61,7 @@ def verify(
         as_json,
         lambda opened, progress: run_verify(
             run,
-            **options.engine(),
+            options=options,
             progress=progress,
             opened=opened,
             rank=rank,

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import math
-from typing import Any, TypeGuard
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import click
 
 from ..errors import EXIT_NOTHING_FOUND, EXIT_OK
 from ..reports.whatif import Experiment, StepResult, WhatIfReport
 from ..safetext import term_safe
-from ._replaying import ReplayOptions, engine_options, replaying
+from ._replaying import engine_options, replaying
+
+if TYPE_CHECKING:
+    from ..workflows.session import ReplayOptions
 
 __all__ = ["whatif", "render_whatif"]
 
@@ -248,7 +251,7 @@ def whatif(
             changes,
             from_step=from_step,
             to_step=to_step,
-            **options.engine(),
+            options=options,
             progress=progress,
             opened=opened,
         ),

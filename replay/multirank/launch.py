@@ -198,6 +198,7 @@ def replay_rank_set(
     device: str | None = None,
     entry: str | None = None,
     trust: bool = False,
+    reenter: bool = False,
     log: Callable[[str], None] | None = None,
     **job: Any,
 ) -> dict[str, Any]:
@@ -236,6 +237,7 @@ def replay_rank_set(
         "device": device,
         "entry": entry,
         "trust": trust,
+        "reenter": reenter,
         "trace": trace,
         "criterion": _criterion_spec(criterion),
         "first_bad": None if scan.first_bad is None else scan.first_bad.step,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -15,7 +16,7 @@ from ..errors import ReplayError
 from ..reports import BisectReport
 from ..reports.verdict import only_known
 from .segments import failing_segment
-from .session import with_engine
+from .session import AS_RECORDED, ReplayOptions, with_engine
 
 __all__ = ["bisect_engine", "run_bisect"]
 
@@ -25,15 +26,12 @@ def run_bisect(
     *,
     criterion: Criterion | None = None,
     trace: bool = True,
-    device: str | None = None,
-    entry: str | None = None,
-    trust: bool = False,
+    options: ReplayOptions = AS_RECORDED,
     progress: Callable[[int, int], None] | None = None,
     log: Callable[[str], None] | None = None,
     opened: Callable[[], None] | None = None,
     rank: int | None = None,
     alone: bool = False,
-    reenter: bool = False,
 ) -> BisectReport:
     """The ``replay bisect`` report of ``run``.
 
@@ -61,11 +59,9 @@ def run_bisect(
                 replay_rank_set(
                     choice.scan,
                     "bisect",
+                    **asdict(options),
                     criterion=criterion,
                     trace=trace,
-                    device=device,
-                    entry=entry,
-                    trust=trust,
                     log=log,
                 ),
             )
@@ -79,9 +75,7 @@ def run_bisect(
         path, moved = failing_segment(path, criterion)
         if moved is not None and log is not None:
             log(moved)
-    report = _bisect_one(
-        path, rank_set, criterion, trace, device, entry, trust, progress, log, opened, reenter
-    )
+    report = _bisect_one(path, rank_set, criterion, trace, options, progress, opened)
     if moved is not None:
         report.notes.append(moved)
     if choice.approximate:
@@ -144,13 +138,9 @@ def _bisect_one(
     rank_set: RankSet | None,
     criterion: Criterion | None,
     trace: bool,
-    device: str | None,
-    entry: str | None,
-    trust: bool,
+    options: ReplayOptions,
     progress: Callable[[int, int], None] | None,
-    log: Callable[[str], None] | None,
     opened: Callable[[], None] | None,
-    reenter: bool = False,
 ) -> BisectReport:
     def work(rec: Recording, engine: Engine) -> BisectReport:
         if opened is not None:
@@ -160,4 +150,4 @@ def _bisect_one(
         report.rank_set = rank_set
         return report
 
-    return with_engine(run, work, device=device, entry=entry, trust=trust, reenter=reenter)
+    return with_engine(run, work, options)

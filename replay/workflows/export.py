@@ -27,14 +27,14 @@ import json
 import os
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import RecordingError, ReplayError, UsageError
 from ..store.hparams import Groups, step_hparams
 from .export_state import NotReached, finite, first_failure, reach
 from .outdir import check_out, staged_dir
-from .session import with_engine
+from .session import AS_RECORDED, ReplayOptions, with_engine
 
 if TYPE_CHECKING:
     from ..engine import Engine
@@ -168,10 +168,7 @@ def run_export(
     out: str,
     *,
     step: int | None = None,
-    device: str | None = None,
-    entry: str | None = None,
-    trust: bool = False,
-    reenter: bool = False,
+    options: ReplayOptions = AS_RECORDED,
 ) -> ExportReport:
     """Write the state right before ``step`` (default: the last healthy snapshot before the
     failure) to the new directory ``out``; see the module's docstring for what is in it.
@@ -184,30 +181,18 @@ def run_export(
 
     scan = rank_set(run)
     if scan is not None:
-        return _export_ranks(scan, out, step, device, entry, trust, reenter)
-    work = export_work(run, out, step)
-    return with_engine(run, work, device=device, entry=entry, trust=trust, reenter=reenter)
+        return _export_ranks(scan, out, step, options)
+    return with_engine(run, export_work(run, out, step), options)
 
 
-def _export_ranks(
-    scan: Any,
-    out: str,
-    step: int | None,
-    device: str | None,
-    entry: str | None,
-    trust: bool,
-    reenter: bool,
-) -> ExportReport:
+def _export_ranks(scan: Any, out: str, step: int | None, options: ReplayOptions) -> ExportReport:
     from ..multirank.launch import replay_rank_set
 
     with staged_dir(out) as tmp:  # every rank's folder, or none
         d = replay_rank_set(
             scan,
             "export",
-            device=device,
-            entry=entry,
-            trust=trust,
-            reenter=reenter,
+            **asdict(options),
             step=step,
             export_dir=tmp,
             shown_out=out,

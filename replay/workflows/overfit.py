@@ -11,6 +11,7 @@ import math
 from typing import TYPE_CHECKING
 
 from ..reports import OverfitReport
+from .session import AS_RECORDED, ReplayOptions, with_engine
 
 if TYPE_CHECKING:
     from ..engine import Engine
@@ -61,11 +62,8 @@ def overfit_batch(
     step: int | None = None,
     iters: int = 200,
     lr: float | None = None,
-    device: str | None = None,
-    entry: str | None = None,
     target: float = 0.01,
-    trust: bool = False,
-    reenter: bool = False,
+    options: ReplayOptions = AS_RECORDED,
 ) -> OverfitReport:
     """Train on step ``step``'s recorded batch; report whether the loss reaches ~0 and how fast.
 
@@ -74,7 +72,6 @@ def overfit_batch(
     """
     from ..capture.fingerprint import loss_of
     from ..errors import ReplayError
-    from .session import with_engine
 
     def work(rec: Recording, eng: Engine) -> OverfitReport:
         t = eng.window.first if step is None else step
@@ -129,4 +126,4 @@ def overfit_batch(
             curve=losses,
         )
 
-    return with_engine(path, work, device=device, entry=entry, trust=trust, reenter=reenter)
+    return with_engine(path, work, options)

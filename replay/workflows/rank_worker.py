@@ -250,7 +250,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
-    from .session import with_engine
+    from .session import ReplayOptions, with_engine
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local = int(os.environ.get("LOCAL_RANK", rank))
@@ -268,10 +268,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         return with_engine(
             path,
             lambda rec, engine: _replay_rank(rec, engine, spec, rank, world, timeout),
-            device=device,
-            entry=spec.get("entry"),
-            trust=bool(spec.get("trust")),
-            reenter=reenter,
+            ReplayOptions(device, spec.get("entry"), bool(spec.get("trust")), reenter),
         )
     finally:
         if dist.is_initialized():

@@ -153,11 +153,12 @@ def run_selfcheck(
         free, _ = torch.cuda.mem_get_info(torch.device(device))
         if free < gpu_bytes:
             raise NoRoom(free, gpu_bytes)
+    from .session import ReplayOptions
     from .verify import run_verify
 
     t0 = time.monotonic()
     try:
-        report = run_verify(run, device=device, first_steps=steps, start=start)
+        report = run_verify(run, options=ReplayOptions(device), first_steps=steps, start=start)
     except EntryPointError as e:
         return SelfCheck(
             "failed",

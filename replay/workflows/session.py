@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 from ..errors import RecordingError, UsageError
@@ -16,9 +17,23 @@ if TYPE_CHECKING:
     from ..engine.entry import EntryOverride
     from ..store.reader import Recording
 
-__all__ = ["with_engine", "parse_entry", "wait_until_drained"]
+__all__ = ["AS_RECORDED", "ReplayOptions", "with_engine", "parse_entry", "wait_until_drained"]
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class ReplayOptions:
+    """Where and what every replaying command replays (``--device``, ``--entry``, ``--trust``:
+    docs/trust.md, ``--reenter``: docs/reentry.md), handed from the CLI to the engine as one."""
+
+    device: str | None = None
+    entry: str | None = None
+    trust: bool = False
+    reenter: bool = False
+
+
+AS_RECORDED = ReplayOptions()  # where it was recorded, its recorded entry, only trusted code
 
 DRAIN_WAIT = 600.0  # seconds; REPLAY_DRAIN_WAIT overrides
 
@@ -61,12 +76,9 @@ def parse_entry(entry: str | None) -> EntryOverride | None:
 def with_engine(
     run: str,
     work: Callable[[Recording, Engine], T],
+    options: ReplayOptions = AS_RECORDED,
     *,
-    device: str | None = None,
-    entry: str | None = None,
-    trust: bool = False,
     check: Callable[[Recording], None] | None = None,
-    reenter: bool = False,
     pin_steps: int | None = None,
     pin_from: int | None = None,
     log: Callable[[str], None] = _say,
@@ -74,7 +86,7 @@ def with_engine(
     """Open ``run``, start the replay engine on it and return ``work(recording, engine)``.
 
     The engine's objects come from the recorded program run again up to its Recorder
-    (re-entry: a recording without ``build_fn``, or ``reenter``), or from the recorded
+    (re-entry: a recording without ``build_fn``, or ``options.reenter``), or from the recorded
     ``build_fn`` (``--entry`` names another). ``work`` then runs inside the re-run program,
     which ends before any training. ``check(recording)`` runs before any user code does (to
     refuse a request the file alone shows wrong). ``pin_steps``: replay only the first steps
@@ -82,7 +94,7 @@ def with_engine(
     first steps from the oldest kept snapshot at or after that step. The recording and the
     engine are closed afterwards.
     """
-    override = parse_entry(entry)
+    override = parse_entry(options.entry)
     from ..engine import Engine
     from ..engine.hands_off import hands_off
     from ..store import open_recording
@@ -97,9 +109,9 @@ def with_engine(
                 rec.pin(pin_steps, pin_from)
             if check is not None:
                 check(rec)
-            if override is None and (reenter or "build_fn" not in rec.entry):
-                return _reentered(rec, work, device, trust, log)
-            engine = Engine(rec, device=device, entry=override, trust=trust)
+            if override is None and (options.reenter or "build_fn" not in rec.entry):
+                return _reentered(rec, work, options, log)
+            engine = Engine(rec, device=options.device, entry=override, trust=options.trust)
             try:
                 return work(rec, engine)
             finally:
@@ -111,18 +123,17 @@ def with_engine(
 def _reentered(
     rec: Recording,
     work: Callable[[Recording, Engine], T],
-    device: str | None,
-    trust: bool,
+    options: ReplayOptions,
     log: Callable[[str], None],
 ) -> T:
     from ..engine import Engine
     from ..engine.reentry import run_program
 
     Engine.check_replayable(rec, live_ok=True)  # before the program runs for nothing
-    Engine.check_origin(rec, None, trust, program=True)
+    Engine.check_origin(rec, None, options.trust, program=True)
 
     def takeover(live: LiveProgram) -> T:
-        engine = Engine(rec, device=device, trust=True, program=live)
+        engine = Engine(rec, device=options.device, trust=True, program=live)
         try:
             return work(rec, engine)
         finally:

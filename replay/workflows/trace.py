@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -10,19 +11,13 @@ if TYPE_CHECKING:
 
 from ..errors import UsageError
 from ..reports import TraceReport
-from .session import with_engine
+from .session import AS_RECORDED, ReplayOptions, with_engine
 
 __all__ = ["run_trace", "trace_engine"]
 
 
 def run_trace(
-    run: str,
-    step: int | None = None,
-    *,
-    device: str | None = None,
-    entry: str | None = None,
-    trust: bool = False,
-    reenter: bool = False,
+    run: str, step: int | None = None, options: ReplayOptions = AS_RECORDED
 ) -> TraceReport:
     """Replay ``step`` (default: the last replayable one) under the per-op tracer.
 
@@ -37,9 +32,7 @@ def run_trace(
         from ..multirank.launch import replay_rank_set
         from ..reports.verdict import only_known
 
-        d = replay_rank_set(
-            files, "trace", step=step, device=device, entry=entry, trust=trust, reenter=reenter
-        )
+        d = replay_rank_set(files, "trace", step=step, **asdict(options))
         return TraceReport.from_json(only_known(TraceReport, d))
 
     def check(rec: Recording) -> None:  # before the program runs again
@@ -50,13 +43,7 @@ def run_trace(
             )
 
     return with_engine(
-        run,
-        lambda rec, engine: trace_engine(rec, engine, run, step),
-        device=device,
-        entry=entry,
-        trust=trust,
-        check=check,
-        reenter=reenter,
+        run, lambda rec, eng: trace_engine(rec, eng, run, step), options, check=check
     )
 
 

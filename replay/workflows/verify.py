@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -12,7 +13,7 @@ if TYPE_CHECKING:
 from ..reports import VerifyReport
 from ..reports.verdict import only_known
 from .segments import later_segments_note
-from .session import with_engine
+from .session import AS_RECORDED, ReplayOptions, with_engine
 
 __all__ = ["run_verify", "verify_engine"]
 
@@ -20,15 +21,12 @@ __all__ = ["run_verify", "verify_engine"]
 def run_verify(
     run: str,
     *,
-    device: str | None = None,
-    entry: str | None = None,
-    trust: bool = False,
+    options: ReplayOptions = AS_RECORDED,
     progress: Callable[[int, int], None] | None = None,
     opened: Callable[[], None] | None = None,
     rank: int | None = None,
     alone: bool = False,
     log: Callable[[str], None] | None = None,
-    reenter: bool = False,
     first_steps: int | None = None,
     start: int | None = None,
     every_step: bool = False,
@@ -54,14 +52,12 @@ def run_verify(
         if opened is not None:
             opened()
         assert choice.scan is not None
-        d = replay_rank_set(choice.scan, "verify", device=device, entry=entry, trust=trust, log=log)
+        d = replay_rank_set(choice.scan, "verify", **asdict(options), log=log)
         return VerifyReport.from_json(only_known(VerifyReport, d))
     files = choice.files
     if files is not None and choice.path == run:  # --alone without --rank: rank 0
         choice = RankChoice(choice.scan, False, files[min(files)])
-    report = _verify_one(
-        choice.path, device, entry, trust, progress, opened, reenter, first_steps, start, every_step
-    )
+    report = _verify_one(choice.path, options, progress, opened, first_steps, start, every_step)
     if choice.approximate:
         report.approximate = True
         report.notes = [APPROXIMATE, *(report.notes or [])]
@@ -117,12 +113,9 @@ def verify_engine(
 
 def _verify_one(
     run: str,
-    device: str | None,
-    entry: str | None,
-    trust: bool,
+    options: ReplayOptions,
     progress: Callable[[int, int], None] | None,
     opened: Callable[[], None] | None,
-    reenter: bool = False,
     first_steps: int | None = None,
     start: int | None = None,
     every_step: bool = False,
@@ -138,13 +131,4 @@ def _verify_one(
         report.recording = run
         return report
 
-    return with_engine(
-        run,
-        work,
-        device=device,
-        entry=entry,
-        trust=trust,
-        reenter=reenter,
-        pin_steps=first_steps,
-        pin_from=pin_from,
-    )
+    return with_engine(run, work, options, pin_steps=first_steps, pin_from=pin_from)

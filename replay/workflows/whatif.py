@@ -32,12 +32,12 @@ import random
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ReplayError, UsageError
 from ..reports.whatif import Experiment, StepResult, WhatIfReport
-from .session import with_engine
+from .session import AS_RECORDED, ReplayOptions, with_engine
 
 if TYPE_CHECKING:
     from ..engine import Engine
@@ -526,12 +526,9 @@ def run_whatif(
     *,
     from_step: int | None = None,
     to_step: int | None = None,
-    device: str | None = None,
-    entry: str | None = None,
-    trust: bool = False,
+    options: ReplayOptions = AS_RECORDED,
     progress: Callable[[int, int], None] | None = None,
     opened: Callable[[], None] | None = None,
-    reenter: bool = False,
 ) -> WhatIfReport:
     """Replay ``run`` as recorded and once per change (see the module docstring).
 
@@ -553,10 +550,7 @@ def run_whatif(
         d = replay_rank_set(
             scan,
             "whatif",
-            device=device,
-            entry=entry,
-            trust=trust,
-            reenter=reenter,
+            **asdict(options),
             changes=[(c.kind, c.arg) for c in changes],
             from_step=from_step,
             to_step=to_step,
@@ -566,11 +560,8 @@ def run_whatif(
     return with_engine(
         run,
         whatif_work(run, changes, from_step, to_step, progress, opened),
-        device=device,
-        entry=entry,
-        trust=trust,
+        options,
         check=lambda r: _check_file(r, changes),
-        reenter=reenter,
     )
 
 
