@@ -15,12 +15,15 @@ import hashlib
 import inspect
 import os
 import sys
+import types
+import warnings
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import EntryPointError
+from ..capture.objects import RunObjects, StepCall
+from ..errors import EntryPointError, RecorderWarning
 
-__all__ = ["describe_entry", "describe_program", "describe_step", "read_source"]
+__all__ = ["describe_entry", "describe_program", "describe_step", "read_source", "StepFunction"]
 
 
 def read_source(path: str) -> str | None:
@@ -146,3 +149,50 @@ def _installed(path: str) -> bool:
         if real.startswith(d.rstrip(os.sep) + os.sep):
             return True
     return False
+
+
+def _code_of(fn: Callable[..., Any] | None) -> Any:
+    """The code object that makes ``fn`` the step it is: a closure made again each epoch has
+    the same one (``None`` for a callable without one: a partial, an object with __call__)."""
+    if isinstance(fn, types.MethodType):
+        fn = fn.__func__
+    return fn.__code__ if isinstance(fn, types.FunctionType) else None
+
+
+class StepFunction:
+    """The step function a Recorder runs (``fn``, the one the last step was handed) and how it
+    is called: a closure made again each epoch is the same step (the same code)."""
+
+    def __init__(self, fn: Callable[..., Any] | None, objects: RunObjects) -> None:
+        self.fn, self.call = fn, StepCall(fn, objects) if fn is not None else None
+        self._code, self._said = _code_of(fn), False  # the first step function's code
+
+    def use(
+        self, fn: Callable[..., Any], objects: RunObjects, entry: dict[str, Any], t: int
+    ) -> bool:
+        """``fn`` was handed to step ``t``. The first one is described in ``entry`` (then
+        ``True``: the recorder names the state it reaches); another function is said once."""
+        code = _code_of(fn)
+        self.fn = fn
+        if self.call is not None and code is not None and code is self._code:
+            self.call = self.call.with_step(fn)
+            return False
+        call = StepCall(fn, objects)  # (a step that takes no batch: EntryPointError)
+        if self.call is None:
+            self.call, self._code = call, code
+            if "build_fn" not in entry:
+                entry["step_fn"] = describe_step(fn)
+            return True
+        self.call = call
+        if not self._said:
+            self._said = True
+            first = entry.get("step_fn", {}).get("qualname", "the first")
+            warnings.warn(
+                f"replay: step {t} was handed another step function "
+                f"({getattr(fn, '__qualname__', type(fn).__name__)}) than the first step "
+                f"({first}); a replay runs every step with the one its first step is handed, so "
+                "steps made by another function will not replay",
+                RecorderWarning,
+                stacklevel=3,
+            )
+        return False

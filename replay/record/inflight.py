@@ -8,10 +8,8 @@ the event says the copy is done; only then is its health row built from host flo
 step published to the step log or handed to the writer thread, which so never waits for the
 device. A CPU step's copy is done at once: it is settled before ``Recorder.step`` returns, as
 before. A GPU step's is normally settled at the next step or a few steps later (``ready``); a
-flush, close or a step that raised waits for them all (``drain``).
-
-A batch copied from the device carries its own event (``StepJob.event``): it must be done too
-before the step goes to the writer thread.
+flush, close or a step that raised waits for them all (``drain``). A batch copied from the
+device carries its own event (``StepJob.event``), waited for too.
 """
 
 from __future__ import annotations
@@ -20,6 +18,7 @@ import collections
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..capture.readback import Readback, Ticket
@@ -27,90 +26,79 @@ from ..capture.tensors import CopyStats
 from ..store.contracts import StepException
 from .writer_thread import StepJob
 
-__all__ = ["InFlight", "Settled"]
+__all__ = ["InFlight", "PendingStep"]
 
 
 @dataclass(slots=True)
-class Settled:
-    """A step whose health is now host floats (``health``; ``loss``: the loss's value, or
-    ``None`` when the step returned none)."""
+class PendingStep:
+    """One step, from what was taken before it ran (``StepCapture.before``) until its health
+    is host floats (settled here) and it is passed on."""
 
-    step: int
-    job: StepJob
-    direct: bool
-    health: dict[str, Any]
+    t: int
     copied: CopyStats
-    exception: StepException | None
-    loss: float | None
-
-
-@dataclass(slots=True)
-class _Pending:
-    settled: Settled
-    keys: list[str]
-    ticket: Ticket
+    rng: Any
+    hparams: list[dict[str, Any]]
+    modes: list[bool]
+    health: dict[str, Any]
+    scale: Any  # the scaler's scale before the step
+    trainable: np.ndarray | None  # the parameters' requires_grad, when changed
+    t0: float = 0.0
+    direct: bool = False  # its record is in the step log (``Transport.capture``)
+    job: StepJob = None  # type: ignore[assignment]  # (set by Transport.capture)
+    loss: Any = None  # the loss as the step returned it, and this rank's own gradient norm
+    local_gn: Any = None
+    exception: StepException | None = None  # the step raised
+    value: float | None = None  # the loss's value, once settled (``None``: no loss)
+    keys: list[str] | None = None  # the health values on their way to the host, and how
+    ticket: Ticket | None = None
 
 
 class InFlight:
     def __init__(self, readback: Readback | None = None) -> None:
         self.readback = readback if readback is not None else Readback()
-        self._q: collections.deque[_Pending] = collections.deque()
+        self.queue: collections.deque[PendingStep] = collections.deque()
 
-    def __len__(self) -> int:
-        return len(self._q)
-
-    def launch(
-        self,
-        t: int,
-        job: StepJob,
-        direct: bool,
-        health: dict[str, Any],
-        copied: CopyStats,
-        exception: StepException | None = None,
-    ) -> None:
-        """Step ``t`` is over: copy its health tensors to the host (one copy per device)."""
+    def launch(self, p: PendingStep) -> None:
+        """Step ``p`` is over: copy its health tensors to the host (one copy per device)."""
         keys, tensors = [], []
-        for k, v in health.items():
+        for k, v in p.health.items():
             if isinstance(v, torch.Tensor):
                 keys.append(k)
                 tensors.append(v)
-        ticket = self.readback.launch(tensors)
-        loss = health.get("loss")
-        settled = Settled(t, job, direct, health, copied, exception, None)
-        if isinstance(loss, (int, float)):
-            settled.loss = float(loss)
-        self._q.append(_Pending(settled, keys, ticket))
+        p.keys, p.ticket = keys, self.readback.launch(tensors)
+        loss = p.health.get("loss")
+        p.value = float(loss) if isinstance(loss, (int, float)) else None
+        self.queue.append(p)
 
-    def ready(self) -> list[Settled]:
+    def ready(self) -> list[PendingStep]:
         """The oldest steps whose copies are done, in order (never waits)."""
         out = []
-        while self._q and self._done(self._q[0]):
-            out.append(self._settle(self._q.popleft()))
+        while self.queue and self._done(self.queue[0]):
+            out.append(self._settle(self.queue.popleft()))
         return out
 
-    def drain(self) -> list[Settled]:
+    def drain(self) -> list[PendingStep]:
         """Every step still in flight, waiting for its copies."""
         out = []
-        while self._q:
-            p = self._q.popleft()
-            p.ticket.wait()
-            event = p.settled.job.event
-            if event is not None:
-                event.synchronize()
+        while self.queue:
+            p = self.queue.popleft()
+            p.ticket.wait()  # type: ignore[union-attr]  # (launched)
+            if p.job.event is not None:
+                p.job.event.synchronize()
             out.append(self._settle(p))
         return out
 
     @staticmethod
-    def _done(p: _Pending) -> bool:
-        event = p.settled.job.event  # the batch's copy from the device, if any
-        return p.ticket.ready() and (event is None or bool(event.query()))
+    def _done(p: PendingStep) -> bool:
+        event = p.job.event  # the batch's copy from the device, if any
+        return p.ticket.ready() and (event is None or bool(event.query()))  # type: ignore[union-attr]
 
     @staticmethod
-    def _settle(p: _Pending) -> Settled:
-        s = p.settled
-        s.job.event = None  # done: the writer thread gets host memory only
-        for k, v in zip(p.keys, p.ticket.values()):
-            s.health[k] = v
+    def _settle(p: PendingStep) -> PendingStep:
+        p.job.event = None  # done: the writer thread gets host memory only
+        for k, v in zip(p.keys, p.ticket.values()):  # type: ignore[arg-type, union-attr]
+            p.health[k] = v
             if k == "loss":
-                s.loss = v
-        return s
+                p.value = v
+        p.ticket = None
+        return p

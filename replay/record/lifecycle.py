@@ -33,10 +33,12 @@ class Lifecycle:
         self._closed = closed
         self._pid = os.getpid()  # the process recording (a fork's children inherit this object)
         self._prev_sigterm: Any = None
+        self.started = False  # (start ran: a Recorder made without `with` starts at its step)
 
     def start(self, handle_signals: bool) -> None:
         """On entering the ``with`` block: SIGTERM closes the file (when nobody else handles
         SIGTERM, on the main thread), and so does interpreter exit."""
+        self.started = True
         if handle_signals and threading.current_thread() is threading.main_thread():
             if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
                 self._prev_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)

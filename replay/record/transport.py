@@ -18,15 +18,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import torch
 
 from ..capture.pool import HostPool
 from ..capture.tensors import CopyStats, copy_tree
-from ..store.contracts import StepException
 from ..store.step_log import LOG_BYTES
 from ..store.writer_process import WriterClient
 from .config import RecorderConfig
+from .inflight import PendingStep
 from .step_log_writer import LAG_SECONDS, LAG_STEPS, StepLogWriter, on_host
 from .writer_thread import BackgroundWriter, SnapshotJob, StepJob
 
@@ -97,67 +96,51 @@ class Transport:
 
     def capture(
         self,
-        t: int,
-        rng: Any,
-        hparams: Any,
-        modes: list[bool],
-        health: dict[str, Any],
+        p: PendingStep,
         batch: Any,
         values: Any,
-        copied: CopyStats,
         batch_ref: dict[str, Any] | None = None,
-        trainable: np.ndarray | None = None,
         object_hparams: dict[str, list[dict[str, Any]]] | None = None,
-    ) -> tuple[bool, StepJob]:
-        """The step's record: into the step log when the step lives in host memory (safe once
-        the step returns, ``direct``), else copied for the writer thread. ``batch_ref``: the
-        batch by reference (``batch`` is then ``None``). ``object_hparams``: the other named
-        optimizers' groups (``capture/hparams.py``)."""
+    ) -> None:
+        """Step ``p``'s record (``p.job``): into the step log when the step lives in host
+        memory (safe once the step returns, ``p.direct``), else copied for the writer thread.
+        ``batch_ref``: the batch by reference (``batch`` is then ``None``). ``object_hparams``:
+        the other named optimizers' groups (``capture/hparams.py``)."""
+        copied = p.copied
         loggable = self._host_run() and on_host(batch) and on_host(values)
-        direct = loggable and self.log.begin(  # type: ignore[union-attr]  # (_host_run)
-            t, rng, hparams, modes, batch, values, batch_ref, trainable, object_hparams
+        p.direct = direct = loggable and self.log.begin(  # type: ignore[union-attr]  # (_host_run)
+            p.t, p.rng, p.hparams, p.modes, batch, values, batch_ref, p.trainable, object_hparams
         )
         # A CPU step the log could not take (larger than the log, or its writer process gone)
         # goes by the writer thread, and the step waits until it is passed on (finish).
         self.spilled = loggable and not direct
-        job = StepJob(
-            step=t,
-            rng=rng,
-            batch=None if direct else copy_tree(batch, stats=copied, pool=self.pool),
-            hparams=hparams,
-            modes=modes,
-            health=health,
-            values=copy_tree(values, stats=copied) if values and not direct else None,
-            batch_ref=batch_ref,
-            trainable=trainable,
-            object_hparams=object_hparams,
-        )
+        batch = None if direct else copy_tree(batch, stats=copied, pool=self.pool)
+        p.job = job = StepJob(p.t, p.rng, batch, p.hparams, p.modes, p.health, batch_ref=batch_ref)
+        job.values = copy_tree(values, stats=copied) if values and not direct else None
+        job.trainable, job.object_hparams = p.trainable, object_hparams
         if self._cuda_built and copied.cuda:
             # after the batch's copies from the device: the step goes to the writer thread
             # once this event (and its health's, ``inflight.py``) says they are done
             job.event = torch.cuda.Event()  # type: ignore[no-untyped-call]  # torch stubs
             job.event.record()
-        return direct, job
 
-    def finish(self, job: StepJob, direct: bool, health: dict[str, Any], copied: CopyStats) -> None:
+    def finish(self, p: PendingStep) -> None:
         """The step returned: its health row goes beside its record, which is then published
         (or the job goes to the writer thread, waited for when it spilled from the log)."""
-        if direct:
-            self.log.publish(health)  # type: ignore[union-attr]  # (direct: the log took it)
+        if p.direct:
+            self.log.publish(p.health)  # type: ignore[union-attr]  # (direct: the log took it)
         else:
-            self.submit(job, copied)
+            self.submit(p.job, p.copied)
             if self.spilled:
                 self.wait_handed()
 
-    def raised(
-        self, job: StepJob, direct: bool, exception: StepException, copied: CopyStats
-    ) -> None:
+    def raised(self, p: PendingStep) -> None:
         """The step raised: its record, with the exception, goes by the writer thread (with
         the batch read back from the log when it began there) and is flushed."""
-        job.exception = exception
-        if direct:
-            job.record = self.log.abandon(exception)  # type: ignore[union-attr]  # (direct)
-        self.submit(job, copied)
+        p.job.exception = p.exception
+        if p.direct:
+            p.job.record = self.log.abandon(p.exception)  # type: ignore[union-attr, arg-type]
+        self.submit(p.job, p.copied)
         self.flush()
 
     def submit(self, job: StepJob, copied: CopyStats) -> None:
