@@ -2,23 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TypedDict
-
 import numpy as np
 
+from ..reports.doctor import EvidenceValue
 from .context import Context
 from .registry import Finding, rule
-
-
-class _LeafScale(TypedDict):
-    """The evidence on one input leaf that is not normalised."""
-
-    why: list[str]
-    mean: float
-    std: float
-    min: float
-    max: float
-    feature_std_spread: float
 
 
 @rule("inputs_not_normalised")
@@ -36,7 +24,8 @@ def inputs_not_normalised(ctx: Context) -> Finding | None:
     # A carried state (an RNN's hidden state fed back as part of the batch) starts as zeros and
     # is the model's own output afterwards: it is not data, and its scale is the model's.
     carried = [p for p, arrs in stats.items() if len(arrs) > 1 and not arrs[0].any()]
-    bad: dict[str, _LeafScale] = {}
+    bad: dict[str, dict[str, EvidenceValue]] = {}  # each leaf's evidence, the first's in words
+    title = ""
     for path, arrs in stats.items():
         if path in carried:
             continue
@@ -58,22 +47,25 @@ def inputs_not_normalised(ctx: Context) -> Finding | None:
             if hit
         ]
         if why:
+            lo, hi = float(x.min()), float(x.max())
+            title = title or (
+                f"input '{path}' is not normalised ({'; '.join(why)}): mean {mean:.3g}, "
+                f"std {std:.3g}, range [{lo:.3g}, {hi:.3g}]"
+            )
             bad[path] = {
                 "why": why,
                 "mean": mean,
                 "std": std,
-                "min": float(x.min()),
-                "max": float(x.max()),
+                "min": lo,
+                "max": hi,
                 "feature_std_spread": spread,
             }
     if not bad:
         return None
-    path, st = next(iter(bad.items()))
     return Finding(
         "inputs_not_normalised",
         "warning",
-        f"input '{path}' is not normalised ({'; '.join(st['why'])}): mean {st['mean']:.3g}, "
-        f"std {st['std']:.3g}, range [{st['min']:.3g}, {st['max']:.3g}]",
+        title,
         {"leaves": bad, "steps": picks, "carried_state_skipped": carried},
         "Networks train best on inputs of mean ~0 and std ~1 per feature: subtract the training "
         "set's mean and divide by its std (images: scale to [0, 1], then normalise per "

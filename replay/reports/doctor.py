@@ -3,12 +3,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypeAlias
 
 from ..jsonsafe import json_safe
 
-__all__ = ["DoctorReport", "Finding", "RankSetDoctorReport", "SlowestRank"]
+__all__ = ["DoctorReport", "Evidence", "Finding", "RankSetDoctorReport", "SlowestRank"]
+
+# A finding's numbers under its own names (each rule has its own: a loss's medians, a layer's
+# fractions, the steps that show it), in the shapes JSON holds.
+EvidenceValue: TypeAlias = (
+    str | float | None | Sequence["EvidenceValue"] | Mapping[str, "EvidenceValue"]
+)
+Evidence: TypeAlias = Mapping[str, EvidenceValue]
 
 
 @dataclass
@@ -18,7 +26,7 @@ class Finding:
     rule: str
     severity: str  # error, warning, info
     title: str
-    evidence: dict[str, Any]
+    evidence: Evidence
     advice: str
     steps: list[int] = field(default_factory=list)
 
