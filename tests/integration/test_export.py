@@ -101,9 +101,13 @@ def test_an_exported_state_resumes_bitwise_without_replay(tmp_path, runs, run, s
     assert report["step"] == step and report["snapshot"] == 8
     assert report["replayed"] == step - 8 and report["skip"] == []
     files = {"model.pt", "optimizer.pt", "grads.pt", "rng.pt", "skip.json", "README.md"}
+    files.add("hparams.json")  # the schedule to resume with, every recorded step from `step` on
     if run == "healthy":
         files.add("scheduler.pt")
     assert set(os.listdir(out)) == files
+    schedule = json.loads((out / "hparams.json").read_text())["steps"]
+    steps = sorted(map(int, schedule))
+    assert steps == list(range(step, steps[-1] + 1)) and steps[-1] >= 20, steps
     (tmp_path / "resume.py").write_text(RESUME)
     flags = ("--no-sched",) if run == "no_sched" else ()
     r = _run(str(tmp_path / "resume.py"), str(out), "20", *flags)
