@@ -212,6 +212,8 @@ class Transport:
         try:
             if self.writer is not None:
                 self.writer.close()
+            else:  # no step reached the writer thread (the first one failed to be captured):
+                self.client.close()  # its process still ends, and with it its pipes
         finally:
             if self.client.step_log is not None:
                 self.client.step_log.close()

@@ -302,6 +302,22 @@ def test_a_batch_the_recorder_cannot_copy_stops_recording_not_training(tmp_path)
     assert len([w for w in record_warnings if w.category is replay.RecorderWarning]) == 1
 
 
+def test_a_recorder_whose_first_step_could_not_be_captured_ends_its_writer_process(tmp_path):
+    """The first step failed to be captured before the writer thread started, and close()
+    closed only what that thread would have: the writer process ran on, its pipes open (the
+    next test in the worker failed on their ResourceWarnings)."""
+    model, opt = build()
+    with pytest.warns(replay.RecorderWarning, match="capturing the step failed"):
+        with replay.Recorder(
+            tmp_path / "run.h5", model=model, optimizer=opt, step_fn=train_step, build_fn=build
+        ) as rec:
+            batch = FlakyBatch(x=torch.randn(5, 6), y=torch.randint(0, 3, (5,)))
+            rec.step(batch)
+    proc = rec._capture.transport.client.proc
+    assert proc.poll() == 0 and proc.stdin.closed and proc.stdout.closed
+    assert not (tmp_path / "run.h5").exists()  # no step was recorded: no file
+
+
 @pytest.mark.parametrize("step_log", ["on", "off"])
 def test_reused_batch_buffers_never_carry_one_steps_data_into_another(
     tmp_path, monkeypatch, step_log
