@@ -840,7 +840,13 @@ class Recording:
 
     @property
     def forensics_path(self) -> str:
+        """Where the sidecar is (absolute: a replay runs in the recorded directory)."""
         return sidecar_path(self.file)
+
+    @property
+    def forensics_name(self) -> str:
+        """The sidecar as the user names it: beside the recording's path as given."""
+        return sidecar_path(self.path)
 
 
 def _buffered(node: Any) -> bool:

@@ -146,6 +146,7 @@ def trace_verdict(
             t,
             verdict.kind,
             forensics_path=rec.forensics_path,
+            forensics_name=rec.forensics_name,
             run_id=rec.run_id,
             reproducible=verdict.reproducible,
         )
@@ -168,6 +169,7 @@ def trace_verdict(
                 t,
                 verdict.kind,
                 forensics_path=rec.forensics_path,
+                forensics_name=rec.forensics_name,
                 run_id=rec.run_id,
                 samples=False,
             )
@@ -224,6 +226,7 @@ def trace_culprit(
     kind: str,
     *,
     forensics_path: str,
+    forensics_name: str | None = None,
     run_id: str,
     samples: bool = True,
     reproducible: bool | None = None,
@@ -287,7 +290,7 @@ def trace_culprit(
     nonfinite_loss = loss is not None and isinstance(loss, float) and not math.isfinite(loss)
     return TracedOp.from_verdict(
         TraceVerdict.from_json(result.verdict),
-        forensics_path,
+        forensics_name or forensics_path,
         traced_loss=json_safe(loss) if nonfinite_loss else None,
     )
 

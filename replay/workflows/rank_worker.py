@@ -224,7 +224,7 @@ def _tracer(engine: Engine, rec: Recording, traced: dict[str, Any]) -> Any:
         result.write(rec.forensics_path, run_id=rec.run_id, step=t)
         v = result.verdict
         traced.update(json_safe({k: v.get(k) for k in (*_TRACE_KEYS, "kind", "notes") if k in v}))
-        traced.update(step=t, forensics=rec.forensics_path)
+        traced.update(step=t, forensics=rec.forensics_name)
 
     return on_call
 

@@ -55,5 +55,12 @@ def trace_engine(rec: Recording, engine: Engine, run: str, step: int | None) -> 
     t = w.last if step is None else step
     if t not in w:
         raise UsageError(f"--step {t} is outside the replayable window (steps {w.first}..{w.last})")
-    traced = trace_culprit(engine, t, "trace", forensics_path=rec.forensics_path, run_id=rec.run_id)
+    traced = trace_culprit(
+        engine,
+        t,
+        "trace",
+        forensics_path=rec.forensics_path,
+        forensics_name=rec.forensics_name,
+        run_id=rec.run_id,
+    )
     return TraceReport.of(run, t, [w.first, w.last], traced)
