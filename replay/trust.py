@@ -31,6 +31,7 @@ __all__ = [
     "user_key",
     "signed_payload",
     "sign",
+    "key_id",
     "standing",
     "remember",
 ]
@@ -163,14 +164,14 @@ def signed_payload(meta: dict[str, Any], sources: Any, run_id: str, format_versi
     return json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
 
 
-def _key_id(key: bytes) -> str:
+def key_id(key: bytes) -> str:
     return hashlib.sha256(b"replay-key-id\0" + key).hexdigest()[:16]
 
 
 def sign(payload: bytes, key: bytes) -> dict[str, Any]:
     """``meta/run.signature`` (docs/format.md)."""
     mac = hmac.new(key, payload, hashlib.sha256).hexdigest()
-    return {"version": TRUST_VERSION, "alg": "hmac-sha256", "key": _key_id(key), "mac": mac}
+    return {"version": TRUST_VERSION, "alg": "hmac-sha256", "key": key_id(key), "mac": mac}
 
 
 @dataclass(frozen=True)
@@ -221,7 +222,7 @@ def standing(meta: dict[str, Any], sources: Any, run_id: str, format_version: in
         return Standing("foreign", f"your key is unusable: {e}", digest)
     if key is None:
         return Standing("foreign", "signed, but you have no key: not recorded by you", digest)
-    if sig.get("key") != _key_id(key):
+    if sig.get("key") != key_id(key):
         return Standing("foreign", "signed by another key: another user's or host's", digest)
     if not hmac.compare_digest(sign(payload, key)["mac"], sig["mac"]):
         return Standing("foreign", "its signature does not match: edited since recorded", digest)

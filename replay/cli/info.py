@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import click
 import numpy as np
 
+from ..capture.environ import differs_here
 from ..errors import EXIT_BAD_RECORDING, EXIT_INCOMPLETE_RANKS, EXIT_OK, RecordingError
 from ..ranks.scan import rank_set, spans
 from ..ranks.summary import summarise
@@ -141,6 +142,8 @@ def describe(path: str) -> dict[str, Any]:
             "program": rec.program,
             "env": rec.env,
             "bitwise_cuda": _bitwise_cuda(rec.env),
+            # the recorded run's variables that differ here (null: cannot be told)
+            "environ_here": differs_here(rec.env.get("environ")),
             "model": {
                 k: v for k, v in rec.meta.get("model", {}).items() if k in ("class", "param_bytes")
             },
@@ -290,6 +293,11 @@ def render(d: dict[str, Any]) -> str:
             "possible" if bitwise["possible"] else "NOT possible: " + "; ".join(bitwise["why_not"])
         )
         lines.append(f"  bitwise CUDA    {said}")
+    kept = (env.get("environ") or {}).get("digests")
+    here = d.get("environ_here")
+    if isinstance(kept, dict) and here is not None:
+        said = f"differ here: {', '.join(here)}" if here else "the same here"
+        lines.append(f"  variables       {len(kept)} kept as keyed digests, {said}")
     if env.get("git_commit"):
         lines.append(f"  git commit      {env['git_commit']}")
     started = env.get("started")

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from ..capture.bounded import is_unrecorded
+from ..capture.environ import differs_here
 from ..capture.fingerprint import absmax, exact_if_needed, loss_of, param_fingerprint
 from ..capture.guard import LiveProgram, replay_runs_user_code
 from ..capture.hparams import put_back
@@ -326,6 +327,14 @@ class Engine(ObservedCalls):
         self.numerics_differences = differences(env, current_env())
         if self.numerics_differences:
             self.log(f"replay: numerics differ: {'; '.join(self.numerics_differences)}")
+        #: the environment variables this replay runs without, or with other values: a
+        #: program that reads one into its step replays otherwise (``capture/environ.py``)
+        self.environ_differences = differs_here(env.get("environ"))
+        if self.environ_differences:
+            self.log(
+                "replay: the environment differs from the recording's: "
+                + ", ".join(self.environ_differences)
+            )
 
     # -- records -------------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..capture.environ import environ_digests
 from ..capture.numerics import numerics_env
 
 __all__ = ["collect_env"]
@@ -28,7 +29,8 @@ def _git_commit(cwd: str) -> str | None:
     return out.stdout.strip() or None if out.returncode == 0 else None
 
 
-def collect_env() -> dict[str, Any]:
+def collect_env(key: bytes | None = None) -> dict[str, Any]:
+    """``key``: this user's, for the environment variables' digests (``capture/environ.py``)."""
     cuda = torch.cuda.is_available()
     devices = (
         [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else []
@@ -57,4 +59,5 @@ def collect_env() -> dict[str, Any]:
         "sys_path0": sys.path[0] if sys.path else "",
         "git_commit": _git_commit(cwd),
         "started": time.time(),
+        **({"environ": digests} if (digests := environ_digests(key)) else {}),
     }

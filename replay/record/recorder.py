@@ -703,7 +703,7 @@ class Recorder:
         meta = RunMeta(
             config=self.config.meta(plan),
             entry=self.entry,
-            env=collect_env(),
+            env=collect_env(self._file.key),
             model=self._file.model,
             optimizer=type(self.optimizer).__name__ if self.optimizer else None,
             objects=self.objects.describe(),

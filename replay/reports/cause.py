@@ -61,6 +61,8 @@ class DivergenceCause:
     exception: ExceptionInfo | None = None
     # state the step changes that no snapshot holds (engine/suspects.py), described
     suspects: list[str] | None = None
+    # the environment variables that differ from the recorded run's (capture/environ.py)
+    changed_environ: list[str] | None = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"step": self.step, "changed_files": list(self.changed_files)}
@@ -73,6 +75,8 @@ class DivergenceCause:
             out["exception"] = dict(self.exception)
         if self.suspects is not None:
             out["suspects"] = list(self.suspects)
+        if self.changed_environ is not None:
+            out["changed_environ"] = list(self.changed_environ)
         return out
 
     @classmethod
@@ -89,4 +93,7 @@ class DivergenceCause:
             differs=None if differs is None else [StateDrift.from_json(x) for x in differs],
             exception=exception_info(exc),
             suspects=None if d.get("suspects") is None else [str(x) for x in d["suspects"]],
+            changed_environ=None
+            if d.get("changed_environ") is None
+            else [str(x) for x in d["changed_environ"]],
         )

@@ -43,6 +43,11 @@ HINT_NUMERICS = (
     "same matmul precision and TF32 settings), or compare within a tolerance"
 )
 
+HINT_ENVIRON = (
+    "replay with the recorded run's environment variables (those named): a program that reads "
+    "one into its step (a clip value, a scale, a flag) computes otherwise without it"
+)
+
 _NAMES = 5  # names listed per drifted object
 
 
@@ -179,6 +184,20 @@ def explain_divergence(
     engine: Engine, divergence: Divergence, replayed_exception: ExceptionInfo | None = None
 ) -> DivergenceCause:
     """Tell why step ``divergence.step`` differs from the recording (see the module doc)."""
+    out = _explain(engine, divergence, replayed_exception)
+    environ = getattr(engine, "environ_differences", None)
+    if environ and out.kind != "nondeterministic":
+        # The program runs here without a variable the recorded run had, or with another
+        # value: one it reads into its step is the likeliest outside input of all.
+        out.changed_environ = list(environ)
+        out.summary += f"; the environment differs from the recorded run's: {', '.join(environ)}"
+        out.hint = HINT_ENVIRON
+    return out
+
+
+def _explain(
+    engine: Engine, divergence: Divergence, replayed_exception: ExceptionInfo | None
+) -> DivergenceCause:
     t = divergence.step
     changed = _changed_sources(engine)
     out = DivergenceCause(step=t, changed_files=changed)
