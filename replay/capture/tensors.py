@@ -22,6 +22,7 @@ __all__ = [
     "CopyStats",
     "copy_tree",
     "to_leaves",
+    "host_leaves",
     "from_leaves",
     "leaf_finite",
     "dtype_name",
@@ -151,6 +152,28 @@ def tree_nbytes(obj: Any) -> int:
 def to_leaves(obj: Any) -> Any:
     """Replace tensors by :class:`TensorLeaf` (writer thread; no copy for CPU clones)."""
     return map_tree(_leaf_of, obj, as_record)
+
+
+class _OffHost(Exception):
+    """A tensor of the tree is not in host memory (``host_leaves``)."""
+
+
+def host_leaves(obj: Any) -> Any:
+    """``to_leaves`` of a tree whose tensors are all in host memory (and strided), else
+    ``None``: no copy at all (the step log's record copies the leaves' bytes once), and one
+    walk of the batch where a check of where it lives and its leaves took three."""
+    try:
+        return map_tree(_host_leaf, obj, as_record)
+    except _OffHost:
+        return None
+
+
+def _host_leaf(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        if obj.device.type != "cpu" or obj.layout != torch.strided:
+            raise _OffHost
+        return _tensor_leaf(obj)
+    return _leaf_of(obj)
 
 
 def _leaf_of(obj: Any) -> Any:

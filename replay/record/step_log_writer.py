@@ -25,11 +25,11 @@ import torch
 
 from ..capture.health import health_values
 from ..capture.rng import rng_to_tree
-from ..capture.tensors import to_leaves
+from ..capture.tensors import host_leaves, to_leaves
 from ..store.contracts import StepException, StepRecord
 from ..store.layout import HEALTH_COLUMNS, object_columns
 from ..store.step_log import StepLog
-from ..store.tree import Spliced, decode, encode, leaves
+from ..store.tree import Keyed, Spliced, decode, encode, layout_key, leaves
 from ..store.writer import PackCache, manifest_text, pack_parts
 
 __all__ = ["StepLogWriter", "on_host"]
@@ -86,6 +86,42 @@ class _Reused:
         return Spliced(), (self._text,)
 
 
+class _RngLayout:
+    """The RNG subtree of a step's record with its layout key, walked again only when python's
+    or numpy's state is not the one walked last: their capture hands back the very same state
+    object while the generator was not used (``capture/rng.py``), and torch's CPU state is a
+    byte array of one size. A step that used neither (most loops) pays for torch's bytes only:
+    the subtree's 20 nodes walked for the key were a third of encoding a step's record."""
+
+    def __init__(self) -> None:
+        self._raw: Any = None  # the states last walked, and their subtree as walked
+        self._keyed: Keyed | None = None
+
+    def take(self, raw: Any) -> Any:
+        py, npy, cpu, cuda = raw
+        last, keyed = self._raw, self._keyed
+        if (
+            keyed is not None
+            and py is last[0]
+            and npy is last[1]
+            and cuda is None
+            and cpu.shape == last[2].shape
+            and cpu.dtype == last[2].dtype
+        ):
+            now = cpu.numpy()  # (torch's state, the last buffer: see below)
+            return Keyed({**keyed.tree, "torch": now}, keyed.key, [*keyed.buffers[:-1], now])
+        tree = rng_to_tree(raw)
+        key: list[Any] = []
+        buffers: list[np.ndarray | bytes] = []
+        self._raw, self._keyed = raw, None
+        if not layout_key(tree, key, buffers):
+            return tree
+        keyed = Keyed(tree, tuple(key), buffers)
+        if cuda is None and buffers and buffers[-1] is tree["torch"]:
+            self._keyed = keyed
+        return keyed
+
+
 class StepLogWriter:
     """Begins, publishes or abandons one step at a time in a :class:`StepLog`."""
 
@@ -105,6 +141,8 @@ class StepLogWriter:
         self._hparams = _Reused()  # the run's optimizer's hyper-parameters
         self._object_hparams = _Reused()  # the other optimizers'
         self._packer = PackCache()  # the record's manifest, reused while its layout holds
+        self._rng = _RngLayout()
+        self._modes: tuple[list[bool], np.ndarray] = ([], np.zeros(0, dtype=bool))
 
     def begin(
         self,
@@ -117,24 +155,31 @@ class StepLogWriter:
         batch_ref: dict[str, Any] | None = None,
         trainable: np.ndarray | None = None,
         object_hparams: dict[str, Any] | None = None,
-    ) -> bool:
+    ) -> bool | None:
         """Copy the step's record into the log; ``False``: the caller hands the step to the
         writer thread instead (a record too large for the log, or the writer process gone) and
-        waits until it is passed on, so that it too is safe once the step returns.
+        waits until it is passed on, so that it too is safe once the step returns; ``None``:
+        a tensor of the batch or the values is not in host memory (the writer thread's too).
 
         A full log means the writer process is behind: training waits for room, as long as
         that process lives (a bounded backlog is what bounds a kill's loss, and memory)."""
+        leaves = host_leaves(batch)
+        kept = host_leaves(values) if values else None
+        if (leaves is None and batch is not None) or (kept is None and values):
+            return None
         if self._unreleased:
             self._bound_lag()
         hp, hp_text = self._hparams.take(hparams)
+        if modes != self._modes[0]:  # (the array is a buffer of the record: never changed)
+            self._modes = (modes, np.asarray(modes, dtype=bool))
         record: StepRecord = {
             "step": Spliced(),  # type: ignore[typeddict-item]  # its text is spliced in below
-            "rng": rng_to_tree(rng),
+            "rng": self._rng.take(rng),
             "hparams": hp,
-            "modes": np.asarray(modes, dtype=bool),
-            "batch": to_leaves(batch),
+            "modes": self._modes[1],
+            "batch": leaves,
             "exception": None,
-            "values": to_leaves(values) if values else None,
+            "values": kept,
         }
         if batch_ref is not None:  # the batch by reference (capture/loader.py)
             record["batch_ref"] = batch_ref

@@ -107,10 +107,21 @@ class Transport:
         ``batch_ref``: the batch by reference (``batch`` is then ``None``). ``object_hparams``:
         the other named optimizers' groups (``capture/hparams.py``)."""
         copied = p.copied
-        loggable = self._host_run() and on_host(batch) and on_host(values)
-        p.direct = direct = loggable and self.log.begin(  # type: ignore[union-attr]  # (_host_run)
-            p.t, p.rng, p.hparams, p.modes, batch, values, batch_ref, p.trainable, object_hparams
-        )
+        logged = None  # (a tensor on a device: the writer thread's)
+        if self._host_run():
+            logged = self.log.begin(  # type: ignore[union-attr]  # (_host_run)
+                p.t,
+                p.rng,
+                p.hparams,
+                p.modes,
+                batch,
+                values,
+                batch_ref,
+                p.trainable,
+                object_hparams,
+            )
+        loggable = logged is not None
+        p.direct = direct = bool(logged)
         # A CPU step the log could not take (larger than the log, or its writer process gone)
         # goes by the writer thread, and the step waits until it is passed on (finish).
         self.spilled = loggable and not direct

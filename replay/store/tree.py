@@ -44,6 +44,7 @@ __all__ = [
     "record_of",
     "Spliced",
     "SPLICE_MARK",
+    "Keyed",
     "encode",
     "layout_key",
     "decode",
@@ -154,6 +155,19 @@ class Spliced:
 SPLICE_MARK = '{"t":"spliced"}'
 
 
+@dataclass
+class Keyed:
+    """Stands in the tree for ``tree`` with its :func:`layout_key` already worked out (``key``,
+    one item of the key, and ``buffers``, in ``encode``'s order): ``layout_key`` takes them as
+    they are instead of walking ``tree``; ``encode`` encodes ``tree``. The caller keeps them
+    from a walk of a subtree whose layout it knows unchanged (a step's RNG states: the
+    generators' sizes never change, ``record/step_log_writer.py``)."""
+
+    tree: Any
+    key: Any
+    buffers: list[np.ndarray | bytes]
+
+
 def _is_namedtuple(obj: Any) -> bool:
     return isinstance(obj, tuple) and hasattr(type(obj), "_fields")
 
@@ -182,6 +196,8 @@ class _Encoder:
             return {"t": "none"}
         if isinstance(obj, Spliced):
             return {"t": "spliced"}
+        if isinstance(obj, Keyed):
+            return self.node(obj.tree)
         if isinstance(obj, TensorLeaf):
             d = self.leaf_array(obj.data)
             d.update(t="tensor", tdtype=obj.dtype, device=obj.device, grad=obj.requires_grad)
@@ -272,6 +288,9 @@ def layout_key(obj: Any, key: list[Any], buffers: list[np.ndarray | bytes]) -> b
     t = type(obj)
     if obj is None or t is Spliced:
         key.append(t)
+    elif t is Keyed:
+        key.append(obj.key)
+        buffers.extend(obj.buffers)
     elif t is TensorLeaf:
         a = obj.data
         if type(a) is not np.ndarray or not a.flags.c_contiguous:

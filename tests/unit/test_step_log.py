@@ -8,7 +8,7 @@ import random
 import numpy as np
 import torch
 
-from replay.capture.rng import rng_to_tree
+from replay.capture.rng import capture_rng, rng_to_tree
 from replay.capture.tensors import to_leaves
 from replay.record.step_log_writer import StepLogWriter
 from replay.store.step_log import StepLog
@@ -107,6 +107,25 @@ def test_a_record_larger_than_half_the_log_is_refused():
         child.close()
 
 
+def _begun_as_fresh(log, step, rng, hp, modes, batch, values):
+    """The record begun in ``log`` is byte for byte the fresh encoding of what it was given
+    (``rng``: the raw states); its payload and manifest length."""
+    payload, mlen = log.begun()
+    fresh = {
+        "step": step,
+        "rng": rng_to_tree(rng),
+        "hparams": to_leaves(hp),
+        "modes": np.asarray(modes, dtype=bool),
+        "batch": to_leaves(batch),
+        "exception": None,
+        "values": to_leaves(values) if values else None,
+    }
+    parts, fresh_mlen = pack_parts(fresh)
+    assert payload.tobytes() == b"".join(p.tobytes() for p in parts), step
+    assert mlen == fresh_mlen, step
+    return payload, mlen
+
+
 def test_reused_hyper_parameter_manifests_give_the_bytes_a_fresh_encoding_gives():
     """The step log writer reuses the manifest text of hyper-parameters that did not change; the
     record must be byte for byte what encoding everything afresh gives, and a change the
@@ -126,20 +145,8 @@ def test_reused_hyper_parameter_manifests_give_the_bytes_a_fresh_encoding_gives(
     try:
         for step, hp in enumerate(groups):
             assert writer.begin(step, rng, hp, [True], batch, None)
-            payload, mlen = log.begun()
+            payload, mlen = _begun_as_fresh(log, step, rng, hp, [True], batch, None)
             record = writer.abandon({"type": "E"})
-            fresh = {
-                "step": step,
-                "rng": rng_to_tree(rng),
-                "hparams": to_leaves(hp),
-                "modes": np.asarray([True]),
-                "batch": to_leaves(batch),
-                "exception": None,
-                "values": None,
-            }
-            parts, fresh_mlen = pack_parts(fresh)
-            assert payload.tobytes() == b"".join(p.tobytes() for p in parts), step
-            assert mlen == fresh_mlen
             back = decode(json.loads(payload[:mlen].tobytes()), payload[mlen:].tobytes())
             assert repr(back["hparams"]) == repr(record["hparams"])
             wd = back["hparams"][0]["wd"]
@@ -184,19 +191,71 @@ def test_reused_record_manifests_give_the_bytes_a_fresh_encoding_gives():
             rng = (random.getstate(), np.random.get_state(), torch.get_rng_state(), None)
             modes = [True, step % 3 == 0] + ([False] if step == len(BATCHES) - 1 else [])
             assert writer.begin(step, rng, hp, modes, batch, values)
-            payload, mlen = log.begun()
+            _begun_as_fresh(log, step, rng, hp, modes, batch, values)
             writer.abandon({"type": "E"})
-            fresh = {
-                "step": step,
-                "rng": rng_to_tree(rng),
-                "hparams": to_leaves(hp),
-                "modes": np.asarray(modes),
-                "batch": to_leaves(batch),
-                "exception": None,
-                "values": to_leaves(values) if values else None,
-            }
-            parts, fresh_mlen = pack_parts(fresh)
-            assert payload.tobytes() == b"".join(p.tobytes() for p in parts), step
-            assert mlen == fresh_mlen, step
+    finally:
+        log.close()
+
+
+def test_the_rng_states_reused_give_the_bytes_a_fresh_encoding_gives():
+    """The RNG subtree of a step's record is walked again only when python's or numpy's state
+    is another object than the last (``_RngLayout``): whatever moved between steps (each
+    generator drawn from, a cached gaussian pending or taken, CUDA states appearing and going),
+    each record is byte for byte what encoding everything afresh gives."""
+    log = StepLog.create(1 << 20)
+    assert log is not None
+    writer = StepLogWriter(log, alive=lambda: True)
+    batch = (torch.arange(6.0).view(2, 3), torch.tensor([1, 0]))
+    cuda = [torch.arange(16, dtype=torch.uint8)]  # (a CUDA generator's state, as bytes)
+    moves = [
+        lambda: None,
+        lambda: None,  # nothing moved: reused
+        lambda: torch.rand(2),
+        lambda: random.random(),
+        lambda: random.gauss(0, 1),  # python caches a gaussian: in the manifest
+        lambda: None,
+        lambda: random.gauss(0, 1),  # ... and takes it, drawing nothing
+        lambda: np.random.rand(),  # numpy's position is in the manifest
+        lambda: np.random.normal(),
+        lambda: np.random.normal(),  # numpy's cached gaussian taken
+        lambda: None,
+        "cuda",
+        "cuda",
+        lambda: None,  # no CUDA states again
+        lambda: None,
+    ]
+    reused = 0
+    try:
+        for step, move in enumerate(moves):
+            if callable(move):
+                move()
+            raw = capture_rng()
+            if move == "cuda":
+                raw = (*raw[:3], cuda)
+            before = writer._rng._keyed
+            assert writer.begin(step, raw, [], [True], batch, None)
+            reused += before is not None and writer._rng._keyed is before
+            _begun_as_fresh(log, step, raw, [], [True], batch, None)
+            writer.abandon({"type": "E"})
+        assert reused >= 4  # (the steps where no generator but torch's moved)
+    finally:
+        log.close()
+
+
+def test_a_batch_or_value_on_a_device_goes_by_the_writer_thread():
+    """``StepLogWriter.begin`` takes only records whose tensors are in host memory: a batch or
+    a per-step value holding another device's tensor is refused (``None``) before anything is
+    copied, and the log stays as it was."""
+    log = StepLog.create(1 << 20)
+    assert log is not None
+    writer = StepLogWriter(log, alive=lambda: True)
+    rng = capture_rng()
+    meta = torch.empty(3, device="meta")
+    try:
+        assert writer.begin(0, rng, [], [True], {"x": torch.ones(2), "m": meta}, None) is None
+        assert writer.begin(0, rng, [], [True], (torch.ones(2),), {"aux": [meta]}) is None
+        assert writer.begin(0, rng, [], [True], torch.ones(2).to_sparse(), None) is None
+        assert log.head == 0 and log._open is None
+        assert writer.begin(0, rng, [], [True], (torch.ones(2),), {"aux": [torch.ones(1)]})
     finally:
         log.close()
