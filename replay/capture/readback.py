@@ -176,15 +176,13 @@ def _first(t: torch.Tensor) -> torch.Tensor:
 
 
 class _Last:
-    """A thread's one-value buffer, and the last tensor read through it (see ``value_now``)."""
+    """A thread's one-value buffer, and the last two tensors read through it (``value_now``)."""
 
-    __slots__ = ("slot", "tensor", "version", "value")
+    __slots__ = ("slot", "seen")
 
     def __init__(self) -> None:
         self.slot = _Slot(1, torch.device("cpu"))
-        self.tensor: torch.Tensor | None = None
-        self.version = -1
-        self.value = math.nan
+        self.seen: list[tuple[torch.Tensor, int, float]] = []  # (tensor, version, value)
 
 
 _now = threading.local()  # each thread its own
@@ -195,20 +193,23 @@ def value_now(t: torch.Tensor) -> float | None:
     a reused host buffer (one ``copy_``, no tensor read); ``None`` for a tensor on a device (no
     copy is launched: its value comes with the step's :class:`Readback`, later).
 
-    The value of the last tensor asked for is kept while its version (bumped by any in-place
-    change) stays: a step asks for its gradient norm twice (``exact_if_needed``, the recorder's
-    ``_looks_bad``). A tensor that requires grad (a loss) is not kept: that would keep its graph.
+    The values of the last two tensors asked for are kept while their versions (bumped by any
+    in-place change) stay: a step asks for its gradient norm and its loss twice each
+    (``exact_if_needed``, the recorder's ``_looks_bad``, then its health row,
+    ``InFlight.launch``). A tensor that requires grad (a loss) is not kept: that would keep its
+    graph.
     """
     if not t.is_cpu:
         return None
     last: _Last | None = getattr(_now, "last", None)
     if last is None:
         last = _now.last = _Last()
-    elif last.tensor is t and last.version == t._version:
-        return last.value
+    for seen, version, value in last.seen:
+        if seen is t and version == t._version:
+            return value
     slot = last.slot
     slot.cells[0].copy_(_first(t))
     value = float(slot.view.item(0))
     if not t.requires_grad:
-        last.tensor, last.version, last.value = t, t._version, value
+        last.seen = [(t, t._version, value), *last.seen[:1]]
     return value

@@ -6,8 +6,8 @@ through a :class:`~replay.capture.readback.Readback`: one non-blocking copy into
 buffer, an event after it. The step waits here, its record complete but for those values, until
 the event says the copy is done; only then is its health row built from host floats and the
 step published to the step log or handed to the writer thread, which so never waits for the
-device. A CPU step's copy is done at once: it is settled before ``Recorder.step`` returns, as
-before. A GPU step's is normally settled at the next step or a few steps later (``ready``); a
+device. A CPU step's values are read at once (no copy: ``value_now``): it is settled before
+``Recorder.step`` returns, as before. A GPU step's is normally settled at the next step or a few steps later (``ready``); a
 flush, close or a step that raised waits for them all (``drain``). A batch copied from the
 device carries its own event (``StepJob.event``), waited for too.
 """
@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..capture.readback import Readback, Ticket
+from ..capture.readback import Readback, Ticket, value_now
 from ..capture.tensors import CopyStats
 from ..store.contracts import StepException
 from .writer_thread import StepJob
@@ -59,12 +59,19 @@ class InFlight:
         self.queue: collections.deque[PendingStep] = collections.deque()
 
     def launch(self, p: PendingStep) -> None:
-        """Step ``p`` is over: copy its health tensors to the host (one copy per device)."""
+        """Step ``p`` is over: its health tensors' values, read now where they are in host
+        memory (``value_now``, which has the loss and the gradient norm already), else copied
+        to the host (one copy per device)."""
         keys, tensors = [], []
-        for k, v in p.health.items():
+        health = p.health
+        for k, v in health.items():
             if isinstance(v, torch.Tensor):
-                keys.append(k)
-                tensors.append(v)
+                x = value_now(v)
+                if x is None:
+                    keys.append(k)
+                    tensors.append(v)
+                else:
+                    health[k] = x  # (the same float the copy gives: float64 cast, first element)
         p.keys, p.ticket = keys, self.readback.launch(tensors)
         loss = p.health.get("loss")
         p.value = float(loss) if isinstance(loss, (int, float)) else None
