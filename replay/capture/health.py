@@ -81,7 +81,7 @@ def health_values(h: dict[str, Any], watched: tuple[str, ...] = ()) -> list[floa
     for name, value in h.items():
         i = COL.get(name)
         if i is not None:  # else one of HEALTH_INPUTS, read below
-            row[i] = host_value(value)
+            row[i] = value if type(value) is float else host_value(value)  # (most are)
     isfinite = math.isfinite
     if h.get("loss") is not None:  # (a step that returned no loss has no loss to flag)
         row[COL["loss_nonfinite"]] = float(not isfinite(row[_LOSS]))

@@ -101,8 +101,8 @@ class StepLog:
     ) -> bool:
         """Copy a step's (or, with ``slot``, a snapshot's) payload into the log, not yet
         published; ``False`` when it does not fit now (the writer process behind, or a payload
-        larger than half the log)."""
-        n = sum(int(p.nbytes) for p in parts)
+        larger than half the log). ``parts``: its pieces as 1-D uint8 arrays (``pack_parts``)."""
+        n = sum([p.size for p in parts])
         total = _align(_HEAD.size + 8 * ncols + n)
         if total > self.size // 2:
             return False
@@ -115,10 +115,11 @@ class StepLog:
         if start != self.head:
             self.data[self.head % self.size : self.head % self.size + 8].view(np.uint64)[0] = 0
         pos = start % self.size + _HEAD.size + 8 * ncols
+        data = self.data
         for p in parts:
-            b = p.reshape(-1).view(np.uint8)
-            self.data[pos : pos + b.size] = b
-            pos += b.size
+            end = pos + p.size
+            data[pos:end] = p
+            pos = end
         self._open = (start, step, slot, mlen, n, ncols)
         self.head = start
         return True
