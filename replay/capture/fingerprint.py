@@ -124,7 +124,7 @@ class GradMeter:
         grads = [p.grad for p in self._groups[0] if p.grad is not None]
         if not grads:
             return None
-        if torch.is_grad_enabled() and any(g.requires_grad for g in grads):
+        if torch.is_grad_enabled() and any([g.requires_grad for g in grads]):  # (no generator)
             return grad_norm(self.params)
         try:
             return _norm_of_groups([grads])

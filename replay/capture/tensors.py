@@ -43,8 +43,14 @@ if hasattr(torch, "complex32"):
     _VIEW_AS[torch.complex32] = torch.int32
 
 
+_NAMES: dict[torch.dtype, str] = {}
+
+
 def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
+    name = _NAMES.get(dtype)
+    if name is None:
+        name = _NAMES[dtype] = str(dtype).removeprefix("torch.")
+    return name
 
 
 class CopyStats:
@@ -120,7 +126,8 @@ def _keep_strides(t: torch.Tensor, copy: torch.Tensor) -> None:
 
 
 def _tensor_leaf(t: torch.Tensor) -> TensorLeaf:
-    device = getattr(t, "_replay_device", str(t.device))
+    on_cpu = t.is_cpu  # (a bool: ``t.device`` makes a device object each time)
+    device = getattr(t, "_replay_device", None) or ("cpu" if on_cpu else str(t.device))
     grad = bool(getattr(t, "_replay_grad", False))
     strides = getattr(t, "_replay_strides", None)
     if strides is None and not t.is_contiguous():
@@ -129,7 +136,7 @@ def _tensor_leaf(t: torch.Tensor) -> TensorLeaf:
     # torch call on the writer thread competes with training for the GIL).
     if t.requires_grad:
         t = t.detach()
-    if t.device.type != "cpu":
+    if not on_cpu:
         t = t.cpu()
     if t.is_conj():
         t = t.resolve_conj()
@@ -170,7 +177,7 @@ def host_leaves(obj: Any) -> Any:
 
 def _host_leaf(obj: Any) -> Any:
     if isinstance(obj, torch.Tensor):
-        if obj.device.type != "cpu" or obj.layout != torch.strided:
+        if not obj.is_cpu or obj.layout != torch.strided:
             raise _OffHost
         return _tensor_leaf(obj)
     return _leaf_of(obj)
