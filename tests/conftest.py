@@ -42,10 +42,15 @@ os.environ.setdefault(
 SCRIPTS = Path(__file__).resolve().parent / "integration" / "scripts"
 
 
+#: every test this session collected, before ``-m`` deselected any (tests/unit/test_tiers.py)
+COLLECTED: list[str] = []
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark the matrix cases (tests/tiers.py): `make test` leaves them to `make test-all`."""
     from tests.tiers import tier
 
+    COLLECTED[:] = [item.nodeid for item in items]
     for item in items:
         if tier(item.nodeid) is not None:
             item.add_marker(pytest.mark.matrix)

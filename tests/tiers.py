@@ -24,6 +24,14 @@ MATRIX: dict[str, str] = {
     "tests/integration/test_distributed.py::test_healthy_ddp_run_replays_bitwise_per_rank": "test_verify_replays_every_rank_together_bitwise",
     # FSDP2 in mixed precision: the fp32 run proves the shards replay together
     "tests/integration/test_fsdp.py::test_fsdp2_mixed_precision_and_pending_sharded_gradients_replay_bitwise": "test_fsdp2_ranks_record_their_own_shards_and_replay_together_bitwise",
+    # kill -9 at any moment: the 16 kills of the step-in-flight test check every file and the
+    # steps it holds; the older loop of fresh interpreters checks every batch (2 min on 2 cores)
+    "tests/integration/test_crash_safety.py::test_sigkill_at_random_moments_leaves_every_flushed_step_intact": "test_sigkill_loses_at_most_the_step_in_flight",
+    # a rank named with its op: DDP's bisect proves it in the default tier; FSDP2's shards
+    # replaying together stay there too
+    "tests/integration/test_fsdp.py::test_fsdp2_bisect_names_the_rank_and_the_op_a_nan_came_from": "test_fsdp2_ranks_record_their_own_shards_and_replay_together_bitwise",
+    # preflight: a failing program checked, kept and bisected; its torchrun spelling repeats it
+    "tests/selfcheck/test_preflight.py::test_a_torchrun_command_is_checked_with_its_whole_rank_set": "test_a_program_that_fails_within_the_preflight_steps_is_reported_bisected_and_kept",
     # one torch.compile case: a compiled model replayed bitwise and bisected to its op
     "tests/reentry/test_reentry.py::test_a_step_that_compiles_on_its_first_call_is_traced_with_its_compiled_ops": "test_a_compiled_model_replays_bitwise_and_bisects_to_its_op",
     # a verdict is a function of the recording: PPO bisected 20 times and every other real
