@@ -36,9 +36,9 @@ def loss_of(ret: Any) -> Any:
     elif isinstance(ret, (tuple, list)) and ret:
         ret = ret[0]
     if isinstance(ret, torch.Tensor):
-        if ret.is_complex() or not ret.numel():
+        if ret.dtype.is_complex or (ret.ndim and not ret.numel()):
             return None  # not a loss a health row can hold; the step still counts
-        return ret.detach() if ret.dim() == 0 else ret.detach().reshape(-1)[0]
+        return ret.detach() if ret.ndim == 0 else ret.detach().reshape(-1)[0]
     if isinstance(ret, (int, float)):
         try:
             return float(ret)
