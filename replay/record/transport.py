@@ -223,8 +223,11 @@ class Transport:
         try:
             if self.writer is not None:
                 self.writer.close()
-            else:  # no step reached the writer thread (the first one failed to be captured):
-                self.client.close()  # its process still ends, and with it its pipes
+            else:  # no step reached the writer thread (none was taken, or the first one
+                # failed to be captured): its process still ends, and with it its pipes; that
+                # end is this close's, no failure to tell the user of
+                self._exit_seen = True
+                self.client.close()
         finally:
             if self.client.step_log is not None:
                 self.client.step_log.close()
