@@ -232,10 +232,14 @@ class StepLogWriter:
             ):
                 return
 
-    def snapshot(self, step: int, slot: int, state: dict[str, Any]) -> bool:
+    def snapshot(self, step: int, slot: int, state: dict[str, Any]) -> bool | None:
         """Copy a snapshot of live state (views of the model's own tensors) into the log and
-        publish it at once: the one copy, as ``copy_tree`` took before. ``False``: no room."""
-        parts, mlen = pack_parts({"step": step, **to_leaves(state)})
+        publish it at once: the one copy, as ``copy_tree`` took before. ``False``: no room;
+        ``None``: a tensor not in host memory."""
+        leaves = host_leaves(state)
+        if leaves is None:
+            return None
+        parts, mlen = pack_parts({"step": step, **leaves})
         if not self.log.begin(step, parts, mlen, 0, slot=slot):
             return False
         self.log.publish(())

@@ -26,7 +26,7 @@ from ..store.step_log import LOG_BYTES
 from ..store.writer_process import WriterClient
 from .config import RecorderConfig
 from .inflight import PendingStep
-from .step_log_writer import LAG_SECONDS, LAG_STEPS, StepLogWriter, on_host
+from .step_log_writer import LAG_SECONDS, LAG_STEPS, StepLogWriter
 from .writer_thread import BackgroundWriter, SnapshotJob, StepJob
 
 __all__ = ["Transport", "Checked", "POLL_EVERY"]
@@ -107,20 +107,10 @@ class Transport:
         ``batch_ref``: the batch by reference (``batch`` is then ``None``). ``object_hparams``:
         the other named optimizers' groups (``capture/hparams.py``)."""
         copied = p.copied
-        logged = None  # (a tensor on a device: the writer thread's)
-        if self._host_run():
-            logged = self.log.begin(  # type: ignore[union-attr]  # (_host_run)
-                p.t,
-                p.rng,
-                p.hparams,
-                p.modes,
-                batch,
-                values,
-                batch_ref,
-                p.trainable,
-                object_hparams,
-            )
-        loggable = logged is not None
+        log = self.log if self._host_run() else None
+        record = (p.t, p.rng, p.hparams, p.modes, batch, values, batch_ref, p.trainable)
+        logged = log.begin(*record, object_hparams) if log is not None else None
+        loggable = logged is not None  # (None: a tensor on a device)
         p.direct = direct = bool(logged)
         # A CPU step the log could not take (larger than the log, or its writer process gone)
         # goes by the writer thread, and the step waits until it is passed on (finish).
@@ -165,8 +155,9 @@ class Transport:
         """The objects' state before step ``t`` into snapshot ``slot``: through the log when it
         fits (host memory), else copied for the writer thread (a CPU one is waited for)."""
         writer = self.writer_or_start()  # (it creates the file; the log's records wait)
-        loggable = self._host_run() and on_host(live)
-        if loggable and self.log.snapshot(t, slot, live):  # type: ignore[union-attr]  # (_host_run)
+        log = self.log if self._host_run() else None
+        logged = log.snapshot(t, slot, live) if log is not None else None
+        if logged:
             return
         copied = CopyStats()
         state = {"step": t, **copy_tree(live, stats=copied, pool=self.arena)}
@@ -176,7 +167,7 @@ class Transport:
             event.record()
         job = SnapshotJob(t, slot, state, event, copied.nbytes, copied.pooled, self.arena)
         writer.submit(job)
-        if loggable:
+        if logged is not None:
             self.wait_handed()  # a CPU snapshot the log could not take: passed on before the step
 
     def wait_handed(self) -> None:

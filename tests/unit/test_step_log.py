@@ -244,8 +244,8 @@ def test_the_rng_states_reused_give_the_bytes_a_fresh_encoding_gives():
 
 def test_a_batch_or_value_on_a_device_goes_by_the_writer_thread():
     """``StepLogWriter.begin`` takes only records whose tensors are in host memory: a batch or
-    a per-step value holding another device's tensor is refused (``None``) before anything is
-    copied, and the log stays as it was."""
+    a per-step value holding another device's tensor (or a snapshot's state, ``snapshot``) is
+    refused (``None``) before anything is copied, and the log stays as it was."""
     log = StepLog.create(1 << 20)
     assert log is not None
     writer = StepLogWriter(log, alive=lambda: True)
@@ -255,6 +255,7 @@ def test_a_batch_or_value_on_a_device_goes_by_the_writer_thread():
         assert writer.begin(0, rng, [], [True], {"x": torch.ones(2), "m": meta}, None) is None
         assert writer.begin(0, rng, [], [True], (torch.ones(2),), {"aux": [meta]}) is None
         assert writer.begin(0, rng, [], [True], torch.ones(2).to_sparse(), None) is None
+        assert writer.snapshot(0, 0, {"model": {"w": torch.ones(2), "b": meta}}) is None
         assert log.head == 0 and log._open is None
         assert writer.begin(0, rng, [], [True], (torch.ones(2),), {"aux": [torch.ones(1)]})
     finally:
