@@ -81,6 +81,7 @@ _NAMES = frozenset(v for v in VOLATILE if not v.endswith("_") or v == "_")
 _PREFIXES = tuple(v for v in VOLATILE if v.endswith("_") and v != "_")
 
 _LISTED = 5  # names a difference lists before "and N more"
+_MOST = 4096  # variables compared at most (a shell holds tens to a few hundred)
 # a name a recording holds, to be printed: a crafted file's escape sequences never are
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,127}")
 
@@ -114,6 +115,8 @@ def environ_differences(
         return None
     digests = recorded.get("digests")
     if recorded.get("key") != key_id(key) or not isinstance(digests, dict):
+        return None
+    if len(digests) > _MOST:  # no environment holds that many: a crafted file, not compared
         return None
     env = os.environ if env is None else env
     here = {n: v for n, v in env.items() if _compared(n)}
