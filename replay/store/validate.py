@@ -220,21 +220,20 @@ def dataset(
 
 
 def _attr(obj: Any, key: str, where: str, required: bool) -> Any:
+    """Attribute ``key`` of ``obj`` as a scalar (a 0-d array unwrapped), None when it is
+    missing and not ``required``."""
     try:
         if key not in obj.attrs:
             if required:
                 raise _fail(where, f"attribute {key!r} of {obj.name} is missing")
             return None
-        return obj.attrs[key]
+        v = obj.attrs[key]
     except RecordingError:
         raise
     except H5_ERRORS as e:
         raise _fail(
             where, f"attribute {key!r} of {obj.name} is unreadable ({_first_line(e)})"
         ) from None
-
-
-def _scalar(v: Any, key: str, obj: Any, where: str) -> Any:
     if isinstance(v, np.ndarray):
         if v.shape != ():
             raise _fail(where, f"attribute {key!r} of {obj.name} is an array, expected a scalar")
@@ -246,7 +245,6 @@ def attr_str(obj: Any, key: str, where: str, *, required: bool = True) -> str | 
     v = _attr(obj, key, where, required)
     if v is None:
         return None
-    v = _scalar(v, key, obj, where)
     if isinstance(v, bytes):
         try:
             v = v.decode("utf-8")
@@ -265,7 +263,6 @@ def attr_int(
     v = _attr(obj, key, where, required)
     if v is None:
         return None
-    v = _scalar(v, key, obj, where)
     if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
         raise _fail(where, f"attribute {key!r} of {obj.name} is not an integer")
     v = int(v)
@@ -278,7 +275,6 @@ def attr_float(obj: Any, key: str, where: str, *, required: bool = True) -> floa
     v = _attr(obj, key, where, required)
     if v is None:
         return None
-    v = _scalar(v, key, obj, where)
     if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
         raise _fail(where, f"attribute {key!r} of {obj.name} is not a number")
     return float(v)
@@ -417,18 +413,7 @@ _TREE_TAGS = {
 }
 _DTYPE_KINDS = set("biufcmMSUV")
 # What decodes to a hashable value, so may be a dict key (tuples: when their items are).
-_HASHABLE = {
-    "none",
-    "bool",
-    "str",
-    "int",
-    "float",
-    "complex",
-    "bytes",
-    "npscalar",
-    "tuple",
-    "ntuple",
-}
+_HASHABLE = _TREE_TAGS - {"ndarray", "tensor", "list", "dict", "odict", "opaque", "object"}
 
 
 def _is_int(v: Any) -> bool:
