@@ -290,25 +290,14 @@ def build_verdict(
         v["notes"].append(f"{sinks[0][0]} is non-finite but no traced op explains it")
         return v
     nf = tr.findings.nonfinite[culprit]
-    _describe_culprit(tr, v, culprit)
     status[culprit] = PRODUCER if nf.role in ("producer", "exempt") else PROPAGATOR
-    if v["cause"] == "op":
-        v["made_from"] = (
-            "intentional" if culprit in tr.findings.origins.from_intentional else "finite"
-        )
-    key = culprit if culprit in nf.origins else next(iter(nf.origins))
-    v["propagators"] = [
-        _op_ref(tr, i)
-        for i in sorted(tr.findings.nonfinite)
-        if i > culprit
-        and tr.findings.nonfinite[i].role in ("propagator", "converter")
-        and key in tr.findings.nonfinite[i].origins
-    ][:N_PROPAGATORS]
+    _describe_culprit(tr, v, culprit, culprit if culprit in nf.origins else next(iter(nf.origins)))
     return v
 
 
-def _describe_culprit(tr: Tracer, v: dict[str, Any], culprit: int) -> None:
-    """The named op's description, output and what it made, into ``v``."""
+def _describe_culprit(tr: Tracer, v: dict[str, Any], culprit: int, origin: int) -> None:
+    """The named op's description, output, what it made (and from what, when it made it:
+    cause "op") and the ops after it that carried ``origin``'s non-finite value on, into ``v``."""
     nf = tr.findings.nonfinite[culprit]
     v.update(_describe_op(tr, culprit, nf.inputs, nf.executed_at))
     v["closure"] = _closure_of(tr, culprit)
@@ -319,18 +308,19 @@ def _describe_culprit(tr: Tracer, v: dict[str, Any], culprit: int) -> None:
     st = v["output"]["stats"]
     made = [w for k, w in (("nan", "NaN"), ("posinf", "+inf"), ("neginf", "-inf")) if st[k] > 0]
     v["made"] = "/".join(made) or None
+    if v["cause"] == "op":
+        v["made_from"] = (
+            "intentional" if culprit in tr.findings.origins.from_intentional else "finite"
+        )
+    v["propagators"] = [
+        _op_ref(tr, i)
+        for i, later in sorted(tr.findings.nonfinite.items())
+        if i > culprit and later.role in ("propagator", "converter") and origin in later.origins
+    ][:N_PROPAGATORS]
 
 
 def _blame_producer(tr: Tracer, v: dict[str, Any], producer: int, origins: frozenset[int]) -> None:
     """An exception's verdict naming the producer of the non-finite value the op raised on."""
-    _describe_culprit(tr, v, producer)
     v["cause"] = "op"
-    v["made_from"] = "intentional" if producer in tr.findings.origins.from_intentional else "finite"
+    _describe_culprit(tr, v, producer, producer)
     v["nan_from_inf"] = _nan_from_inf(tr, producer, origins)
-    v["propagators"] = [
-        _op_ref(tr, i)
-        for i in sorted(tr.findings.nonfinite)
-        if i > producer
-        and tr.findings.nonfinite[i].role in ("propagator", "converter")
-        and producer in tr.findings.nonfinite[i].origins
-    ][:N_PROPAGATORS]
