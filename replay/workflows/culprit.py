@@ -14,6 +14,7 @@ function may name its axis: ``train_step.batch_axis = 1`` (or ``(0, 1)`` for mic
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Callable
@@ -140,16 +141,16 @@ def trace_verdict(
     if not tracer_available():
         verdict.notes.append("per-op tracing is not available in this installation")
         return None
+    trace = functools.partial(
+        trace_culprit,
+        engine,
+        kind=verdict.kind,
+        forensics_path=rec.forensics_path,
+        forensics_name=rec.forensics_name,
+        run_id=rec.run_id,
+    )
     try:
-        traced = trace_culprit(
-            engine,
-            t,
-            verdict.kind,
-            forensics_path=rec.forensics_path,
-            forensics_name=rec.forensics_name,
-            run_id=rec.run_id,
-            reproducible=verdict.reproducible,
-        )
+        traced = trace(t, reproducible=verdict.reproducible)
         # The step began with non-finite state (cause "state"): the step that made it so is
         # earlier, and it is the one to report and trace, not this one with a note.
         first = t
@@ -164,15 +165,7 @@ def trace_verdict(
                 )
                 break
             t = went
-            traced = trace_culprit(
-                engine,
-                t,
-                verdict.kind,
-                forensics_path=rec.forensics_path,
-                forensics_name=rec.forensics_name,
-                run_id=rec.run_id,
-                samples=False,
-            )
+            traced = trace(t, samples=False)
         if t != first:
             verdict.notes.append(
                 f"step {first} began with non-finite state (parameters, gradients, buffers or "
