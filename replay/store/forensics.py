@@ -15,7 +15,8 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, SupportsInt
 
 import h5py
 import numpy as np
@@ -36,6 +37,7 @@ __all__ = [
     "NotAForensicsFile",
     "staging_name",
     "write_forensics",
+    "decode_op",
     "ForensicsReader",
     "json_safe",
 ]
@@ -220,6 +222,34 @@ def write_forensics(
         _blob(_group(f, "sources", "sources"), "json", tables["sources"])
         _blob(_group(f, "batch", "batch"), "json", tables["batch"])
     os.replace(tmp, path)
+
+
+def decode_op(
+    i: int, row: Mapping[str, Any], strings: Callable[[str], Sequence[str]]
+) -> dict[str, Any]:
+    """Op ``i`` (``row``: one value per ``/ops`` column) with its string indices decoded through
+    ``strings(table)``: what ``ForensicsReader.op_row`` and ``TraceResult.op_row`` both return
+    (the reader adds the op's ``stack`` and ``hist``)."""
+
+    def s(table: str, idx: SupportsInt) -> str | None:
+        k = int(idx)
+        return strings(table)[k] if k >= 0 else None
+
+    return {
+        "index": i,
+        "phase": PHASES[int(row["phase"])],
+        "op": s("ops", row["name"]),
+        "module": s("modules", row["module"]),
+        "source": s("locations", row["source"]),
+        "node": s("nodes", row["node"]),
+        "status": STATUSES[int(row["status"])],
+        "inputs": s("shapes", row["inputs"]),
+        "outputs": s("shapes", row["outputs"]),
+        "stats": {k: float(v) for k, v in zip(STATS_COLUMNS, row["stats"])},
+        "mem_bytes": int(row["mem_bytes"]),
+        "time_ns": int(row["time_ns"]),
+        "closure": int(row["closure"]),
+    }
 
 
 def _is_int(x: Any) -> bool:
@@ -513,33 +543,13 @@ class ForensicsReader:
         """One op with its strings decoded (``stack`` as a list of locations, innermost last)."""
         if not 0 <= i < self.n_ops:
             raise IndexError(f"op {i} out of range (the table has {self.n_ops} ops)")
-        c = self.ops_columns(i, i + 1)
-        row = {k: v[0] for k, v in c.items()}
-
-        def s(table: str, idx: Any) -> str | None:
-            idx = int(idx)  # every index was checked against its table in open()
-            return self.strings(table)[idx] if idx >= 0 else None
-
+        row = {k: v[0] for k, v in self.ops_columns(i, i + 1).items()}
+        op = decode_op(i, row, self.strings)  # every index was checked against its table in open()
         locations = self.strings("locations")
         stack_idx = int(row["stack"])
-        stack = [locations[j] for j in self._stacks[stack_idx]] if stack_idx >= 0 else []
-        return {
-            "index": i,
-            "phase": PHASES[int(row["phase"])],
-            "op": s("ops", row["name"]),
-            "module": s("modules", row["module"]),
-            "source": s("locations", row["source"]),
-            "stack": stack,
-            "node": s("nodes", row["node"]),
-            "status": STATUSES[int(row["status"])],
-            "inputs": s("shapes", row["inputs"]),
-            "outputs": s("shapes", row["outputs"]),
-            "stats": {k: float(v) for k, v in zip(STATS_COLUMNS, row["stats"])},
-            "hist": row["hist"].astype(float).tolist(),
-            "mem_bytes": int(row["mem_bytes"]),
-            "time_ns": int(row["time_ns"]),
-            "closure": int(row["closure"]),
-        }
+        op["stack"] = [locations[j] for j in self._stacks[stack_idx]] if stack_idx >= 0 else []
+        op["hist"] = row["hist"].astype(float).tolist()
+        return op
 
     def _table(
         self, group: str, spec: dict[str, Any], string_cols: dict[str, str]

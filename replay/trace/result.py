@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, SupportsInt, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
 
-from replay.store.forensics import OPS_COLUMNS, PHASES, STATS_COLUMNS, STATUSES, write_forensics
+from replay.store.forensics import OPS_COLUMNS, decode_op, write_forensics
 
 if TYPE_CHECKING:  # their modules import torch; this one is read without it
     from replay.trace.memory import MemoryPicture
@@ -59,32 +59,13 @@ class TraceResult:
 
     def op_row(self, i: int) -> dict[str, Any]:
         """One op with its strings decoded (the same shape as ``ForensicsReader.op_row``)."""
-        s = self.strings
         read = getattr(self.ops, "read", None)
         c = (
             {k: read(k, i, i + 1)[0] for k in self.ops}
             if read is not None
             else {k: v[i] for k, v in self.ops.items()}
         )
-
-        def get(table: str, idx: SupportsInt) -> str | None:
-            return s[table][int(idx)] if int(idx) >= 0 else None
-
-        return {
-            "index": i,
-            "phase": PHASES[int(c["phase"])],
-            "op": get("ops", c["name"]),
-            "module": get("modules", c["module"]),
-            "source": get("locations", c["source"]),
-            "node": get("nodes", c["node"]),
-            "status": STATUSES[int(c["status"])],
-            "inputs": get("shapes", c["inputs"]),
-            "outputs": get("shapes", c["outputs"]),
-            "stats": dict(zip(STATS_COLUMNS, (float(x) for x in c["stats"]))),
-            "mem_bytes": int(c["mem_bytes"]),
-            "time_ns": int(c["time_ns"]),
-            "closure": int(c["closure"]),
-        }
+        return decode_op(i, c, self.strings.__getitem__)
 
     def find_ops(self, op: str) -> list[int]:
         """Row indices of every op with this name (``aten::log``)."""
