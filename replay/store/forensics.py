@@ -201,20 +201,11 @@ def write_forensics(
         strings = _group(f, "strings", "string-tables")
         for name in STRING_TABLES:
             _blob(strings, name, [str(s) for s in tables["strings"].get(name, [])])
-        _columns(
-            _group(f, "modules", "module-table"),
-            MODULE_COLUMNS,
-            tables["modules"],
-            "/modules",
-            chunked=False,
-        )
-        _columns(
-            _group(f, "params", "param-table"),
-            PARAM_COLUMNS,
-            tables["params"],
-            "/params",
-            chunked=False,
-        )
+        for name, kind, spec in (
+            ("modules", "module-table", MODULE_COLUMNS),
+            ("params", "param-table", PARAM_COLUMNS),
+        ):
+            _columns(_group(f, name, kind), spec, tables[name], f"/{name}", chunked=False)
         mem = _group(f, "memory", "memory")
         mem.attrs["peak_bytes"] = int(tables["memory"]["peak_bytes"])
         mem.attrs["peak_op"] = int(tables["memory"]["peak_op"])
