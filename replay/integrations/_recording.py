@@ -1,5 +1,6 @@
-"""What the framework callbacks share: starting their Recorder, and saying what they record
-when the run cannot be replayed. Imports no framework."""
+"""What the framework callbacks share: starting their Recorder, saying what they record when
+the run cannot be replayed, counting a scheduler's steps and summing a window's losses.
+Imports no framework."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from ..errors import RecorderWarning
 from ..record.recorder import Recorder
 from ..store.tree import ObjectRecord, keep_kind, map_tree
 
-__all__ = ["clone_batch", "start_recorder", "warn_not_replayable"]
+__all__ = ["clone_batch", "sched_count", "start_recorder", "total_loss", "warn_not_replayable"]
 
 
 def clone_batch(batch: Any, objects: Callable[[Any, ObjectRecord], Any] = keep_kind) -> Any:
@@ -49,3 +50,19 @@ def start_recorder(path: str, **kwargs: Any) -> Recorder | None:
         return None
     rec.__enter__()
     return rec
+
+
+def sched_count(s: Any) -> int:
+    """How many times the scheduler ``s`` has stepped (its ``_step_count``, else ``last_epoch``)."""
+    n = getattr(s, "_step_count", None)
+    return int(n) if isinstance(n, int) else int(getattr(s, "last_epoch", 0))
+
+
+def total_loss(losses: list[Any]) -> Any:
+    """The step's loss: the sum of the micro-batch losses the framework's training step
+    returned (each normalised for accumulation: the window's mean), in order, the same sum on
+    replay."""
+    total = None
+    for v in losses:
+        total = v if total is None else total + v
+    return total

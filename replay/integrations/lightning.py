@@ -57,16 +57,11 @@ from ..capture.guard import replaying
 from ..capture.probe import running_probe
 from ..errors import NonFiniteLossError, RecorderWarning
 from ..record.recorder import Recorder
-from ._recording import clone_batch, start_recorder, warn_not_replayable
+from ._recording import clone_batch, sched_count, start_recorder, total_loss, warn_not_replayable
 
 __all__ = ["ReplayCallback", "build", "train_step"]
 
 _SINGLE = ("SingleDeviceStrategy",)
-
-
-def _sched_count(s: Any) -> int:
-    n = getattr(s, "_step_count", None)
-    return int(n) if isinstance(n, int) else int(getattr(s, "last_epoch", 0))
 
 
 def _sharded(trainer: pl.Trainer) -> str | None:
@@ -182,7 +177,7 @@ class ReplayCallback(Callback):
                 return
             self._window, self._micro_rng, self._losses = [], [], []
             self._first_idx, self._epoch = batch_idx, trainer.current_epoch
-            self._sched_before = [_sched_count(c.scheduler) for c in trainer.lr_scheduler_configs]
+            self._sched_before = [sched_count(c.scheduler) for c in trainer.lr_scheduler_configs]
         self._window.append(clone_batch(batch))
         self._micro_rng.append(torch.get_rng_state())
 
@@ -213,7 +208,7 @@ class ReplayCallback(Callback):
             return  # the window goes on: Lightning steps the optimizer at its last micro-batch
         window, self._window = self._window, None
         stepped = [
-            _sched_count(c.scheduler) - b
+            sched_count(c.scheduler) - b
             for c, b in zip(trainer.lr_scheduler_configs, self._sched_before)
         ]
         self.rec.observe_end(
@@ -224,7 +219,7 @@ class ReplayCallback(Callback):
                 "micro_rng": self._micro_rng,
                 "sched_steps": stepped,
             },
-            ret=_total(self._losses),
+            ret=total_loss(self._losses),
         )
 
     def on_exception(
@@ -253,15 +248,6 @@ class ReplayCallback(Callback):
         if self.rec is not None:
             self.rec.close()
             self.rec = None
-
-
-def _total(losses: list[Any]) -> Any:
-    """The step's loss: the sum of the normalised micro-batch losses, in order (the mean over
-    the window), the same sum on replay."""
-    total = None
-    for v in losses:
-        total = v if total is None else total + v
-    return total
 
 
 # -- replay ---------------------------------------------------------------------------------
@@ -373,4 +359,4 @@ def train_step(
         for _ in range(int(times)):
             call._call_lightning_module_hook(trainer, "lr_scheduler_step", cfg.scheduler, None)
     del module
-    return _total(losses)
+    return total_loss(losses)

@@ -69,7 +69,7 @@ from ..capture.objects import inner_optimizer
 from ..errors import NonFiniteLossError, RecorderWarning
 from ..record.recorder import Recorder
 from ..store.tree import ObjectRecord, keep_kind
-from ._recording import clone_batch, start_recorder, warn_not_replayable
+from ._recording import clone_batch, sched_count, start_recorder, total_loss, warn_not_replayable
 
 __all__ = ["ReplayCallback", "build", "train_step"]
 
@@ -81,11 +81,6 @@ def _as_dict(node: Any, rec: ObjectRecord) -> Any:
     """A ``BatchEncoding`` (a ``UserDict``) as a plain dict: as its own class it would replay
     as a stand-in, not a mapping (``training_step`` takes either)."""
     return rec.attrs["data"] if isinstance(node, collections.UserDict) else keep_kind(node, rec)
-
-
-def _sched_count(s: Any) -> int:
-    n = getattr(s, "_step_count", None)
-    return int(n) if isinstance(n, int) else int(getattr(s, "last_epoch", 0))
 
 
 def _find_trainer(callback: TrainerCallback) -> Any:
@@ -273,7 +268,7 @@ class ReplayCallback(TrainerCallback):
             return
         self._window, self._losses, self._num_items = [], [], None
         self._global_step = int(state.global_step)
-        self._sched_before = _sched_count(self._trainer.lr_scheduler)
+        self._sched_before = sched_count(self._trainer.lr_scheduler)
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.rec is not None:
@@ -283,9 +278,9 @@ class ReplayCallback(TrainerCallback):
         if self.rec is None or self._window is None:
             return
         window, self._window = self._window, None
-        stepped = _sched_count(self._trainer.lr_scheduler) - self._sched_before
+        stepped = sched_count(self._trainer.lr_scheduler) - self._sched_before
         try:
-            self.rec.observe_end(window, self._values(stepped), ret=_total(self._losses))
+            self.rec.observe_end(window, self._values(stepped), ret=total_loss(self._losses))
         except NonFiniteLossError:
             self._close()
             raise
@@ -312,15 +307,6 @@ class ReplayCallback(TrainerCallback):
         if self.rec is not None:
             self.rec.close()
             self.rec = None
-
-
-def _total(losses: list[Any]) -> Any:
-    """The step's loss: the sum of the micro-batch losses ``training_step`` returned (each
-    normalised for accumulation: the window's mean), in order, the same sum on replay."""
-    total = None
-    for v in losses:
-        total = v if total is None else total + v
-    return total
 
 
 # -- replay ---------------------------------------------------------------------------------
@@ -397,4 +383,4 @@ def train_step(
         trainer.lr_scheduler.step()
     model.zero_grad()
     trainer.state.global_step = int(global_step) + 1
-    return _total(losses)
+    return total_loss(losses)
