@@ -13,8 +13,8 @@ import warnings
 from typing import Any
 
 from ..capture.loader import IndexTap, digest, draw, indices_array, kept_rng, tap, untap
+from ..capture.tensors import host_leaves
 from ..errors import RecorderWarning
-from .step_log_writer import on_host
 
 __all__ = ["BatchRefs"]
 
@@ -45,7 +45,7 @@ class BatchRefs:
         if indices is None:
             self._off("its sampler yields other keys than integers")
             return None
-        if not on_host(batch):
+        if host_leaves(batch) is None:
             self._off("the batches reach rec.step on a GPU")
             return None
         ref = {"indices": indices, "batched": self.tap.batched, "sha256": digest(batch)}

@@ -21,7 +21,6 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import torch
 
 from ..capture.health import health_values
 from ..capture.rng import rng_to_tree
@@ -29,19 +28,10 @@ from ..capture.tensors import host_leaves, to_leaves
 from ..store.contracts import StepException, StepRecord
 from ..store.layout import HEALTH_COLUMNS, object_columns
 from ..store.step_log import StepLog
-from ..store.tree import Keyed, Spliced, decode, encode, layout_key, leaves
+from ..store.tree import Keyed, Spliced, decode, encode, layout_key
 from ..store.writer import PackCache, manifest_text, pack_parts
 
-__all__ = ["StepLogWriter", "on_host"]
-
-
-def on_host(tree: Any) -> bool:
-    """Whether every tensor in ``tree`` lives in host memory (and is not sparse)."""
-    return all(
-        x.device.type == "cpu" and x.layout == torch.strided
-        for _, x in leaves(tree)
-        if isinstance(x, torch.Tensor)
-    )
+__all__ = ["StepLogWriter"]
 
 
 # What a kill of the whole process group (training and its writer process, ``kill -9 -PGID``)

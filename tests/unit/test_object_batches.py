@@ -172,8 +172,8 @@ def test_the_one_walker_rebuilds_every_container_and_reaches_the_tensors_inside_
     as ``leaf_path`` says. Was: walks by hand, and the engine's copy of a replayed batch and
     the framework callbacks' copies skipped the tensors of an object batch (and a
     namedtuple's, in the callbacks)."""
+    from replay.capture.tensors import host_leaves
     from replay.integrations._recording import clone_batch
-    from replay.record.step_log_writer import on_host
     from replay.store.tree import leaf_path, leaves, map_tree
 
     Row = collections.namedtuple("Row", "ids mask")
@@ -200,4 +200,5 @@ def test_the_one_walker_rebuilds_every_container_and_reaches_the_tensors_inside_
     assert batch["rest"][1].ids.tolist() == [1.0]
     # a tensor off the host inside an object batch is seen (was: the step log took the batch
     # as host memory and read it back from the device on the training thread)
-    assert on_host(batch) and not on_host(Pair(torch.empty(2, device="meta"), torch.ones(2)))
+    assert host_leaves(batch) is not None
+    assert host_leaves(Pair(torch.empty(2, device="meta"), torch.ones(2))) is None
