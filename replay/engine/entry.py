@@ -81,13 +81,21 @@ def parse_entry_override(spec: str) -> EntryOverride:
     return EntryOverride(target, parts[0], parts[1])
 
 
-def _sha256_of(path: str) -> tuple[str | None, str | None]:
+def source_changed(path: str, sha256: str | None, recorded: str | None) -> str | None:
+    """The warning that ``path`` no longer has the recorded ``sha256``, with a short diff from
+    ``recorded`` (its text as recorded) when the recording kept it; ``None`` when it has, when
+    no digest was recorded, or when the file cannot be read as text."""
     try:
         with open(path, encoding="utf-8") as fh:
             text = fh.read()
     except (OSError, UnicodeDecodeError):
-        return None, None
-    return hashlib.sha256(text.encode()).hexdigest(), text
+        return None
+    if not sha256 or hashlib.sha256(text.encode()).hexdigest() == sha256:
+        return None
+    msg = f"replay: warning: {path} changed since it was recorded (sha256 differs)"
+    if recorded is not None:
+        msg += "; replaying with the current code:\n" + _short_diff(recorded, text, path)
+    return msg
 
 
 def _short_diff(old: str, new: str, path: str) -> str:
@@ -120,13 +128,10 @@ class _Importer:
         self.log(f"replay: importing {path}")
         if recorded is None:
             return
-        sha, text = _sha256_of(path)
-        want = recorded.get("sha256")
-        if want and sha and sha != want:
-            old = self.sources.get(recorded.get("path", ""), None)
-            msg = f"replay: warning: {path} changed since it was recorded (sha256 differs)"
-            if old is not None and text is not None:
-                msg += "; replaying with the current code:\n" + _short_diff(old, text, path)
+        msg = source_changed(
+            path, recorded.get("sha256"), self.sources.get(recorded.get("path", ""))
+        )
+        if msg is not None:
             self.log(msg)
         elif recorded.get("path") and os.path.abspath(recorded["path"]) != path:
             self.log(f"replay: note: the recording used {recorded['path']}")

@@ -15,7 +15,6 @@ it (a program's ``except Exception`` around its loop cannot swallow a replay err
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import runpy
 import sys
@@ -97,19 +96,10 @@ def _check_source(
             f"cannot run the recorded program: {path} does not exist here; pass --entry, or "
             "replay where it was recorded"
         )
-    want = program.get("sha256")
-    try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
-    except (OSError, UnicodeDecodeError):
-        return
-    if want and hashlib.sha256(text.encode()).hexdigest() != want:
-        from .entry import _short_diff
+    from .entry import source_changed
 
-        old = sources.get(path)
-        msg = f"replay: warning: {path} changed since it was recorded (sha256 differs)"
-        if old is not None:
-            msg += "; replaying with the current code:\n" + _short_diff(old, text, path)
+    msg = source_changed(path, program.get("sha256"), sources.get(path))
+    if msg is not None:
         log(msg)
 
 
