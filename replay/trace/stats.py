@@ -308,15 +308,11 @@ def finite_kind(t: torch.Tensor) -> str:
     a = _small_array(t)
     if a is not None:
         lo, hi = float(a.min()), float(a.max())
-        if math.isfinite(lo) and math.isfinite(hi):
+    else:
+        t = local(t)  # an FSDP2 DTensor: this rank's shard, as in tensor_stats
+        if not t.is_floating_point() or t.numel() == 0:
             return "finite"
-        if math.isnan(lo) or math.isnan(hi):
-            return "nan"
-        return "inf" if hi == math.inf else "neginf"
-    t = local(t)  # an FSDP2 DTensor: this rank's shard, as in tensor_stats
-    if not t.is_floating_point() or t.numel() == 0:
-        return "finite"
-    (lo, hi), _ = _read(list(torch.aminmax(_flat(t))), t, False)  # one read
+        (lo, hi), _ = _read(list(torch.aminmax(_flat(t))), t, False)  # one read
     if math.isfinite(lo) and math.isfinite(hi):
         return "finite"
     if math.isnan(lo) or math.isnan(hi):
