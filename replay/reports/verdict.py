@@ -30,12 +30,12 @@ JSONObject = dict[str, Any]  # a nested part of a report kept as its JSON
 
 
 class SourceLine(TypedDict):
-    """A user source line: ``{"file", "line", "function", "code"}``."""
+    """A user source line, as the verdict names it: ``{"file", "line", "function", "code"}``."""
 
     file: str
     line: int
     function: str
-    code: str
+    code: str  # the line's text, stripped ("" when it cannot be read)
 
 
 class OpRef(TypedDict):

@@ -12,9 +12,10 @@ import numpy as np
 from replay.store.forensics import OPS_COLUMNS, decode_op, write_forensics
 
 if TYPE_CHECKING:  # their modules import torch; this one is read without it
+    from replay.reports.verdict import SourceLine
     from replay.trace.memory import MemoryPicture
     from replay.trace.picture import BatchPicture
-    from replay.trace.source import SourceFile, SourceLine
+    from replay.trace.source import SourceFile
 
 __all__ = ["TraceResult", "TraceException"]
 

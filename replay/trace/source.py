@@ -15,10 +15,11 @@ from typing import TypedDict
 
 import torch
 
+from replay.reports.verdict import SourceLine
+
 __all__ = [
     "Interner",
     "Locations",
-    "SourceLine",
     "SourceFile",
     "is_user_file",
     "snapshot_sources",
@@ -42,15 +43,6 @@ def is_user_file(filename: str) -> bool:
     if filename.startswith("<") or filename.startswith(_SKIP_PREFIXES):
         return False
     return not any(p in filename for p in _SKIP_PARTS)
-
-
-class SourceLine(TypedDict):
-    """A location as the verdict names it."""
-
-    file: str
-    line: int
-    function: str
-    code: str  # the line's text, stripped ("" when it cannot be read)
 
 
 class SourceFile(TypedDict):
