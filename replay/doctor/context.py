@@ -100,10 +100,8 @@ class Context:
             return []
         out: list[tuple[str, np.ndarray]] = []
         for path, leaf in iter_leaves(batch):
-            a = as_array(leaf)
+            a = as_array(leaf)  # bfloat16 widened to float32
             if a is not None and a.size:
-                if getattr(leaf, "dtype", None) == "bfloat16":
-                    a = a.astype(np.float32)
                 out.append((path, a))
         return out
 
