@@ -31,6 +31,8 @@ __all__ = [
     "FORMAT_VERSION",
     "OPS_COLUMNS",
     "OPTIONAL_OPS_COLUMNS",
+    "MODULE_COLUMNS",
+    "PARAM_COLUMNS",
     "STATS_COLUMNS",
     "PHASES",
     "STATUSES",

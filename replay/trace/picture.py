@@ -10,6 +10,7 @@ from typing import NamedTuple, TypedDict
 import numpy as np
 import torch
 
+from replay.store.forensics import PARAM_COLUMNS
 from replay.store.tree import Key, leaf_path, leaves
 from replay.trace.origins import Storages, storage_key, storages
 from replay.trace.stats import stored_values
@@ -253,22 +254,7 @@ class ParamPicture:
     def table(self) -> dict[str, np.ndarray]:
         """The sidecar's ``/params`` columns (the names are ``self.names``)."""
         self.take_grads()
-        cols: dict[str, list[float]] = {
-            k: []
-            for k in (
-                "numel",
-                "requires_grad",
-                "has_grad",
-                "grad_norm",
-                "grad_nan",
-                "grad_inf",
-                "weight_norm",
-                "weight_mean",
-                "weight_std",
-                "update_norm",
-                "update_ratio",
-            )
-        }
+        cols: dict[str, list[float]] = {k: [] for k in PARAM_COLUMNS if k != "name"}
         with torch.no_grad():
             for p, b, g in zip(self.params, self.before, self.grads or []):
                 w = b.double()  # weight statistics: the weights this step started from

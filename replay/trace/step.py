@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from replay.store.forensics import PHASES
+from replay.store.forensics import MODULE_COLUMNS, PHASES
 from replay.trace.mode import Tracer, TracerFault
 from replay.trace.origins import storages
 from replay.trace.picture import (
@@ -287,20 +287,7 @@ def _result(
     kinds: list[str] = []
     kind_index: dict[str, int] = {}
     mods = dict(model.named_modules())
-    rows: dict[str, list[float]] = {
-        k: []
-        for k in (
-            "name",
-            "kind",
-            "parent",
-            "act_mean",
-            "act_std",
-            "act_absmax",
-            "act_zero_frac",
-            "act_nonfinite",
-            "n_ops",
-        )
-    }
+    rows: dict[str, list[float]] = {k: [] for k in MODULE_COLUMNS}
     counts = np.zeros(len(names), dtype=np.int64)
     for a in range(0, ops.rows, CHUNK_ROWS):  # in row ranges: the table may not fit in memory
         m = ops.read("module", a, a + CHUNK_ROWS)
