@@ -5,15 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from ..store.reader import Recording, open_recording
 from .names import resolve_rank_files
 
 if TYPE_CHECKING:
     from .scan import RankScan
 
-__all__ = ["RankFiles", "is_rank_recording", "open_rank_set", "rank_health"]
+__all__ = ["RankFiles", "is_rank_recording", "open_rank_set"]
 
 
 def is_rank_recording(meta: dict[str, Any]) -> bool:
@@ -70,12 +68,3 @@ def open_rank_set(spec: RankScan | str | list[str], *, name: str | None = None) 
             rec.close()
         raise
     return RankFiles(spec.spec, recs, spec.world_size, list(spec.missing))
-
-
-def rank_health(paths: str | list[str]) -> dict[int, dict[str, np.ndarray]]:
-    """Per-rank health (``Recording.health()``) of a rank set: ``{rank: {column: array}}``.
-
-    For the TUI's side-by-side view; ``paths`` is anything :func:`open_rank_set` accepts.
-    """
-    with open_rank_set(paths) as rs:
-        return {r: rec.health() for r, rec in rs.recordings.items()}

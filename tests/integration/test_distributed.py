@@ -29,7 +29,7 @@ import torch.multiprocessing as mp
 from replay.capture.fingerprint import grad_norm, param_fingerprint
 from replay.capture.rng import restore_rng
 from replay.capture.tensors import from_leaves
-from replay.ranks.files import open_rank_set, rank_health
+from replay.ranks.files import open_rank_set
 from replay.ranks.first_bad import first_bad_rank
 from replay.store import open_recording
 from tests.conftest import replay_here, run_env, run_py
@@ -117,8 +117,8 @@ def test_healthy_ddp_run_replays_bitwise_per_rank(tmp_path: Any) -> None:
             # The inner module's state: loadable into what build_fn returns.
             assert not any(k.startswith("module.") for k in rec.read_snapshot(0)["model"])
             assert rec.meta["model"]["class"] == "torch.nn.modules.container.Sequential"
+        health = {r: rec.health() for r, rec in rs.recordings.items()}
     try:
-        health = rank_health(str(tmp_path / "run.h5"))
         for r in (0, 1):
             h = health[r]
             assert list(h["step"]) == list(range(6))

@@ -14,7 +14,7 @@ import torch
 
 import replay
 from replay.errors import RecordingError
-from replay.ranks.files import open_rank_set, rank_health
+from replay.ranks.files import open_rank_set
 from replay.ranks.first_bad import first_bad_rank
 from replay.ranks.names import base_path, rank_path, resolve_rank_files
 from replay.store import HEALTH_COLUMNS, open_recording
@@ -91,8 +91,8 @@ def test_rank_set_resolution_and_first_bad_rank(tmp_path: Any) -> None:
     with open_rank_set(base) as rs:
         assert rs.world_size == 3 and rs.missing == []
         f = first_bad_rank(rs)
+        health = {r: rec.health() for r, rec in rs.recordings.items()}
     assert f is not None and (f.step, f.ranks, f.kind, f.local) == (4, (2,), "nonfinite", True)
-    health = rank_health(base)
     assert sorted(health) == [0, 1, 2] and health[2]["loss_nonfinite"][4] == 1
     os.unlink(files[1])
     with open_rank_set(base) as rs:
