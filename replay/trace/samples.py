@@ -10,7 +10,7 @@ is approximate (``exact`` is False).
 
 Every tensor of the batch is cut along its own sample axis: the leaves that hold samples along
 ``axis``, and also targets flattened from the leading dims of the others (``targets.view(-1)`` of
-a time-major ``[T, B]`` batch has length T*B: ``flat_leaves``). A sub-batch counts as failing
+a time-major ``[T, B]`` batch has length T*B: ``_flat_size``). A sub-batch counts as failing
 only when it fails the same way as the whole batch (``Failure``: the same kind, the same op, the
 same exception type): a sub-batch that breaks differently says the cut was wrong, not that the
 samples left out were to blame.
@@ -71,25 +71,9 @@ def _flat_size(t: torch.Tensor, others: list[torch.Tensor]) -> tuple[int, ...] |
     return None
 
 
-def flat_leaves(batch: object) -> list[tuple[str, tuple[int, ...]]]:
-    """``(path, leading shape)`` of each leaf whose dim 0 flattens the leading dims of another
-    leaf: word_language_model's ``targets.view(-1)`` of a ``[T, B]`` batch gives
-    ``[("[1]", (T, B))]``."""
-    from replay.trace.picture import batch_leaves
-
-    leaves = [(p, t) for p, t in batch_leaves(batch) if t.dim() >= 1]
-    ts = [t for _, t in leaves]
-    out = []
-    for p, t in leaves:
-        lead = _flat_size(t, [u for u in ts if u is not t])
-        if lead is not None:
-            out.append((p, lead))
-    return out
-
-
 def _per_sample_leaves(batch: object) -> list[torch.Tensor]:
     """The leaves that hold samples: those whose dim 0 has the most common dim-0 size, leaving
-    out targets flattened from the others (``flat_leaves``)."""
+    out targets flattened from the others (``_flat_size``)."""
     from replay.trace.picture import batch_leaves
 
     leaves = [t for _, t in batch_leaves(batch) if t.dim() >= 1]
