@@ -41,16 +41,23 @@ class _NumpyState:
     RAW_BYTES = 624 * 4 + 4
 
     def __init__(self) -> None:
-        try:
-            self._addr: int | None = np.random.mtrand._rand._bit_generator.ctypes.state_address
-        except AttributeError:
-            self._addr = None
+        self._bits: Any = None  # the bit generator read (held: its memory stays its own)
+        self._addr: int | None = None
         self._raw: bytes | None = None
         self._state: Any = None
 
     def __call__(self) -> Any:
-        if self._addr is None:
-            return np.random.get_state()
+        # ``np.random.set_bit_generator`` swaps the global generator's bits: an address taken
+        # once read the old one's unchanged memory ever after (a stale state recorded)
+        bits = getattr(np.random.mtrand._rand, "_bit_generator", None)
+        if bits is not self._bits:
+            self._bits, self._raw, self._state = bits, None, None
+            try:
+                self._addr = bits.ctypes.state_address if type(bits) is np.random.MT19937 else None
+            except AttributeError:
+                self._addr = None
+        if self._addr is None:  # (another bit generator's state: a dict, as numpy gives it)
+            return np.random.get_state(legacy=type(bits) is np.random.MT19937)
         raw = _raw(self._addr, self.RAW_BYTES)
         if raw == self._raw and self._state is not None and not self._state[3]:
             return self._state

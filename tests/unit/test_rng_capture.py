@@ -30,6 +30,23 @@ def test_numpy_state_follows_every_kind_of_use():
         assert _same_numpy(capture_rng()[1], np.random.get_state())
 
 
+def test_numpy_state_follows_a_swapped_global_bit_generator():
+    """Was: the raw state's address was taken once, so after ``np.random.set_bit_generator``
+    (the old generator still held, its memory unchanged) the old generator's state was
+    recorded at every step after, and a replay drew other numbers."""
+    old = np.random.get_bit_generator()
+    try:
+        np.random.seed(3)
+        capture_rng()
+        np.random.set_bit_generator(np.random.MT19937(5))
+        assert _same_numpy(capture_rng()[1], np.random.get_state())
+        np.random.rand(4)
+        assert _same_numpy(capture_rng()[1], np.random.get_state())
+    finally:
+        np.random.set_bit_generator(old)
+    assert _same_numpy(capture_rng()[1], np.random.get_state())
+
+
 def test_cached_gaussian_consumed_without_new_draws_is_seen():
     """Legacy normal() draws two values and caches one: the second call changes has_gauss only."""
     np.random.seed(0)
