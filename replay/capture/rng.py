@@ -57,7 +57,9 @@ class _NumpyState:
             except AttributeError:
                 self._addr = None
         if self._addr is None:  # (another bit generator's state: a dict, as numpy gives it)
-            return np.random.get_state(legacy=type(bits) is np.random.MT19937)
+            if type(bits) is np.random.MT19937:
+                return np.random.get_state()
+            return np.random.get_state(legacy=False)
         raw = _raw(self._addr, self.RAW_BYTES)
         if raw == self._raw and self._state is not None and not self._state[3]:
             return self._state
