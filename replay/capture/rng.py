@@ -145,6 +145,12 @@ def rng_to_tree(raw: tuple[Any, Any, torch.Tensor, list[torch.Tensor] | None]) -
     """The store's representation (numpy arrays, no python tuples of 625 ints)."""
     py, npy, cpu, cuda = raw
     version, internal, gauss = py
+    if isinstance(npy, dict):  # np.random.set_bit_generator(PCG64(...)): not in the format
+        raise ValueError(
+            f"numpy's global generator runs on {npy.get('bit_generator')}: replay keeps the "
+            "state of numpy's default (MT19937) only; draw from a np.random.Generator the "
+            "step's batch seeds instead"
+        )
     kind, keys, pos, has_gauss, cached = npy
     return {
         "python": {

@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 
 import numpy as np
+import pytest
 import torch
 
 from replay.capture.rng import _PythonState, capture_rng, restore_rng, rng_to_tree
@@ -98,3 +99,15 @@ def test_python_state_uses_the_raw_shortcut_on_cpython():
 
     fallback = _PythonState(Shadow())
     assert fallback._addr is None and fallback() == (3, tuple(range(625)), None)
+
+
+def test_a_global_generator_numpy_cannot_keep_is_named_not_unpacked():
+    """Was: ``ValueError: too many values to unpack (expected 5)`` as the reason recording
+    stopped, for a program that set numpy's global bit generator to PCG64."""
+    old = np.random.get_bit_generator()
+    try:
+        np.random.set_bit_generator(np.random.PCG64(3))
+        with pytest.raises(ValueError, match="runs on PCG64"):
+            rng_to_tree(capture_rng())
+    finally:
+        np.random.set_bit_generator(old)
