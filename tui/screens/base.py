@@ -22,6 +22,8 @@ class RunScreen(Screen[None]):
     def __init__(self, model: RunModel) -> None:
         super().__init__()
         self.model = model
+        # False: nothing shown yet (None means "shown without forensics")
+        self._shown_for: SafeForensics | None | bool = False
 
     def on_screen_resume(self) -> None:
         self.sub_title = f"{self.model.name} · {self.TITLE_SUFFIX}"
@@ -29,6 +31,15 @@ class RunScreen(Screen[None]):
 
     def update_from_model(self) -> None:
         """Re-read what this view shows from ``self.model``."""
+
+    def new_forensics(self) -> bool:
+        """Whether the model's sidecar appeared, went or changed since this view last asked:
+        a view built from it is rebuilt then, and only then."""
+        reader = self.model.forensics
+        if reader is self._shown_for:
+            return False
+        self._shown_for = reader
+        return True
 
 
 class ForensicsScreen(RunScreen):
@@ -40,22 +51,14 @@ class ForensicsScreen(RunScreen):
 
     BODY_ID = "body"
 
-    def __init__(self, model: RunModel) -> None:
-        super().__init__(model)
-        # False: not built yet (None means "built without forensics")
-        self._built_for: SafeForensics | None | bool = False
-
     def compose(self) -> ComposeResult:
         yield Header()
         yield Vertical(id=self.BODY_ID)
         yield Footer()
 
     def update_from_model(self) -> None:
-        reader = self.model.forensics
-        if reader is self._built_for:
-            return
-        self._built_for = reader
-        self.run_worker(self._build(reader), group="build", exclusive=True)
+        if self.new_forensics():
+            self.run_worker(self._build(self.model.forensics), group="build", exclusive=True)
 
     async def _build(self, reader: SafeForensics | None) -> None:
         body = self.query_one(f"#{self.BODY_ID}", Vertical)

@@ -82,7 +82,6 @@ class SourceScreen(RunScreen):
         self.frames: list[str] = []
         self.op_index: int | None = None
         self._sources: dict[str, dict[int, str]] = {}
-        self._shown_for: Any = False
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -93,10 +92,9 @@ class SourceScreen(RunScreen):
         yield Footer()
 
     def update_from_model(self) -> None:
-        reader = self.model.forensics
-        if reader is self._shown_for:
+        if not self.new_forensics():
             return
-        self._shown_for = reader
+        reader = self.model.forensics
         self._sources = self.model.sources()
         if reader is None:
             self._set_frames(
