@@ -167,6 +167,15 @@ class ReplayCallback(Callback):
 
     # -- one optimisation step -------------------------------------------------------------
 
+    def _values(self, sched_steps: list[int]) -> dict[str, Any]:
+        """The window's per-step values, as ``train_step`` takes them on replay."""
+        return {
+            "batch_idx": self._first_idx,
+            "epoch": self._epoch,
+            "micro_rng": self._micro_rng,
+            "sched_steps": sched_steps,
+        }
+
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
@@ -211,16 +220,7 @@ class ReplayCallback(Callback):
             sched_count(c.scheduler) - b
             for c, b in zip(trainer.lr_scheduler_configs, self._sched_before)
         ]
-        self.rec.observe_end(
-            window,
-            {
-                "batch_idx": self._first_idx,
-                "epoch": self._epoch,
-                "micro_rng": self._micro_rng,
-                "sched_steps": stepped,
-            },
-            ret=total_loss(self._losses),
-        )
+        self.rec.observe_end(window, self._values(stepped), ret=total_loss(self._losses))
 
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
@@ -229,16 +229,8 @@ class ReplayCallback(Callback):
             return
         if self._window is not None and not isinstance(exception, NonFiniteLossError):
             window, self._window = self._window, None
-            self.rec.observe_end(
-                window,
-                {
-                    "batch_idx": self._first_idx,
-                    "epoch": self._epoch,
-                    "micro_rng": self._micro_rng,
-                    "sched_steps": [0] * len(trainer.lr_scheduler_configs),
-                },
-                exception=exception,
-            )
+            stepped = [0] * len(trainer.lr_scheduler_configs)
+            self.rec.observe_end(window, self._values(stepped), exception=exception)
         self._close()
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
