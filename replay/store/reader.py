@@ -23,7 +23,7 @@ import subprocess
 import sys
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import h5py
 import numpy as np
@@ -175,7 +175,7 @@ SWMR_READ_ATTEMPTS = 16
 
 
 @functools.lru_cache(maxsize=1)
-def _hdf5_library() -> Any:
+def _hdf5_library() -> ctypes.CDLL | None:
     """The libhdf5 that h5py loaded (from ``/proc/self/maps``), for the one setting h5py does
     not expose (``H5Pset_metadata_read_attempts``); ``None`` where it cannot be found."""
     try:
@@ -543,11 +543,11 @@ class Recording:
         payload: np.ndarray = self._read(f"{ring}/arena", np.s_[slot, :n])
         return payload
 
-    def _manifest(self, ring: str, step: int, raw: bytes, arena_bytes: int) -> Any:
+    def _manifest(self, ring: str, step: int, raw: bytes, arena_bytes: int) -> dict[str, Any]:
         where = f"{self.path}: /{ring} step {step}"
         manifest = V.parse_json(raw, where, max_depth=0)  # check_tree bounds the depth
-        V.check_tree(manifest, arena_bytes, where)
-        return manifest
+        V.check_tree(manifest, arena_bytes, where)  # raises unless every node is an object
+        return cast("dict[str, Any]", manifest)
 
     def _read_slot(self, ring: str, step: int, retries: int = 20) -> Any:
         for _ in range(retries):
@@ -569,7 +569,7 @@ class Recording:
             return decode(manifest, payload[mlen:].tobytes())
         raise KeyError(f"step {step} of the {ring} ring kept changing while being read")
 
-    def _read_manifest(self, ring: str, step: int) -> Any:
+    def _read_manifest(self, ring: str, step: int) -> dict[str, Any]:
         slot = self._slot_or_raise(ring, step)
         lengths = self._lengths(ring, step, slot)
         if lengths is None:
@@ -695,7 +695,7 @@ class Recording:
         """Where the tensors of each part of a snapshot lived (``{"model": "cuda:0", ...}``),
         read from its manifest alone (kilobytes, not the whole snapshot)."""
 
-        def first_device(node: Any) -> str | None:
+        def first_device(node: dict[str, Any]) -> str | None:
             stack = [node]
             while stack:
                 n = stack.pop(0)
