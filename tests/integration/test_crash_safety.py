@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -169,12 +170,15 @@ def test_sigkill_loses_at_most_the_step_in_flight(tmp_path):
     rng = random.Random(20261204)
     in_flight = 0
 
+    started: list[int] = []
+
     def start_run(i):
         kind = "fast" if i % 2 == 0 else "slow"
         out = tmp_path / f"run{i}.h5"
         server.stdin.write(f"RUN {out} {kind} {i}\n")
         server.stdin.flush()
-        return kind, out, int(server.stdout.readline())
+        started.append(int(server.stdout.readline()))
+        return kind, out, started[-1]
 
     def check(kind, out):
         done = _progress(out)
@@ -211,6 +215,9 @@ def test_sigkill_loses_at_most_the_step_in_flight(tmp_path):
                 _wait(lambda out=out: writer_state(str(out)) is None, "the writer to finish")
                 in_flight += check(kind, out)
     finally:
+        for pid in started:  # a run a failure left unkilled would train on (and its check)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
         server.stdin.close()
         server.wait(30)
         server.stdout.close()

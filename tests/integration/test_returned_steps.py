@@ -6,6 +6,7 @@ keeps its own count of the steps that returned in ``OUT.h5.progress``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -237,22 +238,29 @@ def test_a_process_group_kill_loses_at_most_the_documented_bound(server, tmp_pat
         os.remove(out)
 
     at_once = 4
-    for first in range(0, kills, at_once):
-        runs = []
-        for i in range(first, min(first + at_once, kills)):
-            out = tmp_path / f"group{i}.h5"
-            runs.append((out, server(out, "fast-group")))
-        for out, _ in runs:
-            _wait(lambda out=out: _progress(out) >= 1, "the first step")
-        t0 = time.monotonic()
-        killed = []
-        for delay, k in sorted((rng.uniform(0.05, 0.8), k) for k in range(len(runs))):
-            time.sleep(max(0.0, t0 + delay - time.monotonic()))
-            os.killpg(runs[k][1], signal.SIGKILL)
-            killed.append(runs[k][0])
-        for out in killed:
-            _wait(lambda out=out: writer_state(str(out)) is None, "the lock to be let go")
-            check(out)
+    started: list[int] = []  # every run's process group: none outlives a failure here
+    try:
+        for first in range(0, kills, at_once):
+            runs = []
+            for i in range(first, min(first + at_once, kills)):
+                out = tmp_path / f"group{i}.h5"
+                runs.append((out, server(out, "fast-group")))
+                started.append(runs[-1][1])
+            for out, _ in runs:
+                _wait(lambda out=out: _progress(out) >= 1, "the first step")
+            t0 = time.monotonic()
+            killed = []
+            for delay, k in sorted((rng.uniform(0.05, 0.8), k) for k in range(len(runs))):
+                time.sleep(max(0.0, t0 + delay - time.monotonic()))
+                os.killpg(runs[k][1], signal.SIGKILL)
+                killed.append(runs[k][0])
+            for out in killed:
+                _wait(lambda out=out: writer_state(str(out)) is None, "the lock to be let go")
+                check(out)
+    finally:
+        for pid in started:  # (a run this test failed to kill trained on, and its self-check)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
     worst = max(range(len(lost_s)), key=lambda i: lost_s[i])
     print(
         f"{kills} group kills: steps lost median {int(np.median(lost_steps))}, max "
