@@ -111,12 +111,15 @@ def test_once_the_first_steps_replay_steps_from_a_later_snapshot_are_checked_too
         assert first >= 30 and first % 10 == 0, v
         return
     assert v.earlier == (0, 3) and first >= 30 and first % 10 == 0, v
-    assert v.steps == (first, first + 3) and v.check == "bitwise on cpu", v
+    # four steps from the snapshot, fewer where the run ended sooner (a check that started late
+    # on a loaded machine, at the last snapshot: (480, 480) under make test-all's coverage)
+    last = v.steps[1]
+    assert first <= last <= first + 3 and v.check == "bitwise on cpu", v
     rc, d, _ = replay_here_json("info", str(tmp_path / "run.h5"))
     assert d["self_check"]["earlier"] == [0, 3] and d["self_check"]["steps"] == list(v.steps)
     assert v.line() == (
         "replays: the self-check replayed the first steps (0..3) and, from a later snapshot, "
-        f"steps {first}..{first + 3} bitwise on cpu"
+        f"steps {first}..{last} bitwise on cpu"
     )
 
 
