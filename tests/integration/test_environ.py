@@ -67,6 +67,26 @@ def test_a_variable_the_step_reads_is_named_when_the_replay_runs_without_it(tmp_
     assert "kept as keyed digests, the same here" in p.stdout, p.stdout
 
 
+def test_bisect_of_a_failure_the_environment_made_says_so_where_it_says_not_reproducible(
+    tmp_path,
+):
+    """Was: "reproducible  NO: suspect non-determinism, hardware, or state no snapshot holds"
+    for a run whose loss went inf through a variable the replay ran without."""
+    script = tmp_path / "train.py"
+    script.write_text(PROGRAM)
+    run = str(tmp_path / "run.h5")
+    p = run_py(str(script), run, cwd=tmp_path, env={"TRAIN_LOSS_SCALE": "1e39"}, timeout=120)
+    assert p.returncode != 0 and "NonFiniteLossError" in p.stderr, p.stderr[-2000:]
+    p = replay_cli("bisect", run)
+    assert "reproducible  NO: the environment differs from the recorded run's" in p.stdout, (
+        p.stdout,
+        p.stderr[-2000:],
+    )
+    assert "TRAIN_LOSS_SCALE (set in the recorded run, unset here)" in p.stdout
+    p = replay_cli("bisect", run, env={"TRAIN_LOSS_SCALE": "1e39"})
+    assert "reproducible  yes" in p.stdout and "environment" not in p.stdout, p.stdout
+
+
 def test_environment_digests_hold_no_value_and_compare_only_under_the_same_key():
     key, other = b"k" * 32, b"o" * 32
     env = {"LR": "0.1", "TOKEN": SECRET, "PWD": "/x", "SLURM_JOB_ID": "7", "REPLAY_HOME": "/h"}
