@@ -107,14 +107,14 @@ def render_verdict(report: BisectReport) -> str:
     if d.samples:
         lines.append(f"  samples       {samples_text(d)}")
     rep = d.reproducible
-    cause = d.divergence_cause
+    why = d.divergence_cause
     lines.append(
         "  reproducible  "
         + (
             "yes (two replays and the recording agree bitwise)"
             if rep
             else "NO: the environment differs from the recorded run's (why it differs, below)"
-            if cause is not None and cause.changed_environ
+            if why is not None and why.changed_environ
             else "NO: suspect non-determinism, hardware, or state no snapshot holds"
         )
     )
