@@ -19,6 +19,8 @@ from tests.conftest import SCRIPTS, run_env, run_py
 def test_second_recorder_on_a_live_path_warns_and_leaves_the_first_alone(tmp_path):
     out = tmp_path / "run.h5"
     env = run_env()
+    hold = tmp_path / "hold"  # the first trains on only once it is gone
+    hold.touch()
     first = subprocess.Popen(
         [
             sys.executable,
@@ -26,8 +28,8 @@ def test_second_recorder_on_a_live_path_warns_and_leaves_the_first_alone(tmp_pat
             str(out),
             "--steps",
             "150",
-            "--sleep",
-            "0.1",
+            "--hold",
+            str(hold),
         ],
         env=env,
         stdout=subprocess.PIPE,
@@ -48,10 +50,9 @@ def test_second_recorder_on_a_live_path_warns_and_leaves_the_first_alone(tmp_pat
         assert len(warnings) == 1, second.stderr
         assert "being written by another recorder" in warnings[0]
         assert f"process {first.pid}" in warnings[0], warnings[0]
-        assert (
-            first.poll() is None
-        )  # the first is still training (150 steps of 0.1 s: the second starts, imports torch and trains 20 steps meanwhile, even on a loaded machine)
+        assert first.poll() is None  # the first is still training (held after its first step)
     finally:
+        hold.unlink(missing_ok=True)
         _, err = first.communicate(timeout=120)
     assert first.returncode == 0, err
     with open_recording(str(out)) as rec:

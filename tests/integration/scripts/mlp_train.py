@@ -1,7 +1,7 @@
 """A tiny MLP trained under replay.Recorder, configurable from the command line for the tests.
 
     python mlp_train.py OUT.h5 [--steps N] [--lr LR] [--snapshot-every E] [--keep K] [--reach R]
-        [--nan-at STEP] [--raise-at STEP] [--vary] [--no-raise] [--sleep S]
+        [--nan-at STEP] [--raise-at STEP] [--vary] [--no-raise] [--sleep S] [--hold FILE]
 
 The batch of step t is a pure function of t (``make_batch``), so a test can check what was
 recorded without trusting the recorder.
@@ -9,6 +9,7 @@ recorded without trusting the recorder.
 
 import argparse
 import math
+import os
 import sys
 import time
 
@@ -68,6 +69,7 @@ def main():
     p.add_argument("--vary", action="store_true")
     p.add_argument("--no-raise", action="store_true")
     p.add_argument("--sleep", type=float, default=0.0)
+    p.add_argument("--hold", default=None, help="after each step, wait while this file exists")
     p.add_argument("--keep-health", type=int, default=100_000)
     p.add_argument("--reach", type=int, default=None, help="Recorder(reach=...); 0: dense only")
     ARGS = p.parse_args()
@@ -94,6 +96,8 @@ def main():
             print(f"step {t}", flush=True)
             if ARGS.sleep:
                 time.sleep(ARGS.sleep)
+            while ARGS.hold and os.path.exists(ARGS.hold):
+                time.sleep(0.05)
     return 0
 
 
