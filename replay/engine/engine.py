@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import math
 import sys
-import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -197,7 +196,6 @@ class Engine(ObservedCalls):
         self._checkpoints: OrderedDict[int, dict[str, Any]] = OrderedDict()
         self._records: OrderedDict[int, dict[str, Any]] = OrderedDict()
         self._snap: tuple[int, dict[str, Any]] | None = None
-        self.steps_run = 0  # step_fn calls so far (the cost a bisect reports)
         self.on_step: Callable[[int], None] | None = None  # progress: called after each step
         self._init_observers()  # (observe.py: who sees the calls that may run steps)
         # steps whose recorded rows no replay is compared with (a rank's steps where a peer's
@@ -620,7 +618,6 @@ class Engine(ObservedCalls):
         # Whatever happens below, the live state is no longer "before t"; a foreign batch
         # leaves a state no recorded step follows from.
         self._pos = t + 1 if batch is None else None
-        t0 = time.perf_counter()
         self._probe.begin()
         self._watch.begin()
         try:
@@ -637,15 +634,12 @@ class Engine(ObservedCalls):
             }
             return out
         finally:
-            self.steps_run += 1
-            self.wall_time = time.perf_counter() - t0
             if self.on_step is not None:
                 self.on_step(t)
         gn, gmax, stepped = self._probe.end()  # as the recorder: measured now if nothing did
         self._watch.end()
         out.watched = self._watch.names
         self._watch.into(out.objects, True)
-        out.returned = ret
         out.loss = _num(loss_of(ret))
         out.optimizer_stepped = float(stepped)
         out.grad_norm = _num(gn)

@@ -34,7 +34,6 @@ class StepOutcome:
     scale_after: float | None = None
     lr: float | None = None
     exception: dict[str, str] | None = None
-    returned: Any = None  # what step_fn returned (None when it raised)
     # The watched objects' measurements (capture/watch.py), ``<object>__grad_norm`` and so on,
     # and their names: their columns are computed as the recorder computes them.
     watched: tuple[str, ...] = ()
