@@ -20,6 +20,7 @@ Example::
 
 from __future__ import annotations
 
+from dataclasses import fields, is_dataclass, replace
 from typing import Any
 
 __all__ = ["term_safe", "term_safe_tree", "UNSAFE"]
@@ -49,8 +50,14 @@ def term_safe(text: Any, *, multiline: bool = False) -> str:
 
 
 def term_safe_tree(value: Any) -> Any:
-    """A copy of a JSON-like value (dicts, lists, tuples, scalars) with every string, keys too,
-    passed through :func:`term_safe` (single-line). Other values are returned as they are."""
+    """A copy of a JSON-like value (dicts, lists, tuples, scalars, a report's dataclasses) with
+    every string, keys too, passed through :func:`term_safe` (single-line). Other values are
+    returned as they are."""
+    if is_dataclass(value) and not isinstance(value, type):
+        return replace(
+            value,
+            **{f.name: term_safe_tree(getattr(value, f.name)) for f in fields(value) if f.init},
+        )
     if isinstance(value, str):
         return term_safe(value)
     if isinstance(value, dict):

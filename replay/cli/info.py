@@ -12,7 +12,17 @@ import numpy as np
 from ..capture.environ import differs_here
 from ..errors import EXIT_BAD_RECORDING, EXIT_INCOMPLETE_RANKS, EXIT_OK, RecordingError
 from ..ranks.scan import rank_set, spans
-from ..ranks.summary import summarise
+from ..ranks.summary import RankSetSummary, summarise
+from ..reports.info import (
+    BitwiseCuda,
+    Hparams,
+    InfoReport,
+    RecordingSteps,
+    Segment,
+    Truncation,
+    Trust,
+    Writer,
+)
 from ..safetext import term_safe, term_safe_tree
 from ..store import open_recording
 from ..store.hparams import step_hparams
@@ -26,39 +36,36 @@ if TYPE_CHECKING:
 __all__ = ["info", "describe"]
 
 
-def _steps_summary(rec: Recording) -> dict[str, Any]:
+def _steps_summary(rec: Recording) -> RecordingSteps:
     steps = rec.steps()
     h = rec.health()
     window = rec.replayable_window()
     status = rec.status()
     losses = h["loss"][np.isfinite(h["loss"])]
-    return {
-        "steps_recorded": int(status["steps_total"])
-        if status["steps_total"]
-        else int(len(h["step"])),
-        "health_steps": [int(h["step"][0]), int(h["step"][-1])] if len(h["step"]) else None,
-        "batch_steps": [int(steps[0]), int(steps[-1])] if len(steps) else None,
-        "batch_count": int(len(steps)),
-        "snapshots": [int(s) for s in rec.snapshot_steps()],
-        "replayable_window": [window.first, window.last] if window else None,
-        "reach": rec.reach(),
-        "not_replayable": rec.run_meta.not_replayable,
-        "first_bad": rec.first_bad(),
-        "last_loss": float(losses[-1]) if losses.size else None,
-        "closed_cleanly": bool(status["closed"]),
-        "writer": _writer(rec.path),
-        "truncated": None,
-        "damaged_steps": rec.damaged_steps(),
-        "damaged_health": sorted(rec.damaged_health),
-        "self_check": _self_check(rec.path, rec.run_id),
+    return RecordingSteps(
+        steps_recorded=status["steps_total"] or len(h["step"]),
+        health_steps=[int(h["step"][0]), int(h["step"][-1])] if len(h["step"]) else None,
+        batch_steps=[int(steps[0]), int(steps[-1])] if len(steps) else None,
+        batch_count=len(steps),
+        snapshots=[int(s) for s in rec.snapshot_steps()],
+        replayable_window=[window.first, window.last] if window else None,
+        reach=rec.reach(),
+        not_replayable=rec.run_meta.not_replayable,
+        first_bad=rec.first_bad(),
+        last_loss=float(losses[-1]) if losses.size else None,
+        closed_cleanly=bool(status["closed"]),
+        writer=_writer(rec.path),
+        damaged_steps=rec.damaged_steps(),
+        damaged_health=sorted(rec.damaged_health),
+        self_check=_self_check(rec.path, rec.run_id),
         # The other segments of this recording: a resumed run records beside it (run.1.h5)
-        "segments": [_segment(f) for f in segment_files(rec.path)],
-        "watched_objects": rec.watched_objects,
-        "hparams": _hparams(rec, steps),
-    }
+        segments=[_segment(f) for f in segment_files(rec.path)],
+        watched_objects=rec.watched_objects,
+        hparams=_hparams(rec, steps),
+    )
 
 
-def _hparams(rec: Recording, steps: np.ndarray) -> dict[str, Any] | None:
+def _hparams(rec: Recording, steps: np.ndarray) -> Hparams | None:
     """Every optimizer's numeric hyper-parameters, per param group, at the newest step kept
     (``None`` without an optimizer or a readable step record)."""
     if not len(steps):
@@ -67,7 +74,7 @@ def _hparams(rec: Recording, steps: np.ndarray) -> dict[str, Any] | None:
         values = step_hparams(rec, int(steps[-1]))
     except (KeyError, RecordingError):
         return None
-    return {"step": int(steps[-1]), "optimizers": values} if values else None
+    return Hparams(int(steps[-1]), values) if values else None
 
 
 def _self_check(path: str, run_id: str) -> dict[str, Any] | None:
@@ -78,7 +85,7 @@ def _self_check(path: str, run_id: str) -> dict[str, Any] | None:
     return None if v is None else {**v.to_json(), "line": v.line()}
 
 
-def _segment(path: str) -> dict[str, Any]:
+def _segment(path: str) -> Segment:
     """One other segment: its file and the steps its health holds (``None`` when it cannot
     be read: it is only named)."""
     try:
@@ -87,24 +94,19 @@ def _segment(path: str) -> dict[str, Any]:
             steps = [int(h["step"][0]), int(h["step"][-1])] if len(h["step"]) else None
     except RecordingError:
         steps = None
-    return {"path": path, "health_steps": steps}
+    return Segment(path, steps)
 
 
-def _writer(path: str) -> dict[str, Any] | None:
+def _writer(path: str) -> Writer | None:
     """The live writer of the file, from its lock: still recording, or draining after its
     training died (with the steps it still has to commit)."""
     state = writer_state(path)
     if state is None:
         return None
-    return {
-        "draining": state.draining,
-        "steps_to_come": state.steps_to_come,
-        "pid": state.pid,
-        "writer_pid": state.writer_pid,
-    }
+    return Writer(state.draining, state.steps_to_come, state.pid, state.writer_pid)
 
 
-def _trust(rec: Recording) -> dict[str, str]:
+def _trust(rec: Recording) -> Trust:
     """Whether the replaying commands would run this recording's code (docs/trust.md): read
     only, no key is made."""
     from ..trust import standing
@@ -112,11 +114,11 @@ def _trust(rec: Recording) -> dict[str, str]:
     try:
         got = standing(rec.meta, rec.sources, rec.run_id, rec.format_version)
     except RecordingError as e:  # its sources unreadable: shown, and never run
-        return {"standing": "foreign", "why": str(e), "line": f"foreign ({e})"}
-    return {"standing": got.kind, "why": got.why, "line": got.words()}
+        return Trust("foreign", str(e), f"foreign ({e})")
+    return Trust(got.kind, got.why, got.words())
 
 
-def _bitwise_cuda(env: Any) -> dict[str, Any] | None:
+def _bitwise_cuda(env: Any) -> BitwiseCuda | None:
     """Whether a CUDA run can replay bitwise, as its recorded settings say; None for a run
     with no GPU (``store/bitwise.py``)."""
     from ..store.bitwise import cuda_blockers
@@ -124,42 +126,39 @@ def _bitwise_cuda(env: Any) -> dict[str, Any] | None:
     if not isinstance(env, dict) or not env.get("devices"):
         return None
     why = cuda_blockers(env)
-    return {"possible": not why, "why_not": why}
+    return BitwiseCuda(not why, why)
 
 
-def describe(path: str) -> dict[str, Any]:
-    """Everything ``replay info`` shows, as a JSON-able dict."""
+def describe(path: str) -> InfoReport:
+    """Everything ``replay info`` shows of one recording."""
     with open_recording(path) as rec:
-        out = {
-            "path": path,
-            "format": "replay-recording",
-            "format_version": rec.format_version,
-            "run_id": rec.run_id,
-            "created": rec.created,
-            **_steps_summary(rec),
-            "config": rec.config,
-            "entry": rec.entry,
-            "program": rec.program,
-            "env": rec.env,
-            "bitwise_cuda": _bitwise_cuda(rec.env),
-            # the recorded run's variables that differ here (null: cannot be told)
-            "environ_here": differs_here(rec.env.get("environ")),
-            "model": {
-                k: v for k, v in rec.meta.get("model", {}).items() if k in ("class", "param_bytes")
-            },
-            "optimizer": rec.meta.get("optimizer"),
-            "scheduler": rec.meta.get("scheduler"),
-            "scaler": rec.meta.get("scaler"),
-            "objects": rec.meta.get("objects"),
-            "distributed": rec.meta.get("distributed"),
-            "trust": _trust(rec),
-        }
-        out["model"]["n_params"] = sum(p.numel for p in rec.run_meta.model.params)
-    out["truncated"] = _truncated(path, out["writer"])
+        meta = rec.meta
+        out = InfoReport(
+            path=path,
+            format_version=rec.format_version,
+            run_id=rec.run_id,
+            created=rec.created,
+            steps=_steps_summary(rec),
+            config=rec.config,
+            entry=rec.entry,
+            program=rec.program,
+            env=rec.env,
+            bitwise_cuda=_bitwise_cuda(rec.env),
+            environ_here=differs_here(rec.env.get("environ")),
+            model={k: v for k, v in meta.get("model", {}).items() if k in ("class", "param_bytes")}
+            | {"n_params": sum(p.numel for p in rec.run_meta.model.params)},
+            optimizer=meta.get("optimizer"),
+            scheduler=meta.get("scheduler"),
+            scaler=meta.get("scaler"),
+            objects=meta.get("objects"),
+            distributed=meta.get("distributed"),
+            trust=_trust(rec),
+        )
+    out.steps.truncated = _truncated(path, out.steps.writer)
     return out
 
 
-def _truncated(path: str, writer: dict[str, Any] | None) -> dict[str, int] | None:
+def _truncated(path: str, writer: Writer | None) -> Truncation | None:
     """``{"size", "claimed"}`` when the file ends before the end its HDF5 superblock claims (a
     cut copy, a disk that filled up): the status dataset may still say "closed cleanly", and
     what lies past the cut is gone. A file still being written is not judged (it grows)."""
@@ -168,7 +167,7 @@ def _truncated(path: str, writer: dict[str, Any] | None) -> dict[str, int] | Non
     extent = claimed_size(path)
     if extent is None or extent[0] >= extent[1]:
         return None
-    return {"size": extent[0], "claimed": extent[1]}
+    return Truncation(extent[0], extent[1])
 
 
 def _reach_line(r: dict[str, Any]) -> str:
@@ -191,110 +190,93 @@ def _fmt_range(r: list[int] | None) -> str:
     return f"steps {r[0]}..{r[1]}" if r else "none"
 
 
-def render(d: dict[str, Any]) -> str:
-    d = term_safe_tree(d)  # every string here came from the file: see replay/safetext.py
-    lines = [
-        f"{d['path']}  (replay recording, format v{d['format_version']}, run {d['run_id'][:8]})"
-    ]
-    w = d.get("writer")
-    cut = d.get("truncated")
+def render(report: InfoReport) -> str:
+    d: InfoReport = term_safe_tree(report)  # its strings came from the file: replay/safetext.py
+    s = d.steps
+    lines = [f"{d.path}  (replay recording, format v{d.format_version}, run {d.run_id[:8]})"]
+    w, cut = s.writer, s.truncated
     if cut:
         state = (
-            f"TRUNCATED: the file holds {cut['size']} of the {cut['claimed']} bytes it claims "
-            f"({100 * cut['size'] // max(cut['claimed'], 1)}%); what is still readable is below"
+            f"TRUNCATED: the file holds {cut.size} of the {cut.claimed} bytes it claims "
+            f"({100 * cut.size // max(cut.claimed, 1)}%); what is still readable is below"
         )
-    elif d["closed_cleanly"]:
+    elif s.closed_cleanly:
         state = "closed cleanly"
-    elif w and w["draining"]:
-        more = f": {w['steps_to_come']} steps to come" if w["steps_to_come"] is not None else ""
+    elif w and w.draining:
+        more = f": {w.steps_to_come} steps to come" if w.steps_to_come is not None else ""
         state = f"not closed: its training died, its writer is still committing{more}"
     elif w:
-        state = f"being written (training process {w['pid']})"
+        state = f"being written (training process {w.pid})"
     else:
         state = "not closed (its training or its writer died)"
     lines.append(f"  status          {state}")
-    if d.get("trust"):
-        lines.append(f"  trust           {d['trust']['line']}")
-    lines.append(
-        f"  steps recorded  {d['steps_recorded']}  (health for {_fmt_range(d['health_steps'])})"
-    )
-    kept = d["batch_steps"]
-    gaps = ""
-    if kept and d.get("batch_count", 0) < kept[1] - kept[0] + 1:
+    lines.append(f"  trust           {d.trust.line}")
+    lines.append(f"  steps recorded  {s.steps_recorded}  (health for {_fmt_range(s.health_steps)})")
+    kept, gaps = s.batch_steps, ""
+    if kept and s.batch_count < kept[1] - kept[0] + 1:
         # a commit cut short (a writer killed, a full disk) rewrites the ring in parts
-        gaps = f"  ({d['batch_count']} of them: a commit was cut short)"
+        gaps = f"  ({s.batch_count} of them: a commit was cut short)"
     lines.append(f"  batches kept    {_fmt_range(kept)}{gaps}")
-    snaps = d["snapshots"]
-    lines.append(f"  snapshots       {', '.join(map(str, snaps)) if snaps else 'none'}")
-    w = d["replayable_window"]
+    lines.append(f"  snapshots       {', '.join(map(str, s.snapshots)) if s.snapshots else 'none'}")
     nothing = (
-        f"nothing: recorded without replay ({d['not_replayable']})"
-        if d.get("not_replayable")
+        f"nothing: recorded without replay ({s.not_replayable})"
+        if s.not_replayable
         else "nothing (no kept snapshot with its batches)"
     )
-    lines.append(f"  replayable      {_fmt_range(w) if w else nothing}")
-    if d.get("reach") and not d.get("not_replayable"):
-        lines.append(f"  reach           {_reach_line(d['reach'])}")
-    check = d.get("self_check")
-    if check:
-        lines.append(f"  self-check      {check['line']}")
-    if d.get("damaged_steps") or d.get("damaged_health"):
-        parts = []
-        if d.get("damaged_steps"):
-            parts.append(f"step records {_steps_list(d['damaged_steps'])}")
-        if d.get("damaged_health"):
-            parts.append(f"health rows {_steps_list(d['damaged_health'])}")
+    window = s.replayable_window
+    lines.append(f"  replayable      {_fmt_range(window) if window else nothing}")
+    if s.reach and not s.not_replayable:
+        lines.append(f"  reach           {_reach_line(s.reach)}")
+    if s.self_check:
+        lines.append(f"  self-check      {s.self_check['line']}")
+    if s.damaged_steps or s.damaged_health:
+        parts = [f"step records {_steps_list(s.damaged_steps)}"] if s.damaged_steps else []
+        parts += [f"health rows {_steps_list(s.damaged_health)}"] if s.damaged_health else []
         lines.append(
             f"  DAMAGED         {'; '.join(parts)}: their bytes fail their checksums, so they "
             "are treated as missing (never replayed)"
         )
-    for seg in d.get("segments") or []:
-        where = _fmt_range(seg["health_steps"]) if seg["health_steps"] else "unreadable"
-        lines.append(f"  other segment   {seg['path']} ({where})")
-    fb = d["first_bad"]
-    bad = []
-    if fb["nonfinite"] is not None:
-        bad.append(f"first non-finite at step {fb['nonfinite']}")
-    if fb["exception"] is not None:
-        bad.append(f"exception at step {fb['exception']}")
+    for seg in s.segments:
+        where = _fmt_range(seg.health_steps) if seg.health_steps else "unreadable"
+        lines.append(f"  other segment   {seg.path} ({where})")
+    fb = s.first_bad
+    bad = [f"first non-finite at step {fb['nonfinite']}"] if fb["nonfinite"] is not None else []
+    bad += [f"exception at step {fb['exception']}"] if fb["exception"] is not None else []
     lines.append(
         f"  health          {'; '.join(bad) if bad else 'no NaN/Inf or exception recorded'}"
     )
-    if d["last_loss"] is not None:
-        lines.append(f"  last finite loss {d['last_loss']:.6g}")
-    m = d["model"]
+    if s.last_loss is not None:
+        lines.append(f"  last finite loss {s.last_loss:.6g}")
+    m = d.model
     lines.append(f"  model           {m.get('class')}  ({m.get('n_params', 0):,} parameters)")
-    opt = (d.get("optimizer") or {}).get("class")
-    sch = (d.get("scheduler") or {}) or {}
+    opt = (d.optimizer or {}).get("class")
     lines.append(
         f"  optimizer       {opt or 'none (the step updates the parameters itself)'}"
-        + (f", scheduler {sch.get('class')}" if sch else "")
-        + (", GradScaler" if d.get("scaler") else "")
+        + (f", scheduler {d.scheduler.get('class')}" if d.scheduler else "")
+        + (", GradScaler" if d.scaler else "")
     )
-    hp: dict[str, Any] = d.get("hparams") or {}
-    for name, groups in (hp.get("optimizers") or {}).items():
+    hp = s.hparams or Hparams(0, {})
+    for name, groups in hp.optimizers.items():
         for i, g in enumerate(groups):
             said = ", ".join(f"{k} {v:.6g}" for k, v in g.items()) or "no numbers"
-            lines.append(f"  hyper-params    {name} group {i} at step {hp['step']}: {said}")
-    extra = (d.get("objects") or {}).get("stateful") or []
+            lines.append(f"  hyper-params    {name} group {i} at step {hp.step}: {said}")
+    extra = (d.objects or {}).get("stateful") or []
     if extra:
         lines.append(f"  also kept       {', '.join(map(str, extra))} (named objects)")
-    for role, e in d["entry"].items():
+    for role, e in d.entry.items():
         lines.append(f"  {role:<15} {e['module']}:{e['qualname']}  ({e['path']})")
-    env = d["env"]
+    env = d.env
     lines.append(
         f"  environment     python {env.get('python')}, torch {env.get('torch')}, "
         f"{'CUDA ' + str(env.get('cuda')) + ' on ' + ', '.join(env.get('devices') or []) if env.get('devices') else 'CPU'}, "
         f"{env.get('num_threads')} threads, host {env.get('hostname')}"
     )
-    bitwise = d.get("bitwise_cuda")
+    bitwise = d.bitwise_cuda
     if bitwise:
-        said = (
-            "possible" if bitwise["possible"] else "NOT possible: " + "; ".join(bitwise["why_not"])
-        )
+        said = "possible" if bitwise.possible else "NOT possible: " + "; ".join(bitwise.why_not)
         lines.append(f"  bitwise CUDA    {said}")
     kept = (env.get("environ") or {}).get("digests")
-    here = d.get("environ_here")
+    here = d.environ_here
     if isinstance(kept, dict) and here is not None:
         said = f"differ here: {', '.join(here)}" if here else "the same here"
         lines.append(f"  variables       {len(kept)} kept as keyed digests, {said}")
@@ -305,42 +287,40 @@ def render(d: dict[str, Any]) -> str:
         lines.append(
             f"  started         {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(started))}"
         )
-    if d.get("distributed"):
-        dd = d["distributed"]
+    dd = d.distributed
+    if dd:
         lines.append(
             f"  distributed     rank {dd.get('rank')} of {dd.get('world_size')} ({dd.get('backend')})"
         )
     return "\n".join(lines)
 
 
-def render_rank_set(d: dict[str, Any]) -> str:
-    d = term_safe_tree(d)
-    ranks = d["ranks"]
-    lines = [f"{d['rank_set']}  (rank set of {d['world_size'] or len(ranks)})"]
-    if d["missing_ranks"]:
-        lines.append(f"  missing ranks   {spans(d['missing_ranks'])}")
-    for r, why in list(d["damaged_ranks"].items())[:20]:
+def render_rank_set(summary: RankSetSummary) -> str:
+    d: RankSetSummary = term_safe_tree(summary)
+    lines = [f"{d.spec}  (rank set of {d.world_size or len(d.rows)})"]
+    if d.missing:
+        lines.append(f"  missing ranks   {spans(list(d.missing))}")
+    for r, why in list(d.damaged.items())[:20]:
         lines.append(f"  DAMAGED         rank {r}: {why}")
-    if len(d["damaged_ranks"]) > 20:
-        lines.append(f"  DAMAGED         ... ({len(d['damaged_ranks']) - 20} more ranks)")
+    if len(d.damaged) > 20:
+        lines.append(f"  DAMAGED         ... ({len(d.damaged) - 20} more ranks)")
     lines.append(
         f"  {'rank':>4}  {'steps':>11}  {'replayable':>11}  {'last loss':>10}  status / health"
     )
-    for r, x in ranks.items():
-        fb = x["first_bad"]
-        own = x["own_first_bad"]
+    for x in d.rows:
+        fb, own = x.detail.first_bad if x.detail else {}, x.own_bad
         bad = [f"own {'+'.join(own[1])} at {own[0]}"] if own else []
-        bad += [f"non-finite at {fb['nonfinite']}"] if fb["nonfinite"] is not None else []
-        bad += [f"exception at {fb['exception']}"] if fb["exception"] is not None else []
-        hs, w = x["health_steps"], x["replayable_window"]
-        loss = f"{x['last_loss']:.4g}" if x["last_loss"] is not None else "-"
+        bad += [f"non-finite at {fb['nonfinite']}"] if fb.get("nonfinite") is not None else []
+        bad += [f"exception at {fb['exception']}"] if fb.get("exception") is not None else []
+        hs, w = x.health_steps, x.window
+        loss = f"{x.last_loss:.4g}" if x.last_loss is not None else "-"
         lines.append(
-            f"  {r:>4}  {f'{hs[0]}..{hs[1]}' if hs else '-':>11}  "
+            f"  {x.rank:>4}  {f'{hs[0]}..{hs[1]}' if hs else '-':>11}  "
             f"{f'{w[0]}..{w[1]}' if w else '-':>11}  {loss:>10}  "
-            f"{'closed' if x['closed_cleanly'] else 'not closed'}"
+            f"{'closed' if x.closed else 'not closed'}"
             f"{'; ' + ', '.join(bad) if bad else ''}"
         )
-    lines.append(f"  culprit         {d['summary']}")
+    lines.append(f"  culprit         {d.summary}")
     return "\n".join(lines)
 
 
@@ -357,26 +337,22 @@ def info(run: str, as_json: bool) -> int:
     """
     scan = rank_set(run, strict=False)
     if scan is not None:
-        d = summarise(scan, detail=_steps_summary).to_json()
-        text = render_rank_set(d)
-        problem = scan.problem()
-        if problem is not None:  # what is readable is listed; then the one-line error
-            d = {**d, "error": problem, "exit_code": EXIT_INCOMPLETE_RANKS}
-            click.echo(json.dumps(d, indent=2, default=str) if as_json else text)
-            click.echo(f"replay: error: {term_safe(problem)}", err=True)
-            return EXIT_INCOMPLETE_RANKS
+        summary = summarise(scan, detail=_steps_summary)
+        d, text = summary.to_json(), render_rank_set(summary)
+        error, code = scan.problem(), EXIT_INCOMPLETE_RANKS  # what is readable is listed
     else:
-        d = describe(run)
-        text = render(d)
-    cut = d.get("truncated")
-    if cut:
-        error = (
-            f"{run}: the file is truncated ({cut['size']} of {cut['claimed']} bytes): a cut "
-            "copy or a full disk; what is still readable is listed"
-        )
-        d = {**d, "error": error, "exit_code": EXIT_BAD_RECORDING}
+        report = describe(run)
+        d, text, cut = report.to_json(), render(report), report.steps.truncated
+        error, code = None, EXIT_BAD_RECORDING
+        if cut:
+            error = (
+                f"{run}: the file is truncated ({cut.size} of {cut.claimed} bytes): a cut "
+                "copy or a full disk; what is still readable is listed"
+            )
+    if error is not None:
+        d = {**d, "error": error, "exit_code": code}
     click.echo(json.dumps(d, indent=2, default=str) if as_json else text)
-    if cut:
+    if error is not None:
         click.echo(f"replay: error: {term_safe(error)}", err=True)
-        return EXIT_BAD_RECORDING
+        return code
     return EXIT_OK

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from ..reports.info import RecordingSteps
 from ..reports.ranks import RankFailure
 from ..safetext import term_safe
 from ..store.reader import Recording
@@ -39,7 +40,7 @@ class RankRow:
     own_bad: tuple[int, tuple[str, ...]] | None  # (step, what: loss / local_grad / exception)
     median_step_s: float | None
     trace: str | None = None  # what this rank's forensics sidecar says (replay bisect, all ranks)
-    detail: dict[str, Any] = field(default_factory=dict)  # `replay info`'s own lines of the file
+    detail: RecordingSteps | None = None  # `replay info`'s own lines of the file
 
     @property
     def health_steps(self) -> tuple[int, int] | None:
@@ -53,7 +54,8 @@ class RankRow:
 
     def to_json(self) -> dict[str, Any]:
         own = None if self.own_bad is None else [self.own_bad[0], list(self.own_bad[1])]
-        return {"path": self.path, **self.detail, "own_first_bad": own}
+        detail = self.detail.to_json() if self.detail is not None else {}
+        return {"path": self.path, **detail, "own_first_bad": own}
 
 
 @dataclass(frozen=True)
@@ -114,7 +116,7 @@ class RankSetSummary:
 
 
 def summarise(
-    scan: RankScan, detail: Callable[[Recording], dict[str, Any]] | None = None
+    scan: RankScan, detail: Callable[[Recording], RecordingSteps] | None = None
 ) -> RankSetSummary:
     """Read every readable rank of ``scan`` once; ``detail`` adds a caller's own lines of each
     file to its row (``replay info``'s)."""
@@ -136,7 +138,7 @@ def summarise(
                     own_bad=None if ev is None or ev.own_step is None else (ev.own_step, ev.own),
                     median_step_s=float(np.median(times)) if times.size else None,
                     trace=trace_line(rec.forensics_path, rec.run_id),
-                    detail=detail(rec) if detail is not None else {},
+                    detail=detail(rec) if detail is not None else None,
                 )
             )
     damaged = {r: f.damaged or "" for r, f in scan.damaged.items()}

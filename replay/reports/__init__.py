@@ -16,6 +16,7 @@ beyond the standard library: the TUI reads them without torch.
 ``OverfitReport``    ``replay overfit``: one recorded batch trained on again and again
 ``WhatIfReport``     ``replay whatif``: the failing steps replayed as recorded and per change
 ``DoctorReport``     ``replay doctor``: the checklist's findings (``RankSetDoctorReport``: per rank)
+``InfoReport``       ``replay info``: what a recording holds (``reports/info.py``)
 ===================  ====================================================================
 
 ``ExportReport`` lives beside its workflow (``replay/workflows/export.py``): nothing reads it back.

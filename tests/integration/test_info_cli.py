@@ -131,3 +131,20 @@ def test_help_and_info_do_not_import_torch(nan_run):
     )
     proc = run_py("-c", code, fresh=True)  # (a forked child has torch already)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_info_json_keeps_its_keys_in_their_order(nan_run):
+    """``InfoReport.to_json`` flattens its steps part between the file's identity and its
+    ``/meta/run`` parts: the keys and their order are the ``--json`` contract."""
+    d = json.loads(replay_here("info", str(nan_run), "--json").stdout)
+    assert list(d) == [
+        *("path", "format", "format_version", "run_id", "created", "steps_recorded"),
+        *("health_steps", "batch_steps", "batch_count", "snapshots", "replayable_window"),
+        *("reach", "not_replayable", "first_bad", "last_loss", "closed_cleanly", "writer"),
+        *("truncated", "damaged_steps", "damaged_health", "self_check", "segments"),
+        *("watched_objects", "hparams", "config", "entry", "program", "env", "bitwise_cuda"),
+        *("environ_here", "model", "optimizer", "scheduler", "scaler", "objects"),
+        *("distributed", "trust"),
+    ]
+    assert list(d["model"]) == ["class", "param_bytes", "n_params"]
+    assert list(d["trust"]) == ["standing", "why", "line"]
