@@ -309,11 +309,7 @@ class RunModel:
 
     def sources(self) -> dict[str, dict[int, str]]:
         """``{path: {line: text}}``: the forensics' lines, else the recorded entry-point files."""
-        out: dict[str, dict[int, str]] = {}
-        if self.forensics is not None:
-            for path, entry in self.forensics.sources().items():
-                out[path] = {int(k): v for k, v in entry.get("lines", {}).items()}
-        for path, text in self.recorded_sources().items():
-            lines = {i + 1: line for i, line in enumerate(text.splitlines())}
-            out.setdefault(path, {}).update(lines)
-        return out
+        from replay.store.forensics import source_lines
+
+        kept = self.forensics.sources() if self.forensics is not None else {}
+        return source_lines(kept, self.recorded_sources())

@@ -151,26 +151,10 @@ def _ops_around(f: ForensicsReader, verdict: TraceVerdict) -> OpsAround:
     return OpsAround(culprit, n, [f.op_row(i) for i in range(first, last)])
 
 
-def _sources(f: ForensicsReader, rec: Recording) -> dict[str, dict[int, str]]:
-    """``{path: {line: text}}``: the sidecar's lines, else the recorded entry-point files (as
-    the TUI's source view reads them)."""
-    out: dict[str, dict[int, str]] = {}
-    for path, entry in f.sources().items():
-        lines = entry.get("lines", {}) if isinstance(entry, dict) else {}
-        out[path] = {int(k): str(v) for k, v in lines.items() if str(k).isdigit()}
-    try:
-        recorded = rec.sources
-    except RecordingError:
-        recorded = {}
-    for path, text in recorded.items():
-        out.setdefault(path, {}).update({i + 1: s for i, s in enumerate(text.splitlines())})
-    return out
-
-
 def _forensics(facts: RunFacts, rec: Recording) -> None:
     """The sidecar's verdict, ops around the culprit, parameters and source lines; or why
     there is none (absent, another run's, refused)."""
-    from ..store.forensics import ForensicsReader, NotAForensicsFile
+    from ..store.forensics import ForensicsReader, NotAForensicsFile, source_lines
 
     path = rec.forensics_path
     facts.forensics_path = path
@@ -190,7 +174,11 @@ def _forensics(facts: RunFacts, rec: Recording) -> None:
         facts.traced_step = int(f.step)
         facts.ops = _ops_around(f, facts.verdict)
         facts.params = f.params()
-        facts.sources = _sources(f, rec)
+        try:
+            recorded = rec.sources
+        except RecordingError:
+            recorded = {}
+        facts.sources = source_lines(f.sources(), recorded)
 
 
 def read_facts(run: str, *, bisect: BisectReport | None = None) -> RunFacts:

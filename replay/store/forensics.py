@@ -42,6 +42,7 @@ __all__ = [
     "decode_op",
     "ForensicsReader",
     "json_safe",
+    "source_lines",
 ]
 
 FORMAT = "replay-forensics"
@@ -583,3 +584,12 @@ class ForensicsReader:
     def batch(self) -> dict[str, Any]:
         out: dict[str, Any] = self._json["batch"]
         return out
+
+
+def source_lines(kept: dict[str, Any], recorded: Mapping[str, str]) -> dict[str, dict[int, str]]:
+    """``{path: {line: text}}`` as the source views show code: a sidecar's kept lines
+    (``ForensicsReader.sources()``), else the recorded entry-point files (``Recording.sources``)."""
+    out = {path: {int(k): v for k, v in e.get("lines", {}).items()} for path, e in kept.items()}
+    for path, text in recorded.items():
+        out.setdefault(path, {}).update({i + 1: s for i, s in enumerate(text.splitlines())})
+    return out
