@@ -20,6 +20,7 @@ from replay.reports import TraceVerdict
 from replay.safetext import term_safe, term_safe_tree
 from replay.store import Recording, open_recording
 from replay.store.liveness import WriterState, writer_state
+from replay.words import samples_text
 
 if TYPE_CHECKING:
     from replay.store.forensics import ForensicsReader
@@ -299,13 +300,9 @@ class RunModel:
         if self.forensics is None:
             return None
         v = self.forensics.verdict
-        axes, samples = v.sample_axes or [0], v.samples or []
-        if axes == [0] or not samples:
+        if (v.sample_axes or [0]) == [0] or not v.samples:
             return None
-        if len(axes) > 1:
-            shown = ", ".join(f"[{m}, {r}]" for m, r in samples)
-            return f"[micro-batch, row] along dims {axes[0]}, {axes[1]}: {shown}"
-        return f"along dim {axes[0]}: {', '.join(map(str, samples))}"
+        return samples_text(v)
 
     def sources(self) -> dict[str, dict[int, str]]:
         """``{path: {line: text}}``: the forensics' lines, else the recorded entry-point files."""
