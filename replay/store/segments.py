@@ -40,13 +40,11 @@ def _segment(base: str, n: int) -> str:
     return base if n == 0 else f"{root}.{n}{ext}"
 
 
-def segment_path(
-    path: str, rank_path: Callable[[str], str] | None = None, *, announce: bool = True
-) -> str:
+def segment_path(path: str, rank_path: Callable[[str], str] | None = None) -> str:
     """The file a new Recorder of ``path`` writes: ``path`` itself when no recording is there
     (or a live writer holds it), else the next free segment. ``rank_path``: ``fn(base) -> the
     rank's file`` under DDP (each rank checks its own file; ranks whose earlier files all exist
-    agree). ``announce``: print the one-line notice on stderr."""
+    agree). A new segment is announced in one line on stderr."""
     own: Callable[[str], str] = rank_path if rank_path is not None else (lambda p: p)
     first = own(path)
     if not _recording_there(first):
@@ -58,13 +56,12 @@ def segment_path(
     for n in range(1, MAX_SEGMENTS):
         candidate = own(_segment(path, n))
         if not os.path.lexists(candidate):
-            if announce:
-                print(
-                    f"replay: {first} holds an earlier recording, kept; this run records to "
-                    f"{candidate}",
-                    file=sys.stderr,
-                    flush=True,
-                )
+            print(
+                f"replay: {first} holds an earlier recording, kept; this run records to "
+                f"{candidate}",
+                file=sys.stderr,
+                flush=True,
+            )
             return candidate
     return first  # (ten thousand segments: the writer's own rules apply)
 
