@@ -35,20 +35,6 @@ __all__ = ["HostPool", "poolable", "poolable_array"]
 _Key = tuple[Any, ...]
 
 
-def poolable(t: torch.Tensor) -> bool:
-    """A CPU tensor that a plain contiguous buffer copies exactly as ``clone`` would."""
-    return (
-        type(t) is torch.Tensor
-        and t.device.type == "cpu"
-        and t.layout == torch.strided
-        and not t.requires_grad
-        and not t.is_quantized
-        and not t.is_conj()
-        and not t.is_neg()
-        and t.is_contiguous()
-    )
-
-
 def _plain(t: torch.Tensor) -> bool:
     """A tensor a contiguous buffer of its shape and dtype copies exactly (wherever it is)."""
     return (
@@ -59,6 +45,11 @@ def _plain(t: torch.Tensor) -> bool:
         and not t.is_neg()
         and t.is_contiguous()
     )
+
+
+def poolable(t: torch.Tensor) -> bool:
+    """A CPU tensor that a plain contiguous buffer copies exactly as ``clone`` would."""
+    return _plain(t) and t.device.type == "cpu" and not t.requires_grad
 
 
 def poolable_array(a: np.ndarray) -> bool:
