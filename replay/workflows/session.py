@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
+from contextlib import closing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
@@ -102,22 +103,15 @@ def with_engine(
     wait_until_drained(run)
     # Whatever user code runs from here (the program re-run, build_fn, each replayed step)
     # changes no file of the user's and connects nowhere (replay/engine/hands_off.py).
-    with hands_off():
-        rec = open_recording(run)
-        try:
-            if pin_steps is not None:
-                rec.pin(pin_steps, pin_from)
-            if check is not None:
-                check(rec)
-            if override is None and (options.reenter or "build_fn" not in rec.entry):
-                return _reentered(rec, work, options, log)
-            engine = Engine(rec, device=options.device, entry=override, trust=options.trust)
-            try:
-                return work(rec, engine)
-            finally:
-                engine.close()
-        finally:
-            rec.close()
+    with hands_off(), open_recording(run) as rec:
+        if pin_steps is not None:
+            rec.pin(pin_steps, pin_from)
+        if check is not None:
+            check(rec)
+        if override is None and (options.reenter or "build_fn" not in rec.entry):
+            return _reentered(rec, work, options, log)
+        with closing(Engine(rec, device=options.device, entry=override, trust=options.trust)) as e:
+            return work(rec, e)
 
 
 def _reentered(
@@ -133,10 +127,7 @@ def _reentered(
     Engine.check_origin(rec, None, options.trust, program=True)
 
     def takeover(live: LiveProgram) -> T:
-        engine = Engine(rec, device=options.device, trust=True, program=live)
-        try:
+        with closing(Engine(rec, device=options.device, trust=True, program=live)) as engine:
             return work(rec, engine)
-        finally:
-            engine.close()
 
     return run_program(rec.meta, rec.env, rec.sources, takeover, recording=rec.path, log=log)
