@@ -14,6 +14,7 @@ Example::
 from __future__ import annotations
 
 import os
+from contextlib import closing
 
 from ..store import open_recording
 from . import activations, amp, failures, gradients, inputs, loss, lr, modes, updates  # noqa: F401
@@ -26,15 +27,12 @@ __all__ = ["diagnose", "Finding", "Rule", "RULES", "rule", "SEVERITIES"]
 def diagnose(path: str | os.PathLike[str]) -> list[Finding]:
     """Run every rule on the recording at ``path``; findings sorted by severity, then rule."""
     with open_recording(path) as rec:
-        ctx = Context(rec)
-        try:
+        with closing(Context(rec)) as ctx:
             found: list[Finding] = []
             for r in RULES.values():
                 out = r.check(ctx)
                 if out is None:
                     continue
                 found.extend([out] if isinstance(out, Finding) else out)
-        finally:
-            ctx.close()
     order = {s: i for i, s in enumerate(SEVERITIES)}
     return sorted(found, key=lambda f: (order[f.severity], f.rule))

@@ -9,6 +9,7 @@ strings stay as recorded (the page escapes each one: ``escape.py``).
 from __future__ import annotations
 
 import os
+from contextlib import closing
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -92,11 +93,8 @@ def _update_ratios(rec: Recording) -> tuple[np.ndarray, np.ndarray, LayerMap | N
     ``replay doctor`` measures it: ``doctor/context.py``), and their median."""
     from ..doctor.context import Context, per_step_ratio
 
-    ctx = Context(rec)
-    try:
+    with closing(Context(rec)) as ctx:
         snaps = ctx.snapshots
-    finally:
-        ctx.close()
     names = [p.name for p in ctx.params]
     steps, med, cols = [], [], []
     for a, b in zip(snaps, snaps[1:]):

@@ -238,11 +238,8 @@ def _reenters(path: str, spec: dict[str, Any]) -> bool:
         return True
     from ..store import open_recording
 
-    rec = open_recording(path)
-    try:
+    with open_recording(path) as rec:
         return "build_fn" not in rec.entry
-    finally:
-        rec.close()
 
 
 def run(spec: dict[str, Any]) -> dict[str, Any]:

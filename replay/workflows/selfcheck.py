@@ -57,15 +57,13 @@ def _checkable(run: str, after: int, steps: int, start: int | None = None) -> in
         rec = open_recording(run)
     except ReplayError:
         return None
-    try:
+    with rec:
         w = rec.replayable_window()
         if w is not None and start is not None:
             w = w.from_snapshot(start)
         if w is None or w.last < min(after, w.first + steps - 1):
             return None
         return min(w.last, w.first + steps - 1)
-    finally:
-        rec.close()
 
 
 def _run_over(run: str, training_pid: int, unheld: list[float]) -> bool:
