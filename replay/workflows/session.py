@@ -110,8 +110,9 @@ def with_engine(
             check(rec)
         if override is None and (options.reenter or "build_fn" not in rec.entry):
             return _reentered(rec, work, options, log)
-        with closing(Engine(rec, device=options.device, entry=override, trust=options.trust)) as e:
-            return work(rec, e)
+        engine = Engine(rec, device=options.device, entry=override, trust=options.trust)
+        with closing(engine):
+            return work(rec, engine)
 
 
 def _reentered(
