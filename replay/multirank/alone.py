@@ -17,6 +17,8 @@ from typing import Any
 
 from ..bisect.compare import same_bits
 from ..bisect.search import NoteKind, note_kind
+from ..bisect.subject import Subject
+from ..reports import BisectReport
 
 __all__ = ["RankSubject", "adjust_verdict"]
 
@@ -26,7 +28,7 @@ _NOT_COMPARABLE = ("param_fingerprint",)
 class RankSubject:
     """Wraps the engine's subject: recorded rows in this rank's local terms."""
 
-    def __init__(self, inner: Any, rank: int) -> None:
+    def __init__(self, inner: Subject, rank: int) -> None:
         self.inner, self.rank = inner, rank
         self.window, self.snapshots, self.device = inner.window, inner.snapshots, inner.device
         self.replayed: dict[int, dict[str, Any]] = {}
@@ -47,11 +49,10 @@ class RankSubject:
         return rows
 
     def recorded_exception(self, step: int) -> dict[str, Any] | None:
-        exc: dict[str, Any] | None = self.inner.recorded_exception(step)
-        return exc
+        return self.inner.recorded_exception(step)
 
     def snapshot_healthy(self, step: int) -> bool:
-        return bool(self.inner.snapshot_healthy(step))
+        return self.inner.snapshot_healthy(step)
 
     def _local(self, row: dict[str, Any]) -> dict[str, Any]:
         return {**row, **{c: None for c in _NOT_COMPARABLE}}
@@ -67,7 +68,7 @@ class RankSubject:
         return row
 
 
-def adjust_verdict(v: Any, subject: RankSubject) -> None:
+def adjust_verdict(v: BisectReport, subject: RankSubject) -> None:
     """Reword a verdict for a rank replayed alone (see the module docstring)."""
     v.notes.append(
         f"DDP rank {subject.rank} replayed alone: its loss and own gradient norm are exact at the "
@@ -79,7 +80,7 @@ def adjust_verdict(v: Any, subject: RankSubject) -> None:
     # Drift after the snapshot step is the missing all-reduce, not non-determinism.
     v.notes = [n for n in v.notes if note_kind(n) is not NoteKind.NONDETERMINISM]
     t = v.first_bad_step
-    first, again = subject.replayed.get(t), subject.again.get(t)
+    first, again = (None, None) if t is None else (subject.replayed.get(t), subject.again.get(t))
     if first is not None and again is not None:
         cols = ("loss", "grad_norm", "loss_nonfinite", "grad_nonfinite", "param_nonfinite")
         v.reproducible = all(same_bits(first.get(c), again.get(c)) for c in cols)
