@@ -66,8 +66,7 @@ def _steps_summary(rec: Recording) -> RecordingSteps:
 
 
 def _hparams(rec: Recording, steps: np.ndarray) -> Hparams | None:
-    """Every optimizer's numeric hyper-parameters, per param group, at the newest step kept
-    (``None`` without an optimizer or a readable step record)."""
+    """``None`` without an optimizer or a readable step record."""
     if not len(steps):
         return None
     try:
@@ -86,8 +85,6 @@ def _self_check(path: str, run_id: str) -> dict[str, Any] | None:
 
 
 def _segment(path: str) -> Segment:
-    """One other segment: its file and the steps its health holds (``None`` when it cannot
-    be read: it is only named)."""
     try:
         with open_recording(path) as other:
             h = other.health()
@@ -98,17 +95,12 @@ def _segment(path: str) -> Segment:
 
 
 def _writer(path: str) -> Writer | None:
-    """The live writer of the file, from its lock: still recording, or draining after its
-    training died (with the steps it still has to commit)."""
-    state = writer_state(path)
-    if state is None:
-        return None
-    return Writer(state.draining, state.steps_to_come, state.pid, state.writer_pid)
+    s = writer_state(path)
+    return None if s is None else Writer(s.draining, s.steps_to_come, s.pid, s.writer_pid)
 
 
 def _trust(rec: Recording) -> Trust:
-    """Whether the replaying commands would run this recording's code (docs/trust.md): read
-    only, no key is made."""
+    """Read only: no key is made."""
     from ..trust import standing
 
     try:
@@ -119,8 +111,7 @@ def _trust(rec: Recording) -> Trust:
 
 
 def _bitwise_cuda(env: Any) -> BitwiseCuda | None:
-    """Whether a CUDA run can replay bitwise, as its recorded settings say; None for a run
-    with no GPU (``store/bitwise.py``)."""
+    """``None`` for a run with no GPU (``store/bitwise.py``)."""
     from ..store.bitwise import cuda_blockers
 
     if not isinstance(env, dict) or not env.get("devices"):
@@ -159,9 +150,8 @@ def describe(path: str) -> InfoReport:
 
 
 def _truncated(path: str, writer: Writer | None) -> Truncation | None:
-    """``{"size", "claimed"}`` when the file ends before the end its HDF5 superblock claims (a
-    cut copy, a disk that filled up): the status dataset may still say "closed cleanly", and
-    what lies past the cut is gone. A file still being written is not judged (it grows)."""
+    """A cut copy, a disk that filled up: the status dataset may still say "closed cleanly",
+    and what lies past the cut is gone. A file still being written is not judged (it grows)."""
     if writer is not None:
         return None
     extent = claimed_size(path)
