@@ -4,7 +4,7 @@ runs the experiments), as ``replay verify`` and ``replay bisect`` report it (``c
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..jsonsafe import json_safe
@@ -23,10 +23,8 @@ class StateDrift:
     max_abs_diff: float | None  # over the floating ones; None when none is comparable
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "object": self.object,
+        return asdict(self) | {
             "names": list(self.names),
-            "count": self.count,
             "max_abs_diff": json_safe(self.max_abs_diff),
         }
 

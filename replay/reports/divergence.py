@@ -3,12 +3,14 @@ whatif, each rank replayed together) or from another replay of it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..jsonsafe import json_safe
 
 __all__ = ["Divergence"]
+
+_NUMBERS = ("recorded", "replayed", "abs_diff")  # non-finite ones as "nan", "inf", "-inf"
 
 
 @dataclass(frozen=True)
@@ -29,16 +31,9 @@ class Divergence:
 
     def to_json(self) -> dict[str, Any]:
         """The JSON of every report that names one (``carried_on`` only when set)."""
-        out: dict[str, Any] = {
-            "step": self.step,
-            "column": self.column,
-            "recorded": json_safe(self.recorded),
-            "replayed": json_safe(self.replayed),
-            "abs_diff": json_safe(self.abs_diff),
-            "ulps": self.ulps,
-        }
-        if self.carried_on is not None:
-            out["carried_on"] = self.carried_on
+        out = asdict(self) | {k: json_safe(getattr(self, k)) for k in _NUMBERS}
+        if self.carried_on is None:
+            del out["carried_on"]
         return out
 
     @classmethod

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .cause import DivergenceCause
@@ -28,16 +28,7 @@ class VerifiedStep:
     exception: ExceptionInfo | None  # what the replay raised
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "step": self.step,
-            "match": self.match,
-            "compared": self.compared,
-            "loss": self.loss,
-            "recorded_loss": self.recorded_loss,
-            "param_fingerprint": self.param_fingerprint,
-            "recorded_param_fingerprint": self.recorded_param_fingerprint,
-            "exception": None if self.exception is None else dict(self.exception),
-        }
+        return asdict(self)
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> VerifiedStep:

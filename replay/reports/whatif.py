@@ -4,7 +4,7 @@ per change (``replay/workflows/whatif.py`` runs them)."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..jsonsafe import json_safe
@@ -37,17 +37,9 @@ class StepResult:
     samples: int | None = None  # --drop-samples: the samples this step ran on
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "step": self.step,
-            "loss": self.loss,
-            "grad_norm": self.grad_norm,
-            "lr": self.lr,
-            "failed": self.failed,
-            "exception": self.exception,
-            "skipped": self.skipped,
-        }
-        if self.samples is not None:
-            out["samples"] = self.samples
+        out = asdict(self)
+        if self.samples is None:
+            del out["samples"]
         return out
 
     @classmethod
