@@ -2,13 +2,13 @@
 
 The workflows return each report as a dataclass (``replay.reports``: ``BisectReport``,
 ``VerifyReport``, ``TraceReport``); the CLI prints its ``to_json()`` with ``--json`` and these
-words without. Strings that came from a file pass through ``term_safe_tree`` first (``_safe``),
-so none reaches the terminal raw.
+words without. Strings that came from a file pass through ``term_safe_tree`` first (a copy of
+the report), so none reaches the terminal raw.
 """
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any
 
 from ..reports import BisectReport, DivergenceCause, TraceReport, VerifyReport
 from ..reports.ranks import MultiRankRun, RankReplay
@@ -16,14 +16,6 @@ from ..safetext import term_safe_tree
 from ..words import cause_text, op_role, role_text, samples_text
 
 __all__ = ["render_cause", "render_ranks", "render_trace", "render_verdict", "render_verify"]
-
-R = TypeVar("R", BisectReport, VerifyReport, TraceReport)
-
-
-def _safe(report: R) -> R:
-    """A copy of ``report`` whose every string is safe to print (op names, modules, sources,
-    messages come from files)."""
-    return type(report).from_json(term_safe_tree(report.to_json()))
 
 
 def _op_where(o: dict[str, Any]) -> str:
@@ -45,7 +37,7 @@ def _source_line(src: Any) -> str | None:
 
 
 def render_verdict(report: BisectReport) -> str:
-    d = _safe(report)
+    d: BisectReport = term_safe_tree(report)
     w = d.window
     if d.healthy:
         checked = d.checked
@@ -201,7 +193,7 @@ def render_cause(c: DivergenceCause | None, indent: str = "  ") -> list[str]:
 
 
 def render_verify(report: VerifyReport) -> str:
-    d = _safe(report)
+    d: VerifyReport = term_safe_tree(report)
     w = d.window
     n = d.replayed_steps
     bad = [s for s in d.steps if not s.match]
@@ -245,7 +237,7 @@ def render_verify(report: VerifyReport) -> str:
 def render_trace(report: TraceReport) -> str:
     """``replay trace``'s report in words: the step, and the op that made its first non-finite
     value (or that none did)."""
-    d = _safe(report)
+    d: TraceReport = term_safe_tree(report)
     what = (
         f"first non-finite value made by {d.op} ({d.phase})"
         if d.op
