@@ -17,6 +17,7 @@ import numpy as np
 
 from ..reports.info import RecordingSteps
 from ..reports.ranks import RankFailure
+from ..reports.verdict import TraceVerdict
 from ..safetext import term_safe
 from ..store.reader import Recording
 from .files import open_rank_set
@@ -162,18 +163,17 @@ def trace_line(path: str, run_id: str) -> str | None:
         with ForensicsReader.open(path) as f:
             if f.run_id != run_id:
                 return None
-            v, step = f.verdict, f.step
+            v, step = TraceVerdict.from_json(f.verdict), f.step
     except (NotAForensicsFile, OSError):
         return None
-    kind = v.get("kind")
-    if v.get("op"):
-        what = f"{v['op']} ({v.get('phase')})"
-        if v.get("module") is not None:
-            what += f" in {v['module'] or '<model>'}"
-        if kind == "exception":
-            exc = v.get("exception") or {}
+    if v.op:
+        what = f"{v.op} ({v.phase})"
+        if v.module is not None:
+            what += f" in {v.module or '<model>'}"
+        if v.kind == "exception":
+            exc = v.exception or {}
             what = f"raised {exc.get('type', 'an exception')} at {what}"
-    elif kind == "nonfinite":
+    elif v.kind == "nonfinite":
         what = "no op of its own made it: NaN/Inf arrived through the all-reduce"
     else:
         what = "nothing non-finite, no exception"
