@@ -12,6 +12,8 @@ from .verdict import ExceptionInfo, exception_info
 
 __all__ = ["VerifiedStep", "VerifyReport"]
 
+_UNLESS_SET = ("approximate", "notes", "multi_rank", "ranks")  # in the JSON only when set
+
 
 @dataclass
 class VerifiedStep:
@@ -68,27 +70,14 @@ class VerifyReport:
     ranks: dict[str, RankReplay] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "deterministic": self.deterministic,
+        out = asdict(self) | {
             "window": list(self.window),
-            "device": self.device,
-            "replayed_steps": self.replayed_steps,
-            "first_divergence": (
-                None if self.first_divergence is None else self.first_divergence.to_json()
-            ),
-            "steps": [s.to_json() for s in self.steps],
+            "first_divergence": json_of(self.first_divergence),
             "cause": None if self.cause is None else self.cause.to_json(),
-            "recording": self.recording,
-            "entry_files": list(self.entry_files),
-        }
-        optional = {
             "approximate": self.approximate or None,
-            "notes": self.notes,
-            "multi_rank": json_of(self.multi_rank),
             "ranks": ranks_json(self.ranks),
         }
-        out.update({k: v for k, v in optional.items() if v is not None})
-        return out
+        return {k: v for k, v in out.items() if v is not None or k not in _UNLESS_SET}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> VerifyReport:
