@@ -27,8 +27,8 @@ the norm of a small model costs about as much as its optimizer's step. Only wher
 change the gradients meanwhile: an optimizer of a class listed in ``_READS_GRADS`` (their
 single-tensor step only reads the gradients, in torch's own code: ``foreach``, ``fused`` and
 ``differentiable`` groups measure on the training thread), no other step hook, not compiling,
-and a core free for the thread (torch on one thread, the process on more than one core). The
-value is the same bits either way (the same ops on the same tensors).
+and a core free for the thread (torch's own threads fewer than the process's cores). The value
+is the same bits either way (the same ops on the same tensors).
 """
 
 from __future__ import annotations
@@ -271,11 +271,9 @@ class GradProbe:
 
 
 def _free_core() -> bool:
-    """Whether torch computes on one thread and the process has another core. (With more
-    torch threads the thread beside training would start an OpenMP team of its own: more
-    threads than cores, and a team a fork of the process, a DataLoader worker, inherits.)"""
+    """Whether the process has a core that torch's own threads leave free."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # (not Linux)
         cores = os.cpu_count() or 1
-    return torch.get_num_threads() == 1 and cores > 1
+    return torch.get_num_threads() < cores
