@@ -202,13 +202,11 @@ class GradProbe:
         closure = kwargs.get("closure") if "closure" in kwargs else (args[1:2] or [None])[0]
         if closure is None:
             job = self.meter.later() if self._beside(optimizer) else None
-            if job is not None and self.enabled:
-                try:
-                    self._job = run_aside(job)
-                    self._measured = True
-                except RuntimeError:  # (no thread to be had: measured here)
-                    self._aside = None
-            self._measure()  # (nothing to do once measured beside the step)
+            if job is None:
+                self._measure()
+            elif self.enabled:
+                self._measured = True
+                self._job = run_aside(job)
             return None
 
         def measured_closure(*a: Any, **k: Any) -> Any:
