@@ -138,23 +138,6 @@ class GradMeter:
             return None, None
         return gn, exact_if_needed(gn, lambda: grad_absmax(self.params))
 
-    def later(self) -> Callable[[], tuple[Any, Any]] | None:
-        """What a call gives, as a job that may run on another thread while the optimizer
-        steps (``probe.py``): the gradients are taken now. ``None`` where only a call will do:
-        several dtypes or devices, shards, a device other than the CPU (its kernels are
-        asynchronous already), no gradients, gradients with a graph."""
-        if len(self._groups) != 1 or self._sharded or self._groups[0][0].device.type != "cpu":
-            return None
-        grads = [p.grad for p in self._groups[0] if p.grad is not None]
-        if not grads or any([g.requires_grad for g in grads]):  # (no generator)
-            return None
-
-        def measure() -> tuple[Any, Any]:
-            gn = _norm_of_groups([grads])
-            return gn, exact_if_needed(gn, lambda: absmax(grads))
-
-        return measure
-
 
 def measure_grads(params: list[torch.Tensor]) -> tuple[Any, Any]:
     """``(grad_norm, grad_absmax)`` as the health row takes them: float64 tensors on the

@@ -20,38 +20,23 @@ optimizer's step, after the clip). NB: one training step runs at a time in a pro
 wrappers do nothing when no probe is active. Several probes are active together when the run has
 several models (``capture/watch.py``: one probe per watched object); a clip then measures only
 the probes whose parameters it clips.
-
-On the CPU the recorder's probe measures at the optimizer's step on the thread beside training
-(``aside.py``) while the optimizer updates the parameters, and waits for it in a step post-hook:
-the norm of a small model costs about as much as its optimizer's step. Only where nothing can
-change the gradients meanwhile: an optimizer of a class listed in ``_READS_GRADS`` (their
-single-tensor step only reads the gradients, in torch's own code: ``foreach``, ``fused`` and
-``differentiable`` groups measure on the training thread), no other step hook, not compiling,
-and a core free for the thread (torch's own threads fewer than the process's cores). The value
-is the same bits either way (the same ops on the same tensors).
 """
 
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.utils
 import torch.nn.utils.clip_grad as _clip_grad
-import torch.optim.optimizer as _optim
 
-from .aside import Job, run_aside
 from .fingerprint import GradMeter
 
 __all__ = ["GradProbe", "running_probe"]
 
 _active: list[GradProbe] = []  # the probe of the step running now, if any
-# Optimizers whose step (single-tensor: what a CPU run gets unless it asks for foreach) never
-# writes a gradient: read in torch 2.13's sgd.py and adam.py, held by a test per option.
-_READS_GRADS = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW)
 
 
 def _watching(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -124,20 +109,14 @@ class GradProbe:
     ``(grad_norm, grad_absmax, optimizer_stepped)`` as :class:`GradMeter` gives them.
     """
 
-    def __init__(self, params: list[torch.Tensor], optimizer: Any, *, aside: bool = False) -> None:
+    def __init__(self, params: list[torch.Tensor], optimizer: Any) -> None:
         """``optimizer``: the one that updates ``params`` (``None``: none does), or a list of
-        them (a watched model several optimizers update: the first to step measures).
-        ``aside``: measure beside the optimizer's step where that is safe (module docstring)."""
+        them (a watched model several optimizers update: the first to step measures)."""
         self.meter = GradMeter(params)
         opts = optimizer if isinstance(optimizer, (list, tuple)) else [optimizer]
         self._hooks = [
             _hookable(o).register_step_pre_hook(self._pre_step) for o in opts if o is not None
         ]
-        self._aside: Any = None  # the optimizer whose step the norm may run beside
-        self._job: Job | None = None
-        if aside and len(opts) == 1 and type(_hookable(opts[0])) in _READS_GRADS and _free_core():
-            self._aside = _hookable(opts[0])
-            self._hooks.append(self._aside.register_step_post_hook(self._post_step))
         self._ids: frozenset[int] | None = None
         self.enabled = True
         self._on = False
@@ -201,12 +180,7 @@ class GradProbe:
             return None
         closure = kwargs.get("closure") if "closure" in kwargs else (args[1:2] or [None])[0]
         if closure is None:
-            job = self.meter.later() if self._beside(optimizer) else None
-            if job is None:
-                self._measure()
-            elif self.enabled:
-                self._measured = True
-                self._job = run_aside(job)
+            self._measure()
             return None
 
         def measured_closure(*a: Any, **k: Any) -> Any:
@@ -219,38 +193,8 @@ class GradProbe:
             return args, {**kwargs, "closure": measured_closure}
         return (args[0], measured_closure, *args[2:]), kwargs
 
-    def _beside(self, optimizer: Any) -> bool:
-        """Whether nothing but ``optimizer``'s own step can run until the post-hook, and that
-        step writes no gradient (module docstring)."""
-        return (
-            optimizer is self._aside
-            and len(optimizer._optimizer_step_pre_hooks) == 1
-            and len(optimizer._optimizer_step_post_hooks) == 1
-            and not _optim._global_optimizer_pre_hooks
-            and not _optim._global_optimizer_post_hooks
-            and not torch.compiler.is_compiling()
-            and not any(
-                g.get("foreach") or g.get("fused") or g.get("differentiable")
-                for g in optimizer.param_groups
-            )
-        )
-
-    def _post_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        self._collect()
-
-    def _collect(self) -> None:
-        """The norm measured beside the optimizer's step, waited for (a failure there: measured
-        again here, as the training thread would have: the gradients are unchanged)."""
-        job, self._job = self._job, None
-        if job is not None:
-            try:
-                self._norm, self._absmax = job.result()
-            except Exception:  # noqa: BLE001 - measured again, as on the training thread
-                self._norm, self._absmax = self.meter()
-
     def end(self, *, measure: bool = True) -> tuple[Any, Any, bool]:
         """Stop watching; measure now if nothing did during the step (and ``measure``)."""
-        self._collect()  # (the optimizer's step raised before its post-hook: waited for here)
         if self._on:
             self._on = False
             try:
@@ -266,12 +210,3 @@ class GradProbe:
         for hook in self._hooks:
             hook.remove()
         self._hooks = []
-
-
-def _free_core() -> bool:
-    """Whether the process has a core that torch's own threads leave free."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # (not Linux)
-        cores = os.cpu_count() or 1
-    return torch.get_num_threads() < cores

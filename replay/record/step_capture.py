@@ -75,7 +75,7 @@ class StepCapture:
         self._run_params = run_params(objects, inner)
         self._trainable: list[bool] | None = None
         self._opt_params = objects.trained_params()
-        self.probe = GradProbe(self._opt_params, objects.optimizer, aside=True)
+        self.probe = GradProbe(self._opt_params, objects.optimizer)
         # Every other model and optimizer among the objects (a GAN's netG and optG).
         self.watch = ObjectWatch(objects, inner)
         self.watching = bool(self.watch)  # (fixed at start: read three times a step)
