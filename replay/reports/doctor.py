@@ -85,15 +85,6 @@ class RankSetDoctorReport:
     ranks: dict[str, DoctorReport] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = json_safe(
-            {
-                "world_size": self.world_size,
-                "missing": list(self.missing),
-                "first_bad": self.first_bad,
-                "first_bad_step": self.first_bad_step,
-                "first_bad_ranks": list(self.first_bad_ranks),
-                "slowest": None if self.slowest is None else asdict(self.slowest),
-                "ranks": {r: d.to_json() for r, d in self.ranks.items()},
-            }
-        )
+        ranks = {r: d.to_json() for r, d in self.ranks.items()}
+        out: dict[str, Any] = json_safe(asdict(self) | {"ranks": ranks})
         return out

@@ -61,19 +61,9 @@ class ExportReport:
     ranks: dict[str, dict[str, Any]] = field(default_factory=dict)  # a rank set: each rank's
 
     def to_json(self) -> dict[str, Any]:
-        out = {
-            "out": self.out,
-            "step": self.step,
-            "snapshot": self.snapshot,
-            "replayed": self.replayed,
-            "files": dict(self.files),
-            "first_bad": self.first_bad,
-            "verified": self.verified,
-            "skip": list(self.skip),
-            "notes": list(self.notes),
-        }
-        if self.ranks:
-            out["ranks"] = dict(self.ranks)
+        out = asdict(self)
+        if not self.ranks:
+            del out["ranks"]
         return out
 
 
