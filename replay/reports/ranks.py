@@ -37,14 +37,10 @@ class RankFailure:
         return self.ranks[0]
 
     def to_json(self, *, evidence: bool = False) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "step": self.step,
-            "ranks": list(self.ranks),
-            "kind": self.kind,
-            "local": self.local,
-        }
-        if evidence:
-            out["evidence"] = {str(r): v for r, v in self.evidence.items()}
+        out = asdict(self) | {"ranks": list(self.ranks)}
+        out["evidence"] = {str(r): v for r, v in self.evidence.items()}
+        if not evidence:
+            del out["evidence"]
         return out
 
     @classmethod

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 __all__ = ["SelfCheck", "selfcheck_path", "read_selfcheck", "write_selfcheck", "STATUSES"]
@@ -87,19 +87,8 @@ class SelfCheck:
         return {"running": "running", "skipped": "skipped"}.get(self.status, "could not run")
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "version": VERSION,
-            "status": self.status,
-            "check": self.check,
-            "steps": list(self.steps) if self.steps else None,
-            "kind": self.kind,
-            "summary": self.summary,
-            "hint": self.hint,
-            "seconds": self.seconds,
-            "run_id": self.run_id,
-            "earlier": list(self.earlier) if self.earlier else None,
-            "pid": self.pid,
-        }
+        pairs = {k: list(v) if (v := getattr(self, k)) else None for k in ("steps", "earlier")}
+        return {"version": VERSION, **asdict(self), **pairs}
 
     @classmethod
     def from_json(cls, d: Any) -> SelfCheck | None:
