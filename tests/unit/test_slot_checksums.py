@@ -69,9 +69,10 @@ def test_a_damaged_step_is_reported_missing_and_the_window_shrinks_around_it(tmp
         r.read_step(8)  # its neighbours are fine
     from replay.cli.info import describe, render
 
-    d = describe(str(path))
+    report = describe(str(path))
+    d = report.to_json()  # (what --json prints)
     assert d["damaged_steps"] == [9] and d["replayable_window"] == [0, 8]
-    assert "DAMAGED         step records 9" in render(d)
+    assert "DAMAGED         step records 9" in render(report)
 
 
 def test_a_damaged_health_row_is_dropped(tmp_path):
