@@ -13,9 +13,9 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH)"
 	echo "$(TORCH)" > $(VENV)/torch-constraint.txt
-	$(PY) -m pip install -q -c $(VENV)/torch-constraint.txt -e ".[test]"
+	@# one resolver run for torch and the rest (two runs looked every shared dependency up twice)
+	$(PY) -m pip install -q -c $(VENV)/torch-constraint.txt "$(TORCH)" -e ".[test]"
 	@# replay report's browser tests drive the system's chromium (never a downloaded one); as
 	@# root with apt-get it is installed, elsewhere (or on failure) those tests skip with a reason
 	@if [ ! -x /usr/bin/chromium ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
