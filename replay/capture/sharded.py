@@ -109,7 +109,10 @@ def _get(tree: Any, key: Any) -> tuple[Any, Any]:
     if isinstance(tree, dict):
         if key in tree:
             return key, tree[key]
-        for k in (str(key), int(key) if isinstance(key, str) and key.isdigit() else None):
+        for k in (
+            str(key),
+            int(key) if isinstance(key, str) and key.isascii() and key.isdigit() else None,
+        ):
             if k is not None and k in tree:
                 return k, tree[k]
     if isinstance(tree, list) and isinstance(key, int) and key < len(tree):

@@ -37,7 +37,7 @@ class DistContext:
 
 def _local_rank() -> int | None:
     v = os.environ.get("LOCAL_RANK")
-    return int(v) if v is not None and v.isdigit() else None
+    return int(v) if v is not None and v.isascii() and v.isdigit() else None
 
 
 def detect(rank: int | None = None, world_size: int | None = None) -> DistContext | None:

@@ -435,7 +435,7 @@ class ForensicsReader:
             isinstance(e, dict)
             and isinstance(e.get("lines", {}), dict)
             and all(
-                isinstance(k, str) and k.isdigit() and isinstance(v, str)
+                isinstance(k, str) and k.isascii() and k.isdigit() and isinstance(v, str)
                 for k, v in e.get("lines", {}).items()
             )
             for e in sources.values()

@@ -38,7 +38,7 @@ def split_location(loc: str | None) -> tuple[str, int, str] | None:
     if not loc:
         return None
     parts = loc.rsplit(":", 2)
-    if len(parts) != 3 or not parts[1].isdigit():
+    if len(parts) != 3 or not (parts[1].isascii() and parts[1].isdigit()):
         return None
     return parts[0], int(parts[1]), parts[2]
 
