@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import textwrap
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 
@@ -21,18 +21,6 @@ __all__ = ["doctor"]
 _MARK = {"error": "✗ error  ", "warning": "! warning", "info": "· info   "}
 
 
-def _fmt(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    if isinstance(v, dict):
-        items = list(v.items())
-        s = ", ".join(f"{k}={_fmt(x)}" for k, x in items[:4])
-        return "{" + s + (", ..." if len(items) > 4 else "") + "}"
-    if isinstance(v, list):
-        return "[" + ", ".join(_fmt(x) for x in v[:6]) + (", ..." if len(v) > 6 else "") + "]"
-    return str(v)
-
-
 def render(report: DoctorReport) -> str:
     # Titles, evidence and advice name modules and parameters from the file: term_safe each.
     path = term_safe(report.path)
@@ -43,7 +31,7 @@ def render(report: DoctorReport) -> str:
     lines = [f"{path}: {n['error']} errors, {n['warning']} warnings, {n['info']} notes", ""]
     for f in findings:
         lines.append(f"{_MARK[f.severity]}  [{term_safe(f.rule)}]  {term_safe(f.title)}")
-        ev = "; ".join(f"{k} {_fmt(v)}" for k, v in f.evidence.items())
+        ev = f.evidence_text(lambda v: f"{v:.4g}")
         lines += textwrap.wrap(
             "evidence: " + term_safe(ev), 96, initial_indent="    ", subsequent_indent="      "
         )

@@ -390,23 +390,13 @@ def doctor_section(f: RunFacts) -> str:
         )
     items = []
     for x in f.findings:
-        ev = "; ".join(f"{k} {_fmt(v)}" for k, v in x.evidence.items())
+        ev = x.evidence_text(fmt_num)
         items.append(
             f'<li><span class="sev-{esc(x.severity)}">{esc(x.severity)}</span> '
             f"[<code>{esc(x.rule)}</code>] {esc(x.title)}<br>"
             f'<span class="note">evidence: {esc(ev)}</span><br>advice: {esc(x.advice)}</li>'
         )
     return f'<section id="doctor"><h2>Doctor</h2><ul>{"".join(items)}</ul></section>'
-
-
-def _fmt(v: Any) -> str:
-    if isinstance(v, float):
-        return fmt_num(v)
-    if isinstance(v, dict):
-        return "{" + ", ".join(f"{k}={_fmt(x)}" for k, x in list(v.items())[:4]) + "}"
-    if isinstance(v, list):
-        return "[" + ", ".join(_fmt(x) for x in v[:6]) + (", ..." if len(v) > 6 else "") + "]"
-    return str(v)
 
 
 def ranks_section(f: RunFacts) -> str:

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeAlias
 
@@ -35,6 +35,11 @@ class Finding:
         out: dict[str, Any] = json_safe(asdict(self))
         return out
 
+    def evidence_text(self, num: Callable[[float], str]) -> str:
+        """The evidence in one line, as ``replay doctor`` and the report page show it: floats
+        through ``num``, the first 4 entries of a mapping and 6 items of a list."""
+        return "; ".join(f"{k} {_value_text(v, num)}" for k, v in self.evidence.items())
+
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Finding:
         return cls(
@@ -45,6 +50,19 @@ class Finding:
             advice=str(d.get("advice", "")),
             steps=[int(s) for s in d.get("steps") or []],
         )
+
+
+def _value_text(v: EvidenceValue, num: Callable[[float], str]) -> str:
+    if isinstance(v, float):
+        return num(v)
+    if isinstance(v, dict):
+        items = list(v.items())
+        s = ", ".join(f"{k}={_value_text(x, num)}" for k, x in items[:4])
+        return "{" + s + (", ..." if len(items) > 4 else "") + "}"
+    if isinstance(v, list):
+        s = ", ".join(_value_text(x, num) for x in v[:6])
+        return "[" + s + (", ..." if len(v) > 6 else "") + "]"
+    return str(v)
 
 
 @dataclass
