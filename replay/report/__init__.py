@@ -42,14 +42,9 @@ def build_page(run: str, *, bisect: BisectReport | None = None) -> str:
 def write_report(run: str, out: str, *, bisect: BisectReport | None = None) -> int:
     """Write the page for ``run`` to ``out`` (a new file, or a regular file replaced whole);
     returns its size in bytes."""
-    from ..store.safefile import create_new, refuse_non_regular
+    from ..store.safefile import replace_whole
 
     page = build_page(run, bisect=bisect).encode("utf-8")
-    # Only a regular file is replaced, through a temporary one made with O_EXCL|O_NOFOLLOW: a
-    # link or a device planted at either name is an error, never written through.
-    refuse_non_regular(out, "the report")
-    tmp = f"{out}.{os.getpid()}.tmp"
-    with os.fdopen(create_new(tmp, os.O_WRONLY, stale_ok=True), "wb") as fh:
+    with replace_whole(out, "the report") as fh:
         fh.write(page)
-    os.replace(tmp, out)
     return len(page)

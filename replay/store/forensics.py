@@ -25,6 +25,7 @@ from ..errors import RecordingError
 from ..jsonsafe import json_safe
 from . import validate as V
 from .contracts import OpStatus, Phase
+from .safefile import replace_whole, staging_name
 
 __all__ = [
     "FORMAT",
@@ -160,18 +161,10 @@ def _columns(g: h5py.Group, spec: dict[str, Any], data: Any, where: str, chunked
         g.create_dataset(name, data=arr, chunks=chunks, maxshape=(None, *tail) if chunked else None)
 
 
-def staging_name(path: str) -> str:
-    """Where this process writes the sidecar ``path`` before renaming it: its own name (the
-    pid), so that two commands tracing the same recording at once never write into, or
-    rename, each other's file (one ``path.tmp`` for all made one of them fail, "No such file
-    or directory", and lose its trace). A file a killed process left there is replaced."""
-    return f"{path}.{os.getpid()}.tmp"
-
-
 def write_forensics(
     path: str | os.PathLike[str], *, run_id: str, step: int, tables: dict[str, Any]
 ) -> None:
-    """Write a sidecar atomically (:func:`staging_name`, then ``os.replace``).
+    """Write a sidecar atomically (``safefile.replace_whole``).
 
     ``tables`` is what ``TraceResult.to_tables()`` returns: keys ``verdict`` (dict[str, Any]), ``ops``,
     ``modules``, ``params`` (dicts of columns), ``strings`` (dict[str, Any] of lists of str), ``memory``
@@ -182,16 +175,7 @@ def write_forensics(
     missing -= set(tables)
     if missing:
         raise ValueError(f"write_forensics: tables lack {sorted(missing)}")
-    from .safefile import create_new, refuse_non_regular
-
-    # Only a regular file is replaced, and the temporary one is made with O_EXCL|O_NOFOLLOW and
-    # written through its descriptor: a link or device planted at either name is an error.
-    refuse_non_regular(path, "the forensics sidecar")
-    tmp = staging_name(path)
-    with (
-        os.fdopen(create_new(tmp, os.O_RDWR, stale_ok=True), "w+b") as raw,
-        h5py.File(raw, "w") as f,
-    ):
+    with replace_whole(path, "the forensics sidecar") as raw, h5py.File(raw, "w") as f:
         f.attrs["format"] = FORMAT
         f.attrs["format_version"] = FORMAT_VERSION
         f.attrs["run_id"] = str(run_id)
@@ -215,7 +199,6 @@ def write_forensics(
         _blob(mem, "largest", tables["memory"]["largest"])
         _blob(_group(f, "sources", "sources"), "json", tables["sources"])
         _blob(_group(f, "batch", "batch"), "json", tables["batch"])
-    os.replace(tmp, path)
 
 
 def decode_op(

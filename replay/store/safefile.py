@@ -11,8 +11,11 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import BinaryIO
 
-__all__ = ["UnsafePath", "create_new", "open_lock", "refuse_non_regular"]
+__all__ = ["UnsafePath", "create_new", "open_lock", "refuse_non_regular", "replace_whole"]
 
 # Every file the store creates beside a recording is made with these flags: a name someone
 # planted first (a symlink to a victim file, a device) is an error, never followed (issue 32).
@@ -70,6 +73,23 @@ def create_new(path: str, flags: int = os.O_RDWR, *, stale_ok: bool = False) -> 
         )
     os.unlink(path)
     return os.open(path, flags | _NEW, 0o644)
+
+
+def staging_name(path: str) -> str:
+    """This process's own temporary name for ``path``: two commands writing it at once never
+    write into, or rename, each other's file. One a killed process left is replaced."""
+    return f"{path}.{os.getpid()}.tmp"
+
+
+@contextmanager
+def replace_whole(path: str, what: str) -> Iterator[BinaryIO]:
+    """A file whose content replaces ``path`` (a regular file, or none) once written: ``path`` is
+    never seen half-written, and a link or device planted at either name is an error."""
+    refuse_non_regular(path, what)
+    tmp = staging_name(path)
+    with os.fdopen(create_new(tmp, os.O_RDWR, stale_ok=True), "w+b") as fh:
+        yield fh
+    os.replace(tmp, path)
 
 
 def open_lock(name: str) -> int:
