@@ -63,8 +63,14 @@ soak: setup
 # self-check, sync debug mode around rec.step, DDP over NCCL on two GPUs. Each check's result
 # and time in gpu-check-report.md (and .json); exit 1 if one failed, 3 where there is no CUDA.
 # `$(PY) tests/gpu/gpu_check.py --device cpu` runs the same checks on the CPU.
-gpu-check: setup
-	$(PY) tests/gpu/gpu_check.py --report gpu-check-report.md
+# GPU_PY=python3: a Python that already holds torch with CUDA, h5py, numpy and click (a GPU
+# machine's own image, often with no network): used as it is, nothing installed, no .venv.
+# GPU_REPORT: where the report goes (its .json and .log beside it).
+GPU_PY ?=
+GPU_REPORT ?= gpu-check-report.md
+gpu-check: $(if $(GPU_PY),,setup)
+	PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" PYTHONUNBUFFERED=1 \
+		$(or $(GPU_PY),$(PY)) tests/gpu/gpu_check.py --report "$(GPU_REPORT)"
 
 lint: setup typecheck
 	$(VENV)/bin/ruff check replay tui tests examples benchmarks

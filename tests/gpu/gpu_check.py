@@ -7,8 +7,12 @@ Each check records a small program (tests/gpu/check_programs.py) in a directory 
 asks ``replay`` about it (verify, bisect, the self-check's verdict). The checks are independent:
 one that fails or times out does not stop the others. The report (Markdown, and JSON beside it
 with ``.json`` for ``.md``) holds the device, the versions and each check's result, seconds and
-detail. Exit 0 when every check that ran passed, 1 when one failed, 3 (one line on stderr) when
-there is no CUDA device. The whole run stops starting checks after ``--budget`` seconds (540).
+detail, and a log beside it (``.log`` for ``.md``) with the full output of every command that
+failed: a lent GPU machine's minutes are few, so one run must hold everything its failures need.
+The three files are written again after every check (a run stopped at its limit keeps what it
+found). Exit 0 when every check that ran passed, 1 when one failed, 3 (one line on stderr) when
+there is no CUDA device. No command runs past ``--budget`` seconds (540) from the start: each
+command's timeout is cut to what is left of it.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -30,6 +35,7 @@ PROGRAMS = Path(__file__).with_name("check_programs.py")
 NO_CUDA_EXIT = 3
 SYNC_EXIT = 3  # check_programs.py's exit when rec.step synchronised
 CUDA_RUN = Path(__file__).with_name("cuda_run.py")
+_LOG_CHARS = 20_000  # of each stream of a failed command, in the log
 CHECKS = (
     "reentry",
     "autocast",
@@ -62,7 +68,8 @@ class Context:
     root: Path  # one directory per check under it
     timeout: float  # seconds for each command
     gpus: int
-    commands: list[str] = field(default_factory=list)
+    deadline: float  # time.monotonic() after which no command runs
+    failures: list[str] = field(default_factory=list)  # each failed command's whole output
 
     def run(
         self, cwd: Path, *argv: str, ok: tuple[int, ...] = (0,)
@@ -70,18 +77,40 @@ class Context:
         env = dict(
             os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
         )
-        p = subprocess.run(
-            [sys.executable, *argv],
-            cwd=cwd,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=self.timeout,
-        )
+        left = self.deadline - time.monotonic()
+        if left < 5:
+            raise CheckFailed(f"not run: the budget was spent before `{' '.join(argv[:3])}`")
+        try:
+            p = subprocess.run(
+                [sys.executable, *argv],
+                cwd=cwd,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=min(self.timeout, left),
+            )
+        except subprocess.TimeoutExpired as e:
+            self._keep(cwd, argv, f"timed out after {e.timeout:.0f} s", e.stdout, e.stderr)
+            raise
         if p.returncode not in ok:
+            self._keep(cwd, argv, f"exited {p.returncode}", p.stdout, p.stderr)
             tail = (p.stderr.strip().splitlines() or ["(no output)"])[-1][:400]
             raise CheckFailed(f"`{' '.join(argv[:3])}` exited {p.returncode}: {tail}")
         return p
+
+    def _keep(self, cwd: Path, argv: tuple[str, ...], how: str, out: object, err: object) -> None:
+        def text(x: object) -> str:
+            s = x.decode(errors="replace") if isinstance(x, bytes) else str(x or "")
+            return (
+                s
+                if len(s) <= _LOG_CHARS
+                else f"[... {len(s) - _LOG_CHARS} chars]" + s[-_LOG_CHARS:]
+            )
+
+        self.failures.append(
+            f"## {cwd.name}: `{' '.join(argv)}` {how}\n\n"
+            f"### stdout\n{text(out)}\n### stderr\n{text(err)}\n"
+        )
 
     def record(
         self, cwd: Path, case: str, *extra: str, ok: tuple[int, ...] = (0,)
@@ -209,6 +238,7 @@ def run_check(ctx: Context, name: str) -> Result:
         )
     except Exception as e:  # noqa: BLE001  # a check's own bug fails that check, not the run
         detail, result = f"{type(e).__name__}: {e}"[:400], "fail"
+        ctx.failures.append(f"## {name}: the check itself raised\n\n{traceback.format_exc()}\n")
     return Result(name, result, round(time.monotonic() - t0, 1), detail)
 
 
@@ -227,7 +257,9 @@ def environment(device: str) -> dict[str, object]:
     return env
 
 
-def write_report(path: Path, env: dict[str, object], results: list[Result]) -> None:
+def write_report(
+    path: Path, env: dict[str, object], results: list[Result], failures: list[str]
+) -> None:
     lines = ["# gpu-check", "", *(f"- {k}: {v}" for k, v in env.items()), ""]
     lines += ["| check | result | seconds | detail |", "|---|---|---|---|"]
     lines += [
@@ -236,6 +268,8 @@ def write_report(path: Path, env: dict[str, object], results: list[Result]) -> N
     path.write_text("\n".join(lines) + "\n")
     body = {"environment": env, "checks": [asdict(r) for r in results]}
     path.with_suffix(".json").write_text(json.dumps(body, indent=1) + "\n")
+    log = "\n".join(failures) if failures else "(no command failed)\n"
+    path.with_suffix(".log").write_text(f"# gpu-check: the failed commands' output\n\n{log}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -264,23 +298,20 @@ def main(argv: list[str] | None = None) -> int:
         return NO_CUDA_EXIT
     gpus = torch.cuda.device_count() if a.device == "cuda" else 0
     root = Path(tempfile.mkdtemp(prefix="gpu-check-"))
-    ctx = Context(a.device, root, a.timeout, gpus)
-    start = time.monotonic()
+    ctx = Context(a.device, root, a.timeout, gpus, deadline=time.monotonic() + a.budget)
+    report, env = Path(a.report), environment(a.device)
     results: list[Result] = []
     try:
         for name in names:
-            if time.monotonic() - start > a.budget:
-                results.append(
-                    Result(name, "fail", 0.0, f"not run: the {a.budget:.0f} s budget was spent")
-                )
-                continue
-            r = run_check(ctx, name)
+            if time.monotonic() > ctx.deadline - 5:
+                r = Result(name, "fail", 0.0, f"not run: the {a.budget:.0f} s budget was spent")
+            else:
+                r = run_check(ctx, name)
+                print(f"gpu-check: {r.name}: {r.result} ({r.seconds} s) {r.detail}", flush=True)
             results.append(r)
-            print(f"gpu-check: {r.name}: {r.result} ({r.seconds} s) {r.detail}", flush=True)
+            write_report(report, env, results, ctx.failures)  # what a kill leaves
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    report = Path(a.report)
-    write_report(report, environment(a.device), results)
     failed = [r.name for r in results if r.result == "fail"]
     print(
         f"gpu-check: {len(results) - len(failed)}/{len(results)} passed or skipped; report in {report}"

@@ -4,6 +4,7 @@ on the CPU (``--device cpu``) so that the script a lent GPU will run has run bef
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -68,6 +69,25 @@ def test_a_check_that_fails_does_not_stop_the_others(tmp_path: Path) -> None:
     assert list(checks) == ["reentry", "conv"]
     for c in checks.values():
         assert c["result"] == "fail" and "timed out after" in str(c["detail"]), c
+    log = report.with_suffix(".log").read_text()  # what a lent GPU's one run must bring back
+    assert "## reentry: `" in log and "## conv: `" in log and "timed out after" in log, log
+
+
+def test_no_command_runs_past_the_budget(tmp_path: Path) -> None:
+    """A lent GPU machine kills the whole run at its limit: a command started near the end of
+    the budget gets only what is left of it (not --timeout's 180 s), and past it none starts;
+    its output is kept for the log."""
+    import time
+
+    gpu_check = pytest.importorskip("tests.gpu.gpu_check")
+    ctx = gpu_check.Context("cpu", tmp_path, 180.0, 0, deadline=time.monotonic() + 6)
+    t0 = time.monotonic()
+    with pytest.raises(subprocess.TimeoutExpired) as e:
+        ctx.run(tmp_path, "-c", "print('started', flush=True); import time; time.sleep(60)")
+    assert e.value.timeout <= 6 and time.monotonic() - t0 < 20
+    assert "started" in ctx.failures[0] and "timed out after" in ctx.failures[0]
+    with pytest.raises(gpu_check.CheckFailed, match="budget was spent"):
+        ctx.run(tmp_path, "-c", "pass")
 
 
 @pytest.mark.slow
