@@ -95,7 +95,7 @@ def health_values(h: dict[str, Any], watched: tuple[str, ...] = ()) -> list[floa
         row[COL["local_grad_nonfinite"]] = float(not isfinite(row[COL["local_grad_norm"]]))
     if h.get("param_absmax") is not None:
         row[COL["param_nonfinite"]] = float(not isfinite(host_value(h["param_absmax"])))
-    elif "param_fingerprint" in h:
+    elif h.get("param_fingerprint") is not None:  # (None: a model that holds no parameters)
         row[COL["param_nonfinite"]] = float(not isfinite(row[_FP]))
     if "scale_after" in h:
         row[COL["scaler_skipped"]] = float(host_value(h["scale_after"]) < row[_SCALE])

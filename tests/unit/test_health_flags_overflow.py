@@ -34,3 +34,19 @@ def test_absmax_sees_nan_and_inf_elements():
     )
     row = health_row({"loss": 1.0, "grad_absmax": torch.tensor(math.nan)})
     assert row[COL["grad_nonfinite"]] == 1.0
+
+
+def test_a_model_that_holds_no_parameters_is_not_flagged_non_finite():
+    """Regression: a model whose layers sit in a plain list (pytorch/examples'
+    mnist_forward_forward: ``self.layers = [...]``, each layer with its own optimizer) has no
+    parameters of its own; its fingerprint is None, and the recorder flagged param_nonfinite at
+    every fingerprinted step, so ``replay bisect`` named step 0 of a healthy run."""
+    h = {
+        "loss": 1.0,
+        "grad_norm": None,
+        "param_fingerprint": param_fingerprint([]),
+        "param_absmax": absmax([]),
+    }
+    row = health_row(h)
+    assert math.isnan(row[COL["param_nonfinite"]])  # not measured, not "non-finite"
+    assert math.isnan(row[COL["param_fingerprint"]])
