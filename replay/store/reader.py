@@ -22,6 +22,7 @@ import struct
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -644,7 +645,7 @@ class Recording:
             for k, v in zip(root.get("k", []), root.get("v", []))
             if k.get("t") == "str" and k.get("v") in keys
         }
-        if pinned is not None or any(map(_buffered, found.values())):
+        if pinned is not None or any("off" in n for v in found.values() for n in _nodes(v)):
             record = self.read_step(step)
             return {k: record[k] for k in keys if k in record}
         return {k: decode(v, b"") for k, v in found.items()}
@@ -692,26 +693,19 @@ class Recording:
         return record
 
     def snapshot_devices(self, step: int) -> dict[str, str]:
-        """Where the tensors of each part of a snapshot lived (``{"model": "cuda:0", ...}``),
-        read from its manifest alone (kilobytes, not the whole snapshot)."""
-
-        def first_device(node: dict[str, Any]) -> str | None:
-            stack = [node]
-            while stack:
-                n = stack.pop(0)
-                if n.get("t") == "tensor":
-                    return str(n.get("device", "cpu"))
-                stack.extend(n.get("v", []) if isinstance(n.get("v"), list) else [])
-            return None
-
+        """Where the tensors of each part of a snapshot lived (``{"model": "cuda:0", ...}``: its
+        first tensor's, breadth first), read from its manifest alone (kilobytes, not the whole
+        snapshot)."""
         if step in self._pinned_devices:
             return dict(self._pinned_devices[step])
-        root = self._read_manifest("snapshots", step)  # checked by check_tree: nodes are dicts
-        out = {}
-        for k, v in zip(root.get("k", []), root.get("v", [])):
-            if k.get("t") == "str":
-                out[k["v"]] = first_device(v) or "cpu"
-        return out
+        root = self._read_manifest("snapshots", step)
+        return {
+            k["v"]: next(
+                (str(n.get("device", "cpu")) for n in _nodes(v) if n.get("t") == "tensor"), "cpu"
+            )
+            for k, v in zip(root.get("k", []), root.get("v", []))
+            if k.get("t") == "str"
+        }
 
     # -- health ----------------------------------------------------------------------------
 
@@ -849,17 +843,17 @@ class Recording:
         return sidecar_path(self.path)
 
 
-def _buffered(node: Any) -> bool:
-    """Whether a manifest node, or one inside it, has its bytes in the arena."""
-    stack = [node]
-    while stack:
-        n = stack.pop()
+def _nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """A manifest node and every node inside it (its keys' and values'), breadth first. The
+    strings in the lists of a complex number (its parts) and an object (its attribute names)
+    are not nodes."""
+    queue: list[Any] = [node]
+    for n in queue:
         if isinstance(n, dict):
-            if "off" in n:
-                return True
-            stack.extend(n.get("k", []) if isinstance(n.get("k"), list) else [])
-            stack.extend(n.get("v", []) if isinstance(n.get("v"), list) else [])
-    return False
+            yield n
+            for kids in (n.get("k"), n.get("v")):
+                if isinstance(kids, list):
+                    queue.extend(kids)
 
 
 class DamagedSlot(RecordingError):
