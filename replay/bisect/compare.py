@@ -63,14 +63,26 @@ def same_bits(a: float | None, b: float | None) -> bool:
 
 
 def _ulps(a: float, b: float) -> int | None:
+    """How many representable values apart ``a`` and ``b`` are: float32's when both are
+    float32 values (a float32 loss, kept as float64 in the health row: one float32 ulp is 2**29
+    float64 ones), else float64's."""
     if not (math.isfinite(a) and math.isfinite(b)):
         return None
+    f32 = _is_float32(a) and _is_float32(b)
+    fmt, ifmt, mask = ("<f", "<i", 0x7FFFFFFF) if f32 else ("<d", "<q", 0x7FFFFFFFFFFFFFFF)
 
     def key(x: float) -> int:
-        i: int = struct.unpack("<q", struct.pack("<d", x))[0]
-        return i if i >= 0 else -(i & 0x7FFFFFFFFFFFFFFF)
+        i: int = struct.unpack(ifmt, struct.pack(fmt, x))[0]
+        return i if i >= 0 else -(i & mask)
 
     return abs(key(a) - key(b))
+
+
+def _is_float32(x: float) -> bool:
+    try:
+        return bool(struct.unpack("<f", struct.pack("<f", x))[0] == x)
+    except OverflowError:  # beyond float32's range
+        return False
 
 
 def _measured(flag: Any) -> bool:

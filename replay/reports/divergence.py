@@ -17,9 +17,10 @@ _NUMBERS = ("recorded", "replayed", "abs_diff")  # non-finite ones as "nan", "in
 class Divergence:
     """Step ``step``'s ``column`` (``loss``, ``param_fingerprint``, ``exception``...) was
     ``recorded`` in the recording and ``replayed`` on replay (exception type names for
-    ``exception``); ``abs_diff`` and ``ulps`` when both are finite numbers. ``carried_on``: the
-    snapshot a replay carried on from gave the recorded bits, one from the step's own snapshot
-    did not (``replay verify``)."""
+    ``exception``); ``abs_diff`` and ``ulps`` when both are finite numbers (``ulps`` counted in
+    float32 when both are float32 values, as a float32 loss is). ``carried_on``: the snapshot a
+    replay carried on from gave the recorded bits, one from the step's own snapshot did not
+    (``replay verify``)."""
 
     step: int
     column: str

@@ -249,3 +249,23 @@ def test_verify_starts_each_kept_snapshot_afresh_as_a_bisect_after_it_would():
     s = Synthetic(n=25, every=10, kind="none")
     verify_window(s)
     assert s.fresh == [10, 20]
+
+
+def test_a_float32_loss_one_ulp_off_is_said_to_be_one_ulp_off():
+    """Regression: a replayed float32 loss 2 float32 ulps off was reported as '1073741824
+    ulps' (pytorch/examples' gcn replayed with its sparse graph made dense): the health row
+    keeps the loss as float64, and the distance was counted in float64's ulps."""
+    import struct
+
+    from replay.bisect.compare import compare_rows
+
+    loss = 1.9059345722198486  # a float32 value
+    up = struct.unpack(
+        "<f", struct.pack("<I", struct.unpack("<I", struct.pack("<f", loss))[0] + 2)
+    )[0]
+    d = compare_rows({"loss": loss}, {"step": 12, "loss": up})
+    assert d is not None and d.ulps == 2
+    d = compare_rows({"loss": -loss}, {"step": 12, "loss": -up})
+    assert d is not None and d.ulps == 2
+    d = compare_rows({"loss": 0.1}, {"step": 1, "loss": math.nextafter(0.1, 1.0)})  # float64
+    assert d is not None and d.ulps == 1
