@@ -229,10 +229,6 @@ def decode_op(
     }
 
 
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
 class ForensicsReader:
     """Read-only view of a sidecar. Row ranges of ``/ops`` are read on demand, so a TUI can page
     through hundreds of thousands of ops without loading them all.
@@ -358,7 +354,7 @@ class ForensicsReader:
         for i, text in enumerate(self._strings["stacks"]):
             stack = V.parse_json(text.encode("utf-8"), f"{path}: /strings/stacks[{i}]")
             if not isinstance(stack, list) or not all(
-                isinstance(j, int) and not isinstance(j, bool) and 0 <= j < n_loc for j in stack
+                V.is_int(j) and 0 <= j < n_loc for j in stack
             ):
                 raise self._bad(f"/strings/stacks[{i}] is not a list of location indices")
             self._stacks.append(stack)
@@ -401,11 +397,11 @@ class ForensicsReader:
         largest = self._json_blob("memory/largest", path)
         if not isinstance(largest, list) or not all(
             isinstance(x, dict)
-            and _is_int(x.get("bytes"))
-            and _is_int(x.get("op_index"))
+            and V.is_int(x.get("bytes"))
+            and V.is_int(x.get("op_index"))
             and -1 <= x["op_index"] < n_ops
             and isinstance(x.get("shape"), list)
-            and all(_is_int(d) for d in x["shape"])
+            and all(V.is_int(d) for d in x["shape"])
             and isinstance(x.get("dtype"), str)
             and isinstance(x.get("op"), (str, type(None)))
             for x in largest
@@ -434,18 +430,15 @@ class ForensicsReader:
         if not isinstance(v, dict):
             raise self._bad("/verdict/json is not an object")
 
-        def is_int(x: Any) -> bool:
-            return isinstance(x, int) and not isinstance(x, bool)
-
         idx = v.get("op_index")
-        if idx is not None and not (is_int(idx) and 0 <= idx < self._n_ops):
+        if idx is not None and not (V.is_int(idx) and 0 <= idx < self._n_ops):
             raise self._bad(f"the verdict's op_index {str(idx)[:20]} is not a row of /ops")
         step = v.get("step")
-        if step is not None and not (is_int(step) and 0 <= step <= V.MAX_STEP):
+        if step is not None and not (V.is_int(step) and 0 <= step <= V.MAX_STEP):
             raise self._bad("the verdict's step is not a step")
         samples = v.get("samples")
         if samples is not None and not (
-            isinstance(samples, list) and all(is_int(s) and s >= 0 for s in samples)
+            isinstance(samples, list) and all(V.is_int(s) and s >= 0 for s in samples)
         ):
             raise self._bad("the verdict's samples are not sample indices")
         for key in ("kind", "op", "phase", "module", "autograd_node"):

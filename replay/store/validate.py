@@ -53,6 +53,7 @@ __all__ = [
     "read_json_blob",
     "parse_json",
     "json_depth",
+    "is_int",
     "check_markers",
     "check_payload_stored",
     "check_tree",
@@ -416,7 +417,7 @@ _DTYPE_KINDS = set("biufcmMSUV")
 _HASHABLE = _TREE_TAGS - {"ndarray", "tensor", "list", "dict", "odict", "opaque", "object"}
 
 
-def _is_int(v: Any) -> bool:
+def is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
@@ -433,7 +434,7 @@ def _usable_strides(strides: Any, shape: list[int]) -> bool:
     if not (
         isinstance(strides, list)
         and len(strides) == len(shape)
-        and all(_is_int(x) and 0 <= x < 2**62 for x in strides)
+        and all(is_int(x) and 0 <= x < 2**62 for x in strides)
     ):
         return False
     span: int = 1 + sum((n - 1) * x for n, x in zip(shape, strides) if n > 0)
@@ -467,8 +468,8 @@ def check_tree(root: Any, arena_bytes: int, where: str) -> None:
             if not (
                 isinstance(off, int)
                 and isinstance(n, int)
-                and _is_int(off)
-                and _is_int(n)
+                and is_int(off)
+                and is_int(n)
                 and off >= 0
                 and n >= 0
                 and off + n <= arena_bytes
@@ -493,7 +494,7 @@ def check_tree(root: Any, arena_bytes: int, where: str) -> None:
                 if (
                     not isinstance(shape, list)
                     or len(shape) > LIMITS["tree_ndim"]
-                    or not all(_is_int(s) and s >= 0 for s in shape)
+                    or not all(is_int(s) and s >= 0 for s in shape)
                 ):
                     raise bad(f"a {t} leaf has an unusable shape")
                 if math.prod(shape) * dtype.itemsize != n:
@@ -515,7 +516,7 @@ def check_tree(root: Any, arena_bytes: int, where: str) -> None:
             if not isinstance(v, str):
                 raise bad("a str node does not hold a string")
         elif t == "int":
-            if not (_is_int(v) or (isinstance(v, str) and 0 < len(v) <= 4300 and _intlike(v))):
+            if not (is_int(v) or (isinstance(v, str) and 0 < len(v) <= 4300 and _intlike(v))):
                 raise bad("an int node does not hold an integer")
         elif t == "float":
             if not (isinstance(v, str) and _floatlike(v)):
@@ -592,9 +593,7 @@ def _check_reach(reach: Any, w: str) -> None:
         isinstance(tiers, list)
         and 0 < len(tiers) <= 64
         and all(
-            isinstance(t, list)
-            and len(t) == 2
-            and all(_is_int(x) and 0 <= x <= MAX_STEP for x in t)
+            isinstance(t, list) and len(t) == 2 and all(is_int(x) and 0 <= x <= MAX_STEP for x in t)
             for t in tiers
         )
         and all(tiers[i][0] >= 1 for i in range(len(tiers)))
@@ -602,7 +601,7 @@ def _check_reach(reach: Any, w: str) -> None:
         raise _BAD(f"{w}.tiers is not a list of [every, span] counts")
     for key in ("step_slots", "snapshot_slots", "reach"):
         v = reach.get(key)
-        if not (_is_int(v) and 0 <= v <= MAX_STEP):
+        if not (is_int(v) and 0 <= v <= MAX_STEP):
             raise _BAD(f"{w}.{key} is {str(v)[:40]!r}, not a count")
 
 
@@ -638,11 +637,11 @@ def check_meta(meta: Any, where: str, *, slots: dict[str, int] | None = None) ->
         "start_step",
     ):
         v = config.get(key)
-        if v is not None and not (_is_int(v) and 0 <= v <= MAX_STEP):
+        if v is not None and not (is_int(v) and 0 <= v <= MAX_STEP):
             raise _BAD(f"{w}.config.{key} is {str(v)[:40]!r}, not a count")
     for key, have in (slots or {}).items():
         v = config.get(key)
-        if v is not None and (not _is_int(v) or v != have):
+        if v is not None and (not is_int(v) or v != have):
             raise _BAD(f"{w}.config.{key} is {v!r} but the file holds {have}")
     for role, e in (meta.get("entry") or {}).items():
         if not isinstance(e, dict):
@@ -675,7 +674,7 @@ def check_meta(meta: Any, where: str, *, slots: dict[str, int] | None = None) ->
             and isinstance(p[0], str)
             and isinstance(p[1], list)
             and len(p[1]) <= LIMITS["tree_ndim"]
-            and all(_is_int(s) and 0 <= s < 1 << 48 for s in p[1])
+            and all(is_int(s) and 0 <= s < 1 << 48 for s in p[1])
             and isinstance(p[2], str)
             and isinstance(p[3], bool)
         ):
@@ -692,9 +691,9 @@ def check_meta(meta: Any, where: str, *, slots: dict[str, int] | None = None) ->
     if dist is not None:
         size = dist.get("world_size")
         rank = dist.get("rank")
-        if size is not None and not (_is_int(size) and 1 <= size <= MAX_WORLD_SIZE):
+        if size is not None and not (is_int(size) and 1 <= size <= MAX_WORLD_SIZE):
             raise _BAD(f"{w}.distributed.world_size is {str(size)[:40]}, not 1..{MAX_WORLD_SIZE}")
-        if not (_is_int(rank) and 0 <= rank < (size if size is not None else MAX_WORLD_SIZE)):
+        if not (is_int(rank) and 0 <= rank < (size if size is not None else MAX_WORLD_SIZE)):
             raise _BAD(f"{w}.distributed.rank is {str(rank)[:40]}, not a rank of the run")
         for key in ("backend",):
             _opt(dist, key, str, f"{w}.distributed")
