@@ -33,11 +33,7 @@ class BatchScreen(RunScreen):
         Binding("f", "focus_step", "failing step"),
         Binding("tab", "app.focus_next", "switch table", show=False),
     ]
-    DEFAULT_CSS = """
-    #batch-title { height: 2; background: $panel; padding: 0 1; }
-    #leaves { width: 2fr; height: 1fr; }
-    #samples { width: 3fr; height: 1fr; }
-    """
+    CSS_PATH = "batch.tcss"
 
     def __init__(self, model: RunModel) -> None:
         super().__init__(model)

@@ -65,10 +65,7 @@ class GradientsScreen(ForensicsScreen):
         Binding("r", "reverse", "reverse"),
         Binding("w", "warnings_only", "warnings only"),
     ]
-    DEFAULT_CSS = """
-    GradientsScreen DataTable { height: 1fr; }
-    #grad-status { height: 1; background: $panel; padding: 0 1; }
-    """
+    CSS_PATH = "gradients.tcss"
 
     def __init__(self, model: RunModel) -> None:
         super().__init__(model)

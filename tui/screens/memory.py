@@ -30,11 +30,7 @@ class MemoryScreen(ForensicsScreen):
         Binding("P", "peak", "peak"),
         Binding("o", "open_op", "open op"),
     ]
-    DEFAULT_CSS = """
-    #mem-plot { height: 1fr; min-height: 6; }
-    #mem-info { height: 2; padding: 0 1; }
-    #mem-table { height: 1fr; }
-    """
+    CSS_PATH = "memory.tcss"
 
     def __init__(self, model: RunModel) -> None:
         super().__init__(model)

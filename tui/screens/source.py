@@ -70,12 +70,7 @@ class SourceScreen(RunScreen):
         Binding("d", "frame(1)", "frame down (inner)"),
         Binding("c", "culprit", "culprit"),
     ]
-    DEFAULT_CSS = """
-    #frames { width: 40%; max-width: 60; height: 1fr; }
-    #code-box { width: 1fr; height: 1fr; border-left: vkey $panel; }
-    #source-title { height: 1; background: $panel; padding: 0 1; }
-    #code { width: auto; }
-    """
+    CSS_PATH = "source.tcss"
 
     def __init__(self, model: RunModel) -> None:
         super().__init__(model)

@@ -53,12 +53,7 @@ def parse_change(text: str) -> list[str]:
 class WhatIfForm(ModalScreen[list[str] | None]):
     """Dismissed with the change's arguments, or ``None`` (escape)."""
 
-    DEFAULT_CSS = """
-    WhatIfForm { align: center middle; }
-    #whatif-box { width: 76; max-width: 95%; height: auto; border: round $accent;
-                  padding: 0 2; background: $surface; }
-    #whatif-error { color: $error; height: auto; }
-    """
+    CSS_PATH = "whatif.tcss"
     BINDINGS = [Binding("escape", "cancel", "cancel")]
 
     def __init__(self, step: int | None) -> None:
