@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..store.tree import ObjectRecord, TensorLeaf, as_record, leaves, map_tree
+from ..store.tree import SPARSE_LAYOUTS, ObjectRecord, TensorLeaf, as_record, leaves, map_tree
 from .pool import HostPool, poolable_array
 
 __all__ = [
@@ -121,7 +121,11 @@ def _keep_strides(t: torch.Tensor, copy: torch.Tensor) -> None:
     """The copy of a tensor that is not contiguous (a channels_last or transposed batch) says
     how the original was laid out: a clone of a slice is contiguous, and ops can give other
     bits on another layout (a BatchNorm over a channels_last batch)."""
-    if not t.is_contiguous():
+    try:
+        contiguous = t.is_contiguous()
+    except RuntimeError:  # (a sparse CSR/CSC batch has no strides: its leaf keeps its layout)
+        return
+    if not contiguous:
         copy._replay_strides = tuple(t.stride())  # type: ignore[attr-defined]
 
 
@@ -185,8 +189,11 @@ def _host_leaf(obj: Any) -> Any:
 
 def _leaf_of(obj: Any) -> Any:
     if isinstance(obj, torch.Tensor):
-        if obj.layout != torch.strided:
-            obj = obj.to_dense()
+        if obj.layout != torch.strided:  # (a sparse graph: gcn's adjacency) its values, dense
+            leaf = _tensor_leaf(obj.to_dense())
+            layout = str(obj.layout).removeprefix("torch.")
+            leaf.layout = layout if layout in SPARSE_LAYOUTS else None
+            return leaf
         return _tensor_leaf(obj)
     if isinstance(obj, (torch.dtype, torch.device)):
         return str(obj)
@@ -204,6 +211,8 @@ def leaf_to_tensor(leaf: TensorLeaf, device: str | torch.device | None = None) -
         t = _laid_out(t, leaf.strides, target)
     elif str(target) != "cpu":
         t = t.to(target)
+    if leaf.layout in SPARSE_LAYOUTS:  # sparse again: a dense one gives other bits in spmm
+        t = t.to_sparse(layout=getattr(torch, leaf.layout))
     if leaf.requires_grad and (t.is_floating_point() or t.is_complex()):
         t.requires_grad_(True)
     return t

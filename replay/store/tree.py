@@ -39,6 +39,7 @@ import numpy as np
 
 __all__ = [
     "TensorLeaf",
+    "SPARSE_LAYOUTS",
     "Opaque",
     "ObjectRecord",
     "record_of",
@@ -72,6 +73,9 @@ class TensorLeaf:
     # The tensor's strides (in elements) where it was not contiguous (a channels_last or
     # transposed batch): a replay lays its values out so again. ``data`` is the values.
     strides: tuple[int, ...] | None = None
+    # A sparse tensor's layout (``"sparse_coo"``, ``"sparse_csr"``, ...); ``data`` holds its
+    # values dense, and a replay makes it sparse again (ops give other bits on a dense one).
+    layout: str | None = None
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -99,6 +103,10 @@ class ObjectRecord:
     qualname: str
     attrs: dict[str, Any]
 
+
+#: The sparse layouts a tensor leaf may name (``TensorLeaf.layout``): a replay makes each again
+#: with ``to_sparse(layout=...)``, which needs no block size.
+SPARSE_LAYOUTS = ("sparse_coo", "sparse_csr", "sparse_csc")
 
 _DATA = (str, int, float, complex, bool, bytes, type(None))
 _MAX_ATTRS = 64  # attributes of a plain object kept as a record (more: not a batch's)
@@ -203,6 +211,8 @@ class _Encoder:
             d.update(t="tensor", tdtype=obj.dtype, device=obj.device, grad=obj.requires_grad)
             if obj.strides is not None:
                 d["strides"] = list(obj.strides)
+            if obj.layout is not None:
+                d["layout"] = obj.layout
             return d
         if isinstance(obj, np.ndarray):
             if obj.dtype.hasobject:
@@ -296,6 +306,8 @@ def layout_key(obj: Any, key: list[Any], buffers: list[np.ndarray | bytes]) -> b
         if type(a) is not np.ndarray or not a.flags.c_contiguous:
             return False
         key.append((t, obj.dtype, a.dtype.str, a.shape, obj.device, obj.requires_grad, obj.strides))
+        if obj.layout is not None:
+            key.append(obj.layout)
         buffers.append(a)
     elif t is np.ndarray:
         if obj.dtype.hasobject or not obj.flags.c_contiguous:
@@ -348,6 +360,12 @@ def _array(node: dict[str, Any], data: memoryview | bytes) -> np.ndarray:
     return out
 
 
+def _layout(name: Any) -> str | None:
+    """A tensor node's ``layout`` (a MAY key; absent, the tensor is dense): a sparse layout this
+    reader makes again, else ``None`` (the file is untrusted: any other value, dense)."""
+    return name if isinstance(name, str) and name in SPARSE_LAYOUTS else None
+
+
 def decode(node: dict[str, Any], data: memoryview | bytes) -> Any:
     """Rebuild the tree described by ``node`` from the arena bytes ``data``."""
     t = node["t"]
@@ -361,6 +379,7 @@ def decode(node: dict[str, Any], data: memoryview | bytes) -> Any:
             node["device"],
             node["grad"],
             None if strides is None else tuple(strides),
+            _layout(node.get("layout")),
         )
     if t == "ndarray":
         return _array(node, data)
