@@ -66,16 +66,20 @@ def numerics_env() -> dict[str, Any]:
     }
 
 
-def current_env() -> dict[str, Any]:
-    """What a replay here runs with, in the recorded keys it compares."""
-    cuda = torch.cuda.is_available()
-    devices = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+def current_env(on_gpu: bool) -> dict[str, Any]:
+    """What a replay here runs with, in the recorded keys it compares. The GPUs are named only
+    for a replay on one (``on_gpu``): naming them initialises CUDA, which took a context on a
+    GPU of the machine for a CPU replay (a CPU run's self-check beside its training)."""
+    cuda = on_gpu and torch.cuda.is_available()
+    devices = (
+        [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else []
+    )
     return {
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if cuda else None,  # type: ignore[no-untyped-call]
         "cuda_driver": _driver(),
-        "devices": devices if cuda else [],
+        "devices": devices,
         "matmul_precision": torch.get_float32_matmul_precision(),
         "cudnn_tf32": bool(torch.backends.cudnn.allow_tf32),
         "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),

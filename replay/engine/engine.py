@@ -322,7 +322,7 @@ class Engine(ObservedCalls):
             )
         #: what this replay runs with that the recording did not (versions, GPUs, settings
         #: that could not be applied): a last-bit difference may be numerics, not state
-        self.numerics_differences = differences(env, current_env())
+        self.numerics_differences = differences(env, current_env(self.device.startswith("cuda")))
         if self.numerics_differences:
             self.log(f"replay: numerics differ: {'; '.join(self.numerics_differences)}")
         #: the environment variables this replay runs without, or with other values: a

@@ -31,7 +31,11 @@ def _git_commit(cwd: str) -> str | None:
 
 def collect_env(key: bytes | None = None) -> dict[str, Any]:
     """``key``: this user's, for the environment variables' digests (``capture/environ.py``)."""
-    cuda = torch.cuda.is_available()
+    # The GPUs the run uses: named only where CUDA is initialised already (the run is on one).
+    # Naming them initialises CUDA, and a CPU run on a GPU machine then held a context on a GPU,
+    # sent every later step the writer thread's way (``transport._host_run``) and read as a
+    # CUDA run to ``replay info`` (``store/bitwise.py``).
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()  # type: ignore[no-untyped-call]  # torch stubs
     devices = (
         [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else []
     )

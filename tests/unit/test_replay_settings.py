@@ -64,7 +64,7 @@ def test_a_replay_applies_the_recorded_matmul_precision() -> None:
 
 
 def test_a_settings_or_version_difference_is_named_in_one_phrase_each() -> None:
-    now = current_env()
+    now = current_env(on_gpu=False)
     recorded = {**now, "torch": "2.0.0", "matmul_precision": "medium", "devices": ["A100"]}
     said = differences(recorded, now)
     assert f"torch 2.0.0 recorded, {torch.__version__} here" in said
