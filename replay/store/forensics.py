@@ -474,7 +474,7 @@ class ForensicsReader:
 
     @property
     def step(self) -> int:
-        return int(self._step or 0)
+        return self._step
 
     @property
     def verdict(self) -> dict[str, Any]:
@@ -548,8 +548,8 @@ class ForensicsReader:
 
     def memory(self) -> dict[str, Any]:
         return {
-            "peak_bytes": int(self._peak_bytes or 0),
-            "peak_op": int(self._peak_op if self._peak_op is not None else -1),
+            "peak_bytes": self._peak_bytes,
+            "peak_op": self._peak_op,
             "largest": self._json["largest"],
         }  # the curve itself: ops_columns(a, b, ("mem_bytes",))
 

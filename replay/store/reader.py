@@ -332,7 +332,6 @@ class Recording:
                 f"(no format attribute {FORMAT_NAME!r})"
             )
         version = V.attr_int(f, "format_version", where, lo=-(2**62), hi=2**62)
-        assert version is not None
         if version > FORMAT_VERSION:
             raise RecordingError(
                 f"{self.path}: written by a newer replay (format version {version}; this replay "
@@ -347,16 +346,13 @@ class Recording:
         for required in ("meta/run", "steps/step", "snapshots/step", "health/values", "status"):
             V.resolve(f, required, where)  # hard links only; says which one is missing
         self.run_id = V.attr_str(f, "run_id", where) or ""
-        self.created = V.attr_float(f, "created", where) or 0.0
+        self.created = V.attr_float(f, "created", where)
         self._slots: dict[str, int] = {}
         for ring in ("steps", "snapshots"):
             g = V.resolve(f, ring, where)
-            n = V.attr_int(g, "slots", where, lo=1, hi=V.LIMITS["ring_slots"])
-            assert n is not None
-            self._slots[ring] = n
+            self._slots[ring] = V.attr_int(g, "slots", where, lo=1, hi=V.LIMITS["ring_slots"])
         g = V.resolve(f, "health", where)
         hslots = V.attr_int(g, "slots", where, lo=1, hi=V.LIMITS["health_slots"])
-        assert hslots is not None
         self._slots["health"] = hslots
         columns = V.attr_json(g, "columns", where)
         if (

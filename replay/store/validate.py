@@ -258,12 +258,8 @@ def attr_str(obj: Any, key: str, where: str, *, required: bool = True) -> str | 
     return v
 
 
-def attr_int(
-    obj: Any, key: str, where: str, *, lo: int, hi: int, required: bool = True
-) -> int | None:
-    v = _attr(obj, key, where, required)
-    if v is None:
-        return None
+def attr_int(obj: Any, key: str, where: str, *, lo: int, hi: int) -> int:
+    v = _attr(obj, key, where, True)
     if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
         raise _fail(where, f"attribute {key!r} of {obj.name} is not an integer")
     v = int(v)
@@ -272,10 +268,8 @@ def attr_int(
     return v
 
 
-def attr_float(obj: Any, key: str, where: str, *, required: bool = True) -> float | None:
-    v = _attr(obj, key, where, required)
-    if v is None:
-        return None
+def attr_float(obj: Any, key: str, where: str) -> float:
+    v = _attr(obj, key, where, True)
     if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
         raise _fail(where, f"attribute {key!r} of {obj.name} is not a number")
     return float(v)
