@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .predicate import Expression, History
+from .predicate import Expression, History, object_columns_in
 
 __all__ = [
     "Criterion",
@@ -21,6 +21,7 @@ __all__ = [
     "Raised",
     "Predicate",
     "auto_criterion",
+    "criterion_named",
     "is_nonfinite",
 ]
 
@@ -145,6 +146,19 @@ class Predicate:
             return hit
 
         return fails
+
+
+def criterion_named(kind: str = "auto", until: str | None = None) -> Criterion | None:
+    """The criterion ``--kind`` names (``None`` for ``auto``: :func:`auto_criterion` decides
+    from the recorded health), or the predicate ``until`` over the health columns and the object
+    columns it names (a :class:`PredicateError` when it does not parse)."""
+    from ..store.layout import HEALTH_COLUMNS
+
+    if until is not None:
+        return Predicate(Expression.parse(until, (*HEALTH_COLUMNS, *object_columns_in(until))))
+    if kind == "nonfinite":
+        return NonFinite()
+    return Raised() if kind == "exception" else None
 
 
 def auto_criterion(rows: Sequence[Row]) -> Criterion:

@@ -21,9 +21,8 @@ def _criterion(kind: str, until: str | None, spike: float | None) -> Criterion |
 
     Returns a criterion, or ``None`` for "auto" (decided from the recorded health).
     """
-    from ..bisect import Expression, NonFinite, Predicate, PredicateError, Raised
-    from ..bisect.predicate import object_columns_in
-    from ..store.layout import HEALTH_COLUMNS
+    from ..bisect import PredicateError
+    from ..bisect.criteria import criterion_named
 
     chosen = [n for n, x in (("--until", until), ("--spike", spike)) if x is not None]
     if len(chosen) > 1 or (chosen and kind != "auto"):
@@ -32,16 +31,10 @@ def _criterion(kind: str, until: str | None, spike: float | None) -> Criterion |
         if not spike > 0:
             raise click.UsageError("--spike FACTOR must be a positive number")
         until = f"loss > {spike!r} * median_loss"
-    if until is not None:
-        try:
-            return Predicate(Expression.parse(until, (*HEALTH_COLUMNS, *object_columns_in(until))))
-        except PredicateError as e:
-            raise click.UsageError(f"--until: {e}") from None
-    if kind == "nonfinite":
-        return NonFinite()
-    if kind == "exception":
-        return Raised()
-    return None
+    try:
+        return criterion_named(kind, until)
+    except PredicateError as e:
+        raise click.UsageError(f"--until: {e}") from None
 
 
 @click.command()

@@ -38,20 +38,6 @@ if TYPE_CHECKING:
 __all__ = ["main"]
 
 
-def _criterion(spec: dict[str, Any] | None) -> Any:
-    from ..bisect import Expression, NonFinite, Predicate, Raised
-    from ..bisect.predicate import object_columns_in
-    from ..store.layout import HEALTH_COLUMNS
-
-    if not spec:
-        return None
-    if "until" in spec:
-        return Predicate(
-            Expression.parse(spec["until"], (*HEALTH_COLUMNS, *object_columns_in(spec["until"])))
-        )
-    return {"nonfinite": NonFinite, "exception": Raised}[spec["kind"]]()
-
-
 def _wrap_ddp(engine: Engine, device: str, rec: Recording) -> set[int]:
     """The model in ``DistributedDataParallel``, as the recorded loop had it.
 
@@ -142,6 +128,7 @@ def _same_windows(engine: Engine, group: Any, world: int) -> None:
 
 def _lead(engine: Engine, rec: Recording, spec: dict[str, Any]) -> dict[str, Any]:
     """The leader's workflow, the one a single-process replay runs, on this rank's engine."""
+    from ..bisect.criteria import criterion_named
     from .bisect import bisect_engine
     from .trace import trace_engine
     from .verify import verify_engine
@@ -151,7 +138,7 @@ def _lead(engine: Engine, rec: Recording, spec: dict[str, Any]) -> dict[str, Any
         return verify_engine(rec, engine).to_json()
     if mode == "trace":
         return trace_engine(rec, engine, rec.path, spec.get("step")).to_json()
-    criterion = _criterion(spec.get("criterion"))
+    criterion = criterion_named(**spec["criterion"]) if spec.get("criterion") else None
     trace = bool(spec.get("trace", True))
     report = bisect_engine(
         rec, engine, criterion, trace=trace, reraise=(ReplayError,), together=True
