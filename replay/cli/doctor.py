@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import textwrap
 from typing import TYPE_CHECKING
 
@@ -43,12 +44,6 @@ def render(report: DoctorReport) -> str:
         )
         lines.append("")
     return "\n".join(lines).rstrip()
-
-
-def _is_file(path: str) -> bool:
-    import os
-
-    return os.path.isfile(path)
 
 
 def _rank_set_report(s: RankSetSummary) -> RankSetDoctorReport:
@@ -111,7 +106,7 @@ def doctor(run: str, as_json: bool) -> int:
     from ..doctor import diagnose
     from ..ranks.scan import rank_set
 
-    if not _is_file(run):
+    if not os.path.isfile(run):
         scan = rank_set(run)  # a DDP rank set: run.h5 for run.rank<N>.h5 (or a glob)
         if scan is not None:
             return _doctor_rank_set(run, scan, as_json)

@@ -23,8 +23,9 @@ from typing import Any, Generic, TypeVar
 
 from ..capture.guard import LiveProgram, ReplayFinished, reentering
 from ..errors import EntryPointError
+from .foreign import command_of
 
-__all__ = ["run_program", "program_of", "describe_command"]
+__all__ = ["run_program", "program_of"]
 
 T = TypeVar("T")
 
@@ -47,13 +48,6 @@ def program_of(meta: dict[str, Any], path: str) -> dict[str, Any]:
             + "; record with build_fn= to replay through entry points, or pass --entry"
         )
     return program
-
-
-def describe_command(program: dict[str, Any], env: dict[str, Any]) -> str:
-    """``python train.py --lr 1`` as the recording ran it, for the log line."""
-    from .foreign import command_of
-
-    return command_of(program, env)
 
 
 @contextlib.contextmanager
@@ -132,7 +126,7 @@ def run_program(
     (exit 4) that says so."""
     program = program_of(meta, recording)
     _check_source(program, sources, log)
-    log(f"replay: running {describe_command(program, env)} again, up to its replay.Recorder")
+    log(f"replay: running {command_of(program, env)} again, up to its replay.Recorder")
     out: _Outcome[T] = _Outcome()
 
     def taken(live: LiveProgram) -> None:
@@ -169,13 +163,13 @@ def run_program(
         raise out.error
     if not out.done and kept is not None:
         raise EntryPointError(
-            f"the recorded program {describe_command(program, env)} was stopped before its "
+            f"the recorded program {command_of(program, env)} was stopped before its "
             f"Recorder: {kept}; a replay changes no file of yours and connects nowhere, so put "
             "that under `if not replay.replaying():` (docs/reentry.md)"
         )
     if not out.done:
         raise EntryPointError(
-            f"the recorded program {describe_command(program, env)} {ended} before it "
+            f"the recorded program {command_of(program, env)} {ended} before it "
             "constructed a replay.Recorder; replay takes over at the program's first Recorder "
             "(or framework callback), so it must construct one as it did when it recorded"
         )
