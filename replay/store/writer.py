@@ -644,6 +644,12 @@ class StoreWriter:
         except (OSError, ValueError):
             pass  # the lock itself still tells that a writer lives
 
+    def drop_lock(self) -> None:
+        """A writer that failed leaves its HDF5 file as it is (closing it may crash), and no lock
+        file beside it: nobody writes that file after it."""
+        _release_lock(self.path, self._lock)
+        self._lock = None
+
     def close(self, *, clean: bool = True) -> None:
         if self.f is None:
             return

@@ -26,6 +26,7 @@ sync. Pickle is not used.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -546,7 +547,11 @@ def main() -> int:
         return server.serve()
     except Exception as e:  # noqa: BLE001 - reported to the parent, which stops recording
         server.reply("error " + " ".join(f"{type(e).__name__}: {e}".split()))
-        # HDF5 may be in a state where closing crashes: leave without touching it.
+        # HDF5 may be in a state where closing crashes: leave without touching it (a failed
+        # write, a full disk, left its lock file beside the recording).
+        if server.store is not None:
+            with contextlib.suppress(OSError):
+                server.store.drop_lock()
         os._exit(1)
 
 
