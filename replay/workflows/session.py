@@ -43,13 +43,13 @@ def _say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def wait_until_drained(run: str, notify: Callable[[str], None] = _say) -> None:
+def wait_until_drained(run: str) -> None:
     """A recording whose training died is still being committed by its writer process: wait
     for it rather than replay a partial window (a live run is read as it is)."""
 
     def waiting(state: WriterState) -> None:
         more = f" ({state.steps_to_come} steps to come)" if state.steps_to_come else ""
-        notify(f"replay: {run}: its training died; waiting for its writer to finish{more}")
+        _say(f"replay: {run}: its training died; waiting for its writer to finish{more}")
 
     try:
         timeout = float(os.environ.get("REPLAY_DRAIN_WAIT", DRAIN_WAIT))
@@ -82,7 +82,6 @@ def with_engine(
     check: Callable[[Recording], None] | None = None,
     pin_steps: int | None = None,
     pin_from: int | None = None,
-    log: Callable[[str], None] = _say,
 ) -> T:
     """Open ``run``, start the replay engine on it and return ``work(recording, engine)``.
 
@@ -109,7 +108,7 @@ def with_engine(
         if check is not None:
             check(rec)
         if override is None and (options.reenter or "build_fn" not in rec.entry):
-            return _reentered(rec, work, options, log)
+            return _reentered(rec, work, options)
         engine = Engine(rec, device=options.device, entry=override, trust=options.trust)
         with closing(engine):
             return work(rec, engine)
@@ -119,7 +118,6 @@ def _reentered(
     rec: Recording,
     work: Callable[[Recording, Engine], T],
     options: ReplayOptions,
-    log: Callable[[str], None],
 ) -> T:
     from ..engine import Engine
     from ..engine.reentry import run_program
@@ -131,4 +129,4 @@ def _reentered(
         with closing(Engine(rec, device=options.device, trust=True, program=live)) as engine:
             return work(rec, engine)
 
-    return run_program(rec.meta, rec.env, rec.sources, takeover, recording=rec.path, log=log)
+    return run_program(rec.meta, rec.env, rec.sources, takeover, recording=rec.path, log=_say)
