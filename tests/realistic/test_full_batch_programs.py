@@ -106,6 +106,7 @@ def test_a_full_batch_graph_run_whose_lr_explodes_is_bisected_to_the_overflowing
     assert after == before and not list(elsewhere.iterdir())
 
 
+@pytest.mark.slow  # (the unit test in test_health_flags_overflow.py pins it in the default tier)
 def test_a_layer_local_run_whose_network_holds_no_parameters_is_healthy_not_non_finite(
     tmp_path, elsewhere
 ):
