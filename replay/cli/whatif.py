@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, TypeGuard
 import click
 
 from ..errors import EXIT_NOTHING_FOUND, EXIT_OK
-from ..reports.whatif import Experiment, StepResult, WhatIfReport
+from ..reports.whatif import CHANGES, Experiment, StepResult, WhatIfReport
 from ..safetext import term_safe
 from ._replaying import engine_options, replaying
 
@@ -135,7 +135,7 @@ def render_whatif(r: WhatIfReport) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
-_FLAGS = ("set", "scale", "clip", "skip-step", "drop-samples", "seed", "dtype")
+_FLAGS = tuple(kind for kind, value in CHANGES.items() if value)  # the flags with a value
 _ORDER = "replay.whatif.order"
 
 
@@ -240,10 +240,7 @@ def whatif(
         }
     )
     if not changes:
-        raise click.UsageError(
-            "name at least one change: --set, --scale, --clip, --skip-step, --drop-samples, "
-            "--seed, --no-autocast, --dtype"
-        )
+        raise click.UsageError("name at least one change: " + ", ".join(f"--{k}" for k in CHANGES))
     report = replaying(
         as_json,
         lambda opened, progress: run_whatif(

@@ -11,7 +11,20 @@ from ..jsonsafe import json_safe
 from .divergence import Divergence
 from .ranks import MultiRankRun, RankReplay, json_of, ranks_json
 
-__all__ = ["Experiment", "StepResult", "WhatIfReport"]
+__all__ = ["CHANGES", "Experiment", "StepResult", "WhatIfReport"]
+
+#: The changes ``replay whatif`` takes (its flags without the dashes), each with what its value
+#: looks like ("": none): the command, its workflow and the TUI's form read them here.
+CHANGES = {
+    "set": "KEY=VALUE",
+    "scale": "KEY=FACTOR",
+    "clip": "MAXNORM",
+    "skip-step": "N",
+    "drop-samples": "N:3,17",
+    "seed": "K",
+    "no-autocast": "",
+    "dtype": "float32",
+}
 
 
 def _number(x: Any) -> float | None:

@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ReplayError, UsageError
-from ..reports.whatif import Experiment, StepResult, WhatIfReport
+from ..reports.whatif import CHANGES, Experiment, StepResult, WhatIfReport
 from .session import AS_RECORDED, ReplayOptions, with_engine
 
 if TYPE_CHECKING:
@@ -44,7 +44,6 @@ if TYPE_CHECKING:
     from ..store.reader import Recording
 
 __all__ = [
-    "CHANGE_KINDS",
     "Change",
     "StepResult",
     "Experiment",
@@ -55,23 +54,13 @@ __all__ = [
     "whatif_work",
 ]
 
-CHANGE_KINDS = (
-    "set",
-    "scale",
-    "clip",
-    "skip-step",
-    "drop-samples",
-    "seed",
-    "no-autocast",
-    "dtype",
-)
 AFTER_FAILURE = 3  # default to_step: the first bad step + this, clamped to the window
 _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
 @dataclass(frozen=True)
 class Change:
-    """One experiment: ``kind`` (one of :data:`CHANGE_KINDS`) and its argument, parsed."""
+    """One experiment: ``kind`` (one of ``reports.whatif.CHANGES``) and its argument, parsed."""
 
     kind: str
     arg: str  # as given, e.g. "lr=0.1"
@@ -147,7 +136,7 @@ def parse_change(kind: str, arg: str) -> Change:
                 "floating batch tensors in float32)"
             )
         return Change(kind, arg)
-    raise UsageError(f"unknown change --{kind}; the changes are: " + ", ".join(CHANGE_KINDS))
+    raise UsageError(f"unknown change --{kind}; the changes are: " + ", ".join(CHANGES))
 
 
 # -- the run -----------------------------------------------------------------------------------

@@ -14,19 +14,9 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Input, Static
 
-__all__ = ["WhatIfForm", "parse_change", "CHANGES"]
+from replay.reports.whatif import CHANGES
 
-#: The changes ``replay whatif`` takes, each with what its value looks like.
-CHANGES = {
-    "--set": "KEY=VALUE",
-    "--scale": "KEY=FACTOR",
-    "--clip": "MAXNORM",
-    "--skip-step": "N",
-    "--drop-samples": "N:3,17",
-    "--seed": "K",
-    "--no-autocast": "",
-    "--dtype": "float32",
-}
+__all__ = ["WhatIfForm", "parse_change"]
 
 
 def parse_change(text: str) -> list[str]:
@@ -38,15 +28,16 @@ def parse_change(text: str) -> list[str]:
         raise ValueError(f"cannot read that: {e}") from None
     if not words:
         raise ValueError("type a change, e.g. scale lr=0.1")
-    flag = words[0] if words[0].startswith("--") else "--" + words[0]
-    if flag not in CHANGES:
-        raise ValueError(f"{words[0]!r} is not a change; one of: {', '.join(CHANGES)}")
-    if not CHANGES[flag]:
+    kind = words[0].removeprefix("--")
+    flag = f"--{kind}"
+    if kind not in CHANGES:
+        raise ValueError(f"{words[0]!r} is not a change; one of: --{', --'.join(CHANGES)}")
+    if not CHANGES[kind]:
         if len(words) != 1:
             raise ValueError(f"{flag} takes no value")
         return [flag]
     if len(words) != 2:
-        raise ValueError(f"{flag} takes one value: {flag} {CHANGES[flag]}")
+        raise ValueError(f"{flag} takes one value: {flag} {CHANGES[kind]}")
     return [flag, words[1]]
 
 
@@ -65,7 +56,7 @@ class WhatIfForm(ModalScreen[list[str] | None]):
         with Vertical(id="whatif-box"):
             yield Static(
                 f"[b]what if[/b]{at}: replay the steps before it with one change\n"
-                + "\n".join(f"  {flag} {value}".rstrip() for flag, value in CHANGES.items())
+                + "\n".join(f"  --{kind} {value}".rstrip() for kind, value in CHANGES.items())
                 + "\nenter runs it (replay whatif, in a child process); escape cancels"
             )
             yield Input(placeholder="scale lr=0.1", id="whatif-input")
