@@ -20,6 +20,8 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from ..capture.objects import RunObjects, StepCall
 from ..errors import EntryPointError, RecorderWarning
 
@@ -159,6 +161,44 @@ def _code_of(fn: Callable[..., Any] | None) -> Any:
     return fn.__code__ if isinstance(fn, types.FunctionType) else None
 
 
+def _torch_state(x: Any) -> bool:
+    """What a step computes with: a tensor, a module, an optimizer (a dict of meters it only
+    appends to, a timer, a counter for its logs: not looked at)."""
+    return isinstance(x, (torch.Tensor, torch.nn.Module, torch.optim.Optimizer))
+
+
+def changed_capture(before: Any, after: Any, depth: int = 0) -> str | None:
+    """The name of the first tensor, module or optimizer that ``after``, a step function of the
+    same code as ``before``, reads through its closure (or as ``self``) that is not the one
+    ``before`` read. A closure made again each epoch over the same objects is the same step
+    (``None``); the closures of nested functions it captures are compared too (timm's
+    ``lambda batch: _backward(_forward(batch))``, both made again each batch)."""
+    if isinstance(before, types.MethodType) and isinstance(after, types.MethodType):
+        if before.__self__ is not after.__self__ and _torch_state(after.__self__):
+            return "self"
+        before, after = before.__func__, after.__func__
+    if not (isinstance(before, types.FunctionType) and isinstance(after, types.FunctionType)):
+        return None
+    if before.__code__ is not after.__code__:  # another function: said as such (use)
+        return None
+    for name, a, b in zip(
+        after.__code__.co_freevars, before.__closure__ or (), after.__closure__ or ()
+    ):
+        try:
+            x, y = a.cell_contents, b.cell_contents
+        except ValueError:  # a cell not yet filled
+            continue
+        if x is y:
+            continue
+        if isinstance(x, types.FunctionType) and isinstance(y, types.FunctionType):
+            inner = changed_capture(x, y, depth + 1) if depth < 3 else None
+            if inner is not None:
+                return f"{name}.{inner}"
+        elif _torch_state(x) or _torch_state(y):
+            return name
+    return None
+
+
 class StepFunction:
     """The step function a Recorder runs (``fn``, the one the last step was handed) and how it
     is called: a closure made again each epoch is the same step (the same code)."""
@@ -166,16 +206,20 @@ class StepFunction:
     def __init__(self, fn: Callable[..., Any] | None, objects: RunObjects) -> None:
         self.fn, self.call = fn, StepCall(fn, objects) if fn is not None else None
         self._code, self._said = _code_of(fn), False  # the first step function's code
+        self._said_capture = False
 
     def use(
         self, fn: Callable[..., Any], objects: RunObjects, entry: dict[str, Any], t: int
     ) -> bool:
         """``fn`` was handed to step ``t``. The first one is described in ``entry`` (then
-        ``True``: the recorder names the state it reaches); another function is said once."""
+        ``True``: the recorder names the state it reaches); another function is said once, and
+        so, once, is the same function over other objects or values than the step before."""
         code = _code_of(fn)
-        self.fn = fn
+        before, self.fn = self.fn, fn
         if self.call is not None and code is not None and code is self._code:
             self.call = self.call.with_step(fn)
+            if not self._said_capture and _code_of(before) is code:
+                self._say_changed(changed_capture(before, fn), fn, t)
             return False
         call = StepCall(fn, objects)  # (a step that takes no batch: EntryPointError)
         if self.call is None:
@@ -196,3 +240,17 @@ class StepFunction:
                 stacklevel=3,
             )
         return False
+
+    def _say_changed(self, name: str | None, fn: Callable[..., Any], t: int) -> None:
+        if name is None:
+            return
+        self._said_capture = True
+        warnings.warn(
+            f"replay: step {t} was handed {getattr(fn, '__qualname__', 'the step function')} "
+            f"over another {name} than the step before; a replay runs every step with the "
+            "closure its first step is handed, so steps from here on will not replay: hand "
+            f"what differs to the step, as its batch or a per-step value (rec.step(batch, "
+            f"name=value)), instead of through its closure",
+            RecorderWarning,
+            stacklevel=4,
+        )

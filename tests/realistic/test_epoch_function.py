@@ -69,6 +69,7 @@ def test_a_healthy_epoch_function_run_verifies_bitwise_with_the_closure_recorded
     run, p = record(tmp_path, program, "data", "--record", "run.h5", "--model-ema")
     assert p.returncode == 0, p.stderr[-2000:]
     assert "does not hold" not in p.stderr and "another step function" not in p.stderr, p.stderr
+    assert "than the step before" not in p.stderr, p.stderr  # the closures: over the same objects
     v = replay("verify", str(run), "--json", cwd=tmp_path)
     assert v.returncode == 0, v.stdout[-2000:] + v.stderr[-2000:]
     info = replay("info", str(run), cwd=tmp_path).stdout

@@ -116,6 +116,10 @@ def test_a_layer_local_run_whose_network_holds_no_parameters_is_healthy_not_non_
     and ``replay bisect`` named step 0 of a healthy run."""
     run, p = record(tmp_path, "layer_local.py")
     assert p.returncode == 0, p.stderr[-2000:]
+    # and, while it trained: layer 1's steps are a closure over another layer (see below)
+    said = [ln for ln in p.stderr.splitlines() if "than the step before" in ln]
+    assert len(said) == 1 and "step 12 was handed Layer.train.<locals>.step over another self" \
+        in said[0], p.stderr[-2000:]  # fmt: skip
     info = replay("info", str(run), cwd=elsewhere)
     assert "no NaN/Inf or exception recorded" in info.stdout, info.stdout
     b = replay("bisect", str(run), "--json", cwd=elsewhere)
@@ -129,8 +133,8 @@ def test_a_layer_local_run_whose_network_holds_no_parameters_is_healthy_not_non_
     "layer 1's steps (a closure over another layer and its inputs) replay as layer 0's",
 )
 def test_every_layers_steps_of_a_layer_local_run_replay_bitwise(tmp_path, elsewhere):
-    """Layer 0's steps (0..11) replay bitwise today; layer 1's (12..23) do not, and nothing said
-    so while the run trained."""
+    """Layer 0's steps (0..11) replay bitwise; layer 1's (12..23) do not. Was: nothing said so
+    while the run trained; now the recorder says so at step 12 (above)."""
     run, p = record(tmp_path, "layer_local.py")
     assert p.returncode == 0, p.stderr[-2000:]
     rc, v, err = verify_json(run, elsewhere)

@@ -81,3 +81,43 @@ def test_named_objects_and_a_step_without_a_batch_parameter_gets_it_in_its_first
 
     with pytest.raises(EntryPointError, match="takes no batch"):
         StepCall(objects_only, named)
+
+
+def test_a_step_closure_over_another_module_than_the_step_before_is_named():
+    """Layer-local training (mnist_forward_forward): each layer's ``train()`` hands
+    ``replay.step`` a closure of the same code over itself and its own inputs. Was: taken for
+    the same step, silently; a replay ran the second layer's steps with the first layer's
+    closure. A closure made again over the same objects (timm's per-batch
+    ``lambda batch: _backward(_forward(batch))``), or over a new dict of meters, is the same."""
+    from replay.record.entry import changed_capture
+
+    layers = [torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)]
+
+    def per_layer(layer, x):
+        def step(i):
+            return layer(x).sum()
+
+        return step
+
+    x = torch.zeros(1, 2)
+    assert changed_capture(per_layer(layers[0], x), per_layer(layers[0], x)) is None
+    assert changed_capture(per_layer(layers[0], x), per_layer(layers[1], x)) == "layer"
+    assert changed_capture(per_layer(layers[0], x), per_layer(layers[0], x + 1)) == "x"
+
+    def per_batch(net, meters, need_update):
+        def _forward(batch):
+            return net(batch)
+
+        def _backward(loss):
+            if need_update:
+                opt.step()
+            meters.append(float(loss))
+            return loss
+
+        return lambda batch: _backward(_forward(batch))
+
+    assert changed_capture(per_batch(model, [], True), per_batch(model, [], False)) is None
+    assert changed_capture(per_batch(model, [], True), per_batch(layers[0], [], True)) == (
+        "_forward.net"
+    )
+    assert changed_capture(per_layer(layers[0], x), per_batch(model, [], True)) is None
