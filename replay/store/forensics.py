@@ -175,7 +175,10 @@ def write_forensics(
     missing -= set(tables)
     if missing:
         raise ValueError(f"write_forensics: tables lack {sorted(missing)}")
-    with replace_whole(path, "the forensics sidecar") as raw, h5py.File(raw, "w") as f:
+    # Made in memory, then written in one go: HDF5 writing into a file on a full disk fails in
+    # its metadata cache as objects are freed, where it cannot raise, and it crashed the process
+    # (`replay bisect` segfaulted). The image is the sidecar's size, ~200 bytes an op.
+    with h5py.File(f"{path}.image", "w", driver="core", backing_store=False) as f:
         f.attrs["format"] = FORMAT
         f.attrs["format_version"] = FORMAT_VERSION
         f.attrs["run_id"] = str(run_id)
@@ -199,6 +202,10 @@ def write_forensics(
         _blob(mem, "largest", tables["memory"]["largest"])
         _blob(_group(f, "sources", "sources"), "json", tables["sources"])
         _blob(_group(f, "batch", "batch"), "json", tables["batch"])
+        f.flush()
+        image = f.id.get_file_image()
+    with replace_whole(path, "the forensics sidecar") as raw:
+        raw.write(image)
 
 
 def decode_op(

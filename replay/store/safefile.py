@@ -8,6 +8,7 @@ and a name is replaced only when it holds a regular file.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -87,9 +88,15 @@ def replace_whole(path: str, what: str) -> Iterator[BinaryIO]:
     never seen half-written, and a link or device planted at either name is an error."""
     refuse_non_regular(path, what)
     tmp = staging_name(path)
-    with os.fdopen(create_new(tmp, os.O_RDWR, stale_ok=True), "w+b") as fh:
-        yield fh
-    os.replace(tmp, path)
+    fd = create_new(tmp, os.O_RDWR, stale_ok=True)
+    try:
+        with os.fdopen(fd, "w+b") as fh:
+            yield fh
+        os.replace(tmp, path)
+    except BaseException:  # (a full disk, an interrupt): no temporary file is left behind
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def open_lock(name: str) -> int:

@@ -1,10 +1,14 @@
-"""The disk fills up while a run records (issue: "Training never dies because of the recorder").
+"""The disk fills up while a run records (issue: "Training never dies because of the recorder"),
+or while ``replay bisect`` writes its forensics sidecar.
 
 A file size limit (``RLIMIT_FSIZE``) makes every write past it fail as a full disk does, in the
 writer process too. Training goes on to its last step with one warning; the steps written
 before stay readable and replay bitwise; and the failed writer left no lock file beside the
 recording (it left without closing HDF5, which may crash there, and took its lock file's
-removal with it).
+removal with it). Bisect wrote its sidecar through HDF5 straight into the file: on a full disk
+HDF5 failed as its objects were freed, printed a traceback for each, and crashed the process
+(SIGSEGV); the sidecar is now made in memory and written in one go, and a write that fails is a
+note of the verdict, with no temporary file left.
 """
 
 from __future__ import annotations
@@ -15,7 +19,14 @@ from pathlib import Path
 
 from tests.conftest import replay_json, run_py
 
-SCRIPT = Path(__file__).with_name("scripts") / "file_size_limit.py"
+SCRIPTS = Path(__file__).with_name("scripts")
+SCRIPT = SCRIPTS / "file_size_limit.py"
+# `replay ARGS` with writes past 20 KB failing as on a full disk
+LIMITED = (
+    "import resource, runpy, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+    "resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000)); "
+    "sys.argv = ['replay', *sys.argv[1:]]; runpy.run_module('replay', run_name='__main__')"
+)
 
 
 def test_a_full_disk_stops_recording_not_training_and_leaves_no_lock_file(tmp_path: Path) -> None:
@@ -29,3 +40,17 @@ def test_a_full_disk_stops_recording_not_training_and_leaves_no_lock_file(tmp_pa
     assert rc == 0 and info["steps_recorded"] > 0, (info, err)
     rc, verify, err = replay_json("verify", "run.h5", cwd=tmp_path)
     assert rc == 0 and verify["deterministic"] is True, (verify, err[-3000:])
+
+
+def test_a_full_disk_while_bisect_writes_its_sidecar_is_a_note_not_a_crash(tmp_path: Path) -> None:
+    shutil.copy(SCRIPTS / "diag_nan_sample.py", tmp_path / "diag_nan_sample.py")
+    p = run_py("diag_nan_sample.py", "run.h5", cwd=tmp_path, timeout=120)
+    assert (tmp_path / "run.h5").exists(), p.stderr[-3000:]
+    before = sorted(x.name for x in tmp_path.iterdir())
+    p = run_py("-c", LIMITED, "bisect", "run.h5", "--json", cwd=tmp_path, timeout=300)
+    assert p.returncode in (0, 1), p.stderr[-3000:]  # a verdict, not a crash (-11)
+    assert "Traceback" not in p.stderr, p.stderr[-3000:]
+    d = json.loads(p.stdout)
+    assert d["first_bad_step"] == 7, d
+    assert any("File too large" in n for n in d["notes"]), d["notes"]
+    assert sorted(x.name for x in tmp_path.iterdir()) == before  # no sidecar, no .tmp
