@@ -127,7 +127,6 @@ class StepLogWriter:
         # (end in the log, time published) of each record not known to be in the file yet
         self._unreleased: collections.deque[tuple[int, float]] = collections.deque()
         self.overflowed = 0  # steps that went the slow way for want of room
-        self._begun = False
         self._hparams = _Reused()  # the run's optimizer's hyper-parameters
         self._object_hparams = _Reused()  # the other optimizers'
         self._packer = PackCache()  # the record's manifest, reused while its layout holds
@@ -182,7 +181,6 @@ class StepLogWriter:
         parts, mlen = self._packer.pack(record, (f'{{"t":"int","v":{int(step)}}}', *hp_text))
         ncols = self._ncols
         if self.log.begin(step, parts, mlen, ncols):
-            self._begun = True
             return True
         if sum(int(p.nbytes) for p in parts) > self.log.size // 4:
             self.overflowed += 1
@@ -193,7 +191,6 @@ class StepLogWriter:
             time.sleep(delay)
             delay = min(delay * 2, 0.02)
             if self.log.begin(step, parts, mlen, ncols):
-                self._begun = True
                 return True
         self.overflowed += 1
         return False
@@ -239,13 +236,11 @@ class StepLogWriter:
     def publish(self, health: dict[str, Any]) -> None:
         self.log.publish(health_values(health, self.watched))
         self._unreleased.append((self.log.head, time.monotonic()))
-        self._begun = False
 
     def abandon(self, exception: StepException) -> StepRecord:
         """The step raised: drop its record from the log and return it, with the exception, as
         leaves for the writer thread (the batch as it was before the step ran)."""
         payload, mlen = self.log.begun()
-        self._begun = False
         self.log.abandon()
         record: StepRecord = decode(json.loads(payload[:mlen].tobytes()), payload[mlen:].tobytes())
         record["exception"] = exception

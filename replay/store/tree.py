@@ -347,7 +347,6 @@ def _namedtuple_type(name: str, fields: list[str], module: str, qualname: str) -
     if cached is not None:
         return cached
     cls = collections.namedtuple(name if name.isidentifier() else "Record", fields, rename=True)  # type: ignore[misc]
-    cls._replay_origin = (module, qualname)  # type: ignore[attr-defined]
     _NT_CACHE[key] = cls
     return cls
 
