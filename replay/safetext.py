@@ -21,7 +21,7 @@ Example::
 from __future__ import annotations
 
 from dataclasses import fields, is_dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 __all__ = ["term_safe", "term_safe_tree", "UNSAFE"]
 
@@ -49,23 +49,31 @@ def term_safe(text: Any, *, multiline: bool = False) -> str:
     return s.translate(_MULTI if multiline else _SINGLE)
 
 
-def term_safe_tree(value: Any) -> Any:
+T = TypeVar("T")
+
+
+def term_safe_tree(value: T) -> T:
     """A copy of a JSON-like value (dicts, lists, tuples, scalars, a report's dataclasses) with
     every string, keys too, passed through :func:`term_safe` (single-line). Other values are
-    returned as they are."""
+    returned as they are (a namedtuple comes back a plain tuple)."""
+    safe: T = _safe_tree(value)
+    return safe
+
+
+def _safe_tree(value: Any) -> Any:
     if is_dataclass(value) and not isinstance(value, type):
         return replace(
             value,
-            **{f.name: term_safe_tree(getattr(value, f.name)) for f in fields(value) if f.init},
+            **{f.name: _safe_tree(getattr(value, f.name)) for f in fields(value) if f.init},
         )
     if isinstance(value, str):
         return term_safe(value)
     if isinstance(value, dict):
         return {
-            (term_safe(k) if isinstance(k, str) else k): term_safe_tree(v) for k, v in value.items()
+            (term_safe(k) if isinstance(k, str) else k): _safe_tree(v) for k, v in value.items()
         }
     if isinstance(value, list):
-        return [term_safe_tree(v) for v in value]
+        return [_safe_tree(v) for v in value]
     if isinstance(value, tuple):
-        return tuple(term_safe_tree(v) for v in value)
+        return tuple(_safe_tree(v) for v in value)
     return value

@@ -81,28 +81,22 @@ class SafeForensics:
         return out
 
     def op_row(self, i: int) -> dict[str, Any]:
-        out: dict[str, Any] = term_safe_tree(self._r.op_row(i))
-        return out
+        return term_safe_tree(self._r.op_row(i))
 
     def modules(self) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = term_safe_tree(self._r.modules())
-        return out
+        return term_safe_tree(self._r.modules())
 
     def params(self) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = term_safe_tree(self._r.params())
-        return out
+        return term_safe_tree(self._r.params())
 
     def memory(self) -> dict[str, Any]:
-        out: dict[str, Any] = term_safe_tree(self._r.memory())
-        return out
+        return term_safe_tree(self._r.memory())
 
     def sources(self) -> dict[str, Any]:
-        out: dict[str, Any] = term_safe_tree(self._r.sources())
-        return out
+        return term_safe_tree(self._r.sources())
 
     def batch(self) -> dict[str, Any]:
-        out: dict[str, Any] = term_safe_tree(self._r.batch())
-        return out
+        return term_safe_tree(self._r.batch())
 
     def close(self) -> None:
         self._r.close()
