@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import itertools
 import os
 import sys
 import types
@@ -167,6 +168,19 @@ def _torch_state(x: Any) -> bool:
     return isinstance(x, (torch.Tensor, torch.nn.Module, torch.optim.Optimizer))
 
 
+def _same_state(x: Any, y: Any) -> bool:
+    """Two objects of a step's closure that are not the same object, yet the same to the step:
+    a module without parameters or buffers (a loss made again each epoch), CPU tensors of the
+    same values. A tensor on a device is not compared (that would wait for the device)."""
+    if isinstance(x, torch.nn.Module) and type(x) is type(y):
+        return not any(True for _ in itertools.chain(x.parameters(), x.buffers()))
+    if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
+        if not (x.is_cpu and y.is_cpu):
+            return True
+        return x.dtype == y.dtype and x.shape == y.shape and bool(torch.equal(x, y))
+    return False
+
+
 def changed_capture(before: Any, after: Any, depth: int = 0) -> str | None:
     """The name of the first tensor, module or optimizer that ``after``, a step function of the
     same code as ``before``, reads through its closure (or as ``self``) that is not the one
@@ -174,7 +188,8 @@ def changed_capture(before: Any, after: Any, depth: int = 0) -> str | None:
     (``None``); the closures of nested functions it captures are compared too (timm's
     ``lambda batch: _backward(_forward(batch))``, both made again each batch)."""
     if isinstance(before, types.MethodType) and isinstance(after, types.MethodType):
-        if before.__self__ is not after.__self__ and _torch_state(after.__self__):
+        x, y = before.__self__, after.__self__
+        if x is not y and _torch_state(y) and not _same_state(x, y):
             return "self"
         before, after = before.__func__, after.__func__
     if not (isinstance(before, types.FunctionType) and isinstance(after, types.FunctionType)):
@@ -194,7 +209,7 @@ def changed_capture(before: Any, after: Any, depth: int = 0) -> str | None:
             inner = changed_capture(x, y, depth + 1) if depth < 3 else None
             if inner is not None:
                 return f"{name}.{inner}"
-        elif _torch_state(x) or _torch_state(y):
+        elif (_torch_state(x) or _torch_state(y)) and not _same_state(x, y):
             return name
     return None
 

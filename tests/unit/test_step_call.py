@@ -121,3 +121,8 @@ def test_a_step_closure_over_another_module_than_the_step_before_is_named():
         "_forward.net"
     )
     assert changed_capture(per_layer(layers[0], x), per_batch(model, [], True)) is None
+    # the siamese example makes its loss again each epoch: no state, the same step
+    assert (
+        changed_capture(per_layer(torch.nn.BCELoss(), x), per_layer(torch.nn.BCELoss(), x)) is None
+    )
+    assert changed_capture(per_layer(layers[0], x), per_layer(layers[0], x.clone())) is None
