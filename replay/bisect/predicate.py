@@ -28,11 +28,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from ..store.layout import OBJECT_METRICS
+
 __all__ = ["Expression", "PredicateError", "History", "AGGREGATES", "object_columns_in"]
 
 AGGREGATES = ("median", "mean", "min", "max", "std", "prev")
 _MAX_LEN = 500
-_OBJECT_METRICS = ("grad_norm", "grad_nonfinite", "param_fingerprint", "param_nonfinite")
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -45,7 +46,7 @@ def object_columns_in(text: str) -> list[str]:
         fn, _, rest = name.partition("_")
         for col in (rest, name) if fn in AGGREGATES else (name,):
             obj, sep, metric = col.rpartition("__")
-            if sep and obj and metric in _OBJECT_METRICS:
+            if sep and obj and metric in OBJECT_METRICS:
                 if col not in found:
                     found.append(col)
                 break

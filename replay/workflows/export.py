@@ -42,8 +42,6 @@ if TYPE_CHECKING:
 
 __all__ = ["ExportReport", "export_work", "run_export"]
 
-_ROLES = ("model", "optimizer", "scheduler", "scaler")
-
 
 @dataclass
 class ExportReport:
@@ -220,6 +218,8 @@ def export_work(
     README (a multi-rank export writes into a staged folder)."""
 
     def work(rec: Recording, engine: Engine, step: int | None = step) -> ExportReport:
+        from ..capture.objects import ROLES
+
         first_bad_step = first_failure(rec) if first_bad is None else first_bad
         notes: list[str] = []
         if step is None:
@@ -236,7 +236,7 @@ def export_work(
         snapshot = engine.window.snapshot_for(step)
         objs = engine.objs
         states: dict[str, Any] = {}
-        for name in (*_ROLES, *objs.extras):
+        for name in (*ROLES, *objs.extras):
             obj = objs.named.get(name)
             if obj is not None and hasattr(obj, "state_dict"):
                 states[name] = obj.state_dict()
