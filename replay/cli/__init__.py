@@ -93,10 +93,11 @@ def main(argv: list[str] | None = None) -> None:
     as_json = _wants_json(sys.argv[1:] if argv is None else argv)
     try:
         rv = cli.main(args=argv, prog_name="replay", standalone_mode=False)
-    except click.exceptions.Abort:
+    except (click.exceptions.Abort, KeyboardInterrupt) as e:
+        said = "aborted" if isinstance(e, click.exceptions.Abort) else "interrupted"
         if as_json:
-            click.echo(json.dumps({"error": "aborted", "exit_code": EXIT_INTERRUPTED}))
-        click.echo("replay: aborted", err=True)
+            click.echo(json.dumps({"error": said, "exit_code": EXIT_INTERRUPTED}))
+        click.echo(f"replay: {said}", err=True)
         sys.exit(EXIT_INTERRUPTED)
     except click.UsageError as e:  # click's misuse (a bad option value, a missing argument)
         fail(e.format_message(), EXIT_USAGE, as_json)
@@ -104,11 +105,6 @@ def main(argv: list[str] | None = None) -> None:
         fail(e.format_message(), e.exit_code, as_json)
     except ReplayError as e:
         fail(str(e), exit_code_of(e), as_json)
-    except KeyboardInterrupt:
-        if as_json:
-            click.echo(json.dumps({"error": "interrupted", "exit_code": EXIT_INTERRUPTED}))
-        click.echo("replay: interrupted", err=True)
-        sys.exit(EXIT_INTERRUPTED)
     except BrokenPipeError:
         sys.exit(0)
     except Exception as e:  # noqa: BLE001 - the catch-all: one line and its own exit code
