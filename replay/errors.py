@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import sys
+import warnings
+from types import FrameType
+
 __all__ = [
     "ReplayError",
     "UsageError",
@@ -10,6 +15,7 @@ __all__ = [
     "EntryPointError",
     "NonFiniteLossError",
     "RecorderWarning",
+    "warn_at_user_line",
     "EXIT_OK",
     "EXIT_NOTHING_FOUND",
     "EXIT_USAGE",
@@ -122,6 +128,21 @@ class NonFiniteLossError(FloatingPointError):
 
 class RecorderWarning(UserWarning):
     """The recorder degraded (stopped recording, throttled) but training goes on."""
+
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def warn_at_user_line(message: str) -> None:
+    """A :class:`RecorderWarning` shown at the program's own line: the first frame outside this
+    package, however deep in it the warning was found (``rec.step``, ``replay.step``, a capture
+    helper), where a fixed ``stacklevel`` named ``replay/__init__.py`` for a step handed over
+    with ``replay.step``. Call it on the training thread."""
+    frame: FrameType | None = sys._getframe(1)
+    level = 2
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, RecorderWarning, stacklevel=level)
 
 
 def exit_code_of(error: BaseException) -> int:

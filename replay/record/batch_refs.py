@@ -9,12 +9,11 @@ numbers, fails that check, and the run keeps its batches by value, with one warn
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 from ..capture.loader import IndexTap, digest, draw, indices_array, kept_rng, tap, untap
 from ..capture.tensors import host_leaves
-from ..errors import RecorderWarning
+from ..errors import warn_at_user_line
 
 __all__ = ["BatchRefs"]
 
@@ -64,10 +63,8 @@ class BatchRefs:
     def _off(self, why: str) -> None:
         self.why_not = why
         self.close()
-        warnings.warn(
-            f"replay: batches are recorded by value from here on, not by reference: {why}",
-            RecorderWarning,
-            stacklevel=4,
+        warn_at_user_line(
+            f"replay: batches are recorded by value from here on, not by reference: {why}"
         )
 
     def close(self) -> None:

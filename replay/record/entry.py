@@ -17,14 +17,13 @@ import itertools
 import os
 import sys
 import types
-import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from ..capture.objects import RunObjects, StepCall
-from ..errors import EntryPointError, RecorderWarning
+from ..errors import EntryPointError, warn_at_user_line
 
 __all__ = ["describe_entry", "describe_program", "describe_step", "read_source", "StepFunction"]
 
@@ -246,13 +245,11 @@ class StepFunction:
         if not self._said:
             self._said = True
             first = entry.get("step_fn", {}).get("qualname", "the first")
-            warnings.warn(
+            warn_at_user_line(
                 f"replay: step {t} was handed another step function "
                 f"({getattr(fn, '__qualname__', type(fn).__name__)}) than the first step "
                 f"({first}); a replay runs every step with the one its first step is handed, so "
                 "steps made by another function will not replay",
-                RecorderWarning,
-                stacklevel=3,
             )
         return False
 
@@ -260,12 +257,10 @@ class StepFunction:
         if name is None:
             return
         self._said_capture = True
-        warnings.warn(
+        warn_at_user_line(
             f"replay: step {t} was handed {getattr(fn, '__qualname__', 'the step function')} "
             f"over another {name} than the step before; a replay runs every step with the "
             "closure its first step is handed, so steps from here on will not replay: hand "
             f"what differs to the step, as its batch or a per-step value (rec.step(batch, "
             f"name=value)), instead of through its closure",
-            RecorderWarning,
-            stacklevel=4,
         )

@@ -39,7 +39,7 @@ from ..capture.guard import (
 from ..capture.numerics import warn_unless_bitwise
 from ..capture.objects import RunObjects, objects_from_build
 from ..capture.sharded import layout
-from ..errors import NonFiniteLossError, RecorderWarning
+from ..errors import NonFiniteLossError, RecorderWarning, warn_at_user_line
 from ..ranks.context import detect, shared_run_id, unwrap
 from ..ranks.names import base_path, rank_path
 from ..ranks.policy import DdpRanks
@@ -484,13 +484,11 @@ class Recorder:
         except Exception:  # noqa: BLE001 - naming them helps; it must not stop training
             return
         if found:
-            warnings.warn(
+            warn_at_user_line(
                 "replay: the step reads state the Recorder does not hold: "
                 + ", ".join(s.describe() for s in found[:6])
                 + ("; ..." if len(found) > 6 else "")
-                + "; give it to objects= (no snapshot holds it, so a replay cannot start from one)",
-                RecorderWarning,
-                stacklevel=3,
+                + "; give it to objects= (no snapshot holds it, so a replay cannot start from one)"
             )
 
     # -- steps a framework runs (replay.integrations) ---------------------------------------

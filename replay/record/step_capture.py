@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 import time
 import traceback
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -27,7 +26,7 @@ from ..capture.readback import value_now
 from ..capture.rng import capture_rng
 from ..capture.tensors import CopyStats, tree_nbytes
 from ..capture.watch import ObjectWatch
-from ..errors import RecorderWarning
+from ..errors import warn_at_user_line
 from ..ranks.policy import RankPolicy, SingleProcess
 from ..store.contracts import StepException
 from .batch_refs import BatchRefs
@@ -177,13 +176,11 @@ class StepCapture:
             out[name] = unrecorded(f"{type(v).__name__} {why}")
             if name not in self._warned_values:
                 self._warned_values.add(name)
-                warnings.warn(
+                warn_at_user_line(
                     f"replay: the per-step value {name!r} ({type(v).__name__}) is {why}, beyond "
                     "what a step record holds (replay.capture.bounded.VALUE_LIMITS); it is "
                     "recorded as left out, training goes on, and a replay whose step function "
-                    "takes it refuses",
-                    RecorderWarning,
-                    stacklevel=4,
+                    "takes it refuses"
                 )
         return out
 

@@ -120,6 +120,7 @@ def test_a_layer_local_run_whose_network_holds_no_parameters_is_healthy_not_non_
     said = [ln for ln in p.stderr.splitlines() if "than the step before" in ln]
     assert len(said) == 1 and "step 12 was handed Layer.train.<locals>.step over another self" \
         in said[0], p.stderr[-2000:]  # fmt: skip
+    assert said[0].startswith(f"{tmp_path / 'layer_local.py'}:"), said  # the program's line
     info = replay("info", str(run), cwd=elsewhere)
     assert "no NaN/Inf or exception recorded" in info.stdout, info.stdout
     b = replay("bisect", str(run), "--json", cwd=elsewhere)

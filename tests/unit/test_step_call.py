@@ -126,3 +126,25 @@ def test_a_step_closure_over_another_module_than_the_step_before_is_named():
         changed_capture(per_layer(torch.nn.BCELoss(), x), per_layer(torch.nn.BCELoss(), x)) is None
     )
     assert changed_capture(per_layer(layers[0], x), per_layer(layers[0], x.clone())) is None
+
+
+def test_a_recorder_warning_is_shown_at_the_programs_line_however_deep_it_was_found():
+    """Was: a warning found under ``replay.step`` (a step over another layer, state the
+    Recorder does not hold) was shown at ``replay/__init__.py:71``, and the by-reference
+    fallback at ``replay/record/recorder.py:458``: fixed stack levels, one frame short."""
+    import inspect
+    import os
+    import warnings
+
+    import replay.errors as errors
+
+    deep = os.path.join(os.path.dirname(errors.__file__), "record", "deep_inside.py")
+    code = "def inner():\n    warn_at_user_line('said')\ndef outer():\n    inner()\n"
+    ns = {"warn_at_user_line": errors.warn_at_user_line}
+    exec(compile(code, deep, "exec"), ns)  # two frames that stand for replay's own
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        line = inspect.currentframe().f_lineno + 1
+        ns["outer"]()
+    assert [(w.filename, w.lineno, str(w.message)) for w in seen] == [(__file__, line, "said")]
+    assert seen[0].category is errors.RecorderWarning
