@@ -15,7 +15,6 @@ import queue
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -25,6 +24,7 @@ from typing import Any
 from .capture.guard import PREFLIGHT_ENV
 from .child import end_group, run_replay, start_group
 from .reports import BisectReport, VerifyReport
+from .store.tmpdirs import private_dir
 
 __all__ = ["PreflightReport", "run_preflight"]
 
@@ -167,7 +167,7 @@ def run_preflight(
     if keep:
         check_keep(keep)
     # Removed on every path (a failed run, a timeout, an error), unless the recording is kept.
-    tmp = tempfile.mkdtemp(prefix="replay-preflight-")
+    tmp = private_dir("preflight")
     try:
         _record_and_verify(rep, command, steps, keep, timeout, echo, tmp)
     finally:

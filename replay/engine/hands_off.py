@@ -50,6 +50,8 @@ from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
+from ..store.tmpdirs import private_dir
+
 __all__ = ["hands_off", "TouchedError", "Guard", "active_guard"]
 
 _HINT = "put it under `if not replay.replaying():` (docs/reentry.md)"
@@ -416,7 +418,7 @@ def hands_off() -> Iterator[Guard]:
     if not _HOOKED:
         sys.addaudithook(_audit)
         _HOOKED = True
-    guard = Guard(os.path.realpath(tempfile.mkdtemp(prefix="replay-scratch-")))
+    guard = Guard(os.path.realpath(private_dir("scratch")))
     with _patched():
         _ACTIVE = guard
         try:

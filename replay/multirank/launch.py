@@ -24,7 +24,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -34,6 +33,7 @@ from ..child import RANK_WORKER, python_module
 from ..errors import RecordingError, ReplayError, UsageError, error_of_exit_code
 from ..ranks.scan import RankScan
 from ..reports.ranks import MultiRankRun, RankFailure, RankReplay
+from ..store.tmpdirs import private_dir
 
 __all__ = ["replay_rank_set", "DEADLINE"]
 
@@ -242,7 +242,7 @@ def replay_rank_set(
         "criterion": _criterion_spec(criterion),
         "first_bad": None if scan.first_bad is None else scan.first_bad.step,
     }
-    tmp = tempfile.mkdtemp(prefix="replay-ranks-")
+    tmp = private_dir("ranks")
     try:
         results = _run_ranks(paths, job, tmp, log)
     finally:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import bisect
 import os
 import shutil
-import tempfile
 import weakref
 from array import array
 from collections.abc import Iterator, Mapping
@@ -22,6 +21,7 @@ from typing import IO, Any
 import numpy as np
 
 from replay.store.forensics import OPS_COLUMNS
+from replay.store.tmpdirs import private_dir
 
 __all__ = ["OpSpool", "OpColumns", "NonFiniteTable", "CHUNK_ROWS"]
 
@@ -65,7 +65,7 @@ class OpSpool:
         if n == 0:
             return
         if self._dir is None:
-            self._dir = tempfile.mkdtemp(prefix="replay-trace-")
+            self._dir = private_dir("trace")
             self._finalizer = weakref.finalize(self, _remove, self._dir, self._files)
             for k in _SPEC:
                 self._files[k] = open(os.path.join(self._dir, k), "w+b")  # noqa: SIM115 - closed in close()
