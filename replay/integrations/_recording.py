@@ -1,6 +1,6 @@
-"""What the framework callbacks share: starting their Recorder, saying what they record when
-the run cannot be replayed, counting a scheduler's steps and summing a window's losses.
-Imports no framework."""
+"""What the framework callbacks share: starting their Recorder (saying what it records when the
+run cannot be replayed), recording the window an exception broke, counting a scheduler's steps
+and summing a window's losses. Imports no framework."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from typing import Any
 
 import torch
 
-from ..errors import RecorderWarning
+from ..errors import NonFiniteLossError, RecorderWarning
 from ..record.recorder import Recorder
 from ..store.tree import ObjectRecord, keep_kind, map_tree
 
-__all__ = ["clone_batch", "sched_count", "start_recorder", "total_loss", "warn_not_replayable"]
+__all__ = ["clone_batch", "record_raised", "sched_count", "start_recorder", "total_loss"]
 
 
 def clone_batch(batch: Any, objects: Callable[[Any, ObjectRecord], Any] = keep_kind) -> Any:
@@ -25,20 +25,19 @@ def clone_batch(batch: Any, objects: Callable[[Any, ObjectRecord], Any] = keep_k
     )
 
 
-def warn_not_replayable(why: str) -> None:
-    """Said once at the start of a run whose steps replay cannot rebuild."""
-    warnings.warn(
-        f"replay: {why}: replay cannot rebuild this run's steps; ReplayCallback records their "
-        "health, batches and RNG states (no snapshots): replay info, doctor and tui read them, "
-        "bisect names the first bad step without replaying it",
-        RecorderWarning,
-        stacklevel=3,
-    )
-
-
 def start_recorder(path: str, **kwargs: Any) -> Recorder | None:
     """A started :class:`Recorder`, or ``None`` (said once) when it cannot start: the recorder
-    never takes training down."""
+    never takes training down. A run whose steps replay cannot rebuild (``not_replayable``:
+    why) is said so once first."""
+    why = kwargs.get("not_replayable")
+    if why is not None:
+        warnings.warn(
+            f"replay: {why}: replay cannot rebuild this run's steps; ReplayCallback records their "
+            "health, batches and RNG states (no snapshots): replay info, doctor and tui read "
+            "them, bisect names the first bad step without replaying it",
+            RecorderWarning,
+            stacklevel=3,
+        )
     try:
         rec = Recorder(path, **kwargs)
     except Exception as e:  # noqa: BLE001 - the recorder must never take training down
@@ -50,6 +49,17 @@ def start_recorder(path: str, **kwargs: Any) -> Recorder | None:
         return None
     rec.__enter__()
     return rec
+
+
+def record_raised(
+    rec: Recorder, window: list[Any] | None, values: dict[str, Any], e: BaseException
+) -> None:
+    """The window under way when the framework's loop raised ``e``, recorded with it as
+    ``Recorder.step`` records a step: an ``Exception`` is the step's result; a
+    ``KeyboardInterrupt`` or ``SystemExit`` is not (the window it cut short is left out), nor
+    the ``NonFiniteLossError`` the Recorder raised once it had recorded the step."""
+    if window is not None and isinstance(e, Exception) and not isinstance(e, NonFiniteLossError):
+        rec.observe_end(window, values, exception=e)
 
 
 def sched_count(s: Any) -> int:

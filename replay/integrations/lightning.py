@@ -55,9 +55,9 @@ except ImportError:  # pragma: no cover - only pytorch_lightning installed
 
 from ..capture.guard import replaying
 from ..capture.probe import running_probe
-from ..errors import NonFiniteLossError, RecorderWarning
+from ..errors import RecorderWarning
 from ..record.recorder import Recorder
-from ._recording import clone_batch, sched_count, start_recorder, total_loss, warn_not_replayable
+from ._recording import clone_batch, record_raised, sched_count, start_recorder, total_loss
 
 __all__ = ["ReplayCallback", "build", "train_step"]
 
@@ -143,8 +143,6 @@ class ReplayCallback(Callback):
             )
             return
         why = _why_not(trainer, pl_module)
-        if why is not None:
-            warn_not_replayable(why)
         objects: dict[str, Any] = {"model": pl_module, "trainer": trainer}
         for i, opt in enumerate(trainer.optimizers):
             objects["optimizer" if i == 0 else f"optimizer_{i}"] = opt
@@ -227,10 +225,9 @@ class ReplayCallback(Callback):
     ) -> None:
         if self.rec is None:
             return
-        if self._window is not None and not isinstance(exception, NonFiniteLossError):
-            window, self._window = self._window, None
-            stepped = [0] * len(trainer.lr_scheduler_configs)
-            self.rec.observe_end(window, self._values(stepped), exception=exception)
+        window, self._window = self._window, None
+        stepped = [0] * len(trainer.lr_scheduler_configs)
+        record_raised(self.rec, window, self._values(stepped), exception)
         self._close()
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -69,7 +69,7 @@ from ..capture.objects import inner_optimizer
 from ..errors import NonFiniteLossError, RecorderWarning
 from ..record.recorder import Recorder
 from ..store.tree import ObjectRecord, keep_kind
-from ._recording import clone_batch, sched_count, start_recorder, total_loss, warn_not_replayable
+from ._recording import clone_batch, record_raised, sched_count, start_recorder, total_loss
 
 __all__ = ["ReplayCallback", "build", "train_step"]
 
@@ -196,8 +196,6 @@ class ReplayCallback(TrainerCallback):
             self._refuse("DeepSpeed or FSDP (sharded parameters)")
             return
         why = _why_not(trainer)
-        if why is not None:
-            warn_not_replayable(why)
         objects = _objects(trainer)
         # Step t of the recording is the optimisation step that makes the Trainer's global_step
         # t + 1, in a resumed run too.
@@ -288,15 +286,8 @@ class ReplayCallback(TrainerCallback):
     def _record_exception(self, e: BaseException) -> None:
         if self.rec is None:
             return
-        # As Recorder.step: an Exception is the step's result; a KeyboardInterrupt or
-        # SystemExit is not (the window it cut short is left out).
-        if (
-            self._window is not None
-            and isinstance(e, Exception)
-            and not isinstance(e, NonFiniteLossError)
-        ):
-            window, self._window = self._window, None
-            self.rec.observe_end(window, self._values(0), exception=e)
+        window, self._window = self._window, None
+        record_raised(self.rec, window, self._values(0), e)
         self._close()
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
