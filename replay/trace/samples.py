@@ -243,6 +243,22 @@ def hinted_axes(batch: object, hint: object) -> tuple[list[int] | None, list[str
     return axes, [f"samples along dim{'s' * (len(axes) > 1)} {axes}, as batch_axis says"]
 
 
+def _shared_axis(batch: object, cands: list[tuple[int, int]]) -> int | None:
+    """The candidate axis after dim 0 along which every tensor of the batch has the same size,
+    when they differ along dim 0 and nowhere else: a seq2seq batch of time-major source and
+    target sentences padded to their own lengths, ``src[Ts, B]``, ``tgt[Tt, B]`` (the
+    language_translation example's). No probe can tell the axes apart when the step raises
+    or its loss is not finite, and these lengths can: time is the axis that differs."""
+    from replay.trace.picture import batch_leaves
+
+    leaves = [t for _, t in batch_leaves(batch) if t.dim() >= 2]
+    if len(leaves) < 2 or len({t.shape[0] for t in leaves}) < 2:
+        return None
+    if len({t.shape[1:] for t in leaves}) != 1:
+        return None
+    return next((d for d, _ in cands[1:]), None)
+
+
 def choose_sample_axes(
     batch: object, probe: Callable[[object], tuple[float | None, int]], hint: object = None
 ) -> tuple[list[int], list[str]]:
@@ -256,6 +272,8 @@ def choose_sample_axes(
     forward ran. The rule:
 
     - candidates are ``candidate_axes(batch)``; one candidate is the answer, no probe needed;
+    - tensors that differ in length along dim 0 only (time-major source and target sentences,
+      ``_shared_axis``): the samples are along the next candidate, no probe needed;
     - the step runs the model once per slice of dim 0 (``calls`` equals its size): dim 0 holds
       micro-batches, and the sample axis is looked for among the other candidates; the answer
       is then ``[0, row axis]``;
@@ -274,6 +292,13 @@ def choose_sample_axes(
             return axes, hint_notes
     if len(cands) == 1:
         return [cands[0][0]], hint_notes
+    shared = _shared_axis(batch, cands)
+    if shared is not None:
+        return [shared], [
+            *hint_notes,
+            f"samples are positions along dim {shared}: the batch's tensors have lengths of "
+            f"their own along dim 0 and share dim {shared} (time-major sequences)",
+        ]
     ref, calls = probe(batch)
     micro = cands[0][1] > 1 and calls == cands[0][1]
     rest = cands[1:] if micro else cands

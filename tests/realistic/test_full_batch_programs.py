@@ -140,3 +140,63 @@ def test_every_layers_steps_of_a_layer_local_run_replay_bitwise(tmp_path, elsewh
     assert p.returncode == 0, p.stderr[-2000:]
     rc, v, err = verify_json(run, elsewhere)
     assert rc == 0 and v["deterministic"] is True, v.get("cause")
+
+
+def _tree(folder: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+@pytest.mark.slow
+def test_a_seq2seq_token_out_of_the_vocabulary_is_blamed_on_its_sample_along_dim_1(
+    tmp_path, elsewhere
+):
+    """language_translation's shape (programs/seq2seq_padding.py): time-major source and
+    target sentences padded to lengths of their own, an nn.Transformer with padding masks. A
+    target token out of the vocabulary in sample 5 at step 9 raises in the target embedding.
+    Was: the sample axis could not be told apart (the step raises: no loss to compare), dim 0
+    was assumed, and bisect said "no sample is to blame". The program's log (appended to by
+    logging.basicConfig at start-up, which a replay runs again) and checkpoint stay as they
+    were."""
+    run, p = record(tmp_path, "seq2seq_padding.py", "--bug", "token")
+    assert p.returncode == 1 and "IndexError: index out of range" in p.stderr, p.stderr[-2000:]
+    before = _tree(tmp_path)
+    b = replay("bisect", str(run), "--json", cwd=elsewhere)
+    d = json.loads(b.stdout)
+    assert (d["first_bad_step"], d["kind"], d["exception"]["type"]) == (
+        9,
+        "exception",
+        "IndexError",
+    )
+    assert (d["op"], d["module"], d["phase"]) == ("aten::embedding", "tgt_embedding", "forward")
+    assert d["samples"] == [5] and d["sample_axes"] == [1], d["notes"]
+    assert d["reproducible"] is True
+    after = _tree(tmp_path)
+    assert after.pop("run.forensics.h5", None) is not None
+    assert after == before and not list(elsewhere.iterdir())
+
+
+@pytest.mark.slow
+def test_a_seq2seq_batch_with_an_all_padding_sentence_is_healthy_and_replays_bitwise(
+    tmp_path, elsewhere
+):
+    """The same run with sample 5's source all padding at step 9: every key of its attention
+    rows masked with -inf, on purpose. torch's attention gives such rows zeros: no failure,
+    and no op is to be named for the masks' -inf."""
+    run, p = record(tmp_path, "seq2seq_padding.py", "--bug", "blank", "--epochs", "2")
+    assert p.returncode == 0, p.stderr[-2000:]
+    before = _tree(tmp_path)
+    v = replay("verify", str(run), "--all", "--json", cwd=elsewhere)  # step 9 among them
+    d = json.loads(v.stdout)
+    assert v.returncode == 0 and d["deterministic"] is True, v.stderr[-2000:]
+    assert d["window"][0] <= 9 <= d["window"][1], d["window"]
+    b = replay("bisect", str(run), "--json", cwd=elsewhere)
+    assert b.returncode == 1 and json.loads(b.stdout)["healthy"] is True, b.stderr[-2000:]
+    t = replay("trace", str(run), "--step", "9", cwd=elsewhere)
+    assert t.returncode == 0 and "no op made a non-finite value" in t.stdout, t.stdout[-2000:]
+    after = _tree(tmp_path)
+    after.pop("run.forensics.h5", None)
+    assert after == before and not list(elsewhere.iterdir())

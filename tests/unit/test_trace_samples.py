@@ -143,6 +143,27 @@ def test_choose_sample_axes_tells_time_from_samples_by_reversing_them():
     assert axes == [0] and notes == []
 
 
+def test_time_major_sentences_of_their_own_lengths_are_cut_along_the_dim_they_share():
+    """language_translation's batches: ``src[Ts, B]``, ``tgt[Tt, B]``, padded to their own
+    lengths. Was: with a step that raises (a token out of the vocabulary) no probe could tell
+    time from samples; dim 0 was assumed, and bisect said "no sample is to blame" (or named
+    time positions). The lengths tell: time is the axis that differs."""
+    from replay.trace import choose_sample_axes
+
+    def probe(b):
+        raise AssertionError("no probe needed")
+
+    batch = (torch.zeros(9, 8, dtype=torch.long), torch.zeros(12, 8, dtype=torch.long))
+    axes, notes = choose_sample_axes(batch, probe)
+    assert axes == [1] and "lengths of their own along dim 0" in notes[0]
+    assert [t.shape for t in slice_batch(batch, [5], axis=1)] == [(9, 1), (12, 1)]
+    # equal lengths, or other dims that differ too: the probes decide, as before
+    same = (torch.randn(6, 10), torch.randn(6, 10))
+    assert choose_sample_axes(same, lambda b: (float("nan"), 1))[0] == [0]
+    images = (torch.randn(8, 3, 4, 4), torch.randn(8, 5))
+    assert choose_sample_axes(images, probe)[0] == [0]
+
+
 def test_choose_sample_axes_finds_micro_batches_by_counting_forward_calls():
     from replay.trace import choose_sample_axes
 
