@@ -1,8 +1,11 @@
-"""Full-batch graph training (pytorch/examples gat/main.py, gcn/main.py: programs/full_batch_graph.py)
-and layer-local training (mnist_forward_forward/main.py: programs/layer_local.py), recorded in a
-subprocess as their authors would run them and replayed with the real CLI from another
-directory: a healthy run replays bitwise, a planted failure is bisected to its step and op, and
-the files the program wrote (its log, a checkpoint) are byte-identical afterwards."""
+"""Classes of program the rest of tests/realistic does not cover, each a look-alike of a
+pytorch/examples program: full-batch graph training (gat/main.py, gcn/main.py:
+programs/full_batch_graph.py), layer-local training (mnist_forward_forward/main.py:
+programs/layer_local.py) and seq2seq translation with padding masks (language_translation:
+programs/seq2seq_padding.py). Each is recorded in a subprocess as its author would run it and
+replayed with the real CLI from another directory: a healthy run replays bitwise, a planted
+failure is bisected to its step, op and sample, and the files the program wrote (its log, a
+checkpoint) are byte-identical afterwards."""
 
 from __future__ import annotations
 
