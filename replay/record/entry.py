@@ -117,6 +117,8 @@ def describe_program() -> tuple[dict[str, Any] | None, str | None]:
     if main is None or not isinstance(path, str):
         return None, "the program has no main file (an interactive session or a notebook)"
     path = os.path.abspath(path)
+    if not os.path.isfile(path):  # `python - < train.py`: its __file__ is '<stdin>'
+        return None, f"the program's main file {path} is not a file (a program read from stdin)"
     spec = getattr(main, "__spec__", None)
     name = getattr(spec, "name", None) if spec is not None else None
     if _installed(path):
