@@ -70,8 +70,13 @@ def _max_diff(a: Any, b: Any) -> float | None:
     return None
 
 
-def _diff_paths(live: Any, kept: Any, path: str, out: list[tuple[str, float | None]]) -> None:
-    """Append ``(path, max |diff|)`` for every leaf where ``live`` and ``kept`` differ."""
+Diffs = list[tuple[str, float | None]]
+
+
+def _diff_paths(live: Any, kept: Any, path: str = "", out: Diffs | None = None) -> Diffs:
+    """``(path, max |diff|)`` of every leaf where ``live`` and ``kept`` differ (added to
+    ``out``, which is returned)."""
+    out = [] if out is None else out
     if isinstance(live, torch.Tensor) or isinstance(kept, torch.Tensor):
         if not (
             isinstance(live, torch.Tensor)
@@ -79,24 +84,21 @@ def _diff_paths(live: Any, kept: Any, path: str, out: list[tuple[str, float | No
             and _same_tensor(live.detach(), kept)
         ):
             out.append((path, _max_diff(live, kept)))
-        return
-    if isinstance(live, dict) and isinstance(kept, dict):
+    elif isinstance(live, dict) and isinstance(kept, dict):
         for k in dict.fromkeys([*live, *kept]):
             _diff_paths(live.get(k), kept.get(k), f"{path}.{k}" if path else str(k), out)
-        return
-    if isinstance(live, (list, tuple)) and isinstance(kept, (list, tuple)):
+    elif isinstance(live, (list, tuple)) and isinstance(kept, (list, tuple)):
         if len(live) != len(kept):
             out.append((path, None))
-            return
-        for i, (a, b) in enumerate(zip(live, kept)):
-            _diff_paths(a, b, f"{path}[{i}]", out)
-        return
-    if isinstance(live, float) and isinstance(kept, float):
+        else:
+            for i, (a, b) in enumerate(zip(live, kept)):
+                _diff_paths(a, b, f"{path}[{i}]", out)
+    elif isinstance(live, float) and isinstance(kept, float):
         if not same_bits(live, kept):
             out.append((path, abs(live - kept) if math.isfinite(live - kept) else None))
-        return
-    if live != kept:
+    elif live != kept:
         out.append((path, None))
+    return out
 
 
 def state_diff(engine: Engine, s: int) -> list[StateDrift]:
@@ -112,7 +114,7 @@ def state_diff(engine: Engine, s: int) -> list[StateDrift]:
     params = {n for n, _ in model.named_parameters()}
     found: list[StateDrift] = []
 
-    def report(what: str, diffs: list[tuple[str, float | None]]) -> None:
+    def report(what: str, diffs: Diffs) -> None:
         if diffs:
             sizes = [d for _, d in diffs if d is not None]
             found.append(
@@ -127,32 +129,23 @@ def state_diff(engine: Engine, s: int) -> list[StateDrift]:
     with torch.no_grad():
         live_model = model.state_dict()
         kept_model = from_leaves(snap["model"], dev)
-        diffs: list[tuple[str, float | None]] = []
-        _diff_paths(dict(live_model), dict(kept_model), "", diffs)
+        diffs = _diff_paths(dict(live_model), dict(kept_model))
         report("model parameters", [d for d in diffs if d[0] in params])
         report("module buffers", [d for d in diffs if d[0] not in params])
         if objs.optimizer is not None and snap.get("optimizer") is not None:
-            diffs = []
             kept = _int_keys(from_leaves(snap["optimizer"], dev))
-            _diff_paths(objs.optimizer.state_dict(), kept, "", diffs)
-            report("optimizer", diffs)
+            report("optimizer", _diff_paths(objs.optimizer.state_dict(), kept))
         for role in ("scheduler", "scaler"):
             obj = objs.named.get(role)
             if obj is not None and snap.get(role) is not None:
-                diffs = []
-                _diff_paths(obj.state_dict(), from_leaves(snap[role], dev), "", diffs)
-                report(role, diffs)
+                report(role, _diff_paths(obj.state_dict(), from_leaves(snap[role], dev)))
         kept_objects = snap.get("objects") or {}
         for name, obj in objs.extras.items():
             if name in kept_objects:
-                diffs = []
-                _diff_paths(obj.state_dict(), from_leaves(kept_objects[name], dev), "", diffs)
-                report(name, diffs)
+                report(name, _diff_paths(obj.state_dict(), from_leaves(kept_objects[name], dev)))
         if "grads" in snap:
             live_grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
-            diffs = []
-            _diff_paths(live_grads, from_leaves(snap["grads"], dev), "", diffs)
-            report("gradients", diffs)
+            report("gradients", _diff_paths(live_grads, from_leaves(snap["grads"], dev)))
     return found
 
 
