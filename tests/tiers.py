@@ -32,6 +32,8 @@ MATRIX: dict[str, str] = {
     "tests/integration/test_fsdp.py::test_fsdp2_bisect_names_the_rank_and_the_op_a_nan_came_from": "test_fsdp2_ranks_record_their_own_shards_and_replay_together_bitwise",
     # preflight: a failing program checked, kept and bisected; its torchrun spelling repeats it
     "tests/selfcheck/test_preflight.py::test_a_torchrun_command_is_checked_with_its_whole_rank_set": "test_a_program_that_fails_within_the_preflight_steps_is_reported_bisected_and_kept",
+    # a program without a file to run again is told at once: read from stdin proves it
+    "tests/reentry/test_no_program_file.py::test_a_program_without_a_file_is_told_at_once_that_it_will_not_replay[-c]": "[stdin]",
     # one torch.compile case: a compiled model replayed bitwise and bisected to its op
     "tests/reentry/test_reentry.py::test_a_step_that_compiles_on_its_first_call_is_traced_with_its_compiled_ops": "test_a_compiled_model_replays_bitwise_and_bisects_to_its_op",
     # a verdict is a function of the recording: PPO bisected 20 times and every other real
