@@ -28,11 +28,14 @@ Rule (producer, not propagator; see ``origins.py`` for how origins are tracked):
    (``.item()``), and the inputs of an op that raised. When the op rule 3 would name for the
    first sink (or the op that raised) is another, later one, the verdict names it as
    ``surfaced``: where the value was noticed. A step that raised on an input some producer of the
-   step made non-finite names that producer (cause ``"op"``), the raising op as ``surfaced``.
+   step made non-finite names that producer (cause ``"op"``), the raising op as ``surfaced``;
+   one that raised on NaN/Inf the batch held, with no producer, names the raising op, cause
+   ``"data"`` (BCELoss's range check on a NaN image's output).
 
 The verdict's ``cause`` says which case it was: ``"op"`` (a producer), ``"data"`` (the batch held
 NaN/Inf: ``data`` lists its non-finite tensors, the op named only read it first), ``"state"``,
-``"intentional"``, ``"uninitialised"``; null for exceptions and healthy steps.
+``"intentional"``, ``"uninitialised"``; null for healthy steps and for exceptions raised on
+finite inputs.
 
 Statuses: producers whose values reached a sink are 1, ops carrying those values (converters
 included) 2,
@@ -131,6 +134,16 @@ def _nan_from_inf(tr: Tracer, culprit: int, first: frozenset[int]) -> dict[str, 
     return None
 
 
+def _blame_data(v: dict[str, Any], data: list[BatchNonFinite] | None, then: str) -> None:
+    """Cause ``data``: the batch held the NaN/Inf, ``data`` its non-finite tensors."""
+    v["cause"] = "data"
+    v["data"] = {"tensors": list(data or []), "sample_axes": None}
+    names = ", ".join(d["name"] for d in data or []) or "the batch"
+    v["notes"].append(
+        f"the input batch is non-finite ({names}): it is a data bug; no op produced it, {then}"
+    )
+
+
 def build_verdict(
     tr: Tracer,
     *,
@@ -202,6 +215,8 @@ def build_verdict(
                 )
                 return v
             v.update(_describe_op(tr, at, raised.inputs, raised.executed_at))
+            if BATCH in raised.bad_origins:  # no producer: it raised on what the batch held
+                _blame_data(v, data, f"{tr.log.name(at)} (op {at}) raised on what it became")
         else:
             v["source"] = exception["source"]
             n = len(status)
@@ -229,13 +244,7 @@ def build_verdict(
     intentional = [o for o in ops if klass.get(o) == "intentional"]
     culprit: int | None = None
     if BATCH in first:
-        v["cause"] = "data"
-        v["data"] = {"tensors": list(data or []), "sample_axes": None}
-        names = ", ".join(d["name"] for d in data or []) or "the batch"
-        v["notes"].append(
-            f"the input batch is non-finite ({names}): it is a data bug; no op produced it, "
-            "the op named is the first that read it"
-        )
+        _blame_data(v, data, "the op named is the first that read it")
         culprit = _first_consumer(tr, BATCH)
     elif PRESENT in first:
         v["cause"] = "state"

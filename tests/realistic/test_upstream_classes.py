@@ -203,3 +203,47 @@ def test_a_seq2seq_batch_with_an_all_padding_sentence_is_healthy_and_replays_bit
     after = _tree(tmp_path)
     after.pop("run.forensics.h5", None)
     assert after == before and not list(elsewhere.iterdir())
+
+
+def first_nonfinite_in_recorded_batches(run: Path) -> tuple[int, str, int]:
+    """The first recorded step whose batch holds a NaN, which tensor of it and which sample:
+    read off the recording's batches, no replay."""
+    import torch
+
+    from replay.capture.tensors import from_leaves
+    from replay.store import open_recording
+
+    with open_recording(run) as rec:
+        for t in sorted(rec.steps()):
+            batch = from_leaves(rec.read_step(t)["batch"])
+            for i, x in enumerate(batch):
+                rows = torch.isnan(x.reshape(len(x), -1)).any(1).nonzero().flatten().tolist()
+                if rows:
+                    return t, f"batch[{i}]", rows[0]
+    raise AssertionError("no NaN in any recorded batch")
+
+
+@pytest.mark.slow
+def test_a_siamese_pair_holding_a_nan_image_is_blamed_on_the_data_when_bce_raises(
+    tmp_path, elsewhere
+):
+    """siamese_network's shape (programs/siamese_pairs.py): pairs drawn with python's random in
+    a Dataset's __getitem__, so the loader's batches go by value (said once, at the program's
+    line), a sigmoid and BCELoss. A NaN pixel in one image: BCELoss's range check raises. Was:
+    the raising op named alone (cause null) and samples "14, 15" by delta debugging (a pair of
+    one sample fails differently: the example's .squeeze()); now cause data, the NaN tensor and
+    its one sample, read off the batch."""
+    run, p = record(tmp_path, "siamese_pairs.py", "--seed", "5")
+    assert p.returncode == 1 and "between 0 and 1" in p.stderr, p.stderr[-2000:]
+    said = [ln for ln in p.stderr.splitlines() if "recorded by value from here on" in ln]
+    assert len(said) == 1 and said[0].startswith(f"{tmp_path / 'siamese_pairs.py'}:"), said
+    step, tensor, sample = first_nonfinite_in_recorded_batches(run)
+    assert step == 4  # the run printed steps 0..3
+    b = replay("bisect", str(run), "--json", cwd=elsewhere)
+    d = json.loads(b.stdout)
+    assert (d["first_bad_step"], d["kind"], d["cause"]) == (step, "exception", "data"), d["notes"]
+    assert d["op"] == "aten::binary_cross_entropy" and d["exception"]["type"] == "RuntimeError"
+    assert [t["name"] for t in d["data"]["tensors"]] == [tensor]
+    assert d["samples"] == [sample] and d["reproducible"] is True
+    rc, v, err = verify_json(run, elsewhere)
+    assert rc == 0 and v["deterministic"] is True, (v.get("cause"), err[-2000:])
