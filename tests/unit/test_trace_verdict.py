@@ -287,6 +287,31 @@ def test_label_out_of_range_for_cross_entropy():
     assert v["previous"] and v["previous"][-1]["op_index"] == v["op_index"] - 1
 
 
+def bce_step(model, optimizer, batch):
+    x, y = batch
+    optimizer.zero_grad(set_to_none=True)
+    loss = F.binary_cross_entropy(torch.sigmoid(model(x)).squeeze(1), y)  # BCE_LINE
+    loss.backward()
+    optimizer.step()
+    return loss
+
+
+def test_a_loss_raising_on_nan_the_batch_held_is_blamed_on_the_data():
+    """siamese_network's shape: a NaN image makes the sigmoid's output NaN, and BCE's range
+    check raises. Was: the raising op named alone, cause null; the batch's NaN is the cause."""
+    x = torch.randn(8, 4)
+    x[5, 2] = float("nan")
+    r = run(nn.Linear(4, 1), (x, torch.ones(8)), step=bce_step)
+    v = r.verdict
+    assert v["kind"] == "exception" and v["exception"]["type"] == "RuntimeError"
+    assert (v["cause"], v["op"]) == ("data", "aten::binary_cross_entropy")
+    assert [t["name"] for t in v["data"]["tensors"]] == ["batch[0]"]
+    assert v["source"]["line"] == line_of(bce_step, "BCE_LINE")
+    # a finite batch whose loss raises for another reason keeps cause null
+    r = run(nn.Linear(4, 1), (torch.randn(8, 4), torch.full((8,), 2.0)), step=bce_step)
+    assert r.verdict["kind"] == "exception" and r.verdict["cause"] is None
+
+
 def test_python_error_before_any_op_names_the_line():
     def step(model, optimizer, batch):
         raise KeyError("no such field")  # PYERR
