@@ -260,8 +260,7 @@ class RunModel:
         if len(h.get("step", ())):
             m.skipped = [int(s) for s in h["step"][h["scaler_skipped"] == 1]]
             m.exceptions = [int(s) for s in h["step"][h["raised"] == 1]]
-            bad = self.rec.first_bad()
-            m.symptom = bad["nonfinite"] if bad["nonfinite"] is not None else bad["exception"]
+            m.symptom = self.rec.first_failure()
         if self.forensics is not None:
             m.first_bad = int(self.forensics.step)
         return m

@@ -219,8 +219,7 @@ class Engine(ObservedCalls):
         written is not judged by a glance at its moving rings (``None``; see live.py)."""
         why = rec.run_meta.not_replayable
         if why is not None:
-            bad = rec.first_bad()
-            first = min((s for s in bad.values() if s is not None), default=None)
+            first = rec.first_failure()
             shows = (
                 f"the first failure in its health is at step {first}"
                 if first is not None

@@ -194,7 +194,6 @@ def read_facts(run: str, *, bisect: BisectReport | None = None) -> RunFacts:
     with open_recording(path) as rec:
         h = rec.health()
         window = rec.replayable_window()
-        bad = rec.first_bad()
         update_steps, update_ratio, update_map = _update_ratios(rec)
         facts = RunFacts(
             path=path,
@@ -204,7 +203,7 @@ def read_facts(run: str, *, bisect: BisectReport | None = None) -> RunFacts:
             health=h,
             window=(window.first, window.last) if window else None,
             snapshots=[int(s) for s in rec.snapshot_steps()],
-            symptom=bad["nonfinite"] if bad["nonfinite"] is not None else bad["exception"],
+            symptom=rec.first_failure(),
             selfcheck=read_selfcheck(rec.path, rec.run_id),
             n_params=sum(p.numel for p in rec.run_meta.model.params),
             update_steps=update_steps,

@@ -779,6 +779,11 @@ class Recording:
             nonfinite |= (h[f"{name}__grad_nonfinite"] == 1) & ~skipped
         return {"nonfinite": first(nonfinite), "exception": first(h["raised"] == 1)}
 
+    def first_failure(self) -> int | None:
+        """The first step whose health shows a failure of either kind (where ``bisect`` with no
+        kind looks), ``None`` when there is none."""
+        return min((s for s in self.first_bad().values() if s is not None), default=None)
+
     # -- replayability -------------------------------------------------------------------------
 
     def reach(self) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import RecordingError, ReplayError, UsageError
 from ..store.hparams import Groups, step_hparams
-from .export_state import NotReached, finite, first_failure, reach
+from .export_state import NotReached, finite, reach
 from .outdir import check_out, staged_dir
 from .session import AS_RECORDED, ReplayOptions, with_engine
 
@@ -220,7 +220,7 @@ def export_work(
     def work(rec: Recording, engine: Engine, step: int | None = step) -> ExportReport:
         from ..capture.objects import ROLES
 
-        first_bad_step = first_failure(rec) if first_bad is None else first_bad
+        first_bad_step = rec.first_failure() if first_bad is None else first_bad
         notes: list[str] = []
         if step is None:
             step, verified = _default_state(engine, first_bad_step, notes)

@@ -14,14 +14,12 @@ from ..errors import ReplayError, UsageError
 
 if TYPE_CHECKING:
     from ..engine import Engine
-    from ..store.reader import Recording
 
 __all__ = [
     "NotReached",
     "Diverged",
     "OutsideState",
     "finite",
-    "first_failure",
     "reach",
     "others",
     "plain",
@@ -38,13 +36,6 @@ class Diverged(NotReached):
 
 class OutsideState(NotReached, UsageError):
     """An object the loop steps outside the step function: its state in between is unknown."""
-
-
-def first_failure(rec: Recording) -> int | None:
-    """The recording's first failing step (non-finite or raised), or ``None``."""
-    bad = rec.first_bad()
-    fails = [s for s in (bad["nonfinite"], bad["exception"]) if s is not None]
-    return min(fails) if fails else None
 
 
 def others(objs: Any) -> dict[str, Any]:
