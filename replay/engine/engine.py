@@ -523,10 +523,7 @@ class Engine(ObservedCalls):
         later failure takes, which a replay carried on from an earlier step never tests.
         """
         if t not in self.window:
-            w = self.window
-            raise ReplayError(
-                f"step {t} is outside the replayable window (steps {w.first}..{w.last})"
-            )
+            raise ReplayError(self.window.outside(f"step {t}"))
         with self._calling("state_before", (int(t), bool(keep), bool(fresh))):
             self._state_before(t, keep, fresh)
 

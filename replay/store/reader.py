@@ -65,6 +65,10 @@ class Window:
     def __contains__(self, step: object) -> bool:
         return isinstance(step, (int, np.integer)) and bool(self.first <= step <= self.last)
 
+    def outside(self, what: str) -> str:
+        """How a refusal says that ``what`` (``--step 40``) lies outside this window."""
+        return f"{what} is outside the replayable window (steps {self.first}..{self.last})"
+
     def snapshot_for(self, step: int) -> int:
         """The newest snapshot at or before ``step`` inside this window."""
         return max(s for s in self.snapshots if s <= step)

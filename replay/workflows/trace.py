@@ -38,9 +38,7 @@ def run_trace(
     def check(rec: Recording) -> None:  # before the program runs again
         w = rec.replayable_window()
         if w is not None and step is not None and step not in w:
-            raise UsageError(
-                f"--step {step} is outside the replayable window (steps {w.first}..{w.last})"
-            )
+            raise UsageError(w.outside(f"--step {step}"))
 
     return with_engine(
         run, lambda rec, eng: trace_engine(rec, eng, run, step), options, check=check
@@ -54,7 +52,7 @@ def trace_engine(rec: Recording, engine: Engine, run: str, step: int | None) -> 
     w = engine.window
     t = w.last if step is None else step
     if t not in w:
-        raise UsageError(f"--step {t} is outside the replayable window (steps {w.first}..{w.last})")
+        raise UsageError(w.outside(f"--step {t}"))
     traced = trace_culprit(
         engine,
         t,

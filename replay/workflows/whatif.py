@@ -247,10 +247,7 @@ def _check_file(rec: Recording, changes: list[Change]) -> None:
         return  # the engine says why, with its own exit code
     for c in changes:
         if c.step is not None and c.step not in w:
-            raise UsageError(
-                f"{c.text}: step {c.step} is outside the replayable window "
-                f"(steps {w.first}..{w.last})"
-            )
+            raise UsageError(w.outside(f"{c.text}: step {c.step}"))
         if c.key is not None:
             groups = rec.read_step(w.last).get("hparams") or []
             if not groups or any(c.key not in g for g in groups):
@@ -465,9 +462,7 @@ def _range(
     bad = None if symptom is None else symptom.bound
     for flag, s in (("--from-step", from_step), ("--to-step", to_step)):
         if s is not None and s not in w:
-            raise UsageError(
-                f"{flag} {s} is outside the replayable window (steps {w.first}..{w.last})"
-            )
+            raise UsageError(w.outside(f"{flag} {s}"))
     if from_step is None:
         if bad is not None and bad < w.first:
             raise ReplayError(
