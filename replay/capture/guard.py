@@ -44,9 +44,14 @@ __all__ = [
     "refuse_if_replaying",
     "preflight_from_env",
     "PREFLIGHT_ENV",
+    "REENTERED_ENV",
+    "StartedByReplayedProgram",
 ]
 
 PREFLIGHT_ENV = "REPLAY_PREFLIGHT"
+# Set by ``reentering`` to the pid of the process that re-runs the program: a process that the
+# re-run program starts (multiprocessing, a subprocess) inherits it, and its Recorder refuses.
+REENTERED_ENV = "REPLAY_REENTERED_BY"
 
 _running: list[str] = []  # what replay is importing or building now (innermost last)
 _refused: list[str] = []  # a Recorder was refused while replay ran user code
@@ -84,8 +89,23 @@ def replay_runs_user_code(what: str) -> Iterator[None]:
         raise TrainingAtImportError(_refused[-1])
 
 
+class StartedByReplayedProgram(SystemExit):
+    """A Recorder made in a process the re-run program started (hogwild's ``mp.Process``
+    workers): replay takes over a Recorder in the process it re-runs, never in one that process
+    starts, so this one ends its process before anything trains or is written. A
+    ``SystemExit`` with the reason: multiprocessing and Python print it as one line."""
+
+
 def refuse_if_replaying() -> None:
     """Called first by ``Recorder.__init__``: never a second training run under replay."""
+    by = os.environ.get(REENTERED_ENV)
+    if by and _owner != [os.getpid()]:
+        raise StartedByReplayedProgram(
+            f"replay: a process the replayed program started (pid {os.getpid()}) constructed a "
+            f"replay.Recorder; replay re-runs the program in pid {by} and takes over a Recorder "
+            "there, never in a process it starts (multiprocessing): this process does not "
+            "train. Record such a program with build_fn (docs/recording.md)"
+        )
     if not _running:
         return
     msg = (
@@ -124,6 +144,7 @@ class ReplayFinished(BaseException):
 
 _reentry: list[Callable[[LiveProgram], None]] = []
 _taken: list[bool] = []
+_owner: list[int] = []  # the pid ``reentering`` runs in (a forked child is another process)
 
 
 @contextlib.contextmanager
@@ -132,10 +153,18 @@ def reentering(on_takeover: Callable[[LiveProgram], None]) -> Iterator[list[bool
     Yields a list that holds ``True`` once a Recorder took over. NB: not reentrant."""
     _reentry[:] = [on_takeover]
     _taken.clear()
+    _owner[:] = [os.getpid()]
+    before = os.environ.get(REENTERED_ENV)
+    os.environ[REENTERED_ENV] = str(os.getpid())
     try:
         yield _taken
     finally:
         _reentry.clear()
+        _owner.clear()
+        if before is None:
+            os.environ.pop(REENTERED_ENV, None)
+        else:
+            os.environ[REENTERED_ENV] = before
 
 
 def replaying() -> bool:

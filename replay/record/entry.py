@@ -138,6 +138,22 @@ def describe_program() -> tuple[dict[str, Any] | None, str | None]:
     return program, None
 
 
+def started_by_multiprocessing() -> str | None:
+    """Why a Recorder without ``build_fn`` in this process cannot be re-entered, when
+    multiprocessing started the process (hogwild's ``mp.Process`` workers, ``mp.spawn``): replay
+    runs the program's command again and takes over a Recorder in that command's own process,
+    never in one it starts; else ``None``."""
+    import multiprocessing
+
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return None
+    return (
+        f"its Recorder is in a process multiprocessing started (from pid {parent.pid}), and "
+        "replay takes over a Recorder only in the process of the program's own command"
+    )
+
+
 def _installed(path: str) -> bool:
     import site
     import sysconfig

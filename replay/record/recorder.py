@@ -58,7 +58,14 @@ from ..trust import sign, signed_payload, user_key
 from . import active
 from .batch_refs import BatchRefs
 from .config import RecorderConfig
-from .entry import StepFunction, describe_entry, describe_program, describe_step, read_source
+from .entry import (
+    StepFunction,
+    describe_entry,
+    describe_program,
+    describe_step,
+    read_source,
+    started_by_multiprocessing,
+)
 from .env import collect_env
 from .inflight import PendingStep
 from .lifecycle import Lifecycle
@@ -234,8 +241,9 @@ class Recorder:
         if build_fn is None:
             # (without a step function yet: described at the first step, which brings it)
             self.entry = {"step_fn": describe_step(step_fn)} if step_fn is not None else {}
-            if self.program is None and not_replayable is None:
-                not_replayable = f"no build_fn, and {no_program}"
+            why = no_program if self.program is None else started_by_multiprocessing()
+            if why is not None and not_replayable is None:
+                not_replayable = f"no build_fn, and {why}"
                 warnings.warn(
                     f"replay: {not_replayable}: replay cannot run it again, so this run's steps "
                     "will not replay; pass build_fn= (docs/recording.md)",

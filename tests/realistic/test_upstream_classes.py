@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.conftest import run_py
 from tests.realistic.test_real_programs import PROGRAMS, health, record, replay, verify_json
 
 
@@ -247,3 +248,40 @@ def test_a_siamese_pair_holding_a_nan_image_is_blamed_on_the_data_when_bce_raise
     assert d["samples"] == [sample] and d["reproducible"] is True
     rc, v, err = verify_json(run, elsewhere)
     assert rc == 0 and v["deterministic"] is True, (v.get("cause"), err[-2000:])
+
+
+@pytest.mark.slow
+def test_hogwild_workers_recording_without_build_fn_are_told_and_never_trained_again(
+    tmp_path, elsewhere
+):
+    """mnist_hogwild's shape (programs/hogwild.py): the Recorders are in processes that
+    multiprocessing starts. Was: nothing said while it trained; replay verify re-ran the
+    program, whose workers trained for real a second time, wrote run.rank0.1.h5 and
+    run.rank1.1.h5 beside the recordings (and started self-checks), and only then said the
+    program "ran to its end before it constructed a replay.Recorder". Now the recorder says
+    while the run trains that these recordings will not replay, and verify refuses in one
+    line, running nothing."""
+    run, p = record(tmp_path, "hogwild.py")
+    assert p.returncode == 0, p.stderr[-2000:]
+    said = [ln for ln in p.stderr.splitlines() if "multiprocessing started" in ln]
+    assert len(said) == 2 and all(ln.startswith(f"{tmp_path / 'hogwild.py'}:") for ln in said)
+    before = _tree(tmp_path)
+    v = replay("verify", str(tmp_path / "run.rank0.h5"), cwd=elsewhere)
+    assert v.returncode == 3 and "recorded without replay" in v.stderr, v.stderr[-2000:]
+    assert "Traceback" not in v.stderr and "running python" not in v.stderr
+    assert _tree(tmp_path) == before and not list(elsewhere.iterdir())
+
+
+def test_a_recorder_in_a_process_a_replayed_program_started_refuses_before_anything(tmp_path):
+    """The guard for a process the re-run program starts (a hogwild worker of a recording made
+    before the recorder said so, a subprocess): its Recorder ends the process in one line
+    before it trains or writes anything."""
+    from replay.capture.guard import REENTERED_ENV
+
+    code = "import replay, torch; replay.Recorder('run.h5', objects={'model': torch.nn.Linear(1, 1)}); print('trained')"  # fmt: skip
+    p = run_py("-c", code, cwd=tmp_path, env={REENTERED_ENV: "12345"})
+    assert p.returncode == 1 and "trained" not in p.stdout, p.stderr[-2000:]
+    (line,) = p.stderr.strip().splitlines()  # one line, no traceback
+    assert line.startswith("replay: a process the replayed program started (pid "), line
+    assert "replay re-runs the program in pid 12345" in line and "does not train" in line
+    assert not list(tmp_path.iterdir())
