@@ -1,8 +1,10 @@
 """Classes of program the rest of tests/realistic does not cover, each a look-alike of a
 pytorch/examples program: full-batch graph training (gat/main.py, gcn/main.py:
 programs/full_batch_graph.py), layer-local training (mnist_forward_forward/main.py:
-programs/layer_local.py) and seq2seq translation with padding masks (language_translation:
-programs/seq2seq_padding.py). Each is recorded in a subprocess as its author would run it and
+programs/layer_local.py), seq2seq translation with padding masks (language_translation:
+programs/seq2seq_padding.py), pairs drawn by a Dataset with python's random
+(siamese_network: programs/siamese_pairs.py) and workers started by multiprocessing
+(mnist_hogwild: programs/hogwild.py). Each is recorded in a subprocess as its author would run it and
 replayed with the real CLI from another directory: a healthy run replays bitwise, a planted
 failure is bisected to its step, op and sample, and the files the program wrote (its log, a
 checkpoint) are byte-identical afterwards."""
