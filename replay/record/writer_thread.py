@@ -228,6 +228,11 @@ class BackgroundWriter:
         except IndexError:
             return items
 
+    def _fail(self, e: Exception) -> None:
+        """Recording stops (training never does): a writer's error in its own words."""
+        self.error = str(e) if isinstance(e, WriterError) else f"{type(e).__name__}: {e}"
+        self._abandon()
+
     def _run(self) -> None:
         lower_priority()  # this thread only: training threads first
         try:
@@ -235,12 +240,8 @@ class BackgroundWriter:
             # there until the writer process has the file.
             self._store = self._make_store()
             self._created = True
-        except WriterError as e:
-            self.error = str(e)
-            self._abandon()
         except Exception as e:  # noqa: BLE001 - any failure must stop recording, not training
-            self.error = f"{type(e).__name__}: {e}"
-            self._abandon()
+            self._fail(e)
         stop = False
         while not stop:
             items = self._take()
@@ -256,12 +257,8 @@ class BackgroundWriter:
                         self._unsynced = []
                 except WriterDied as e:
                     self._died(str(e), jobs)
-                except WriterError as e:
-                    self.error = str(e)
-                    self._abandon()
                 except Exception as e:  # noqa: BLE001 - any failure must stop recording, not training
-                    self.error = f"{type(e).__name__}: {e}"
-                    self._abandon()
+                    self._fail(e)
             self._committed += sum(j.nbytes for j in jobs)
             self._committed_steps += len(jobs)
             for _ in jobs:
