@@ -60,8 +60,9 @@ soak: setup
 
 # On a machine with a CUDA device, in at most 10 minutes: re-entry with a CPU batch moved inside
 # the step, bf16 autocast, cuDNN, attention, torch.compile, a NaN bisected on the GPU, the
-# self-check, sync debug mode around rec.step, DDP over NCCL on two GPUs. Each check's result
-# and time in gpu-check-report.md (and .json); exit 1 if one failed, 3 where there is no CUDA.
+# self-check, sync debug mode around rec.step, DDP over NCCL on two GPUs, a sparse batch on the
+# GPU. Each check's result and time in gpu-check-report.md (and .json, and the failed commands'
+# output in .log); exit 1 if one failed, 3 where there is no CUDA.
 # `$(PY) tests/gpu/gpu_check.py --device cpu` runs the same checks on the CPU.
 # GPU_PY=python3: a Python that already holds torch with CUDA, h5py, numpy and click (a GPU
 # machine's own image, often with no network): used as it is, nothing installed, no .venv.

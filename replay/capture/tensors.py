@@ -92,6 +92,13 @@ def _copied(obj: Any, stats: CopyStats | None, pool: HostPool | None) -> Any:
                         stats.cuda = True
                         out._replay_device = str(t.device)  # type: ignore[attr-defined]
                 return out
+        if t.is_cuda and t.layout != torch.strided:
+            # A sparse graph: a dense buffer cannot take it (copy_ raised, and the step went
+            # unrecorded), so it is copied as it is, and waited for.
+            out = t.to("cpu")
+            out._replay_device = str(t.device)  # type: ignore[attr-defined]
+            out._replay_grad = obj.requires_grad  # type: ignore[attr-defined]
+            return out
         if t.is_cuda:
             if stats is not None:
                 stats.cuda = True
@@ -190,7 +197,10 @@ def _host_leaf(obj: Any) -> Any:
 def _leaf_of(obj: Any) -> Any:
     if isinstance(obj, torch.Tensor):
         if obj.layout != torch.strided:  # (a sparse graph: gcn's adjacency) its values, dense
-            leaf = _tensor_leaf(obj.to_dense())
+            dense = obj.to_dense()
+            for name in ("_replay_device", "_replay_grad"):  # (a GPU's copied to the host)
+                setattr(dense, name, getattr(obj, name, None))
+            leaf = _tensor_leaf(dense)
             layout = str(obj.layout).removeprefix("torch.")
             leaf.layout = layout if layout in SPARSE_LAYOUTS else None
             return leaf

@@ -9,7 +9,8 @@ Cases: ``reentry`` (a CPU batch moved to the device inside the step), ``autocast
 bf16 autocast), ``compile`` (``torch.compile``), ``nan`` (log of a softmax that underflows at step 7),
 ``sync`` (``torch.cuda.set_sync_debug_mode("error")`` around each ``rec.step``: exit 3 and one
 ``SYNC:`` line on stderr when the recorder synchronises), ``ddp`` (DDP over NCCL, under
-``torchrun --nproc-per-node 2``; gloo on the CPU).
+``torchrun --nproc-per-node 2``; gloo on the CPU), ``sparse`` (a graph's sparse adjacency made on
+the device, handed to the step as its batch: gcn's shape).
 """
 
 import argparse
@@ -24,7 +25,7 @@ import torch.nn.functional as F
 
 import replay
 
-CASES = ("reentry", "autocast", "conv", "sdpa", "compile", "nan", "sync", "ddp")
+CASES = ("reentry", "autocast", "conv", "sdpa", "compile", "nan", "sync", "ddp", "sparse")
 SYNC_EXIT = 3
 
 parser = argparse.ArgumentParser()
@@ -84,9 +85,14 @@ def build_model() -> nn.Module:
     return nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Dropout(0.1), nn.Linear(64, 10))
 
 
-def make_batch(g: torch.Generator, it: int) -> tuple[torch.Tensor, torch.Tensor]:
+def make_batch(g: torch.Generator, it: int) -> tuple[torch.Tensor, ...]:
     """A batch made on the CPU (moved inside the step), except for ``sync``, whose step must
-    not copy from pageable memory (the mode is about the recorder, not the program)."""
+    not copy from pageable memory (the mode is about the recorder, not the program), and
+    ``sparse``, whose graph is on the device before the step (the recorder copies it)."""
+    if CASE == "sparse":
+        adj = (torch.rand(16, 16, generator=g) < 0.2).float().to_sparse().to(DEV)
+        x, y = torch.randn(16, 32, generator=g), torch.randint(0, 10, (16,), generator=g)
+        return adj, x.to(DEV), y.to(DEV)
     shape = {"conv": (8, 3, 8, 8), "sdpa": (8, 6, 32)}.get(CASE, (16, 32))
     x = torch.randn(*shape, generator=g)
     if CASE == "nan" and it == 7:
@@ -114,9 +120,11 @@ optimizer = torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)
 AUTOCAST = CASE in ("autocast", "sdpa")
 
 
-def train_step(batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    x, y = batch
+def train_step(batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    *adj, x, y = batch
     x, y = x.to(DEV, non_blocking=True), y.to(DEV, non_blocking=True)
+    if adj:  # one step of message passing (dense: the sparse kernels may use atomics)
+        x = adj[0].to_dense() @ x + x
     optimizer.zero_grad(set_to_none=True)
     with torch.autocast(DEV.type, dtype=torch.bfloat16, enabled=AUTOCAST):
         logits = model(x).float()

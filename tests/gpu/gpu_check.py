@@ -47,6 +47,7 @@ CHECKS = (
     "selfcheck",
     "sync",
     "ddp",
+    "sparse",
 )
 
 
@@ -218,6 +219,7 @@ CHECK_BODIES: dict[str, Callable[[Context, Path], str]] = {
     "selfcheck": check_selfcheck,
     "sync": check_sync,
     "ddp": check_ddp,
+    "sparse": _recorded_then_verified("sparse"),
 }
 
 

@@ -196,3 +196,16 @@ def test_hashable_keys_of_every_kind_round_trip():
     """Tuple, bytes and numpy-scalar keys were readable before the reader checked manifests."""
     tree = {(1, "a"): 1, b"k": 2, np.int64(3): 3, Pair(1, 2): 4, None: 5, 2.5: 6, (1, (2, 3)): 7}
     assert roundtrip(tree) == tree
+
+
+def test_a_sparse_gpu_batch_copied_to_the_host_keeps_its_device_in_its_leaf():
+    """copy_tree copies a CUDA sparse batch to the host as it is and marks where it lived (a
+    dense pinned buffer cannot take it); its leaf, made dense, keeps that device and its layout,
+    so a replay puts the graph back on the GPU, sparse. (The copy itself runs in make gpu-check's
+    sparse case; this is the host side of it.)"""
+    host = torch.eye(4).to_sparse()
+    host._replay_device = "cuda:1"  # what copy_tree's CUDA branch sets on the host copy
+    host._replay_grad = False
+    leaf = to_leaves({"adj": host})["adj"]
+    assert (leaf.device, leaf.layout) == ("cuda:1", "sparse_coo")
+    assert np.array_equal(leaf.data, np.eye(4, dtype=np.float32))
