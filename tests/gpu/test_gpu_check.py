@@ -37,16 +37,16 @@ def test_an_unknown_check_is_refused_in_one_line(tmp_path: Path) -> None:
 
 
 def test_the_checks_run_on_the_cpu_and_write_their_report(tmp_path: Path) -> None:
-    """The default re-entry path with a CPU batch moved inside the step, a NaN bisected to its
-    op and reproduced, and the sync check's loop: each passes, with its time, in both reports."""
+    """The default re-entry path with a CPU batch moved inside the step, and a NaN bisected to
+    its op and reproduced: each passes, with its time, in both reports."""
     report = tmp_path / "r.md"
     p = run_py(
-        str(SCRIPT), "--device", "cpu", "--only", "reentry,nan,sync", "--report", str(report),
+        str(SCRIPT), "--device", "cpu", "--only", "reentry,nan", "--report", str(report),
         cwd=tmp_path, timeout=240,
     )  # fmt: skip
     assert p.returncode == 0, (p.stdout[-3000:], p.stderr[-3000:])
     checks = _report(report)
-    assert [c["result"] for c in checks.values()] == ["pass"] * 3, checks
+    assert [c["result"] for c in checks.values()] == ["pass"] * 2, checks
     assert "bitwise on cpu" in str(checks["reentry"]["detail"])
     assert "op aten::log" in str(checks["nan"]["detail"]) and "step 7" in str(
         checks["nan"]["detail"]
@@ -80,11 +80,11 @@ def test_no_command_runs_past_the_budget(tmp_path: Path) -> None:
     import time
 
     gpu_check = pytest.importorskip("tests.gpu.gpu_check")
-    ctx = gpu_check.Context("cpu", tmp_path, 180.0, 0, deadline=time.monotonic() + 6)
+    ctx = gpu_check.Context("cpu", tmp_path, 180.0, 0, deadline=time.monotonic() + 3)
     t0 = time.monotonic()
     with pytest.raises(subprocess.TimeoutExpired) as e:
         ctx.run(tmp_path, "-c", "print('started', flush=True); import time; time.sleep(60)")
-    assert e.value.timeout <= 6 and time.monotonic() - t0 < 20
+    assert e.value.timeout <= 3 and time.monotonic() - t0 < 15
     assert "started" in ctx.failures[0] and "timed out after" in ctx.failures[0]
     with pytest.raises(gpu_check.CheckFailed, match="budget was spent"):
         ctx.run(tmp_path, "-c", "pass")
@@ -92,11 +92,12 @@ def test_no_command_runs_past_the_budget(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_the_kernel_checks_run_on_the_cpu(tmp_path: Path) -> None:
-    """A convolution, attention, torch.compile (aot_eager on the CPU), bf16 autocast: the
-    programs a GPU runs with cuDNN, flash attention and inductor record and replay bitwise."""
+    """A convolution, attention, torch.compile (aot_eager on the CPU), bf16 autocast, a sparse
+    batch: the programs a GPU runs with cuDNN, flash attention and inductor record and replay
+    bitwise; and the sync check's loop runs."""
     report = tmp_path / "r.md"
     p = run_py(
-        str(SCRIPT), "--device", "cpu", "--only", "conv,sdpa,compile,autocast", "--report",
+        str(SCRIPT), "--device", "cpu", "--only", "conv,sdpa,compile,autocast,sparse,sync", "--report",
         str(report), cwd=tmp_path, timeout=400,
     )  # fmt: skip
     assert p.returncode == 0, (p.stdout[-3000:], p.stderr[-3000:])
