@@ -21,10 +21,13 @@ from tests.conftest import replay_json, run_py
 
 SCRIPTS = Path(__file__).with_name("scripts")
 SCRIPT = SCRIPTS / "file_size_limit.py"
-# `replay ARGS` with writes past 20 KB failing as on a full disk
+# `replay ARGS` with writes past 20 KB failing as on a full disk; the limit is lifted at exit,
+# before coverage (make test-all) writes its data file
 LIMITED = (
-    "import resource, runpy, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
-    "resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000)); "
+    "import atexit, resource, runpy, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+    "was = resource.getrlimit(resource.RLIMIT_FSIZE); "
+    "resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, was[1])); "
+    "atexit.register(resource.setrlimit, resource.RLIMIT_FSIZE, was); "
     "sys.argv = ['replay', *sys.argv[1:]]; runpy.run_module('replay', run_name='__main__')"
 )
 

@@ -6,6 +6,7 @@ past it fails with EFBIG, as on a full disk), inherited by the recorder's writer
 Trains 200 steps under a Recorder and prints the JSON list of its losses.
 """
 
+import atexit
 import json
 import resource
 import signal
@@ -18,7 +19,9 @@ import torch.nn.functional as F
 import replay
 
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[2]), int(sys.argv[2])))
+_WAS = resource.getrlimit(resource.RLIMIT_FSIZE)
+resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[2]), _WAS[1]))
+atexit.register(resource.setrlimit, resource.RLIMIT_FSIZE, _WAS)  # (coverage's data file at exit)
 
 
 def main() -> None:
