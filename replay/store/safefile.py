@@ -13,7 +13,6 @@ import errno
 import os
 import stat
 from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import BinaryIO
 
 __all__ = ["UnsafePath", "create_new", "open_lock", "refuse_non_regular", "replace_whole"]
@@ -82,7 +81,7 @@ def staging_name(path: str) -> str:
     return f"{path}.{os.getpid()}.tmp"
 
 
-@contextmanager
+@contextlib.contextmanager
 def replace_whole(path: str, what: str) -> Iterator[BinaryIO]:
     """A file whose content replaces ``path`` (a regular file, or none) once written: ``path`` is
     never seen half-written, and a link or device planted at either name is an error."""
