@@ -182,31 +182,28 @@ class RunModel:
 
     def refresh(self) -> bool:
         """Re-read health and status, open a sidecar that appeared; True when anything changed."""
-        old = (
-            self.status.get("steps_total"),
-            self.status.get("last_step"),
-            self._forensics_mtime,
-            self.writer,
-        )
+        old = self._signature()
         self.status = self.rec.status()
         self.writer = writer_state(self.rec.path)
         self.health = self.rec.health()
         self._load_forensics()
-        old_ranks = self.ranks.signature() if self.ranks is not None else None
         if self.rank_spec is not None:
             try:
                 scan = rank_set(self.rank_spec)
                 self.ranks = summarise(scan) if scan is not None else self.ranks
             except (RecordingError, OSError):
                 pass  # a rank file mid-rewrite: keep the last summary, the next poll retries
-        new_ranks = self.ranks.signature() if self.ranks is not None else None
-        new = (
+        return old != self._signature()
+
+    def _signature(self) -> tuple[Any, ...]:
+        """Changes when the recording, its sidecar, its writer or any rank changed."""
+        return (
             self.status.get("steps_total"),
             self.status.get("last_step"),
             self._forensics_mtime,
             self.writer,
+            self.ranks.signature() if self.ranks is not None else None,
         )
-        return old != new or old_ranks != new_ranks
 
     def state_text(self) -> str:
         """How the recording stands: closed, still written, or its training dead and its

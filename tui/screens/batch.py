@@ -51,11 +51,9 @@ class BatchScreen(RunScreen):
 
     def on_mount(self) -> None:
         leaves = self.query_one("#leaves", DataTable)
-        for col in ("tensor", "shape", "dtype", "NaN/Inf"):
-            leaves.add_column(col, key=col)
+        leaves.add_columns("tensor", "shape", "dtype", "NaN/Inf")
         samples = self.query_one("#samples", DataTable)
-        for col in ("sample", "mean", "std", "|max|", "NaN/Inf", ""):
-            samples.add_column(col, key=col)
+        samples.add_columns("sample", "mean", "std", "|max|", "NaN/Inf", "")
 
     def update_from_model(self) -> None:
         if self.step is None:

@@ -77,8 +77,7 @@ class GradientsScreen(ForensicsScreen):
     async def build_body(self, body: Vertical, reader: SafeForensics) -> None:
         self.params = reader.params()
         table: DataTable[Any] = DataTable(id="grad-table", cursor_type="row", zebra_stripes=True)
-        for col in ("parameter", "numel", "grad norm", "NaN", "Inf", "update/weight", "signs"):
-            table.add_column(col, key=col)
+        table.add_columns("parameter", "numel", "grad norm", "NaN", "Inf", "update/weight", "signs")
         await body.mount(table, Static(id="grad-status"))
         self._fill()
         table.focus()

@@ -41,8 +41,7 @@ class MemoryScreen(ForensicsScreen):
     async def build_body(self, body: Vertical, reader: SafeForensics) -> None:
         self.info = reader.memory()
         table: DataTable[Any] = DataTable(id="mem-table", cursor_type="row")
-        for col in ("bytes", "shape", "dtype", "made by op", "op"):
-            table.add_column(col, key=col)
+        table.add_columns("bytes", "shape", "dtype", "made by op", "op")
         for t in self.info["largest"][:2000]:
             table.add_row(  # Text cells: a str would be parsed as markup
                 fmt_bytes(t["bytes"]),
