@@ -208,28 +208,37 @@ def _lookup(module: ModuleType, qualname: str, role: str, where: str) -> Callabl
 
 @contextlib.contextmanager
 def recorded_process(
-    env: dict[str, Any], log: Callable[[str], None] = lambda m: print(m, file=sys.stderr)
+    env: dict[str, Any],
+    log: Callable[[str], None] = lambda m: print(m, file=sys.stderr),
+    program: dict[str, Any] | None = None,
 ) -> Iterator[None]:
     """Import and build as the recorded process did: its ``sys.argv`` (a script that parses
     arguments at import time parses the recorded ones, not ``replay bisect run.h5``) and its
-    working directory (relative paths in ``build_fn``). Both are put back afterwards."""
+    working directory (relative paths in ``build_fn``). ``program``: the recorded program itself
+    runs again (re-entry, reentry.py): ``sys.argv`` is at least its path, and ``sys.path[0]``
+    what the interpreter made it. All are put back afterwards."""
     argv, cwd = env.get("argv"), env.get("cwd")
-    saved_argv, saved_cwd = list(sys.argv), os.getcwd()
+    saved_argv, saved_cwd, saved_path = list(sys.argv), os.getcwd(), list(sys.path)
     if isinstance(argv, list) and all(isinstance(a, str) for a in argv) and argv:
         sys.argv[:] = argv
-    moved = False
-    if isinstance(cwd, str) and cwd and cwd != saved_cwd:
-        if os.path.isdir(cwd):
-            os.chdir(cwd)
-            moved = True
-        else:
-            log(f"replay: note: the recorded working directory {cwd} does not exist here")
+    elif program is not None:
+        sys.argv[:] = [str(program["path"])]
+    if isinstance(cwd, str) and cwd and os.path.isdir(cwd):
+        os.chdir(cwd)
+    elif cwd:
+        log(f"replay: note: the recorded working directory {cwd} does not exist here")
+    if program is not None:
+        # As the interpreter sets it: the script's folder, or the working directory under -m.
+        module = program.get("kind") == "module"
+        here = cwd if isinstance(cwd, str) and cwd else os.getcwd()
+        sys.path.insert(0, here if module else os.path.dirname(str(program["path"])))
     try:
         yield
     finally:
         sys.argv[:] = saved_argv
-        if moved:
-            os.chdir(saved_cwd)
+        if program is not None:
+            sys.path[:] = saved_path
+        os.chdir(saved_cwd)
 
 
 def load_entry_points(

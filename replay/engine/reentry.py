@@ -14,15 +14,14 @@ it (a program's ``except Exception`` around its loop cannot swallow a replay err
 
 from __future__ import annotations
 
-import contextlib
 import os
 import runpy
-import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 from ..capture.guard import LiveProgram, ReplayFinished, reentering
 from ..errors import EntryPointError
+from .entry import recorded_process, source_changed
 from .foreign import command_of
 
 __all__ = ["run_program", "program_of"]
@@ -50,37 +49,6 @@ def program_of(meta: dict[str, Any], path: str) -> dict[str, Any]:
     return program
 
 
-@contextlib.contextmanager
-def _as_recorded(
-    program: dict[str, Any], env: dict[str, Any], log: Callable[[str], None]
-) -> Iterator[None]:
-    """The recorded ``sys.argv``, working directory and ``sys.path[0]``, put back afterwards."""
-    saved_argv, saved_cwd, saved_path = list(sys.argv), os.getcwd(), list(sys.path)
-    argv = env.get("argv")
-    if isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv):
-        sys.argv[:] = argv
-    else:
-        sys.argv[:] = [str(program["path"])]
-    cwd = env.get("cwd")
-    if isinstance(cwd, str) and cwd and os.path.isdir(cwd):
-        os.chdir(cwd)
-    elif cwd:
-        log(f"replay: note: the recorded working directory {cwd} does not exist here")
-    # As the interpreter sets it: the script's folder, or the working directory under -m.
-    first = (
-        os.path.dirname(str(program["path"]))
-        if program.get("kind") != "module"
-        else (cwd if isinstance(cwd, str) and cwd else os.getcwd())
-    )
-    sys.path.insert(0, first)
-    try:
-        yield
-    finally:
-        sys.argv[:] = saved_argv
-        sys.path[:] = saved_path
-        os.chdir(saved_cwd)
-
-
 def _check_source(
     program: dict[str, Any], sources: dict[str, str], log: Callable[[str], None]
 ) -> None:
@@ -90,8 +58,6 @@ def _check_source(
             f"cannot run the recorded program: {path} does not exist here; pass --entry, or "
             "replay where it was recorded"
         )
-    from .entry import source_changed
-
     msg = source_changed(path, program.get("sha256"), sources.get(path))
     if msg is not None:
         log(msg)
@@ -138,7 +104,7 @@ def run_program(
 
     ended: str | None = None
     kept: str | None = None
-    with _as_recorded(program, env, log), reentering(taken):
+    with recorded_process(env, log, program), reentering(taken):
         try:
             if program.get("kind") == "module":
                 runpy.run_module(str(program["module"]), run_name="__main__", alter_sys=True)
