@@ -33,6 +33,7 @@ import torch.nn.utils
 import torch.nn.utils.clip_grad as _clip_grad
 
 from .fingerprint import GradMeter
+from .objects import inner_optimizer
 
 __all__ = ["GradProbe", "running_probe"]
 
@@ -93,15 +94,6 @@ def running_probe() -> GradProbe | None:
     return _active[-1] if _active else None
 
 
-def _hookable(optimizer: Any) -> Any:
-    """The torch optimizer that really steps: inside accelerate's ``AcceleratedOptimizer``,
-    Fabric's ``_FabricOptimizer`` and Lightning's ``LightningOptimizer`` (wrappers that may not
-    run, or even have, the step hooks of ``torch.optim.Optimizer``)."""
-    from .objects import inner_optimizer
-
-    return inner_optimizer(optimizer)
-
-
 class GradProbe:
     """Measures the gradients of ``params`` once per step (see the module docstring).
 
@@ -114,8 +106,10 @@ class GradProbe:
         them (a watched model several optimizers update: the first to step measures)."""
         self.meter = GradMeter(params)
         opts = optimizer if isinstance(optimizer, (list, tuple)) else [optimizer]
+        # on the torch optimizer that really steps: inside accelerate's, Fabric's and
+        # Lightning's wrappers, which may not run, or even have, its step hooks
         self._hooks = [
-            _hookable(o).register_step_pre_hook(self._pre_step) for o in opts if o is not None
+            inner_optimizer(o).register_step_pre_hook(self._pre_step) for o in opts if o is not None
         ]
         self._ids: frozenset[int] | None = None
         self.enabled = True
@@ -125,7 +119,6 @@ class GradProbe:
         self._measured = False
         self._at_step = True
         self.stepped = False
-        self.clipped = False
 
     def watch(self, params: list[torch.Tensor]) -> None:
         """Measure ``params`` from now on (the loop gave the optimizer a new param group)."""
@@ -137,7 +130,7 @@ class GradProbe:
         taken); a framework that runs the backward inside ``optimizer.step(closure)`` calls
         :meth:`measure_now` once the gradients are complete."""
         self._norm = self._absmax = None
-        self._measured = self.stepped = self.clipped = False
+        self._measured = self.stepped = False
         self._at_step = at_step
         self._on = True
         _active.append(self)
@@ -164,7 +157,6 @@ class GradProbe:
 
     def before_clip(self) -> None:
         if self._on:
-            self.clipped = True
             self._measure()
 
     def _pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> Any:
