@@ -20,8 +20,8 @@ steps.
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,10 +77,6 @@ def watched_objects(
     return out
 
 
-def _absmax_of(params: list[torch.Tensor]) -> Callable[[], Any]:
-    return lambda: absmax(params)
-
-
 class ObjectWatch:
     """Measures the watched objects of a run once per step (see the module docstring).
 
@@ -95,13 +91,6 @@ class ObjectWatch:
         ]
         self.names: tuple[str, ...] = tuple(w.name for w in self._watched)
         self._grads: list[tuple[Any, Any]] = []
-
-    @classmethod
-    def empty(cls) -> ObjectWatch:
-        """A watch of nothing (a Recorder that could not start)."""
-        watch = cls.__new__(cls)
-        watch._watched, watch.names, watch._grads = [], (), []
-        return watch
 
     def __bool__(self) -> bool:
         return bool(self._watched)
@@ -137,7 +126,9 @@ class ObjectWatch:
             if params_too:
                 fp = param_fingerprint(w.params)
                 health[f"{w.name}__param_fingerprint"] = fp
-                health[f"{w.name}__param_absmax"] = exact_if_needed(fp, _absmax_of(w.params))
+                health[f"{w.name}__param_absmax"] = exact_if_needed(
+                    fp, functools.partial(absmax, w.params)
+                )
 
     def close(self) -> None:
         for w in self._watched:
