@@ -22,7 +22,6 @@ __all__ = [
     "grad_absmax",
     "absmax",
     "exact_if_needed",
-    "measure_grads",
     "GradMeter",
     "loss_of",
     "group_by_dtype",
@@ -81,12 +80,8 @@ def grad_norm(params: list[torch.Tensor]) -> torch.Tensor | None:
         return None
     if any(g.requires_grad for g in grads):  # backward(create_graph=True): record no graph
         with torch.no_grad():
-            return _global_norm(grads)
-    return _global_norm(grads)  # (entering no_grad costs ~15 us there)
-
-
-def _global_norm(grads: list[torch.Tensor]) -> torch.Tensor:
-    return _norm_of_groups(group_by_dtype(grads))
+            return _norm_of_groups(group_by_dtype(grads))
+    return _norm_of_groups(group_by_dtype(grads))  # (entering no_grad costs ~15 us there)
 
 
 def _norm_of_groups(groups: list[list[torch.Tensor]]) -> torch.Tensor:
@@ -103,7 +98,10 @@ def _norm_of_groups(groups: list[list[torch.Tensor]]) -> torch.Tensor:
 
 
 class GradMeter:
-    """``measure_grads`` for one fixed parameter list, at a fraction of its Python cost.
+    """``(grad_norm, grad_absmax)`` of one fixed parameter list as the health row takes them,
+    at a fraction of ``grad_norm``'s Python cost: float64 tensors on the gradients' device,
+    never read here (``capture/readback.py`` brings them to the host); ``grad_absmax`` is
+    ``None`` when a norm already known finite proves every element finite.
 
     It runs every step in the optimizer's pre-hook, right after the backward, where caches are
     cold and every Python-level call costs ~10 us on the CPU. The (dtype, device) groups are
@@ -137,14 +135,6 @@ class GradMeter:
         if gn is None:
             return None, None
         return gn, exact_if_needed(gn, lambda: grad_absmax(self.params))
-
-
-def measure_grads(params: list[torch.Tensor]) -> tuple[Any, Any]:
-    """``(grad_norm, grad_absmax)`` as the health row takes them: float64 tensors on the
-    gradients' device, never read here (``capture/readback.py`` brings them to the host).
-    ``grad_absmax`` is ``None`` when a norm already known finite proves every element finite.
-    A loop calling this every step keeps a :class:`GradMeter` instead."""
-    return GradMeter(params)()
 
 
 def _cpu_absmax(tensors: list[torch.Tensor]) -> torch.Tensor:
