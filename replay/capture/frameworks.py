@@ -16,46 +16,30 @@ from typing import Any
 __all__ = ["state_view"]
 
 
-def _scaler(obj: Any) -> Any:
-    s = getattr(obj, "scaler", None)
-    return s if callable(getattr(s, "state_dict", None)) else None
+class _HiddenState:
+    """A framework driver's state as a ``state_dict``: accelerate's ``Accelerator``, its
+    micro-batch counter (``step``) and its GradScaler; Lightning Fabric, the GradScaler its
+    precision plugin (``_precision``) drives under ``16-mixed``."""
 
+    def __init__(self, obj: Any, counted: bool, holder: str | None = None) -> None:
+        self.obj, self._counted, self._holder = obj, counted, holder
 
-class AcceleratorState:
-    """accelerate's ``Accelerator``: its micro-batch counter (``step``) and its GradScaler."""
-
-    def __init__(self, accelerator: Any) -> None:
-        self.accelerator = accelerator
+    def _scaler(self) -> Any:
+        owner = self.obj if self._holder is None else getattr(self.obj, self._holder, None)
+        s = getattr(owner, "scaler", None)
+        return s if callable(getattr(s, "state_dict", None)) else None
 
     def state_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"step": int(getattr(self.accelerator, "step", 0))}
-        scaler = _scaler(self.accelerator)
+        d: dict[str, Any] = {"step": int(getattr(self.obj, "step", 0))} if self._counted else {}
+        scaler = self._scaler()
         if scaler is not None:
             d["scaler"] = scaler.state_dict()
         return d
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
-        self.accelerator.step = int(d.get("step", 0))
-        scaler = _scaler(self.accelerator)
-        if scaler is not None and d.get("scaler"):
-            scaler.load_state_dict(d["scaler"])
-
-
-class FabricState:
-    """Lightning Fabric: the GradScaler its precision plugin drives under ``16-mixed``."""
-
-    def __init__(self, fabric: Any) -> None:
-        self.fabric = fabric
-
-    def _plugin_scaler(self) -> Any:
-        return _scaler(getattr(self.fabric, "_precision", None))
-
-    def state_dict(self) -> dict[str, Any]:
-        scaler = self._plugin_scaler()
-        return {"scaler": scaler.state_dict()} if scaler is not None else {}
-
-    def load_state_dict(self, d: dict[str, Any]) -> None:
-        scaler = self._plugin_scaler()
+        if self._counted:
+            self.obj.step = int(d.get("step", 0))
+        scaler = self._scaler()
         if scaler is not None and d.get("scaler"):
             scaler.load_state_dict(d["scaler"])
 
@@ -66,7 +50,7 @@ def state_view(obj: Any) -> Any:
     cls = type(obj)
     module, name = cls.__module__, cls.__name__
     if module.startswith("accelerate.") and name == "Accelerator":
-        return AcceleratorState(obj)
+        return _HiddenState(obj, counted=True)
     if module.startswith(("lightning.fabric.", "lightning_fabric.")) and name == "Fabric":
-        return FabricState(obj)
+        return _HiddenState(obj, counted=False, holder="_precision")
     return None
