@@ -324,10 +324,6 @@ def _slots(params: list[inspect.Parameter]) -> list[inspect.Parameter]:
     return [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
 
 
-def _param_names(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
-    return list(model.named_parameters())
-
-
 def gather_state(objects: RunObjects, model: torch.nn.Module | None = None) -> dict[str, Any]:
     """What a snapshot holds, as live references (the caller copies): every object's
     ``state_dict`` and the gradients that are not ``None`` (accumulation across ``rec.step``
@@ -344,13 +340,13 @@ def gather_state(objects: RunObjects, model: torch.nn.Module | None = None) -> d
     if objects.extras:
         state["objects"] = {k: v.state_dict() for k, v in objects.extras.items()}
     state["layout"] = param_layout(objects, model)
-    state["grads"] = {n: p.grad for n, p in _param_names(model) if p.grad is not None}
+    state["grads"] = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
     # The other models' pending gradients too (a GAN's netG): a replay from this state must
     # not see a previous replay's gradients there.
     other = _other_models(objects, model)
     if other:
         state["object_grads"] = {
-            name: {n: p.grad for n, p in _param_names(m) if p.grad is not None}
+            name: {n: p.grad for n, p in m.named_parameters() if p.grad is not None}
             for name, m in other.items()
         }
     return state
@@ -362,7 +358,7 @@ def _named_params(objects: RunObjects, model: torch.nn.Module) -> dict[str, torc
     out: dict[str, torch.nn.Parameter] = {}
     seen: set[int] = set()
     for owner, m in [("model", model), *_other_models(objects, model).items()]:
-        for n, p in _param_names(m):
+        for n, p in m.named_parameters():
             if id(p) not in seen:
                 seen.add(id(p))
                 out[f"{owner}.{n}"] = p
@@ -473,13 +469,13 @@ def load_state(
     kept_grads = state.get("object_grads") or {}
     other = convert("object_grads", kept_grads) if kept_grads else {}
     with torch.no_grad():
-        for n, p in _param_names(model):
+        for n, p in model.named_parameters():
             g = grads.get(n)
             p.grad = None if g is None else g.to(device=p.device, dtype=p.dtype)
         primary = {id(p) for p in model.parameters()}
         for name, m in _other_models(objects, model).items():
             mine = other.get(name) or {}
-            for n, p in _param_names(m):
+            for n, p in m.named_parameters():
                 if id(p) not in primary:  # (a shared parameter keeps the model's gradient)
                     g = mine.get(n)
                     p.grad = None if g is None else g.to(device=p.device, dtype=p.dtype)
