@@ -608,15 +608,20 @@ class Recorder:
 
     def _give_up(self, what: str, e: Exception) -> None:
         """Recording fails on the training thread: stop it, say so once, keep training."""
+        self._stop(
+            f"{what} failed: {type(e).__name__}: {e}",
+            "training goes on, and the steps flushed before stay readable",
+        )
+
+    def _stop(self, why: str, after: str) -> None:
+        """Recording stops: said once, as one :class:`RecorderWarning` at the caller's caller."""
         self.enabled = False
         if not self._warned:
             self._warned = True
             warnings.warn(
-                f"replay: recording to {self.path} stopped ({what} failed: "
-                f"{type(e).__name__}: {e}); training goes on, and the steps flushed before "
-                "stay readable",
+                f"replay: recording to {self.path} stopped ({why}); {after}",
                 RecorderWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
 
     def _unrecorded_step(self, batch: Any, values: dict[str, Any]) -> Any:
@@ -763,14 +768,7 @@ class Recorder:
         if found.wait is not None:
             warnings.warn(found.wait, RecorderWarning, stacklevel=3)
         if found.stopped is not None:
-            self.enabled = False
-            if not self._warned:
-                self._warned = True
-                warnings.warn(
-                    f"replay: recording to {self.path} stopped ({found.stopped}); {found.after}",
-                    RecorderWarning,
-                    stacklevel=3,
-                )
+            self._stop(found.stopped, found.after)
 
     def close(self) -> None:
         """Flush and close the file. Idempotent; called on exit, SIGTERM and interpreter exit."""
