@@ -367,14 +367,11 @@ class BackgroundWriter:
             u = self._unsynced
             lo, hi = min(s.step for s in steps), max(s.step for s in steps)
             self._unsynced = [u[0], hi, u[2] + len(steps)] if u else [lo, hi, len(steps)]
-        if self._pool is not None:
-            # The bytes are sent (to the ring or the pipe); after a failure above they are
-            # simply not reused.
-            for job in jobs:
-                if isinstance(job, StepJob) and job.buffers:
-                    self._pool.give(job.buffers)
-                    job.buffers = None
-        for job in jobs:  # a snapshot's copies: back to the arena, for the next snapshot
-            if isinstance(job, SnapshotJob) and job.buffers and job.arena is not None:
-                job.arena.give(job.buffers)
+        # The bytes are sent (to the ring or the pipe): a step's copies back to the pool, a
+        # snapshot's to the arena, for the next one; after a failure above they are simply
+        # not reused.
+        for job in jobs:
+            pool = job.arena if isinstance(job, SnapshotJob) else self._pool
+            if pool is not None and job.buffers:
+                pool.give(job.buffers)
                 job.buffers = None
