@@ -199,25 +199,21 @@ class StepLogWriter:
         """Wait while the records not yet in the file span more than ``LAG_SECONDS`` or
         ``LAG_STEPS`` (as long as the writer process lives): what a process-group kill loses."""
         pending = self._unreleased
-        released = self.log.released()
-        while pending and pending[0][0] <= released:
-            pending.popleft()
-        if not pending or (
-            len(pending) < LAG_STEPS and time.monotonic() - pending[0][1] <= LAG_SECONDS
-        ):
-            return
-        self.lagged += 1
-        delay = 0.0005
-        while pending and self._alive():
-            time.sleep(delay)
-            delay = min(delay * 2, 0.01)
+        delay = 0.0  # (none waited yet)
+        while True:
             released = self.log.released()
             while pending and pending[0][0] <= released:
                 pending.popleft()
-            if len(pending) < LAG_STEPS and (
-                not pending or time.monotonic() - pending[0][1] <= LAG_SECONDS
+            if not pending or (
+                len(pending) < LAG_STEPS and time.monotonic() - pending[0][1] <= LAG_SECONDS
             ):
                 return
+            if not delay:
+                self.lagged += 1
+            if not self._alive():
+                return
+            delay = min(delay * 2, 0.01) or 0.0005
+            time.sleep(delay)
 
     def snapshot(self, step: int, slot: int, state: dict[str, Any]) -> bool | None:
         """Copy a snapshot of live state (views of the model's own tensors) into the log and
