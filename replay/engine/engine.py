@@ -156,7 +156,7 @@ class Engine(ObservedCalls):
             self.objs.model.to(self.device)
             step_fn, files = program.step_fn, [str(rec.program["path"])] if rec.program else []
         else:
-            self.check_origin(rec, entry, trust)
+            check_trusted(rec, entry, trust)
             # The user's file is imported and build_fn called as in the recorded process: its
             # sys.argv (argparse at import time) and working directory (relative paths).
             with recorded_process(env, log):
@@ -240,14 +240,6 @@ class Engine(ObservedCalls):
                 "it); record with a smaller snapshot_every or a larger keep_snapshots"
             )
         return window
-
-    @staticmethod
-    def check_origin(
-        rec: Recording, entry: EntryOverride | None, trust: bool, *, program: bool = False
-    ) -> None:
-        """A recording runs its code only when this user vouches for it (docs/trust.md);
-        ``program``: its recorded program is what would run (re-entry)."""
-        check_trusted(rec, entry, trust, program=program)
 
     def _around(self, t: int) -> contextlib.AbstractContextManager[Any]:
         return contextlib.nullcontext() if self.around_step is None else self.around_step(t)

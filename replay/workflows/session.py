@@ -120,10 +120,11 @@ def _reentered(
     options: ReplayOptions,
 ) -> T:
     from ..engine import Engine
+    from ..engine.foreign import check_trusted
     from ..engine.reentry import run_program
 
     Engine.check_replayable(rec, live_ok=True)  # before the program runs for nothing
-    Engine.check_origin(rec, None, options.trust, program=True)
+    check_trusted(rec, None, options.trust, program=True)
 
     def takeover(live: LiveProgram) -> T:
         with closing(Engine(rec, device=options.device, trust=True, program=live)) as engine:
