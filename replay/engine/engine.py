@@ -161,7 +161,7 @@ class Engine(ObservedCalls):
             # sys.argv (argparse at import time) and working directory (relative paths).
             with recorded_process(env, log):
                 with replay_runs_user_code("importing the recorded entry points"):
-                    eps = load_entry_points(rec.entry, env, rec.sources, entry, log)
+                    eps = load_entry_points(rec.entry, rec.sources, entry, log)
                 with replay_runs_user_code(
                     f"build_fn {getattr(eps.build_fn, '__qualname__', '')}()"
                 ):

@@ -243,7 +243,6 @@ def recorded_process(
 
 def load_entry_points(
     entry: dict[str, Any],
-    env: dict[str, Any],
     sources: dict[str, str],
     override: EntryOverride | None = None,
     log: Callable[[str], None] = lambda m: print(m, file=sys.stderr),
