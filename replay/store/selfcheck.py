@@ -14,6 +14,9 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from .safefile import replace_whole
+from .tmpdirs import alive
+
 __all__ = ["SelfCheck", "selfcheck_path", "read_selfcheck", "write_selfcheck", "STATUSES"]
 
 # 2: run_id (version 1 files have none); 3: earlier (the first steps' span); 4: pid (the
@@ -160,12 +163,8 @@ def read_selfcheck(
 
 def _checking(pid: int) -> bool:
     """Whether process ``pid`` lives and is a self-check (not a later process given its pid)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    if not alive(pid):
         return False
-    except (PermissionError, OSError):
-        return True
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
             if fh.read().rsplit(b")", 1)[-1].split()[:1] == [b"Z"]:
@@ -197,17 +196,6 @@ def _read(path: str) -> SelfCheck | None:
 
 
 def write_selfcheck(path: str, verdict: SelfCheck) -> None:
-    """Write the verdict beside ``path`` whole (a temporary file of our own, then a rename)."""
-    final = selfcheck_path(path)
-    tmp = f"{final}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(verdict.to_json(), fh)
-        os.replace(tmp, final)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    """Write the verdict beside ``path`` whole (``safefile.replace_whole``)."""
+    with replace_whole(selfcheck_path(path), "the self-check verdict") as fh:
+        fh.write(json.dumps(verdict.to_json()).encode())

@@ -16,7 +16,7 @@ import shutil
 import stat
 import tempfile
 
-__all__ = ["private_dir"]
+__all__ = ["alive", "private_dir"]
 
 
 def _namespace() -> int:
@@ -45,7 +45,7 @@ def _sweep(root: str, prefix: str) -> None:
         return
     for name in names:
         pid = name[len(prefix) :].partition("-")[0] if name.startswith(prefix) else ""
-        if not (pid.isascii() and pid.isdigit()) or _alive(int(pid)):
+        if not (pid.isascii() and pid.isdigit()) or alive(int(pid)):
             continue
         path = os.path.join(root, name)
         try:
@@ -58,7 +58,8 @@ def _sweep(root: str, prefix: str) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
