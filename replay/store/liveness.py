@@ -15,8 +15,9 @@ import os
 import stat
 import time
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["lock_path", "WriterState", "writer_state", "wait_for_drain"]
+__all__ = ["lock_info", "lock_path", "WriterState", "writer_state", "wait_for_drain"]
 
 
 def lock_path(path: str) -> str:
@@ -31,6 +32,15 @@ class WriterState:
     pid: int | None  # the training process
     writer_pid: int | None
     host: str | None
+
+
+def lock_info(fd: int) -> dict[str, Any]:
+    """What the writer wrote into its open lock file ``fd`` (``{}``: nothing readable)."""
+    try:
+        info = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
 
 
 def writer_state(path: str) -> WriterState | None:
@@ -57,14 +67,9 @@ def writer_state(path: str) -> WriterState | None:
         else:
             fcntl.flock(fd, fcntl.LOCK_UN)
             return None  # what a killed writer left: nobody holds it
-        try:
-            info = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
-        except (OSError, ValueError):
-            info = {}
+        info = lock_info(fd)
     finally:
         os.close(fd)
-    if not isinstance(info, dict):
-        info = {}
 
     def _int(key: str) -> int | None:
         v = info.get(key)

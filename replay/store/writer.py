@@ -33,7 +33,7 @@ from .layout import (
     STATUS_FIELDS,
     object_columns,
 )
-from .liveness import lock_path
+from .liveness import lock_info, lock_path
 from .safefile import create_new, open_lock, refuse_non_regular
 from .tree import SPLICE_MARK, encode, layout_key
 from .validate import LIMITS
@@ -102,12 +102,7 @@ def _take_lock(path: str, meta: dict[str, Any]) -> int | None:
 
 def _holder(fd: int) -> str:
     """Who holds the lock, from what it wrote: ``process 123 (writer process 130) on host``."""
-    try:
-        info = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
-    except (OSError, ValueError):
-        info = {}
-    if not isinstance(info, dict):
-        info = {}
+    info = lock_info(fd)
     pid, writer = info.get("pid"), info.get("writer_pid")
     text = f"process {pid}" if pid is not None else "another process"
     if writer is not None and writer != pid:
