@@ -20,11 +20,13 @@ measured, so the full norm of a step is ``sqrt(sum over ranks of grad_norm**2)``
 from __future__ import annotations
 
 import sys
-from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
+
+from ..errors import ReplayError
+from ..store.tree import leaves, map_tree
 
 __all__ = [
     "is_dtensor",
@@ -80,28 +82,19 @@ def localize(tree: Any) -> tuple[Any, list[dict[str, Any]]]:
     ``{"path": [key, ...], "shape": global shape, "stride": global stride, "placements":
     [["shard", dim] | ["replicate"], ...]}``."""
     specs: list[dict[str, Any]] = []
-
-    def walk(obj: Any, path: list[Any]) -> Any:
-        if is_dtensor(obj):
-            specs.append(
-                {
-                    "path": list(path),
-                    "shape": list(obj.shape),
-                    "stride": list(obj.stride()),
-                    "placements": [_placement_json(p) for p in obj.placements],
-                }
-            )
-            return obj.to_local()
-        if isinstance(obj, dict):
-            items = ((k, walk(v, [*path, k])) for k, v in obj.items())
-            return OrderedDict(items) if isinstance(obj, OrderedDict) else dict(items)
-        if isinstance(obj, list):
-            return [walk(v, [*path, i]) for i, v in enumerate(obj)]
-        return obj
-
     if "torch.distributed.tensor" not in sys.modules:
         return tree, specs
-    return walk(tree, []), specs
+    for keys, leaf in leaves(tree):
+        if is_dtensor(leaf):
+            specs.append(
+                {
+                    "path": [k for _, k in keys],
+                    "shape": list(leaf.shape),
+                    "stride": list(leaf.stride()),
+                    "placements": [_placement_json(p) for p in leaf.placements],
+                }
+            )
+    return (map_tree(local, tree) if specs else tree), specs
 
 
 def _get(tree: Any, key: Any) -> tuple[Any, Any]:
@@ -226,8 +219,6 @@ def shard_like(model: torch.nn.Module, spec: dict[str, Any], device: str) -> Non
     modules = dict(model.named_modules())
     missing = [n for n in spec["modules"] if n not in modules]
     if missing:
-        from ..errors import ReplayError
-
         raise ReplayError(
             f"the recording sharded module(s) {missing} with fully_shard, and the model "
             "build_fn made has none of that name: the model changed since the recording"
