@@ -126,7 +126,6 @@ class LiveProgram:
     objects: Any  # capture.objects.RunObjects
     step_fn: Callable[..., Any]
     wrapper: Any = None
-    who: str = "replay.Recorder"
     loader: Any = None  # Recorder(loader=...): batches recorded by reference are drawn from it
 
 
