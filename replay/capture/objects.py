@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from ..errors import EntryPointError
+from .frameworks import state_view
 
 __all__ = [
     "inner_optimizer",
@@ -77,8 +78,6 @@ class RunObjects:
     _extras: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
-        from .frameworks import state_view
-
         self._extras = {}
         for k, v in self.named.items():
             if k in ROLES or v is None:
@@ -204,13 +203,11 @@ class StepCall:
             except (TypeError, ValueError):  # unreadable: pass every value, as written
                 self._var_kw = True
             else:
-                if _takes_batch_alone(params):
-                    self._by_name = True
-                    self._plan(step_fn)
-                    return
                 slots = _slots(params)
-                if slots and len(slots) < 3 and not any(p.name == "batch" for p in params):
-                    self._batch = slots[0].name  # step(real), step(data, scale=2.0)
+                named_batch = any(p.name == "batch" for p in params)
+                if _takes_batch_alone(params) or (slots and len(slots) < 3 and not named_batch):
+                    if not named_batch:
+                        self._batch = slots[0].name  # step(real), step(data, scale=2.0)
                     self._by_name = True
                     self._plan(step_fn)
                     return
