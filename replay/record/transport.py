@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -35,16 +36,14 @@ __all__ = ["Transport", "Checked", "POLL_EVERY"]
 POLL_EVERY = 0.002
 
 
+@dataclass(slots=True)
 class Checked:
     """What :meth:`Transport.check` found: a wait to report (``wait``), and why recording
     stopped (``stopped``, a whole sentence's middle: ``"... stopped (<stopped>); <after>"``)."""
 
-    __slots__ = ("wait", "stopped", "after")
-
-    def __init__(self) -> None:
-        self.wait: str | None = None
-        self.stopped: str | None = None
-        self.after = ""
+    wait: str | None = None
+    stopped: str | None = None
+    after: str = ""
 
 
 class Transport:
@@ -277,10 +276,10 @@ class Transport:
             w.wait_committed()
             return None
         self._said_stop = True
-        out = Checked()
-        out.stopped = "the writer process failed: OSError: it exited"
-        out.after = "training goes on, and the steps flushed before stay readable"
-        return out
+        return Checked(
+            stopped="the writer process failed: OSError: it exited",
+            after="training goes on, and the steps flushed before stay readable",
+        )
 
     def _wait_said(self, w: BackgroundWriter | None, log: StepLogWriter | None) -> str | None:
         if log is not None and log.waited:
