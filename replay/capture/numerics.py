@@ -18,7 +18,6 @@ from ..store.bitwise import cuda_blockers, differences
 
 __all__ = [
     "numerics_env",
-    "cuda_blockers",
     "warn_unless_bitwise",
     "apply_numerics",
     "differences",
