@@ -19,10 +19,13 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import random
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+import torch
+from torch.utils.data import DataLoader, IterableDataset
 
 from ..errors import DataChangedError
 from ..store.tree import encode
@@ -78,8 +81,6 @@ class IndexTap:
 def tap(loader: Any) -> IndexTap | str:
     """Put an :class:`IndexTap` in ``loader``; a string says why it cannot be (batches by
     value then)."""
-    from torch.utils.data import DataLoader, IterableDataset
-
     if not isinstance(loader, DataLoader):
         return f"{type(loader).__name__} is not a torch DataLoader"
     if isinstance(loader.dataset, IterableDataset):
@@ -142,17 +143,9 @@ class kept_rng:  # noqa: N801 - used as a context manager, like torch.random.for
     dataset that draws random numbers must not change the run's (or the replay's) own."""
 
     def __enter__(self) -> None:
-        import random
-
-        import torch
-
         self._states = (random.getstate(), np.random.get_state(), torch.get_rng_state())
 
     def __exit__(self, *exc: object) -> None:
-        import random
-
-        import torch
-
         py, npy, cpu = self._states
         random.setstate(py)
         np.random.set_state(npy)
