@@ -363,7 +363,6 @@ class Recorder:
         self.enabled = False
         self._capture = None
         self._self_check = None
-        self.next_step = self.config.start_step
         self._warned = True
         warnings.warn(
             f"replay: recording to {self.path} is off (starting the recorder failed: "
