@@ -10,7 +10,7 @@ from .cause import DivergenceCause
 from .culprit import Culprit, TracedOp
 from .divergence import Divergence
 from .ranks import MultiRankRun, RankReplay, RankSet, json_of, ranks_from_json, ranks_json
-from .verdict import ExceptionInfo, exception_info
+from .verdict import ExceptionInfo, exception_info, known
 
 __all__ = ["BisectReport"]
 
@@ -140,12 +140,9 @@ class BisectReport(Culprit):
     def from_json(cls, d: dict[str, Any]) -> BisectReport:
         """Read a report back; keys it lacks keep their defaults (a partial report renders)."""
         cause = d.get("divergence_cause")
-        exc = d.get("exception")
-        typed = ("divergence_cause", "exception", "divergence")
-        simple = {k: v for k, v in d.items() if k in cls.__dataclass_fields__ and k not in typed}
-        return cls(
-            **{**simple, **ranks_from_json(d)},
-            exception=exception_info(exc),
-            divergence=Divergence.from_json(d.get("divergence")),
-            divergence_cause=None if cause is None else DivergenceCause.from_json(cause),
-        )
+        typed = {
+            "exception": exception_info(d.get("exception")),
+            "divergence": Divergence.from_json(d.get("divergence")),
+            "divergence_cause": None if cause is None else DivergenceCause.from_json(cause),
+        }
+        return cls(**{**known(cls, d), **ranks_from_json(d), **typed})

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 from .culprit import TracedOp
 from .ranks import MultiRankRun, RankReplay, RankSet, json_of, ranks_from_json, ranks_json
+from .verdict import known
 
 __all__ = ["TraceReport"]
 
@@ -49,8 +50,7 @@ class TraceReport(TracedOp):
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> TraceReport:
-        names = {f.name for f in fields(cls)}
-        return cls(**{**{k: v for k, v in d.items() if k in names}, **ranks_from_json(d)})
+        return cls(**{**known(cls, d), **ranks_from_json(d)})
 
     @classmethod
     def of(cls, recording: str, step: int, window: list[int], traced: TracedOp) -> TraceReport:
