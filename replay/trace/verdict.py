@@ -48,6 +48,7 @@ from typing import Any
 
 import numpy as np
 
+from replay.reports.verdict import TraceVerdict
 from replay.store.contracts import OpStatus, Phase
 from replay.store.forensics import PHASES
 from replay.trace.findings import InputInfo
@@ -157,38 +158,12 @@ def build_verdict(
     origins) of each non-finite sink, in the order they were computed; ``batch_nonfinite``:
     the samples of each batch leaf that hold NaN/Inf; ``data``: the batch's non-finite tensors
     (``picture.batch_nonfinite``)."""
-    v: dict[str, Any] = {
-        "step": None,
-        "kind": "none",
-        "cause": None,
-        "op_index": None,
-        "op": None,
-        "phase": None,
-        "module": None,
-        "source": None,
-        "created_at": None,
-        "executed_at": None,
-        "autograd_node": None,
-        "inputs": [],
-        "output": None,
-        "propagators": [],
-        "previous": [],
-        "exception": exception,
-        "batch_nonfinite": {"leaves": batch_nonfinite} if batch_nonfinite else None,
-        "made": None,
-        "made_from": None,
-        "nan_from_inf": None,
-        "data": None,
-        "samples": None,
-        "samples_exact": None,
-        "sample_axes": None,
-        "sample_sources": None,
-        "closure": None,
-        "surfaced": None,
-        "reproducible": None,
-        "sinks": [s for s, _ in sinks],
-        "notes": list(notes),
-    }
+    v = TraceVerdict(
+        exception=dict(exception) if exception is not None else None,
+        batch_nonfinite={"leaves": batch_nonfinite} if batch_nonfinite else None,
+        sinks=[s for s, _ in sinks],
+        notes=list(notes),
+    ).to_json()  # every key of /verdict, in its order
     status = tr.log.cols["status"]
     nft = tr.findings.nonfinite
     # every non-finite op is exempt unless what it carried reached a sink (below): set for all
