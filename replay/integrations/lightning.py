@@ -56,8 +56,7 @@ except ImportError:  # pragma: no cover - only pytorch_lightning installed
 from ..capture.guard import replaying
 from ..capture.probe import running_probe
 from ..errors import RecorderWarning
-from ..record.recorder import Recorder
-from ._recording import clone_batch, record_raised, sched_count, start_recorder, total_loss
+from ._recording import RecordingCallback, clone_batch, sched_count, total_loss
 
 __all__ = ["ReplayCallback", "build", "train_step"]
 
@@ -89,11 +88,24 @@ def _namespace(trainer: Any) -> str:
     return "pytorch_lightning" if root == "pytorch_lightning" else "lightning.pytorch"
 
 
+def _objects(module: pl.LightningModule, trainer: pl.Trainer) -> dict[str, Any]:
+    """The objects a recorded step touches, by the names recording and replay share."""
+    objects: dict[str, Any] = {"model": module, "trainer": trainer}
+    for i, opt in enumerate(trainer.optimizers):
+        objects["optimizer" if i == 0 else f"optimizer_{i}"] = opt
+    for i, cfg in enumerate(trainer.lr_scheduler_configs):
+        objects["scheduler" if i == 0 else f"scheduler_{i}"] = cfg.scheduler
+    scaler = getattr(trainer.precision_plugin, "scaler", None)
+    if scaler is not None:
+        objects["scaler"] = scaler
+    return objects
+
+
 def _call(trainer: Any) -> ModuleType:
     return importlib.import_module(f"{_namespace(trainer)}.trainer.call")
 
 
-class ReplayCallback(Callback):
+class ReplayCallback(RecordingCallback, Callback):
     """Record every optimisation step of ``Trainer.fit()`` into ``path`` for ``replay bisect``.
 
     Example::
@@ -110,12 +122,8 @@ class ReplayCallback(Callback):
     """
 
     def __init__(self, path: str, **recorder_kwargs: Any) -> None:
-        self.path = path
-        self.recorder_kwargs = recorder_kwargs
-        self.rec: Recorder | None = None
-        self._window: list[Any] | None = None
+        super().__init__(path, **recorder_kwargs)
         self._micro_rng: list[torch.Tensor] = []
-        self._losses: list[Any] = []
         self._first_idx = 0
         self._epoch = 0
         self._sched_before: list[int] = []
@@ -143,24 +151,15 @@ class ReplayCallback(Callback):
             )
             return
         why = _why_not(trainer, pl_module)
-        objects: dict[str, Any] = {"model": pl_module, "trainer": trainer}
-        for i, opt in enumerate(trainer.optimizers):
-            objects["optimizer" if i == 0 else f"optimizer_{i}"] = opt
-        for i, cfg in enumerate(trainer.lr_scheduler_configs):
-            objects["scheduler" if i == 0 else f"scheduler_{i}"] = cfg.scheduler
-        scaler = getattr(trainer.precision_plugin, "scaler", None)
-        if scaler is not None:
-            objects["scaler"] = scaler
         # Under replay this is where the re-run script is taken over (the Recorder hands these
         # live objects to replay and ends fit()); the step is this module's train_step.
-        self.rec = start_recorder(
-            self.path,
-            objects=objects,
+        # A run resumed with fit(ckpt_path=...) numbers its steps from the checkpoint's
+        # global_step (12..23 after 12 steps), as the Hugging Face callback does.
+        self._start(
+            int(trainer.global_step),
+            objects=_objects(pl_module, trainer),
             step_fn=train_step,
             not_replayable=why,
-            # A run resumed with fit(ckpt_path=...) numbers its steps from the checkpoint's
-            # global_step (12..23 after 12 steps), as the Hugging Face callback does.
-            **{"start_step": int(trainer.global_step), **self.recorder_kwargs},
         )
 
     # -- one optimisation step -------------------------------------------------------------
@@ -223,20 +222,10 @@ class ReplayCallback(Callback):
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
-        if self.rec is None:
-            return
-        window, self._window = self._window, None
-        stepped = [0] * len(trainer.lr_scheduler_configs)
-        record_raised(self.rec, window, self._values(stepped), exception)
-        self._close()
+        self._raised(self._values([0] * len(trainer.lr_scheduler_configs)), exception)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._close()
-
-    def _close(self) -> None:
-        if self.rec is not None:
-            self.rec.close()
-            self.rec = None
 
 
 # -- replay ---------------------------------------------------------------------------------
@@ -295,22 +284,12 @@ def build(
     trainer.state.stage = RunningStage.TRAINING
     trainer.strategy.setup(trainer)
     model.train()
-    objects: dict[str, Any] = {
-        "model": model,
-        "optimizer": trainer.optimizers[0],
-        "trainer": trainer,
-    }
     configs = trainer.lr_scheduler_configs
     if len(configs) != schedulers:
         raise ValueError(
             f"configure_optimizers made {len(configs)} schedulers, the recording has {schedulers}"
         )
-    for i, cfg in enumerate(configs):
-        objects["scheduler" if i == 0 else f"scheduler_{i}"] = cfg.scheduler
-    scaler = getattr(trainer.precision_plugin, "scaler", None)
-    if scaler is not None:
-        objects["scaler"] = scaler
-    return objects
+    return _objects(model, trainer)
 
 
 def train_step(

@@ -67,9 +67,8 @@ from transformers import PreTrainedModel, TrainerCallback, TrainingArguments
 
 from ..capture.objects import inner_optimizer
 from ..errors import NonFiniteLossError, RecorderWarning
-from ..record.recorder import Recorder
 from ..store.tree import ObjectRecord, keep_kind
-from ._recording import clone_batch, record_raised, sched_count, start_recorder, total_loss
+from ._recording import RecordingCallback, clone_batch, sched_count, total_loss
 
 __all__ = ["ReplayCallback", "build", "train_step"]
 
@@ -147,7 +146,7 @@ def _lookup(name: Any, base: type) -> Any:
     return obj
 
 
-class ReplayCallback(TrainerCallback):
+class ReplayCallback(RecordingCallback, TrainerCallback):
     """Record every optimisation step of ``Trainer.train()`` into ``path`` for ``replay bisect``.
 
     Example::
@@ -165,12 +164,8 @@ class ReplayCallback(TrainerCallback):
     """
 
     def __init__(self, path: str, **recorder_kwargs: Any) -> None:
-        self.path = path
-        self.recorder_kwargs = recorder_kwargs
-        self.rec: Recorder | None = None
+        super().__init__(path, **recorder_kwargs)
         self._trainer: Any = None
-        self._window: list[Any] | None = None
-        self._losses: list[Any] = []
         self._num_items: Any = None
         self._sched_before = 0
         self._global_step = 0
@@ -195,20 +190,15 @@ class ReplayCallback(TrainerCallback):
             # Sharded parameters: measuring them (the gradient norm) would take collectives.
             self._refuse("DeepSpeed or FSDP (sharded parameters)")
             return
-        why = _why_not(trainer)
-        objects = _objects(trainer)
         # Step t of the recording is the optimisation step that makes the Trainer's global_step
-        # t + 1, in a resumed run too.
-        options = {"start_step": int(state.global_step), **self.recorder_kwargs}
-        # Under replay this is where the re-run script is taken over (docs/reentry.md): the
-        # Recorder hands the live model, optimizer, scheduler and Trainer to replay, and
-        # train() ends before its loop runs.
-        self.rec = start_recorder(
-            self.path,
-            objects=objects,
+        # t + 1, in a resumed run too. Under replay this is where the re-run script is taken
+        # over (docs/reentry.md): the Recorder hands the live model, optimizer, scheduler and
+        # Trainer to replay, and train() ends before its loop runs.
+        self._start(
+            int(state.global_step),
+            objects=_objects(trainer),
             step_fn=train_step,
-            not_replayable=why,
-            **options,
+            not_replayable=_why_not(trainer),
         )
         if self.rec is None:
             return
@@ -241,7 +231,7 @@ class ReplayCallback(TrainerCallback):
             try:
                 return epoch(*args, **kwargs)
             except BaseException as e:
-                self._record_exception(e)
+                self._raised(self._values(0), e)
                 raise
 
         trainer._run_epoch = run_epoch
@@ -283,21 +273,12 @@ class ReplayCallback(TrainerCallback):
             self._close()
             raise
 
-    def _record_exception(self, e: BaseException) -> None:
-        if self.rec is None:
-            return
-        window, self._window = self._window, None
-        record_raised(self.rec, window, self._values(0), e)
-        self._close()
-
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._close()
 
     def _close(self) -> None:
         self._unwrap()
-        if self.rec is not None:
-            self.rec.close()
-            self.rec = None
+        super()._close()
 
 
 # -- replay ---------------------------------------------------------------------------------
