@@ -254,12 +254,10 @@ def _recorded_files(path: str) -> list[str]:
 def _health_failed(path: str) -> bool:
     """Whether the recording's health shows a NaN/Inf or an exception (torch-free)."""
     from .errors import ReplayError
-    from .ranks.names import resolve_rank_files
     from .store import open_recording
 
     try:
-        files = [path] if os.path.isfile(path) else (resolve_rank_files(path) or [])
-        for f in files:
+        for f in _recorded_files(path):
             with open_recording(f) as rec:
                 if any(s is not None for s in rec.first_bad().values()):
                     return True
