@@ -27,7 +27,7 @@ import json
 import os
 import random
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from ..errors import RecordingError, ReplayError, UsageError
@@ -187,20 +187,15 @@ def _export_ranks(scan: Any, out: str, step: int | None, options: ReplayOptions)
         )
     ranks = {r: x["export"] for r, x in d["ranks"].items()}
     lead = ranks[str(d["multi_rank"]["leader"])]
-    return ExportReport(
+    return replace(
+        ExportReport(**lead),  # the leader's, with every rank's files under rank<r>/
         out=out,
-        step=lead["step"],
-        snapshot=lead["snapshot"],
-        replayed=lead["replayed"],
         files={
             f"rank{r}/{name}": f"rank{r}/{f}"
             for r, x in ranks.items()
             for name, f in x["files"].items()
         },
-        first_bad=lead["first_bad"],
         verified=min(x["verified"] for x in ranks.values()),
-        skip=lead["skip"],
-        notes=lead["notes"],
         ranks=ranks,
     )
 
