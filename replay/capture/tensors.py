@@ -92,21 +92,19 @@ def _copied(obj: Any, stats: CopyStats | None, pool: HostPool | None) -> Any:
                         stats.cuda = True
                         out._replay_device = str(t.device)  # type: ignore[attr-defined]
                 return out
-        if t.is_cuda and t.layout != torch.strided:
-            # A sparse graph: a dense buffer cannot take it (copy_ raised, and the step went
-            # unrecorded), so it is copied as it is, and waited for.
-            out = t.to("cpu")
-            out._replay_device = str(t.device)  # type: ignore[attr-defined]
-            out._replay_grad = obj.requires_grad  # type: ignore[attr-defined]
-            return out
         if t.is_cuda:
-            if stats is not None:
-                stats.cuda = True
-            host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-            host.copy_(t, non_blocking=True)
+            if t.layout != torch.strided:
+                # A sparse graph: a dense buffer cannot take it (copy_ raised, and the step went
+                # unrecorded), so it is copied as it is, and waited for.
+                host = t.to("cpu")
+            else:
+                if stats is not None:
+                    stats.cuda = True
+                host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+                host.copy_(t, non_blocking=True)
+                _keep_strides(t, host)
             host._replay_device = str(t.device)  # type: ignore[attr-defined]
             host._replay_grad = obj.requires_grad  # type: ignore[attr-defined]
-            _keep_strides(t, host)
             return host
         out = t.clone() if t.device.type == "cpu" else t.to("cpu")
         if obj.requires_grad:
