@@ -31,11 +31,7 @@ UNRECORDED = "replay_unrecorded"
 
 def value_excess(obj: Any) -> str | None:
     """Why ``obj`` is beyond :data:`VALUE_LIMITS`, or ``None`` when a step record can hold it."""
-    max_depth, max_leaves, max_bytes = (
-        VALUE_LIMITS["depth"],
-        VALUE_LIMITS["leaves"],
-        VALUE_LIMITS["bytes"],
-    )
+    max_depth, max_leaves, max_bytes = (VALUE_LIMITS[k] for k in ("depth", "leaves", "bytes"))
     leaves = nbytes = 0
     stack: list[tuple[Any, int]] = [(obj, 0)]
     while stack:
