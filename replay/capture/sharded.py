@@ -156,19 +156,6 @@ def layout(model: torch.nn.Module) -> dict[str, Any] | None:
     names = [n for n, m in model.named_modules() if isinstance(m, FSDPModule)]
     if not names:
         return None
-    mesh = mesh_of(model)
-    out: dict[str, Any] = {
-        "kind": "fully_shard",
-        "modules": names,
-        "mesh": None
-        if mesh is None
-        else {
-            "shape": list(mesh.shape),
-            "dim_names": list(mesh.mesh_dim_names) if mesh.mesh_dim_names else None,
-            "device_type": mesh.device_type,
-        },
-        "mp_policy": None,
-    }
     policies = {}
     for n, m in model.named_modules():
         if n not in names:
@@ -185,8 +172,19 @@ def layout(model: torch.nn.Module) -> dict[str, Any] | None:
         }
         if any(v is not None for v in dtypes.values()):
             policies[n] = {**dtypes, "cast_forward_inputs": bool(mp.cast_forward_inputs)}
-    out["mp_policy"] = policies or None
-    return out
+    mesh = mesh_of(model)
+    return {
+        "kind": "fully_shard",
+        "modules": names,
+        "mesh": None
+        if mesh is None
+        else {
+            "shape": list(mesh.shape),
+            "dim_names": list(mesh.mesh_dim_names) if mesh.mesh_dim_names else None,
+            "device_type": mesh.device_type,
+        },
+        "mp_policy": policies or None,
+    }
 
 
 def shard_like(model: torch.nn.Module, spec: dict[str, Any], device: str) -> None:
