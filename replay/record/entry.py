@@ -119,8 +119,7 @@ def describe_program() -> tuple[dict[str, Any] | None, str | None]:
     path = os.path.abspath(path)
     if not os.path.isfile(path):  # `python - < train.py`: its __file__ is '<stdin>'
         return None, f"the program's main file {path} is not a file (a program read from stdin)"
-    spec = getattr(main, "__spec__", None)
-    name = getattr(spec, "name", None) if spec is not None else None
+    name = getattr(getattr(main, "__spec__", None), "name", None)
     if _installed(path):
         return None, (
             f"the program's main file {path} belongs to an installed package (run by a tool, "
