@@ -360,8 +360,7 @@ class BackgroundWriter:
             steps.append(StepFrame(job.step, payload, mlen))
             health.append(HealthFrame(job.step, health_row(job.health, self._watched)))
             last = job.step if last is None else max(last, job.step)
-        if self._store is None:
-            self._store = self._make_store()
+        assert self._store is not None  # (made first thing in _run, or by a take-over)
         self._store.commit(steps=steps, snapshots=snaps, health=health, last_step=last)
         if steps:  # sent, not known to be in the file until the next sync
             u = self._unsynced
