@@ -179,12 +179,15 @@ def trace_step(
     notes: list[str] = []
     ran_optimizer: list[bool] = []
 
+    def sink(what: str, bad: list[tuple[str, torch.Tensor]]) -> None:
+        """``bad``'s tensors, by name, are non-finite where the step ends up: a sink."""
+        if bad:
+            origins = frozenset().union(*(tracer.findings.origins.of(t) for _, t in bad))
+            sinks.append((f"{what} ({', '.join(n for n, _ in bad[:4])})", origins))
+
     def grad_sink() -> None:
         params.take_grads()
-        bad = params.bad_grads()
-        if bad:
-            origins = frozenset().union(*(tracer.findings.origins.of(g) for _, g in bad))
-            sinks.append((f"gradients ({', '.join(n for n, _ in bad[:4])})", origins))
+        sink("gradients", params.bad_grads())
 
     def at_optimizer() -> None:
         ran_optimizer.append(True)
@@ -232,19 +235,10 @@ def trace_step(
             params.take_grads()
         else:
             grad_sink()
-    bad_params = params.bad_params() if exc_info is None else []
-    if bad_params:
-        origins = frozenset().union(*(tracer.findings.origins.of(p) for _, p in bad_params))
-        sinks.append((f"parameters ({', '.join(n for n, _ in bad_params[:4])})", origins))
     if exc_info is None:
-        bad_state = [
-            (n, t)
-            for n, t in _state_tensors(state_modules, state_opts).items()
-            if finite_before.get(n, True) and not _finite(t)
-        ]
-        if bad_state:
-            origins = frozenset().union(*(tracer.findings.origins.of(t) for _, t in bad_state))
-            sinks.append((f"state ({', '.join(n for n, _ in bad_state[:4])})", origins))
+        sink("parameters", params.bad_params())
+        state = _state_tensors(state_modules, state_opts).items()
+        sink("state", [(n, t) for n, t in state if finite_before.get(n, True) and not _finite(t)])
 
     exception: TraceException | None = None
     if exc_info is not None:
