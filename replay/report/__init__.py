@@ -27,10 +27,10 @@ from __future__ import annotations
 import os
 
 from ..reports import BisectReport
-from .facts import RunFacts, read_facts
+from .facts import read_facts
 from .page import render
 
-__all__ = ["build_page", "write_report", "RunFacts", "read_facts", "render"]
+__all__ = ["build_page", "write_report"]
 
 
 def build_page(run: str, *, bisect: BisectReport | None = None) -> str:

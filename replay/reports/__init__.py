@@ -24,28 +24,23 @@ beyond the standard library: the TUI reads them without torch.
 
 from .bisect import BisectReport
 from .cause import DivergenceCause, StateDrift
-from .culprit import Culprit, TracedOp
+from .culprit import TracedOp
 from .divergence import Divergence
-from .doctor import DoctorReport, Finding, RankSetDoctorReport
+from .doctor import DoctorReport, Finding
 from .overfit import OverfitReport
 from .trace import TraceReport
-from .verdict import ExceptionInfo, OpRef, SourceLine, TraceVerdict
+from .verdict import ExceptionInfo, TraceVerdict
 from .verify import VerifiedStep, VerifyReport
-from .whatif import Experiment, StepResult, WhatIfReport
+from .whatif import StepResult, WhatIfReport
 
 __all__ = [
     "BisectReport",
-    "Culprit",
     "Divergence",
     "DivergenceCause",
     "DoctorReport",
-    "Experiment",
     "ExceptionInfo",
     "Finding",
-    "OpRef",
     "OverfitReport",
-    "RankSetDoctorReport",
-    "SourceLine",
     "StateDrift",
     "StepResult",
     "TraceReport",

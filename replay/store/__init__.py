@@ -5,29 +5,17 @@ store modules (the tree, the writer) in the training process, which never loads 
 
 from typing import TYPE_CHECKING, Any
 
-from .layout import FORMAT_NAME, FORMAT_VERSION, HEALTH_COLUMNS
-from .tree import Opaque, TensorLeaf, decode, encode
+from .layout import FORMAT_VERSION, HEALTH_COLUMNS
+from .tree import TensorLeaf
 
 if TYPE_CHECKING:
-    from .reader import Recording, Window, open_recording, sidecar_path
+    from .reader import Recording, open_recording
 
-__all__ = [
-    "FORMAT_NAME",
-    "FORMAT_VERSION",
-    "HEALTH_COLUMNS",
-    "Recording",
-    "Window",
-    "open_recording",
-    "sidecar_path",
-    "Opaque",
-    "TensorLeaf",
-    "encode",
-    "decode",
-]
+__all__ = ["FORMAT_VERSION", "HEALTH_COLUMNS", "Recording", "open_recording", "TensorLeaf"]
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("Recording", "Window", "open_recording", "sidecar_path"):
+    if name in ("Recording", "open_recording"):
         from . import reader
 
         return getattr(reader, name)

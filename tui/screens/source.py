@@ -105,12 +105,9 @@ class SourceScreen(RunScreen):
         else:
             self._set_frames(entry_frames(self.model), None, "entry points (no culprit op)")
 
-    def show_op(self, op_index: int) -> None:
-        """Show the stack of op ``op_index``, innermost frame selected."""
-        self._read_op(op_index)
-
     @work(thread=True, exclusive=True, group="source")
-    def _read_op(self, op_index: int) -> None:
+    def show_op(self, op_index: int) -> None:
+        """Show the stack of op ``op_index``, innermost frame selected (read in a worker)."""
         reader = self.model.forensics
         if reader is None:
             return
