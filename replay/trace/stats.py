@@ -98,23 +98,22 @@ def _read(
     return values[: len(parts)], values[len(parts) :]
 
 
-def _sample_hist(sample: list[float], n: int, lo: float, hi: float) -> np.ndarray:
-    """The histogram of ``n`` values in [lo, hi] from a host copy of a strided sample of them
-    (numpy on the host: ``torch.histc`` has no deterministic CUDA kernel), scaled to ``n``.
-    Non-finite sample values are left out (the scale counts only the finite ones)."""
+def _sample_hist(sample: np.ndarray, n: int, lo: float, hi: float) -> np.ndarray:
+    """The histogram of ``n`` finite values in [lo, hi] from a host copy of a strided sample of
+    them (``sample``, every value finite: numpy on the host, as ``torch.histc`` has no
+    deterministic CUDA kernel), scaled to ``n``."""
     h = np.zeros(N_BINS, dtype=np.float32)
     if n < 2 or hi <= lo:
         h[0] = n
         return h
-    a = np.asarray(sample, dtype=np.float64)
-    a = a[np.isfinite(a)]
-    if a.size == 0:
+    if sample.size == 0:
         return h
-    idx = ((a - lo) * (N_BINS / (hi - lo))).astype(np.intp)
-    np.clip(idx, 0, N_BINS - 1, out=idx)
+    idx = ((sample.astype(np.float64) - lo) * (N_BINS / (hi - lo))).astype(np.intp)
+    # every value is in [lo, hi]: only the top needs clipping (hi itself lands in the last bin)
+    np.minimum(idx, N_BINS - 1, out=idx)
     h[:] = np.bincount(idx, minlength=N_BINS)
-    if a.size != n:
-        h *= n / a.size
+    if sample.size != n:
+        h *= n / sample.size
     return h
 
 
@@ -146,7 +145,7 @@ def _device_stats(f: torch.Tensor, n: int, hist: bool) -> tuple[Stats, np.ndarra
     if math.isfinite(lo) and math.isfinite(hi):
         mean, std = _moments(n, s, sq)
         row = Stats(lo, hi, mean, std, max(abs(lo), abs(hi)), 0.0, 0.0, 0.0, zeros, float(n))
-        return row, (_sample_hist(sample, n, lo, hi) if hist else _EMPTY_HIST)
+        return row, (_sample_hist(np.asarray(sample), n, lo, hi) if hist else _EMPTY_HIST)
     finite = torch.isfinite(f)
     good = torch.where(finite, f, 0.0)  # a mask-sized copy, not a compaction: no sync
     parts = [
@@ -164,7 +163,10 @@ def _device_stats(f: torch.Tensor, n: int, hist: bool) -> tuple[Stats, np.ndarra
         return Stats(NAN, NAN, NAN, NAN, NAN, n_nan, n_pos, n_neg, zeros, float(n)), _EMPTY_HIST
     mean, std = _moments(int(m), s, sq)
     row = Stats(lo, hi, mean, std, max(abs(lo), abs(hi)), n_nan, n_pos, n_neg, zeros, float(n))
-    return row, (_sample_hist(sample, int(m), lo, hi) if hist else _EMPTY_HIST)
+    if not hist:
+        return row, _EMPTY_HIST
+    a = np.asarray(sample)  # the sample's finite values (the scale counts only those)
+    return row, _sample_hist(a[np.isfinite(a)], int(m), lo, hi)
 
 
 _wrapped = torch._C._functorch.is_functorch_wrapped_tensor
@@ -212,23 +214,6 @@ def _small_array(t: torch.Tensor) -> np.ndarray | None:
     return a.reshape(-1)
 
 
-def _np_hist(a: np.ndarray, lo: float, hi: float) -> np.ndarray:
-    n = a.size
-    h = np.zeros(N_BINS, dtype=np.float32)
-    if n < 2 or hi <= lo:
-        h[0] = n
-        return h
-    step = max(1, n // HIST_SAMPLE)
-    sample = a[::step] if step > 1 else a
-    # every value is in [lo, hi]: only the top needs clipping (hi itself lands in the last bin)
-    idx = ((sample.astype(np.float64) - lo) * (N_BINS / (hi - lo))).astype(np.intp)
-    np.minimum(idx, N_BINS - 1, out=idx)
-    h[:] = np.bincount(idx, minlength=N_BINS)
-    if step > 1:
-        h *= n / max(1, sample.size)
-    return h
-
-
 class quiet_numpy:
     """numpy's floating-point warnings off while a step is traced (a float32 sum of squares may
     overflow: that is a statistic, not an error); the settings are restored on exit."""
@@ -263,7 +248,7 @@ def np_stats(a: np.ndarray, hist: bool) -> tuple[Stats, np.ndarray]:
     sq = float(np.dot(good, good)) / m
     std = math.sqrt(max(0.0, sq - mean * mean)) if math.isfinite(sq) else math.inf
     row = Stats(lo, hi, mean, std, max(abs(lo), abs(hi)), n_nan, n_pos, n_neg, zeros, float(n))
-    return row, (_np_hist(good, lo, hi) if hist else _EMPTY_HIST)
+    return row, (_sample_hist(good[:: _sample_step(m)], m, lo, hi) if hist else _EMPTY_HIST)
 
 
 def tensor_stats(t: torch.Tensor, *, hist: bool = True) -> tuple[Stats, np.ndarray]:
