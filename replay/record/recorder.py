@@ -338,13 +338,10 @@ class Recorder:
         self._self_check = SelfCheckLauncher(
             self.path,
             self.run_id,
-            self.config.start_step,
-            self.config.self_check_steps,
-            self.config.self_check_budget,
+            self.config,
             4 * self._file.model.param_bytes,
             unwrap(self.model),
             skip_reason(self),
-            later=self.config.start_step + self.config.keep_snapshots * self.config.snapshot_every,
         )
         # One more snapshot half-way through the checked steps: the check replays the steps
         # after it from it, as a bisect of a later failure would start, which a replay carried
@@ -472,11 +469,6 @@ class Recorder:
             self._record_exception(cap, p, e)
             raise
         return self._finish(cap, p, ret)
-
-    @property
-    def step_fn(self) -> Callable[..., Any] | None:
-        """The step function: the one given here, or the one the last step was handed."""
-        return self._steps.fn
 
     def _say_unheld(self, fn: Callable[..., Any]) -> None:
         """Once, when the step function is known: the models, optimizers and other state its

@@ -23,6 +23,7 @@ import torch
 from ..child import SELF_CHECK, python_module
 from ..errors import RecorderWarning
 from ..store.selfcheck import RTOL, SelfCheck, read_selfcheck, write_selfcheck
+from .config import RecorderConfig
 
 __all__ = ["SelfCheckLauncher", "ENV"]
 
@@ -37,21 +38,19 @@ class SelfCheckLauncher:
         self,
         path: str,
         run_id: str,
-        first_step: int,
-        steps: int,
-        budget: int,
+        config: RecorderConfig,
         state_bytes: int,
         model: torch.nn.Module,
         skip: str | None,
-        later: int | None = None,
     ) -> None:
         self.path = path
-        self.later = later
         self.run_id = run_id
-        self.steps = max(1, steps)
-        self.at = first_step + self.steps - 1
-        self.first = first_step
-        self.budget = budget
+        self.first = config.start_step
+        self.steps = max(1, config.self_check_steps)
+        self.at = self.first + self.steps - 1
+        # the run's snapshot once the dense ring has turned over (module docstring)
+        self.later = self.first + config.keep_snapshots * config.snapshot_every
+        self.budget = config.self_check_budget
         self.state_bytes = state_bytes
         self.model = model
         self.skip = skip
@@ -91,7 +90,7 @@ class SelfCheckLauncher:
         cmd = python_module(SELF_CHECK, self.path)
         cmd += ["--after", str(t), "--steps", str(self.steps), "--training-pid", str(os.getpid())]
         cmd += ["--run-id", self.run_id]
-        if self.later is not None and self.later > t:
+        if self.later > t:
             cmd += ["--later", str(self.later)]
         if device is not None:
             cmd += ["--device", device]
