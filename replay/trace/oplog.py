@@ -21,11 +21,12 @@ from replay.trace.rules import OpInfo, op_info
 from replay.trace.sites import OpSite
 from replay.trace.source import Interner
 from replay.trace.spool import OpSpool
-from replay.trace.staged import STAGE_MAX, Stage, copy_small, quick_finite
+from replay.trace.staged import STAGE_MAX, Stage, quick_finite
 from replay.trace.stats import (
     N_BINS,
     NO_STATS,
     Stats,
+    copy_small,
     finite_kind,
     kind_of_row,
     np_stats,

@@ -1,10 +1,11 @@
 """Statistics of many small finite outputs, computed in batches.
 
 A step of many tiny ops (an LSTMCell unrolled under LBFGS: 4-us ops) cannot afford a dozen
-numpy calls per op. The tracer copies a small finite output's values once (``copy_small``) and
-hands the copy (at most ``STAGE_MAX`` values) here with its row; every ``MAX_VALUES`` values the
-statistics and histograms of all of them are computed at once with segmented reductions
-(``np.minimum.reduceat``, ``np.add.reduceat``, one ``bincount``) and written into the rows.
+numpy calls per op. The tracer copies a small finite output's values once
+(``stats.copy_small``) and hands the copy (at most ``STAGE_MAX`` values) here with its row;
+every ``MAX_VALUES`` values the statistics and histograms of all of them are computed at once
+with segmented reductions (``np.minimum.reduceat``, ``np.add.reduceat``, one ``bincount``) and
+written into the rows.
 
 The results match ``stats.np_stats`` for finite values: min, max, mean (a float64 sum), std,
 absmax, zeros, numel, and the histogram over the same strided sample of at most
@@ -20,40 +21,13 @@ import math
 from collections.abc import Callable
 
 import numpy as np
-import torch
 
-from replay.trace.stats import HIST_SAMPLE, N_BINS, NUMPY_MAX
+from replay.trace.stats import HIST_SAMPLE, N_BINS
 
-__all__ = ["Stage", "copy_small", "quick_finite", "MAX_VALUES", "STAGE_MAX"]
+__all__ = ["Stage", "quick_finite", "MAX_VALUES", "STAGE_MAX"]
 
 STAGE_MAX = 1 << 12  # values: a larger output is measured at once (per-call costs are small)
 MAX_VALUES = 1 << 16  # staged values per batch: its temporaries stay in the CPU caches
-_NP_FLOATS = (torch.float32, torch.float64)
-
-
-def copy_small(t: torch.Tensor) -> np.ndarray | None:
-    """A flat numpy copy of a small, plain, CPU float32/float64 tensor's values, else None.
-
-    Call with torch functions disabled (``on_op`` does): ``detach``/``clone`` run with Python
-    dispatch off, unseen by the tracer. A copy, never a view of the tensor's memory: numpy's
-    view makes a storage unresizable (FSDP2 resizes its parameters' storage to zero).
-    """
-    if (
-        type(t) is not torch.Tensor
-        or t.dtype not in _NP_FLOATS
-        or not t.is_cpu
-        or t.layout is not torch.strided  # (a sparse gradient: measured by its stored values)
-    ):
-        return None
-    n = t.numel()
-    if n == 0 or n > NUMPY_MAX:
-        return None
-    with torch._C._DisableTorchDispatch():
-        # an op's output seen by the dispatch mode does not require grad yet: no detach (one
-        # dispatcher call less, as much as a small op costs)
-        c = t.detach().clone() if t.requires_grad else t.clone()
-    a: np.ndarray = c.numpy()
-    return a.reshape(-1)
 
 
 def quick_finite(a: np.ndarray) -> bool:
@@ -137,7 +111,7 @@ def _hists(
     arrays: list[np.ndarray], x: np.ndarray, sizes: np.ndarray, lo: np.ndarray, hi: np.ndarray
 ) -> np.ndarray:
     """16-bin histograms over ``[lo, hi]`` per segment, over an evenly strided sample of at
-    most about ``HIST_SAMPLE`` values, scaled to the segment's size (as ``stats._np_hist``)."""
+    most about ``HIST_SAMPLE`` values, scaled to the segment's size (as ``stats._sample_hist``)."""
     k = len(arrays)
     steps = np.maximum(1, sizes // HIST_SAMPLE)
     sampled = steps > 1

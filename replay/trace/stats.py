@@ -28,6 +28,7 @@ import torch
 from ..capture.sharded import local
 
 __all__ = [
+    "copy_small",
     "quiet_numpy",
     "Stats",
     "STATS_COLUMNS",
@@ -194,24 +195,40 @@ def stored_values(t: torch.Tensor) -> torch.Tensor:
     return t.values()  # CSR, CSC, BSR, BSC
 
 
-def _small_array(t: torch.Tensor) -> np.ndarray | None:
-    """The values of a small, plain, CPU float32/float64 tensor as a flat numpy array (a
-    copy), else None. Read with Python dispatch off: no mode sees it."""
-    if _wrapped(t) or t.layout is not torch.strided:
+def copy_small(t: torch.Tensor) -> np.ndarray | None:
+    """A flat numpy copy of a small (``NUMPY_MAX`` values at most), plain, CPU float32/float64
+    tensor's values, else None.
+
+    Call with torch functions disabled (``on_op`` does; ``_small_array`` disables them):
+    ``detach``/``clone`` run with Python dispatch off, unseen by the tracer. A copy, never a
+    view of the tensor's memory: numpy's view makes a storage unresizable, and FSDP2 frees its
+    unsharded parameters by resizing their storage to zero after the forward ("Trying to
+    resize storage that is not resizable").
+    """
+    if (
+        type(t) is not torch.Tensor
+        or t.dtype not in _NP_FLOATS
+        or not t.is_cpu
+        or t.layout is not torch.strided  # (a sparse gradient: measured by its stored values)
+    ):
         return None
-    if type(t) is not torch.Tensor or t.dtype not in _NP_FLOATS or not t.is_cpu:
+    n = t.numel()
+    if n == 0 or n > NUMPY_MAX:
+        return None
+    with torch._C._DisableTorchDispatch():
+        # an op's output seen by the dispatch mode does not require grad yet: no detach (one
+        # dispatcher call less, as much as a small op costs)
+        c = t.detach().clone() if t.requires_grad else t.clone()
+    a: np.ndarray = c.numpy()
+    return a.reshape(-1)
+
+
+def _small_array(t: torch.Tensor) -> np.ndarray | None:
+    """``copy_small`` of any tensor (None under a torch.func transform: no mode sees it)."""
+    if _wrapped(t):
         return None
     with torch._C.DisableTorchFunction():  # Tensor methods would go through the modes
-        n = t.numel()
-        if n == 0 or n > NUMPY_MAX:
-            return None
-        # A copy, never a view of the tensor's memory: numpy's view makes a storage
-        # unresizable, and FSDP2 frees its unsharded parameters by resizing their storage to
-        # zero after the forward ("Trying to resize storage that is not resizable").
-        with torch._C._DisableTorchDispatch():  # aten::detach/clone, unseen by the tracer
-            t = t.detach().clone()
-        a: np.ndarray = t.numpy()
-    return a.reshape(-1)
+        return copy_small(t)
 
 
 class quiet_numpy:

@@ -9,8 +9,8 @@ import torch
 import torch.nn as nn
 
 from replay.trace import trace_step
-from replay.trace.staged import copy_small, measure
-from replay.trace.stats import np_stats, quiet_numpy
+from replay.trace.staged import measure
+from replay.trace.stats import copy_small, np_stats, quiet_numpy
 
 
 def test_batched_statistics_match_those_of_each_tensor_alone():
