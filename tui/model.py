@@ -66,6 +66,7 @@ class SafeForensics:
         self.step = reader.step
         self.n_ops = reader.n_ops
         self.stats_columns = reader.stats_columns
+        self.ops_columns = reader.ops_columns  # numbers only: nothing to make safe
         self.verdict = TraceVerdict.from_json(term_safe_tree(reader.verdict))
         self._strings: dict[str, list[str]] = {}
 
@@ -73,12 +74,6 @@ class SafeForensics:
         if name not in self._strings:
             self._strings[name] = [term_safe(s) for s in self._r.strings(name)]
         return self._strings[name]
-
-    def ops_columns(
-        self, start: int, stop: int, columns: tuple[str, ...] | None = None
-    ) -> dict[str, Any]:
-        out: dict[str, Any] = self._r.ops_columns(start, stop, columns)
-        return out
 
     def op_row(self, i: int) -> dict[str, Any]:
         return term_safe_tree(self._r.op_row(i))

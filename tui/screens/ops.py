@@ -114,8 +114,7 @@ class OpsScreen(ForensicsScreen):
             self._pending_select = op_index
             return
         if not ol.select_op(op_index):
-            self.filter = OpFilter()
-            ol.set_rows(np.arange(ol.n_ops, dtype=np.int64))
+            self.action_clear_filter()
             ol.select_op(op_index)
         self._show_status()
 
