@@ -156,21 +156,16 @@ def _identical(a: dict[str, Any], b: dict[str, Any]) -> bool:
 
 
 def _changed_sources(engine: Engine) -> list[str]:
-    import hashlib
+    """The recorded entry points' files whose source changed since the recording."""
+    from ..engine.entry import source_changed
 
-    changed = []
-    for e in engine.rec.entry.values():
-        path, want = e.get("path"), e.get("sha256")
-        if not path or not want:
-            continue
-        try:
-            with open(path, encoding="utf-8") as fh:
-                got = hashlib.sha256(fh.read().encode()).hexdigest()
-        except (OSError, UnicodeDecodeError):
-            continue
-        if got != want and path not in changed:
-            changed.append(path)
-    return changed
+    entries = engine.rec.entry.values()
+    changed = [
+        e["path"]
+        for e in entries
+        if e.get("path") and source_changed(e["path"], e.get("sha256"), None)
+    ]
+    return list(dict.fromkeys(changed))
 
 
 def explain_divergence(
