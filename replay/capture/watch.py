@@ -21,7 +21,6 @@ steps.
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +29,7 @@ import torch
 from .fingerprint import absmax, exact_if_needed, param_fingerprint
 from .objects import RunObjects
 from .probe import GradProbe
-from .readback import value_now
+from .readback import known_bad
 
 __all__ = ["ObjectWatch", "watched_objects"]
 
@@ -109,13 +108,7 @@ class ObjectWatch:
     def any_bad(self) -> bool:
         """A gradient norm measured this step is NaN/Inf (read where it is in host memory only,
         ``readback.value_now``: a device's is never waited for)."""
-        for gn, _ in self._grads:
-            if isinstance(gn, float) and not math.isfinite(gn):
-                return True
-            value = value_now(gn) if isinstance(gn, torch.Tensor) else None
-            if value is not None and not math.isfinite(value):
-                return True
-        return False
+        return known_bad(*(gn for gn, _ in self._grads))
 
     def into(self, health: dict[str, Any], params_too: bool) -> None:
         """The step's gradient norms (and, with ``params_too``, parameter fingerprints and
