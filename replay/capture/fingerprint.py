@@ -53,19 +53,15 @@ def group_by_dtype(tensors: Iterable[torch.Tensor]) -> list[list[torch.Tensor]]:
     return list(groups.values())
 
 
-def _sum_of_norms(groups: list[list[torch.Tensor]]) -> torch.Tensor | None:
-    total = None
-    for g in groups:
-        s = torch.stack(torch._foreach_norm(g)).to(torch.float64).sum()
-        total = s if total is None else total + s.to(total.device)
-    return total
-
-
 def param_fingerprint(params: Sequence[torch.Tensor]) -> torch.Tensor | None:
     """Sum of per-parameter L2 norms in float64: changes with any update, NaN if any is NaN."""
+    total = None
     with torch.no_grad():
         # A DTensor's local shard (FSDP2): no collective, each rank its own (sharded.py).
-        return _sum_of_norms(group_by_dtype(local(p).detach() for p in params))
+        for g in group_by_dtype(local(p).detach() for p in params):
+            s = torch.stack(torch._foreach_norm(g)).to(torch.float64).sum()
+            total = s if total is None else total + s.to(total.device)
+    return total
 
 
 def grad_norm(params: list[torch.Tensor]) -> torch.Tensor | None:
