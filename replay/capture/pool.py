@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["HostPool", "poolable", "poolable_array"]
+__all__ = ["HostPool", "poolable_array"]
 
 _Key = tuple[Any, ...]
 
@@ -45,11 +45,6 @@ def _plain(t: torch.Tensor) -> bool:
         and not t.is_neg()
         and t.is_contiguous()
     )
-
-
-def poolable(t: torch.Tensor) -> bool:
-    """A CPU tensor that a plain contiguous buffer copies exactly as ``clone`` would."""
-    return _plain(t) and t.device.type == "cpu" and not t.requires_grad
 
 
 def poolable_array(a: np.ndarray) -> bool:
@@ -79,11 +74,12 @@ class HostPool:
             return free.pop()
 
     def takes(self, t: torch.Tensor) -> bool:
-        """Whether ``copy`` takes ``t``: ``poolable``; for the arena, also a plain tensor that
-        requires grad or lives on a GPU."""
-        if poolable(t):
-            return True
-        return self.state and t.device.type in ("cpu", "cuda") and _plain(t)
+        """Whether ``copy`` takes ``t``: a CPU tensor that a plain contiguous buffer copies
+        exactly as ``clone`` would; for the arena, also one that requires grad or lives on a GPU."""
+        if not _plain(t):
+            return False
+        on = t.device.type
+        return (on == "cpu" and not t.requires_grad) or (self.state and on in ("cpu", "cuda"))
 
     def copy(self, t: torch.Tensor) -> torch.Tensor:
         """A copy of ``t`` (``takes``) in a pooled buffer; give it back with ``give``. A GPU's
