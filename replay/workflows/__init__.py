@@ -21,26 +21,10 @@ in child processes). What a person reads is worded in ``replay/cli``: ``cli/rend
 bisect, verify and trace reports, each other command in its own module.
 """
 
-from ..reports import BisectReport, OverfitReport, TraceReport, VerifyReport
 from .bisect import run_bisect
-from .export import ExportReport, run_export
-from .session import parse_entry, with_engine
+from .export import run_export
 from .trace import run_trace
 from .verify import run_verify
-from .whatif import WhatIfReport, run_whatif
+from .whatif import run_whatif
 
-__all__ = [
-    "BisectReport",
-    "ExportReport",
-    "OverfitReport",
-    "TraceReport",
-    "VerifyReport",
-    "WhatIfReport",
-    "parse_entry",
-    "run_bisect",
-    "run_export",
-    "run_trace",
-    "run_verify",
-    "run_whatif",
-    "with_engine",
-]
+__all__ = ["run_bisect", "run_export", "run_trace", "run_verify", "run_whatif"]
