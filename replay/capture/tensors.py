@@ -264,23 +264,21 @@ def from_leaves(
     return map_tree(
         lambda x: leaf_to_tensor(x, device) if isinstance(x, TensorLeaf) else x,
         obj,
-        lambda _, rec: live_object(rec, rec.attrs, classes),
+        lambda _, rec: live_object(rec, classes),
     )
 
 
-def live_object(
-    rec: ObjectRecord, attrs: dict[str, Any], classes: Callable[[str, str], type | None] | None
-) -> Any:
-    """The object ``rec`` describes, with ``attrs``: of its own class where ``classes`` gives
-    one, made without calling its ``__init__``; else a stand-in with the same attributes."""
+def live_object(rec: ObjectRecord, classes: Callable[[str, str], type | None] | None) -> Any:
+    """The object ``rec`` describes, with its attributes: of its own class where ``classes``
+    gives one, made without calling its ``__init__``; else a stand-in with the same ones."""
     cls: Any = classes(rec.module, rec.qualname) if classes is not None else None
     if cls is not None:
         try:
             obj = cls.__new__(cls)
-            for k, v in attrs.items():
+            for k, v in rec.attrs.items():
                 object.__setattr__(obj, k, v)
             return obj
         except Exception:  # noqa: BLE001 - a class that cannot be made so: the stand-in
             pass
     stand_in = type(rec.qualname.rsplit(".", 1)[-1], (types.SimpleNamespace,), {})
-    return stand_in(**attrs)
+    return stand_in(**rec.attrs)
