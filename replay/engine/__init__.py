@@ -3,14 +3,5 @@ re-run recorded steps with their RNG states, hyper-parameters, modes and batches
 each step exactly as the recorder did (imports torch)."""
 
 from .engine import Engine
-from .entry import EntryOverride, EntryPoints, load_entry_points, parse_entry_override
-from .outcome import StepOutcome
 
-__all__ = [
-    "Engine",
-    "EntryOverride",
-    "EntryPoints",
-    "StepOutcome",
-    "load_entry_points",
-    "parse_entry_override",
-]
+__all__ = ["Engine"]

@@ -1,4 +1,4 @@
-"""The engine seen through the bisector's :class:`replay.bisect.Subject` interface."""
+"""The engine seen through the bisector's :class:`replay.bisect.subject.Subject` interface."""
 
 from __future__ import annotations
 

@@ -9,7 +9,6 @@ Example::
     result.write("run.forensics.h5", run_id="abc", step=123)
 """
 
-from replay.trace.result import TraceResult
 from replay.trace.samples import (
     batch_size_of,
     candidate_axes,
@@ -21,7 +20,6 @@ from replay.trace.samples import (
 from replay.trace.step import trace_step
 
 __all__ = [
-    "TraceResult",
     "trace_step",
     "find_culprit_samples",
     "slice_batch",
