@@ -196,7 +196,6 @@ class Engine(ObservedCalls):
         self._checkpoints: OrderedDict[int, dict[str, Any]] = OrderedDict()
         self._records: OrderedDict[int, dict[str, Any]] = OrderedDict()
         self._snap: tuple[int, dict[str, Any]] | None = None
-        self.on_step: Callable[[int], None] | None = None  # progress: called after each step
         self._init_observers()  # (observe.py: who sees the calls that may run steps)
         # steps whose recorded rows no replay is compared with (a rank's steps where a peer's
         # failure broke the collective: the recording holds that failure, not the step's own)
@@ -621,9 +620,6 @@ class Engine(ObservedCalls):
                 "message": str(e),
             }
             return out
-        finally:
-            if self.on_step is not None:
-                self.on_step(t)
         gn, gmax, stepped = self._probe.end()  # as the recorder: measured now if nothing did
         self._watch.end()
         out.watched = self._watch.names
