@@ -206,7 +206,7 @@ class StepCall:
             else:
                 slots = _slots(params)
                 named_batch = any(p.name == "batch" for p in params)
-                if _takes_batch_alone(params) or (slots and len(slots) < 3 and not named_batch):
+                if _takes_batch_alone(slots) or (slots and len(slots) < 3 and not named_batch):
                     if not named_batch:
                         self._batch = slots[0].name  # step(real), step(data, scale=2.0)
                     self._by_name = True
@@ -300,12 +300,9 @@ class StepCall:
         return self.step_fn(**kw)
 
 
-def _takes_batch_alone(params: list[inspect.Parameter]) -> bool:
+def _takes_batch_alone(slots: list[inspect.Parameter]) -> bool:
     """A step that cannot be called ``step_fn(model, optimizer, batch)``: it names its own
-    objects (a closure, a bound method) and takes the batch by name."""
-    if any(p.kind is p.VAR_POSITIONAL for p in params):
-        return False
-    slots = _slots(params)
+    objects (a closure, a bound method) and takes the batch by name (``slots``: ``_slots``)."""
     return (
         bool(slots)
         and (slots[0].name == "batch" or len(slots) < 3)
