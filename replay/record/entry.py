@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import itertools
+import multiprocessing
 import os
 import sys
 import types
@@ -142,8 +143,6 @@ def started_by_multiprocessing() -> str | None:
     multiprocessing started the process (hogwild's ``mp.Process`` workers, ``mp.spawn``): replay
     runs the program's command again and takes over a Recorder in that command's own process,
     never in one it starts; else ``None``."""
-    import multiprocessing
-
     parent = multiprocessing.parent_process()
     if parent is None:
         return None
