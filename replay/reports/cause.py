@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..jsonsafe import json_safe
-from .verdict import ExceptionInfo, exception_info
+from .verdict import ExceptionInfo, exception_info, known
 
 __all__ = ["DivergenceCause", "StateDrift"]
 
@@ -30,13 +30,8 @@ class StateDrift:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> StateDrift:
-        size = d.get("max_abs_diff")
-        return cls(
-            str(d["object"]),
-            list(d.get("names") or []),
-            int(d.get("count", 0)),
-            float(size) if size is not None else None,
-        )
+        size = d.get("max_abs_diff")  # non-finite ones as "nan", "inf", "-inf"
+        return cls(**{**known(cls, d), "max_abs_diff": None if size is None else float(size)})
 
 
 @dataclass
@@ -80,18 +75,8 @@ class DivergenceCause:
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> DivergenceCause:
         differs = d.get("differs")
-        exc = d.get("exception")
-        return cls(
-            step=int(d["step"]),
-            kind=str(d.get("kind", "outside_state")),
-            summary=str(d.get("summary", "")),
-            hint=str(d.get("hint", "")),
-            changed_files=list(d.get("changed_files") or []),
-            snapshot=d.get("snapshot"),
-            differs=None if differs is None else [StateDrift.from_json(x) for x in differs],
-            exception=exception_info(exc),
-            suspects=None if d.get("suspects") is None else [str(x) for x in d["suspects"]],
-            changed_environ=None
-            if d.get("changed_environ") is None
-            else [str(x) for x in d["changed_environ"]],
-        )
+        typed = {
+            "differs": None if differs is None else [StateDrift.from_json(x) for x in differs],
+            "exception": exception_info(d.get("exception")),
+        }
+        return cls(**{**known(cls, d), **typed})

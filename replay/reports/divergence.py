@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..jsonsafe import json_safe
+from .verdict import known
 
 __all__ = ["Divergence"]
 
@@ -40,14 +41,4 @@ class Divergence:
     @classmethod
     def from_json(cls, d: dict[str, Any] | None) -> Divergence | None:
         """One read back (``None``: none)."""
-        if d is None:
-            return None
-        return cls(
-            step=int(d["step"]),
-            column=str(d.get("column")),
-            recorded=d.get("recorded"),
-            replayed=d.get("replayed"),
-            abs_diff=d.get("abs_diff"),
-            ulps=d.get("ulps"),
-            carried_on=d.get("carried_on"),
-        )
+        return None if d is None else cls(**known(cls, d))

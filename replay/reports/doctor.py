@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, TypeAlias
 
 from ..jsonsafe import json_safe
+from .verdict import known
 
 __all__ = ["DoctorReport", "Evidence", "Finding", "RankSetDoctorReport", "SlowestRank"]
 
@@ -42,14 +43,7 @@ class Finding:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Finding:
-        return cls(
-            rule=str(d["rule"]),
-            severity=str(d["severity"]),
-            title=str(d["title"]),
-            evidence=dict(d.get("evidence") or {}),
-            advice=str(d.get("advice", "")),
-            steps=[int(s) for s in d.get("steps") or []],
-        )
+        return cls(**known(cls, d))
 
 
 def _value_text(v: EvidenceValue, num: Callable[[float], str]) -> str:

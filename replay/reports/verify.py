@@ -8,7 +8,7 @@ from typing import Any
 from .cause import DivergenceCause
 from .divergence import Divergence
 from .ranks import MultiRankRun, RankReplay, json_of, ranks_from_json, ranks_json
-from .verdict import ExceptionInfo, exception_info
+from .verdict import ExceptionInfo, exception_info, known
 
 __all__ = ["VerifiedStep", "VerifyReport"]
 
@@ -34,17 +34,8 @@ class VerifiedStep:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> VerifiedStep:
-        exc = d.get("exception")
-        return cls(
-            step=int(d["step"]),
-            match=bool(d["match"]),
-            compared=bool(d.get("compared", True)),
-            loss=d.get("loss"),
-            recorded_loss=d.get("recorded_loss"),
-            param_fingerprint=d.get("param_fingerprint"),
-            recorded_param_fingerprint=d.get("recorded_param_fingerprint"),
-            exception=exception_info(exc),
-        )
+        exc = exception_info(d.get("exception"))
+        return cls(**{"compared": True, **known(cls, d), "exception": exc})
 
 
 @dataclass(kw_only=True)
@@ -82,17 +73,9 @@ class VerifyReport:
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> VerifyReport:
         cause = d.get("cause")
-        return cls(
-            deterministic=bool(d["deterministic"]),
-            window=list(d["window"]),
-            device=str(d["device"]),
-            replayed_steps=int(d["replayed_steps"]),
-            first_divergence=Divergence.from_json(d.get("first_divergence")),
-            steps=[VerifiedStep.from_json(s) for s in d.get("steps") or []],
-            cause=None if cause is None else DivergenceCause.from_json(cause),
-            recording=str(d.get("recording", "")),
-            entry_files=list(d.get("entry_files") or []),
-            approximate=bool(d.get("approximate", False)),
-            notes=d.get("notes"),
-            **ranks_from_json(d),
-        )
+        typed = {
+            "first_divergence": Divergence.from_json(d.get("first_divergence")),
+            "steps": [VerifiedStep.from_json(s) for s in d.get("steps") or []],
+            "cause": None if cause is None else DivergenceCause.from_json(cause),
+        }
+        return cls(**{**known(cls, d), **ranks_from_json(d), **typed})

@@ -10,6 +10,7 @@ from typing import Any
 from ..jsonsafe import json_safe
 from .divergence import Divergence
 from .ranks import MultiRankRun, RankReplay, json_of, ranks_json
+from .verdict import known
 
 __all__ = ["CHANGES", "Experiment", "StepResult", "WhatIfReport"]
 
@@ -57,16 +58,8 @@ class StepResult:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> StepResult:
-        return cls(
-            step=int(d["step"]),
-            loss=_number(d.get("loss")),
-            grad_norm=_number(d.get("grad_norm")),
-            lr=_number(d.get("lr")),
-            failed=bool(d.get("failed", False)),
-            exception=d.get("exception"),
-            skipped=bool(d.get("skipped", False)),
-            samples=d.get("samples"),
-        )
+        numbers = {k: _number(d.get(k)) for k in ("loss", "grad_norm", "lr")}
+        return cls(**{**known(cls, d), **numbers})
 
 
 @dataclass
@@ -101,14 +94,9 @@ class Experiment:
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Experiment:
         """Read one back (``final_*`` follow from its steps)."""
-        return cls(
-            change=str(d["change"]),
-            steps=[StepResult.from_json(s) for s in d.get("steps") or []],
-            first_failure=d.get("first_failure"),
-            removes_failure=bool(d.get("removes_failure", False)),
-            stopped=d.get("stopped"),
-            param_distance=_number(d.get("param_distance")),
-        )
+        steps = [StepResult.from_json(s) for s in d.get("steps") or []]
+        distance = _number(d.get("param_distance"))
+        return cls(**{**known(cls, d), "steps": steps, "param_distance": distance})
 
 
 @dataclass
@@ -165,20 +153,13 @@ class WhatIfReport:
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> WhatIfReport:
         """Read one back (``baseline_failure`` and ``removed_by`` follow from the experiments)."""
-        return cls(
-            recording=str(d["recording"]),
-            window=(int(d["window"][0]), int(d["window"][1])),
-            snapshot=int(d["snapshot"]),
-            from_step=int(d["from_step"]),
-            to_step=int(d["to_step"]),
-            kind=str(d["kind"]),
-            recorded_failure=d.get("recorded_failure"),
-            recorded=[StepResult.from_json(s) for s in d.get("recorded") or []],
-            baseline=Experiment.from_json(d["baseline"]),
-            reproduces=bool(d.get("reproduces", True)),
-            divergence=Divergence.from_json(d.get("divergence")),
-            experiments=[Experiment.from_json(e) for e in d.get("experiments") or []],
-            notes=list(d.get("notes") or []),
-            ranks={r: RankReplay.from_json(x) for r, x in (d.get("ranks") or {}).items()},
-            multi_rank=MultiRankRun.from_json(d["multi_rank"]) if d.get("multi_rank") else None,
-        )
+        typed = {
+            "window": (int(d["window"][0]), int(d["window"][1])),
+            "recorded": [StepResult.from_json(s) for s in d.get("recorded") or []],
+            "baseline": Experiment.from_json(d["baseline"]),
+            "divergence": Divergence.from_json(d.get("divergence")),
+            "experiments": [Experiment.from_json(e) for e in d.get("experiments") or []],
+            "ranks": {r: RankReplay.from_json(x) for r, x in (d.get("ranks") or {}).items()},
+            "multi_rank": MultiRankRun.from_json(d["multi_rank"]) if d.get("multi_rank") else None,
+        }
+        return cls(**{**known(cls, d), **typed})
