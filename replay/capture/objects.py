@@ -76,10 +76,9 @@ class RunObjects:
 
     named: dict[str, Any]
     style: str = "positional"  # or "named"
-    _extras: dict[str, Any] = field(default_factory=dict, repr=False)
+    _extras: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self._extras = {}
         for k, v in self.named.items():
             if k in ROLES or v is None:
                 continue
