@@ -61,12 +61,6 @@ class OpFilter:
             parts.append(f"op:{self.name}")
         return " ".join(parts)
 
-    def with_phase(self, phase: int | None) -> OpFilter:
-        return OpFilter(phase, self.module, self.name)
-
-    def with_module(self, module: str | None) -> OpFilter:
-        return OpFilter(self.phase, module, self.name)
-
     def rows(self, columns: dict[str, np.ndarray], strings: dict[str, list[str]]) -> np.ndarray:
         """Op indices passing the filter, from whole ``phase``/``module``/``name`` columns."""
         n = len(columns["phase"])

@@ -3,6 +3,7 @@ jumps (culprit, next/previous non-finite op, next op of a module), filters and t
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -232,7 +233,7 @@ class OpsScreen(ForensicsScreen):
     def action_cycle_phase(self) -> None:
         order = (None, 0, 1, 2)
         nxt = order[(order.index(self.filter.phase) + 1) % len(order)]
-        self.filter = self.filter.with_phase(nxt)
+        self.filter = replace(self.filter, phase=nxt)
         self._apply_filter()
 
     def action_clear_filter(self) -> None:
@@ -241,7 +242,7 @@ class OpsScreen(ForensicsScreen):
 
     def filter_module(self, module: str) -> None:
         """Show only the ops of ``module`` (and its children); used by the layers view."""
-        self.filter = OpFilter().with_module(module)
+        self.filter = OpFilter(module=module)
         self._apply_filter()
 
     def _apply_filter(self) -> None:
