@@ -133,11 +133,12 @@ def compare_replays(carried: dict[str, Any], fresh: dict[str, Any]) -> Divergenc
     """``None`` when a replay of a step from its snapshot (``fresh``) gives the bits the replay
     carried on to it gave, else the first column that differs, in ``compare_rows``'s shape
     (``recorded``: the carried-on value). Every column the replay measures counts, also where
-    the recording measured none (a parameter fingerprint between ``fingerprint_every`` steps)."""
+    the recording measured none (a parameter fingerprint between ``fingerprint_every`` steps),
+    and the exception's type where both raised."""
     step = int(fresh["step"])
-    if (carried.get("exception") is None) != (fresh.get("exception") is None):
-        got = (fresh.get("exception") or {}).get("type")
-        want = (carried.get("exception") or {}).get("type")
+    want = (carried.get("exception") or {}).get("type")
+    got = (fresh.get("exception") or {}).get("type")
+    if (carried.get("exception") is None) != (fresh.get("exception") is None) or want != got:
         return Divergence(step, "exception", want, got)
     for col in (*VERIFIED_COLUMNS, "grad_norm"):
         differs = _column_differs(step, col, carried.get(col), fresh.get(col))

@@ -13,7 +13,7 @@ from enum import Enum
 
 from ..reports import BisectReport
 from ..reports.verdict import exception_info
-from .compare import HINT_RAISED, compare_rows, same_bits
+from .compare import HINT_RAISED, compare_replays, compare_rows
 from .criteria import Criterion
 from .subject import Row, Subject
 
@@ -83,13 +83,6 @@ def newest_healthy(
         else:
             hi = mid - 1
     return best, checks
-
-
-def _identical(a: Row, b: Row) -> bool:
-    ea, eb = a.get("exception"), b.get("exception")
-    if (ea is None) != (eb is None) or (ea and eb and ea.get("type") != eb.get("type")):
-        return False
-    return all(same_bits(a.get(c), b.get(c)) for c in ("loss", "grad_norm", "param_fingerprint"))
 
 
 def find_culprit(
@@ -193,7 +186,7 @@ def find_culprit(
             )
     again = subject.replay_again(t)
     v.rechecked_steps = 1
-    same = _identical(again, culprit)
+    same = compare_replays(culprit, again) is None
     # Reproducible: the two replays agree with each other and with the recording.
     v.reproducible = same and v.deterministic
     if not same:

@@ -28,6 +28,7 @@ from ..bisect.compare import (
     HINT_OUTSIDE,
     HINT_RAISED,
     VERIFIED_COLUMNS,
+    compare_replays,
     same_bits,
 )
 from ..capture.tensors import from_leaves
@@ -149,12 +150,6 @@ def state_diff(engine: Engine, s: int) -> list[StateDrift]:
     return found
 
 
-def _identical(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    if (a.get("exception") is None) != (b.get("exception") is None):
-        return False
-    return all(same_bits(a.get(c), b.get(c)) for c in (*VERIFIED_COLUMNS, "grad_norm"))
-
-
 def _changed_sources(engine: Engine) -> list[str]:
     """The recorded entry points' files whose source changed since the recording."""
     from ..engine.entry import source_changed
@@ -222,7 +217,7 @@ def _explain(
     a = engine.run_step(t).row()
     engine.state_before(t, keep=True)
     b = engine.run_step(t).row()
-    if not _identical(a, b):
+    if compare_replays(a, b) is not None:
         col = next(
             (c for c in (*VERIFIED_COLUMNS, "grad_norm") if not same_bits(a.get(c), b.get(c))),
             "exception",
