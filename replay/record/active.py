@@ -22,10 +22,7 @@ def opened(recorder: Any) -> None:
 
 def closed(recorder: Any) -> None:
     with _lock:
-        for i in range(len(_open) - 1, -1, -1):
-            if _open[i] is recorder:
-                del _open[i]
-                break
+        _open[:] = [r for r in _open if r is not recorder]  # (each is opened once)
 
 
 def current() -> Any | None:
