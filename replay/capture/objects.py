@@ -365,12 +365,8 @@ def run_params(objects: RunObjects, model: torch.nn.Module) -> list[torch.nn.Par
 def optimizers(objects: RunObjects) -> dict[str, torch.optim.Optimizer]:
     """Every optimizer among the run's objects by name (``optimizer`` first), unwrapped."""
     found = {"optimizer": objects.optimizer, **objects.extras}
-    out = {}
-    for k, v in found.items():
-        inner = inner_optimizer(v) if v is not None else None
-        if isinstance(inner, torch.optim.Optimizer):
-            out[k] = inner
-    return out
+    inner = {k: inner_optimizer(v) for k, v in found.items()}  # (None stays None)
+    return {k: v for k, v in inner.items() if isinstance(v, torch.optim.Optimizer)}
 
 
 def param_layout(objects: RunObjects, model: torch.nn.Module) -> dict[str, Any]:
