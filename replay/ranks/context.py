@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["DistContext", "detect", "shared_run_id", "unwrap"]
+__all__ = ["DistContext", "detect", "device_of", "shared_run_id", "unwrap"]
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,14 @@ def detect(rank: int | None = None, world_size: int | None = None) -> DistContex
     return DistContext(rank, world_size, None, _local_rank(), None)
 
 
+def device_of(group: Any) -> torch.device:
+    """Where a rank's collectives' tensors live: the current GPU under NCCL, else the CPU."""
+    backend = str(torch.distributed.get_backend(group))
+    if backend == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 _PROCESS_RUN = uuid.uuid4()  # ranks recorded by one process (rank= overrides) agree on it
 
 
@@ -78,11 +86,7 @@ def shared_run_id(ctx: DistContext, mine: str, base: str) -> str:
     records, that process's, with the base path. ``mine`` when none of these can be had."""
     if ctx.group is not None:
         try:
-            device = (
-                torch.device("cuda", torch.cuda.current_device())
-                if ctx.backend == "nccl"
-                else torch.device("cpu")
-            )
+            device = device_of(ctx.group)
             raw = torch.tensor(list(bytes.fromhex(mine)), dtype=torch.uint8, device=device)
             torch.distributed.broadcast(raw, src=0, group=ctx.group)
             return bytes(raw.cpu().tolist()).hex()

@@ -22,8 +22,9 @@ import torch
 
 from ..capture.sharded import layout
 from ..errors import RecorderWarning
+from .context import device_of
 from .ddp_hook import LocalGradProbe
-from .votes import VERDICT_LAG, BucketVotes, ConsistentStop, Verdict, device_of
+from .votes import VERDICT_LAG, BucketVotes, ConsistentStop, Verdict
 
 __all__ = ["RankPolicy", "SingleProcess", "DdpRanks"]
 

@@ -50,9 +50,10 @@ from typing import Any
 import torch
 
 from ..capture.readback import Readback, Ticket
+from .context import device_of
 from .ddp_hook import LocalGradProbe
 
-__all__ = ["Verdict", "BucketVotes", "ConsistentStop", "device_of", "VERDICT_LAG"]
+__all__ = ["Verdict", "BucketVotes", "ConsistentStop", "VERDICT_LAG"]
 
 #: A device verdict (NCCL) is read at the start of the step this many steps after it voted.
 VERDICT_LAG = 2
@@ -65,14 +66,6 @@ class Verdict:
     step: int
     ranks: tuple[int, ...]
     stopped_at: int
-
-
-def device_of(group: Any) -> torch.device:
-    """Where the votes live: the current GPU under NCCL, else the CPU."""
-    backend = str(torch.distributed.get_backend(group))
-    if backend == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
 
 
 def _nonfinite(v: Any) -> float | torch.Tensor:
