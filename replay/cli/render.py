@@ -26,14 +26,15 @@ def _op_where(o: dict[str, Any]) -> str:
     return where
 
 
-def _source_line(src: Any) -> str | None:
+def _source_lines(src: Any, label: str = "") -> list[str]:
+    """``file:line in function`` and its code, after ``label`` (none: nothing to say)."""
     if not isinstance(src, dict):
-        return None
+        return []
     where = f"{src.get('file')}:{src.get('line')}"
     if src.get("function"):
         where += f" in {src['function']}"
     code = (src.get("code") or "").strip()
-    return f"{where}\n      {code}" if code else where
+    return [f"  {label:<14}{where}" + (f"\n      {code}" if code else "")]
 
 
 def render_verdict(report: BisectReport) -> str:
@@ -77,25 +78,19 @@ def render_verdict(report: BisectReport) -> str:
         lines.append(f"  op            {_op_where(d.culprit_json())}  [{word}]")
     if d.op and d.closure is not None:
         lines.append(f"  closure call  {d.closure + 1} (the step's optimizer called it)")
-    src = _source_line(d.source)
-    if src:
-        lines.append(f"  source        {src}")
+    lines += _source_lines(d.source, "source")
     surf = d.surfaced
     if surf:
         where = _op_where(surf)
         if surf.get("closure") is not None:
             where += f", closure call {surf['closure'] + 1}"
         lines.append(f"  surfaced at   {where}: {surf.get('how')}")
-        src = _source_line(surf.get("source"))
-        if src:
-            lines.append(f"                {src}")
+        lines += _source_lines(surf.get("source"))
     conv = d.nan_from_inf
     if conv:
         role = role_text(d, conv.get("op_index"), "propagator")
         lines.append(f"  NaN from      {_op_where(conv)}  [{role}]")
-        src = _source_line(conv.get("source"))
-        if src:
-            lines.append(f"                {src}")
+        lines += _source_lines(conv.get("source"))
     if d.samples:
         lines.append(f"  samples       {samples_text(d)}")
     rep = d.reproducible
