@@ -100,9 +100,8 @@ def _find_trainer(callback: TrainerCallback) -> Any:
 
 
 def _why_not(trainer: Any) -> str | None:
-    if getattr(trainer, "is_deepspeed_enabled", False):
-        return "DeepSpeed"
-    if getattr(trainer, "is_fsdp_enabled", False) or getattr(trainer, "is_fsdp_xla_enabled", False):
+    """Why a Trainer's steps cannot be replayed (DeepSpeed and FSDP record nothing at all)."""
+    if getattr(trainer, "is_fsdp_xla_enabled", False):
         return "FSDP"
     nproc = int(getattr(trainer.accelerator, "num_processes", 1) or 1)
     if nproc > 1 or int(trainer.args.world_size) > 1:

@@ -247,19 +247,12 @@ class OverviewScreen(RunScreen):
         i = self.cursor
         t = Text()
         t.append(f"step {int(h['step'][i])}\n", style="bold")
-        for key, label in (
-            ("loss", "loss"),
-            ("grad_norm", "grad norm"),
-            ("lr", "lr"),
-            ("scale", "scale"),
-        ):
-            v = float(h[key][i])
-            if key == "scale" and np.isnan(v):
-                continue
+        keys = (("loss", "loss"), ("grad_norm", "grad norm"), ("lr", "lr"), ("scale", "scale"))
+        rows = [(label, float(h[key][i])) for key, label in keys]
+        rows = [(label, v) for label, v in rows if not (label == "scale" and np.isnan(v))]
+        rows += [(f"lr {label}", v) for label, v in self._every_lr(int(h["step"][i]))]
+        for label, v in rows:
             t.append(f"  {label:<10}", style="dim")
-            t.append(fmt_num(v) + "\n", style="bold red" if not np.isfinite(v) else "")
-        for label, v in self._every_lr(int(h["step"][i])):
-            t.append(f"  lr {label:<7}", style="dim")
             t.append(fmt_num(v) + "\n", style="bold red" if not np.isfinite(v) else "")
         flags = [
             name
