@@ -242,13 +242,9 @@ def export_work(
             skip.append({"step": first_bad_step, "values": _values(engine, first_bad_step, notes)})
         with staged_dir(out) as tmp:  # renamed to out once whole: never a partial one
             files: dict[str, str] = {}
-            for name, sd in states.items():
+            for name, obj in [*states.items(), ("grads", grads), ("rng", rng)]:
                 files[name] = f"{name}.pt"
-                _save(sd, os.path.join(tmp, files[name]))
-            files["grads"] = "grads.pt"
-            _save(grads, os.path.join(tmp, "grads.pt"))
-            files["rng"] = "rng.pt"
-            _save(rng, os.path.join(tmp, "rng.pt"))
+                _save(obj, os.path.join(tmp, files[name]))
             with open(os.path.join(tmp, "skip.json"), "x") as fh:
                 json.dump(
                     {"resume_step": step, "first_bad": first_bad_step, "skip": skip}, fh, indent=2
