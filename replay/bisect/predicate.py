@@ -290,8 +290,3 @@ class History:
 
     def value(self, agg: _Agg) -> float:
         return self._cols[agg.column].get(agg.fn)
-
-    def copy(self) -> History:
-        import copy
-
-        return copy.deepcopy(self)
