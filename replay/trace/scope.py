@@ -28,6 +28,7 @@ from typing import NamedTuple
 import torch
 from torch.utils.hooks import RemovableHandle
 
+from replay.capture.objects import inner_optimizer
 from replay.trace.dispatch import Off, tensors
 from replay.trace.source import Interner
 from replay.trace.stats import tensor_stats
@@ -129,7 +130,10 @@ class StepPhase:
         self._handles: list[RemovableHandle] = []
 
     def __enter__(self) -> None:
-        for opt in self.optimizers:
+        # the optimizer itself, not a framework's wrapper (accelerate's AcceleratedOptimizer
+        # is an Optimizer that never ran Optimizer.__init__: it has no hooks of its own)
+        inner = {id(o): o for o in map(inner_optimizer, self.optimizers)}
+        for opt in inner.values():
             self._handles.append(opt.register_step_pre_hook(self._pre_step))
             self._handles.append(opt.register_step_post_hook(self._post_step))
 

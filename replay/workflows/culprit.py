@@ -43,11 +43,13 @@ def tracer_available() -> bool:
 
 def no_culprit_note(what: str, picked: list[int], size: int, dim: int) -> str:
     """Why no ``what`` (sample, micro-batch) is named: ``picked`` fail alone, and so does the
-    rest of the ``size`` along ``dim`` (or nothing is left when every one fails)."""
+    rest of the ``size`` along ``dim``; or ``picked`` is the whole batch: no part of it failed
+    alone (the search keeps a part only when it fails)."""
     if len(picked) == size:
         return (
-            f"no {what} is to blame: every part of the batch along dim {dim} fails on its own "
-            "(a bad learning rate, a NaN made whatever the data)"
+            f"no {what} is to blame: no part of the batch along dim {dim} fails on its own, only "
+            "the whole batch (statistics over the batch, or random draws that change with its "
+            "size, make the failure)"
         )
     whats = "micro-batches" if what == "micro-batch" else f"{what}s"
     who = (

@@ -58,14 +58,6 @@ def health(run: Path, column: str) -> np.ndarray:
     return values[steps >= 0][order]
 
 
-@pytest.fixture
-def elsewhere(tmp_path):
-    """A working directory that is not the recording's: replay must restore the recorded one."""
-    d = tmp_path / "elsewhere"
-    d.mkdir()
-    return d
-
-
 def test_argparse_script_parses_the_recorded_arguments_on_replay(tmp_path, elsewhere):
     run, p = record(tmp_path, "argparse_train.py", "--lr", "0.05", "--hidden", "24")
     assert p.returncode == 0, p.stderr[-2000:]

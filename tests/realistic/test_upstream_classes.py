@@ -45,13 +45,6 @@ def first_flagged(run: Path) -> int:
     return min(int(np.flatnonzero(f == 1.0)[0]) for f in flags if (f == 1.0).any())
 
 
-@pytest.fixture
-def elsewhere(tmp_path):
-    d = tmp_path / "elsewhere"
-    d.mkdir()
-    return d
-
-
 @pytest.mark.slow
 def test_a_sparse_graph_handed_to_the_step_as_its_batch_replays_bitwise(tmp_path, elsewhere):
     """gcn/main.py's shape: the sparse adjacency and features are the step's batch. Was: kept
