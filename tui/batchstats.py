@@ -26,13 +26,9 @@ def _numbers(data: np.ndarray) -> np.ndarray:
 
 
 def as_float(leaf: Any) -> tuple[np.ndarray, str]:
-    """A leaf as a float64 array (bfloat16 decoded from its uint16 bits) and its dtype name."""
+    """A leaf as a float64 array (bfloat16 decoded: ``TensorLeaf.values``) and its dtype name."""
     if isinstance(leaf, TensorLeaf):
-        data, dtype = leaf.data, leaf.dtype
-        if dtype == "bfloat16" and data.dtype.itemsize == 2:
-            bits = data.view(np.uint16).astype(np.uint32) << 16
-            return bits.view(np.float32).astype(np.float64), dtype
-        return _numbers(data), dtype
+        return _numbers(leaf.values), leaf.dtype
     arr = np.asarray(leaf)
     return _numbers(arr), str(arr.dtype)
 

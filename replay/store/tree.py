@@ -85,6 +85,13 @@ class TensorLeaf:
     def nbytes(self) -> int:
         return int(self.data.nbytes)
 
+    @property
+    def values(self) -> np.ndarray:
+        """``data`` as numbers: bfloat16's ``uint16`` bits widened to float32 (numpy has none)."""
+        if self.dtype == "bfloat16" and self.data.dtype.itemsize == 2:
+            return (self.data.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+        return self.data
+
 
 @dataclass
 class Opaque:
