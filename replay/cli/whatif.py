@@ -33,15 +33,20 @@ def _log(x: float) -> float:
 
 def _spark(steps: list[StepResult], key: str, lo: float, hi: float, width: int) -> str:
     """One character a step (a run of steps past ``SPARK_MAX``), on a log scale shared by every
-    line (``lo``..``hi`` in log10). A run with a non-finite value shows it; else its largest."""
+    line (``lo``..``hi`` in log10). A run with a non-finite value shows it; else its largest;
+    blank when nothing in it was measured (the gradient norm of a step whose optimizer did not
+    step: a micro-step of gradient accumulation)."""
     per = max(1, math.ceil(len(steps) / SPARK_MAX))
     out = []
     for i in range(0, len(steps), per):
         chunk = [s for s in steps[i : i + per] if not s.skipped]
-        vals = [x for x in (getattr(s, key) for s in chunk) if _finite(x)]
+        measured = [x for s in chunk if (x := getattr(s, key)) is not None or s.failed]
+        vals = [x for x in measured if _finite(x)]
         if not chunk:
             out.append(_SKIPPED)
-        elif len(vals) < len(chunk):
+        elif not measured:
+            out.append(" ")
+        elif len(vals) < len(measured):
             out.append(_BAD)
         else:
             v = max(_log(x) for x in vals)
@@ -110,7 +115,8 @@ def render_whatif(r: WhatIfReport) -> str:
     lines.append(
         f"  (log scale per column, one character {'a step' if per == 1 else f'per {per} steps'} "
         f"from {lo}; {_BAD} non-finite or raised, "
-        f"{_SKIPPED} skipped; param dist: |params - baseline's| / |baseline's| at the end, - when "
+        f"{_SKIPPED} skipped, blank not measured; param dist: |params - baseline's| / "
+        "|baseline's| at the end, - when "
         "the baseline's are not finite)"
     )
     lines.append("")

@@ -152,13 +152,45 @@ def _opt(x: Any) -> float | None:
     return None if x is None else float(x)
 
 
+def _seed_note(e: Experiment, failed_at: int, hi: int) -> str:
+    """What another draw of the steps' RNG says (the recorded batches are the same): data or
+    luck."""
+    if e.first_failure is None:
+        return (
+            f"{e.change}: with other random draws nothing fails through step {hi}: the draws "
+            "the steps make (noise, sampled timesteps, dropout masks) made the failure, not "
+            "the data alone"
+        )
+    if e.first_failure == failed_at:
+        return (
+            f"{e.change}: other random draws fail at the same step: the data or the state "
+            "makes the failure, not the draws"
+        )
+    return (
+        f"{e.change}: other random draws fail too, at step {e.first_failure} instead of "
+        f"{failed_at}: not one batch's doing; a draw the steps make (noise, a sampled "
+        "timestep, a dropout mask) can reach it"
+    )
+
+
+def _unmeasured_norm(row: dict[str, Any]) -> bool:
+    """No optimizer step ran (a micro-step of gradient accumulation), so no norm was taken:
+    the row's NaN there is "not measured", not a non-finite gradient."""
+    gn = row.get("grad_norm")
+    return (
+        row.get("optimizer_stepped") == 0.0
+        and row.get("grad_nonfinite") != 1.0
+        and (gn is None or (isinstance(gn, float) and math.isnan(gn)))
+    )
+
+
 def _result(row: dict[str, Any]) -> StepResult:
     exc = row.get("exception")
     raised = exc is not None or row.get("raised") == 1.0
     return StepResult(
         step=int(row["step"]),
         loss=None if raised else _opt(row.get("loss")),
-        grad_norm=None if raised else _opt(row.get("grad_norm")),
+        grad_norm=None if raised or _unmeasured_norm(row) else _opt(row.get("grad_norm")),
         lr=_opt(row.get("lr")),
         failed=_fails(row),
         exception=(exc or {}).get("type") if isinstance(exc, dict) else None,
@@ -369,7 +401,9 @@ def _clipping(engine: Engine, max_norm: float | None) -> Iterator[None]:
         torch.nn.utils.clip_grad_norm_(params, max_norm)
 
     assert engine.optimizer is not None  # _check_change refuses a clip without one
-    handle = engine.optimizer.register_step_pre_hook(clip)
+    from ..capture.objects import inner_optimizer
+
+    handle = inner_optimizer(engine.optimizer).register_step_pre_hook(clip)
     try:
         yield
     finally:
@@ -607,6 +641,12 @@ def whatif_work(
                 e.param_distance = _distance(engine, ref)
             exps.append(e)
 
+        if base.first_failure is not None:
+            notes += [
+                _seed_note(e, base.first_failure, hi)
+                for plan, e in zip(plans, exps)
+                if plan.change.kind == "seed"
+            ]
         if divergence is not None:
             notes.append(
                 f"the baseline differs from the recording at step {divergence.step} "
