@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -16,7 +15,7 @@ from ..errors import ReplayError
 from ..reports import BisectReport
 from ..reports.verdict import only_known
 from .segments import failing_segment
-from .session import AS_RECORDED, ReplayOptions, with_engine
+from .session import AS_RECORDED, ReplayOptions, together, with_engine
 
 __all__ = ["bisect_engine", "run_bisect"]
 
@@ -48,24 +47,10 @@ def run_bisect(
 
     choice = choose_ranks(run, rank, alone)
     if choice.together:
-        from ..multirank.launch import replay_rank_set
-
-        if opened is not None:
-            opened()
         assert choice.scan is not None
-        return BisectReport.from_json(
-            only_known(
-                BisectReport,
-                replay_rank_set(
-                    choice.scan,
-                    "bisect",
-                    **asdict(options),
-                    criterion=criterion,
-                    trace=trace,
-                    log=log,
-                ),
-            )
-        )
+        job = {"criterion": criterion, "trace": trace, "log": log}
+        d = together(choice.scan, "bisect", options, opened, **job)
+        return BisectReport.from_json(only_known(BisectReport, d))
     path, rank_set, moved = choice.path, None, None
     if choice.scan is not None and path == run:  # --alone without --rank: the culprit rank
         path, rank_set = choice.scan.culprit_file()

@@ -34,7 +34,7 @@ from ..errors import RecordingError, ReplayError, UsageError
 from ..store.hparams import Groups, step_hparams
 from .export_state import NotReached, finite, reach
 from .outdir import check_out, staged_dir
-from .session import AS_RECORDED, ReplayOptions, with_engine
+from .session import AS_RECORDED, ReplayOptions, together, with_engine
 
 if TYPE_CHECKING:
     from ..engine import Engine
@@ -174,17 +174,8 @@ def run_export(
 
 
 def _export_ranks(scan: Any, out: str, step: int | None, options: ReplayOptions) -> ExportReport:
-    from ..multirank.launch import replay_rank_set
-
     with staged_dir(out) as tmp:  # every rank's folder, or none
-        d = replay_rank_set(
-            scan,
-            "export",
-            **asdict(options),
-            step=step,
-            export_dir=tmp,
-            shown_out=out,
-        )
+        d = together(scan, "export", options, step=step, export_dir=tmp, shown_out=out)
     ranks = {r: x["export"] for r, x in d["ranks"].items()}
     lead = ranks[str(d["multi_rank"]["leader"])]
     return replace(

@@ -6,8 +6,8 @@ import os
 import sys
 from collections.abc import Callable
 from contextlib import closing
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import RecordingError, UsageError
 from ..store.liveness import WriterState, wait_for_drain
@@ -16,9 +16,10 @@ if TYPE_CHECKING:
     from ..capture.guard import LiveProgram
     from ..engine import Engine
     from ..engine.entry import EntryOverride
+    from ..ranks.scan import RankScan
     from ..store.reader import Recording
 
-__all__ = ["AS_RECORDED", "ReplayOptions", "with_engine", "parse_entry", "wait_until_drained"]
+__all__ = ["AS_RECORDED", "ReplayOptions", "with_engine", "together"]
 
 T = TypeVar("T")
 
@@ -131,3 +132,19 @@ def _reentered(
             return work(rec, engine)
 
     return run_program(rec.meta, rec.env, rec.sources, takeover, recording=rec.path, log=_say)
+
+
+def together(
+    scan: RankScan,
+    mode: str,
+    options: ReplayOptions,
+    opened: Callable[[], None] | None = None,
+    **job: Any,
+) -> dict[str, Any]:
+    """The leader's report (JSON) of the DDP rank set ``scan`` replayed with every rank together
+    (``replay.multirank.launch``; ``job``: the mode's own arguments)."""
+    from ..multirank.launch import replay_rank_set
+
+    if opened is not None:
+        opened()
+    return replay_rank_set(scan, mode, **asdict(options), **job)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -11,7 +10,8 @@ if TYPE_CHECKING:
 
 from ..errors import UsageError
 from ..reports import TraceReport
-from .session import AS_RECORDED, ReplayOptions, with_engine
+from ..reports.verdict import only_known
+from .session import AS_RECORDED, ReplayOptions, together, with_engine
 
 __all__ = ["run_trace", "trace_engine"]
 
@@ -29,10 +29,7 @@ def run_trace(
 
     files = rank_set(run)
     if files is not None:  # a DDP rank set: every rank together, each traced into its sidecar
-        from ..multirank.launch import replay_rank_set
-        from ..reports.verdict import only_known
-
-        d = replay_rank_set(files, "trace", step=step, **asdict(options))
+        d = together(files, "trace", options, step=step)
         return TraceReport.from_json(only_known(TraceReport, d))
 
     def check(rec: Recording) -> None:  # before the program runs again

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -13,7 +12,7 @@ if TYPE_CHECKING:
 from ..reports import VerifyReport
 from ..reports.verdict import only_known
 from .segments import later_segments_note
-from .session import AS_RECORDED, ReplayOptions, with_engine
+from .session import AS_RECORDED, ReplayOptions, together, with_engine
 
 __all__ = ["run_verify", "verify_engine"]
 
@@ -47,12 +46,8 @@ def run_verify(
 
     choice = choose_ranks(run, rank, alone)
     if choice.together:
-        from ..multirank.launch import replay_rank_set
-
-        if opened is not None:
-            opened()
         assert choice.scan is not None
-        d = replay_rank_set(choice.scan, "verify", **asdict(options), log=log)
+        d = together(choice.scan, "verify", options, opened, log=log)
         return VerifyReport.from_json(only_known(VerifyReport, d))
     files = choice.files
     if files is not None and choice.path == run:  # --alone without --rank: rank 0
