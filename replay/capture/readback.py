@@ -27,12 +27,11 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 import torch
 
-__all__ = ["Readback", "Ticket", "value_now", "known_bad"]
+__all__ = ["Readback", "Ticket", "value_now"]
 
 
 class _Slot:
@@ -196,7 +195,7 @@ def value_now(t: torch.Tensor) -> float | None:
 
     The values of the last two tensors asked for are kept while their versions (bumped by any
     in-place change) stay: a step asks for its gradient norm and its loss twice each
-    (``exact_if_needed``, the recorder's ``known_bad``, then its health row,
+    (``exact_if_needed``, the recorder's ``_looks_bad``, then its health row,
     ``InFlight.launch``). A tensor that requires grad (a loss) is not kept: that would keep its
     graph. (Not ``item()``, though 8x cheaper: the suite proves the GPU route reads nothing back
     by counting the tensor reads a CPU run makes, test_no_readback_on_training_thread.)
@@ -215,14 +214,3 @@ def value_now(t: torch.Tensor) -> float | None:
     if not t.requires_grad:
         last.seen = [(t, t._version, value), *last.seen[:1]]
     return value
-
-
-def known_bad(*values: Any) -> bool:
-    """Whether any of ``values`` (floats, tensors, ``None``) is NaN/Inf where reading it is
-    free: a host tensor's through :func:`value_now`; a device's value is never waited for."""
-    for v in values:
-        if isinstance(v, torch.Tensor):
-            v = value_now(v)
-        if isinstance(v, float) and not math.isfinite(v):
-            return True
-    return False

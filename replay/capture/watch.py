@@ -21,6 +21,7 @@ steps.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +30,7 @@ import torch
 from .fingerprint import absmax, exact_if_needed, param_fingerprint
 from .objects import RunObjects
 from .probe import GradProbe
-from .readback import known_bad
+from .readback import value_now
 
 __all__ = ["ObjectWatch", "watched_objects"]
 
@@ -108,7 +109,13 @@ class ObjectWatch:
     def any_bad(self) -> bool:
         """A gradient norm measured this step is NaN/Inf (read where it is in host memory only,
         ``readback.value_now``: a device's is never waited for)."""
-        return known_bad(*(gn for gn, _ in self._grads))
+        for gn, _ in self._grads:
+            if isinstance(gn, float) and not math.isfinite(gn):
+                return True
+            value = value_now(gn) if isinstance(gn, torch.Tensor) else None
+            if value is not None and not math.isfinite(value):
+                return True
+        return False
 
     def into(self, health: dict[str, Any], params_too: bool) -> None:
         """The step's gradient norms (and, with ``params_too``, parameter fingerprints and

@@ -22,7 +22,7 @@ from ..capture.fingerprint import absmax, exact_if_needed, loss_of, param_finger
 from ..capture.hparams import HyperParams
 from ..capture.objects import RunObjects, optimizers, run_params
 from ..capture.probe import GradProbe
-from ..capture.readback import known_bad
+from ..capture.readback import value_now
 from ..capture.rng import capture_rng
 from ..capture.tensors import CopyStats, tree_nbytes
 from ..capture.watch import ObjectWatch
@@ -38,6 +38,18 @@ from .transport import Transport
 __all__ = ["StepCapture"]
 
 _SMALL = frozenset({int, float, bool, type(None)})  # per-step values no limit can refuse
+
+
+def _looks_bad(loss: Any, gn: torch.Tensor | None) -> bool:
+    """A NaN/Inf loss or gradient norm at this step, where reading is free (host memory: a
+    device's value is never waited for): then the parameters are checked too, whatever
+    ``fingerprint_every`` says (the step that went bad is the one whose flag matters)."""
+    for v in (gn, loss):
+        if isinstance(v, torch.Tensor):
+            v = value_now(v)
+        if isinstance(v, float) and not math.isfinite(v):
+            return True
+    return False
 
 
 class StepCapture:
@@ -203,9 +215,7 @@ class StepCapture:
         health["optimizer_stepped"] = float(stepped)
         health["grad_norm"] = gn
         health["grad_absmax"] = gmax  # not a column: decides grad_nonfinite exactly
-        # A NaN/Inf loss or norm (where reading is free): the parameters are checked too,
-        # whatever fingerprint_every says (the step that went bad is the one whose flag matters).
-        params_too = self.config.is_fingerprint_step(p.t) or known_bad(gn, loss)
+        params_too = self.config.is_fingerprint_step(p.t) or _looks_bad(loss, gn)
         watch = self.watch
         if self.watching:
             watch.end()

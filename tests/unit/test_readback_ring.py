@@ -77,7 +77,7 @@ def test_a_host_steps_health_is_read_at_once_as_the_copy_would_give_it() -> None
     }
     want = Readback().launch(list(tensors.values()))
     assert want.ready()
-    value_now(tensors["grad_norm"])  # (as the optimizer's hook and known_bad read them)
+    value_now(tensors["grad_norm"])  # (as the optimizer's hook and _looks_bad read them)
     value_now(tensors["loss"].detach())
     health = {"raised": 0.0, **tensors, "grad_absmax": None}
     p = PendingStep(0, CopyStats(), None, [], [], health, None, None)
