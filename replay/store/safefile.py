@@ -82,11 +82,12 @@ def staging_name(path: str) -> str:
 
 
 @contextlib.contextmanager
-def replace_whole(path: str, what: str) -> Iterator[BinaryIO]:
+def replace_whole(path: str, what: str, tmp: str | None = None) -> Iterator[BinaryIO]:
     """A file whose content replaces ``path`` (a regular file, or none) once written: ``path`` is
-    never seen half-written, and a link or device planted at either name is an error."""
+    never seen half-written, and a link or device planted at either name is an error. ``tmp``:
+    the name it is written under (default: this process's own, :func:`staging_name`)."""
     refuse_non_regular(path, what)
-    tmp = staging_name(path)
+    tmp = tmp or staging_name(path)
     fd = create_new(tmp, os.O_RDWR, stale_ok=True)
     try:
         with os.fdopen(fd, "w+b") as fh:

@@ -34,7 +34,7 @@ from .layout import (
     object_columns,
 )
 from .liveness import lock_info, lock_path
-from .safefile import create_new, open_lock, refuse_non_regular
+from .safefile import open_lock, refuse_non_regular, replace_whole
 from .tree import SPLICE_MARK, encode, layout_key
 from .validate import LIMITS
 
@@ -274,20 +274,13 @@ class StoreWriter:
             if not 1 <= n <= most:
                 raise ValueError(f"{n} {what}: the format allows 1..{most}")
         # Checked under the lock, right before the name is replaced: a device or a FIFO at the
-        # recording's path is refused, never replaced (as root, /dev/full was).
-        refuse_non_regular(path)
-        tmp = f"{path}.creating"
-        # Made with O_EXCL|O_NOFOLLOW and written through that descriptor: a link planted at
-        # this name is an error, never followed. One a killed writer left is stale (we hold the
-        # lock): it is replaced.
-        raw = os.fdopen(create_new(tmp, os.O_RDWR, stale_ok=True), "w+b")
-        try:
-            f = h5py.File(raw, "w", libver="latest")
-        except BaseException:
-            raw.close()
-            os.unlink(tmp)
-            raise
-        try:
+        # recording's path is refused, never replaced (as root, /dev/full was). The file is made
+        # as RUN.h5.creating (a link planted there is an error; one a killed writer left is
+        # stale, as we hold the lock) and appears complete, never half-created.
+        with (
+            replace_whole(path, "the recording path", tmp=f"{path}.creating") as raw,
+            h5py.File(raw, "w", libver="latest") as f,
+        ):
             f.attrs["format"] = FORMAT_NAME
             f.attrs["format_version"] = FORMAT_VERSION
             f.attrs["run_id"] = run_id
@@ -329,14 +322,6 @@ class StoreWriter:
             st = f.create_dataset("status", data=np.array([0, -1, 0, 0], np.int64))
             st.attrs["fields"] = json.dumps(list(STATUS_FIELDS))
             f.flush()
-        except BaseException:
-            f.close()
-            raw.close()
-            os.unlink(tmp)
-            raise
-        f.close()
-        raw.close()
-        os.replace(tmp, path)  # the file appears complete, never half-created
         self._open(path, known=False)
 
     @classmethod
