@@ -116,17 +116,12 @@ def apply_numerics(env: dict[str, Any], cuda: bool) -> None:
             pass  # a precision this torch does not know: named by differences()
     if not cuda:
         return
+    m = torch.backends.cuda.matmul
     flags = {
         "cudnn_enabled": (torch.backends.cudnn, "enabled"),
         "cudnn_tf32": (torch.backends.cudnn, "allow_tf32"),
-        "matmul_fp16_reduced": (
-            torch.backends.cuda.matmul,
-            "allow_fp16_reduced_precision_reduction",
-        ),
-        "matmul_bf16_reduced": (
-            torch.backends.cuda.matmul,
-            "allow_bf16_reduced_precision_reduction",
-        ),
+        "matmul_fp16_reduced": (m, "allow_fp16_reduced_precision_reduction"),
+        "matmul_bf16_reduced": (m, "allow_bf16_reduced_precision_reduction"),
     }
     for key, (obj, attr) in flags.items():
         if isinstance(env.get(key), bool):
