@@ -20,7 +20,6 @@ from .files import RankFiles
 
 __all__ = [
     "RankEvidence",
-    "RankFailure",
     "describe_failure",
     "first_bad_rank",
     "is_collective_error",

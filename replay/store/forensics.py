@@ -26,7 +26,7 @@ from ..errors import RecordingError
 from ..jsonsafe import json_safe
 from . import validate as V
 from .contracts import OpStatus, Phase
-from .safefile import replace_whole, staging_name
+from .safefile import replace_whole
 
 __all__ = [
     "FORMAT",
@@ -39,11 +39,9 @@ __all__ = [
     "PHASES",
     "STATUSES",
     "NotAForensicsFile",
-    "staging_name",
     "write_forensics",
     "decode_op",
     "ForensicsReader",
-    "json_safe",
     "source_lines",
 ]
 

@@ -18,9 +18,9 @@ from replay.store.forensics import (
     STATS_COLUMNS,
     ForensicsReader,
     NotAForensicsFile,
-    staging_name,
     write_forensics,
 )
+from replay.store.safefile import staging_name
 from replay.trace import trace_step
 from replay.trace.stats import Stats
 
