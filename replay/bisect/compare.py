@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import math
 import struct
+from collections.abc import Callable
 from typing import Any
 
+from ..errors import ReplayError
 from ..reports.divergence import Divergence
 
 __all__ = [
     "same_bits",
     "compare_rows",
+    "with_exception_type",
     "compare_replays",
     "VERIFIED_COLUMNS",
     "HINT_RAISED",
@@ -116,6 +119,21 @@ def compare_rows(recorded: dict[str, Any] | None, replayed: dict[str, Any]) -> D
         if differs is not None:
             return differs
     return None
+
+
+def with_exception_type(
+    row: dict[str, Any] | None, recorded_exception: Callable[[int], dict[str, Any] | None]
+) -> dict[str, Any] | None:
+    """A recorded health row with the type of the exception its step raised (what
+    ``compare_rows`` compares with a replay's), read by ``recorded_exception(step)``; a row
+    of a step that did not raise as it is (a record no longer kept: no type)."""
+    if row is None or row.get("raised") != 1.0:
+        return row
+    try:
+        exc = recorded_exception(int(row["step"])) or {}
+    except ReplayError:
+        exc = {}
+    return {**row, "exception_type": exc.get("type")}
 
 
 def _column_differs(step: Any, col: str, a: Any, b: Any) -> Divergence | None:

@@ -13,7 +13,7 @@ from enum import Enum
 
 from ..reports import BisectReport
 from ..reports.verdict import exception_info
-from .compare import HINT_RAISED, compare_replays, compare_rows
+from .compare import HINT_RAISED, compare_replays, compare_rows, with_exception_type
 from .criteria import Criterion
 from .subject import Row, Subject
 
@@ -141,12 +141,7 @@ def find_culprit(
         v.replayed_steps += 1
         if progress is not None:
             progress(i + 1, total)
-        recorded = by_step.get(t)
-        if recorded is not None and recorded.get("raised") == 1.0:
-            recorded = {
-                **recorded,
-                "exception_type": (subject.recorded_exception(t) or {}).get("type"),
-            }
+        recorded = with_exception_type(by_step.get(t), subject.recorded_exception)
         diff = compare_rows(recorded, replayed)
         if diff is not None and v.divergence is None:
             v.divergence = diff

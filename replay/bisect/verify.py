@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..reports.divergence import Divergence
-from .compare import compare_replays, compare_rows
+from .compare import compare_replays, compare_rows, with_exception_type
 from .subject import Subject
 
 __all__ = ["WindowCheck", "verify_window"]
@@ -62,10 +62,7 @@ def verify_window(
     # and the divergence says so (``carried_on``: the snapshot the matching replay came from).
     restarts = {s for s in subject.snapshots if first < s <= last}
     for i, t in enumerate(range(first, last + 1)):
-        recorded = by_step.get(t)
-        if recorded is not None and recorded.get("raised") == 1.0:
-            exc = subject.recorded_exception(t) or {}
-            recorded = {**recorded, "exception_type": exc.get("type")}
+        recorded = with_exception_type(by_step.get(t), subject.recorded_exception)
         carried = subject.replay(t, keep=False) if t in restarts else None
         replayed = subject.replay(t, keep=False, fresh=t in restarts)
         rep.replayed_steps += 1

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..bisect.compare import compare_rows
+from ..bisect.compare import compare_rows, with_exception_type
 from ..errors import ReplayError, UsageError
 
 if TYPE_CHECKING:
@@ -65,20 +65,6 @@ def _plain_leaf(x: Any) -> Any:
     return ("nan",) if isinstance(x, float) and x != x else x
 
 
-def _recorded(engine: Engine) -> dict[int, dict[str, Any]]:
-    rows: dict[int, dict[str, Any]] = {}
-    for r in engine.recorded_rows():
-        t = int(r["step"])
-        if r.get("raised") == 1.0:
-            try:
-                exc = engine.recorded_exception(t) or {}
-            except ReplayError:
-                exc = {}
-            r = {**r, "exception_type": exc.get("type")}
-        rows[t] = r
-    return rows
-
-
 def finite(engine: Engine) -> bool:
     """Whether every parameter of the live model is finite."""
     import torch
@@ -98,7 +84,10 @@ def reach(engine: Engine, step: int) -> int:
         return 0
     objs = engine.objs
     before = {n: plain(o.state_dict()) for n, o in others(objs).items()}
-    rows = _recorded(engine)
+    rows = {
+        int(r["step"]): with_exception_type(r, engine.recorded_exception)
+        for r in engine.recorded_rows()
+    }
     compared = 0
     for t in range(snapshot, step):
         replayed = engine.run_step(t).row()
