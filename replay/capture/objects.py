@@ -41,6 +41,7 @@ __all__ = [
     "StepCall",
     "objects_from_build",
     "optimizers",
+    "other_models",
     "gather_state",
     "load_state",
 ]
@@ -336,7 +337,7 @@ def gather_state(objects: RunObjects, model: torch.nn.Module | None = None) -> d
     state["grads"] = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
     # The other models' pending gradients too (a GAN's netG): a replay from this state must
     # not see a previous replay's gradients there.
-    other = _other_models(objects, model)
+    other = other_models(objects, model)
     if other:
         state["object_grads"] = {
             name: {n: p.grad for n, p in m.named_parameters() if p.grad is not None}
@@ -350,7 +351,7 @@ def _named_params(objects: RunObjects, model: torch.nn.Module) -> dict[str, torc
     model's as ``model.<name>``, another named module's as ``<object name>.<name>``."""
     out: dict[str, torch.nn.Parameter] = {}
     seen: set[int] = set()
-    for owner, m in [("model", model), *_other_models(objects, model).items()]:
+    for owner, m in [("model", model), *other_models(objects, model).items()]:
         for n, p in m.named_parameters():
             if id(p) not in seen:
                 seen.add(id(p))
@@ -422,7 +423,8 @@ def apply_layout(objects: RunObjects, model: torch.nn.Module, layout: Any) -> No
         ]
 
 
-def _other_models(objects: RunObjects, model: torch.nn.Module) -> dict[str, torch.nn.Module]:
+def other_models(objects: RunObjects, model: torch.nn.Module) -> dict[str, torch.nn.Module]:
+    """The run's named modules other than ``model`` (a GAN's netG), in the order named."""
     return {
         k: v for k, v in objects.extras.items() if isinstance(v, torch.nn.Module) and v is not model
     }
@@ -462,7 +464,7 @@ def load_state(
             g = grads.get(n)
             p.grad = None if g is None else g.to(device=p.device, dtype=p.dtype)
         primary = {id(p) for p in model.parameters()}
-        for name, m in _other_models(objects, model).items():
+        for name, m in other_models(objects, model).items():
             mine = other.get(name) or {}
             for n, p in m.named_parameters():
                 if id(p) not in primary:  # (a shared parameter keeps the model's gradient)

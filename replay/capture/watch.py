@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from .fingerprint import absmax, exact_if_needed, param_fingerprint
-from .objects import RunObjects
+from .objects import RunObjects, other_models
 from .probe import GradProbe
 from .readback import value_now
 
@@ -53,12 +53,7 @@ def watched_objects(
     opt_ids = {id(o): {id(p) for g in o.param_groups for p in g["params"]} for o in opts}
     out: list[tuple[str, list[torch.Tensor], list[Any]]] = []
     held: set[int] = set(primary)
-    modules = [
-        (n, v)
-        for n, v in objects.named.items()
-        if n != "model" and isinstance(v, torch.nn.Module) and v is not model
-    ]
-    for name, mod in modules:
+    for name, mod in other_models(objects, model).items():
         params: list[torch.Tensor] = [
             p for p in mod.parameters() if p.requires_grad and id(p) not in primary
         ]
