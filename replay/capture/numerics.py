@@ -18,6 +18,7 @@ from ..store.bitwise import cuda_blockers, differences
 
 __all__ = [
     "numerics_env",
+    "gpu_names",
     "warn_unless_bitwise",
     "apply_numerics",
     "differences",
@@ -65,20 +66,22 @@ def numerics_env() -> dict[str, Any]:
     }
 
 
+def gpu_names(cuda: bool) -> list[str]:
+    """The GPUs' names where ``cuda`` (naming them initialises CUDA), else none."""
+    return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else []
+
+
 def current_env(on_gpu: bool) -> dict[str, Any]:
     """What a replay here runs with, in the recorded keys it compares. The GPUs are named only
     for a replay on one (``on_gpu``): naming them initialises CUDA, which took a context on a
     GPU of the machine for a CPU replay (a CPU run's self-check beside its training)."""
     cuda = on_gpu and torch.cuda.is_available()
-    devices = (
-        [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else []
-    )
     return {
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if cuda else None,  # type: ignore[no-untyped-call]
         "cuda_driver": _driver(),
-        "devices": devices,
+        "devices": gpu_names(cuda),
         "matmul_precision": torch.get_float32_matmul_precision(),
         "cudnn_tf32": bool(torch.backends.cudnn.allow_tf32),
         "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from ..capture.environ import environ_digests
-from ..capture.numerics import numerics_env
+from ..capture.numerics import gpu_names, numerics_env
 
 __all__ = ["collect_env"]
 
@@ -36,9 +36,6 @@ def collect_env(key: bytes | None = None) -> dict[str, Any]:
     # sent every later step the writer thread's way (``transport._host_run``) and read as a
     # CUDA run to ``replay info`` (``store/bitwise.py``).
     cuda = torch.cuda.is_available() and torch.cuda.is_initialized()  # type: ignore[no-untyped-call]  # torch stubs
-    devices = (
-        [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else []
-    )
     cwd = os.getcwd()
     return {
         "python": platform.python_version(),
@@ -46,7 +43,7 @@ def collect_env(key: bytes | None = None) -> dict[str, Any]:
         "numpy": np.__version__,
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if cuda else None,  # type: ignore[no-untyped-call]
-        "devices": devices,
+        "devices": gpu_names(cuda),
         "num_threads": torch.get_num_threads(),
         "num_interop_threads": torch.get_num_interop_threads(),
         "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
