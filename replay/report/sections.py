@@ -126,7 +126,6 @@ def _commands(f: RunFacts, name: str) -> str:
 def verdict_section(f: RunFacts, name: str) -> str:
     """The verdict as ``replay bisect`` states it, the self-check's, and how to reproduce it."""
     v = f.verdict
-    check = ""
     if f.selfcheck is not None:
         cls = "bad" if f.selfcheck.failed else ("ok" if f.selfcheck.status == "ok" else "note")
         check = f'<p>self-check: <span class="{cls}">{esc(f.selfcheck.line())}</span></p>'

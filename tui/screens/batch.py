@@ -96,7 +96,7 @@ class BatchScreen(RunScreen):
 
     def _loaded(self, step: int, leaves: list[LeafStats], exception: Any) -> None:
         self.step, self.leaves = step, leaves
-        culprits = set(self.model.culprit_samples()) if step == self.model.focus_step() else set()
+        culprits = self._culprits()
         flagged = sorted(
             culprits | {i for lf in leaves for i in np.flatnonzero(lf.nonfinite).tolist()}
         )
@@ -131,24 +131,25 @@ class BatchScreen(RunScreen):
                 Text(str(bad), style="bold red" if bad else "dim"),
             )
         self.leaf = 0
-        self._fill_samples(culprits)
+        self._fill_samples()
         table.focus()
 
     @on(DataTable.RowHighlighted, "#leaves")
     def _leaf_highlighted(self, event: DataTable.RowHighlighted) -> None:
         if event.cursor_row != self.leaf and 0 <= event.cursor_row < len(self.leaves):
             self.leaf = event.cursor_row
-            culprits = (
-                set(self.model.culprit_samples()) if self.step == self.model.focus_step() else set()
-            )
-            self._fill_samples(culprits)
+            self._fill_samples()
 
-    def _fill_samples(self, culprits: set[int]) -> None:
+    def _culprits(self) -> set[int]:
+        """The samples bisect blamed, when this is the step it traced."""
+        return set(self.model.culprit_samples()) if self.step == self.model.focus_step() else set()
+
+    def _fill_samples(self) -> None:
         table = self.query_one("#samples", DataTable)
         table.clear()
         if not self.leaves:
             return
-        lf = self.leaves[self.leaf]
+        lf, culprits = self.leaves[self.leaf], self._culprits()
         for i in range(min(lf.n, MAX_SAMPLE_ROWS)):
             bad = int(lf.nonfinite[i])
             flag = []

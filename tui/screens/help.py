@@ -25,7 +25,6 @@ def _keys(binding: Binding) -> str:
         "pagedown": "pgdn",
         "left_square_bracket": "[",
         "right_square_bracket": "]",
-        "enter": "enter",
     }
     return ",".join(names.get(k, k) for k in binding.key.split(","))
 
