@@ -32,12 +32,12 @@ import random
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ReplayError, UsageError
 from ..reports.whatif import CHANGES, Experiment, StepResult, WhatIfReport
-from .session import AS_RECORDED, ReplayOptions, with_engine
+from .session import AS_RECORDED, ReplayOptions, together, with_engine
 
 if TYPE_CHECKING:
     from ..engine import Engine
@@ -558,21 +558,13 @@ def run_whatif(
 
     scan = rank_set(run)
     if scan is not None:  # a DDP rank set: every rank runs every experiment, together
-        from ..multirank.launch import replay_rank_set
-
         if any(c.kind == "drop-samples" for c in changes):
             raise UsageError(
                 f"--drop-samples: {run} is a DDP rank set, whose ranks each hold their own batch "
                 "(dropping samples on a rank set is not supported)"
             )
-        d = replay_rank_set(
-            scan,
-            "whatif",
-            **asdict(options),
-            changes=[(c.kind, c.arg) for c in changes],
-            from_step=from_step,
-            to_step=to_step,
-        )
+        kinds = [(c.kind, c.arg) for c in changes]
+        d = together(scan, "whatif", options, changes=kinds, from_step=from_step, to_step=to_step)
         d["reproduces"] = bool(d["reproduces"]) and bool(d["deterministic"])
         return WhatIfReport.from_json(d)
     return with_engine(
