@@ -104,11 +104,21 @@ def optimizer_never_stepped(ctx: Context) -> Finding | None:
     )
 
 
+def _only_zero_lr_steps(ctx: Context, first: int, last: int) -> bool:
+    """Whether every optimizer step among steps ``first``..``last - 1`` (between the snapshots
+    before them) ran at a learning rate of 0, and there was one: such steps move no weight. A
+    warmup that starts at 0 (diffusers', transformers') moves nothing in its first step, and a
+    short run may have no snapshot past it. (No optimizer step at all is another finding's.)"""
+    h = ctx.health
+    stepped = (h["step"] >= first) & (h["step"] < last) & (h["optimizer_stepped"] == 1)
+    return bool(stepped.any()) and bool(np.all(h["lr"][stepped] == 0))
+
+
 @rule("params_never_updated")
 def params_never_updated(ctx: Context) -> Finding | None:
     """Trainable parameters are bit-identical in every snapshot."""
     snaps = ctx.snapshots
-    if len(snaps) < 2:
+    if len(snaps) < 2 or _only_zero_lr_steps(ctx, snaps[0].step, snaps[-1].step):
         return None
     trainable = [p.name for p in ctx.params if p.requires_grad]
     same = [

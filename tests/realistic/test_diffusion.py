@@ -48,6 +48,11 @@ def test_a_diffusion_run_under_accelerate_is_traced_to_its_min_snr_division(tmp_
     norms = {s["step"]: s["grad_norm"] for s in r["baseline"]["steps"]}
     assert norms[2] is None and isinstance(norms[3], float) and norms[21] == "nan", norms
 
+    # the warmup's first optimizer step (step 1) runs at lr 0: the two snapshots, before steps
+    # 0 and 2, hold the same weights. Was: "42 of 42 trainable parameter tensors never changed"
+    doc = replay("doctor", str(run), "--json", cwd=elsewhere)
+    assert "params_never_updated" not in doc.stdout and "nonfinite_recorded" in doc.stdout
+
     after = digests(tmp_path)
     assert {k: after[k] for k in before} == before  # run.forensics.h5 is new, nothing else
     assert set(after) - set(before) == {"run.forensics.h5"}
