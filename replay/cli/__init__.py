@@ -77,12 +77,12 @@ def _wants_json(argv: list[str]) -> bool:
     return "--json" in (argv[: argv.index("--")] if "--" in argv else argv)
 
 
-def fail(message: str, code: int, as_json: bool) -> NoReturn:
-    """Every error of every command ends here: one line ``replay: error: ...`` on stderr (made
-    safe for the terminal) and, with ``--json``, one JSON document on stdout."""
+def fail(message: str, code: int, as_json: bool, line: str | None = None) -> NoReturn:
+    """Every error of every command ends here: one line on stderr, ``replay: error: ...`` (made
+    safe for the terminal) or ``line``, and, with ``--json``, one JSON document on stdout."""
     if as_json:
         click.echo(json.dumps({"error": message, "exit_code": code}))
-    click.echo(f"replay: error: {term_safe(message)}", err=True)
+    click.echo(line or f"replay: error: {term_safe(message)}", err=True)
     sys.exit(code)
 
 
@@ -95,10 +95,7 @@ def main(argv: list[str] | None = None) -> None:
         rv = cli.main(args=argv, prog_name="replay", standalone_mode=False)
     except (click.exceptions.Abort, KeyboardInterrupt) as e:
         said = "aborted" if isinstance(e, click.exceptions.Abort) else "interrupted"
-        if as_json:
-            click.echo(json.dumps({"error": said, "exit_code": EXIT_INTERRUPTED}))
-        click.echo(f"replay: {said}", err=True)
-        sys.exit(EXIT_INTERRUPTED)
+        fail(said, EXIT_INTERRUPTED, as_json, f"replay: {said}")
     except click.UsageError as e:  # click's misuse (a bad option value, a missing argument)
         fail(e.format_message(), EXIT_USAGE, as_json)
     except click.ClickException as e:
@@ -122,7 +119,5 @@ def internal_error(e: BaseException, as_json: bool = False) -> None:
         f"{type(e).__name__}{': ' + first if first else ''} "
         "(a bug in replay; REPLAY_TRACEBACK=1 shows where. Please report it)"
     )
-    if as_json:
-        click.echo(json.dumps({"error": f"internal error: {message}", "exit_code": EXIT_INTERNAL}))
-    click.echo(f"replay: internal error: {term_safe(message)}", err=True)
-    sys.exit(EXIT_INTERNAL)
+    line = f"replay: internal error: {term_safe(message)}"
+    fail(f"internal error: {message}", EXIT_INTERNAL, as_json, line)
