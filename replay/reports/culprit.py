@@ -56,24 +56,8 @@ class TracedOp(Culprit):
     def from_verdict(
         cls, v: TraceVerdict, forensics: str, traced_loss: str | None = None
     ) -> TracedOp:
+        """The verdict's culprit fields (a :class:`TraceVerdict` has each of them)."""
+        culprit = {f.name: getattr(v, f.name) for f in fields(Culprit) if f.name != "forensics"}
         return cls(
-            cause=v.cause,
-            op_index=v.op_index,
-            op=v.op,
-            phase=v.phase,
-            module=v.module,
-            source=v.source,
-            made=v.made,
-            made_from=v.made_from,
-            nan_from_inf=v.nan_from_inf,
-            closure=v.closure,
-            surfaced=v.surfaced,
-            data=v.data,
-            samples=v.samples,
-            samples_exact=v.samples_exact,
-            sample_axes=v.sample_axes,
-            sample_sources=v.sample_sources,
-            forensics=forensics,
-            trace_notes=list(v.notes),
-            traced_loss=traced_loss,
+            **culprit, forensics=forensics, trace_notes=list(v.notes), traced_loss=traced_loss
         )
