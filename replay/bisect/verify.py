@@ -78,16 +78,8 @@ def verify_window(
         rep.steps.append(
             {
                 "step": t,
-                "recorded": None
-                if recorded is None
-                else {
-                    "loss": _loss(recorded),
-                    "param_fingerprint": recorded.get("param_fingerprint"),
-                },
-                "replayed": {
-                    "loss": _loss(replayed),
-                    "param_fingerprint": replayed.get("param_fingerprint"),
-                },
+                "recorded": None if recorded is None else _measured(recorded),
+                "replayed": _measured(replayed),
                 "exception": replayed.get("exception"),
                 "divergence": divergence,
                 "compared": recorded is not None,
@@ -96,10 +88,10 @@ def verify_window(
     return rep
 
 
-def _loss(row: dict[str, Any]) -> Any:
-    """The step's loss, ``None`` where it returned none (the column's NaN then marks an absent
-    value, as ``loss_nonfinite`` says; ``verify --json`` said ``"nan"`` for such steps)."""
+def _measured(row: dict[str, Any]) -> dict[str, Any]:
+    """The step's loss and parameter fingerprint; the loss ``None`` where the step returned none
+    (the column's NaN then marks an absent value, as ``loss_nonfinite`` says; ``verify --json``
+    said ``"nan"`` for such steps)."""
     flag = row.get("loss_nonfinite")
-    if isinstance(flag, float) and math.isnan(flag):
-        return None
-    return row.get("loss")
+    loss = None if isinstance(flag, float) and math.isnan(flag) else row.get("loss")
+    return {"loss": loss, "param_fingerprint": row.get("param_fingerprint")}
