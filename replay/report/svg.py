@@ -131,9 +131,9 @@ def line_plot(
         parts.append(f'<text class="axis" x="{x0 - 4}" y="{y1 + 10}">{esc(fmt_num(top))}</text>')
         parts.append(f'<text class="axis" x="{x0 - 4}" y="{y0}">{esc(fmt_num(bottom))}</text>')
     else:
-        parts.append(
-            f'<text class="empty" x="{x0 + 8}" y="{(y0 + y1) // 2}">no finite values</text>'
-        )
+        zeros = log and bool(np.any(y == 0))  # (no change between snapshots: ratio 0)
+        say = "every value is 0: nothing to draw on a log scale" if zeros else "no finite values"
+        parts.append(f'<text class="empty" x="{x0 + 8}" y="{(y0 + y1) // 2}">{say}</text>')
     went_bad = ~np.isfinite(y) if bad is None else np.asarray(bad, dtype=bool)
     parts += _nonfinite_ticks(x[went_bad], kx, cx, y1)
     parts.append(f'<text class="axis step" x="{x0}" y="{_H - 6}">step {int(lo_x)}</text>')
@@ -221,12 +221,14 @@ def heat_map(
         logs = np.where(np.isfinite(v) & (v > 0), np.log10(v), np.nan)
     ok = logs[np.isfinite(logs)]
     lo, hi = (float(ok.min()), float(ok.max())) if ok.size else (0.0, 1.0)
+    ramp = f"log10: {fmt_num(10**lo)} dark .. {fmt_num(10**hi)} yellow" if ok.size else ""
+    zero = "0 black" if np.any(v == 0) else ""
+    key = ", ".join(k for k in (ramp, zero) if k) or "no finite values"
     parts = [
         f'<svg class="heat" viewBox="0 0 {_fmt(width)} {height}" role="img" '
         f'aria-label="{esc(title)}">',
         f"<title>{esc(title)}</title>",
-        f'<text class="title" x="{label_w}" y="14">{esc(title)} (log10: '
-        f"{esc(fmt_num(10**lo))} dark .. {esc(fmt_num(10**hi))} yellow)</text>",
+        f'<text class="title" x="{label_w}" y="14">{esc(title)} ({esc(key)})</text>',
     ]
     for r, lab in enumerate(labels):
         y = _TOP + r * cell_h

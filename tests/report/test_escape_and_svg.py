@@ -108,6 +108,17 @@ def test_heat_map_colours_by_log_value_and_marks_nonfinite_cells():
     assert f'fill="{color_of(0.0)}"' in svg and f'fill="{color_of(1.0)}"' in svg
 
 
+def test_a_map_of_zeros_says_zero_is_black_not_a_made_up_range():
+    # Regression: every update ratio 0 (a warmup at lr 0 between the only two snapshots) drew
+    # black cells under "(log10: 1 dark .. 10 yellow)", and the line plot said "no finite values".
+    svg = heat_map(["w"], np.array([2]), np.zeros((1, 1)), title="ratio")
+    assert "(0 black)" in svg and "yellow" not in svg
+    mixed = heat_map(["w", "v"], np.array([2, 3]), np.array([[1.0, 10.0], [0.0, 1.0]]), title="r")
+    assert "(log10: 1 dark .. 10 yellow, 0 black)" in mixed
+    plot = line_plot(np.array([2, 3]), np.zeros(2), title="ratio", log=True)
+    assert "every value is 0: nothing to draw on a log scale" in plot
+
+
 def test_heat_map_buckets_many_steps_keeping_an_infinity():
     values = np.ones((1, 10_000))
     values[0, 5_000] = np.inf
