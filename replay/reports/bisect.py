@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ..jsonsafe import json_safe
@@ -10,28 +10,13 @@ from .cause import DivergenceCause
 from .culprit import Culprit, TracedOp
 from .divergence import Divergence
 from .ranks import MultiRankRun, RankReplay, RankSet, json_of, ranks_from_json, ranks_json
-from .verdict import ExceptionInfo, exception_info, known
+from .verdict import ExceptionInfo, TraceVerdict, exception_info, known
 
 __all__ = ["BisectReport"]
 
-# the culprit's keys in the bisect report, in its order (docs/forensics.md, /verdict)
-_CULPRIT_ORDER = (
-    "cause",
-    "op_index",
-    "op",
-    "phase",
-    "module",
-    "source",
-    "made",
-    "made_from",
-    "nan_from_inf",
-    "data",
-    "samples",
-    "samples_exact",
-    "sample_axes",
-    "sample_sources",
-    "closure",
-    "surfaced",
+# the culprit's keys in the bisect report, in the verdict's order (docs/forensics.md, /verdict)
+_CULPRIT_ORDER = tuple(
+    f.name for f in fields(TraceVerdict) if f.name in Culprit.__dataclass_fields__
 )
 
 
