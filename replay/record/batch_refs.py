@@ -23,14 +23,9 @@ class BatchRefs:
 
     def __init__(self, loader: Any) -> None:
         self.loader = loader
-        t = tap(loader)
+        t = tap(loader)  # (a string: why it cannot be tapped; the batches go by value)
         self.tap: IndexTap | None = t if isinstance(t, IndexTap) else None
-        self.why_not: str | None = t if isinstance(t, str) else None
         self.checked = False
-
-    @property
-    def on(self) -> bool:
-        return self.tap is not None
 
     def reference(self, batch: Any) -> dict[str, Any] | None:
         """Step's reference, or ``None``: this batch (and every later one) goes by value."""
@@ -61,7 +56,6 @@ class BatchRefs:
         return ref
 
     def _off(self, why: str) -> None:
-        self.why_not = why
         self.close()
         warn_at_user_line(
             f"replay: batches are recorded by value from here on, not by reference: {why}"
