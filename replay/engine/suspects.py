@@ -30,7 +30,7 @@ import torch
 
 from ..capture.objects import RunObjects
 
-__all__ = ["Suspect", "candidates", "changed_by", "buffers", "unheld_state"]
+__all__ = ["Suspect", "candidates", "changed_by", "buffers", "unheld_state", "same_tensor"]
 
 _DEPTH = 3  # the user's functions followed from the step function
 _MAX = 64  # candidates kept (a module's globals can hold many)
@@ -381,18 +381,21 @@ def _state(obj: object) -> _State:
     )
 
 
+def same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """The same shape, dtype and values (NaN where the other is NaN counts as the same)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    b = b.to(a.device)
+    if a.is_floating_point() or a.is_complex():
+        both_nan = torch.isnan(a) & torch.isnan(b)
+        return bool(((a == b) | both_nan).all())
+    return bool(torch.equal(a, b))
+
+
 def _same(a: _State, b: _State) -> bool:
     if a[0] != b[0] or a[1] != b[1] or a[3] != b[3]:
         return False
-    for x, y in zip(a[2], b[2]):
-        if x.shape != y.shape or x.dtype != y.dtype:
-            return False
-        if x.is_floating_point():
-            if not bool(((x == y) | (torch.isnan(x) & torch.isnan(y))).all()):
-                return False
-        elif not torch.equal(x, y):
-            return False
-    return True
+    return all(same_tensor(x, y) for x, y in zip(a[2], b[2]))
 
 
 def changed_by(run: Callable[[], object], found: list[tuple[Suspect, Lookup]]) -> list[Suspect]:

@@ -34,7 +34,7 @@ from ..bisect.compare import (
 from ..capture.tensors import from_leaves
 from ..engine import Engine
 from ..engine.state import _int_keys
-from ..engine.suspects import Suspect, buffers, candidates, changed_by
+from ..engine.suspects import Suspect, buffers, candidates, changed_by, same_tensor
 from ..reports import Divergence, DivergenceCause, ExceptionInfo, StateDrift
 
 __all__ = ["explain_divergence", "state_diff"]
@@ -50,16 +50,6 @@ HINT_ENVIRON = (
 )
 
 _NAMES = 5  # names listed per drifted object
-
-
-def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    b = b.to(a.device)
-    if a.is_floating_point() or a.is_complex():
-        both_nan = torch.isnan(a) & torch.isnan(b)
-        return bool(((a == b) | both_nan).all())
-    return bool(torch.equal(a, b))
 
 
 def _max_diff(a: Any, b: Any) -> float | None:
@@ -82,7 +72,7 @@ def _diff_paths(live: Any, kept: Any, path: str = "", out: Diffs | None = None) 
         if not (
             isinstance(live, torch.Tensor)
             and isinstance(kept, torch.Tensor)
-            and _same_tensor(live.detach(), kept)
+            and same_tensor(live.detach(), kept)
         ):
             out.append((path, _max_diff(live, kept)))
     elif isinstance(live, dict) and isinstance(kept, dict):
