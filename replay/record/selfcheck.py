@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from ..child import SELF_CHECK, python_module
+from ..child import ROOT, SELF_CHECK, python_module
 from ..errors import RecorderWarning
 from ..store.selfcheck import RTOL, SelfCheck, read_selfcheck, write_selfcheck
 from .config import RecorderConfig
@@ -189,8 +189,7 @@ def _child_env(cpu_only: bool = False) -> dict[str, str]:
         for k in [k for k in env if k.startswith("TORCHELASTIC_")]:
             del env[k]
     # The child imports this replay, wherever the training process found it.
-    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env["PYTHONPATH"] = here + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
 
 
