@@ -143,14 +143,7 @@ def trace_verdict(
     if not tracer_available():
         verdict.notes.append("per-op tracing is not available in this installation")
         return None
-    trace = functools.partial(
-        trace_culprit,
-        engine,
-        kind=verdict.kind,
-        forensics_path=rec.forensics_path,
-        forensics_name=rec.forensics_name,
-        run_id=rec.run_id,
-    )
+    trace = functools.partial(trace_culprit, engine, rec, kind=verdict.kind)
     try:
         traced = trace(t, reproducible=verdict.reproducible)
         # The step began with non-finite state (cause "state"): the step that made it so is
@@ -217,16 +210,14 @@ def _state_went_bad(engine: Engine, t: int) -> int | None:
 
 def trace_culprit(
     engine: Engine,
+    rec: Recording,
     step: int,
     kind: str,
     *,
-    forensics_path: str,
-    forensics_name: str | None = None,
-    run_id: str,
     samples: bool = True,
     reproducible: bool | None = None,
 ) -> TracedOp:
-    """Trace ``step`` from the state right before it; write the sidecar; return what it named.
+    """Trace ``step`` from the state right before it into ``rec``'s sidecar; return what it named.
 
     ``samples=False``: no culprit samples are searched (a step whose failure shows only in
     state no health column measures: replaying it on part of the batch tells nothing).
@@ -280,12 +271,12 @@ def trace_culprit(
             result.add_notes([f"the samples search failed: {type(e).__name__}: {e}"])
     _where_they_came_from(engine, step, result)
     result.verdict["reproducible"] = reproducible  # bisect's finding, kept for the page
-    result.write(forensics_path, run_id=run_id, step=step)
+    result.write(rec.forensics_path, run_id=rec.run_id, step=step)
     loss = result.loss
     nonfinite_loss = loss is not None and isinstance(loss, float) and not math.isfinite(loss)
     return TracedOp.from_verdict(
         TraceVerdict.from_json(result.verdict),
-        forensics_name or forensics_path,
+        rec.forensics_name or rec.forensics_path,
         traced_loss=json_safe(loss) if nonfinite_loss else None,
     )
 

@@ -50,12 +50,4 @@ def trace_engine(rec: Recording, engine: Engine, run: str, step: int | None) -> 
     t = w.last if step is None else step
     if t not in w:
         raise UsageError(w.outside(f"--step {t}"))
-    traced = trace_culprit(
-        engine,
-        t,
-        "trace",
-        forensics_path=rec.forensics_path,
-        forensics_name=rec.forensics_name,
-        run_id=rec.run_id,
-    )
-    return TraceReport.of(run, t, [w.first, w.last], traced)
+    return TraceReport.of(run, t, [w.first, w.last], trace_culprit(engine, rec, t, "trace"))
