@@ -584,7 +584,7 @@ def whatif_work(
     opened: Callable[[], None] | None = None,
 ) -> Callable[[Recording, Engine], WhatIfReport]:
     """What :func:`run_whatif` does with the engine up (each rank of a multi-rank one runs it)."""
-    from ..bisect.compare import compare_rows
+    from ..bisect.compare import compare_rows, with_exception_type
 
     def work(rec: Recording, engine: Engine) -> WhatIfReport:
         if opened is not None:
@@ -613,11 +613,7 @@ def whatif_work(
         base, replayed = _run(engine, None, lo, hi, tick)
         divergence = None
         for row in replayed:
-            t = int(row["step"])
-            want = by_step.get(t)
-            if want is not None and want.get("raised") == 1.0:
-                exc = engine.recorded_exception(t) or {}
-                want = {**want, "exception_type": exc.get("type")}
+            want = with_exception_type(by_step.get(int(row["step"])), engine.recorded_exception)
             divergence = compare_rows(want, row)
             if divergence is not None:
                 break
