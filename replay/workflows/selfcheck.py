@@ -169,15 +169,7 @@ def run_selfcheck(
     except ReplayError as e:
         return SelfCheck("failed", kind="replay", summary=str(e))
     verdict = judge(report, rtol, device or report.device or "cpu")
-    return SelfCheck(
-        verdict.status,
-        verdict.check,
-        verdict.steps,
-        verdict.kind,
-        verdict.summary,
-        verdict.hint,
-        round(time.monotonic() - t0, 3),
-    )
+    return dataclasses.replace(verdict, seconds=round(time.monotonic() - t0, 3))
 
 
 class NoRoom(Exception):
