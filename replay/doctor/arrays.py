@@ -14,9 +14,7 @@ __all__ = ["as_float", "as_array"]
 def as_array(leaf: Any) -> np.ndarray | None:
     """A leaf's values as numpy (bfloat16 widened to float32); None for non-array leaves."""
     if isinstance(leaf, TensorLeaf):
-        if leaf.dtype == "bfloat16":
-            return (leaf.data.astype(np.uint32) << 16).view(np.float32)
-        return leaf.data
+        return leaf.values
     if isinstance(leaf, np.ndarray):
         return leaf
     return None
