@@ -111,11 +111,35 @@ def sample_list(batch: object) -> bool:
     return True
 
 
+def micro_list(batch: object, least: int = 2) -> bool:
+    """The batch is a list (or plain tuple) of at least ``least`` micro-batches: containers of
+    the same type whose tensors share a leading size over 1 (open_clip's ``--accum-freq``
+    batches handed over as one step). Axis 0 is then the list, axis 1 each one's rows."""
+    if type(batch) not in (list, tuple) or len(cast(list[object], batch)) < least:
+        return False
+    items = cast(list[object], batch)
+    if not isinstance(items[0], (tuple, list, dict)) or any(
+        type(b) is not type(items[0]) for b in items
+    ):
+        return False
+    from replay.trace.picture import batch_leaves
+
+    for item in items[:4]:
+        rows = {t.shape[0] if t.dim() else 1 for _, t in batch_leaves(item)}
+        if len(rows) != 1 or rows.pop() < 2:
+            return False
+    return True
+
+
 def batch_size_of(batch: object, axis: int = 0) -> int | None:
     """The size of ``axis`` in the batch: by default the most common dim-0 size among the
-    tensor leaves (None without any); the list's length for a ``sample_list``."""
+    tensor leaves (None without any); the list's length for a ``sample_list``; for a
+    ``micro_list``, the list's length along 0 and the first micro-batch's rows along 1."""
     if axis == 0 and sample_list(batch):
         return len(cast(list[object], batch))
+    if micro_list(batch, least=1):
+        items = cast(list[object], batch)
+        return len(items) if axis == 0 else batch_size_of(items[0]) if axis == 1 else None
     if axis == 0:
         leaves = _per_sample_leaves(batch)
         return leaves[0].shape[0] if leaves else None
@@ -132,6 +156,8 @@ def candidate_axes(batch: object) -> list[tuple[int, int]]:
     """
     if sample_list(batch):
         return [(0, len(cast(list[object], batch)))]
+    if micro_list(batch):
+        return [(0, len(cast(list[object], batch))), (1, batch_size_of(batch, 1) or 0)]
     leaves = _per_sample_leaves(batch)
     if not leaves:
         return []
@@ -150,6 +176,11 @@ def slice_batch(batch: _Batch, indices: Sequence[int], axis: int = 0) -> _Batch:
     if axis == 0 and sample_list(batch):
         items = cast(list[object], batch)
         return cast(_Batch, type(items)(items[i] for i in indices))
+    if micro_list(batch, least=1) and axis in (0, 1):
+        items = cast(list[object], batch)
+        if axis == 0:
+            return cast(_Batch, type(items)(items[i] for i in indices))
+        return cast(_Batch, type(items)(slice_batch(item, indices) for item in items))
     size = batch_size_of(batch, axis)
     leaves = _per_sample_leaves(batch)
     ref = tuple(leaves[0].shape) if leaves else ()
@@ -290,6 +321,12 @@ def choose_sample_axes(
         axes, hint_notes = hinted_axes(batch, hint)
         if axes is not None:
             return axes, hint_notes
+    if micro_list(batch):
+        return [0, 1], [
+            *hint_notes,
+            f"the batch is a list of {cands[0][1]} micro-batches: samples are (micro-batch, "
+            "row) pairs",
+        ]
     if len(cands) == 1:
         return [cands[0][0]], hint_notes
     shared = _shared_axis(batch, cands)

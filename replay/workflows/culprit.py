@@ -103,8 +103,10 @@ def _probe_step(engine: Engine, step: int, batch: Any) -> tuple[int, Any]:
 def _data_samples(batch: Any, axes: list[int]) -> list[Any]:
     """Positions along ``axes`` of the batch's non-finite values (pairs for two axes)."""
     from replay.trace.picture import batch_leaves
-    from replay.trace.samples import batch_size_of, sample_list
+    from replay.trace.samples import batch_size_of, micro_list, sample_list
 
+    if axes == [0, 1] and micro_list(batch):  # (micro-batch, row): each one's rows
+        return [[j, r] for j, item in enumerate(batch) for r in _data_samples(item, [0])]
     if axes == [0] and sample_list(batch):  # the items that hold a non-finite value
         return [
             i

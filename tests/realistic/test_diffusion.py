@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from tests.realistic.test_real_programs import record, replay
+from tests.realistic.test_real_programs import bisect_json, record, replay
 from tests.realistic.test_upstream_classes import digests
 
 
@@ -26,9 +26,7 @@ def test_a_diffusion_run_under_accelerate_is_traced_to_its_min_snr_division(tmp_
     assert p.returncode == 1 and "loss is nan at step 21" in p.stderr, p.stderr[-2000:]
     before = digests(tmp_path)
 
-    b = replay("bisect", str(run), "--json", cwd=elsewhere)
-    assert b.returncode == 0, b.stderr[-3000:]
-    d = json.loads(b.stdout)
+    d = bisect_json(run, elsewhere)
     assert (d["first_bad_step"], d["reproducible"], d["deterministic"]) == (21, True, True), d
     assert (d["cause"], d["op"], d["phase"], d["module"]) == ("op", "aten::div", "forward", None)
     assert d["source"]["code"].endswith("# min-SNR  # fmt: skip"), d["source"]

@@ -43,6 +43,13 @@ def assert_bad_data(run: Path, cwd: Path, *, step: int, tensor: str, samples: li
     assert d["samples"] == samples and d["reproducible"] is True, d["notes"]
 
 
+def bisect_json(run: Path, cwd: Path) -> dict:
+    """``replay bisect RUN --json`` from ``cwd``, which must exit 0: its report."""
+    p = replay("bisect", str(run), "--json", cwd=cwd)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout)
+
+
 def verify_json(run: Path, cwd: Path) -> tuple[int, dict, str]:
     p = replay("verify", str(run), "--json", cwd=cwd)
     assert p.returncode in (0, 1), p.stderr[-2000:]

@@ -223,5 +223,40 @@ def test_a_list_of_samples_is_cut_by_its_items():
     # not samples: [x, y], a pair of micro-batches (their rows are the samples), one sample
     x, y = torch.randn(8, 3), torch.randn(8)
     assert not sample_list([x, y]) and batch_size_of([x, y]) == 8
-    assert not sample_list([(x, y), (x, y)]) and batch_size_of([(x, y), (x, y)]) == 8
+    assert not sample_list([(x, y), (x, y)]) and batch_size_of([(x, y), (x, y)], 1) == 8
     assert not sample_list(batch[:1])
+
+
+def test_a_list_of_micro_batches_is_cut_by_micro_batch_then_row():
+    """open_clip's --accum-freq batches handed over as one step: a list of (images, texts)
+    micro-batches. Was: cut along dim 0 of every tensor, row 5 of every micro-batch at once, and
+    bisect named "sample 5" without saying of which micro-batch."""
+    from replay.trace.samples import candidate_axes, choose_sample_axes, micro_list
+
+    batch = [(torch.randn(4, 3), torch.arange(4 * 6).reshape(4, 6) + 10 * m) for m in range(3)]
+    assert micro_list(batch) and not micro_list(batch[:1]) and micro_list(batch[:1], least=1)
+    assert candidate_axes(batch) == [(0, 3), (1, 4)]
+    assert batch_size_of(batch) == 3 and batch_size_of(batch, 1) == 4
+    picked = slice_batch(batch, [2, 0])
+    assert type(picked) is list and picked[0] is batch[2] and picked[1] is batch[0]
+    rows = slice_batch(picked[:1], [3, 1], 1)
+    assert torch.equal(rows[0][1], batch[2][1][[3, 1]]) and torch.equal(
+        rows[0][0], batch[2][0][[3, 1]]
+    )
+
+    def never(_):
+        raise AssertionError("a list of micro-batches needs no probe")
+
+    axes, notes = choose_sample_axes(batch, never)
+    assert axes == [0, 1] and "list of 3 micro-batches" in notes[0]
+    # not micro-batches: one row each (a list of samples), or rows of different counts inside one
+    assert not micro_list([(torch.randn(1, 3), torch.randn(1)) for _ in range(3)])
+    assert not micro_list([(torch.randn(4, 3), torch.randn(5)) for _ in range(3)])
+
+
+def test_non_finite_data_in_a_list_of_micro_batches_is_named_by_micro_batch_and_row():
+    from replay.workflows.culprit import _data_samples
+
+    batch = [(torch.zeros(4, 3), torch.zeros(4)) for _ in range(2)]
+    batch[1][0][2, 1] = float("nan")
+    assert _data_samples(batch, [0, 1]) == [[1, 2]]
