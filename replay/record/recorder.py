@@ -779,6 +779,8 @@ class Recorder:
                     self._check_writer()
             finally:
                 self._lifecycle.end()
+                if self._self_check is not None:
+                    self._self_check.at_close()
 
     def _close_again(self) -> None:
         if self._capture is not None:

@@ -12,6 +12,7 @@ Recorder of the process (the test suite does); ``Recorder(self_check=False)`` fo
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import threading
@@ -71,6 +72,27 @@ class SelfCheckLauncher:
                 RecorderWarning,
                 stacklevel=3,
             )
+
+    def at_close(self) -> None:
+        """The recording closed with the check still running (a short run, or cores the
+        training keeps busy: it runs at the lowest priority): say so once, or the run would end
+        as if it had been proven to replay."""
+        proc = self.proc
+        try:
+            if proc is None or proc.poll() is not None:
+                return
+            v = read_selfcheck(self.path, self.run_id, as_written=True)
+        except Exception:  # noqa: BLE001 - closing never fails for the self-check's sake
+            return
+        if v is None or v.status != "running":
+            return
+        warnings.warn(
+            f"replay: the self-check of {self.path} had not finished when the recording closed "
+            "(it goes on at the lowest priority while this process lives): that it replays is "
+            f"not proven yet; `replay verify {self.path}` checks it",
+            RecorderWarning,
+            stacklevel=4,
+        )
 
     def _skipped(self, why: str) -> None:
         write_selfcheck(self.path, SelfCheck("skipped", summary=why, run_id=self.run_id))
@@ -137,16 +159,16 @@ class SelfCheckLauncher:
         v = read_selfcheck(self.path, self.run_id, as_written=True)
         if v is not None and v.status == "running" and v.pid == proc.pid:
             how = f"signal {-code}" if code < 0 else f"exit code {code}"
-            write_selfcheck(
-                self.path,
-                SelfCheck(
-                    "error",
-                    summary=f"the self-check process (pid {proc.pid}) ended ({how}) before "
-                    "its verdict",
-                    run_id=self.run_id,
-                    pid=proc.pid,
-                ),
+            dead = SelfCheck(
+                "error",
+                summary=f"the self-check process (pid {proc.pid}) ended ({how}) before its verdict",
+                run_id=self.run_id,
+                pid=proc.pid,
             )
+            # a link or device put at the verdict's name is refused (UnsafePath): this thread
+            # runs in the training process and must not print a traceback into its stderr
+            with contextlib.suppress(OSError):
+                write_selfcheck(self.path, dead)
 
     def _device(self) -> tuple[str | None, float | None, int | None]:
         """Where to replay, the tolerance, and the GPU memory a replay there needs: the

@@ -161,6 +161,17 @@ def test_a_verdict_file_is_untrusted_input(tmp_path):
         assert v is not None and v.earlier is None and v.steps == (30, 33)
 
 
+def test_a_run_that_ends_before_its_check_says_that_its_replay_is_not_proven(tmp_path):
+    """Was: a run shorter than its check (a 20-step CLIP run whose check, at the lowest
+    priority, had no core while training kept both busy) ended in silence, its recording
+    never proven, as a proven one does. It now says so at close, with the command that checks."""
+    p = train(tmp_path, "--stop-at", "6")
+    assert p.returncode == 0, p.stdout[-3000:]
+    said = [ln for ln in p.stdout.splitlines() if "had not finished" in ln]
+    assert len(said) == 1 and f"replay verify {tmp_path / 'run.h5'}" in said[0], p.stdout[-3000:]
+    assert "does NOT replay" not in p.stdout
+
+
 def test_a_check_whose_run_ended_before_its_steps_does_not_outlive_it(tmp_path):
     """Was: a run that ended (or died) before the steps to check reached its file left the
     check waiting its full 300 s, an orphan holding the run's stderr: ``subprocess.run`` of

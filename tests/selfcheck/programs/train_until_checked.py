@@ -5,7 +5,8 @@ loop changes: not replayable), `--prefetch` (the step trains on the batch the pr
 prefetched into a global, and fetches the next: nanoGPT's loop; replays carried on from the
 first step, not from a later snapshot), `--budget B` (the self-check's state budget, bytes),
 `--later` (snapshots every 10 steps, and the loop trains on until the later check, from the
-snapshot of step 30, has said its word too)."""
+snapshot of step 30, has said its word too), `--stop-at N` (a short run: N steps, whatever the
+check has said)."""
 
 import argparse
 import json
@@ -31,6 +32,7 @@ def main():
     p.add_argument("--prefetch", action="store_true")
     p.add_argument("--budget", type=int, default=2 << 30)
     p.add_argument("--later", action="store_true")
+    p.add_argument("--stop-at", type=int, default=None)
     args = p.parse_args()
     torch.manual_seed(0)
     model = torch.nn.Sequential(
@@ -73,10 +75,12 @@ def main():
         # and no ring that moves on: the run ends at the first verdict and nothing outlives it
         snapshot_every=10 if args.later else 10_000,
     ) as rec:
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and t != args.stop_at:
             for batch in loader:
                 rec.step(batch)
                 t += 1
+                if t == args.stop_at:
+                    break
                 if args.global_lr:
                     global LR_SCALE
                     LR_SCALE *= 0.9
