@@ -20,10 +20,11 @@ Example::
 
 from __future__ import annotations
 
+import sys
 from dataclasses import fields, is_dataclass, replace
 from typing import Any, TypeVar
 
-__all__ = ["term_safe", "term_safe_tree", "UNSAFE"]
+__all__ = ["term_safe", "term_safe_tree", "say", "UNSAFE"]
 
 
 def _escape(code: int) -> str:
@@ -47,6 +48,11 @@ def term_safe(text: Any, *, multiline: bool = False) -> str:
     """
     s = text if isinstance(text, str) else str(text)
     return s.translate(_MULTI if multiline else _SINGLE)
+
+
+def say(text: str) -> None:
+    """A note on stderr, its lines made safe (paths and source diffs come from the file)."""
+    print(term_safe(text, multiline=True), file=sys.stderr, flush=True)
 
 
 T = TypeVar("T")

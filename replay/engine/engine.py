@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import sys
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -38,6 +37,7 @@ from ..capture.rng import restore_rng
 from ..capture.tensors import from_leaves, leaf_finite
 from ..capture.watch import ObjectWatch
 from ..errors import RecordingError, ReplayError
+from ..safetext import say
 from ..store.liveness import writer_state
 from ..store.reader import Recording, Window
 from ..store.tree import TensorLeaf, leaves, map_tree
@@ -55,12 +55,6 @@ __all__ = ["Engine"]
 
 _CHECKPOINTS = 2  # in-memory states kept (the culprit's, and one spare): bounded memory
 _RECORDS = 4  # step records cached (a re-run of the culprit reads its record again)
-
-
-def _stderr(msg: str) -> None:
-    from ..safetext import term_safe  # (issue 23: paths and source diffs come from the file)
-
-    print(term_safe(msg, multiline=True), file=sys.stderr, flush=True)
 
 
 def _num(x: Any) -> float | None:
@@ -125,7 +119,7 @@ class Engine(ObservedCalls):
         *,
         device: str | None = None,
         entry: EntryOverride | None = None,
-        log: Callable[[str], None] = _stderr,
+        log: Callable[[str], None] = say,
         trust: bool = False,
         program: LiveProgram | None = None,
     ) -> None:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable
 from contextlib import closing
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import RecordingError, UsageError
+from ..safetext import say
 from ..store.liveness import WriterState, wait_for_drain
 
 if TYPE_CHECKING:
@@ -40,17 +40,13 @@ AS_RECORDED = ReplayOptions()  # where it was recorded, its recorded entry, only
 DRAIN_WAIT = 600.0  # seconds; REPLAY_DRAIN_WAIT overrides
 
 
-def _say(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
-
-
 def wait_until_drained(run: str) -> None:
     """A recording whose training died is still being committed by its writer process: wait
     for it rather than replay a partial window (a live run is read as it is)."""
 
     def waiting(state: WriterState) -> None:
         more = f" ({state.steps_to_come} steps to come)" if state.steps_to_come else ""
-        _say(f"replay: {run}: its training died; waiting for its writer to finish{more}")
+        say(f"replay: {run}: its training died; waiting for its writer to finish{more}")
 
     try:
         timeout = float(os.environ.get("REPLAY_DRAIN_WAIT", DRAIN_WAIT))
@@ -131,7 +127,7 @@ def _reentered(
         with closing(Engine(rec, device=options.device, trust=True, program=live)) as engine:
             return work(rec, engine)
 
-    return run_program(rec.meta, rec.env, rec.sources, takeover, recording=rec.path, log=_say)
+    return run_program(rec.meta, rec.env, rec.sources, takeover, recording=rec.path, log=say)
 
 
 def together(

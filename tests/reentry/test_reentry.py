@@ -124,6 +124,21 @@ def test_a_program_that_raises_before_its_recorder_is_one_line_exit_4(tmp_path, 
     assert "raised ZeroDivisionError: division by zero before it constructed" in p.stderr
 
 
+def test_the_changed_source_diff_of_a_rerun_program_reaches_the_terminal_escaped(
+    tmp_path, elsewhere
+):
+    """Was: replaying by re-entry printed its notes raw (the engine's went through term_safe),
+    so the diff of a program changed since the recording wrote its control characters to the
+    terminal: a line holding ESC ] 0 ; ... BEL set the terminal's title."""
+    run = record(tmp_path, "closure_in_main.py", "--steps", "6")
+    script = tmp_path / "closure_in_main.py"
+    script.write_text(script.read_text() + "# \x1b]0;pwned\x07\n")
+    p = replay_cli("verify", str(run), cwd=elsewhere)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "\x1b" not in p.stderr and "\x07" not in p.stderr
+    assert "changed since it was recorded" in p.stderr and "\\x1b]0;pwned\\x07" in p.stderr
+
+
 def test_build_fn_recordings_still_replay_through_their_entry_points_and_reenter_on_request(
     tmp_path, elsewhere
 ):
