@@ -779,7 +779,8 @@ class Recorder:
                     self._check_writer()
             finally:
                 self._lifecycle.end()
-                if self._self_check is not None:
+                # a run that failed is bisected next, and bisect checks that it replays
+                if self._self_check is not None and not (cap is not None and cap.failed):
                     self._self_check.at_close()
 
     def _close_again(self) -> None:

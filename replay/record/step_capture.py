@@ -87,6 +87,7 @@ class StepCapture:
         # steps whose health is on its way to the host (a GPU's: read when its event says so)
         self.inflight = InFlight()
         self.bad: tuple[int, float] | None = None  # a non-finite loss settled, not yet raised
+        self.failed = False  # a step raised, or a non-finite loss was found to raise
         self.observed: PendingStep | None = None  # observe_begin's step, until observe_end
         # every optimizer's param-group hyper-parameters, taken before each step
         self.hparams = HyperParams(objects.optimizer, optimizers(objects))
@@ -245,6 +246,7 @@ class StepCapture:
     def raised(self, p: PendingStep, e: BaseException) -> None:
         """The step raised ``e``: recorded with its traceback, and every step still in flight
         passed on (the caller flushes, and re-raises)."""
+        self.failed = True
         p.health.update(raised=1.0, wall_time=time.perf_counter() - p.t0, time=time.time())
         p.exception = StepException(
             type=type(e).__name__,
@@ -277,7 +279,7 @@ class StepCapture:
         ):
             for s in settled:
                 if s.exception is None and s.value is not None and not math.isfinite(s.value):
-                    self.bad = (s.t, s.value)
+                    self.bad, self.failed = (s.t, s.value), True
                     break
 
     def drain(self) -> None:

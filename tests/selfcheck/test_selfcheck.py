@@ -170,6 +170,11 @@ def test_a_run_that_ends_before_its_check_says_that_its_replay_is_not_proven(tmp
     said = [ln for ln in p.stdout.splitlines() if "had not finished" in ln]
     assert len(said) == 1 and f"replay verify {tmp_path / 'run.h5'}" in said[0], p.stdout[-3000:]
     assert "does NOT replay" not in p.stdout
+    # a run that failed is told to bisect, which checks that it replays: nothing more to say
+    (tmp_path / "run.h5").unlink()
+    p = train(tmp_path, "--stop-at", "8", "--nan-at", "6")
+    assert p.returncode != 0 and "loss is nan at step 6" in p.stdout, p.stdout[-3000:]
+    assert "had not finished" not in p.stdout
 
 
 def test_a_check_whose_run_ended_before_its_steps_does_not_outlive_it(tmp_path):

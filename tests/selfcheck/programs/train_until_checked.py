@@ -6,7 +6,7 @@ prefetched into a global, and fetches the next: nanoGPT's loop; replays carried 
 first step, not from a later snapshot), `--budget B` (the self-check's state budget, bytes),
 `--later` (snapshots every 10 steps, and the loop trains on until the later check, from the
 snapshot of step 30, has said its word too), `--stop-at N` (a short run: N steps, whatever the
-check has said)."""
+check has said), `--nan-at N` (the loss is NaN at step N: the run fails there)."""
 
 import argparse
 import json
@@ -33,6 +33,7 @@ def main():
     p.add_argument("--budget", type=int, default=2 << 30)
     p.add_argument("--later", action="store_true")
     p.add_argument("--stop-at", type=int, default=None)
+    p.add_argument("--nan-at", type=int, default=None)
     args = p.parse_args()
     torch.manual_seed(0)
     model = torch.nn.Sequential(
@@ -56,6 +57,8 @@ def main():
         optimizer.zero_grad()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.amp):
             loss = F.cross_entropy(model(x), y) * LR_SCALE
+        if t == args.nan_at:
+            loss = loss * float("nan")
         loss.backward()
         optimizer.step()
         return loss
