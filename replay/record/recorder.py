@@ -39,6 +39,7 @@ from ..capture.guard import (
 from ..capture.numerics import warn_unless_bitwise
 from ..capture.objects import RunObjects, objects_from_build
 from ..capture.sharded import layout
+from ..capture.tensors import tree_nbytes
 from ..errors import NonFiniteLossError, RecorderWarning, warn_at_user_line
 from ..ranks.context import detect, shared_run_id, unwrap
 from ..ranks.names import base_path, rank_path
@@ -542,6 +543,7 @@ class Recorder:
         kept = dict(values or {})
         try:
             kept = cap.bounded(kept) if kept else kept
+            cap.snapshots.release(cap.transport, tree_nbytes(batch) + tree_nbytes(kept))
             cap.transport.capture(p, batch, kept, None, cap.hparams.others)
         except Exception as e:  # noqa: BLE001 - the recorder must never take training down
             cap.end_probes()

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from ..capture.objects import RunObjects, gather_state
 from ..capture.sharded import localize
+from ..capture.tensors import CopyStats, copy_tree
 from ..store.retention import ReachPlan, SnapshotSlots
 from .config import RecorderConfig
 from .transport import Transport
@@ -36,6 +39,7 @@ class Snapshots:
         self.extra: int | None = None  # one more snapshot step (the self-check's half-way)
         self._plan: ReachPlan | None = None
         self._slots: SnapshotSlots | None = None
+        self._held: tuple[int, dict[str, Any]] | None = None  # (hold)
 
     def due(self, t: int) -> bool:
         return self.config.is_snapshot_step(t) or t == self.extra
@@ -59,8 +63,30 @@ class Snapshots:
         never gathered, with where they go back: ``capture/sharded.py``)."""
         self.plan()
         slot = self._slots.place(t)  # type: ignore[union-attr]  # (made by plan)
-        live = gather_state(self._objects, self._inner)
-        live, dtensors = localize(live)
+        transport.snapshot(t, slot, self._state())
+
+    def _state(self) -> dict[str, Any]:
+        live: dict[str, Any]
+        live, dtensors = localize(gather_state(self._objects, self._inner))
         if dtensors:
             live["dtensors"] = dtensors
-        transport.snapshot(t, slot, live)
+        return live
+
+    def hold(self, t: int) -> None:
+        """A framework's first step (``observe_begin``): its batch comes only at its end, and
+        the rings are sized from it, so the state before it is copied now and goes to the file
+        then (``release``). Sized from a guess instead, a run of 1 MiB batches kept 500 steps
+        under a ``keep_bytes`` of 8 MiB, the default 15,000 steps whatever their size."""
+        copied = CopyStats()
+        self._held = (t, copy_tree(self._state(), stats=copied))
+        if copied.cuda:  # (copies to the host, non-blocking: done before anything reads them)
+            torch.cuda.synchronize()
+
+    def release(self, transport: Transport, step_bytes: int) -> None:
+        """The held first snapshot to the file, the rings sized for steps of ``step_bytes``."""
+        if self.step_hint is None:
+            self.step_hint = step_bytes
+        if self._held is not None:
+            (t, state), self._held = self._held, None
+            self.plan()
+            transport.snapshot(t, self._slots.place(t), state)  # type: ignore[union-attr]

@@ -101,7 +101,10 @@ class StepCapture:
         if not self.replayable:
             self.transport.writer_or_start()  # (it creates the file; the log's records wait)
         elif self.snapshots.due(t):
-            self.snapshots.take(t, self.transport)
+            if self.snapshots.step_hint is None:  # a framework's first step: sized at its end
+                self.snapshots.hold(t)
+            else:
+                self.snapshots.take(t, self.transport)
         copied = CopyStats()
         rng = capture_rng()
         hparams = self.hparams.take(copied)

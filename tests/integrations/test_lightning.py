@@ -214,3 +214,17 @@ def test_lightningcli_nan_is_found_at_its_step_with_its_op(tmp_path):
     assert rc == 0, err[-3000:]
     assert v["first_bad_step"] == 11 and v["op"] == "aten::sqrt" and v["reproducible"] is True
     assert "torch.sqrt(out - 100.0)" in json.dumps(v["source"])
+
+
+def test_a_fit_of_large_batches_keeps_the_steps_its_budget_allows(tmp_path):
+    """Was: a framework's first step hands its batch over only at its end, after the snapshot
+    before it had sized the file's rings from a guess of 16 KiB a step: 256 KiB batches under
+    ``keep_bytes`` of 8 MiB kept 500 steps (the default budget, 15,000 steps whatever their
+    size). The rings are sized from the first batch now, as ``Recorder.step`` sizes them: the
+    dense tier's 150 steps, the fewest a plan keeps."""
+    p = run_py(str(HERE / "lightning_big_batches.py"), str(tmp_path), "20", timeout=180)
+    assert p.returncode == 0, p.stderr[-2000:]
+    info = json.loads(replay_here("info", str(tmp_path / "run.h5"), "--json").stdout)
+    assert info["reach"]["step_slots"] == 150, info["reach"]
+    rc, v, err = replay_json("verify", str(tmp_path / "run.h5"))
+    assert rc == 0 and v["deterministic"] is True and v["window"] == [0, 19], err
