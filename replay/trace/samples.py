@@ -124,11 +124,38 @@ def micro_list(batch: object, least: int = 2) -> bool:
         return False
     from replay.trace.picture import batch_leaves
 
+    shape = None  # micro-batches hold the same tensors (not images beside their targets)
     for item in items[:4]:
-        rows = {t.shape[0] if t.dim() else 1 for _, t in batch_leaves(item)}
-        if len(rows) != 1 or rows.pop() < 2:
+        found = batch_leaves(item)
+        rows = {t.shape[0] if t.dim() else 1 for _, t in found}
+        if len(rows) != 1 or rows.pop() < 2 or shape not in (None, [p for p, _ in found]):
             return False
+        shape = [p for p, _ in found]
     return True
+
+
+def zipped(batch: object) -> bool:
+    """The batch is a tuple (or list) of per-sample sequences of one length N >= 2, beside
+    tensors of N rows if any: torchvision detection's ``collate_fn`` (``tuple(zip(*batch))``:
+    images of their own sizes, and a dict of targets each). Its samples are the positions in
+    those sequences (not the rows of the tensors inside them: an image's channels)."""
+    if type(batch) not in (list, tuple) or micro_list(batch):
+        return False
+    items = cast(list[object], batch)
+    seqs = [x for x in items if type(x) in (list, tuple)]
+    if not seqs or len(seqs) + sum(isinstance(x, torch.Tensor) for x in items) != len(items):
+        return False
+    n = len(cast(list[object], seqs[0]))
+    rows = [x.shape[0] if x.dim() else 0 for x in items if isinstance(x, torch.Tensor)]
+    return n >= 2 and all(len(cast(list[object], x)) == n for x in seqs) and set(rows) <= {n}
+
+
+def _pick(part: object, indices: Sequence[int]) -> object:
+    """Positions ``indices`` of one part of a ``zipped`` batch (a sequence, or a tensor)."""
+    if isinstance(part, torch.Tensor):
+        return part.index_select(0, torch.as_tensor(list(indices), device=part.device))
+    items = cast(list[object], part)
+    return type(items)(items[i] for i in indices)
 
 
 def batch_size_of(batch: object, axis: int = 0) -> int | None:
@@ -137,6 +164,12 @@ def batch_size_of(batch: object, axis: int = 0) -> int | None:
     ``micro_list``, the list's length along 0 and the first micro-batch's rows along 1."""
     if axis == 0 and sample_list(batch):
         return len(cast(list[object], batch))
+    if axis == 0 and zipped(batch):
+        return len(
+            next(
+                cast(list[object], x) for x in cast(list[object], batch) if type(x) in (list, tuple)
+            )
+        )
     if micro_list(batch, least=1):
         items = cast(list[object], batch)
         return len(items) if axis == 0 else batch_size_of(items[0]) if axis == 1 else None
@@ -154,8 +187,8 @@ def candidate_axes(batch: object) -> list[tuple[int, int]]:
     ``[(0, T), (1, B)]``; micro-batches ``x[M, B, T], y[M, B]`` give ``[(0, M), (1, B)]``; a
     ``sample_list`` of N samples gives ``[(0, N)]``: its samples are its items.
     """
-    if sample_list(batch):
-        return [(0, len(cast(list[object], batch)))]
+    if sample_list(batch) or zipped(batch):
+        return [(0, batch_size_of(batch) or 0)]
     if micro_list(batch):
         return [(0, len(cast(list[object], batch))), (1, batch_size_of(batch, 1) or 0)]
     leaves = _per_sample_leaves(batch)
@@ -176,6 +209,9 @@ def slice_batch(batch: _Batch, indices: Sequence[int], axis: int = 0) -> _Batch:
     if axis == 0 and sample_list(batch):
         items = cast(list[object], batch)
         return cast(_Batch, type(items)(items[i] for i in indices))
+    if axis == 0 and zipped(batch):
+        parts = cast(list[object], batch)
+        return cast(_Batch, type(parts)(_pick(part, indices) for part in parts))
     if micro_list(batch, least=1) and axis in (0, 1):
         items = cast(list[object], batch)
         if axis == 0:

@@ -103,17 +103,17 @@ def _probe_step(engine: Engine, step: int, batch: Any) -> tuple[int, Any]:
 def _data_samples(batch: Any, axes: list[int]) -> list[Any]:
     """Positions along ``axes`` of the batch's non-finite values (pairs for two axes)."""
     from replay.trace.picture import batch_leaves
-    from replay.trace.samples import batch_size_of, micro_list, sample_list
+    from replay.trace.samples import batch_size_of, micro_list, sample_list, slice_batch, zipped
 
     if axes == [0, 1] and micro_list(batch):  # (micro-batch, row): each one's rows
         return [[j, r] for j, item in enumerate(batch) for r in _data_samples(item, [0])]
-    if axes == [0] and sample_list(batch):  # the items that hold a non-finite value
+    if axes == [0] and (sample_list(batch) or zipped(batch)):  # samples that hold a NaN/Inf
         return [
             i
-            for i, item in enumerate(batch)
+            for i in range(batch_size_of(batch) or 0)
             if any(
                 t.is_floating_point() and not bool(torch.isfinite(t.detach()).all())
-                for _, t in batch_leaves(item)
+                for _, t in batch_leaves(slice_batch(batch, [i]))
             )
         ]
     sizes = [batch_size_of(batch, a) for a in axes]

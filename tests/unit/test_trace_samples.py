@@ -260,3 +260,27 @@ def test_non_finite_data_in_a_list_of_micro_batches_is_named_by_micro_batch_and_
     batch = [(torch.zeros(4, 3), torch.zeros(4)) for _ in range(2)]
     batch[1][0][2, 1] = float("nan")
     assert _data_samples(batch, [0, 1]) == [[1, 2]]
+
+
+def test_a_tuple_of_per_sample_lists_is_cut_by_position_not_by_channel():
+    """torchvision detection's collate_fn: a tuple of images of their own sizes and a tuple of
+    target dicts. Was: cut along dim 0 of every tensor, an image's channels (3, the commonest
+    leading size), and bisect named "sample 2" where the degenerate box was sample 3's."""
+    from replay.trace.samples import candidate_axes, micro_list, zipped
+    from replay.workflows.culprit import _data_samples
+
+    images = [torch.rand(3, 20 + i, 24) for i in range(4)]
+    targets = [
+        {"boxes": torch.rand(3, 4), "labels": torch.ones(3), "image_id": i} for i in range(4)
+    ]
+    batch = (tuple(images), tuple(targets))
+    assert zipped(batch) and not micro_list(batch)
+    assert batch_size_of(batch) == 4 and candidate_axes(batch) == [(0, 4)]
+    cut = slice_batch(batch, [3, 1])
+    assert type(cut) is tuple and cut[0][0] is images[3] and cut[1][1] is targets[1]
+    # lists beside a tensor of as many rows are zipped too; lengths that differ are not
+    labelled = ([torch.rand(3, 5, 5)] * 4, torch.arange(4))
+    assert zipped(labelled) and torch.equal(slice_batch(labelled, [2])[1], torch.tensor([2]))
+    assert not zipped(([torch.rand(3)] * 4, [torch.rand(3)] * 3))
+    targets[3]["boxes"][0, 2] = float("-inf")
+    assert _data_samples(batch, [0]) == [3]
