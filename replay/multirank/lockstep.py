@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
-from ..bisect.compare import HINT_RAISED, compare_rows
+from ..bisect.compare import HINT_RAISED, compare_rows, with_exception_type
 from ..errors import ReplayError
 from ..reports.divergence import Divergence
 from ..reports.ranks import RankReplay
@@ -170,12 +170,9 @@ def rank_summary(engine: Engine, log: StepLog, rank: int) -> RankReplay:
         if not own:
             continue
         steps.add(t)
-        recorded = by_step.get(t)
+        recorded = with_exception_type(by_step.get(t), engine.recorded_exception)
         if recorded is None:
             continue
-        if recorded.get("raised") == 1.0:
-            exc = engine.recorded_exception(t) or {}
-            recorded = {**recorded, "exception_type": exc.get("type")}
         compared.add(t)
         diff = compare_rows(recorded, row)
         if diff is not None and first is None:
