@@ -44,7 +44,6 @@ __all__ = [
     "manifest_text",
     "pack_parts",
     "PackCache",
-    "pack_record",
     "json_blob",
     "RecordingLocked",
     "lock_path",
@@ -187,15 +186,6 @@ class PackCache:
             manifest, buffers = encode(tree)
             self._key, self._pieces = key, manifest_text(manifest).split(SPLICE_MARK)
         return _parts(self._pieces, splices, buffers)
-
-
-def pack_record(tree: Any) -> tuple[np.ndarray, int]:
-    """Encode a tree into one contiguous uint8 payload: manifest JSON, then the buffers.
-
-    Returns ``(payload, manifest_length)``.
-    """
-    parts, mlen = pack_parts(tree)
-    return np.concatenate(parts), mlen
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ import pytest
 from replay.store.contracts import HealthFrame, StepFrame
 from replay.store.layout import HEALTH_COLUMNS
 from replay.store.reader import open_recording
-from replay.store.writer import RingSpec, StoreWriter, pack_record
+from replay.store.writer import RingSpec, StoreWriter, pack_parts
 
 CHUNK = 4096
 
@@ -35,7 +35,7 @@ def test_direct_chunk_rows_read_back_bit_for_bit(tmp_path, sizes):
     expect = {}
     for t, n in enumerate(sizes):
         x = rng.integers(0, 256, n, dtype=np.uint8)
-        payload, mlen = pack_record({"step": t, "batch": x})
+        payload, mlen = pack_parts({"step": t, "batch": x})
         w.commit(
             steps=[StepFrame(t, payload, mlen)],
             health=[HealthFrame(t, np.zeros(len(HEALTH_COLUMNS)))],

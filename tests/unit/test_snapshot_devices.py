@@ -10,7 +10,7 @@ import torch
 from replay.store import HEALTH_COLUMNS
 from replay.store.contracts import HealthFrame, SnapshotFrame
 from replay.store.reader import open_recording
-from replay.store.writer import RingSpec, StoreWriter, pack_record
+from replay.store.writer import RingSpec, StoreWriter, pack_parts
 
 
 def _recording(path: str, snapshot: dict[str, object]) -> None:
@@ -23,7 +23,7 @@ def _recording(path: str, snapshot: dict[str, object]) -> None:
         snapshots=RingSpec(2, 1 << 16, 1 << 16),
         health_slots=16,
     )
-    payload, mlen = pack_record(snapshot)
+    payload, mlen = pack_parts(snapshot)
     w.commit(
         snapshots=[SnapshotFrame(0, 0, payload, mlen)],
         health=[HealthFrame(0, np.zeros(len(HEALTH_COLUMNS)))],

@@ -13,7 +13,7 @@ from replay.capture.tensors import copy_tree, from_leaves, to_leaves
 from replay.errors import RecordingError
 from replay.store.tree import Opaque, TensorLeaf, decode
 from replay.store.validate import check_tree
-from replay.store.writer import pack_record
+from replay.store.writer import pack_parts
 
 Pair = collections.namedtuple("Pair", ["x", "y"])
 
@@ -21,7 +21,8 @@ SPECIAL = [0.0, -0.0, math.inf, -math.inf, math.nan, 1e-45, 3.4e38, -1.5]
 
 
 def roundtrip(tree):
-    payload, mlen = pack_record(to_leaves(copy_tree(tree)))
+    parts, mlen = pack_parts(to_leaves(copy_tree(tree)))
+    payload = np.concatenate(parts)
     import json
 
     manifest = json.loads(payload[:mlen].tobytes())

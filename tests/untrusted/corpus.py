@@ -27,7 +27,7 @@ import numpy as np
 from replay.errors import EXIT_INCOMPLETE_RANKS
 from replay.store.checksum import health_crc, slot_crc
 from replay.store.forensics import write_forensics
-from replay.store.writer import pack_record
+from replay.store.writer import pack_parts
 
 # What an attacker puts in strings: an OSC title change, a screen clear, an 8-bit CSI, OSC 52
 # (clipboard write), a bidi override, a fake report line, Rich markup, a lone surrogate.
@@ -94,8 +94,8 @@ def _put_payload(f: h5py.File, ring: str, slot: int, manifest_raw: bytes, arena:
 
 
 def _put_record(f: h5py.File, ring: str, slot: int, tree: Any) -> None:
-    payload, mlen = pack_record(tree)
-    raw = payload.tobytes()
+    parts, mlen = pack_parts(tree)
+    raw = np.concatenate(parts).tobytes()
     _put_payload(f, ring, slot, raw[:mlen], raw[mlen:])
 
 
