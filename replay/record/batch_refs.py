@@ -26,6 +26,8 @@ class BatchRefs:
         t = tap(loader)  # (a string: why it cannot be tapped; the batches go by value)
         self.tap: IndexTap | None = t if isinstance(t, IndexTap) else None
         self.checked = False
+        if isinstance(t, str):  # the loop asked for references (Recorder(loader=...)): say why not
+            warn_at_user_line(f"replay: batches are recorded by value, not by reference: {t}")
 
     def reference(self, batch: Any) -> dict[str, Any] | None:
         """Step's reference, or ``None``: this batch (and every later one) goes by value."""

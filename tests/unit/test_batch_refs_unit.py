@@ -62,3 +62,18 @@ def test_a_malformed_batch_ref_is_refused(ref):
     rec = {"step": 3, "rng": {}, "hparams": [], "modes": np.ones(2, bool), "batch_ref": ref}
     with pytest.raises(RecordingError, match="batch_ref"):
         check_record(rec, "steps", 3, "run.h5")
+
+
+def test_a_loader_that_cannot_give_references_says_so_when_the_recorder_is_made():
+    """Was: ``Recorder(loader=...)`` over an iterable-style dataset worked out why no index
+    names a batch and kept the batches by value without a word."""
+    from replay.errors import RecorderWarning
+    from replay.record.batch_refs import BatchRefs
+
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return iter(torch.arange(8.0).reshape(4, 2))
+
+    with pytest.warns(RecorderWarning, match="by value, not by reference: its dataset is iterable"):
+        refs = BatchRefs(DataLoader(Stream()))
+    assert refs.tap is None and refs.reference(torch.zeros(1, 2)) is None
