@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -31,6 +32,7 @@ __all__ = [
     "end_group",
     "run_replay",
     "python_module",
+    "free_port",
     "CLI",
     "WRITER",
     "SELF_CHECK",
@@ -70,6 +72,14 @@ def python_module(module: str, *args: str) -> list[str]:
     if module not in ENTRY_POINTS:
         raise ValueError(f"{module} is not one of replay's child entry points")
     return [sys.executable, "-c", _BOOT, ROOT, module, *args]
+
+
+def free_port() -> int:
+    """A TCP port free on this host now: the rendezvous (``MASTER_PORT``) of the children about
+    to be started."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 @dataclass(frozen=True)

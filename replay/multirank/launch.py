@@ -21,7 +21,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from ..child import RANK_WORKER, python_module
+from ..child import RANK_WORKER, free_port, python_module
 from ..errors import RecordingError, ReplayError, UsageError, error_of_exit_code
 from ..ranks.scan import RankScan
 from ..reports.ranks import MultiRankRun, RankFailure, RankReplay
@@ -46,13 +45,6 @@ def _env_seconds(name: str, default: float) -> float:
         return float(os.environ.get(name, default))
     except ValueError:
         return default
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _backend(recorded: str | None, world: int) -> str:
@@ -123,7 +115,7 @@ def _run_ranks(
     spec_path = os.path.join(tmp, "spec.json")
     with open(spec_path, "w") as fh:
         json.dump(spec, fh)
-    port = _free_port()
+    port = free_port()
     procs: dict[int, subprocess.Popen[bytes]] = {}
     deadline = time.monotonic() + _env_seconds("REPLAY_RANKS_TIMEOUT", DEADLINE)
     try:

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from ..child import ROOT, SELF_CHECK, python_module
+from ..child import ROOT, SELF_CHECK, free_port, python_module
 from ..errors import RecorderWarning
 from ..store.selfcheck import RTOL, SelfCheck, read_selfcheck, write_selfcheck
 from .config import RecorderConfig
@@ -206,21 +206,13 @@ def _child_env(cpu_only: bool = False) -> dict[str, str]:
     if cpu_only:
         env["CUDA_VISIBLE_DEVICES"] = ""
     if env.get("WORLD_SIZE") == "1" and "MASTER_PORT" in env:
-        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0")
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0")
         env.update(LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
         for k in [k for k in env if k.startswith("TORCHELASTIC_")]:
             del env[k]
     # The child imports this replay, wherever the training process found it.
     env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def enabled_by_env() -> bool:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 import subprocess
 import time
 from typing import Any
@@ -29,6 +28,7 @@ import torch.multiprocessing as mp
 from replay.capture.fingerprint import grad_norm, param_fingerprint
 from replay.capture.rng import restore_rng
 from replay.capture.tensors import from_leaves
+from replay.child import free_port
 from replay.ranks.files import open_rank_set
 from replay.ranks.first_bad import first_bad_rank
 from replay.store import open_recording
@@ -39,18 +39,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 JOIN_TIMEOUT = 90.0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_ranks(tmp_path: Any, **cfg: Any) -> dict[int, dict[str, Any]]:
     """Spawn the ranks and join them with a timeout: a hang fails the test, never blocks it."""
     out = tmp_path / "out"
     out.mkdir()
     cfg = {
-        "port": _free_port(),
+        "port": free_port(),
         "world_size": 2,
         "path": str(tmp_path / "run.h5"),
         "out": str(out),

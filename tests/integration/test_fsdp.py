@@ -19,8 +19,9 @@ import numpy as np
 import pytest
 import torch.multiprocessing as mp
 
+from replay.child import free_port
 from replay.store import open_recording
-from tests.integration.test_distributed import _free_port, replay_cli
+from tests.integration.test_distributed import replay_cli
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -32,7 +33,7 @@ def record(tmp_path: Any, **cfg: Any) -> dict[int, dict[str, Any]]:
     out = tmp_path / "out"
     out.mkdir()
     cfg = {
-        "port": _free_port(),
+        "port": free_port(),
         "world_size": 2,
         "path": str(tmp_path / "run.h5"),
         "out": str(out),
