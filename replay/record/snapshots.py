@@ -39,7 +39,7 @@ class Snapshots:
         self.extra: int | None = None  # one more snapshot step (the self-check's half-way)
         self._plan: ReachPlan | None = None
         self._slots: SnapshotSlots | None = None
-        self._held: tuple[int, dict[str, Any]] | None = None  # (hold)
+        self._held: tuple[int, dict[str, Any], Any] | None = None  # (hold: step, state, event)
 
     def due(self, t: int) -> bool:
         return self.config.is_snapshot_step(t) or t == self.extra
@@ -78,15 +78,20 @@ class Snapshots:
         then (``release``). Sized from a guess instead, a run of 1 MiB batches kept 500 steps
         under a ``keep_bytes`` of 8 MiB, the default 15,000 steps whatever their size."""
         copied = CopyStats()
-        self._held = (t, copy_tree(self._state(), stats=copied))
-        if copied.cuda:  # (copies to the host, non-blocking: done before anything reads them)
-            torch.cuda.synchronize()
+        state = copy_tree(self._state(), stats=copied)
+        done = None
+        if copied.cuda:  # copies to the host, non-blocking: waited for before they are read
+            done = torch.cuda.Event()  # type: ignore[no-untyped-call]  # torch stubs
+            done.record()
+        self._held = (t, state, done)
 
     def release(self, transport: Transport, step_bytes: int) -> None:
         """The held first snapshot to the file, the rings sized for steps of ``step_bytes``."""
         if self.step_hint is None:
             self.step_hint = step_bytes
         if self._held is not None:
-            (t, state), self._held = self._held, None
+            (t, state, done), self._held = self._held, None
+            if done is not None:
+                done.synchronize()  # (long done: the whole step ran since)
             self.plan()
             transport.snapshot(t, self._slots.place(t), state)  # type: ignore[union-attr]
