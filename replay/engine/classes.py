@@ -29,7 +29,7 @@ import sys
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .entry import _installed_dirs
+from ..capture.installed import installed_dirs, under
 
 __all__ = ["OwnClasses", "why_not_built"]
 
@@ -86,17 +86,13 @@ def _package_root(path: str) -> str:
     return d
 
 
-def _under(path: str, d: str) -> bool:
-    return path == d or path.startswith(d.rstrip(os.sep) + os.sep)
-
-
 class OwnClasses:
     """``(module, qualname) -> class or None``: the class an object batch is made again as,
     when it is the program's own and plain to make (see the module docstring)."""
 
     def __init__(self, files: Iterable[str], log: Callable[[str], None] | None = None) -> None:
         self.roots = sorted({_package_root(os.path.realpath(f)) for f in files if f})
-        excluded = set(_installed_dirs())
+        excluded = set(installed_dirs())
         for name in ("replay", "torch", "numpy"):
             mod = sys.modules.get(name)
             where = getattr(mod, "__file__", None)
@@ -108,8 +104,8 @@ class OwnClasses:
 
     def own_file(self, path: str) -> bool:
         real = os.path.realpath(path)
-        return any(_under(real, r) for r in self.roots) and not any(
-            _under(real, d) for d in self.excluded
+        return any(under(real, r) for r in self.roots) and not any(
+            under(real, d) for d in self.excluded
         )
 
     def __call__(self, module: str, qualname: str) -> type | None:

@@ -19,14 +19,13 @@ import importlib
 import importlib.util
 import inspect
 import os
-import site
 import sys
-import sysconfig
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
+from ..capture.installed import installed
 from ..errors import EntryPointError
 
 __all__ = [
@@ -317,21 +316,6 @@ def _own(rec: dict[str, Any], role: str) -> Callable[..., Any]:
     return fn
 
 
-def _installed_dirs() -> list[str]:
-    """Where the standard library and installed packages live: never an entry point's home."""
-    dirs = set()
-    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
-        p = sysconfig.get_paths().get(key)
-        if p:
-            dirs.add(os.path.realpath(p))
-    try:
-        dirs.update(os.path.realpath(p) for p in site.getsitepackages())
-        dirs.add(os.path.realpath(site.getusersitepackages()))
-    except (AttributeError, TypeError):  # a virtualenv's old site module
-        pass
-    return sorted(dirs)
-
-
 def _user_file(rec: dict[str, Any], role: str) -> str:
     """The recorded entry point's file, if it may be imported: a ``.py`` file of the user's own
     (not of the standard library or an installed package, whatever the recording says)."""
@@ -340,14 +324,12 @@ def _user_file(rec: dict[str, Any], role: str) -> str:
         raise EntryPointError(
             f"the recording names {role} in {path!r}, not a Python source file; {_ENTRY_HINT}"
         )
-    real = os.path.realpath(path)
-    for d in _installed_dirs():
-        if real == d or real.startswith(d.rstrip(os.sep) + os.sep):
-            raise EntryPointError(
-                f"refusing to import {role} from {path}: it belongs to the standard library or "
-                "an installed package, and an entry point must be the recorded script or a "
-                f"module of your own project; {_ENTRY_HINT}"
-            )
+    if installed(path):
+        raise EntryPointError(
+            f"refusing to import {role} from {path}: it belongs to the standard library or "
+            "an installed package, and an entry point must be the recorded script or a "
+            f"module of your own project; {_ENTRY_HINT}"
+        )
     return path
 
 

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from ..capture.installed import installed
 from ..capture.objects import RunObjects, StepCall
 from ..errors import EntryPointError, warn_at_user_line
 
@@ -121,7 +122,7 @@ def describe_program() -> tuple[dict[str, Any] | None, str | None]:
     if not os.path.isfile(path):  # `python - < train.py`: its __file__ is '<stdin>'
         return None, f"the program's main file {path} is not a file (a program read from stdin)"
     name = getattr(getattr(main, "__spec__", None), "name", None)
-    if _installed(path):
+    if installed(path):
         return None, (
             f"the program's main file {path} belongs to an installed package (run by a tool, "
             "not as `python your_script.py`)"
@@ -150,23 +151,6 @@ def started_by_multiprocessing() -> str | None:
         f"its Recorder is in a process multiprocessing started (from pid {parent.pid}), and "
         "replay takes over a Recorder only in the process of the program's own command"
     )
-
-
-def _installed(path: str) -> bool:
-    import site
-    import sysconfig
-
-    real = os.path.realpath(path)
-    dirs = {sysconfig.get_paths().get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
-    try:
-        dirs.update(site.getsitepackages())
-    except AttributeError:  # an old virtualenv's site module
-        pass
-    for d in filter(None, dirs):
-        d = os.path.realpath(d)
-        if real.startswith(d.rstrip(os.sep) + os.sep):
-            return True
-    return False
 
 
 def _code_of(fn: Callable[..., Any] | None) -> Any:
