@@ -442,10 +442,23 @@ class ForensicsReader:
         step = v.get("step")
         if step is not None and not (V.is_int(step) and 0 <= step <= V.MAX_STEP):
             raise self._bad("the verdict's step is not a step")
-        samples = v.get("samples")
-        if samples is not None and not (
-            isinstance(samples, list) and all(V.is_int(s) and s >= 0 for s in samples)
+        samples, axes = v.get("samples"), v.get("sample_axes")
+        if axes is not None and not (
+            isinstance(axes, list)
+            and len(axes) in (1, 2)
+            and all(V.is_int(a) and a >= 0 for a in axes)
         ):
+            raise self._bad("the verdict's sample_axes are not one or two batch axes")
+
+        def index(s: Any) -> bool:
+            return V.is_int(s) and s >= 0
+
+        def sample(s: Any) -> bool:  # two axes: [micro-batch, row] pairs
+            if axes is None or len(axes) == 1:
+                return index(s)
+            return isinstance(s, list) and len(s) == 2 and index(s[0]) and index(s[1])
+
+        if samples is not None and not (isinstance(samples, list) and all(map(sample, samples))):
             raise self._bad("the verdict's samples are not sample indices")
         for key in ("kind", "op", "phase", "module", "autograd_node"):
             if v.get(key) is not None and not isinstance(v[key], str):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shutil
 
+from replay.store.forensics import ForensicsReader
 from tests.conftest import run_py
 from tests.realistic.test_real_programs import PROGRAMS, bisect_json, record
 from tests.realistic.test_upstream_classes import digests
@@ -28,6 +29,8 @@ def test_an_empty_caption_in_an_accumulated_clip_step_is_named_by_micro_batch_an
     assert d["source"]["code"].endswith("# masked mean"), d["source"]
     assert d["sample_axes"] == [0, 1] and d["samples"] == [[1, 5]] and d["samples_exact"], d
     assert any("a list of 2 micro-batches" in n for n in d["notes"]), d["notes"]
+    with ForensicsReader.open(run.with_suffix(".forensics.h5")) as f:  # the TUI's, the report's
+        assert f.verdict["samples"] == [[1, 5]]
 
     after = digests(tmp_path)
     assert {k: after[k] for k in before} == before  # the run's log, params and recording

@@ -206,3 +206,34 @@ def test_a_sidecar_written_before_the_closure_column_reads_it_as_none(tmp_path):
         assert (f.ops_columns(0, f.n_ops)["closure"] == -1).all()
         assert f.op_row(0)["closure"] == -1
         assert f.ops_columns(0, 3, ("phase",))["phase"].tolist() == r.ops["phase"][:3].tolist()
+
+
+@pytest.mark.parametrize(
+    ("axes", "samples", "ok"),
+    [
+        ([0, 1], [[1, 5]], True),  # a list of micro-batches: [micro-batch, row]
+        ([0], [3], True),
+        (None, [3], True),  # written before sample_axes
+        ([0], [[1, 5]], False),
+        ([0, 1], [1], False),
+        ([0, 1], [[1, -5]], False),
+        ([0, 1, 2], [[1, 5]], False),
+        ("0", [3], False),
+    ],
+)
+def test_a_verdict_of_micro_batch_row_pairs_is_read_not_called_damaged(tmp_path, axes, samples, ok):
+    """Was: the reader took only plain indices, so a sidecar whose samples were [micro-batch,
+    row] pairs (open_clip's list of micro-batches, a stacked [M, B] batch) was "damaged": the
+    TUI and the report showed no forensics for the run bisect had just traced."""
+    from tests.untrusted.corpus import sidecar_tables
+
+    tables = sidecar_tables("run-1")
+    tables["verdict"].update(sample_axes=axes, samples=samples)
+    path = tmp_path / "run.forensics.h5"
+    write_forensics(path, run_id="run-1", step=10, tables=tables)
+    if not ok:
+        with pytest.raises(NotAForensicsFile, match="sample"):
+            ForensicsReader.open(path)
+        return
+    with ForensicsReader.open(path) as f:
+        assert f.verdict["samples"] == samples
