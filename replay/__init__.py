@@ -73,7 +73,7 @@ def step(batch: Any, step_fn: Any = None, **values: Any) -> Any:
 
 def __getattr__(name: str) -> Any:
     if name == "Recorder":
-        from .record import Recorder
+        from .record.recorder import Recorder
 
         return Recorder
     if name == "RecorderConfig":
