@@ -33,7 +33,7 @@ import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import ReplayError, UsageError
 from ..reports.whatif import CHANGES, Experiment, StepResult, WhatIfReport
@@ -76,18 +76,16 @@ class Change:
         return f"--{self.kind} {self.arg}" if self.arg else f"--{self.kind}"
 
 
-def _number(text: str, what: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise UsageError(f"{what}: {text!r} is not a number") from None
+_N = TypeVar("_N", int, float)
 
 
-def _integer(text: str, what: str) -> int:
+def _parsed(text: str, what: str, kind: type[_N]) -> _N:
+    """``text`` as a ``kind``, or a usage error naming the flag (``what``)."""
     try:
-        return int(text)
+        return kind(text)
     except ValueError:
-        raise UsageError(f"{what}: {text!r} is not an integer") from None
+        noun = "an integer" if kind is int else "a number"
+        raise UsageError(f"{what}: {text!r} is not {noun}") from None
 
 
 def parse_change(kind: str, arg: str) -> Change:
@@ -103,27 +101,27 @@ def parse_change(kind: str, arg: str) -> Change:
         key = key.strip()
         if not sep or not _KEY.match(key):
             raise UsageError(f"{what}: expected KEY={'VALUE' if kind == 'set' else 'FACTOR'}")
-        x = _number(val.strip(), what)
+        x = _parsed(val.strip(), what, float)
         if not math.isfinite(x):
             raise UsageError(f"{what}: the value must be finite")
         return Change(kind, arg, key=key, value=x)
     if kind == "clip":
-        x = _number(arg, what)
+        x = _parsed(arg, what, float)
         if not (x > 0 and math.isfinite(x)):
             raise UsageError(f"{what}: MAXNORM must be a positive number")
         return Change(kind, arg, value=x)
     if kind == "skip-step":
-        return Change(kind, arg, step=_integer(arg, what))
+        return Change(kind, arg, step=_parsed(arg, what, int))
     if kind == "drop-samples":
         step, sep, rest = arg.partition(":")
         if not sep or not rest.strip():
             raise UsageError(f"{what}: expected STEP:I,J,... (e.g. 37:3,17)")
-        idx = [_integer(s.strip(), what) for s in rest.split(",") if s.strip()]
+        idx = [_parsed(s.strip(), what, int) for s in rest.split(",") if s.strip()]
         if any(i < 0 for i in idx):
             raise UsageError(f"{what}: sample indices must be >= 0")
-        return Change(kind, arg, step=_integer(step, what), samples=tuple(sorted(set(idx))))
+        return Change(kind, arg, step=_parsed(step, what, int), samples=tuple(sorted(set(idx))))
     if kind == "seed":
-        k = _integer(arg, what)
+        k = _parsed(arg, what, int)
         if k < 0:
             raise UsageError(f"{what}: the seed must be >= 0")
         return Change(kind, arg, seed=k)
