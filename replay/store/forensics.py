@@ -235,6 +235,10 @@ def decode_op(
     }
 
 
+def _index(x: Any) -> bool:
+    return V.is_int(x) and x >= 0
+
+
 class ForensicsReader:
     """Read-only view of a sidecar. Row ranges of ``/ops`` are read on demand, so a TUI can page
     through hundreds of thousands of ops without loading them all.
@@ -444,21 +448,17 @@ class ForensicsReader:
             raise self._bad("the verdict's step is not a step")
         samples, axes = v.get("samples"), v.get("sample_axes")
         if axes is not None and not (
-            isinstance(axes, list)
-            and len(axes) in (1, 2)
-            and all(V.is_int(a) and a >= 0 for a in axes)
+            isinstance(axes, list) and len(axes) in (1, 2) and all(map(_index, axes))
         ):
             raise self._bad("the verdict's sample_axes are not one or two batch axes")
-
-        def index(s: Any) -> bool:
-            return V.is_int(s) and s >= 0
-
-        def sample(s: Any) -> bool:  # two axes: [micro-batch, row] pairs
-            if axes is None or len(axes) == 1:
-                return index(s)
-            return isinstance(s, list) and len(s) == 2 and index(s[0]) and index(s[1])
-
-        if samples is not None and not (isinstance(samples, list) and all(map(sample, samples))):
+        pairs = axes is not None and len(axes) == 2  # [micro-batch, row]
+        if samples is not None and not (
+            isinstance(samples, list)
+            and all(
+                isinstance(s, list) and len(s) == 2 and all(map(_index, s)) if pairs else _index(s)
+                for s in samples
+            )
+        ):
             raise self._bad("the verdict's samples are not sample indices")
         for key in ("kind", "op", "phase", "module", "autograd_node"):
             if v.get(key) is not None and not isinstance(v[key], str):
