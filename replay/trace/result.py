@@ -68,15 +68,6 @@ class TraceResult:
         )
         return decode_op(i, c, self.strings.__getitem__)
 
-    def find_ops(self, op: str) -> list[int]:
-        """Row indices of every op with this name (``aten::log``)."""
-        try:
-            k = self.strings["ops"].index(op)
-        except ValueError:
-            return []
-        rows: list[int] = np.flatnonzero(self.ops["name"] == k).tolist()
-        return rows
-
     def set_samples(
         self, samples: Sequence[Any], exact: bool, axes: Sequence[int] | None = None
     ) -> None:

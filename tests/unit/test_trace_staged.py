@@ -11,6 +11,7 @@ import torch.nn as nn
 from replay.trace import trace_step
 from replay.trace.staged import measure
 from replay.trace.stats import copy_small, np_stats, quiet_numpy
+from tests.unit.test_trace_verdict import find_ops
 
 
 def test_batched_statistics_match_those_of_each_tensor_alone():
@@ -33,7 +34,7 @@ def test_batched_statistics_match_those_of_each_tensor_alone():
 
 
 def _t_rows(r) -> list[int]:
-    return r.find_ops("aten::t")
+    return find_ops(r, "aten::t")
 
 
 def test_a_transposed_weight_gets_the_statistics_of_its_values_each_time():
