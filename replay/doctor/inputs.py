@@ -29,6 +29,8 @@ def inputs_not_normalised(ctx: Context) -> Finding | None:
     for path, arrs in stats.items():
         if path in carried:
             continue
+        if len({a.shape[1] for a in arrs}) > 1:  # its shape changes by step (images of their
+            arrs = [a.reshape(-1, 1) for a in arrs]  # own sizes, padded lengths): values only
         x = np.concatenate(arrs)
         x = x[:, np.isfinite(x).all(axis=0)] if x.size else x
         if not x.size:

@@ -22,6 +22,7 @@ LR = {
     "rnn_state": 1e-3,
     "decaying_lr": 1e6,  # set by the loop, 0.9x every step: far too high all along
     "grouped_lr": 1e6,  # the first layer's group only, set like decaying_lr; the rest 1e-3
+    "ragged_inputs": 3e-3,
 }
 CLIP = 1.0
 
@@ -137,6 +138,8 @@ def record(path: str, variant: str, steps: int = 40) -> str:
             xs, ys = x[s * 16 : (s + 1) * 16], y[s * 16 : (s + 1) * 16]
             if variant == "rnn_state":
                 _, h = rec.step((xs.reshape(4, 4, 8).repeat(1, 4, 1), ys[:16], h))
+            elif variant == "ragged_inputs":  # a float leaf whose width changes every step
+                rec.step((xs, ys, torch.randn(16, 2 + s % 3, generator=g)))
             else:
                 rec.step((xs, ys))
     return path

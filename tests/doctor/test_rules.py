@@ -27,10 +27,11 @@ CASES = {
     "params_never_updated": (["dead_relu", "loop:no_step"], ["healthy", "frozen_layer"]),
     "params_without_grad": (["dead_relu"], ["healthy", "frozen_layer"]),
     # rnn_state: the RNN's carried hidden state, fed back in the batch, grows past mean 5: a
-    # model output, not data
+    # model output, not data. ragged_inputs: a float leaf 2, 3 or 4 wide by step (images of
+    # their own sizes, padded lengths) was concatenated across steps and crashed the doctor
     "inputs_not_normalised": (
         ["unnormalised_inputs"],
-        ["healthy", "gpt_diverging_lr", "loop:rnn_state"],
+        ["healthy", "gpt_diverging_lr", "loop:rnn_state", "loop:ragged_inputs"],
     ),
     "model_in_eval_mode": (["loop:eval_mode"], ["healthy", "loop:plain", "dead_relu"]),
     "dead_relu": (["dead_relu"], ["healthy", "unnormalised_inputs"]),

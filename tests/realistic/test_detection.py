@@ -5,7 +5,7 @@ coder's ``log(gt_width / anchor_width)`` -inf."""
 
 from __future__ import annotations
 
-from tests.realistic.test_real_programs import bisect_json, record
+from tests.realistic.test_real_programs import bisect_json, record, replay
 from tests.realistic.test_upstream_classes import digests
 
 
@@ -22,6 +22,11 @@ def test_a_degenerate_box_is_blamed_on_its_image_not_on_a_channel(tmp_path, else
     assert (d["cause"], d["op"], d["phase"], d["made"]) == ("op", "aten::log", "forward", "-inf")
     assert d["source"]["code"].endswith("# encode width"), d["source"]
     assert d["sample_axes"] == [0] and d["samples"] == [3] and d["samples_exact"], d
+
+    # images of their own sizes: the doctor's input check concatenated them across steps and
+    # crashed (an internal error from `replay doctor` and `replay report`)
+    doc = replay("doctor", str(run), "--json", cwd=elsewhere)
+    assert doc.returncode in (0, 1) and "nonfinite_recorded" in doc.stdout, doc.stderr[-2000:]
 
     after = digests(tmp_path)
     assert {k: after[k] for k in before} == before
