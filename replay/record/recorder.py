@@ -543,7 +543,8 @@ class Recorder:
         kept = dict(values or {})
         try:
             kept = cap.bounded(kept) if kept else kept
-            cap.snapshots.release(cap.transport, tree_nbytes(batch) + tree_nbytes(kept))
+            if cap.snapshots.step_hint is None:  # the first step: the file is sized from it
+                cap.snapshots.release(cap.transport, tree_nbytes(batch) + tree_nbytes(kept))
             cap.transport.capture(p, batch, kept, None, cap.hparams.others)
         except Exception as e:  # noqa: BLE001 - the recorder must never take training down
             cap.end_probes()

@@ -86,9 +86,9 @@ class Snapshots:
         self._held = (t, state, done)
 
     def release(self, transport: Transport, step_bytes: int) -> None:
-        """The held first snapshot to the file, the rings sized for steps of ``step_bytes``."""
-        if self.step_hint is None:
-            self.step_hint = step_bytes
+        """The held first snapshot to the file, the rings sized for steps of ``step_bytes``
+        (called once, at the first step's end)."""
+        self.step_hint = step_bytes
         if self._held is not None:
             (t, state, done), self._held = self._held, None
             if done is not None:
