@@ -87,7 +87,10 @@ def params_frozen(ctx: Context) -> Finding | None:
 
 @rule("optimizer_never_stepped")
 def optimizer_never_stepped(ctx: Context) -> Finding | None:
-    """optimizer.step() never ran inside the step function."""
+    """optimizer.step() never ran inside the step function (of a run that has an optimizer: a
+    loop that updates its weights by hand, word_language_model's, has none to step)."""
+    if ctx.rec.run_meta.optimizer is None:
+        return None
     h = ctx.health
     stepped = h["optimizer_stepped"][np.isfinite(h["optimizer_stepped"])]
     skipped = h["scaler_skipped"] == 1
