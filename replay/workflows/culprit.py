@@ -30,15 +30,7 @@ if TYPE_CHECKING:
     from ..store.reader import Recording
     from ..trace.result import TraceResult
 
-__all__ = ["trace_culprit", "tracer_available", "sample_axes", "no_culprit_note"]
-
-
-def tracer_available() -> bool:
-    try:
-        import replay.trace  # noqa: F401
-    except ImportError:
-        return False
-    return True
+__all__ = ["trace_culprit", "sample_axes", "no_culprit_note"]
 
 
 def no_culprit_note(what: str, picked: list[int], size: int, dim: int) -> str:
@@ -136,14 +128,11 @@ def trace_verdict(
     reraise: tuple[type[BaseException], ...] = (),
 ) -> TracedOp | None:
     """Trace a bisect verdict's step per op (when it has one and it replayed) into the
-    forensics sidecar and return what it named. A tracer that is missing or
-    fails leaves a note instead: the step verdict stands without it (``reraise``: what must
-    still end the replay, as a multi-rank replay's lockstep failure)."""
+    forensics sidecar and return what it named. A tracer that fails leaves a note instead: the
+    step verdict stands without it (``reraise``: what must still end the replay, as a
+    multi-rank replay's lockstep failure)."""
     t = verdict.first_bad_step
     if t is None or verdict.reproducible is None:
-        return None
-    if not tracer_available():
-        verdict.notes.append("per-op tracing is not available in this installation")
         return None
     trace = functools.partial(trace_culprit, engine, rec, kind=verdict.kind)
     try:
@@ -368,7 +357,7 @@ def sample_axes(engine: Engine, step: int, batch: Any) -> tuple[list[int], list[
 
 
 def _samples(engine: Engine, step: int, kind: str, batch: Any, result: TraceResult) -> None:
-    from replay.trace import batch_size_of, has_batch_coupling, slice_batch
+    from replay.trace import has_batch_coupling
 
     axes, notes = sample_axes(engine, step, batch)
     result.add_notes(notes)
@@ -379,8 +368,7 @@ def _samples(engine: Engine, step: int, kind: str, batch: Any, result: TraceResu
         if samples:
             result.set_samples(samples, True, axes)
         return
-    coupled = has_batch_coupling(engine.model)
-    _search(engine, step, kind, batch, axes, coupled, result, slice_batch, batch_size_of)
+    _search(engine, step, kind, batch, axes, has_batch_coupling(engine.model), result)
 
 
 def _search(
@@ -391,12 +379,10 @@ def _search(
     axes: list[int],
     coupled: Any,
     result: TraceResult,
-    slice_batch: Callable[..., Any],
-    batch_size_of: Callable[..., int | None],
 ) -> None:
     """Delta debugging along the sample axis (for micro-batches: the micro-batches first, then
     the rows within those). Sets the samples, or leaves a note why there are none."""
-    from replay.trace import find_culprit_samples
+    from replay.trace import batch_size_of, find_culprit_samples, slice_batch
     from replay.trace.samples import Failure, FailureProbe
 
     def failure_of(sub: Any) -> Failure | None:

@@ -193,10 +193,9 @@ def _tracer(engine: Engine, rec: Recording, traced: dict[str, Any]) -> Any:
     call is traced (the leader's later ones probe sliced batches)."""
     from ..jsonsafe import json_safe
     from ..multirank.lockstep import run_own_step
-    from .culprit import tracer_available
 
     def on_call(t: int) -> None:
-        if traced or not tracer_available():
+        if traced:
             run_own_step(engine, t)
             return
         from replay.trace import trace_step
