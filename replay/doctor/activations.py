@@ -70,7 +70,7 @@ def forward_chain(ctx: Context) -> list[tuple[str, str, np.ndarray]]:
     return out
 
 
-@rule("dead_relu")
+@rule
 def dead_relu(ctx: Context) -> Finding | None:
     """ReLU units that output zero for every sample of a batch (they get no gradient)."""
     layers = {}
@@ -107,7 +107,7 @@ def dead_relu(ctx: Context) -> Finding | None:
     )
 
 
-@rule("activations_saturated")
+@rule
 def activations_saturated(ctx: Context) -> Finding | None:
     """Sigmoid/tanh units pinned at their limits, where the gradient is ~0."""
     layers = {}
@@ -130,7 +130,7 @@ def activations_saturated(ctx: Context) -> Finding | None:
     )
 
 
-@rule("softmax_before_cross_entropy")
+@rule
 def softmax_before_cross_entropy(ctx: Context) -> Finding | None:
     """The model ends in Softmax while the labels are class indices (cross-entropy on probs)."""
     mods = ctx.leaf_modules

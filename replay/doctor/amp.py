@@ -18,7 +18,7 @@ def _scaler(ctx: Context) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     return h["step"], scale, h["scaler_skipped"] == 1
 
 
-@rule("amp_steps_skipped")
+@rule
 def amp_steps_skipped(ctx: Context) -> Finding | None:
     """The GradScaler skipped some steps (inf/NaN in the scaled gradients): normal in moderation."""
     s = _scaler(ctx)
@@ -47,7 +47,7 @@ def amp_steps_skipped(ctx: Context) -> Finding | None:
     )
 
 
-@rule("amp_scale_collapse")
+@rule
 def amp_scale_collapse(ctx: Context) -> Finding | None:
     """The loss scale shrinks to tiny values, or most steps are skipped."""
     s = _scaler(ctx)

@@ -6,7 +6,7 @@ from .context import Context
 from .registry import Finding, rule
 
 
-@rule("nonfinite_recorded")
+@rule
 def nonfinite_recorded(ctx: Context) -> Finding | None:
     """A NaN/Inf loss, gradient or weight was recorded (AMP-skipped steps excluded)."""
     step = ctx.rec.first_bad()["nonfinite"]
@@ -26,7 +26,7 @@ def nonfinite_recorded(ctx: Context) -> Finding | None:
     )
 
 
-@rule("exception_recorded")
+@rule
 def exception_recorded(ctx: Context) -> Finding | None:
     """A step raised an exception."""
     step = ctx.rec.first_bad()["exception"]

@@ -10,7 +10,7 @@ from .context import Context
 from .registry import Finding, rule
 
 
-@rule("grad_norm_exploding")
+@rule
 def grad_norm_exploding(ctx: Context) -> Finding | None:
     """The gradient norm grows by orders of magnitude within a few steps."""
     steps, g = ctx.grad_norm
@@ -54,7 +54,7 @@ def grad_norm_exploding(ctx: Context) -> Finding | None:
     )
 
 
-@rule("grad_norm_vanishing")
+@rule
 def grad_norm_vanishing(ctx: Context) -> Finding | None:
     """The global gradient norm is essentially zero while the loss is not."""
     steps, g = ctx.grad_norm
@@ -75,7 +75,7 @@ def grad_norm_vanishing(ctx: Context) -> Finding | None:
     )
 
 
-@rule("grad_accumulating")
+@rule
 def grad_accumulating(ctx: Context) -> Finding | None:
     """The gradient norm grows steadily step after step: gradients are never zeroed."""
     steps, g = ctx.grad_norm
@@ -114,7 +114,7 @@ def _layer_grad_rms(ctx: Context) -> dict[str, float]:
     return out
 
 
-@rule("layer_grad_vanishing")
+@rule
 def layer_grad_vanishing(ctx: Context) -> Finding | None:
     """Some layers get gradients orders of magnitude smaller than the largest (per layer)."""
     rms = {k: v for k, v in _layer_grad_rms(ctx).items() if k.endswith("weight")}

@@ -9,7 +9,7 @@ from .context import Context
 from .registry import Finding, rule
 
 
-@rule("inputs_not_normalised")
+@rule
 def inputs_not_normalised(ctx: Context) -> Finding | None:
     """Float inputs have a mean or spread far from a standardised scale."""
     steps = ctx.batch_steps

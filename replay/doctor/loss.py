@@ -20,7 +20,7 @@ def _thirds(ctx: Context) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarra
     return steps[:k], loss[:k], steps[-k:], loss[-k:]
 
 
-@rule("initial_loss")
+@rule
 def initial_loss(ctx: Context) -> Finding | None:
     """The first loss of a classifier is far from ln(C), what a fresh model should give."""
     c = ctx.n_classes
@@ -54,7 +54,7 @@ def initial_loss(ctx: Context) -> Finding | None:
     )
 
 
-@rule("loss_rising")
+@rule
 def loss_rising(ctx: Context) -> Finding | None:
     """The loss ends much higher than it started."""
     t = _thirds(ctx)
@@ -87,7 +87,7 @@ def loss_rising(ctx: Context) -> Finding | None:
     )
 
 
-@rule("loss_flat")
+@rule
 def loss_flat(ctx: Context) -> Finding | None:
     """The loss does not move."""
     t = _thirds(ctx)
@@ -111,7 +111,7 @@ def loss_flat(ctx: Context) -> Finding | None:
     )
 
 
-@rule("loss_oscillating")
+@rule
 def loss_oscillating(ctx: Context) -> Finding | None:
     """The loss jumps up and down by a large fraction of its level from step to step."""
     steps, loss = ctx.loss

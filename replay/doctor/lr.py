@@ -9,7 +9,7 @@ from .registry import Finding, rule
 from .updates import update_ratios
 
 
-@rule("learning_rate")
+@rule
 def learning_rate(ctx: Context) -> Finding | None:
     """The learning rate looks too high (diverging, oscillating) or too low (flat, tiny updates)."""
     lr = ctx.lr

@@ -11,7 +11,7 @@ from .registry import Finding, rule
 _MODE_SENSITIVE = ("Dropout", "BatchNorm", "InstanceNorm")
 
 
-@rule("model_in_eval_mode")
+@rule
 def model_in_eval_mode(ctx: Context) -> Finding | None:
     """The model trained in eval() mode: Dropout and BatchNorm behaved as at inference."""
     modules = ctx.modules

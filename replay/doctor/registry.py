@@ -24,26 +24,16 @@ _C = TypeVar("_C", bound=Check)
 @dataclass(frozen=True)
 class Rule:
     name: str
-    family: str
     check: Check
-    doc: str
 
 
 RULES: dict[str, Rule] = {}
 
 
-def rule(name: str) -> Callable[[_C], _C]:
-    """Register ``fn(ctx) -> Finding | list[Finding] | None`` as rule ``name``; ``fn`` is
-    returned as it is (other rules may call it: ``lr`` asks ``loss_rising``).
-
-    The rule's family is the module that defines it (``loss``, ``gradients``...).
-    """
-
-    def register(fn: _C) -> _C:
-        if name in RULES:
-            raise ValueError(f"doctor rule {name!r} is registered twice")
-        family = fn.__module__.rsplit(".", 1)[-1]
-        RULES[name] = Rule(name, family, fn, (fn.__doc__ or "").strip().split("\n")[0])
-        return fn
-
-    return register
+def rule(fn: _C) -> _C:
+    """Register ``fn(ctx) -> Finding | list[Finding] | None`` as the rule of its own name;
+    ``fn`` is returned as it is (other rules may call it: ``lr`` asks ``loss_rising``)."""
+    if fn.__name__ in RULES:
+        raise ValueError(f"doctor rule {fn.__name__!r} is registered twice")
+    RULES[fn.__name__] = Rule(fn.__name__, fn)
+    return fn

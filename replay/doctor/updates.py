@@ -31,7 +31,7 @@ def update_ratios(ctx: Context) -> dict[str, float]:
     return {k: float(np.median(v)) for k, v in out.items() if v}
 
 
-@rule("update_ratio")
+@rule
 def update_ratio(ctx: Context) -> Finding | None:
     """The update-to-weight ratio is far from ~1e-3 (from consecutive snapshots)."""
     ratios = {k: v for k, v in update_ratios(ctx).items() if v > 0}
@@ -64,7 +64,7 @@ def update_ratio(ctx: Context) -> Finding | None:
     )
 
 
-@rule("params_frozen")
+@rule
 def params_frozen(ctx: Context) -> Finding | None:
     """Parameters have requires_grad=False."""
     frozen = [p for p in ctx.params if not p.requires_grad]
@@ -85,7 +85,7 @@ def params_frozen(ctx: Context) -> Finding | None:
     )
 
 
-@rule("optimizer_never_stepped")
+@rule
 def optimizer_never_stepped(ctx: Context) -> Finding | None:
     """optimizer.step() never ran inside the step function (of a run that has an optimizer: a
     loop that updates its weights by hand, word_language_model's, has none to step)."""
@@ -117,7 +117,7 @@ def _only_zero_lr_steps(ctx: Context, first: int, last: int) -> bool:
     return bool(stepped.any()) and bool(np.all(h["lr"][stepped] == 0))
 
 
-@rule("params_never_updated")
+@rule
 def params_never_updated(ctx: Context) -> Finding | None:
     """Trainable parameters are bit-identical in every snapshot."""
     snaps = ctx.snapshots
@@ -146,7 +146,7 @@ def params_never_updated(ctx: Context) -> Finding | None:
     )
 
 
-@rule("params_without_grad")
+@rule
 def params_without_grad(ctx: Context) -> Finding | None:
     """Parameters in the optimizer have no gradient statistics (Adam state absent or zero)."""
     if not ctx.snapshots:

@@ -76,9 +76,12 @@ def test_amp_skips_are_information_only(findings):
 
 
 def test_registry_refuses_duplicates():
+    def loss_flat(ctx):
+        return None
+
     with pytest.raises(ValueError, match="registered twice"):
-        rule("loss_flat")(lambda ctx: None)
-    assert isinstance(RULES["loss_flat"], Rule)
+        rule(loss_flat)
+    assert isinstance(RULES["loss_flat"], Rule) and RULES["loss_flat"].check is not loss_flat
 
 
 def test_learning_rate_direction(findings):
