@@ -47,12 +47,12 @@ def _watching(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if len(_active) == 1:
-            _active[0].before_clip()
+            _active[0].measure_now()
         elif _active:
             args, clipped = _clipped(args, kwargs)
             for probe in list(_active):
                 if clipped is None or probe.watches(clipped):
-                    probe.before_clip()
+                    probe.measure_now()
         return fn(*args, **kwargs)
 
     wrapper._replay_probe = True  # type: ignore[attr-defined]
@@ -155,10 +155,6 @@ class GradProbe:
             self._ids = frozenset(id(p) for p in self.meter.params)
         return any(id(t) in self._ids for t in tensors)
 
-    def before_clip(self) -> None:
-        if self._on:
-            self._measure()
-
     def _pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> Any:
         """Before the update: measure now, or, for ``optimizer.step(closure)`` (LBFGS; any
         optimizer given a closure calls it first), right after the closure's first call: the
@@ -177,8 +173,7 @@ class GradProbe:
 
         def measured_closure(*a: Any, **k: Any) -> Any:
             out = closure(*a, **k)
-            if self._on:
-                self._measure()
+            self.measure_now()
             return out
 
         if "closure" in kwargs:
