@@ -30,13 +30,7 @@ _SDPA = ("flash", "mem_efficient", "math", "cudnn")
 
 
 def _sdpa_enabled() -> dict[str, bool]:
-    b = torch.backends.cuda
-    fns = {
-        "flash": b.flash_sdp_enabled,
-        "mem_efficient": b.mem_efficient_sdp_enabled,
-        "math": b.math_sdp_enabled,
-        "cudnn": getattr(b, "cudnn_sdp_enabled", None),
-    }
+    fns = {k: getattr(torch.backends.cuda, f"{k}_sdp_enabled", None) for k in _SDPA}
     return {k: bool(f()) for k, f in fns.items() if f is not None}
 
 
