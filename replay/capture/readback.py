@@ -52,11 +52,15 @@ class _Slot:
         self.busy = False
 
     def fill(self, tensors: Sequence[torch.Tensor]) -> None:
-        """Each tensor's first element into a cell (cast to float64), then the one copy to the
-        host, non-blocking (onto itself on the CPU: nothing to do), and the event after it."""
-        self.busy = True
+        """Each tensor's first element into a cell (cast to float64), then :meth:`send`."""
         for cell, t in zip(self.cells, tensors):
             cell.copy_(_first(t))
+        self.send()
+
+    def send(self) -> None:
+        """The one copy of the stage to the host, non-blocking (onto itself on the CPU: nothing
+        to do), and the event after it."""
+        self.busy = True
         self.host.copy_(self.stage, non_blocking=True)
         if self.event is not None:
             self.event.record()
@@ -158,11 +162,8 @@ class Readback:
         """Copy every element of ``t`` (a few: the ranks' votes) to the host, as float64."""
         n = t.numel()
         slot = self._slot(t.device, n)
-        slot.busy = True
         slot.stage[:n].copy_(t.detach().reshape(-1))
-        slot.host.copy_(slot.stage, non_blocking=True)
-        if slot.event is not None:
-            slot.event.record()
+        slot.send()
         return Ticket([(slot, list(range(n)))], n)
 
 
