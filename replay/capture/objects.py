@@ -21,6 +21,7 @@ reaches a replayed step.
 
 from __future__ import annotations
 
+import copy
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -269,16 +270,14 @@ class StepCall:
     def with_objects(self, **replace: Any) -> StepCall:
         """The same call with some objects replaced (the tracer passes the eager module of a
         compiled model)."""
-        other = StepCall.__new__(StepCall)
-        other.__dict__.update(self.__dict__)
+        other = copy.copy(self)
         other.objects = RunObjects({**self.objects.named, **replace}, self.objects.style)
         return other
 
     def with_step(self, step_fn: Callable[..., Any]) -> StepCall:
         """The same call of another function of the same code (a closure made again each
         epoch, or each batch): its parameters are the same, so is the plan."""
-        other = StepCall.__new__(StepCall)
-        other.__dict__.update(self.__dict__)
+        other = copy.copy(self)
         other.step_fn = step_fn
         return other
 
