@@ -58,8 +58,7 @@ class _Slot:
         self.send()
 
     def send(self) -> None:
-        """The one copy of the stage to the host, non-blocking (onto itself on the CPU: nothing
-        to do), and the event after it."""
+        """The one non-blocking copy to the host (onto itself on the CPU), then the event."""
         self.busy = True
         self.host.copy_(self.stage, non_blocking=True)
         if self.event is not None:
