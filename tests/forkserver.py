@@ -125,17 +125,17 @@ def _child(req: dict) -> None:
 
 
 def _print_exception(e: BaseException) -> None:
-    """The traceback the interpreter prints, from the program's first frame (not this file's
-    or runpy's, which a fresh ``python`` does not have)."""
-    import traceback
-
+    """What the interpreter does with an uncaught exception: ``sys.excepthook`` (the
+    program's, or one a library installed: replay's Recorder keeps the exception), which prints
+    the traceback from the program's first frame (not this file's or runpy's, which a fresh
+    ``python`` does not have)."""
     tb = e.__traceback__
     while tb is not None and (
         tb.tb_frame.f_code.co_filename == __file__
         or tb.tb_frame.f_code.co_filename.startswith("<frozen runpy")
     ):
         tb = tb.tb_next
-    traceback.print_exception(type(e), e, tb)
+    sys.excepthook(type(e), e.with_traceback(tb), tb)
 
 
 _SERVER_PATH_HEAD: list[str] = []

@@ -54,6 +54,7 @@ def _steps_summary(rec: Recording) -> RecordingSteps:
         first_bad=rec.first_bad(),
         last_loss=float(losses[-1]) if losses.size else None,
         closed_cleanly=bool(status["closed"]),
+        ended=rec.ended(),
         writer=_writer(rec.path),
         damaged_steps=rec.damaged_steps(),
         damaged_health=sorted(rec.damaged_health),
@@ -235,6 +236,8 @@ def render(report: InfoReport) -> str:
     lines.append(
         f"  health          {'; '.join(bad) if bad else 'no NaN/Inf or exception recorded'}"
     )
+    if s.ended is not None:
+        lines.append(f"  ended by        {s.ended.describe()}")
     if s.last_loss is not None:
         lines.append(f"  last finite loss {s.last_loss:.6g}")
     m = d.model

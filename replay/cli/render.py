@@ -43,9 +43,15 @@ def render_verdict(report: BisectReport) -> str:
     if d.healthy:
         checked = d.checked
         span = f"steps {checked[0]}..{checked[1]}" if checked else "no steps"
-        return (
+        said = (
             f"healthy: no step matches {d.criterion!r} in the recorded health ({span}; "
             f"replayable window steps {w[0]}..{w[1]})"
+        )
+        if d.ended is None:
+            return said
+        return (
+            f"{said}\n  but the program died: {d.ended.describe()}\n  no step raised it, so no "
+            f"replay of a step can: `replay info {d.recording} --json` holds its traceback"
         )
     lines = []
     first, sym = d.first_bad_step, d.symptom_step

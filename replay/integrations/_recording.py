@@ -77,11 +77,11 @@ class RecordingCallback:
             and not isinstance(e, NonFiniteLossError)
         ):
             self.rec.observe_end(window, values, exception=e)
-        self._close()
+        self._close(e)
 
-    def _close(self) -> None:
+    def _close(self, ended_by: BaseException | None = None) -> None:
         if self.rec is not None:
-            self.rec.close()
+            self.rec.close(ended_by)
             self.rec = None
 
 

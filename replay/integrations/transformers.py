@@ -275,9 +275,9 @@ class ReplayCallback(RecordingCallback, TrainerCallback):
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._close()
 
-    def _close(self) -> None:
+    def _close(self, ended_by: BaseException | None = None) -> None:
         self._unwrap()
-        super()._close()
+        super()._close(ended_by)
 
 
 # -- replay ---------------------------------------------------------------------------------

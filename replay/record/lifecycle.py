@@ -1,5 +1,7 @@
 """How a recording ends: ``close`` at the end of the ``with`` block, at interpreter exit, and
 on SIGTERM, after which the process still dies of SIGTERM as it would have without a Recorder.
+An exception no step raised that ends the program is handed to ``close`` on its way to the
+previous ``sys.excepthook`` (the file keeps it: ``record/ending.py``).
 """
 
 from __future__ import annotations
@@ -7,6 +9,7 @@ from __future__ import annotations
 import atexit
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -24,7 +27,7 @@ class Lifecycle:
 
     def __init__(
         self,
-        close: Callable[[], None],
+        close: Callable[[BaseException | None], None],
         close_again: Callable[[], None],
         closed: Callable[[], bool],
     ) -> None:
@@ -33,6 +36,7 @@ class Lifecycle:
         self._closed = closed
         self._pid = os.getpid()  # the process recording (a fork's children inherit this object)
         self._prev_sigterm: Any = None
+        self._prev_hook: Any = None  # sys.excepthook before start's
         self.started = False  # (start ran: a Recorder made without `with` starts at its step)
 
     def start(self, handle_signals: bool) -> None:
@@ -42,10 +46,23 @@ class Lifecycle:
         if handle_signals and threading.current_thread() is threading.main_thread():
             if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
                 self._prev_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
-        atexit.register(self._close)
+        atexit.register(self._close, None)
+        self._prev_hook, sys.excepthook = sys.excepthook, self._uncaught
+
+    def _uncaught(self, tp: type[BaseException], e: BaseException, tb: Any) -> None:
+        try:
+            if os.getpid() == self._pid and not self._closed():
+                self._close(e)
+        except Exception:  # noqa: BLE001, S110 - the program's traceback is printed next
+            pass
+        finally:
+            (self._prev_hook or sys.__excepthook__)(tp, e, tb)
 
     def end(self) -> None:
-        """After the close: the previous SIGTERM handler back, no exit hook."""
+        """After the close: the previous SIGTERM handler and exception hook back (the hook only
+        where nobody replaced it since), no exit hook."""
+        if sys.excepthook == self._uncaught:
+            sys.excepthook = self._prev_hook
         if self._prev_sigterm is not None:
             try:
                 signal.signal(signal.SIGTERM, self._prev_sigterm)
@@ -67,7 +84,7 @@ class Lifecycle:
                 for _ in range(_CLOSE_TRIES):
                     try:
                         if not self._closed():
-                            self._close()
+                            self._close(None)
                         else:
                             self._close_again()
                         break

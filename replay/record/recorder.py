@@ -59,6 +59,7 @@ from ..trust import sign, signed_payload, user_key
 from . import active
 from .batch_refs import BatchRefs
 from .config import RecorderConfig
+from .ending import ending
 from .entry import (
     StepFunction,
     describe_entry,
@@ -175,6 +176,7 @@ class Recorder:
             raise TypeError("Recorder: build_fn= needs step_fn= (replay imports both by name)")
         self._pending: Callable[[Callable[..., Any]], None] | None = None
         self._closed = self._warned = False
+        self._step_error: BaseException | None = None
         # exit and SIGTERM close the file (started at `with`, or at the first step)
         self._lifecycle = Lifecycle(self.close, self._close_again, lambda: self._closed)
         if step_fn is None and takes_over_at_first_step():
@@ -430,8 +432,8 @@ class Recorder:
             self._lifecycle.start(self.config.handle_signals)
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, tp: object, e: BaseException | None, tb: object) -> None:
+        self.close(ended_by=e)
 
     # -- the hot path -----------------------------------------------------------------------
 
@@ -560,6 +562,7 @@ class Recorder:
     def _record_exception(self, cap: StepCapture, p: PendingStep, e: BaseException) -> None:
         """The step raised ``e``: record it with its traceback and flush (the caller re-raises)."""
         self.next_step = p.t + 1
+        self._step_error = e  # (the step's own: not how the program ended outside one)
         cap.raised(p, e)
         try:
             self._check_writer()
@@ -764,12 +767,22 @@ class Recorder:
         if found.stopped is not None:
             self._stop(found.stopped, found.after)
 
-    def close(self) -> None:
-        """Flush and close the file. Idempotent; called on exit, SIGTERM and interpreter exit."""
+    def close(self, ended_by: BaseException | None = None) -> None:
+        """Flush and close the file. Idempotent; called on exit, SIGTERM and interpreter exit.
+        ``ended_by``: the exception ending the program, which the file keeps when no step
+        raised it (``record/ending.py``; the ``with`` block's, or an uncaught one's)."""
         active.closed(self)
         if self._pending is not None or self._closed:
             return
         self._closed = True
+        ended = None
+        if ended_by is not None and ended_by is not self._step_error:
+            if not isinstance(ended_by, NonFiniteLossError):  # (a step's, raised here)
+                last = self.next_step - 1 if self.next_step > self.config.start_step else None
+                try:
+                    ended = ending(ended_by, last)
+                except Exception:  # noqa: BLE001 - (an exception whose str() raises)
+                    ended = None
         cap = self._capture
         try:
             if cap is not None:
@@ -778,12 +791,13 @@ class Recorder:
             try:
                 if cap is not None:
                     cap.drain()
-                    cap.transport.close()
+                    cap.transport.close(ended)
                     self._check_writer()
             finally:
                 self._lifecycle.end()
                 # a run that failed is bisected next, and bisect checks that it replays
-                if self._self_check is not None and not (cap is not None and cap.failed):
+                failed = ended is not None or (cap is not None and cap.failed)
+                if self._self_check is not None and not failed:
                     self._self_check.at_close()
 
     def _close_again(self) -> None:

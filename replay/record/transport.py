@@ -207,12 +207,12 @@ class Transport:
         if self.writer is not None:
             self.writer.flush(timeout)
 
-    def close(self) -> None:
+    def close(self, ended: dict[str, Any] | None = None) -> None:
         """Commit what was handed over and close the file; the step log last (it stays open
-        for a successor writer process until then)."""
+        for a successor writer process until then). ``ended``: ``record/ending.py``."""
         try:
             if self.writer is not None:
-                self.writer.close()
+                self.writer.close(ended=ended)
             else:  # no step reached the writer thread (none was taken, or the first one
                 # failed to be captured): its process still ends, and with it its pipes; that
                 # end is this close's, no failure to tell the user of

@@ -118,6 +118,7 @@ class BackgroundWriter:
         self._take_over = take_over
         self._pending_in_log = pending_in_log
         self._created = False  # the file exists: a successor can reopen it
+        self._ended: dict[str, Any] | None = None  # (close's)
         self.taken_over: str | None = None  # what the successor saved, or could not save
         self._unsynced: list[int] = []  # [first, last, count] of steps sent since the last sync
         self._pool = pool
@@ -209,7 +210,10 @@ class BackgroundWriter:
         self._signal()
         return marker.done.wait(timeout)
 
-    def close(self, timeout: float | None = 60.0) -> None:
+    def close(self, timeout: float | None = 60.0, ended: dict[str, Any] | None = None) -> None:
+        """``ended``: how the program ended, when it raised outside any step (the file's
+        ``/ended``)."""
+        self._ended = ended or self._ended
         if self._thread.is_alive():
             self._jobs.append(_STOP)
             self._signal()
@@ -271,7 +275,7 @@ class BackgroundWriter:
                     j.done.set()
         if self._store is not None:
             try:
-                self._store.close(clean=self.error is None)
+                self._store.close(clean=self.error is None, ended=self._ended)
             except WriterDied as e:
                 self._died(str(e), [])
             except Exception as e:  # noqa: BLE001

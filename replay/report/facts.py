@@ -17,6 +17,7 @@ import numpy as np
 
 from ..errors import RecordingError
 from ..reports import BisectReport, Finding, TraceVerdict
+from ..reports.verdict import Ended
 from ..store import open_recording
 from ..store.selfcheck import SelfCheck, read_selfcheck
 
@@ -63,6 +64,7 @@ class RunFacts:
     window: tuple[int, int] | None
     snapshots: list[int]
     symptom: int | None  # first step whose health shows NaN/Inf or an exception
+    ended: Ended | None  # the program raised outside any step (the file's /ended)
     selfcheck: SelfCheck | None
     n_params: int
     update_steps: np.ndarray  # steps of the update-ratio curve (each later snapshot of a pair)
@@ -204,6 +206,7 @@ def read_facts(run: str, *, bisect: BisectReport | None = None) -> RunFacts:
             window=(window.first, window.last) if window else None,
             snapshots=[int(s) for s in rec.snapshot_steps()],
             symptom=rec.first_failure(),
+            ended=rec.ended(),
             selfcheck=read_selfcheck(rec.path, rec.run_id),
             n_params=sum(p.numel for p in rec.run_meta.model.params),
             update_steps=update_steps,

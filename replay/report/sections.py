@@ -142,6 +142,11 @@ def verdict_section(f: RunFacts, name: str) -> str:
             if f.symptom is not None
             else "<p>The recording shows no NaN/Inf and no exception.</p>"
         )
+        if f.symptom is None and f.ended is not None:
+            symptom += (
+                f'<p class="warn" id="ended">But the program died: {esc(f.ended.describe())}.</p>'
+            )
+
         box = "verdict" if f.symptom is not None else "verdict healthy"
         return (
             f'<section id="verdict"><h2>Verdict</h2><div class="{box}">'

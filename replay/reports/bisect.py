@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from ..jsonsafe import json_safe
@@ -10,7 +10,7 @@ from .cause import DivergenceCause
 from .culprit import Culprit, TracedOp
 from .divergence import Divergence
 from .ranks import MultiRankRun, RankReplay, RankSet, json_of, ranks_from_json, ranks_json
-from .verdict import ExceptionInfo, TraceVerdict, exception_info, known
+from .verdict import Ended, ExceptionInfo, TraceVerdict, exception_info, known
 
 __all__ = ["BisectReport"]
 
@@ -52,6 +52,7 @@ class BisectReport(Culprit):
     notes: list[str] = field(default_factory=list)
     divergence_cause: DivergenceCause | None = None
     recording: str = ""
+    ended: Ended | None = None  # the program raised outside any step (the file's /ended)
     entry_files: list[str] = field(default_factory=list)
     rank_set: RankSet | None = None
     traced_loss: str | None = None
@@ -119,6 +120,8 @@ class BisectReport(Culprit):
             }
         )
         out.update({k: v for k, v in optional.items() if v is not None})
+        if self.ended is not None:  # (present only when the program raised outside any step)
+            out["ended"] = asdict(self.ended)
         return out
 
     @classmethod
@@ -129,5 +132,6 @@ class BisectReport(Culprit):
             "exception": exception_info(d.get("exception")),
             "divergence": Divergence.from_json(d.get("divergence")),
             "divergence_cause": None if cause is None else DivergenceCause.from_json(cause),
+            "ended": Ended.from_json(d.get("ended")),
         }
         return cls(**{**known(cls, d), **ranks_from_json(d), **typed})

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .verdict import JSONObject
+from .verdict import Ended, JSONObject
 
 __all__ = ["BitwiseCuda", "Hparams", "InfoReport", "RecordingSteps", "Segment", "Truncation"]
 __all__ += ["Trust", "Writer"]
@@ -81,6 +81,7 @@ class RecordingSteps:
     first_bad: dict[str, int | None]  # nonfinite, exception
     last_loss: float | None  # the last finite one
     closed_cleanly: bool
+    ended: Ended | None  # the program raised outside any step (the file's /ended)
     writer: Writer | None
     truncated: Truncation | None = None
     damaged_steps: list[int]

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, TypedDict
 
 __all__ = [
+    "Ended",
     "ExceptionInfo",
     "OpRef",
     "SourceLine",
@@ -52,6 +53,45 @@ class ExceptionInfo(TypedDict):
 
     type: str | None
     message: str | None
+
+
+@dataclass(frozen=True)
+class Ended:
+    """``/ended``: the exception that ended the program outside any step (``record/ending.py``),
+    after step ``last_step`` (``None``: before the first). ``kind``: ``exception``,
+    ``interrupted`` (``KeyboardInterrupt``) or ``exit`` (``sys.exit`` with a failing status)."""
+
+    kind: str
+    type: str
+    message: str
+    where: str | None
+    traceback: str
+    last_step: int | None
+
+    @classmethod
+    def from_json(cls, v: Any) -> Ended | None:
+        """``None`` for anything else: this part only informs, so a damaged one is no ending."""
+        if not isinstance(v, dict) or v.get("kind") not in ("exception", "interrupted", "exit"):
+            return None
+        tp, message, tb = (v.get(k) for k in ("type", "message", "traceback"))
+        last, where = v.get("last_step"), v.get("where")
+        if not (isinstance(tp, str) and isinstance(message, str) and isinstance(tb, str)):
+            return None
+        if not (last is None or (type(last) is int and last >= 0)):
+            return None
+        where = where if isinstance(where, str) else None
+        return cls(v["kind"], tp, message, where, tb, last)
+
+    def describe(self) -> str:
+        """``ValueError: corrupt sample, outside any step, after step 11, at train.py:14 in
+        <module>`` (the message's first line)."""
+        first = self.message.splitlines()[0] if self.message else ""
+        what = f"{self.type}: {first}" if first and self.kind != "interrupted" else self.type
+        what = f"interrupted ({what})" if self.kind == "interrupted" else what
+        after = (
+            "before the first step" if self.last_step is None else f"after step {self.last_step}"
+        )
+        return f"{what}, outside any step, {after}" + (f", at {self.where}" if self.where else "")
 
 
 def exception_info(d: dict[str, Any] | None) -> ExceptionInfo | None:

@@ -36,6 +36,8 @@ HEALTH_COLUMNS = (
 COL = {name: i for i, name in enumerate(HEALTH_COLUMNS)}
 
 STATUS_FIELDS = ("closed", "last_step", "steps_total", "snapshots_total")
+#: ``/ended``'s size: how the program ended when it raised outside any step (docs/format.md)
+ENDED_BYTES = 16384
 
 # Per-object columns (appended after HEALTH_COLUMNS, written only when the run has them): every
 # model and optimizer among the run's named objects beyond ``model`` and ``optimizer`` (whose

@@ -30,10 +30,12 @@ import h5py
 import numpy as np
 
 from ..errors import RecordingError
+from ..reports.verdict import Ended
 from . import validate as V
 from .checksum import health_crc, slot_crc
 from .contracts import RunMeta
 from .layout import (
+    ENDED_BYTES,
     FORMAT_NAME,
     FORMAT_VERSION,
     HEALTH_COLUMNS,
@@ -397,6 +399,8 @@ class Recording:
         spec["health/step"] = ("<i8", 1, (hslots,))
         spec["health/values"] = ("<f8", 2, (hslots, len(columns)))
         spec["status"] = ("<i8", 1, (len(fields),))
+        if "ended" in f:  # (files made before it have none)
+            spec["ended"] = ("|u1", 1, (ENDED_BYTES,))
         self._spec = spec
         rings = () if self.health_only else ("steps", "snapshots")
         for name in spec:
@@ -498,6 +502,17 @@ class Recording:
             if not 0 <= out[key] <= V.MAX_STEP:
                 raise RecordingError(f"{self.path}: /status {key} is {out[key]}")
         return out
+
+    def ended(self) -> Ended | None:
+        """How the program ended when it raised outside any step (``None``: it did not, or the
+        file is older than ``/ended``)."""
+        if "ended" not in self._spec:
+            return None
+        raw = bytes(self._read("ended")).split(b"\0", 1)[0]
+        try:
+            return Ended.from_json(V.parse_json(raw, f"{self.path}: /ended")) if raw else None
+        except RecordingError:
+            return None
 
     @property
     def closed_cleanly(self) -> bool:

@@ -24,6 +24,7 @@ from .checksum import health_crc, slot_crc
 from .contracts import HealthFrame, SnapshotFrame, StepFrame
 from .h5clear import clear_status_flags
 from .layout import (
+    ENDED_BYTES,
     FORMAT_NAME,
     FORMAT_VERSION,
     HEALTH_COLUMNS,
@@ -311,6 +312,7 @@ class StoreWriter:
             hc[0] = 0
             st = f.create_dataset("status", data=np.array([0, -1, 0, 0], np.int64))
             st.attrs["fields"] = json.dumps(list(STATUS_FIELDS))
+            f.create_dataset("ended", data=np.zeros(ENDED_BYTES, np.uint8))  # (written at close)
             f.flush()
         self._open(path, known=False)
 
@@ -620,10 +622,15 @@ class StoreWriter:
         _release_lock(self.path, self._lock)
         self._lock = None
 
-    def close(self, *, clean: bool = True) -> None:
+    def close(self, *, clean: bool = True, ended: dict[str, Any] | None = None) -> None:
+        """``ended``: how the program ended, when it raised outside any step (``/ended``)."""
         if self.f is None:
             return
         try:
+            if ended is not None and "ended" in self.f:  # (files made before it have none)
+                text = json_blob(ended)
+                if text.size < ENDED_BYTES:  # (the recorder cuts its traceback to fit)
+                    self.f["ended"][: text.size] = text
             if clean:
                 self.status[0] = 1
                 self._status[:] = self.status

@@ -246,9 +246,9 @@ class WriterClient:
         self._send({"op": "sync"}, [])
         self._answer()
 
-    def close(self, *, clean: bool = True) -> None:
+    def close(self, *, clean: bool = True, ended: dict[str, Any] | None = None) -> None:
         try:
-            self._send({"op": "close", "clean": clean}, [])
+            self._send({"op": "close", "clean": clean, "ended": ended}, [])
             self._answer()
         finally:
             for stream in (self.proc.stdin, self.proc.stdout):
@@ -479,7 +479,7 @@ class _Server:
             self.take_log()
             self.commit_pending()
             if self.store is not None:
-                self.store.close(clean=bool(header.get("clean", True)))
+                self.store.close(clean=bool(header.get("clean", True)), ended=header.get("ended"))
                 self.store = None
             self.reply("ok")
             return False

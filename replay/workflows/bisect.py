@@ -111,6 +111,7 @@ def bisect_engine(
         adjust_verdict(report, subject)
     traced = trace_verdict(engine, rec, report, reraise=reraise) if trace else None
     report.recording, report.entry_files = rec.path, list(engine.entry_files)
+    report.ended = rec.ended()
     if traced is not None:
         report.take_trace(traced)
     if report.divergence is not None:

@@ -140,7 +140,8 @@ def test_info_json_keeps_its_keys_in_their_order(nan_run):
     assert list(d) == [
         *("path", "format", "format_version", "run_id", "created", "steps_recorded"),
         *("health_steps", "batch_steps", "batch_count", "snapshots", "replayable_window"),
-        *("reach", "not_replayable", "first_bad", "last_loss", "closed_cleanly", "writer"),
+        *("reach", "not_replayable", "first_bad", "last_loss", "closed_cleanly", "ended"),
+        "writer",
         *("truncated", "damaged_steps", "damaged_health", "self_check", "segments"),
         *("watched_objects", "hparams", "config", "entry", "program", "env", "bitwise_cuda"),
         *("environ_here", "model", "optimizer", "scheduler", "scaler", "objects"),

@@ -1,0 +1,59 @@
+"""How the program ended when it raised outside any step: a corrupt sample raising in the data
+loader, an evaluation or logging line that overflowed, Ctrl-C. No step record holds that
+exception, so without this the recording read "closed cleanly" and bisect "healthy" for a run
+that died. It is written to the file's ``/ended`` at close (docs/format.md).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from typing import Any
+
+__all__ = ["ending"]
+
+_MESSAGE_CHARS = 2000
+_TRACEBACK_CHARS = 12000  # with the message, well under layout.ENDED_BYTES as JSON
+
+
+def _cut(text: str, n: int) -> str:
+    """``text`` within ``n`` characters: its start and its end, which name the exception and
+    where it was raised."""
+    return text if len(text) <= n else text[: n // 5] + "\n...\n" + text[-(n - n // 5 - 5) :]
+
+
+def _where(e: BaseException) -> str | None:
+    """``path:line in function`` of the innermost frame in the program's own code (not the
+    standard library's, an installed package's or replay's), else the innermost frame."""
+    frames = traceback.extract_tb(e.__traceback__)
+    if not frames:
+        return None
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    outside = tuple(
+        os.path.abspath(p) for p in {sys.prefix, sys.base_prefix, sys.exec_prefix, here}
+    )
+    own = [f for f in frames if not os.path.abspath(f.filename).startswith(outside)]
+    f = (own or frames)[-1]
+    return f"{f.filename}:{f.lineno} in {f.name}"
+
+
+def ending(e: BaseException, last_step: int | None) -> dict[str, Any] | None:
+    """What ``/ended`` holds for a program that ``e`` ends after step ``last_step`` (``None``:
+    no step was recorded), or ``None`` when ``e`` ends nothing worth saying (``sys.exit(0)``)."""
+    if isinstance(e, SystemExit):
+        if e.code in (None, 0):
+            return None
+        kind = "exit"
+    else:
+        kind = "interrupted" if isinstance(e, KeyboardInterrupt) else "exception"
+    tb = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+    return {
+        "kind": kind,
+        "type": type(e).__name__,
+        "module": type(e).__module__,
+        "message": _cut(str(e), _MESSAGE_CHARS),
+        "where": _where(e),
+        "traceback": _cut(tb, _TRACEBACK_CHARS),
+        "last_step": last_step,
+    }
