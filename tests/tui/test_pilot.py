@@ -318,3 +318,26 @@ async def test_t_on_the_overview_traces_the_step_under_the_cursor(runs, tmp_path
         await settle(pilot)
         assert app.model.forensics is not None
         assert app.model.forensics.step == want and app.model.forensics.n_ops > 0
+
+
+async def test_the_overview_says_how_the_program_ended_outside_any_step(runs, tmp_path):
+    import shutil
+
+    import h5py
+    import numpy as np
+
+    from replay.record.ending import ending
+    from replay.store.writer import json_blob
+
+    shutil.copy(runs["plain"], tmp_path / "run.h5")
+    try:
+        raise ValueError("corrupt sample 7")
+    except ValueError as e:
+        text = json_blob(ending(e, 9))
+    with h5py.File(tmp_path / "run.h5", "r+") as f:  # (what the recorder's close writes)
+        f["ended"][: text.size] = np.asarray(text)
+    app = make_app(tmp_path / "run.h5", poll=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        info = str(app.screen.query_one("#run-info").render())
+        assert "ended by ValueError: corrupt sample 7, outside any step, after step 9" in info

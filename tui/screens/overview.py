@@ -275,6 +275,9 @@ class OverviewScreen(RunScreen):
         t = Text()
         t.append("run\n", style="bold underline")
         t.append(f"  {m.name}, {m.state_text()}\n")
+        ended = rec.ended()  # the program died of an exception no step raised
+        if ended is not None:
+            t.append(f"  ended by {term_safe(ended.describe())}\n", style="bold red")
         t.append(f"  {m.status.get('steps_total', 0)} steps recorded\n")
         window = rec.replayable_window()
         t.append(
