@@ -88,9 +88,14 @@ class ChildRun:
     stdout: str
     stderr: str
 
-    def error_line(self) -> str:
-        """What went wrong in one line: the last line of stderr, or the exit code."""
-        return (self.stderr.strip().splitlines() or [f"exit {self.code}"])[-1]
+    def error_line(self, otherwise: str | None = None) -> str:
+        """What went wrong in one line: the last line of stderr, else ``otherwise`` or the code."""
+        return (self.stderr.strip().splitlines() or [otherwise or f"exit {self.code}"])[-1]
+
+    def replay_error(self, otherwise: str) -> str:
+        """The message of the child's last ``replay: error:`` line, else ``otherwise``."""
+        errs = [ln for ln in self.stderr.splitlines() if ln.startswith("replay: error:")]
+        return errs[-1].removeprefix("replay: error: ") if errs else otherwise
 
 
 def start_group(

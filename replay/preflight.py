@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .capture.guard import PREFLIGHT_ENV
-from .child import end_group, run_replay, start_group
+from .child import ChildRun, end_group, run_replay, start_group
 from .reports import BisectReport, VerifyReport
 from .store.tmpdirs import private_dir
 
@@ -135,11 +135,10 @@ def _run_streaming(
             end_group(proc)
 
 
-def _replay_child(verb: str, path: str, timeout: float | None) -> tuple[int, str, str]:
+def _replay_child(verb: str, path: str, timeout: float | None) -> ChildRun:
     """``replay VERB PATH --json`` on the recording just made, as any user would run it."""
     env = {k: v for k, v in os.environ.items() if k != PREFLIGHT_ENV}
-    r = run_replay(verb, path, "--json", timeout=timeout, env=env)
-    return r.code, r.stdout, r.stderr
+    return run_replay(verb, path, "--json", timeout=timeout, env=env)
 
 
 def check_keep(keep: str) -> None:
@@ -219,20 +218,15 @@ def _record_and_verify(
     if rep.run_exit not in (0, None) and not rep.reason:
         rep.reason = f"the command exited with {rep.run_exit} while recording"
         # its steps may still replay: verify says more than the exit code alone
-    code, stdout, stderr = _replay_child("verify", path, timeout)
-    rep.verify_exit = code
-    if code in (0, 1):
+    run = _replay_child("verify", path, timeout)
+    rep.verify_exit = run.code
+    if run.code in (0, 1):
         try:
-            rep.verify = VerifyReport.from_json(json.loads(stdout))
+            rep.verify = VerifyReport.from_json(json.loads(run.stdout))
         except (ValueError, KeyError, TypeError):
             rep.verify_error = "replay verify printed no JSON"
     else:
-        errs = [ln for ln in stderr.splitlines() if ln.startswith("replay: error:")]
-        rep.verify_error = (
-            errs[-1].removeprefix("replay: error: ")
-            if errs
-            else (stderr.strip().splitlines() or ["no output"])[-1]
-        )
+        rep.verify_error = run.replay_error(run.error_line("no output"))
     if rep.run_exit not in (0, None) and _health_failed(path):
         _bisect_failure(rep, path, keep, timeout)
 
@@ -271,14 +265,13 @@ def _bisect_failure(
 ) -> None:
     """The run failed within the preflight steps: that is the finding. Bisect it, and keep the
     recording (with its forensics) where the user can open it."""
-    code, stdout, stderr = _replay_child("bisect", path, timeout)
+    run = _replay_child("bisect", path, timeout)
     try:
-        rep.failure = BisectReport.from_json(json.loads(stdout)) if code in (0, 1) else None
+        rep.failure = BisectReport.from_json(json.loads(run.stdout)) if run.code in (0, 1) else None
     except (ValueError, KeyError, TypeError):
         rep.failure = None
     if rep.failure is None:
-        errs = [ln for ln in stderr.splitlines() if ln.startswith("replay: error:")]
-        rep.failure_error = errs[-1].removeprefix("replay: error: ") if errs else "no verdict"
+        rep.failure_error = run.replay_error("no verdict")
     step = rep.failure.first_bad_step if rep.failure is not None else None
     rep.reason = (
         f"the run failed at step {step} within the preflight steps"

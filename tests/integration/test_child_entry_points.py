@@ -21,6 +21,7 @@ from replay.child import (
     RANK_WORKER,
     SELF_CHECK,
     WRITER,
+    ChildRun,
     python_module,
     run_replay,
 )
@@ -68,6 +69,9 @@ def test_the_cli_child_says_a_missing_recording_in_one_line(tmp_path):
     got = run_replay("info", str(tmp_path / "none.h5"), timeout=120)
     assert got.code == EXIT_BAD_RECORDING, got.stderr
     assert "Traceback" not in got.stderr and got.error_line().startswith("replay: error:")
+    # what preflight reports of a verify or bisect child that failed: the message alone
+    assert got.replay_error("no verdict") == got.error_line().removeprefix("replay: error: ")
+    assert ChildRun(2, "", "").replay_error("no verdict") == "no verdict"
     assert _run(CLI, "--help").stdout.startswith("Usage: replay")
 
 
