@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from .pool import nbytes
+
 __all__ = ["VALUE_LIMITS", "UNRECORDED", "value_excess", "unrecorded", "is_unrecorded"]
 
 #: ``depth``: lists, tuples and dicts nested inside each other (a flat list is depth 1);
@@ -32,16 +34,14 @@ UNRECORDED = "replay_unrecorded"
 def value_excess(obj: Any) -> str | None:
     """Why ``obj`` is beyond :data:`VALUE_LIMITS`, or ``None`` when a step record can hold it."""
     max_depth, max_leaves, max_bytes = (VALUE_LIMITS[k] for k in ("depth", "leaves", "bytes"))
-    leaves = nbytes = 0
+    leaves = size = 0
     stack: list[tuple[Any, int]] = [(obj, 0)]
     while stack:
         o, depth = stack.pop()
-        if isinstance(o, torch.Tensor):
-            nbytes += o.numel() * o.element_size()
-        elif isinstance(o, np.ndarray):
-            nbytes += o.nbytes
+        if isinstance(o, (torch.Tensor, np.ndarray)):
+            size += nbytes(o)
         elif isinstance(o, (str, bytes)):
-            nbytes += len(o)
+            size += len(o)
         elif isinstance(o, (list, tuple, dict)):
             if depth >= max_depth:
                 return f"nested more than {max_depth} levels deep"
@@ -50,7 +50,7 @@ def value_excess(obj: Any) -> str | None:
                 break
             items = o.values() if isinstance(o, dict) else o
             stack.extend((v, depth + 1) for v in items)
-        if nbytes > max_bytes:
+        if size > max_bytes:
             return f"more than {max_bytes >> 20} MiB"
     if leaves > max_leaves:
         return f"more than {max_leaves} elements"

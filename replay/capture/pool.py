@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["HostPool", "poolable_array"]
+__all__ = ["HostPool", "nbytes", "poolable_array"]
 
 _Key = tuple[Any, ...]
 
@@ -86,7 +86,7 @@ class HostPool:
         tensor is copied into a page-locked buffer with ``non_blocking=True``: the caller
         records an event after it (``CopyStats.cuda``)."""
         on_gpu = t.is_cuda
-        buf: torch.Tensor | None = self._pop(_key(t, on_gpu), _nbytes(t))
+        buf: torch.Tensor | None = self._pop(_key(t, on_gpu), nbytes(t))
         if buf is None:
             buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=on_gpu)
             if on_gpu:
@@ -106,16 +106,16 @@ class HostPool:
         """Return buffers nobody reads any more (their bytes are already sent)."""
         with self._lock:
             for buf in buffers:
-                key, nbytes = _key(buf), _nbytes(buf)
-                if nbytes > self.max_bytes:
+                key, size = _key(buf), nbytes(buf)
+                if size > self.max_bytes:
                     continue
-                while self._bytes + nbytes > self.max_bytes and self._free:
+                while self._bytes + size > self.max_bytes and self._free:
                     _, dropped = self._free.popitem(last=False)
-                    self._bytes -= sum(_nbytes(b) for b in dropped)
+                    self._bytes -= sum(nbytes(b) for b in dropped)
                 free = self._free.setdefault(key, [])
                 self._free.move_to_end(key)
                 free.append(buf)
-                self._bytes += nbytes
+                self._bytes += size
 
     @property
     def idle_bytes(self) -> int:
@@ -130,7 +130,8 @@ def _key(buf: Any, pinned: bool | None = None) -> _Key:
     return ("numpy", buf.dtype, buf.shape)
 
 
-def _nbytes(buf: Any) -> int:
+def nbytes(buf: Any) -> int:
+    """The bytes of a tensor's or an array's elements."""
     if isinstance(buf, torch.Tensor):
         return buf.numel() * buf.element_size()
     return int(buf.nbytes)

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ..store.tree import SPARSE_LAYOUTS, ObjectRecord, TensorLeaf, as_record, leaves, map_tree
-from .pool import HostPool, poolable_array
+from .pool import HostPool, nbytes, poolable_array
 
 __all__ = [
     "CopyStats",
@@ -158,11 +158,7 @@ def _tensor_leaf(t: torch.Tensor) -> TensorLeaf:
 
 def tree_nbytes(obj: Any) -> int:
     """Bytes of the tensors and arrays in a nested structure (a size hint; nothing is copied)."""
-    return sum(
-        int(x.numel() * x.element_size()) if isinstance(x, torch.Tensor) else int(x.nbytes)
-        for _, x in leaves(obj)
-        if isinstance(x, (torch.Tensor, np.ndarray))
-    )
+    return sum(nbytes(x) for _, x in leaves(obj) if isinstance(x, (torch.Tensor, np.ndarray)))
 
 
 def to_leaves(obj: Any) -> Any:
