@@ -17,7 +17,8 @@ from typing import Any
 
 from ..bisect.compare import same_bits
 from ..bisect.search import NoteKind, note_kind
-from ..bisect.subject import Subject
+from ..engine import Engine
+from ..engine.subject import EngineSubject
 from ..reports import BisectReport
 
 __all__ = ["RankSubject", "adjust_verdict"]
@@ -25,18 +26,18 @@ __all__ = ["RankSubject", "adjust_verdict"]
 _NOT_COMPARABLE = ("param_fingerprint",)
 
 
-class RankSubject:
-    """Wraps the engine's subject: recorded rows in this rank's local terms."""
+class RankSubject(EngineSubject):
+    """The engine's subject, its recorded and replayed rows in this rank's local terms."""
 
-    def __init__(self, inner: Subject, rank: int) -> None:
-        self.inner, self.rank = inner, rank
-        self.window, self.snapshots, self.device = inner.window, inner.snapshots, inner.device
+    def __init__(self, engine: Engine, rank: int) -> None:
+        super().__init__(engine)
+        self.rank = rank
         self.replayed: dict[int, dict[str, Any]] = {}
         self.again: dict[int, dict[str, Any]] = {}
 
     def recorded_rows(self) -> list[dict[str, Any]]:
         rows = []
-        for r in self.inner.recorded_rows():
+        for r in super().recorded_rows():
             r = dict(r)
             if not math.isnan(r.get("local_grad_nonfinite", math.nan)):
                 r["grad_norm"], r["grad_nonfinite"] = (
@@ -48,22 +49,16 @@ class RankSubject:
             rows.append(r)
         return rows
 
-    def recorded_exception(self, step: int) -> dict[str, Any] | None:
-        return self.inner.recorded_exception(step)
-
-    def snapshot_healthy(self, step: int) -> bool:
-        return self.inner.snapshot_healthy(step)
-
     def _local(self, row: dict[str, Any]) -> dict[str, Any]:
         return {**row, **{c: None for c in _NOT_COMPARABLE}}
 
     def replay(self, step: int, *, keep: bool = True, fresh: bool = False) -> dict[str, Any]:
-        row = self._local(self.inner.replay(step, keep=keep, fresh=fresh))
+        row = self._local(super().replay(step, keep=keep, fresh=fresh))
         self.replayed[step] = row
         return row
 
     def replay_again(self, step: int) -> dict[str, Any]:
-        row = self._local(self.inner.replay_again(step))
+        row = self._local(super().replay_again(step))
         self.again[step] = row
         return row
 

@@ -97,7 +97,7 @@ def bisect_engine(
 
     subject: Subject = EngineSubject(engine)
     if is_rank_recording(rec.meta) and not together:
-        subject = RankSubject(subject, int(rec.meta["distributed"]["rank"]))
+        subject = RankSubject(engine, int(rec.meta["distributed"]["rank"]))
     crit = criterion if criterion is not None else auto_criterion(subject.recorded_rows())
     try:
         report = find_culprit(subject, crit, progress=progress)
