@@ -88,7 +88,7 @@ class DroppingWriter:
     def flush(self, timeout=None):
         return True
 
-    def close(self, timeout=None):
+    def close(self, timeout=None, ended=None):
         pass
 
 
