@@ -77,18 +77,40 @@ def _nonfinite(v: Any) -> float | torch.Tensor:
     return 0.0
 
 
-class BucketVotes:
-    """The stop agreed through the probe's votes: no collective of its own."""
+class _Stop:
+    """What both stops share: the steps' verdicts, each copied to the host (``result``)."""
 
-    def __init__(self, probe: LocalGradProbe, world_size: int, device: torch.device) -> None:
-        self.probe, self.world_size, self.device = probe, world_size, device
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
         self._readback = Readback()
         self._pending: collections.deque[tuple[int, Ticket | None]] = collections.deque()
-        self._last_step: int | None = None
 
     @property
     def deferred(self) -> bool:
         return self.device.type == "cuda"
+
+    def result(self, keep: int = 0) -> Verdict | None:
+        """The first verdict among the steps posted, but the newest ``keep``: read from their
+        copies (waiting for a copy not yet done: see the module docstring)."""
+        verdict = None
+        while len(self._pending) > keep:
+            step, ticket = self._pending.popleft()
+            if ticket is not None:
+                ticket.wait()
+                verdict = verdict or self._verdict(step, ticket.values())
+        return verdict
+
+    def _verdict(self, step: int, v: list[float]) -> Verdict | None:
+        raise NotImplementedError
+
+
+class BucketVotes(_Stop):
+    """The stop agreed through the probe's votes: no collective of its own."""
+
+    def __init__(self, probe: LocalGradProbe, world_size: int, device: torch.device) -> None:
+        super().__init__(device)
+        self.probe, self.world_size = probe, world_size
+        self._last_step: int | None = None
 
     def pending_loss(self) -> int | None:
         """The step this rank's loss went non-finite at, when no reduction has carried its vote
@@ -117,17 +139,6 @@ class BucketVotes:
         else:  # still waiting for a reduction: one step older
             self.probe.late_loss = late + 1 if late > 0 else bad_loss
 
-    def result(self, keep: int = 0) -> Verdict | None:
-        """The first verdict among the steps posted, but the newest ``keep``: read from their
-        copies (waiting for a copy not yet done: see the module docstring)."""
-        verdict = None
-        while len(self._pending) > keep:
-            step, ticket = self._pending.popleft()
-            if ticket is not None:
-                ticket.wait()
-                verdict = verdict or self._verdict(step, ticket.values())
-        return verdict
-
     def _verdict(self, step: int, v: list[float]) -> Verdict | None:
         w = self.world_size
         # When each rank went bad: its gradients at this step (their slot holds NaN, from
@@ -142,14 +153,12 @@ class BucketVotes:
         return Verdict(first, tuple(r for r in sorted(went_bad) if went_bad[r] == first), step)
 
 
-class ConsistentStop:
+class ConsistentStop(_Stop):
     """The fallback: one tiny all-reduce of the ranks' loss flags at the end of every step."""
 
     def __init__(self, rank: int, world_size: int, group: Any) -> None:
+        super().__init__(device_of(group))
         self.rank, self.world_size, self.group = rank, world_size, group
-        self.device = device_of(group)
-        self._readback = Readback()
-        self._pending: collections.deque[tuple[int, Ticket]] = collections.deque()
 
     def post(self, step: int, loss: Any, local_grad_norm: torch.Tensor | None) -> None:
         """Join this step's all-reduce with this rank's flag (no host sync for device tensors)."""
@@ -165,18 +174,6 @@ class ConsistentStop:
         torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX, group=self.group)
         self._pending.append((step, self._readback.launch_whole(flags)))
 
-    @property
-    def deferred(self) -> bool:
-        return self.device.type == "cuda"
-
-    def result(self, keep: int = 0) -> Verdict | None:
-        """The first verdict among the steps posted, but the newest ``keep``, when some rank
-        went bad, else ``None`` (waiting for a copy not yet done: see the module docstring)."""
-        verdict = None
-        while len(self._pending) > keep:
-            step, ticket = self._pending.popleft()
-            ticket.wait()
-            bad = [r for r, f in enumerate(ticket.values()) if f > 0]
-            if bad and verdict is None:
-                verdict = Verdict(step, tuple(bad), step)
-        return verdict
+    def _verdict(self, step: int, v: list[float]) -> Verdict | None:
+        bad = tuple(r for r, f in enumerate(v) if f > 0)
+        return Verdict(step, bad, step) if bad else None
