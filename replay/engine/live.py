@@ -14,14 +14,14 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from ..errors import RecordingError
 from ..store.liveness import writer_state
 from ..store.reader import Recording, Window
 from ..store.tree import TensorLeaf, leaves
 
-__all__ = ["LiveCopy", "pin_live_window"]
+__all__ = ["LiveCopy", "pin_live_window", "env_number"]
 
 BUDGET = 2 << 30  # bytes of records held in memory; REPLAY_LIVE_BUDGET overrides
 
@@ -39,11 +39,16 @@ def _nbytes(tree: Any) -> int:
     return sum(x.nbytes for _, x in leaves(tree) if isinstance(x, TensorLeaf))
 
 
-def _budget() -> int:
+_N = TypeVar("_N", int, float)
+
+
+def env_number(name: str, default: _N) -> _N:
+    """The environment variable ``name`` read as a number of ``default``'s type, or ``default``
+    when it is unset or no such number (a limit the user may raise: never a failure)."""
     try:
-        return int(os.environ.get("REPLAY_LIVE_BUDGET", BUDGET))
+        return type(default)(os.environ.get(name, default))
     except ValueError:
-        return BUDGET
+        return default
 
 
 def pin_live_window(
@@ -78,7 +83,7 @@ def _read(rec: Recording, window: Window) -> LiveCopy | None:
     """The window's records, newest first (the oldest go first in the rings), up to the budget;
     ``None`` when not even the newest snapshot's steps could be read."""
     copy = LiveCopy(window)
-    used, budget = 0, _budget()
+    used, budget = 0, env_number("REPLAY_LIVE_BUDGET", BUDGET)
     first: int | None = None  # the oldest snapshot whose steps through window.last are read
     for t in range(window.last, window.first - 1, -1):
         try:

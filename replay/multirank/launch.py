@@ -40,13 +40,6 @@ DEADLINE = 900.0  # seconds for the whole replay; REPLAY_RANKS_TIMEOUT overrides
 PG_TIMEOUT = 300.0  # seconds a rank waits in a collective; REPLAY_PG_TIMEOUT overrides
 
 
-def _env_seconds(name: str, default: float) -> float:
-    try:
-        return float(os.environ.get(name, default))
-    except ValueError:
-        return default
-
-
 def _backend(recorded: str | None, world: int) -> str:
     """NCCL where the run used it and this machine has a GPU per rank, gloo otherwise."""
     if recorded == "nccl":
@@ -117,7 +110,9 @@ def _run_ranks(
         json.dump(spec, fh)
     port = free_port()
     procs: dict[int, subprocess.Popen[bytes]] = {}
-    deadline = time.monotonic() + _env_seconds("REPLAY_RANKS_TIMEOUT", DEADLINE)
+    from ..engine.live import env_number
+
+    deadline = time.monotonic() + env_number("REPLAY_RANKS_TIMEOUT", DEADLINE)
     try:
         for r in sorted(paths):
             env = {
@@ -204,6 +199,8 @@ def replay_rank_set(
     ``export`` and ``whatif`` run their workflow on every rank (each writes or changes its own
     state); the others run it on the leader, which every other rank follows.
     """
+    from ..engine.live import env_number
+
     scan.check()
     scan.check_one_run(trust or entry is not None)
     paths, world = scan.paths, scan.world_size
@@ -225,7 +222,7 @@ def replay_rank_set(
         "mode": mode,
         "leader": leader,
         "backend": _backend(recorded_backend, world),
-        "timeout": _env_seconds("REPLAY_PG_TIMEOUT", PG_TIMEOUT),
+        "timeout": env_number("REPLAY_PG_TIMEOUT", PG_TIMEOUT),
         "device": device,
         "entry": entry,
         "trust": trust,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from contextlib import closing
 from dataclasses import asdict, dataclass
@@ -48,10 +47,9 @@ def wait_until_drained(run: str) -> None:
         more = f" ({state.steps_to_come} steps to come)" if state.steps_to_come else ""
         say(f"replay: {run}: its training died; waiting for its writer to finish{more}")
 
-    try:
-        timeout = float(os.environ.get("REPLAY_DRAIN_WAIT", DRAIN_WAIT))
-    except ValueError:
-        timeout = DRAIN_WAIT
+    from ..engine.live import env_number
+
+    timeout = env_number("REPLAY_DRAIN_WAIT", DRAIN_WAIT)
     if not wait_for_drain(run, timeout=timeout, on_wait=waiting):
         raise RecordingError(
             f"{run}: its writer process is still committing the steps of a training run that "
