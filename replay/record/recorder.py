@@ -479,7 +479,7 @@ class Recorder:
         them, so no replay can start from one)."""
         if self.not_replayable is not None or not self.enabled:
             return
-        from ..engine.suspects import unheld_state
+        from ..capture.suspects import unheld_state
 
         try:
             found = unheld_state(fn, self.objects)

@@ -52,7 +52,7 @@ class DivergenceCause:
     snapshot: int | None = None
     differs: list[StateDrift] | None = None
     exception: ExceptionInfo | None = None
-    # state the step changes that no snapshot holds (engine/suspects.py), described
+    # state the step changes that no snapshot holds (capture/suspects.py), described
     suspects: list[str] | None = None
     # the environment variables that differ from the recorded run's (capture/environ.py)
     changed_environ: list[str] | None = None

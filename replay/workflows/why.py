@@ -31,10 +31,10 @@ from ..bisect.compare import (
     compare_replays,
     same_bits,
 )
+from ..capture.suspects import Suspect, buffers, candidates, changed_by, same_tensor
 from ..capture.tensors import from_leaves
 from ..engine import Engine
 from ..engine.state import _int_keys
-from ..engine.suspects import Suspect, buffers, candidates, changed_by, same_tensor
 from ..reports import Divergence, DivergenceCause, ExceptionInfo, StateDrift
 
 __all__ = ["explain_divergence", "state_diff"]
@@ -281,7 +281,7 @@ def _explain(
 
 
 def _name_suspects(engine: Engine, t: int, out: DivergenceCause, memories: bool = False) -> None:
-    """Name the state the step changes that no snapshot holds (``engine/suspects.py``), in
+    """Name the state the step changes that no snapshot holds (``capture/suspects.py``), in
     the summary and the hint: one more run of step ``t``. ``memories``: when it changes none,
     name a replay memory (a ``deque``) it reads instead, which the loop fills between steps
     (PyTorch's DQN tutorial: ``optimize_model()`` returns early while the memory is short,

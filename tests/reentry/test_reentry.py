@@ -263,7 +263,7 @@ def test_a_batch_prefetched_by_the_previous_step_is_named_not_called_nondetermin
     assert fd["step"] == 4 and fd["carried_on"] == 0, fd
     assert cause["kind"] == "outside_state", cause
     assert "not from the snapshot of step 4 itself" in cause["summary"], cause
-    # the globals are named (replay/engine/suspects.py), and where they go
+    # the globals are named (replay/capture/suspects.py), and where they go
     assert "the step changes X (tensor" in cause["summary"], cause
     assert cause["hint"].startswith("hand X, Y to the step through rec.step(batch, name=value)")
     assert [s.split(" ")[0] for s in cause["suspects"]] == ["X", "Y"], cause

@@ -78,7 +78,7 @@ def test_a_batch_the_previous_step_prefetched_into_a_global_is_flagged(tmp_path)
         or "(a batch it prefetched: as the batch)" in warn[0]
     ), warn[0]
     assert "rec.step(batch, name=value)" in warn[0], warn[0]
-    # and what it is: the global the step rebinds (replay/engine/suspects.py)
+    # and what it is: the global the step rebinds (replay/capture/suspects.py)
     assert "NEXT[0] (tensor float32[16, 16]" in warn[0], warn[0]
 
 

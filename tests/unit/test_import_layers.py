@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -179,3 +181,40 @@ def test_the_recorder_loads_nothing_of_the_reading_side():
     assert "replay.ranks.names" in loaded and "replay.ranks.policy" in loaded
     wrong = [m for m in loaded if any(m == r or m.startswith(r + ".") for r in READING_SIDE)]
     assert not wrong, f"importing the recorder loaded {wrong}"
+
+
+def test_a_recording_run_loads_nothing_of_the_reading_side_while_it_trains(tmp_path):
+    """The same after steps recorded and the file closed: the recorder names the state a step
+    reads that it does not hold (``capture/suspects.py``) at its first step, and that import
+    once went through ``replay.engine`` (the replay engine, the reader and h5py with it)."""
+    code = textwrap.dedent(
+        """
+        import json, sys, torch, replay
+        model = torch.nn.Linear(3, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        def step(x):
+            opt.zero_grad()
+            loss = model(x).square().mean()
+            loss.backward()
+            opt.step()
+            return loss
+        rec = replay.Recorder(sys.argv[1], model=model, optimizer=opt, self_check=False)
+        for _ in range(3):
+            rec.step(torch.randn(4, 3), step)
+        rec.close()
+        print(json.dumps(sorted(sys.modules)))
+        """
+    )
+    (tmp_path / "train.py").write_text(code)
+    out = subprocess.run(
+        [sys.executable, "train.py", str(tmp_path / "run.h5")],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "RecorderWarning" not in out.stderr, out.stderr  # (a run that replays: it looked)
+    loaded = json.loads(out.stdout.splitlines()[-1])
+    wrong = [m for m in loaded if any(m == r or m.startswith(r + ".") for r in READING_SIDE)]
+    assert not wrong, f"recording loaded {wrong}"

@@ -1,4 +1,4 @@
-"""Naming the state a step changes that no snapshot holds (replay/engine/suspects.py): the step
+"""Naming the state a step changes that no snapshot holds (replay/capture/suspects.py): the step
 function's code read for what it reaches, one step run to see what it changes."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import copy
 import torch
 
 from replay.capture.objects import RunObjects
-from replay.engine.suspects import buffers, candidates, changed_by
+from replay.capture.suspects import buffers, candidates, changed_by
 
 model = torch.nn.Linear(3, 2)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)

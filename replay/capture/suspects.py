@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..capture.objects import RunObjects
+from .objects import RunObjects
 
 __all__ = ["Suspect", "candidates", "changed_by", "buffers", "unheld_state", "same_tensor"]
 
