@@ -236,8 +236,9 @@ def render(report: InfoReport) -> str:
     lines.append(
         f"  health          {'; '.join(bad) if bad else 'no NaN/Inf or exception recorded'}"
     )
-    if s.ended is not None:
-        lines.append(f"  ended by        {s.ended.describe()}")
+    ended = report.steps.ended  # (described before it is made safe: its message's lines)
+    if ended is not None:
+        lines.append(f"  ended by        {term_safe(ended.describe())}")
     if s.last_loss is not None:
         lines.append(f"  last finite loss {s.last_loss:.6g}")
     m = d.model

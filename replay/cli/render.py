@@ -12,7 +12,7 @@ from typing import Any
 
 from ..reports import BisectReport, DivergenceCause, TraceReport, VerifyReport
 from ..reports.ranks import MultiRankRun, RankReplay
-from ..safetext import term_safe_tree
+from ..safetext import term_safe, term_safe_tree
 from ..words import cause_text, op_role, role_text, samples_text
 
 __all__ = ["render_cause", "render_ranks", "render_trace", "render_verdict", "render_verify"]
@@ -47,10 +47,10 @@ def render_verdict(report: BisectReport) -> str:
             f"healthy: no step matches {d.criterion!r} in the recorded health ({span}; "
             f"replayable window steps {w[0]}..{w[1]})"
         )
-        if d.ended is None:
+        if report.ended is None:
             return said
         return (
-            f"{said}\n  but the program died: {d.ended.describe()}\n  no step raised it, so no "
+            f"{said}\n  but the program died: {term_safe(report.ended.describe())}\n  no step raised it, so no "
             f"replay of a step can: `replay info {d.recording} --json` holds its traceback"
         )
     lines = []

@@ -7,6 +7,7 @@ that died. It is written to the file's ``/ended`` at close (docs/format.md).
 from __future__ import annotations
 
 import os
+import re
 import sys
 import traceback
 from typing import Any
@@ -23,19 +24,28 @@ def _cut(text: str, n: int) -> str:
     return text if len(text) <= n else text[: n // 5] + "\n...\n" + text[-(n - n // 5 - 5) :]
 
 
+#: a frame of the traceback a DataLoader worker's exception carries in its message
+_FRAME = re.compile(r'^  File "(.+)", line (\d+), in (.+)$', re.M)
+
+
 def _where(e: BaseException) -> str | None:
     """``path:line in function`` of the innermost frame in the program's own code (not the
-    standard library's, an installed package's or replay's), else the innermost frame."""
-    frames = traceback.extract_tb(e.__traceback__)
+    standard library's, an installed package's or replay's), else the innermost frame. A
+    DataLoader worker's exception is raised again in the main process with the worker's
+    traceback as its message: its frames are the ones that say where (a ``__getitem__``)."""
+    frames = [(f.filename, f.lineno, f.name) for f in traceback.extract_tb(e.__traceback__)]
+    message = str(e)
+    if "\nOriginal Traceback" in message:
+        frames += [(path, int(line), name) for path, line, name in _FRAME.findall(message)]
     if not frames:
         return None
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     outside = tuple(
         os.path.abspath(p) for p in {sys.prefix, sys.base_prefix, sys.exec_prefix, here}
     )
-    own = [f for f in frames if not os.path.abspath(f.filename).startswith(outside)]
-    f = (own or frames)[-1]
-    return f"{f.filename}:{f.lineno} in {f.name}"
+    own = [f for f in frames if not os.path.abspath(f[0]).startswith(outside)]
+    path, line, name = (own or frames)[-1]
+    return f"{path}:{line} in {name}"
 
 
 def ending(e: BaseException, last_step: int | None) -> dict[str, Any] | None:

@@ -84,8 +84,13 @@ class Ended:
 
     def describe(self) -> str:
         """``ValueError: corrupt sample, outside any step, after step 11, at train.py:14 in
-        <module>`` (the message's first line)."""
-        first = self.message.splitlines()[0] if self.message else ""
+        <module>`` (the message's first line; a DataLoader worker's exception, which the main
+        process raises again with the worker's traceback as its message, by its last)."""
+        lines = [line for line in self.message.splitlines() if line.strip()] or [""]
+        first = lines[0]
+        if len(lines) > 2 and lines[1].startswith("Original Traceback"):
+            worker = first.removeprefix(f"Caught {self.type} in ").rstrip(".")
+            first = f"{lines[-1].removeprefix(f'{self.type}: ')} (in {worker})"
         what = f"{self.type}: {first}" if first and self.kind != "interrupted" else self.type
         what = f"interrupted ({what})" if self.kind == "interrupted" else what
         after = (

@@ -48,7 +48,18 @@ PROGRAM = textwrap.dedent(
     if how == "hooked":
         sys.excepthook = hook
 
+    class Images(torch.utils.data.Dataset):
+        def __len__(self):
+            return 160
+
+        def __getitem__(self, i):
+            if i == 100:  # (in batch 12)
+                raise OSError(f"image file is truncated (sample {i})")
+            return torch.randn(4), i % 2
+
     def loader():
+        if how == "worker":
+            yield from torch.utils.data.DataLoader(Images(), batch_size=8, num_workers=2)
         for i in range(20):
             if i == 12:
                 if how == "interrupt":
@@ -112,6 +123,23 @@ def test_an_exception_outside_any_step_is_kept_and_bisect_names_it_instead_of_he
         assert '<p class="warn" id="ended">But the program died: ValueError: corrupt' in (
             page.read_text()
         )
+
+
+def test_a_data_loader_workers_exception_is_named_by_its_own_message_and_getitem_line(tmp_path):
+    """The main process raises a worker's exception again with the worker's traceback as its
+    message: info showed that whole traceback, escaped onto one line, as the ending, and named
+    the program's ``for batch in loader`` line instead of the dataset's."""
+    p, run = _record(tmp_path, "worker")
+    assert p.returncode == 1 and "image file is truncated (sample 100)" in p.stderr
+    info = replay_cli("info", run, timeout=120)
+    raised = 1 + PROGRAM.splitlines().index(
+        '            raise OSError(f"image file is truncated (sample {i})")'
+    )
+    assert (
+        "  ended by        OSError: image file is truncated (sample 100) (in DataLoader worker "
+        f"process 0), outside any step, after step 11, at {tmp_path}/train.py:{raised} in "
+        "__getitem__\n"
+    ) in info.stdout, info.stdout
 
 
 def test_an_exception_a_step_raised_is_the_steps_and_not_an_ending(tmp_path):
