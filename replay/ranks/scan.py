@@ -277,10 +277,10 @@ def _check_bounded(name: str, world: int | None, files: list[RankFileScan]) -> N
     ``MAX_WORLD_SIZE`` when none records one): a file named ``run.rank2000000000.h5`` beside a
     run is no rank of it, and a gap up to its number is no list of missing ranks."""
     bound = world if world is not None else MAX_WORLD_SIZE
-    beyond = sorted((f for f in files if f.rank is not None and f.rank >= bound), key=_rank)
+    beyond = {f.rank: f for f in files if f.rank is not None and f.rank >= bound}
     if not beyond:
         return
-    first = beyond[0]
+    first = beyond[min(beyond)]
     more = f" (and {len(beyond) - 1} more such files)" if len(beyond) > 1 else ""
     recorded = (
         f"the world size {world} the run's files record"
@@ -292,10 +292,6 @@ def _check_bounded(name: str, world: int | None, files: list[RankFileScan]) -> N
         "rank of this run; move it away, or name the run's files (a glob such as "
         "'run.rank[0-9].h5')"
     )
-
-
-def _rank(f: RankFileScan) -> int:
-    return f.rank if f.rank is not None else -1
 
 
 def rank_set(run: str, *, strict: bool = True) -> RankScan | None:
