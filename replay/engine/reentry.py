@@ -113,18 +113,15 @@ def run_program(
         except ReplayFinished:
             pass
         except SystemExit as e:
-            if not out.done:
-                ended = f"exited (code {e.code!r})"
+            ended = f"exited (code {e.code!r})"
         except KeyboardInterrupt:
             raise
         except BaseException as e:  # noqa: BLE001 - the user's program failing: one line, exit 4
-            if not out.done:
-                first = (str(e).strip().splitlines() or [""])[0][:300]
-                ended = f"raised {type(e).__name__}: {first}"
-                kept = _kept_from(e)
+            first = (str(e).strip().splitlines() or [""])[0][:300]
+            ended = f"raised {type(e).__name__}: {first}"
+            kept = _kept_from(e)
         else:
-            if not out.done:
-                ended = "ran to its end"
+            ended = "ran to its end"
     if out.error is not None:
         raise out.error
     if not out.done and kept is not None:
