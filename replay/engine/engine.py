@@ -277,10 +277,6 @@ class Engine(ObservedCalls):
         return opt
 
     @property
-    def scheduler(self) -> Any:
-        return self.objs.scheduler
-
-    @property
     def scaler(self) -> Any:
         return self.objs.scaler
 
