@@ -1,7 +1,7 @@
 """The workflows the commands run, as library calls that return report objects.
 
 Each opens a recording, drives the engine, the bisector and the tracer, and returns a report (a
-dataclass of ``replay.reports``, or ``WhatIfReport``/``ExportReport`` beside its workflow); it
+dataclass of ``replay.reports``, or ``ExportReport`` beside its workflow); it
 knows nothing of click or of how the report is printed (``replay/cli`` parses, calls, renders).
 
 =============  ===========================================================================

@@ -15,15 +15,7 @@ from ..errors import ReplayError, UsageError
 if TYPE_CHECKING:
     from ..engine import Engine
 
-__all__ = [
-    "NotReached",
-    "Diverged",
-    "OutsideState",
-    "finite",
-    "reach",
-    "others",
-    "plain",
-]
+__all__ = ["NotReached", "Diverged", "OutsideState", "finite", "reach"]
 
 
 class NotReached(ReplayError):
@@ -38,13 +30,13 @@ class OutsideState(NotReached, UsageError):
     """An object the loop steps outside the step function: its state in between is unknown."""
 
 
-def others(objs: Any) -> dict[str, Any]:
+def _others(objs: Any) -> dict[str, Any]:
     """The objects besides the model and the optimizer (which the step function updates)."""
     named = {n: objs.named.get(n) for n in ("scheduler", "scaler", *objs.extras)}
     return {n: o for n, o in named.items() if o is not None and hasattr(o, "state_dict")}
 
 
-def plain(x: Any) -> Any:
+def _plain(x: Any) -> Any:
     """A state dict with its tensors as bytes: comparable with ``==``, bit for bit."""
     from ..store.tree import as_record, map_tree
 
@@ -83,7 +75,7 @@ def reach(engine: Engine, step: int) -> int:
     if step == snapshot:
         return 0
     objs = engine.objs
-    before = {n: plain(o.state_dict()) for n, o in others(objs).items()}
+    before = {n: _plain(o.state_dict()) for n, o in _others(objs).items()}
     rows = {
         int(r["step"]): with_exception_type(r, engine.recorded_exception)
         for r in engine.recorded_rows()
@@ -102,7 +94,7 @@ def reach(engine: Engine, step: int) -> int:
             )
         compared += recorded is not None
     engine.state_before(step)  # (the live state is there: this puts step's RNG in place)
-    stale = [n for n, o in others(objs).items() if plain(o.state_dict()) == before[n]]
+    stale = [n for n, o in _others(objs).items() if _plain(o.state_dict()) == before[n]]
     if stale:
         at = ", ".join(str(s) for s in engine.window.snapshots)
         raise OutsideState(

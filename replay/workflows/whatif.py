@@ -43,16 +43,7 @@ if TYPE_CHECKING:
     from ..engine import Engine
     from ..store.reader import Recording
 
-__all__ = [
-    "Change",
-    "StepResult",
-    "Experiment",
-    "WhatIfReport",
-    "parse_change",
-    "replay_range",
-    "run_whatif",
-    "whatif_work",
-]
+__all__ = ["Change", "parse_change", "replay_range", "run_whatif", "whatif_work"]
 
 AFTER_FAILURE = 3  # default to_step: the first bad step + this, clamped to the window
 _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
