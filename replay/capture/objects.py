@@ -455,17 +455,15 @@ def load_state(
     for name, obj in objects.extras.items():
         if name in kept:
             obj.load_state_dict(convert("objects", kept[name]))
-    grads = convert("grads", state.get("grads") or {})
+    owners = [(model, convert("grads", state.get("grads") or {}))]
     kept_grads = state.get("object_grads") or {}
     other = convert("object_grads", kept_grads) if kept_grads else {}
+    owners += [(m, other.get(name) or {}) for name, m in other_models(objects, model).items()]
+    seen: set[int] = set()  # a parameter shared with the model keeps the model's gradient
     with torch.no_grad():
-        for n, p in model.named_parameters():
-            g = grads.get(n)
-            p.grad = None if g is None else g.to(device=p.device, dtype=p.dtype)
-        primary = {id(p) for p in model.parameters()}
-        for name, m in other_models(objects, model).items():
-            mine = other.get(name) or {}
+        for m, grads in owners:
             for n, p in m.named_parameters():
-                if id(p) not in primary:  # (a shared parameter keeps the model's gradient)
-                    g = mine.get(n)
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    g = grads.get(n)
                     p.grad = None if g is None else g.to(device=p.device, dtype=p.dtype)
