@@ -25,7 +25,6 @@ __all__ = [
     "host_leaves",
     "from_leaves",
     "leaf_finite",
-    "dtype_name",
 ]
 
 # dtypes numpy cannot hold natively travel as a same-width integer view.
@@ -46,7 +45,7 @@ if hasattr(torch, "complex32"):
 _NAMES: dict[torch.dtype, str] = {}
 
 
-def dtype_name(dtype: torch.dtype) -> str:
+def _dtype_name(dtype: torch.dtype) -> str:
     name = _NAMES.get(dtype)
     if name is None:
         name = _NAMES[dtype] = str(dtype).removeprefix("torch.")
@@ -153,7 +152,7 @@ def _tensor_leaf(t: torch.Tensor) -> TensorLeaf:
         t = t.resolve_neg()
     view = _VIEW_AS.get(t.dtype)
     data = (t.contiguous().view(view) if view is not None else t).numpy()
-    return TensorLeaf(dtype_name(t.dtype), data, device, grad, strides)
+    return TensorLeaf(_dtype_name(t.dtype), data, device, grad, strides)
 
 
 def tree_nbytes(obj: Any) -> int:

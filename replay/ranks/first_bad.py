@@ -23,7 +23,6 @@ __all__ = [
     "describe_failure",
     "first_bad_rank",
     "is_collective_error",
-    "own_failures",
     "rank_evidence",
 ]
 
@@ -64,13 +63,12 @@ def _is_collective_exception(rec: Recording, step: int) -> bool:
     return is_collective_error(exc)
 
 
-def own_failures(rec: Recording, h: dict[str, np.ndarray] | None = None) -> dict[int, list[str]]:
+def _own_failures(rec: Recording, h: dict[str, np.ndarray]) -> dict[int, list[str]]:
     """Steps at which this rank's *own* values went bad (``loss``, ``local_grad``, ``exception``).
 
     A ``torch.distributed`` error (a collective that timed out because a peer failed) is not the
     rank's own failure.
     """
-    h = rec.health() if h is None else h
     out: dict[int, list[str]] = {}
     for col, reason in (("loss_nonfinite", "loss"), ("local_grad_nonfinite", "local_grad")):
         for s in h["step"][h[col] == 1]:
@@ -96,7 +94,7 @@ class RankEvidence:
 def rank_evidence(rec: Recording, h: dict[str, np.ndarray] | None = None) -> RankEvidence:
     """What ``rec`` (one rank's file) contributes to :func:`first_bad_rank`."""
     h = rec.health() if h is None else h
-    own = own_failures(rec, h)
+    own = _own_failures(rec, h)
     own_step = min(own) if own else None
     seen: dict[int, list[str]] = {}
     skipped = h["scaler_skipped"] == 1

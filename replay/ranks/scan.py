@@ -28,7 +28,6 @@ from .first_bad import RankEvidence, describe_failure, first_bad_rank, rank_evid
 from .names import rank_of_name, resolve_rank_files
 
 __all__ = [
-    "PARALLEL_FROM",
     "RankFileScan",
     "RankScan",
     "rank_set",
@@ -37,7 +36,7 @@ __all__ = [
     "spans",
 ]
 
-PARALLEL_FROM = 32  # by default fewer files are read here: a worker pool costs more to start
+_PARALLEL_FROM = 32  # by default fewer files are read here: a worker pool costs more to start
 
 
 @dataclass(frozen=True)
@@ -205,7 +204,7 @@ def spans(ranks: list[int], most: int = 20) -> str:
 
 def _read_all(files: list[str], workers: int | None) -> Iterable[RankFileScan]:
     n = workers if workers is not None else len(os.sched_getaffinity(0))
-    if n <= 1 or (workers is None and len(files) < PARALLEL_FROM):
+    if n <= 1 or (workers is None and len(files) < _PARALLEL_FROM):
         return [scan_file(p) for p in files]
     import multiprocessing
 
