@@ -152,12 +152,11 @@ class MemoryTracker:
         """What the sidecar's ``/memory`` holds."""
         return {"peak_bytes": self.peak_bytes, "peak_op": self.peak_op, "largest": self.largest}
 
-    def finish(self) -> None:
+    def close(self) -> None:
+        """List the largest storages of a peak not listed yet, then stop accounting and drop the
+        weak references (their callbacks go with them: tensors that outlive the trace owe us
+        nothing)."""
         if self._peak_dirty:
             self._snapshot()
-
-    def close(self) -> None:
-        """Stop accounting and drop the weak references (their callbacks go with them: tensors
-        that outlive the trace owe us nothing)."""
         self._refs.clear()
         self._storages.clear()

@@ -120,7 +120,6 @@ class Tracer:
         self.phase.__exit__()
         self.log.stage.flush()
         self.patches.__exit__()
-        self.log.memory.finish()
         self.log.memory.close()
 
     def notice(self, t: torch.Tensor, what: str, index: int | None = None) -> None:

@@ -214,9 +214,7 @@ class OpLog:
         # An inference tensor (made under torch.inference_mode()) has no version counter: an
         # in-place change to it would not show, so its values are never taken as measured.
         if key is not None and self.memory.counts(key) and not t.is_inference():
-            at = self._values.get(key)
-            if at is None:
-                at = self._values[key] = {}
+            at = self._values.setdefault(key, {})
             at[t.data_ptr()] = (t.numel(), t._version, t.dtype, row)
 
     def _forget(self, key: int) -> None:
