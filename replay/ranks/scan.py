@@ -41,13 +41,12 @@ _PARALLEL_FROM = 32  # by default fewer files are read here: a worker pool costs
 
 @dataclass(frozen=True)
 class RankFileScan:
-    """One rank file: its rank, world size, health steps and first failures, or why it is
+    """One rank file: its rank, world size, steps and first failures, or why it is
     damaged (``damaged``: one line; the other fields are then what its name says)."""
 
     path: str
     rank: int | None
     world_size: int | None = None
-    health_steps: tuple[int, int] | None = None
     steps_total: int = 0
     evidence: RankEvidence | None = None
     damaged: str | None = None
@@ -82,14 +81,12 @@ def scan_file(path: str) -> RankFileScan:
                 evidence = rank_evidence(rec, h)
             rank = d.get("rank", named)
             world = d.get("world_size")
-            steps = (int(h["step"][0]), int(h["step"][-1])) if len(h["step"]) else None
             total = int(rec.status().get("steps_total") or len(h["step"]))
             vouched = standing(rec.meta, rec.sources, rec.run_id, rec.format_version)
             return RankFileScan(
                 path,
                 None if rank is None else int(rank),
                 None if world is None else int(world),
-                steps,
                 total,
                 evidence,
                 backend=d.get("backend"),
