@@ -72,7 +72,6 @@ class RunFacts:
     layers: list[LayerMap] = field(default_factory=list)
     verdict: TraceVerdict | None = None
     traced_step: int | None = None
-    forensics_path: str = ""
     forensics_missing: str | None = None  # why there is no sidecar to show
     ops: OpsAround | None = None
     params: list[dict[str, Any]] = field(default_factory=list)
@@ -157,7 +156,6 @@ def _forensics(facts: RunFacts, rec: Recording) -> None:
     from ..store.forensics import ForensicsReader, NotAForensicsFile, source_lines
 
     path = rec.forensics_path
-    facts.forensics_path = path
     if not os.path.exists(path):
         facts.forensics_missing = "absent"
         return
