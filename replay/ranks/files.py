@@ -44,7 +44,7 @@ class RankFiles:
         self.close()
 
 
-def open_rank_set(spec: RankScan | str | list[str], *, name: str | None = None) -> RankFiles:
+def open_rank_set(spec: RankScan | str | list[str]) -> RankFiles:
     """Open every readable rank file of a scan, or of the rank files ``spec`` names (see
     :func:`resolve_rank_files`, or a list of paths), scanned here (one file's name alone reads as
     a set of one rank). The scan's checks are the only ones (a rank twice, files of different
@@ -55,8 +55,7 @@ def open_rank_set(spec: RankScan | str | list[str], *, name: str | None = None) 
 
     if not isinstance(spec, RankScan):
         files = (resolve_rank_files(spec) or [spec]) if isinstance(spec, str) else spec
-        named = name or (spec if isinstance(spec, str) else None)
-        spec = scan_rank_set(files, strict=False, name=named)
+        spec = scan_rank_set(files, strict=False, name=spec if isinstance(spec, str) else None)
         if spec.damaged:
             spec.check()
     recs: dict[int, Recording] = {}
