@@ -52,14 +52,6 @@ def no_culprit_note(what: str, picked: list[int], size: int, dim: int) -> str:
     return f"no {what} is to blame: {who} alone, and so does the rest of the batch without them"
 
 
-def _step_fails(kind: str, row: dict[str, Any]) -> bool:
-    if kind == "exception":
-        return row.get("raised") == 1.0
-    from ..bisect.criteria import is_nonfinite
-
-    return is_nonfinite(row)
-
-
 def _probe(engine: Engine, step: int) -> Callable[[Any], tuple[float | None, int]]:
     """``probe(batch) -> (loss, forward calls)``: step ``step`` replayed on ``batch`` from the
     state before it, without dropout (``choose_sample_axes``)."""
@@ -385,15 +377,15 @@ def _search(
     from replay.trace import batch_size_of, find_culprit_samples, slice_batch
     from replay.trace.samples import Failure, FailureProbe
 
+    from ..bisect.criteria import is_nonfinite
+
     def failure_of(sub: Any) -> Failure | None:
         engine.state_before(step, keep=True)
         probe = FailureProbe(nonfinite=kind != "exception")
         with probe:
             out = engine.run_step(step, batch=sub)
-        row = out.row()
-        return probe.failure(
-            out.exception, not _step_fails("exception", row) and _step_fails("nonfinite", row)
-        )
+        # (a step that raised is an exception failure, whatever its row says)
+        return probe.failure(out.exception, is_nonfinite(out.row()))
 
     outer = axes[0]
     size = batch_size_of(batch, outer)
