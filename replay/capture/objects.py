@@ -42,6 +42,7 @@ __all__ = [
     "StepCall",
     "objects_from_build",
     "optimizers",
+    "saves_state",
     "other_models",
     "gather_state",
     "load_state",
@@ -65,7 +66,8 @@ def inner_optimizer(optimizer: Any) -> Any:
     return optimizer
 
 
-def _stateful(obj: Any) -> bool:
+def saves_state(obj: Any) -> bool:
+    """Whether ``obj`` has a ``state_dict`` and a ``load_state_dict`` (snapshots keep it)."""
     return callable(getattr(obj, "state_dict", None)) and callable(
         getattr(obj, "load_state_dict", None)
     )
@@ -83,7 +85,7 @@ class RunObjects:
         for k, v in self.named.items():
             if k in ROLES or v is None:
                 continue
-            if _stateful(v):
+            if saves_state(v):
                 self._extras[k] = v
             elif (view := state_view(v)) is not None:  # an Accelerator's micro-batch counter
                 self._extras[k] = view

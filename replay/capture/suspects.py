@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .objects import RunObjects
+from .objects import RunObjects, saves_state
 
 __all__ = ["Suspect", "candidates", "changed_by", "buffers", "unheld_state", "same_tensor"]
 
@@ -213,11 +213,7 @@ def _training_state(obj: object) -> str | None:
         return _stateful(obj)
     if isinstance(obj, (type, types.ModuleType)):
         return None
-    if callable(getattr(obj, "state_dict", None)) and callable(
-        getattr(obj, "load_state_dict", None)
-    ):
-        return type(obj).__name__
-    return None
+    return type(obj).__name__ if saves_state(obj) else None
 
 
 def unheld_state(step_fn: Callable[..., Any], objects: RunObjects) -> list[Suspect]:
