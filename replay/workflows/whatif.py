@@ -131,12 +131,6 @@ def parse_change(kind: str, arg: str) -> Change:
 # -- the run -----------------------------------------------------------------------------------
 
 
-def _fails(row: dict[str, Any]) -> bool:
-    from ..bisect.criteria import is_nonfinite
-
-    return row.get("raised") == 1.0 or is_nonfinite(row)
-
-
 def _opt(x: Any) -> float | None:
     return None if x is None else float(x)
 
@@ -174,6 +168,8 @@ def _unmeasured_norm(row: dict[str, Any]) -> bool:
 
 
 def _result(row: dict[str, Any]) -> StepResult:
+    from ..bisect.criteria import is_nonfinite
+
     exc = row.get("exception")
     raised = exc is not None or row.get("raised") == 1.0
     return StepResult(
@@ -181,7 +177,7 @@ def _result(row: dict[str, Any]) -> StepResult:
         loss=None if raised else _opt(row.get("loss")),
         grad_norm=None if raised or _unmeasured_norm(row) else _opt(row.get("grad_norm")),
         lr=_opt(row.get("lr")),
-        failed=_fails(row),
+        failed=row.get("raised") == 1.0 or is_nonfinite(row),
         exception=(exc or {}).get("type") if isinstance(exc, dict) else None,
     )
 
@@ -231,15 +227,11 @@ def _new_value(old: Any, change: Change) -> Any:
     return x
 
 
-def _seed_for(k: int, step: int) -> int:
-    return (k * 1_000_003 + step) % 2**32
-
-
 def _reseed(k: int, step: int) -> None:
     import numpy as np
     import torch
 
-    s = _seed_for(k, step)
+    s = (k * 1_000_003 + step) % 2**32
     random.seed(s)
     np.random.seed(s)
     torch.manual_seed(s)  # every CUDA device too
