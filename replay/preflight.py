@@ -122,10 +122,9 @@ def _run_streaming(
             echo(line)
             tail.append(line)
             del tail[:-_TAIL]
-        if deadline is None:
-            return proc.wait(), tail
         try:
-            return proc.wait(timeout=max(0.0, deadline - time.monotonic())), tail
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            return proc.wait(timeout=left), tail
         except subprocess.TimeoutExpired:
             end_group(proc)
             tail.append(_stopped(timeout))
