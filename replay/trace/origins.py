@@ -116,7 +116,6 @@ class Origins:
         # origin (op index) -> "real" | "nan" | "intentional" | "alloc"
         self.klass: dict[int, str] = {}
         self.kind: dict[int, str] = {}  # "real" origin -> what it made: nan | inf | neginf
-        self.parents: dict[int, frozenset[int]] = {}  # converter -> origins of its infinities
         self.from_intentional: dict[int, frozenset[int]] = {}  # producer (3) -> those origins
         self.batch_keys: Storages = {}
         self.present_keys: Storages = {}
@@ -178,7 +177,6 @@ class Origins:
                 self.from_intentional[index] = origins
                 return self._new(index, "real", out_kind)
             self.klass[index] = "nan"
-            self.parents[index] = origins
             return "converter", "nan", origins | {index}
         if arg_kind != "finite":
             self.klass[index] = "intentional"
