@@ -119,6 +119,45 @@ def bisect_engine(
     return report
 
 
+class _Healthy(Exception):
+    """The recorded health shows nothing to look for: ``report`` says so, and no user code ran."""
+
+    def __init__(self, report: BisectReport) -> None:
+        self.report = report
+
+
+def _healthy_as_recorded(
+    rec: Recording, criterion: Criterion | None, options: ReplayOptions
+) -> None:
+    """Raise :class:`_Healthy` when the recorded health shows no symptom: the program is not run
+    again (minutes of its start-up, its imports and side effects) to learn nothing. A rank file
+    (judged by its own values) and a file with nothing replayable go the engine's way."""
+    from ..bisect import auto_criterion
+    from ..engine.device import choose_device
+    from ..ranks.files import is_rank_recording
+
+    window = rec.replayable_window()
+    if window is None or is_rank_recording(rec.meta):
+        return
+    rows = rec.health_rows()
+    crit = criterion if criterion is not None else auto_criterion(rows)
+    if crit.first_symptom(rows) is not None:
+        return
+    recorded = rec.snapshot_devices(window.first).get("model", "cpu")
+    raise _Healthy(
+        BisectReport(
+            healthy=True,
+            kind=crit.kind,
+            criterion=crit.describe(),
+            window=[window.first, window.last],
+            device=choose_device(recorded, options.device, lambda _: None),
+            checked=[int(rows[0]["step"]), int(rows[-1]["step"])] if rows else None,
+            recording=rec.path,
+            ended=rec.ended(),
+        )
+    )
+
+
 def _bisect_one(
     run: str,
     rank_set: RankSet | None,
@@ -136,4 +175,12 @@ def _bisect_one(
         report.rank_set = rank_set
         return report
 
-    return with_engine(run, work, options)
+    def check(rec: Recording) -> None:
+        if rank_set is None:
+            _healthy_as_recorded(rec, criterion, options)
+
+    try:
+        return with_engine(run, work, options, check=check)
+    except _Healthy as h:
+        h.report.recording = run
+        return h.report

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sys
 import textwrap
+from pathlib import Path
 
 import h5py
 import pytest
@@ -28,6 +29,8 @@ PROGRAM = textwrap.dedent(
 
     style, how = sys.argv[1].split("-")  # (a `with` block, or a Recorder closed at exit)
     path = sys.argv[2]
+    with open(path + ".runs", "a") as runs:  # (how many times the program ran)
+        runs.write("ran\\n")
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -112,8 +115,10 @@ def test_an_exception_outside_any_step_is_kept_and_bisect_names_it_instead_of_he
         "after step 11, at "
     ) in info.stdout
     if style == "plain":  # (one bisect proves the verdict's line)
-        out = replay_cli("bisect", run, "--trust", timeout=300)
+        out = replay_cli("bisect", run, timeout=300)
         assert out.returncode == 1, out.stderr[-2000:]
+        # a health with no symptom is answered from the file: the program did not run again
+        assert Path(run + ".runs").read_text() == "ran\n" and out.stderr == "", out.stderr
         assert out.stdout.startswith("healthy: ")
         assert "\n  but the program died: ValueError: corrupt sample 7" in out.stdout
         code, report, _ = replay_json("info", run)

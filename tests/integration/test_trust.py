@@ -102,8 +102,11 @@ def _timeit_attack(own_run: Path, tmp_path: Path, how: str) -> tuple[Path, Path,
     return run, marker, shlex.join(["python", "-m", "timeit", "-s", payload, "pass"])
 
 
+# (bisect answers a run whose health shows nothing from the file alone, running no code: a
+# predicate every step matches makes it replay)
+ANY_STEP = ("--until", "loss > 0")
 COMMANDS: list[tuple[str, ...]] = [
-    ("bisect",),
+    ("bisect", *ANY_STEP),
     ("verify",),
     ("trace", "--step", "1"),
     ("whatif", "--seed", "1"),
@@ -132,6 +135,17 @@ def test_a_standard_library_module_program_runs_nothing_without_trust(
     assert cmd in err[0] and f"in {tmp_path}" in err[0] and timeit.__file__ in err[0]
     assert "--trust" in err[0] and f"replay trust {run}" in err[0]
     assert "Traceback" not in p.stderr
+
+
+def test_a_crafted_healthy_recording_is_answered_from_the_file_without_running_anything(
+    own_run: Path, tmp_path: Path
+) -> None:
+    """bisect of a run whose health shows no symptom answers from the file alone: no refusal
+    is needed, since nothing of the recording's runs (it never re-ran the program to say so)."""
+    run, marker, _ = _timeit_attack(own_run, tmp_path, "copied")
+    p = replay_cli("bisect", str(run), cwd=tmp_path, timeout=120)
+    assert p.returncode == 1 and p.stdout.startswith("healthy: "), p.stderr
+    assert not marker.exists() and "PAYLOAD RAN" not in p.stderr and p.stderr == ""
 
 
 def test_the_crafted_program_is_a_real_payload_under_trust(own_run: Path, tmp_path: Path) -> None:
@@ -198,11 +212,11 @@ def test_a_module_program_is_refused_naming_the_file_it_resolves_to(
         }
         meta["env"].update(argv=["train.py"], cwd=str(tmp_path))
         _put(f, "meta/run", meta)
-    p = replay_cli("bisect", str(run), cwd=ROOT, timeout=120)
+    p = replay_cli("bisect", str(run), *ANY_STEP, cwd=ROOT, timeout=120)
     assert p.returncode == REFUSED and not marker.exists(), p.stderr
     assert "PLANTED RAN" not in p.stderr
     assert f"`python -m shipped.trainmod` in {tmp_path} (file {planted})" in p.stderr
-    ran = replay_cli("bisect", str(run), "--trust", cwd=ROOT, timeout=120)
+    ran = replay_cli("bisect", str(run), *ANY_STEP, "--trust", cwd=ROOT, timeout=120)
     assert "PLANTED RAN" in ran.stderr, ran.stderr  # what the refusal named is what --trust runs
 
 
