@@ -42,7 +42,7 @@ class Mark:
     kind: str
 
 
-def reduce_points(x: np.ndarray, y: np.ndarray, most: int = MAX_POINTS) -> np.ndarray:
+def reduce_points(y: np.ndarray, most: int = MAX_POINTS) -> np.ndarray:
     """The indices of the finite points to draw: all when there are at most ``most``, else per
     bucket of consecutive points its lowest and its highest, in order."""
     finite = np.flatnonzero(np.isfinite(y))
@@ -116,7 +116,7 @@ def line_plot(
     if finite.size:
         lo_y, hi_y = float(finite.min()), float(finite.max())
         ky, cy = _scale(lo_y, hi_y, y0 - 4, y1 + 4)
-        idx = reduce_points(x, shown)
+        idx = reduce_points(shown)
         # a gap where a value is missing or non-finite: one polyline per run without one
         gaps = np.cumsum(~np.isfinite(shown))
         for run in np.split(idx, np.flatnonzero(np.diff(gaps[idx]) != 0) + 1):
