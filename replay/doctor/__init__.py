@@ -26,13 +26,12 @@ __all__ = ["diagnose", "Finding", "Rule", "RULES", "rule", "SEVERITIES"]
 
 def diagnose(path: str | os.PathLike[str]) -> list[Finding]:
     """Run every rule on the recording at ``path``; findings sorted by severity, then rule."""
-    with open_recording(path) as rec:
-        with closing(Context(rec)) as ctx:
-            found: list[Finding] = []
-            for r in RULES.values():
-                out = r.check(ctx)
-                if out is None:
-                    continue
-                found.extend([out] if isinstance(out, Finding) else out)
+    with open_recording(path) as rec, closing(Context(rec)) as ctx:
+        found: list[Finding] = []
+        for r in RULES.values():
+            out = r.check(ctx)
+            if out is None:
+                continue
+            found.extend([out] if isinstance(out, Finding) else out)
     order = {s: i for i, s in enumerate(SEVERITIES)}
     return sorted(found, key=lambda f: (order[f.severity], f.rule))

@@ -152,9 +152,7 @@ def capture_state(objs: RunObjects, reuse: dict[str, Any] | None = None) -> dict
     """
     reuse = reuse or {}
     with torch.no_grad():
-        live = gather_state(objs)
-        state = {k: _copy(v, reuse.get(k)) for k, v in live.items()}
-    return state
+        return {k: _copy(v, reuse.get(k)) for k, v in gather_state(objs).items()}
 
 
 def restore_state(objs: RunObjects, state: dict[str, Any]) -> None:
