@@ -17,6 +17,7 @@ one line naming the rank.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -67,10 +68,8 @@ def _criterion_spec(criterion: Any) -> dict[str, Any] | None:
 def _kill(procs: dict[int, subprocess.Popen[bytes]]) -> None:
     for p in procs.values():
         if p.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.pid, signal.SIGKILL)  # the rank and anything it started
-            except ProcessLookupError:
-                pass
     for p in procs.values():
         p.wait()
 

@@ -22,6 +22,7 @@ on the leader.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -149,10 +150,8 @@ def run_own_step(engine: Engine, t: int) -> None:
     """Run step ``t``'s step function on this rank's recorded batch, as the leader's tracer
     runs its own (its exception is the tracer's to describe, not a replay failure)."""
     fn = engine.step_callable(t)
-    try:
+    with contextlib.suppress(Exception):  # (see the docstring)
         fn(engine.model, engine.optimizer, engine.batch(t))
-    except Exception:  # noqa: BLE001, S110 - see the docstring
-        pass
 
 
 def rank_summary(engine: Engine, log: StepLog, rank: int) -> RankReplay:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import dataclasses
 import math
 import os
@@ -225,10 +226,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not _dies_with(args.training_pid):
         return 0  # the run is over already: nothing to check for anyone
-    try:  # the training's cores come first (REPLAY_SELF_CHECK_NICE: how much, 0..19)
-        os.nice(min(19, max(0, int(os.environ.get("REPLAY_SELF_CHECK_NICE", "19")))))
-    except (OSError, ValueError):
-        pass
+    from ..engine.live import env_number
+
+    with contextlib.suppress(OSError):  # the training's cores come first (how much: 0..19)
+        os.nice(min(19, max(0, env_number("REPLAY_SELF_CHECK_NICE", 19))))
     err = _quiet(args.report_fd)
     try:
         verdict = run_selfcheck(
@@ -246,10 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     if earlier is not None and verdict.status == "error":
         return 0  # (the run ended first, most often): the first steps' verdict stands
     verdict = dataclasses.replace(verdict, run_id=args.run_id, earlier=earlier, pid=os.getpid())
-    try:
+    with contextlib.suppress(OSError):
         write_selfcheck(args.run, verdict)
-    except OSError:
-        pass
     if verdict.failed:
         from ..safetext import term_safe
 
