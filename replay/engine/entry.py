@@ -26,7 +26,7 @@ from types import ModuleType
 from typing import Any
 
 from ..capture.installed import installed
-from ..errors import EntryPointError
+from ..errors import EntryPointError, UsageError
 
 __all__ = [
     "EntryPoints",
@@ -68,12 +68,15 @@ class EntryPoints:
 _OWN_PREFIX = "replay.integrations."
 
 
-def parse_entry_override(spec: str) -> EntryOverride:
-    """Parse ``MODULE_OR_FILE:build,step``; raises ``ValueError`` with a one-line reason."""
+def parse_entry_override(spec: str | None) -> EntryOverride | None:
+    """Parse ``--entry MODULE_OR_FILE:build,step`` (``None``: none given); a malformed one is a
+    one-line ``UsageError`` (exit 2)."""
+    if spec is None:
+        return None
     target, sep, names = spec.rpartition(":")
     parts = [p.strip() for p in names.split(",")]
     if not sep or not target or len(parts) != 2 or not all(parts):
-        raise ValueError(
+        raise UsageError(
             f"--entry {spec!r}: expected MODULE_OR_FILE:build,step "
             "(e.g. train.py:build,train_step or mypkg.train:build,train_step)"
         )

@@ -7,14 +7,13 @@ from contextlib import closing
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..errors import RecordingError, UsageError
+from ..errors import RecordingError
 from ..safetext import say
 from ..store.liveness import WriterState, wait_for_drain
 
 if TYPE_CHECKING:
     from ..capture.guard import LiveProgram
     from ..engine import Engine
-    from ..engine.entry import EntryOverride
     from ..ranks.scan import RankScan
     from ..store.reader import Recording
 
@@ -57,18 +56,6 @@ def wait_until_drained(run: str) -> None:
         )
 
 
-def parse_entry(entry: str | None) -> EntryOverride | None:
-    """``--entry MODULE_OR_FILE:build,step`` as an ``EntryOverride``; a bad one is a usage error."""
-    if entry is None:
-        return None
-    from ..engine.entry import parse_entry_override
-
-    try:
-        return parse_entry_override(entry)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-
-
 def with_engine(
     run: str,
     work: Callable[[Recording, Engine], T],
@@ -89,10 +76,12 @@ def with_engine(
     first steps from the oldest kept snapshot at or after that step. The recording and the
     engine are closed afterwards.
     """
-    override = parse_entry(options.entry)
     from ..engine import Engine
+    from ..engine.entry import parse_entry_override
     from ..engine.hands_off import hands_off
     from ..store import open_recording
+
+    override = parse_entry_override(options.entry)
 
     wait_until_drained(run)
     # Whatever user code runs from here (the program re-run, build_fn, each replayed step)

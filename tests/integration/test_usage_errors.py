@@ -26,6 +26,7 @@ CASES = {
     "info_missing_argument": ["info"],
     "bisect_unknown_option": ["bisect", "{run}", "--no-such-option"],
     "verify_bad_device": ["verify", "{run}", "--device", "tpu:9"],
+    "verify_entry_without_functions": ["verify", "{run}", "--entry", "train.py"],
 }
 
 
