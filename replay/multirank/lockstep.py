@@ -92,7 +92,6 @@ class Leader:
 
     def __init__(self, engine: Engine, rank: int, group: Any) -> None:
         self.engine, self.rank, self.group = engine, rank, group
-        self.sent = 0
 
     def install(self) -> None:
         self.engine.observers.append(self)
@@ -100,7 +99,6 @@ class Leader:
     def called(self, name: str, args: tuple[Any, ...]) -> None:
         # A step run on a batch the leader made (a slice of the culprit's): ``args`` says
         # so, and each follower runs its own recorded batch.
-        self.sent += 1
         _send((name, *args), self.rank, self.group)
 
     def ran(self, t: int, on_recorded_batch: bool, outcome: StepOutcome) -> None:
