@@ -12,12 +12,13 @@ from .registry import Finding, rule
 MIN_STEPS = 12  # fewer points than this say nothing about a curve's shape
 
 
-def _thirds(ctx: Context) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+def _ends(ctx: Context) -> tuple[np.ndarray, float, np.ndarray, float] | None:
+    """The first and last quarter of the finite losses (3 at least): steps, median loss each."""
     steps, loss = ctx.loss
     if loss.size < MIN_STEPS:
         return None
     k = max(3, loss.size // 4)
-    return steps[:k], loss[:k], steps[-k:], loss[-k:]
+    return steps[:k], float(np.median(loss[:k])), steps[-k:], float(np.median(loss[-k:]))
 
 
 @rule
@@ -57,13 +58,12 @@ def initial_loss(ctx: Context) -> Finding | None:
 @rule
 def loss_rising(ctx: Context) -> Finding | None:
     """The loss ends much higher than it started."""
-    t = _thirds(ctx)
+    t = _ends(ctx)
     h = ctx.health
     went_nonfinite = bool(np.any(h["loss_nonfinite"] == 1))
     if t is None:
         return None
-    s0, l0, s1, l1 = t
-    a, b = float(np.median(l0)), float(np.median(l1))
+    s0, a, s1, b = t
     if not (b > 1.5 * a and b - a > 0.1):
         return None
     return Finding(
@@ -90,11 +90,10 @@ def loss_rising(ctx: Context) -> Finding | None:
 @rule
 def loss_flat(ctx: Context) -> Finding | None:
     """The loss does not move."""
-    t = _thirds(ctx)
+    t = _ends(ctx)
     if t is None:
         return None
-    s0, l0, s1, l1 = t
-    a, b = float(np.median(l0)), float(np.median(l1))
+    s0, a, s1, b = t
     if a <= 1e-3 or (a - b) / abs(a) > 0.03 or b > 1.5 * a:
         return None
     return Finding(
