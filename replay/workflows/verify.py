@@ -52,7 +52,16 @@ def run_verify(
     files = choice.files
     if files is not None and choice.path == run:  # --alone without --rank: rank 0
         choice = RankChoice(choice.scan, False, files[min(files)])
-    report = _verify_one(choice.path, options, progress, opened, first_steps, start, every_step)
+    pin_from = start if first_steps is not None else None
+    if pin_from is not None:
+        start = None  # the pinned window starts there (at a later snapshot, if that one is gone)
+
+    def work(rec: Recording, engine: Engine) -> VerifyReport:
+        if opened is not None:
+            opened()
+        return verify_engine(rec, engine, progress, start, every_step)
+
+    report = with_engine(choice.path, work, options, pin_steps=first_steps, pin_from=pin_from)
     if choice.approximate:
         report.approximate = True
         report.notes = [APPROXIMATE, *(report.notes or [])]
@@ -104,26 +113,3 @@ def verify_engine(
     if notes:
         report.notes = [*(report.notes or []), *notes]
     return report
-
-
-def _verify_one(
-    run: str,
-    options: ReplayOptions,
-    progress: Callable[[int, int], None] | None,
-    opened: Callable[[], None] | None,
-    first_steps: int | None = None,
-    start: int | None = None,
-    every_step: bool = False,
-) -> VerifyReport:
-    pin_from = start if first_steps is not None else None
-    if pin_from is not None:
-        start = None  # the pinned window starts there (at a later snapshot, if that one is gone)
-
-    def work(rec: Recording, engine: Engine) -> VerifyReport:
-        if opened is not None:
-            opened()
-        report = verify_engine(rec, engine, progress, start, every_step)
-        report.recording = run
-        return report
-
-    return with_engine(run, work, options, pin_steps=first_steps, pin_from=pin_from)
