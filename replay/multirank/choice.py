@@ -37,10 +37,6 @@ class RankChoice:
     lone_rank: bool = False  # ``path`` is one rank's file named on its own
 
     @property
-    def files(self) -> dict[int, str] | None:
-        return None if self.scan is None else self.scan.paths
-
-    @property
     def approximate(self) -> bool:
         """One rank of a DDP run replayed in this process, without its peers."""
         return not self.together and (self.scan is not None or self.lone_rank)

@@ -49,8 +49,8 @@ def run_verify(
         assert choice.scan is not None
         d = together(choice.scan, "verify", options, opened, log=log)
         return VerifyReport.from_json(only_known(VerifyReport, d))
-    files = choice.files
-    if files is not None and choice.path == run:  # --alone without --rank: rank 0
+    if choice.scan is not None and choice.path == run:  # --alone without --rank: rank 0
+        files = choice.scan.paths
         choice = RankChoice(choice.scan, False, files[min(files)])
     pin_from = start if first_steps is not None else None
     if pin_from is not None:

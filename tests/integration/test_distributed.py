@@ -207,6 +207,8 @@ def test_verify_replays_every_rank_together_bitwise(tmp_path: Any) -> None:
     assert a["approximate"] is True and a["deterministic"] is False
     assert a["first_divergence"]["column"] == "param_fingerprint"
     assert a["recording"].endswith("run.rank1.h5")
+    first = json.loads(replay_cli("verify", base, "--alone", "--json").stdout)  # no --rank: 0
+    assert first["approximate"] is True and first["recording"].endswith("run.rank0.h5")
 
     misuse = replay_cli("verify", base, "--rank", "1")
     assert misuse.returncode == 2 and "--alone" in misuse.stderr
