@@ -60,8 +60,8 @@ def test_missing_entry_point_exits_4_naming_the_file_and_the_flag(tmp_path):
     run, _ = record(tmp_path, "healthy", steps=5)
     moved = tmp_path / "moved.py"
     (tmp_path / "train.py").rename(moved)
-    for cmd in ("verify", "bisect"):
-        p = cli(cmd, str(run))
+    for cmd in (("verify",), ("bisect", "--until", "loss > 0")):  # (bisect: a step to replay)
+        p = cli(*cmd, str(run))
         assert p.returncode == 4, p.stderr
         assert str(tmp_path / "train.py") in p.stderr and "--entry" in p.stderr
         assert "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1

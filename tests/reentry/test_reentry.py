@@ -119,7 +119,8 @@ def test_a_program_that_raises_before_its_recorder_is_one_line_exit_4(tmp_path, 
     run = record(tmp_path, "closure_in_main.py", "--steps", "6")
     script = tmp_path / "closure_in_main.py"
     script.write_text(script.read_text().replace("    torch.manual_seed(0)\n", "    1 / 0\n"))
-    p = replay_cli("bisect", str(run), cwd=elsewhere)
+    # (a predicate every step matches: a healthy window is answered without running anything)
+    p = replay_cli("bisect", str(run), "--until", "loss > 0", cwd=elsewhere)
     assert p.returncode == 4 and "Traceback" not in p.stderr, p.stderr[-3000:]
     assert "raised ZeroDivisionError: division by zero before it constructed" in p.stderr
 
