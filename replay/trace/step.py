@@ -28,7 +28,7 @@ from replay.trace.picture import (
 from replay.trace.result import TraceException, TraceResult
 from replay.trace.samples import batch_size_of
 from replay.trace.scope import Activation
-from replay.trace.source import snapshot_sources
+from replay.trace.source import Interner, snapshot_sources
 from replay.trace.spool import CHUNK_ROWS, OpColumns
 from replay.trace.verdict import build_verdict
 
@@ -278,8 +278,7 @@ def _result(
 ) -> TraceResult:
     ops = OpColumns(tracer.log.cols)
     names = tracer.scope.modules.items
-    kinds: list[str] = []
-    kind_index: dict[str, int] = {}
+    kinds = Interner()  # module classes
     mods = dict(model.named_modules())
     rows: dict[str, list[float]] = {k: [] for k in MODULE_COLUMNS}
     counts = np.zeros(len(names), dtype=np.int64)
@@ -287,13 +286,9 @@ def _result(
         m = ops.read("module", a, a + CHUNK_ROWS)
         counts += np.bincount(m[m >= 0], minlength=len(names))[: len(names)]
     for i, name in enumerate(names):
-        kind = type(mods[name]).__name__ if name in mods else "?"
-        if kind not in kind_index:
-            kind_index[kind] = len(kinds)
-            kinds.append(kind)
         parent = name.rpartition(".")[0] if name else None
         rows["name"].append(i)
-        rows["kind"].append(kind_index[kind])
+        rows["kind"].append(kinds(type(mods[name]).__name__ if name in mods else "?"))
         rows["parent"].append(
             tracer.scope.modules.index.get(parent, -1) if parent is not None else -1
         )
@@ -311,7 +306,7 @@ def _result(
         "locations": tracer.sites.locs.locations.items,
         "stacks": tracer.sites.locs.stacks.items,
         "shapes": tracer.log.shapes.items,
-        "module_kinds": kinds,
+        "module_kinds": kinds.items,
         "params": list(params.names),
         "nodes": tracer.sites.nodes.items,
     }
