@@ -281,9 +281,8 @@ def _replay_rank(
         peer_failed = set() if mesh_of(engine.model) is not None else _shard(engine, fsdp)
     else:
         peer_failed = _wrap_ddp(engine, engine.device, rec)
-    if peer_failed:
-        # Not compared on this rank: the recording holds the collective's failure.
-        engine.not_compared |= peer_failed
+    # Not compared on this rank: the recording holds the collective's failure.
+    engine.not_compared |= peer_failed
     log = StepLog()
     log.attach(engine, rank)
     report: dict[str, Any] | None = None
