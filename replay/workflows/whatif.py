@@ -443,10 +443,6 @@ def _run(
     return exp, rows
 
 
-def _params(engine: Engine) -> list[Any]:
-    return [p.detach().clone() for p in engine.model.parameters()]
-
-
 def _distance(engine: Engine, ref: list[Any]) -> float | None:
     import torch
 
@@ -598,9 +594,9 @@ def whatif_work(
             divergence = compare_rows(want, row)
             if divergence is not None:
                 break
-        ref = _params(engine) if base.stopped is None else None
-        if ref is not None and not all(bool(p.isfinite().all()) for p in ref):
-            ref = None  # a distance to NaN weights says nothing
+        params = [p.detach().clone() for p in engine.model.parameters()]
+        finite = base.stopped is None and all(bool(p.isfinite().all()) for p in params)
+        ref = params if finite else None  # (from a half-done step's or NaN weights: no distance)
 
         exps = []
         for plan in plans:
