@@ -211,9 +211,8 @@ def replay_rank_set(
     )
     failure = first if leads else None
     sharded = any(f.fsdp for f in scan.ranks.values())
-    spec = scan.spec
     if world is None or world != len(paths):
-        raise RecordingError(f"{spec}: the files do not say the run's world size")
+        raise RecordingError(f"{scan.spec}: the files do not say the run's world size")
     leader = failure.rank if failure is not None else min(paths)
     recorded_backend = next(iter(backends)) if len(backends) == 1 else None
     job = {
