@@ -100,6 +100,10 @@ class Locations:
             i = self._stack_key[locs] = self.stacks(json.dumps(list(locs)))
         return i
 
+    def _site(self, locs: list[int]) -> tuple[int, int]:
+        """``(location, stack)`` of the innermost of ``locs`` (outermost first), or ``(-1, -1)``."""
+        return (locs[-1], self._stack(tuple(locs))) if locs else (-1, -1)
+
     def here(self, frame: FrameType | None = None) -> tuple[int, int]:
         """``(location, stack)`` indices of the calling user code; ``(-1, -1)`` if none."""
         f: FrameType | None = frame if frame is not None else sys._getframe(1)
@@ -109,10 +113,7 @@ class Locations:
             if self._is_user(code):
                 locs.append(self._loc(code.co_filename, f.f_lineno, code.co_name))
             f = f.f_back
-        if not locs:
-            return -1, -1
-        locs.reverse()
-        return locs[-1], self._stack(tuple(locs))
+        return self._site(locs[::-1])
 
     def user_frame(self, frame: FrameType | None) -> FrameType | None:
         """The innermost user frame at or outside ``frame`` (inside the traced step), or None."""
@@ -131,10 +132,7 @@ class Locations:
             if self._is_user(code):
                 locs.append(self._loc(code.co_filename, tb.tb_lineno, code.co_name))
             tb = tb.tb_next
-        if not locs:
-            return -1, -1
-        locs = locs[-MAX_STACK:]
-        return locs[-1], self._stack(tuple(locs))
+        return self._site(locs[-MAX_STACK:])
 
     def describe(self, index: int) -> SourceLine | None:
         """``{"file", "line", "function", "code"}`` for a location index."""
