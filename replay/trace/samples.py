@@ -92,9 +92,7 @@ def sample_list(batch: object) -> bool:
     states, actions, rewards), a list of dicts collated inside the step. Its sample axis is
     the list itself. Not ``[x, y]`` (tensors), nor a list of micro-batches (containers whose
     tensors share a leading size over 1: the rows of each are samples)."""
-    if not isinstance(batch, (list, tuple)) or type(batch) not in (list, tuple):
-        return False
-    if len(batch) < 2:
+    if not isinstance(batch, (list, tuple)) or type(batch) not in (list, tuple) or len(batch) < 2:
         return False
     first = batch[0]
     if not isinstance(first, (tuple, list, dict)) or any(type(b) is not type(first) for b in batch):
