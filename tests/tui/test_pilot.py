@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-from helpers import press, settle
+from helpers import press, settle, workers_done
 
 from replay.store.forensics import ForensicsReader
 from replay_tui import make_app
@@ -341,3 +341,35 @@ async def test_the_overview_says_how_the_program_ended_outside_any_step(runs, tm
         await settle(pilot)
         info = str(app.screen.query_one("#run-info").render())
         assert "ended by ValueError: corrupt sample 7, outside any step, after step 9" in info
+
+
+async def test_a_path_in_a_crafted_recording_is_shown_as_text_never_as_markup(runs, tmp_path):
+    """Pressing ``t`` named the entry points' files from the recording in a notification that
+    Textual reads as markup: a file that names one ``[/]`` ended the TUI with a MarkupError,
+    and ``[@click=...]`` made an action link."""
+    import json
+    import shutil
+
+    import h5py
+    import numpy as np
+
+    shutil.copy(runs["plain"], tmp_path / "run.h5")
+    with h5py.File(tmp_path / "run.h5", "r+") as f:  # (as a stranger with h5py would)
+        meta = json.loads(f["meta/run"][()].tobytes().decode())
+        meta["entry"]["step_fn"]["path"] = "/tmp/[/]x[@click=app.quit]y"
+        del f["meta/run"]
+        f["meta"].create_dataset("run", data=np.frombuffer(json.dumps(meta).encode(), np.uint8))
+    app = make_app(tmp_path / "run.h5", poll=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        await press(pilot, "t")
+        await workers_done(app)
+        await settle(pilot)
+        from textual.content import Content
+
+        # (as the toast draws it: markup is parsed unless the notification says not to)
+        shown = [
+            n.message if not n.markup else Content.from_markup(n.message).plain
+            for n in app._notifications
+        ]
+        assert len(shown) == 2 and all("/tmp/[/]x[@click=app.quit]y" in m for m in shown), shown

@@ -225,7 +225,7 @@ class OpsScreen(ForensicsScreen):
         try:
             self.filter = OpFilter.parse(event.value)
         except ValueError as e:
-            self.notify(str(e), severity="error")
+            self.notify(str(e), severity="error", markup=False)
             return
         self.action_close_filter()
         self._apply_filter()

@@ -145,18 +145,22 @@ class OverviewScreen(RunScreen):
         if not len(steps):
             return
         step = int(steps[min(self.cursor, len(steps) - 1)])
-        files = ", ".join(sorted({str(e.get("path")) for e in self.model.rec.entry.values()}))
-        self.notify(f"tracing step {step}: replay trace imports {files}", timeout=6)
+        files = ", ".join(sorted({str(e.get("path")) for e in self.model.entry.values()}))
+        self.notify(f"tracing step {step}: replay trace imports {files}", timeout=6, markup=False)
         self._trace(step)
 
     @work(thread=True, exclusive=True, group="trace")
     def _trace(self, step: int) -> None:
         run = run_replay("trace", self.model.rec.path, "--step", str(step))
         if run.code != 0:
-            self.app.call_from_thread(self.notify, run.error_line(), severity="error", timeout=10)
+            self.app.call_from_thread(self._failed, run.error_line())
             return
         self.model.refresh()
         self.app.call_from_thread(self._traced, step)
+
+    def _failed(self, line: str) -> None:
+        """A child's one-line error: text from the file or the program, never markup."""
+        self.notify(line, severity="error", timeout=10, markup=False)
 
     def _traced(self, step: int) -> None:
         self.update_from_model()
@@ -172,8 +176,9 @@ class OverviewScreen(RunScreen):
         def chosen(args: list[str] | None) -> None:
             if not args:
                 return
-            files = ", ".join(sorted({str(e.get("path")) for e in self.model.rec.entry.values()}))
-            self.notify(f"what-if {' '.join(args)}: replay whatif imports {files}", timeout=6)
+            files = ", ".join(sorted({str(e.get("path")) for e in self.model.entry.values()}))
+            said = f"what-if {' '.join(args)}: replay whatif imports {files}"
+            self.notify(said, timeout=6, markup=False)
             self._whatif(args)
 
         self.app.push_screen(WhatIfForm(self.model.focus_step()), chosen)
@@ -188,7 +193,7 @@ class OverviewScreen(RunScreen):
             except (ValueError, KeyError, TypeError, IndexError):
                 report = None
         if report is None or not report.experiments:
-            self.app.call_from_thread(self.notify, run.error_line(), severity="error", timeout=10)
+            self.app.call_from_thread(self._failed, run.error_line())
             return
         self.app.call_from_thread(self._show_whatif, report)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shlex
 
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
@@ -66,7 +67,7 @@ class WhatIfForm(ModalScreen[list[str] | None]):
         try:
             args = parse_change(event.value)
         except ValueError as e:
-            self.query_one("#whatif-error", Static).update(str(e))
+            self.query_one("#whatif-error", Static).update(Text(str(e)))  # (what was typed)
             return
         self.dismiss(args)
 
