@@ -160,16 +160,12 @@ def batch_size_of(batch: object, axis: int = 0) -> int | None:
     """The size of ``axis`` in the batch: by default the most common dim-0 size among the
     tensor leaves (None without any); the list's length for a ``sample_list``; for a
     ``micro_list``, the list's length along 0 and the first micro-batch's rows along 1."""
+    items = cast(list[object], batch)  # (when it is a list or a tuple)
     if axis == 0 and sample_list(batch):
-        return len(cast(list[object], batch))
-    if axis == 0 and zipped(batch):
-        return len(
-            next(
-                cast(list[object], x) for x in cast(list[object], batch) if type(x) in (list, tuple)
-            )
-        )
+        return len(items)
+    if axis == 0 and zipped(batch):  # (its sequences are lists or tuples, the rest tensors)
+        return len(next(x for x in items if isinstance(x, (list, tuple))))
     if micro_list(batch, least=1):
-        items = cast(list[object], batch)
         return len(items) if axis == 0 else batch_size_of(items[0]) if axis == 1 else None
     if axis == 0:
         leaves = _per_sample_leaves(batch)
@@ -204,14 +200,12 @@ def slice_batch(batch: _Batch, indices: Sequence[int], axis: int = 0) -> _Batch:
     """The same nested structure (dict, list, tuple, namedtuple) with every tensor leaf whose
     ``axis`` has the batch's size along it indexed by ``indices`` there; other leaves are kept
     as they are. A ``sample_list``: those of its items."""
+    items = cast(list[object], batch)  # (when it is a list or a tuple)
     if axis == 0 and sample_list(batch):
-        items = cast(list[object], batch)
         return cast(_Batch, type(items)(items[i] for i in indices))
     if axis == 0 and zipped(batch):
-        parts = cast(list[object], batch)
-        return cast(_Batch, type(parts)(_pick(part, indices) for part in parts))
+        return cast(_Batch, type(items)(_pick(part, indices) for part in items))
     if micro_list(batch, least=1) and axis in (0, 1):
-        items = cast(list[object], batch)
         if axis == 0:
             return cast(_Batch, type(items)(items[i] for i in indices))
         return cast(_Batch, type(items)(slice_batch(item, indices) for item in items))
