@@ -199,13 +199,11 @@ def _dies_with(training_pid: int | None) -> bool:
     the later check); ``False`` when that process is gone already."""
     if training_pid is None:
         return True
-    try:
+    with contextlib.suppress(OSError, AttributeError):  # (not Linux: the waits end with the run)
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass  # not Linux: the waits below still end once the run is over
     return os.getppid() == training_pid
 
 
