@@ -190,14 +190,12 @@ class Guard:
         """Remove what the re-run created (a folder whole: nothing in it existed before) and the
         scratch folder."""
         for path in sorted(set(self.created), key=len, reverse=True):
-            try:
-                if os.path.isdir(path) and not os.path.islink(path):
-                    # nothing in it existed before the re-run made it (a compiler's files too)
-                    shutil.rmtree(path, ignore_errors=True)
-                else:
+            if os.path.isdir(path) and not os.path.islink(path):
+                # nothing in it existed before the re-run made it (a compiler's files too)
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
                     os.unlink(path)
-            except OSError:
-                pass
         shutil.rmtree(self.scratch, ignore_errors=True)
 
 
