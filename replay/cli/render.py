@@ -49,9 +49,12 @@ def render_verdict(report: BisectReport) -> str:
         )
         if report.ended is None:
             return said
+        said += f"\n  but the program died: {term_safe(report.ended.describe())}"
+        if report.ended.kind == "killed":  # (no exception: nothing more is kept)
+            return said
         return (
-            f"{said}\n  but the program died: {term_safe(report.ended.describe())}\n  no step raised it, so no "
-            f"replay of a step can: `replay info {d.recording} --json` holds its traceback"
+            f"{said}\n  no step raised it, so no replay of a step can: "
+            f"`replay info {d.recording} --json` holds its traceback"
         )
     lines = []
     first, sym = d.first_bad_step, d.symptom_step

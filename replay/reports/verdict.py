@@ -71,7 +71,7 @@ class Ended:
     @classmethod
     def from_json(cls, v: Any) -> Ended | None:
         """``None`` for anything else: this part only informs, so a damaged one is no ending."""
-        if not isinstance(v, dict) or v.get("kind") not in ("exception", "interrupted", "exit"):
+        if not isinstance(v, dict) or v.get("kind") not in ("exception", "interrupted", "exit", "killed"):
             return None
         tp, message, tb = (v.get(k) for k in ("type", "message", "traceback"))
         last, where = v.get("last_step"), v.get("where")
@@ -82,10 +82,25 @@ class Ended:
         where = where if isinstance(where, str) else None
         return cls(v["kind"], tp, message, where, tb, last)
 
+    @classmethod
+    def killed(cls, last_step: int | None, memory: str) -> Ended:
+        """A recording left unclosed by a program that no exception ended: ``memory`` says
+        how much it held at its last steps (the out-of-memory killer is the usual cause)."""
+        return cls("killed", "", memory, None, "", last_step)
+
     def describe(self) -> str:
         """``ValueError: corrupt sample, outside any step, after step 11, at train.py:14 in
         <module>`` (the message's first line; a DataLoader worker's exception, which the main
         process raises again with the worker's traceback as its message, by its last)."""
+        after = (
+            "before the first step" if self.last_step is None else f"after step {self.last_step}"
+        )
+        if self.kind == "killed":
+            return (
+                f"it never closed its recording, {after}: no exception ended it (a kill such as "
+                "SIGKILL or the out-of-memory killer, os._exit, a crash in native code, the "
+                "machine going down)" + (f"; {self.message}" if self.message else "")
+            )
         lines = [line for line in self.message.splitlines() if line.strip()] or [""]
         first = lines[0]
         if len(lines) > 2 and lines[1].startswith("Original Traceback"):
@@ -93,9 +108,6 @@ class Ended:
             first = f"{lines[-1].removeprefix(f'{self.type}: ')} (in {worker})"
         what = f"{self.type}: {first}" if first and self.kind != "interrupted" else self.type
         what = f"interrupted ({what})" if self.kind == "interrupted" else what
-        after = (
-            "before the first step" if self.last_step is None else f"after step {self.last_step}"
-        )
         return f"{what}, outside any step, {after}" + (f", at {self.where}" if self.where else "")
 
 

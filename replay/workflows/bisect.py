@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..bisect.criteria import Criterion
@@ -13,7 +14,8 @@ if TYPE_CHECKING:
 
 from ..errors import ReplayError
 from ..reports import BisectReport
-from ..reports.verdict import only_known
+from ..reports.verdict import Ended, only_known
+from ..store.liveness import writer_state
 from .segments import failing_segment
 from .session import AS_RECORDED, ReplayOptions, together, with_engine
 
@@ -144,6 +146,9 @@ def _healthy_as_recorded(
     if crit.first_symptom(rows) is not None:
         return
     recorded = rec.snapshot_devices(window.first).get("model", "cpu")
+    ended = rec.ended()
+    if ended is None and not rec.closed_cleanly and writer_state(rec.path) is None:
+        ended = Ended.killed(int(rows[-1]["step"]) if rows else None, _memory(rows))
     raise _Healthy(
         BisectReport(
             healthy=True,
@@ -153,9 +158,20 @@ def _healthy_as_recorded(
             device=choose_device(recorded, options.device, lambda _: None),
             checked=[int(rows[0]["step"]), int(rows[-1]["step"])] if rows else None,
             recording=rec.path,
-            ended=rec.ended(),
+            ended=ended,
         )
     )
+
+
+def _memory(rows: list[dict[str, Any]]) -> str:
+    """The process's resident memory over the recorded steps, the GPU's where it had one."""
+    said = []
+    for col, what in (("rss", "resident memory"), ("cuda_allocated", "GPU memory allocated")):
+        kept = [(int(r["step"]), r[col]) for r in rows if math.isfinite(r.get(col, math.nan))]
+        if kept:
+            (s0, v0), (s1, v1) = kept[0], kept[-1]
+            said.append(f"{what} {v0 / 2**30:.2f} GiB at step {s0}, {v1 / 2**30:.2f} at {s1}")
+    return "; ".join(said)
 
 
 def _bisect_one(

@@ -8,6 +8,7 @@ now keeps how the program ended (``/ended``): info and bisect name it, with wher
 from __future__ import annotations
 
 import json
+import re
 import sys
 import textwrap
 from pathlib import Path
@@ -23,6 +24,8 @@ from tests.conftest import replay_cli, replay_json, run_py
 
 PROGRAM = textwrap.dedent(
     """
+    import os
+    import signal
     import sys
     import torch
     import replay
@@ -65,6 +68,8 @@ PROGRAM = textwrap.dedent(
             yield from torch.utils.data.DataLoader(Images(), batch_size=8, num_workers=2)
         for i in range(20):
             if i == 12:
+                if how == "kill":  # (as the out-of-memory killer would)
+                    os.kill(os.getpid(), signal.SIGKILL)
                 if how == "interrupt":
                     raise KeyboardInterrupt
                 if how.startswith("exit"):
@@ -145,6 +150,24 @@ def test_a_data_loader_workers_exception_is_named_by_its_own_message_and_getitem
         f"process 0), outside any step, after step 11, at {tmp_path}/train.py:{raised} in "
         "__getitem__\n"
     ) in info.stdout, info.stdout
+
+
+def test_a_run_killed_outside_any_step_is_said_to_have_never_closed_its_recording(tmp_path):
+    """SIGKILL (the out-of-memory killer's) leaves no exception to keep: bisect said "healthy"
+    alone. It says the recording was never closed, after which step, and the memory the
+    process held over the steps."""
+    p, run = _record(tmp_path, "kill")
+    assert p.returncode == -9, p.stderr[-2000:]
+    out = replay_cli("bisect", run, timeout=300)
+    assert out.returncode == 1 and out.stdout.startswith("healthy: "), out.stderr[-2000:]
+    assert len(out.stdout.splitlines()) == 2  # (no traceback to point to)
+    said = out.stdout.splitlines()[1]
+    assert said.startswith(
+        "  but the program died: it never closed its recording, after step 11: no exception"
+    ), said
+    assert re.search(r"; resident memory \d+\.\d\d GiB at step 0, \d+\.\d\d at 11$", said), said
+    code, report, _ = replay_json("bisect", run)
+    assert report["ended"]["kind"] == "killed" and report["ended"]["last_step"] == 11
 
 
 def test_an_exception_a_step_raised_is_the_steps_and_not_an_ending(tmp_path):
