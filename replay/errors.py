@@ -133,15 +133,30 @@ class RecorderWarning(UserWarning):
 _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
-def warn_at_user_line(message: str) -> None:
-    """A :class:`RecorderWarning` shown at the program's own line: the first frame outside this
-    package, however deep in it the warning was found (``rec.step``, ``replay.step``, a capture
-    helper), where a fixed ``stacklevel`` named ``replay/__init__.py`` for a step handed over
-    with ``replay.step``. Call it on the training thread."""
-    frame: FrameType | None = sys._getframe(1)
+def _outside(frame: FrameType | None) -> tuple[FrameType | None, int]:
+    """The first frame outside this package from ``frame`` out, and its ``stacklevel``."""
     level = 2
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE):
         frame, level = frame.f_back, level + 1
+    return frame, level
+
+
+def user_line() -> tuple[str, int] | None:
+    """``(file, line)`` of the program's own line that called into replay (``None``: none)."""
+    frame, _ = _outside(sys._getframe(0).f_back)
+    return None if frame is None else (frame.f_code.co_filename, frame.f_lineno)
+
+
+def warn_at_user_line(message: str, made_at: tuple[str, int] | None = None) -> None:
+    """A :class:`RecorderWarning` shown at the program's own line: the first frame outside this
+    package, however deep in it the warning was found (``rec.step``, ``replay.step``, a capture
+    helper), where a fixed ``stacklevel`` named ``replay/__init__.py`` for a step handed over
+    with ``replay.step``. Call it on the training thread. ``made_at``: the line to name when
+    no frame of the program's is left (interpreter exit, which warnings calls ``sys:1``)."""
+    frame, level = _outside(sys._getframe(0).f_back)  # (None at exit: atexit calls from C)
+    if frame is None and made_at is not None:
+        warnings.warn_explicit(message, RecorderWarning, *made_at)
+        return
     warnings.warn(message, RecorderWarning, stacklevel=level)
 
 

@@ -40,7 +40,7 @@ from ..capture.numerics import warn_unless_bitwise
 from ..capture.objects import RunObjects, objects_from_build
 from ..capture.sharded import layout
 from ..capture.tensors import tree_nbytes
-from ..errors import NonFiniteLossError, RecorderWarning, warn_at_user_line
+from ..errors import NonFiniteLossError, RecorderWarning, user_line, warn_at_user_line
 from ..ranks.context import detect, shared_run_id, unwrap
 from ..ranks.names import base_path, rank_path
 from ..ranks.policy import DdpRanks
@@ -177,6 +177,7 @@ class Recorder:
         self._pending: Callable[[Callable[..., Any]], None] | None = None
         self._closed = self._warned = False
         self._step_error: BaseException | None = None
+        self._made_at = user_line()  # (the program's line that made it)
         # exit and SIGTERM close the file (started at `with`, or at the first step)
         self._lifecycle = Lifecycle(self.close, self._close_again, lambda: self._closed)
         if step_fn is None and takes_over_at_first_step():
@@ -798,7 +799,7 @@ class Recorder:
                 # a run that failed is bisected next, and bisect checks that it replays
                 failed = ended is not None or (cap is not None and cap.failed)
                 if self._self_check is not None and not failed:
-                    self._self_check.at_close()
+                    self._self_check.at_close(self._made_at)
 
     def _close_again(self) -> None:
         if self._capture is not None:

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from ..child import ROOT, SELF_CHECK, free_port, python_module
-from ..errors import RecorderWarning
+from ..errors import RecorderWarning, warn_at_user_line
 from ..store.selfcheck import RTOL, SelfCheck, read_selfcheck, write_selfcheck
 from .config import RecorderConfig
 
@@ -73,7 +73,7 @@ class SelfCheckLauncher:
                 stacklevel=3,
             )
 
-    def at_close(self) -> None:
+    def at_close(self, made_at: tuple[str, int] | None) -> None:
         """The recording closed with the check still running (a short run, or cores the
         training keeps busy: it runs at the lowest priority): say so once, or the run would end
         as if it had been proven to replay."""
@@ -86,12 +86,11 @@ class SelfCheckLauncher:
             return
         if v is None or v.status != "running":
             return
-        warnings.warn(
+        warn_at_user_line(  # (``made_at``, the Recorder's line, at interpreter exit)
             f"replay: the self-check of {self.path} had not finished when the recording closed "
             "(it goes on at the lowest priority while this process lives): that it replays is "
             f"not proven yet; `replay verify {self.path}` checks it",
-            RecorderWarning,
-            stacklevel=4,
+            made_at,
         )
 
     def _skipped(self, why: str) -> None:

@@ -228,3 +228,17 @@ def test_a_planted_or_damaged_ended_reads_as_no_ending_never_as_a_failure(tmp_pa
 
 if sys.platform != "linux":  # pragma: no cover
     pytestmark = pytest.mark.skip("Linux only")
+
+
+def test_a_warning_at_interpreter_exit_names_the_recorders_line_not_sys_1(tmp_path):
+    """The self-check's "had not finished" warning of a Recorder closed at exit was shown at
+    ``sys:1``: no frame of the program's is left when atexit runs the close."""
+    script = tmp_path / "exits.py"
+    script.write_text(
+        "import atexit\n"
+        "from replay.errors import warn_at_user_line\n"
+        "atexit.register(warn_at_user_line, 'replay: at exit', (__file__, 7))\n"
+    )
+    p = run_py(str(script), cwd=tmp_path, timeout=60, fresh=True)
+    assert p.returncode == 0
+    assert p.stderr.startswith(f"{script}:7: RecorderWarning: replay: at exit"), p.stderr
