@@ -9,22 +9,6 @@ Example::
     result.write("run.forensics.h5", run_id="abc", step=123)
 """
 
-from replay.trace.samples import (
-    batch_size_of,
-    candidate_axes,
-    choose_sample_axes,
-    find_culprit_samples,
-    has_batch_coupling,
-    slice_batch,
-)
 from replay.trace.step import trace_step
 
-__all__ = [
-    "trace_step",
-    "find_culprit_samples",
-    "slice_batch",
-    "batch_size_of",
-    "has_batch_coupling",
-    "candidate_axes",
-    "choose_sample_axes",
-]
+__all__ = ["trace_step"]

@@ -341,7 +341,7 @@ def sample_axes(engine: Engine, step: int, batch: Any) -> tuple[list[int], list[
     found: the step function's ``batch_axis`` when it fits, else ``choose_sample_axes`` (which
     may replay the step, or the one before it, to tell candidate axes apart). The diagnosis and
     ``replay whatif --drop-samples`` slice along the same axes."""
-    from replay.trace import choose_sample_axes
+    from replay.trace.samples import choose_sample_axes
 
     pstep, pbatch = _probe_step(engine, step, batch)
     hint = getattr(engine.step_fn, "batch_axis", None)
@@ -349,7 +349,7 @@ def sample_axes(engine: Engine, step: int, batch: Any) -> tuple[list[int], list[
 
 
 def _samples(engine: Engine, step: int, kind: str, batch: Any, result: TraceResult) -> None:
-    from replay.trace import has_batch_coupling
+    from replay.trace.samples import has_batch_coupling
 
     axes, notes = sample_axes(engine, step, batch)
     result.add_notes(notes)
@@ -374,8 +374,13 @@ def _search(
 ) -> None:
     """Delta debugging along the sample axis (for micro-batches: the micro-batches first, then
     the rows within those). Sets the samples, or leaves a note why there are none."""
-    from replay.trace import batch_size_of, find_culprit_samples, slice_batch
-    from replay.trace.samples import Failure, FailureProbe
+    from replay.trace.samples import (
+        Failure,
+        FailureProbe,
+        batch_size_of,
+        find_culprit_samples,
+        slice_batch,
+    )
 
     from ..bisect.criteria import is_nonfinite
 

@@ -304,7 +304,7 @@ def _check_change(engine: Engine, change: Change, lo: int, hi: int) -> _Plan:
 
 
 def _check_drop(engine: Engine, change: Change, n: int) -> _Plan:
-    from ..trace import batch_size_of
+    from ..trace.samples import batch_size_of
     from .culprit import sample_axes
 
     batch = engine.batch(n)
@@ -396,7 +396,7 @@ def _run(
 ) -> tuple[Experiment, list[dict[str, Any]]]:
     """Replay ``lo..hi`` from the state kept before ``lo``, with ``plan``'s change (or none).
     Returns the experiment and the replayed health rows."""
-    from ..trace import slice_batch
+    from ..trace.samples import slice_batch
 
     change = plan.change if plan is not None else None
     exp = Experiment("baseline" if change is None else change.text)

@@ -9,12 +9,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from replay.trace import (
+from replay.trace import trace_step
+from replay.trace.samples import (
     batch_size_of,
     find_culprit_samples,
     has_batch_coupling,
     slice_batch,
-    trace_step,
 )
 
 
@@ -94,7 +94,7 @@ def test_batch_coupling():
 
 # ---------------------------------------------------------------- the sample axis
 def test_candidate_axes_for_common_layouts():
-    from replay.trace import candidate_axes
+    from replay.trace.samples import candidate_axes
 
     assert candidate_axes((torch.zeros(8, 5), torch.zeros(8))) == [(0, 8)]
     assert candidate_axes((torch.zeros(6, 10), torch.zeros(6, 10))) == [(0, 6), (1, 10)]
@@ -125,7 +125,7 @@ def causal_loss(batch, time_axis: int):
 
 
 def test_choose_sample_axes_tells_time_from_samples_by_reversing_them():
-    from replay.trace import choose_sample_axes
+    from replay.trace.samples import choose_sample_axes
 
     torch.manual_seed(0)
     x = torch.randn(6, 10, dtype=torch.float64)  # time-major [T, B]
@@ -148,7 +148,7 @@ def test_time_major_sentences_of_their_own_lengths_are_cut_along_the_dim_they_sh
     lengths. Was: with a step that raises (a token out of the vocabulary) no probe could tell
     time from samples; dim 0 was assumed, and bisect said "no sample is to blame" (or named
     time positions). The lengths tell: time is the axis that differs."""
-    from replay.trace import choose_sample_axes
+    from replay.trace.samples import choose_sample_axes
 
     def probe(b):
         raise AssertionError("no probe needed")
@@ -165,7 +165,7 @@ def test_time_major_sentences_of_their_own_lengths_are_cut_along_the_dim_they_sh
 
 
 def test_choose_sample_axes_finds_micro_batches_by_counting_forward_calls():
-    from replay.trace import choose_sample_axes
+    from replay.trace.samples import choose_sample_axes
 
     x = torch.randn(4, 8, 3)
     axes, notes = choose_sample_axes((x, torch.zeros(4, 8)), lambda b: (float(b[0].sum()), 4))
@@ -173,7 +173,7 @@ def test_choose_sample_axes_finds_micro_batches_by_counting_forward_calls():
 
 
 def test_choose_sample_axes_says_when_it_cannot_tell():
-    from replay.trace import choose_sample_axes
+    from replay.trace.samples import choose_sample_axes
 
     x = torch.randn(6, 10)
     axes, notes = choose_sample_axes((x,), lambda b: (float("nan"), 1))
@@ -192,7 +192,7 @@ def test_no_dropout_makes_dropout_the_identity():
 
 
 def test_a_batch_axis_hint_wins_when_it_fits_the_batch():
-    from replay.trace import choose_sample_axes
+    from replay.trace.samples import choose_sample_axes
 
     x = torch.randn(6, 10, dtype=torch.float64)
 
