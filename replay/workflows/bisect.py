@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 from ..errors import ReplayError
 from ..reports import BisectReport
 from ..reports.verdict import Ended, only_known
+from ..safetext import say
 from ..store.liveness import writer_state
 from .segments import failing_segment
 from .session import AS_RECORDED, ReplayOptions, together, with_engine
@@ -146,9 +147,15 @@ def _healthy_as_recorded(
     if crit.first_symptom(rows) is not None:
         return
     recorded = rec.snapshot_devices(window.first).get("model", "cpu")
-    ended = rec.ended()
-    if ended is None and not rec.closed_cleanly and writer_state(rec.path) is None:
-        ended = Ended.killed(int(rows[-1]["step"]) if rows else None, _memory(rows))
+    ended, writer = rec.ended(), writer_state(rec.path)
+    last = int(rows[-1]["step"]) if rows else None
+    if writer is not None:  # (its training goes on: what it has written so far)
+        say(
+            f"replay: {rec.path} is still being written (training process {writer.pid}); its "
+            f"health up to step {last} shows nothing to replay"
+        )
+    elif ended is None and not rec.closed_cleanly:
+        ended = Ended.killed(last, _memory(rows))
     raise _Healthy(
         BisectReport(
             healthy=True,
