@@ -16,6 +16,7 @@ __all__ = [
     "NonFiniteLossError",
     "RecorderWarning",
     "warn_at_user_line",
+    "first_line",
     "EXIT_OK",
     "EXIT_NOTHING_FOUND",
     "EXIT_USAGE",
@@ -158,6 +159,13 @@ def warn_at_user_line(message: str, made_at: tuple[str, int] | None = None) -> N
         warnings.warn_explicit(message, RecorderWarning, *made_at)
         return
     warnings.warn(message, RecorderWarning, stacklevel=level)
+
+
+def first_line(error: BaseException) -> str:
+    """How an error is quoted inside one of replay's one-line messages: the first line of its
+    message, or its type's name when the message is empty."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 def exit_code_of(error: BaseException) -> int:

@@ -39,6 +39,7 @@ import torch
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from ..capture.fingerprint import group_by_dtype
+from ..errors import first_line
 
 __all__ = ["LocalGradProbe"]
 
@@ -86,7 +87,7 @@ class LocalGradProbe:
         try:
             self._ddp.register_comm_hook(self._ddp.process_group, self._hook)
         except (RuntimeError, ValueError) as e:  # refused: train on without the probe
-            return str(e).splitlines()[0]
+            return first_line(e)
         return None
 
     # No annotations: DDP checks them against dist.GradBucket, and this module's are strings.

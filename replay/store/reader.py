@@ -29,7 +29,7 @@ from typing import Any, cast
 import h5py
 import numpy as np
 
-from ..errors import RecordingError
+from ..errors import RecordingError, first_line
 from ..reports.verdict import Ended
 from . import validate as V
 from .checksum import health_crc, slot_crc
@@ -231,7 +231,7 @@ def _open_h5(path: str, probe: bool = True) -> h5py.File:
                 f"{path}: the file is truncated (its writer died before the first flush, or "
                 "the copy is incomplete); nothing in it can be recovered"
             ) from None
-        raise RecordingError(f"{path}: HDF5 cannot open it ({msg.splitlines()[0]})") from None
+        raise RecordingError(f"{path}: HDF5 cannot open it ({first_line(e)})") from None
 
 
 class _SharedFile:
@@ -438,8 +438,7 @@ class Recording:
         try:
             return ds[sel]
         except (*V.H5_ERRORS, IndexError) as e:
-            why = str(e).splitlines()[0] if str(e) else type(e).__name__
-            raise RecordingError(f"{self.path}: /{name} cannot be read ({why})") from None
+            raise RecordingError(f"{self.path}: /{name} cannot be read ({first_line(e)})") from None
 
     def _blob(self, name: str) -> Any:
         return V.read_json_blob(self.f, name, self.path, self._checked)
@@ -892,4 +891,4 @@ def open_recording(path: str | os.PathLike[str], *, health_only: bool = False) -
     except RecordingError:
         raise
     except V.H5_ERRORS as e:
-        raise RecordingError(f"{path}: unreadable recording ({str(e).splitlines()[0]})") from None
+        raise RecordingError(f"{path}: unreadable recording ({first_line(e)})") from None

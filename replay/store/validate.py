@@ -36,7 +36,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from ..errors import RecordingError
+from ..errors import RecordingError, first_line
 
 __all__ = [
     "LIMITS",
@@ -135,7 +135,7 @@ def resolve(f: h5py.File, name: str, where: str) -> Any:
         try:
             link = obj.get(part, getlink=True)
         except H5_ERRORS as e:
-            raise _fail(where, f"/{name}: unreadable link ({_first_line(e)})") from None
+            raise _fail(where, f"/{name}: unreadable link ({first_line(e)})") from None
         if link is None:
             raise _fail(where, f"damaged recording (missing /{name})")
         if not isinstance(link, h5py.HardLink):
@@ -146,7 +146,7 @@ def resolve(f: h5py.File, name: str, where: str) -> Any:
         try:
             obj = obj[part]
         except H5_ERRORS as e:
-            raise _fail(where, f"/{name}: unreadable ({_first_line(e)})") from None
+            raise _fail(where, f"/{name}: unreadable ({first_line(e)})") from None
     return obj
 
 
@@ -154,7 +154,7 @@ def _check_storage(ds: h5py.Dataset, where: str, name: str) -> None:
     try:
         _storage(ds, where, name)
     except H5_ERRORS as e:
-        raise _fail(where, f"/{name}: unreadable layout ({_first_line(e)})") from None
+        raise _fail(where, f"/{name}: unreadable layout ({first_line(e)})") from None
 
 
 def _storage(ds: h5py.Dataset, where: str, name: str) -> None:
@@ -193,7 +193,7 @@ def dataset(
         try:
             got = ds.dtype
         except H5_ERRORS as e:
-            raise _fail(where, f"/{name} has an unreadable dtype ({_first_line(e)})") from None
+            raise _fail(where, f"/{name} has an unreadable dtype ({first_line(e)})") from None
         if got != np.dtype(dtype) or got.str != np.dtype(dtype).str:
             raise _fail(where, f"/{name} has dtype {got}, expected {np.dtype(dtype)}")
         if ds.chunks is not None and math.prod(ds.chunks) * got.itemsize > LIMITS["chunk_bytes"]:
@@ -233,7 +233,7 @@ def _attr(obj: Any, key: str, where: str, required: bool) -> Any:
         raise
     except H5_ERRORS as e:
         raise _fail(
-            where, f"attribute {key!r} of {obj.name} is unreadable ({_first_line(e)})"
+            where, f"attribute {key!r} of {obj.name} is unreadable ({first_line(e)})"
         ) from None
     if isinstance(v, np.ndarray):
         if v.shape != ():
@@ -312,7 +312,7 @@ def parse_json(raw: bytes, where: str, *, max_depth: int | None = None) -> Any:
     except RecursionError:
         raise _BAD(f"{where}: JSON nested too deeply") from None
     except ValueError as e:  # JSONDecodeError, and integers too long to convert
-        raise _BAD(f"{where}: not valid JSON ({_first_line(e)})") from None
+        raise _BAD(f"{where}: not valid JSON ({first_line(e)})") from None
     if depth and json_depth(value, depth) > depth:  # 0: the caller bounds the depth itself
         raise _BAD(f"{where}: JSON nested deeper than {depth} levels")
     return value
@@ -330,7 +330,7 @@ def read_json_blob(
     try:
         raw = ds[()].tobytes()
     except H5_ERRORS as e:
-        raise _fail(where, f"/{name} cannot be read ({_first_line(e)})") from None
+        raise _fail(where, f"/{name} cannot be read ({first_line(e)})") from None
     return parse_json(raw, f"{where}: /{name}", **kw)
 
 
@@ -362,7 +362,7 @@ def bytes_stored(arena: h5py.Dataset, path: str, name: str) -> int:
     try:
         return min(int(arena.id.get_storage_size()), os.path.getsize(path))
     except H5_ERRORS as e:
-        raise _fail(path, f"/{name}: storage unreadable ({_first_line(e)})") from None
+        raise _fail(path, f"/{name}: storage unreadable ({first_line(e)})") from None
 
 
 def check_payload_stored(arena: h5py.Dataset, n: int, path: str, name: str) -> None:
@@ -377,7 +377,7 @@ def check_payload_stored(arena: h5py.Dataset, n: int, path: str, name: str) -> N
         stored = arena.id.get_storage_size()
         size = os.path.getsize(path)
     except H5_ERRORS as e:
-        raise _fail(path, f"/{name}: storage unreadable ({_first_line(e)})") from None
+        raise _fail(path, f"/{name}: storage unreadable ({first_line(e)})") from None
     if n > stored or n > size:
         raise _fail(
             path,
@@ -745,8 +745,3 @@ def check_record(rec: object, ring: str, step: int, where: str) -> None:
 def check_sources(sources: Any, where: str) -> None:
     if not isinstance(sources, dict) or not all(isinstance(v, str) for v in sources.values()):
         raise _BAD(f"{where}: /meta/sources is not an object of source texts")
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
