@@ -269,15 +269,15 @@ class RunModel:
     def batch_steps(self) -> list[int]:
         return [int(s) for s in self.rec.steps()]
 
-    def culprit_samples(self) -> list[int]:
-        """Culprit samples as rows of the batch view (dim 0); none when the verdict's samples
-        lie along another axis (time-major batches, ``[micro-batch, row]`` pairs)."""
-        if self.forensics is None:
-            return []
-        v = self.forensics.verdict
-        if (v.sample_axes or [0]) != [0]:
-            return []
-        return [int(s) for s in (v.samples or [])]
+    def culprit_samples(self) -> tuple[str, list[Any]]:
+        """The verdict's samples and how they index the batch view's tensors (its
+        ``sample_layout``: ``batchstats.culprit_parts``); none when they lie along another
+        axis than dim 0 (time-major batches), but for micro-batches' ``[micro-batch, row]``."""
+        v = self.forensics.verdict if self.forensics is not None else None
+        layout = (v.sample_layout if v is not None else None) or "rows"
+        if v is None or ((v.sample_axes or [0]) != [0] and layout != "micro"):
+            return layout, []
+        return layout, list(v.samples or [])
 
     def culprit_samples_elsewhere(self) -> str | None:
         """The verdict's samples when they lie along another axis than dim 0, as the report

@@ -71,7 +71,12 @@ class Ended:
     @classmethod
     def from_json(cls, v: Any) -> Ended | None:
         """``None`` for anything else: this part only informs, so a damaged one is no ending."""
-        if not isinstance(v, dict) or v.get("kind") not in ("exception", "interrupted", "exit", "killed"):
+        if not isinstance(v, dict) or v.get("kind") not in (
+            "exception",
+            "interrupted",
+            "exit",
+            "killed",
+        ):
             return None
         tp, message, tb = (v.get(k) for k in ("type", "message", "traceback"))
         last, where = v.get("last_step"), v.get("where")
@@ -163,6 +168,7 @@ class TraceVerdict:
     samples: list[Any] | None = None  # ints, or [micro-batch, row] pairs
     samples_exact: bool | None = None
     sample_axes: list[int] | None = None
+    sample_layout: str | None = None  # rows, items, zipped, micro (trace.samples.sample_layout)
     # where each sample came from, for a batch drawn from a dataset by reference: its index
     # in the dataset and, when the dataset says, its file
     sample_sources: list[JSONObject] | None = None

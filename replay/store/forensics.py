@@ -460,6 +460,8 @@ class ForensicsReader:
             )
         ):
             raise self._bad("the verdict's samples are not sample indices")
+        if v.get("sample_layout") not in (None, "rows", "items", "zipped", "micro"):
+            raise self._bad("the verdict's sample_layout is not one of rows, items, zipped, micro")
         for key in ("kind", "op", "phase", "module", "autograd_node"):
             if v.get(key) is not None and not isinstance(v[key], str):
                 raise self._bad(f"the verdict's {key} is not a string")

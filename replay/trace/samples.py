@@ -48,6 +48,7 @@ __all__ = [
     "has_batch_coupling",
     "candidate_axes",
     "choose_sample_axes",
+    "sample_layout",
     "permute_batch",
     "no_dropout",
     "hinted_axes",
@@ -146,6 +147,17 @@ def zipped(batch: object) -> bool:
     n = len(cast(list[object], seqs[0]))
     rows = [x.shape[0] if x.dim() else 0 for x in items if isinstance(x, torch.Tensor)]
     return n >= 2 and all(len(cast(list[object], x)) == n for x in seqs) and set(rows) <= {n}
+
+
+def sample_layout(batch: object, axes: Sequence[int]) -> str:
+    """How the samples along ``axes`` index the tree of ``batch`` (the TUI marks them so):
+    ``micro`` (``[micro-batch, row]`` pairs of a ``micro_list``), ``items`` (a ``sample_list``'s
+    items), ``zipped`` (positions in its sequences), else ``rows`` (that dim of its tensors)."""
+    if len(axes) == 2 and micro_list(batch, least=1):
+        return "micro"
+    if list(axes) == [0] and sample_list(batch):
+        return "items"
+    return "zipped" if list(axes) == [0] and zipped(batch) else "rows"
 
 
 def _pick(part: object, indices: Sequence[int]) -> object:

@@ -349,7 +349,7 @@ def sample_axes(engine: Engine, step: int, batch: Any) -> tuple[list[int], list[
 
 
 def _samples(engine: Engine, step: int, kind: str, batch: Any, result: TraceResult) -> None:
-    from replay.trace.samples import has_batch_coupling
+    from replay.trace.samples import has_batch_coupling, sample_layout
 
     axes, notes = sample_axes(engine, step, batch)
     result.add_notes(notes)
@@ -359,8 +359,10 @@ def _samples(engine: Engine, step: int, kind: str, batch: Any, result: TraceResu
         samples = _data_samples(batch, axes)
         if samples:
             result.set_samples(samples, True, axes)
-        return
-    _search(engine, step, kind, batch, axes, has_batch_coupling(engine.model), result)
+    else:
+        _search(engine, step, kind, batch, axes, has_batch_coupling(engine.model), result)
+    if result.verdict.get("samples"):
+        result.verdict["sample_layout"] = sample_layout(batch, axes)
 
 
 def _search(

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import shutil
 
+from replay.store import open_recording
 from replay.store.forensics import ForensicsReader
+from replay_tui.batchstats import batch_leaves, culprit_parts
+from replay_tui.model import RunModel
 from tests.conftest import run_py
 from tests.realistic.test_real_programs import PROGRAMS, bisect_json, record
 from tests.realistic.test_upstream_classes import digests
@@ -30,7 +33,16 @@ def test_an_empty_caption_in_an_accumulated_clip_step_is_named_by_micro_batch_an
     assert d["sample_axes"] == [0, 1] and d["samples"] == [[1, 5]] and d["samples_exact"], d
     assert any("a list of 2 micro-batches" in n for n in d["notes"]), d["notes"]
     with ForensicsReader.open(run.with_suffix(".forensics.h5")) as f:  # the TUI's, the report's
-        assert f.verdict["samples"] == [[1, 5]]
+        assert f.verdict["samples"] == [[1, 5]] and f.verdict["sample_layout"] == "micro"
+    # replay tui's batch view marks row 5 of micro-batch 1's tensors, and no other row
+    with open_recording(str(run)) as rec:
+        model = RunModel(rec)
+        leaves = batch_leaves(rec.read_step(13)["batch"])
+        marks = {lf.path: culprit_parts(lf, *model.culprit_samples()) for lf in leaves}
+    assert {p: m for p, m in marks.items() if m != (False, set())} == {
+        "[1][0]": (False, {5}),
+        "[1][1]": (False, {5}),
+    }, marks
 
     after = digests(tmp_path)
     assert {k: after[k] for k in before} == before  # the run's log, params and recording

@@ -5,6 +5,8 @@ coder's ``log(gt_width / anchor_width)`` -inf."""
 
 from __future__ import annotations
 
+import asyncio
+
 from tests.realistic.test_real_programs import bisect_json, record, replay
 from tests.realistic.test_upstream_classes import digests
 
@@ -31,3 +33,24 @@ def test_a_degenerate_box_is_blamed_on_its_image_not_on_a_channel(tmp_path, else
     after = digests(tmp_path)
     assert {k: after[k] for k in before} == before
     assert set(after) - set(before) == {"run.forensics.h5"}
+
+    # replay tui's batch view marks the culprit sample's own image and targets, not row 3 of
+    # whatever tensor is highlighted (there was none: the rows were channels and boxes)
+    asyncio.run(_batch_view_marks(str(run)))
+
+
+async def _batch_view_marks(run: str) -> None:
+    from replay_tui import make_app
+    from replay_tui.screens.batch import BatchScreen
+
+    app = make_app(run, poll=False)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await pilot.press("7")
+        for _ in range(100):
+            await pilot.pause(0.05)
+            if isinstance(app.screen, BatchScreen) and app.screen.leaves:
+                break
+        table = app.screen.query_one("#leaves")
+        marked = [str(table.get_row_at(i)[0]) for i in range(table.row_count)]
+        marked = [m.removesuffix("  culprit") for m in marked if m.endswith("  culprit")]
+        assert marked == ["[0][3]", "[1][3].boxes", "[1][3].labels"], marked

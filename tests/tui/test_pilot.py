@@ -291,13 +291,13 @@ def test_batch_view_words_samples_along_other_axes_as_the_report_does():
     for samples, axes in (([7], [1]), ([[2, 5]], [0, 1])):
         v = {**base, "samples": samples, "sample_axes": axes}
         m.forensics = SimpleNamespace(verdict=TraceVerdict.from_json(v))
-        assert m.culprit_samples() == []
+        assert m.culprit_samples() == ("rows", [])  # (a verdict that names no layout)
         text = m.culprit_samples_elsewhere()
         assert text and f"samples       {text}" in render_verdict(BisectReport.from_json(v))
     m.forensics = SimpleNamespace(
         verdict=TraceVerdict.from_json({**base, "samples": [3], "sample_axes": [0]})
     )
-    assert m.culprit_samples() == [3] and m.culprit_samples_elsewhere() is None
+    assert m.culprit_samples() == ("rows", [3]) and m.culprit_samples_elsewhere() is None
 
 
 async def test_t_on_the_overview_traces_the_step_under_the_cursor(runs, tmp_path):

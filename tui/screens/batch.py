@@ -15,7 +15,7 @@ from textual.widgets import DataTable, Footer, Header, Static
 
 from replay.safetext import term_safe
 
-from ..batchstats import LeafStats, batch_leaves
+from ..batchstats import LeafStats, batch_leaves, culprit_parts
 from ..model import RunModel
 from ..widgets.plot import fmt_num
 from .base import RunScreen
@@ -96,7 +96,8 @@ class BatchScreen(RunScreen):
 
     def _loaded(self, step: int, leaves: list[LeafStats], exception: Any) -> None:
         self.step, self.leaves = step, leaves
-        culprits = self._culprits()
+        layout, samples = self._culprits()
+        culprits = set(samples) if layout in ("rows", "items", "zipped") else set()
         flagged = sorted(
             culprits | {i for lf in leaves for i in np.flatnonzero(lf.nonfinite).tolist()}
         )
@@ -124,8 +125,9 @@ class BatchScreen(RunScreen):
         table.clear()
         for lf in leaves:
             bad = int(lf.nonfinite.sum())
+            whole = culprit_parts(lf, layout, samples)[0]  # (a culprit sample's own tensor)
             table.add_row(  # Text cells: a str would be parsed as markup
-                Text(lf.path),
+                Text(lf.path + ("  culprit" if whole else ""), style="bold red" if whole else ""),
                 str(lf.shape),
                 Text(lf.dtype),
                 Text(str(bad), style="bold red" if bad else "dim"),
@@ -140,16 +142,18 @@ class BatchScreen(RunScreen):
             self.leaf = event.cursor_row
             self._fill_samples()
 
-    def _culprits(self) -> set[int]:
-        """The samples bisect blamed, when this is the step it traced."""
-        return set(self.model.culprit_samples()) if self.step == self.model.focus_step() else set()
+    def _culprits(self) -> tuple[str, list[Any]]:
+        """The samples bisect blamed and their layout, when this is the step it traced."""
+        traced = self.step == self.model.focus_step()
+        return self.model.culprit_samples() if traced else ("rows", [])
 
     def _fill_samples(self) -> None:
         table = self.query_one("#samples", DataTable)
         table.clear()
         if not self.leaves:
             return
-        lf, culprits = self.leaves[self.leaf], self._culprits()
+        lf = self.leaves[self.leaf]
+        culprits = culprit_parts(lf, *self._culprits())[1]
         for i in range(min(lf.n, MAX_SAMPLE_ROWS)):
             bad = int(lf.nonfinite[i])
             flag = []
