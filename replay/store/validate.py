@@ -31,7 +31,7 @@ import json
 import math
 import os
 import stat
-from typing import Any
+from typing import Any, TypeGuard
 
 import h5py
 import numpy as np
@@ -373,15 +373,10 @@ def check_payload_stored(arena: h5py.Dataset, n: int, path: str, name: str) -> N
     but h5py 3.16 with HDF5 2.0 reports the chunk coordinates of a ``(1, chunk)``-chunked 2-D
     dataset as if it were 1-D, so only the total is relied on.)
     """
-    try:
-        stored = arena.id.get_storage_size()
-        size = os.path.getsize(path)
-    except H5_ERRORS as e:
-        raise _fail(path, f"/{name}: storage unreadable ({first_line(e)})") from None
-    if n > stored or n > size:
+    stored = bytes_stored(arena, path, name)
+    if n > stored:
         raise _fail(
-            path,
-            f"/{name}: a payload claims {n} bytes, more than the {min(stored, size)} bytes stored",
+            path, f"/{name}: a payload claims {n} bytes, more than the {stored} bytes stored"
         )
 
 
@@ -411,7 +406,7 @@ _DTYPE_KINDS = set("biufcmMSUV")
 _HASHABLE = _TREE_TAGS - {"ndarray", "tensor", "list", "dict", "odict", "opaque", "object"}
 
 
-def is_int(v: Any) -> bool:
+def is_int(v: Any) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
@@ -459,15 +454,7 @@ def check_tree(root: Any, arena_bytes: int, where: str) -> None:
         v = node.get("v")
         if t in ("ndarray", "npscalar", "tensor", "bytes"):
             off, n = node.get("off"), node.get("n")
-            if not (
-                isinstance(off, int)
-                and isinstance(n, int)
-                and is_int(off)
-                and is_int(n)
-                and off >= 0
-                and n >= 0
-                and off + n <= arena_bytes
-            ):
+            if not (is_int(off) and is_int(n) and off >= 0 and n >= 0 and off + n <= arena_bytes):
                 raise bad(f"a {t} leaf lies outside the record's {arena_bytes} bytes")
             if t != "bytes":
                 dt = node.get("dtype")
@@ -689,8 +676,7 @@ def check_meta(meta: Any, where: str, *, slots: dict[str, int] | None = None) ->
             raise _BAD(f"{w}.distributed.world_size is {str(size)[:40]}, not 1..{MAX_WORLD_SIZE}")
         if not (is_int(rank) and 0 <= rank < (size if size is not None else MAX_WORLD_SIZE)):
             raise _BAD(f"{w}.distributed.rank is {str(rank)[:40]}, not a rank of the run")
-        for key in ("backend",):
-            _opt(dist, key, str, f"{w}.distributed")
+        _opt(dist, "backend", str, f"{w}.distributed")
         _opt(dist, "local_rank", int, f"{w}.distributed")
 
 
