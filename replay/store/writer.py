@@ -10,10 +10,11 @@ Not thread-safe: one writer thread owns a ``StoreWriter``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -235,86 +236,71 @@ class StoreWriter:
         # The health columns: the run's own, then each watched object's (capture/watch.py).
         self.health_columns = HEALTH_COLUMNS + object_columns(watched)
         # Before anything is created: another live writer of this path keeps its file.
-        self._lock = _take_lock(path, meta)
-        try:
-            self._create(path, run_id, meta, sources, steps, snapshots, health_slots)
-        except BaseException:
-            _release_lock(path, self._lock)
-            self._lock = None
-            raise
-
-    def _create(
-        self,
-        path: str,
-        run_id: str,
-        meta: dict[str, Any],
-        sources: dict[str, str],
-        steps: RingSpec,
-        snapshots: RingSpec,
-        health_slots: int,
-    ) -> None:
-        ncols = len(self.health_columns)
-        # Readers refuse larger rings (validate.LIMITS): never write a file they would refuse.
-        for what, n, most in (
-            ("step slots (reach)", steps.slots, LIMITS["ring_slots"]),
-            ("snapshot slots (the tiers of reach)", snapshots.slots, LIMITS["ring_slots"]),
-            ("health slots (keep_health)", health_slots, LIMITS["health_slots"]),
-            ("health values", health_slots * ncols * 8, LIMITS["health_bytes"]),
-            ("health columns", ncols, LIMITS["health_columns"]),
-        ):
-            if not 1 <= n <= most:
-                raise ValueError(f"{n} {what}: the format allows 1..{most}")
-        # Checked under the lock, right before the name is replaced: a device or a FIFO at the
-        # recording's path is refused, never replaced (as root, /dev/full was). The file is made
-        # as RUN.h5.creating (a link planted there is an error; one a killed writer left is
-        # stale, as we hold the lock) and appears complete, never half-created.
-        with (
-            replace_whole(path, "the recording path", tmp=f"{path}.creating") as raw,
-            h5py.File(raw, "w", libver="latest") as f,
-        ):
-            f.attrs["format"] = FORMAT_NAME
-            f.attrs["format_version"] = FORMAT_VERSION
-            f.attrs["run_id"] = run_id
-            f.attrs["created"] = time.time()
-            g = f.create_group("meta")
-            g.attrs["encoding-type"], g.attrs["encoding-version"] = META_ENCODING
-            g.create_dataset("run", data=json_blob(meta))
-            g.create_dataset("sources", data=json_blob(sources))
-            self._rings = {
-                "steps": self._create_ring(f, "steps", steps),
-                "snapshots": self._create_ring(f, "snapshots", snapshots),
-            }
-            h = f.create_group("health")
-            h.attrs["encoding-type"], h.attrs["encoding-version"] = HEALTH_ENCODING
-            h.attrs["columns"] = json.dumps(list(self.health_columns))
-            h.attrs["slots"] = health_slots
-            # Fill values instead of data: chunks are allocated as the ring fills, so a short run
-            # makes a small file; the bound is the same.
-            hs = h.create_dataset(
-                "step",
-                shape=(health_slots,),
-                dtype=np.int64,
-                fillvalue=-1,
-                chunks=(min(health_slots, 8192),),
-            )
-            hv = h.create_dataset(
-                "values",
-                shape=(health_slots, ncols),
-                dtype=np.float64,
-                fillvalue=np.nan,
-                chunks=(min(health_slots, 1024), ncols),
-            )
-            hc = h.create_dataset(
-                "crc", shape=(health_slots,), dtype=np.int64, chunks=(min(health_slots, 8192),)
-            )
-            hs[0] = -1  # written once before SWMR starts
-            hv[0, 0] = np.nan
-            hc[0] = 0
-            st = f.create_dataset("status", data=np.array([0, -1, 0, 0], np.int64))
-            st.attrs["fields"] = json.dumps(list(STATUS_FIELDS))
-            f.create_dataset("ended", data=np.zeros(ENDED_BYTES, np.uint8))  # (written at close)
-            f.flush()
-        self._open(path, known=False)
+        with self._locked(meta):
+            ncols = len(self.health_columns)
+            # Readers refuse larger rings (validate.LIMITS): never write a file they would
+            # refuse.
+            for what, n, most in (
+                ("step slots (reach)", steps.slots, LIMITS["ring_slots"]),
+                ("snapshot slots (the tiers of reach)", snapshots.slots, LIMITS["ring_slots"]),
+                ("health slots (keep_health)", health_slots, LIMITS["health_slots"]),
+                ("health values", health_slots * ncols * 8, LIMITS["health_bytes"]),
+                ("health columns", ncols, LIMITS["health_columns"]),
+            ):
+                if not 1 <= n <= most:
+                    raise ValueError(f"{n} {what}: the format allows 1..{most}")
+            # Checked under the lock, right before the name is replaced: a device or a FIFO at
+            # the recording's path is refused, never replaced (as root, /dev/full was). The file
+            # is made as RUN.h5.creating (a link planted there is an error; one a killed writer
+            # left is stale, as we hold the lock) and appears complete, never half-created.
+            with (
+                replace_whole(path, "the recording path", tmp=f"{path}.creating") as raw,
+                h5py.File(raw, "w", libver="latest") as f,
+            ):
+                f.attrs["format"] = FORMAT_NAME
+                f.attrs["format_version"] = FORMAT_VERSION
+                f.attrs["run_id"] = run_id
+                f.attrs["created"] = time.time()
+                g = f.create_group("meta")
+                g.attrs["encoding-type"], g.attrs["encoding-version"] = META_ENCODING
+                g.create_dataset("run", data=json_blob(meta))
+                g.create_dataset("sources", data=json_blob(sources))
+                self._rings = {
+                    "steps": self._create_ring(f, "steps", steps),
+                    "snapshots": self._create_ring(f, "snapshots", snapshots),
+                }
+                h = f.create_group("health")
+                h.attrs["encoding-type"], h.attrs["encoding-version"] = HEALTH_ENCODING
+                h.attrs["columns"] = json.dumps(list(self.health_columns))
+                h.attrs["slots"] = health_slots
+                # Fill values instead of data: chunks are allocated as the ring fills, so a short
+                # run makes a small file; the bound is the same.
+                hs = h.create_dataset(
+                    "step",
+                    shape=(health_slots,),
+                    dtype=np.int64,
+                    fillvalue=-1,
+                    chunks=(min(health_slots, 8192),),
+                )
+                hv = h.create_dataset(
+                    "values",
+                    shape=(health_slots, ncols),
+                    dtype=np.float64,
+                    fillvalue=np.nan,
+                    chunks=(min(health_slots, 1024), ncols),
+                )
+                hc = h.create_dataset(
+                    "crc", shape=(health_slots,), dtype=np.int64, chunks=(min(health_slots, 8192),)
+                )
+                hs[0] = -1  # written once before SWMR starts
+                hv[0, 0] = np.nan
+                hc[0] = 0
+                st = f.create_dataset("status", data=np.array([0, -1, 0, 0], np.int64))
+                st.attrs["fields"] = json.dumps(list(STATUS_FIELDS))
+                # (written at close)
+                f.create_dataset("ended", data=np.zeros(ENDED_BYTES, np.uint8))
+                f.flush()
+            self._open(path, known=False)
 
     @classmethod
     def reopen(cls, path: str) -> StoreWriter:
@@ -323,16 +309,21 @@ class StoreWriter:
         the dead writer had invalidated and not rewritten stay invalid."""
         self = cls.__new__(cls)
         self.path = path
-        self._lock = _take_lock(path, {})
-        try:
+        with self._locked({}):
             refuse_non_regular(path)
             clear_status_flags(path)
             self._open(path, known=True)
-        except BaseException:
-            _release_lock(path, self._lock)
-            self._lock = None
-            raise
         return self
+
+    @contextlib.contextmanager
+    def _locked(self, meta: dict[str, Any]) -> Iterator[None]:
+        """Hold the path's lock (``_take_lock``) from here on; an error on the way drops it."""
+        self._lock = _take_lock(self.path, meta)
+        try:
+            yield
+        except BaseException:
+            self.drop_lock()
+            raise
 
     def _open(self, path: str, *, known: bool) -> None:
         """Open the file for SWMR writing; ``known``: it was written before (``reopen``), so
@@ -640,5 +631,4 @@ class StoreWriter:
                 self.f.close()
             finally:
                 self.f = None
-                _release_lock(self.path, self._lock)
-                self._lock = None
+                self.drop_lock()
