@@ -160,13 +160,11 @@ def _opens_in_time(path: str, timeout: float = 10.0) -> bool:
         "rec.close()"
     )
     pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, PYTHONPATH=pkg_root + os.pathsep + os.environ.get("PYTHONPATH", ""))
     try:
         proc = subprocess.run(
             [sys.executable, "-c", code, path, pkg_root],
             capture_output=True,
             timeout=timeout,
-            env=env,
         )
     except subprocess.TimeoutExpired:
         return False

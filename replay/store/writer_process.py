@@ -118,9 +118,6 @@ class WriterClient:
         ``log_bytes``: the step log's size (see step_log.py). ``step_log``: a dead writer
         process's log, taken over (see ``reopen``). The log's descriptor stays open in this
         process, for such a successor; whoever made the log closes it when recording ends."""
-        env = dict(os.environ)
-        pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        env["PYTHONPATH"] = pkg_root + os.pathsep + env.get("PYTHONPATH", "")
         self.ring = FrameRing.create()
         # The training thread's own way in: see step_log.py. None where memfd is missing (or
         # REPLAY_STEP_LOG=off); the recorder then hands every step to its writer thread.
@@ -139,7 +136,6 @@ class WriterClient:
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL,
-                env=env,
                 close_fds=True,
                 pass_fds=tuple(m.fd for m in shared),
             )
