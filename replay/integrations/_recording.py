@@ -4,6 +4,8 @@ steps and summing a window's losses. Imports no framework."""
 
 from __future__ import annotations
 
+import functools
+import operator
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -95,7 +97,4 @@ def total_loss(losses: list[Any]) -> Any:
     """The step's loss: the sum of the micro-batch losses the framework's training step
     returned (each normalised for accumulation: the window's mean), in order, the same sum on
     replay."""
-    total = None
-    for v in losses:
-        total = v if total is None else total + v
-    return total
+    return functools.reduce(operator.add, losses) if losses else None
