@@ -767,12 +767,8 @@ class Recording:
     @property
     def watched_objects(self) -> list[str]:
         """The names of the objects with their own health columns, in the file's order."""
-        names: list[str] = []
-        for c in self.object_columns:
-            name = split_object_column(c)[0]  # type: ignore[index]  # (object columns only)
-            if name not in names:
-                names.append(name)
-        return names
+        split = (split_object_column(c) for c in self._columns)
+        return list(dict.fromkeys(s[0] for s in split if s is not None))
 
     @property
     def health_columns(self) -> list[str]:
