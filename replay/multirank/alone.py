@@ -36,20 +36,15 @@ class RankSubject(EngineSubject):
         self.again: dict[int, dict[str, Any]] = {}
 
     def recorded_rows(self) -> list[dict[str, Any]]:
-        rows = []
-        for r in super().recorded_rows():
-            r = dict(r)
+        rows = [self._local(r) for r in super().recorded_rows()]
+        for r in rows:
             if not math.isnan(r.get("local_grad_nonfinite", math.nan)):
-                r["grad_norm"], r["grad_nonfinite"] = (
-                    r["local_grad_norm"],
-                    r["local_grad_nonfinite"],
-                )
-            for c in _NOT_COMPARABLE:
-                r[c] = None
-            rows.append(r)
+                r["grad_norm"] = r["local_grad_norm"]
+                r["grad_nonfinite"] = r["local_grad_nonfinite"]
         return rows
 
     def _local(self, row: dict[str, Any]) -> dict[str, Any]:
+        """A copy of ``row`` without the columns that hold every rank's average."""
         return {**row, **{c: None for c in _NOT_COMPARABLE}}
 
     def replay(self, step: int, *, keep: bool = True, fresh: bool = False) -> dict[str, Any]:
