@@ -54,11 +54,9 @@ def entry_frames(model: Any) -> list[str]:
     for e in model.entry.values():
         path, qual = e.get("path"), e.get("qualname", "")
         text = sources.get(path, "") if path else ""
-        line = 1
-        for i, src in enumerate(text.splitlines(), 1):
-            if src.lstrip().startswith(f"def {qual.rsplit('.', 1)[-1]}("):
-                line = i
-                break
+        head = f"def {qual.rsplit('.', 1)[-1]}("
+        lines = enumerate(text.splitlines(), 1)
+        line = next((i for i, src in lines if src.lstrip().startswith(head)), 1)
         out.append(f"{path}:{line}:{qual}")
     return out
 
