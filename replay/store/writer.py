@@ -597,9 +597,7 @@ class StoreWriter:
         if self._lock is None:
             return
         try:
-            info = json.loads(os.pread(self._lock, 4096, 0).decode() or "{}")
-            if not isinstance(info, dict):
-                info = {}
+            info = lock_info(self._lock)
             info.update(state="draining", steps_to_come=int(steps_to_come), since=time.time())
             blob = json.dumps(info).encode()
             os.pwrite(self._lock, blob, 0)
