@@ -33,15 +33,8 @@ def render(report: DoctorReport) -> str:
     for f in findings:
         lines.append(f"{_MARK[f.severity]}  [{term_safe(f.rule)}]  {term_safe(f.title)}")
         ev = f.evidence_text(lambda v: f"{v:.4g}")
-        lines += textwrap.wrap(
-            "evidence: " + term_safe(ev), 96, initial_indent="    ", subsequent_indent="      "
-        )
-        lines += textwrap.wrap(
-            "advice: " + term_safe(f.advice),
-            96,
-            initial_indent="    ",
-            subsequent_indent="      ",
-        )
+        for said in (f"evidence: {term_safe(ev)}", f"advice: {term_safe(f.advice)}"):
+            lines += textwrap.wrap(said, 96, initial_indent="    ", subsequent_indent="      ")
         lines.append("")
     return "\n".join(lines).rstrip()
 
