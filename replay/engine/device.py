@@ -11,12 +11,12 @@ __all__ = ["choose_device"]
 
 def choose_device(recorded: str, override: str | None, log: Callable[[str], None]) -> str:
     if override:
-        from ..errors import ReplayError, UsageError
+        from ..errors import ReplayError, UsageError, first_line
 
         try:
             dev = torch.device(override)
         except (RuntimeError, ValueError) as e:
-            first = (str(e).strip().splitlines() or [""])[0]
+            first = first_line(e)
             raise UsageError(f"--device {override}: not a device torch knows ({first})") from None
         if dev.type == "cuda" and not torch.cuda.is_available():
             raise ReplayError(f"--device {override}: no CUDA device is available here")

@@ -36,7 +36,7 @@ from ..capture.probe import GradProbe
 from ..capture.rng import restore_rng
 from ..capture.tensors import from_leaves, leaf_finite
 from ..capture.watch import ObjectWatch
-from ..errors import RecordingError, ReplayError
+from ..errors import RecordingError, ReplayError, first_line
 from ..safetext import say
 from ..store.liveness import writer_state
 from ..store.reader import Recording, Window
@@ -96,7 +96,7 @@ def _restoring(what: str) -> Iterator[None]:
     except ReplayError:
         raise
     except Exception as e:  # noqa: BLE001 - any failure restoring state: one line, exit 5
-        first = (str(e).strip().splitlines() or [""])[0][:300]
+        first = first_line(e)[:300]
         raise ReplayError(
             f"restoring {what} failed ({type(e).__name__}: {first}); the recording may be "
             "damaged: run `replay info` on it"

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 from ..capture.guard import LiveProgram, ReplayFinished, reentering
-from ..errors import EntryPointError
+from ..errors import EntryPointError, first_line
 from .entry import recorded_process, source_changed
 from .foreign import command_of
 
@@ -117,8 +117,7 @@ def run_program(
         except KeyboardInterrupt:
             raise
         except BaseException as e:  # noqa: BLE001 - the user's program failing: one line, exit 4
-            first = (str(e).strip().splitlines() or [""])[0][:300]
-            ended = f"raised {type(e).__name__}: {first}"
+            ended = f"raised {type(e).__name__}: {first_line(e)[:300]}"
             kept = _kept_from(e)
         else:
             ended = "ran to its end"

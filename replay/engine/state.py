@@ -12,7 +12,7 @@ import torch
 from ..capture.objects import RunObjects, gather_state, load_state, objects_from_build
 from ..capture.sharded import globalize, is_dtensor, mesh_of
 from ..capture.tensors import from_leaves
-from ..errors import EntryPointError, ReplayError
+from ..errors import EntryPointError, ReplayError, first_line
 
 __all__ = ["build_objects", "load_snapshot", "capture_state", "restore_state"]
 
@@ -94,10 +94,9 @@ def load_snapshot(objs: RunObjects, snap: dict[str, Any], leaf_device: str | Non
     try:
         load_state(objs, snap, convert, int_keys=_int_keys)
     except (RuntimeError, KeyError, ValueError, TypeError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ReplayError(
             f"the snapshot of step {snap.get('step')} does not fit the objects the replay made "
-            f"({first}): did the model or the optimizer change since the recording?"
+            f"({first_line(e)}): did the model or the optimizer change since the recording?"
         ) from None
 
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import RecordingError
+from ..errors import RecordingError, first_line
 from ..reports import BisectReport, Finding, TraceVerdict
 from ..reports.verdict import Ended
 from ..store import open_recording
@@ -162,7 +162,7 @@ def _forensics(facts: RunFacts, rec: Recording) -> None:
     try:
         f = ForensicsReader.open(path)
     except (NotAForensicsFile, OSError) as e:
-        facts.forensics_missing = f"refused: {str(e).splitlines()[0] if str(e) else e!r}"
+        facts.forensics_missing = f"refused: {first_line(e)}"
         return
     with f:
         if f.run_id != rec.run_id:

@@ -27,7 +27,7 @@ from contextlib import nullcontext
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from ..errors import EXIT_USAGE, ReplayError, exit_code_of
+from ..errors import EXIT_USAGE, ReplayError, exit_code_of, first_line
 from ..reports.divergence import Divergence
 from ..reports.ranks import RankReplay
 
@@ -300,7 +300,7 @@ def _replay_rank(
         try:
             report = _lead(engine, rec, spec)
         except BaseException as e:
-            lead.finish(f"{type(e).__name__}: {e}".splitlines()[0])
+            lead.finish(f"{type(e).__name__}: {first_line(e)}")
             raise
         lead.finish()
     else:
@@ -353,8 +353,7 @@ def main(argv: list[str] | None = None) -> int:
         result, code = {"rank": rank, "ok": False, "error": str(e), "exit_code": exit_code_of(e)}, 1
     except Exception as e:  # noqa: BLE001 - one line for the parent, the traceback on stderr
         traceback.print_exc()
-        first = (str(e).strip().splitlines() or [""])[0]
-        result = {"rank": rank, "ok": False, "error": f"{type(e).__name__}: {first}"}
+        result = {"rank": rank, "ok": False, "error": f"{type(e).__name__}: {first_line(e)}"}
         result["exit_code"], code = exit_code_of(e), 1
     with open(out + ".tmp", "w") as fh:
         json.dump(json_safe(result), fh)

@@ -37,7 +37,7 @@ import time
 from typing import Any
 
 from ..child import SELF_CHECK, python_module
-from ..errors import EntryPointError, RecordingError, ReplayError
+from ..errors import EntryPointError, RecordingError, ReplayError, first_line
 from ..reports import VerifyReport
 from ..store.selfcheck import RTOL, SelfCheck, write_selfcheck
 
@@ -239,8 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         _exec_check(args, err, {"device": "cpu", "rtol": RTOL, "gpu_bytes": None}, cpu_only=True)
         verdict = SelfCheck("error", summary="the check could not move to the CPU")
     except BaseException as e:  # noqa: BLE001 - the check breaking says nothing of the recording
-        first = (str(e).strip().splitlines() or [""])[0][:300]
-        verdict = SelfCheck("error", summary=f"{type(e).__name__}: {first}")
+        verdict = SelfCheck("error", summary=f"{type(e).__name__}: {first_line(e)[:300]}")
     earlier = tuple(args.earlier) if args.earlier else None
     if earlier is not None and verdict.status == "error":
         return 0  # (the run ended first, most often): the first steps' verdict stands
