@@ -17,6 +17,7 @@ and runs ``MOD`` as ``__main__``. ``PYTHONPATH`` keeps working (a program's own 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -118,10 +119,8 @@ def start_group(
 def end_group(proc: subprocess.Popen[Any]) -> None:
     """Kill ``proc``'s whole process group (it was started as its own session): the run's
     forked children, its recorder's writer and DataLoader workers go with it."""
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
     proc.wait()
 
 

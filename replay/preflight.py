@@ -9,6 +9,7 @@ if not, why and what to change. No torch here: both halves run in child processe
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -98,11 +99,9 @@ def _run_streaming(
     assert out is not None
 
     def pump() -> None:
-        try:
+        with contextlib.suppress(OSError, ValueError):
             for line in out:
                 lines.put(line.rstrip("\n"))
-        except (OSError, ValueError):
-            pass
         lines.put(None)
 
     threading.Thread(target=pump, name="replay-preflight-output", daemon=True).start()

@@ -3,6 +3,7 @@ was started by a tool, and replay never imports an entry point or a class from t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import site
 import sysconfig
@@ -17,11 +18,9 @@ def installed_dirs() -> list[str]:
         p = sysconfig.get_paths().get(key)
         if p:
             dirs.add(os.path.realpath(p))
-    try:
+    with contextlib.suppress(AttributeError, TypeError):  # a virtualenv's old site module
         dirs.update(os.path.realpath(p) for p in site.getsitepackages())
         dirs.add(os.path.realpath(site.getusersitepackages()))
-    except (AttributeError, TypeError):  # a virtualenv's old site module
-        pass
     return sorted(dirs)
 
 

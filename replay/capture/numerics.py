@@ -7,6 +7,7 @@ What they mean is read without torch in ``bitwise.py`` (``replay info`` imports 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
 from typing import Any
@@ -107,10 +108,9 @@ def warn_unless_bitwise(model: torch.nn.Module | None) -> None:
 def apply_numerics(env: dict[str, Any], cuda: bool) -> None:
     """Set what ``env`` recorded (keys an older recording lacks are left as they are)."""
     if isinstance(env.get("matmul_precision"), str):
-        try:
+        # (a precision this torch does not know: named by differences())
+        with contextlib.suppress(RuntimeError):
             torch.set_float32_matmul_precision(env["matmul_precision"])
-        except RuntimeError:
-            pass  # a precision this torch does not know: named by differences()
     if not cuda:
         return
     m = torch.backends.cuda.matmul

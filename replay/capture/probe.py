@@ -24,6 +24,7 @@ the probes whose parameters it clips.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -184,10 +185,8 @@ class GradProbe:
         """Stop watching; measure now if nothing did during the step (and ``measure``)."""
         if self._on:
             self._on = False
-            try:
+            with contextlib.suppress(ValueError):
                 _active.remove(self)
-            except ValueError:
-                pass
         if measure:
             self._measure()
         return self._norm, self._absmax, self.stepped

@@ -12,6 +12,7 @@ is reported once by the recorder as a warning; training is never interrupted.
 from __future__ import annotations
 
 import collections
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -327,10 +328,8 @@ class BackgroundWriter:
         # The store lives in a child process (see store/writer_process.py); after a failure
         # there is nothing left to save in it, so it is only told to go.
         if self._store is not None:
-            try:
+            with contextlib.suppress(Exception):  # the first error is the one reported
                 self._store.close(clean=False)
-            except Exception:  # noqa: BLE001 - the first error is the one reported
-                pass
             self._store = None
 
     def _commit(self, jobs: list[StepJob | SnapshotJob]) -> None:

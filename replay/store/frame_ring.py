@@ -18,6 +18,7 @@ the parent finished sending survives the parent.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 
@@ -83,7 +84,5 @@ class FrameRing:
             self._tail[0] = end
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             os.close(self.fd)
-        except OSError:
-            pass

@@ -14,6 +14,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import os
@@ -220,10 +221,8 @@ def _open_h5(path: str, probe: bool = True) -> h5py.File:
         return _open_swmr(path)
     except OSError as e:
         msg = str(e)
-        try:  # files not written in SWMR mode (e.g. foreign ones) open normally
+        with contextlib.suppress(OSError):  # files not written in SWMR mode open normally
             return h5py.File(path, "r")
-        except OSError:
-            pass
         if "truncated" in msg or "addr overflow" in msg or "eof" in msg.lower():
             raise RecordingError(
                 f"{path}: the file is truncated (its writer died before the first flush, or "

@@ -103,10 +103,8 @@ def open_lock(name: str) -> int:
     """The lock file, created with ``O_EXCL|O_NOFOLLOW``; one a killed writer left is opened
     without following a link, and used only when it is a regular file with one link (a planted
     symlink or hard link to a victim file would have the victim overwritten with the lock's JSON)."""
-    try:
+    with contextlib.suppress(FileExistsError):
         return create_new(name)
-    except FileExistsError:
-        pass
     try:
         fd = os.open(
             name,

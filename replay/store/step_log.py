@@ -24,6 +24,7 @@ the word is one aligned 8-byte store).
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import struct
@@ -203,7 +204,5 @@ class StepLog:
         fd, self.fd = self.fd, -1
         if fd < 0:
             return
-        try:
+        with contextlib.suppress(OSError):
             os.close(fd)
-        except OSError:
-            pass

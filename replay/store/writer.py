@@ -118,9 +118,8 @@ def _release_lock(path: str, fd: int | None) -> None:
     if fd is None:
         return
     try:
-        os.unlink(lock_path(path))
-    except FileNotFoundError:
-        pass
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(lock_path(path))
     finally:
         os.close(fd)
 

@@ -96,18 +96,13 @@ def _grow_pipe(stream: Any) -> None:
     """Ask for a pipe of up to ``PIPE_BYTES``: the writer thread then rarely blocks, and the
     child can take several frames per wake-up (see ``_Server.serve``). Linux only; harmless
     elsewhere."""
-    try:
+    with contextlib.suppress(OSError, ImportError, ValueError, AttributeError):
         import fcntl
 
         limit = PIPE_BYTES
-        try:
-            with open("/proc/sys/fs/pipe-max-size") as fh:
-                limit = min(limit, int(fh.read()))
-        except (OSError, ValueError):
-            pass
+        with contextlib.suppress(OSError, ValueError), open("/proc/sys/fs/pipe-max-size") as fh:
+            limit = min(limit, int(fh.read()))
         fcntl.fcntl(stream.fileno(), getattr(fcntl, "F_SETPIPE_SZ", 1031), limit)
-    except (OSError, ImportError, ValueError, AttributeError):
-        pass
 
 
 class WriterClient:
@@ -248,10 +243,8 @@ class WriterClient:
             self._answer()
         finally:
             for stream in (self.proc.stdin, self.proc.stdout):
-                try:
+                with contextlib.suppress(OSError):
                     stream.close()  # type: ignore[union-attr]
-                except OSError:
-                    pass
             try:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
@@ -522,11 +515,9 @@ def lower_priority() -> None:
     runs (benchmarks/RESULTS.md, "backlog", shows which). ``REPLAY_WRITER_NICE`` overrides
     ``WRITER_NICE``.
     """
-    try:
+    with contextlib.suppress(OSError, ValueError, AttributeError):
         nice = int(os.environ.get("REPLAY_WRITER_NICE", str(WRITER_NICE)))
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
-    except (OSError, ValueError, AttributeError):
-        pass
 
 
 def main() -> int:
