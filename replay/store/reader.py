@@ -517,9 +517,8 @@ class Recording:
     # -- rings -----------------------------------------------------------------------------
 
     def _markers(self, ring: str) -> np.ndarray:
-        m = self._read(f"{ring}/step")
-        V.check_markers(m, self.path, f"{ring}/step", modulo=ring != "snapshots")
-        markers: np.ndarray = m
+        markers: np.ndarray = self._read(f"{ring}/step")
+        V.check_markers(markers, self.path, f"{ring}/step", modulo=ring != "snapshots")
         return markers
 
     def _slot_of(self, ring: str, step: int) -> int | None:
@@ -698,9 +697,8 @@ class Recording:
         raise RecordingError(f"{self.path}: its ring moves on faster than it can be read")
 
     def _record(self, ring: str, step: int) -> dict[str, Any]:
-        rec = self._read_slot(ring, step)
-        V.check_record(rec, ring, step, self.path)
-        record: dict[str, Any] = rec
+        record: dict[str, Any] = self._read_slot(ring, step)
+        V.check_record(record, ring, step, self.path)
         return record
 
     def snapshot_devices(self, step: int) -> dict[str, str]:
