@@ -95,17 +95,9 @@ class RunObjects:
         model: torch.nn.Module = self.named["model"]
         return model
 
-    @property
-    def optimizer(self) -> Any:
-        return self.named.get("optimizer")
-
-    @property
-    def scheduler(self) -> Any:
-        return self.named.get("scheduler")
-
-    @property
-    def scaler(self) -> Any:
-        return self.named.get("scaler")
+    optimizer = property(lambda self: self.named.get("optimizer"))
+    scheduler = property(lambda self: self.named.get("scheduler"))
+    scaler = property(lambda self: self.named.get("scaler"))
 
     @property
     def extras(self) -> dict[str, Any]:
