@@ -79,16 +79,17 @@ class RunObjects:
 
     named: dict[str, Any]
     style: str = "positional"  # or "named"
-    _extras: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
+    # the named objects beyond the four roles whose state snapshots keep (EMA weights, ...)
+    extras: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         for k, v in self.named.items():
             if k in ROLES or v is None:
                 continue
             if saves_state(v):
-                self._extras[k] = v
+                self.extras[k] = v
             elif (view := state_view(v)) is not None:  # an Accelerator's micro-batch counter
-                self._extras[k] = view
+                self.extras[k] = view
 
     @property
     def model(self) -> torch.nn.Module:
@@ -98,11 +99,6 @@ class RunObjects:
     optimizer = property(lambda self: self.named.get("optimizer"))
     scheduler = property(lambda self: self.named.get("scheduler"))
     scaler = property(lambda self: self.named.get("scaler"))
-
-    @property
-    def extras(self) -> dict[str, Any]:
-        """Named objects beyond the four roles whose state snapshots keep (EMA weights, ...)."""
-        return self._extras
 
     def trained_params(self) -> list[torch.Tensor]:
         """What the step updates: the optimizer's parameters, or the model's trainable ones
@@ -125,7 +121,7 @@ class RunObjects:
                 k: None if v is None else f"{type(v).__module__}.{type(v).__qualname__}"
                 for k, v in self.named.items()
             },
-            "stateful": sorted(self._extras),
+            "stateful": sorted(self.extras),
         }
 
 
