@@ -51,7 +51,7 @@ def render(f: RunFacts, name: str) -> str:
             ops_section(f),
             params_section(f),
             doctor_section(f),
-            run_section(f, name),
+            run_section(f),
             "<footer>Opened as a file, this page fetches nothing (its Content-Security-Policy "
             "forbids it) and needs no JavaScript but to sort and filter the ops table.</footer>",
         ]

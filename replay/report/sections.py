@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import shlex
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -217,47 +218,28 @@ def health_section(f: RunFacts) -> str:
     """Loss, gradient norm (before any clip), learning rate and update ratio over the steps."""
     h = f.health
     steps = h["step"]
-    marks = _marks(f)
     w = f.window
+    plot = partial(line_plot, marks=_marks(f), window=w)  # every plot: the same marks, window
+    never = np.zeros(len(steps), dtype=bool)
     plots = [
-        line_plot(
-            steps,
-            h["loss"],
-            title="loss",
-            marks=marks,
-            window=w,
-            bad=h["loss_nonfinite"] == 1,
-            plot_id="plot-loss",
-        ),
-        line_plot(
+        plot(steps, h["loss"], title="loss", bad=h["loss_nonfinite"] == 1, plot_id="plot-loss"),
+        plot(
             steps,
             h["grad_norm"],
             title="gradient norm (before any clip)",
             log=True,
-            marks=marks,
-            window=w,
             bad=(h["grad_nonfinite"] == 1) & (h["scaler_skipped"] != 1),
             plot_id="plot-grad-norm",
         ),
-        line_plot(
-            steps,
-            h["lr"],
-            title="learning rate (param group 0)",
-            marks=marks,
-            window=w,
-            bad=np.zeros(len(steps), dtype=bool),
-            plot_id="plot-lr",
-        ),
+        plot(steps, h["lr"], title="learning rate (param group 0)", bad=never, plot_id="plot-lr"),
     ]
     if len(f.update_steps):
         plots.append(
-            line_plot(
+            plot(
                 f.update_steps,
                 f.update_ratio,
                 title="update ratio (median over weight tensors, per step, between snapshots)",
                 log=True,
-                marks=marks,
-                window=w,
                 plot_id="plot-update-ratio",
             )
         )
@@ -309,7 +291,7 @@ def _num_cell(v: Any) -> str:
         x = float(v)
     except (TypeError, ValueError):
         return '<td class="num"></td>'
-    data = repr(x) if math.isfinite(x) else ("NaN" if math.isnan(x) else repr(x))
+    data = "NaN" if math.isnan(x) else repr(x)
     return f'<td class="num" data-v="{esc(data)}">{esc(fmt_num(x))}</td>'
 
 
@@ -440,7 +422,7 @@ def ranks_section(f: RunFacts) -> str:
     )
 
 
-def run_section(f: RunFacts, name: str) -> str:
+def run_section(f: RunFacts) -> str:
     m = f.meta
     env = m.get("env") or {}
     model = m.get("model") or {}
