@@ -65,7 +65,6 @@ def braille_rows(
         top, bottom = to_dot(hi[c]), to_dot(lo[c])
         if prev is not None:  # join to the previous column
             top, bottom = min(top, prev[1]), max(bottom, prev[0])
-            top, bottom = min(top, to_dot(hi[c])), max(bottom, to_dot(lo[c]))
         for d in range(max(0, top), min(dots - 1, bottom) + 1):
             cells[d // 4, c // 2] |= _DOT[c % 2][d % 4]
         prev = (to_dot(hi[c]), to_dot(lo[c]))
