@@ -170,16 +170,11 @@ class OpsScreen(ForensicsScreen):
         if ol is None or ol.op_index is None:
             return
         cur = ol.op_index
-        if direction > 0:
-            later = candidates[candidates > cur]
-            target = later[0] if later.size else None
-        else:
-            earlier = candidates[candidates < cur]
-            target = earlier[-1] if earlier.size else None
-        if target is None:
+        ahead = candidates[candidates > cur] if direction > 0 else candidates[candidates < cur]
+        if not ahead.size:
             self.notify(f"no {'later' if direction > 0 else 'earlier'} {what}")
             return
-        self.select_op(int(target))
+        self.select_op(int(ahead[0] if direction > 0 else ahead[-1]))
 
     def _visible_mask(self, mask: np.ndarray) -> np.ndarray:
         ol = self.op_list
