@@ -41,7 +41,6 @@ import importlib
 import logging
 import warnings
 from collections import OrderedDict
-from types import ModuleType
 from typing import Any
 
 import torch
@@ -99,10 +98,6 @@ def _objects(module: pl.LightningModule, trainer: pl.Trainer) -> dict[str, Any]:
     if scaler is not None:
         objects["scaler"] = scaler
     return objects
-
-
-def _call(trainer: Any) -> ModuleType:
-    return importlib.import_module(f"{_namespace(trainer)}.trainer.call")
 
 
 class ReplayCallback(RecordingCallback, Callback):
@@ -322,7 +317,7 @@ def train_step(
             out = loop.automatic_optimization.run(trainer.optimizers[0], idx, kwargs)
         if out.get("loss") is not None:
             losses.append(out["loss"])
-    call = _call(trainer)
+    call = importlib.import_module(f"{_namespace(trainer)}.trainer.call")
     for cfg, times in zip(trainer.lr_scheduler_configs, sched_steps):
         for _ in range(int(times)):
             call._call_lightning_module_hook(trainer, "lr_scheduler_step", cfg.scheduler, None)
