@@ -27,6 +27,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -435,10 +436,7 @@ def check_tree(root: Any, arena_bytes: int, where: str) -> None:
     ``LIMITS["tree_depth"]``, and every array or bytes leaf lies inside the ``arena_bytes`` that
     follow the manifest, with a size that matches its dtype and shape. Iterative: a deep manifest
     cannot exhaust the stack here."""
-
-    def bad(what: str) -> RecordingError:
-        return _BAD(f"{where}: {what}")
-
+    bad = functools.partial(_fail, where)
     stack = [(root, 1, False)]  # (node, depth, is a dict key or inside one)
     while stack:
         node, depth, as_key = stack.pop()
