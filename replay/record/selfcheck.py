@@ -148,10 +148,9 @@ class SelfCheckLauncher:
         """Copy what the check says onto the training's stderr until it exits; then reap it,
         and when it died without a verdict, say so in the verdict's place (never "running")."""
         try:
-            while chunk := os.read(read, 4096):
-                os.write(2, chunk)
-        except OSError:
-            pass
+            with contextlib.suppress(OSError):
+                while chunk := os.read(read, 4096):
+                    os.write(2, chunk)
         finally:
             os.close(read)
         code = proc.wait()
