@@ -9,7 +9,7 @@ from typing import Any
 
 from ..jsonsafe import json_safe
 from .divergence import Divergence
-from .ranks import MultiRankRun, RankReplay, json_of, ranks_json
+from .ranks import MultiRankRun, RankReplay, json_of, ranks_from_json, ranks_json
 from .verdict import known
 
 __all__ = ["CHANGES", "Experiment", "StepResult", "WhatIfReport"]
@@ -159,7 +159,5 @@ class WhatIfReport:
             "baseline": Experiment.from_json(d["baseline"]),
             "divergence": Divergence.from_json(d.get("divergence")),
             "experiments": [Experiment.from_json(e) for e in d.get("experiments") or []],
-            "ranks": {r: RankReplay.from_json(x) for r, x in (d.get("ranks") or {}).items()},
-            "multi_rank": MultiRankRun.from_json(d["multi_rank"]) if d.get("multi_rank") else None,
         }
-        return cls(**{**known(cls, d), **typed})
+        return cls(**{**known(cls, d), **ranks_from_json(d), **typed})

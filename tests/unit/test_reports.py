@@ -18,8 +18,10 @@ from replay.reports import (
     TraceReport,
     TraceVerdict,
     VerifyReport,
+    WhatIfReport,
 )
-from replay.reports.ranks import RankFailure, RankReplay, RankSet
+from replay.reports.ranks import MultiRankRun, RankFailure, RankReplay, RankSet
+from replay.reports.whatif import Experiment, StepResult
 from replay.trace import trace_step
 
 SOURCE = {"file": "/abs/model.py", "line": 27, "function": "forward", "code": "return x.log()"}
@@ -185,6 +187,21 @@ def test_each_rank_replay_reads_back_as_written():
     export |= {"export": {"out": "x", "step": 5}, "peer_failed_steps": [5]}
     roundtrip(RankReplay, export)
     assert RankSet.from_json(RANK_SET).first_bad == RankFailure(5, (1,), "nonfinite", True)
+
+
+def test_whatif_reports_read_back_as_written_with_and_without_ranks():
+    """``replay whatif --json`` of one process, and of a rank set replayed together (the
+    leader's report with every rank's check: what the TUI's what-if panel reads back)."""
+    base = Experiment("baseline", [StepResult(4, loss=2.5), StepResult(5, failed=True)], 5)
+    fix = Experiment("--skip-step 5", [StepResult(4, loss=2.5), StepResult(5, skipped=True)])
+    fix.removes_failure = True
+    report = WhatIfReport(
+        "run.h5", (0, 9), 4, 4, 5, "nonfinite", 5, base.steps, base, True, None, [fix]
+    )
+    roundtrip(WhatIfReport, report.to_json())
+    report.multi_rank = MultiRankRun.from_json(MULTI_RANK)
+    report.ranks = {"0": RankReplay.from_json(RANK_REPLAY)}
+    assert roundtrip(WhatIfReport, report.to_json())["ranks"]["0"] == RANK_REPLAY
 
 
 def test_every_divergence_cause_reads_back_as_written():
