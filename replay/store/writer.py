@@ -153,17 +153,12 @@ def _parts(
 ) -> tuple[list[np.ndarray], int]:
     if len(pieces) != len(splices) + 1:
         raise ValueError(f"{len(pieces) - 1} spliced subtree(s), {len(splices)} text(s)")
-    text = pieces[0]
-    for s, p in zip(splices, pieces[1:]):
-        text += s + p
+    text = pieces[0] + "".join(s + p for s, p in zip(splices, pieces[1:]))
     head = np.frombuffer(text.encode(), dtype=np.uint8)
-    parts = [head]
-    for b in buffers:
-        parts.append(
-            b.reshape(-1).view(np.uint8)
-            if isinstance(b, np.ndarray)
-            else np.frombuffer(b, np.uint8)
-        )
+    parts = [head] + [
+        b.reshape(-1).view(np.uint8) if isinstance(b, np.ndarray) else np.frombuffer(b, np.uint8)
+        for b in buffers
+    ]
     return parts, head.size
 
 
