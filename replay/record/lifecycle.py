@@ -7,6 +7,7 @@ previous ``sys.excepthook`` (the file keeps it: ``record/ending.py``).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import signal
 import sys
@@ -51,10 +52,9 @@ class Lifecycle:
 
     def _uncaught(self, tp: type[BaseException], e: BaseException, tb: Any) -> None:
         try:
-            if os.getpid() == self._pid and not self._closed():
-                self._close(e)
-        except Exception:  # noqa: BLE001, S110 - the program's traceback is printed next
-            pass
+            with contextlib.suppress(Exception):  # the program's traceback is printed next
+                if os.getpid() == self._pid and not self._closed():
+                    self._close(e)
         finally:
             (self._prev_hook or sys.__excepthook__)(tp, e, tb)
 
@@ -64,10 +64,8 @@ class Lifecycle:
         if sys.excepthook == self._uncaught:
             sys.excepthook = self._prev_hook
         if self._prev_sigterm is not None:
-            try:
+            with contextlib.suppress(ValueError):  # (not the main thread)
                 signal.signal(signal.SIGTERM, self._prev_sigterm)
-            except ValueError:  # (not the main thread)
-                pass
         atexit.unregister(self._close)
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
