@@ -212,10 +212,7 @@ def export_work(
             step, verified = _default_state(engine, first_bad_step, notes)
         else:
             if step not in engine.window:
-                w = engine.window
-                raise UsageError(
-                    f"--step {step}: outside the replayable window (steps {w.first}..{w.last})"
-                )
+                raise UsageError(engine.window.outside(f"--step {step}"))
             verified = reach(engine, step)
             if not finite(engine):
                 notes.append(f"the parameters before step {step} hold NaN/Inf")
