@@ -47,6 +47,7 @@ import sysconfig
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import PurePath
 from types import FrameType
 from typing import Any
 
@@ -63,13 +64,8 @@ class TouchedError(PermissionError):
 
 
 def _roots(names: tuple[str, ...]) -> tuple[str, ...]:
-    out = []
-    for name in names:
-        mod = sys.modules.get(name)
-        f = getattr(mod, "__file__", None)
-        if f:
-            out.append(os.path.dirname(os.path.abspath(f)) + os.sep)
-    return tuple(out)
+    files = (getattr(sys.modules.get(name), "__file__", None) for name in names)
+    return tuple(os.path.dirname(os.path.abspath(f)) + os.sep for f in files if f)
 
 
 _OWN = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,)
@@ -176,14 +172,7 @@ class Guard:
         if real.startswith(self.scratch + os.sep):
             return True
         made = set(self.created)
-        p = real
-        while True:
-            if p in made:
-                return True
-            parent = os.path.dirname(p)
-            if parent == p:
-                return False
-            p = parent
+        return any(str(p) in made for p in (PurePath(real), *PurePath(real).parents))
 
     # -- the end ------------------------------------------------------------------------------
     def clean_up(self) -> None:
