@@ -84,10 +84,8 @@ class Context:
     @cached_property
     def n_outputs(self) -> int | None:
         """out_features of the model's last Linear (the last 2-D weight), if any."""
-        for p in reversed(self.params):
-            if p.name.endswith("weight") and len(p.shape) == 2:
-                return p.shape[0]
-        return None
+        weights = (p for p in reversed(self.params) if p.name.endswith("weight"))
+        return next((p.shape[0] for p in weights if len(p.shape) == 2), None)
 
     # -- batches -------------------------------------------------------------------------------
 
@@ -98,12 +96,8 @@ class Context:
             batch = self.rec.read_step(step)["batch"]
         except (KeyError, DamagedSlot):  # a damaged record counts as missing
             return []
-        out: list[tuple[str, np.ndarray]] = []
-        for path, leaf in iter_leaves(batch):
-            a = as_array(leaf)  # bfloat16 widened to float32
-            if a is not None and a.size:
-                out.append((path, a))
-        return out
+        arrays = ((path, as_array(leaf)) for path, leaf in iter_leaves(batch))
+        return [(path, a) for path, a in arrays if a is not None and a.size]
 
     @cached_property
     def batch_steps(self) -> np.ndarray:
@@ -121,10 +115,8 @@ class Context:
         c = self.n_outputs
         if c is None or c < 2:
             return None
-        for _, a in self.first_batch:
-            if a.dtype.kind in "iu" and a.min() >= 0 and a.max() < c:
-                return c
-        return None
+        labels = (a for _, a in self.first_batch if a.dtype.kind in "iu")
+        return c if any(a.min() >= 0 and a.max() < c for a in labels) else None
 
     # -- snapshots -----------------------------------------------------------------------------
 
@@ -138,11 +130,8 @@ class Context:
                 snap = self.rec.read_snapshot(int(s))
             except (KeyError, DamagedSlot):
                 continue
-            weights: dict[str, np.ndarray] = {}
-            for k, v in (snap.get("model") or {}).items():
-                a = as_float(v)
-                if k in names and a is not None:
-                    weights[k] = a
+            model = {k: as_float(v) for k, v in (snap.get("model") or {}).items() if k in names}
+            weights = {k: a for k, a in model.items() if a is not None}
             out.append(Snapshot(int(s), weights, snap.get("optimizer")))
         return out
 

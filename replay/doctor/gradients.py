@@ -105,13 +105,8 @@ def _layer_grad_rms(ctx: Context) -> dict[str, float]:
     if not ctx.snapshots:
         return {}
     state = ctx.optimizer_state(ctx.snapshots[-1])
-    out: dict[str, float] = {}
-    for name, st in state.items():
-        v = as_float(st.get("exp_avg_sq")) if isinstance(st, dict) else None
-        if v is None:
-            continue
-        out[name] = float(np.sqrt(np.mean(v)))
-    return out
+    second = {k: as_float(st.get("exp_avg_sq")) for k, st in state.items() if isinstance(st, dict)}
+    return {k: float(np.sqrt(np.mean(v))) for k, v in second.items() if v is not None}
 
 
 @rule
