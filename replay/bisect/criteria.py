@@ -7,7 +7,6 @@ replayed row fails (``watcher``). Rows come from the recording or from a replay 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -29,8 +28,7 @@ Row = dict[str, Any]
 
 
 def _flag(row: Row, col: str) -> bool:
-    v = row.get(col)
-    return v is not None and not math.isnan(v) and v == 1.0
+    return row.get(col) == 1.0  # (neither None nor NaN is)
 
 
 def is_nonfinite(row: Row) -> bool:
@@ -43,11 +41,8 @@ def is_nonfinite(row: Row) -> bool:
     grads = _flag(row, "grad_nonfinite") and not skipped
     if _flag(row, "loss_nonfinite") or _flag(row, "param_nonfinite") or grads:
         return True
-    for col in row:
-        if col.endswith(_OBJECT_FLAGS) and "__" in col and _flag(row, col):
-            if col.endswith("__param_nonfinite") or not skipped:
-                return True
-    return False
+    objects = (col for col in row if col.endswith(_OBJECT_FLAGS) and _flag(row, col))
+    return any(col.endswith("__param_nonfinite") or not skipped for col in objects)
 
 
 _OBJECT_FLAGS = ("__grad_nonfinite", "__param_nonfinite")
