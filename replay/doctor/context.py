@@ -135,6 +135,22 @@ class Context:
             out.append(Snapshot(int(s), weights, snap.get("optimizer")))
         return out
 
+    @cached_property
+    def update_ratio_table(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(steps, ratios)``: per pair of consecutive kept snapshots, the later one's step, and
+        ``ratios[param, pair]``, each weight tensor's per-step update ratio between the two
+        (``per_step_ratio``; NaN for a tensor under 2-D, reshaped, or not finite in either)."""
+        snaps = self.snapshots
+        ratios = np.full((len(self.params), max(0, len(snaps) - 1)), np.nan)
+        for j, (a, b) in enumerate(zip(snaps, snaps[1:])):
+            for i, p in enumerate(self.params):
+                w0, w1 = a.weights.get(p.name), b.weights.get(p.name)
+                if w0 is None or w1 is None or w0.ndim < 2 or w1.shape != w0.shape:
+                    continue
+                if np.isfinite(w0).all() and np.isfinite(w1).all():
+                    ratios[i, j] = per_step_ratio(w0, w1, b.step - a.step)
+        return np.array([s.step for s in snaps[1:]], dtype=np.int64), ratios
+
     def optimizer_state(self, snap: Snapshot) -> dict[str, Any]:
         """Optimizer state per parameter name (Adam's exp_avg_sq, SGD's momentum_buffer...).
 

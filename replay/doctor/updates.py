@@ -3,32 +3,19 @@ never receiving gradients, and an optimizer that never steps."""
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from ..thresholds import UPDATE_RATIO_BAND
 from .arrays import as_float
-from .context import Context, per_step_ratio
+from .context import Context
 from .registry import Finding, rule
 
 
 def update_ratios(ctx: Context) -> dict[str, float]:
     """Per weight tensor: median over consecutive snapshot pairs of the per-step relative change."""
-    snaps = ctx.snapshots
-    out: dict[str, list[float]] = {}
-    for a, b in zip(snaps, snaps[1:]):
-        gap = b.step - a.step
-        for name, w0 in a.weights.items():
-            w1 = b.weights.get(name)
-            if w1 is None or w0.ndim < 2 or w1.shape != w0.shape:
-                continue
-            if not (np.isfinite(w0).all() and np.isfinite(w1).all()):
-                continue
-            r = per_step_ratio(w0, w1, gap)
-            if math.isfinite(r):
-                out.setdefault(name, []).append(r)
-    return {k: float(np.median(v)) for k, v in out.items() if v}
+    _, ratios = ctx.update_ratio_table
+    finite = [(p.name, r[np.isfinite(r)]) for p, r in zip(ctx.params, ratios)]
+    return {name: float(np.median(r)) for name, r in finite if r.size}
 
 
 @rule

@@ -92,37 +92,23 @@ class RunFacts:
 def _update_ratios(rec: Recording) -> tuple[np.ndarray, np.ndarray, LayerMap | None]:
     """Per pair of consecutive kept snapshots, each weight tensor's per-step update ratio (as
     ``replay doctor`` measures it: ``doctor/context.py``), and their median."""
-    from ..doctor.context import Context, per_step_ratio
+    from ..doctor.context import Context
 
     with closing(Context(rec)) as ctx:
-        snaps = ctx.snapshots
+        s, values = ctx.update_ratio_table
     names = [p.name for p in ctx.params]
-    steps, med, cols = [], [], []
-    for a, b in zip(snaps, snaps[1:]):
-        col = np.full(len(names), np.nan)
-        for i, name in enumerate(names):
-            w0, w1 = a.weights.get(name), b.weights.get(name)
-            if w0 is None or w1 is None or w0.ndim < 2 or w1.shape != w0.shape:
-                continue
-            if np.isfinite(w0).all() and np.isfinite(w1).all():
-                col[i] = per_step_ratio(w0, w1, b.step - a.step)
-        steps.append(b.step)
-        ok = col[np.isfinite(col)]
-        med.append(float(np.median(ok)) if ok.size else np.nan)
-        cols.append(col)
-    s = np.asarray(steps, dtype=np.int64)
+    finite = [col[np.isfinite(col)] for col in values.T]
+    med = [float(np.median(ok)) if ok.size else np.nan for ok in finite]
     layer_map = None
-    if cols:
-        values = np.stack(cols, axis=1)
-        rows = [i for i in range(len(names)) if np.isfinite(values[i]).any()][:_MAX_LAYERS]
-        if rows:
-            layer_map = LayerMap(
-                "update ratio per weight tensor, between kept snapshots",
-                [names[i] for i in rows],
-                s,
-                values[rows],
-                np.zeros((len(rows), len(s)), dtype=bool),
-            )
+    rows = [i for i in range(len(names)) if np.isfinite(values[i]).any()][:_MAX_LAYERS]
+    if rows:
+        layer_map = LayerMap(
+            "update ratio per weight tensor, between kept snapshots",
+            [names[i] for i in rows],
+            s,
+            values[rows],
+            np.zeros((len(rows), len(s)), dtype=bool),
+        )
     return s, np.asarray(med, dtype=np.float64), layer_map
 
 
