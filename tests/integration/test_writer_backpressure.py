@@ -31,8 +31,8 @@ class StalledDisk:
     def sync(self):
         self.store.sync()
 
-    def close(self, *, clean=True):
-        self.store.close(clean=clean)
+    def close(self, *, clean=True, ended=None):
+        self.store.close(clean=clean, ended=ended)
 
 
 def test_training_waits_for_a_stalled_writer_once_the_backlog_is_both_long_and_old(
