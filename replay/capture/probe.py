@@ -24,7 +24,6 @@ the probes whose parameters it clips.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -185,8 +184,10 @@ class GradProbe:
         """Stop watching; measure now if nothing did during the step (and ``measure``)."""
         if self._on:
             self._on = False
-            with contextlib.suppress(ValueError):
+            try:  # (not contextlib.suppress: three Python calls more on every step)
                 _active.remove(self)
+            except ValueError:
+                pass
         if measure:
             self._measure()
         return self._norm, self._absmax, self.stepped
