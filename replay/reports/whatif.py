@@ -160,4 +160,4 @@ class WhatIfReport:
             "divergence": Divergence.from_json(d.get("divergence")),
             "experiments": [Experiment.from_json(e) for e in d.get("experiments") or []],
         }
-        return cls(**{**known(cls, d), **ranks_from_json(d), **typed})
+        return cls(**known(cls, {**d, **ranks_from_json(d), **typed}))  # (it has no rank_set)

@@ -358,3 +358,15 @@ def test_doctor_findings_read_back_as_written():
     assert d[0]["evidence"] == {"slope": "nan"} and d[0]["steps"] == []
     roundtrip_list = DoctorReport.from_json("run.h5", json.loads(json.dumps(d))).to_json()
     assert roundtrip_list == d
+
+
+def test_a_whatif_report_of_a_rank_set_with_its_rank_set_reads_back():
+    """Was: ``WhatIfReport.from_json`` took every rank-set part the JSON held, and the leader's
+    report of a rank set replayed together holds ``rank_set``, which a whatif report has no
+    field for: ``replay whatif`` of a DDP run ended in an internal error (TypeError)."""
+    base = Experiment("baseline", [StepResult(4, loss=2.5), StepResult(5, failed=True)], 5)
+    report = WhatIfReport(
+        "run.h5", (0, 9), 4, 4, 5, "nonfinite", 5, base.steps, base, True, None, []
+    )
+    d = {**report.to_json(), "rank_set": RANK_SET}
+    assert WhatIfReport.from_json(d).to_json() == report.to_json()
