@@ -41,7 +41,8 @@ def _where(e: BaseException) -> str | None:
         return None
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     outside = tuple(
-        os.path.abspath(p) for p in {sys.prefix, sys.base_prefix, sys.exec_prefix, here}
+        os.path.join(os.path.abspath(p), "")
+        for p in {sys.prefix, sys.base_prefix, sys.exec_prefix, here}
     )
     own = [f for f in frames if not os.path.abspath(f[0]).startswith(outside)]
     path, line, name = (own or frames)[-1]
