@@ -31,7 +31,7 @@ demo: setup
 JOBS ?= 2
 XDIST = $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadfile)
 
-# Every claim once, in about 9 minutes on 2 cores from a fresh clone (7.7 to 8.0 of pytest): the
+# Every claim once, in 9 to 10 minutes on 2 cores from a fresh clone (8.9 of pytest, 9.6 in all): the
 # default tier (tests/tiers.py says what the matrix repeats), no coverage, mypy --strict beside
 # pytest rather than before it, niced: its ~45 s of CPU fill the moments the tests wait.
 test: setup
