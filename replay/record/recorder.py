@@ -764,7 +764,7 @@ class Recorder:
         if found is None:
             return
         if found.wait is not None:
-            warnings.warn(found.wait, RecorderWarning, stacklevel=3)
+            warn_at_user_line(found.wait)  # (from _ready or a close: no fixed stacklevel)
         if found.stopped is not None:
             self._stop(found.stopped, found.after)
 

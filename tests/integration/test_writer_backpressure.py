@@ -72,7 +72,9 @@ def test_training_waits_for_a_stalled_writer_once_the_backlog_is_both_long_and_o
                 rec.step(batch_for(t))
                 done.append(t)
         said.extend(str(w.message) for w in caught if issubclass(w.category, RecorderWarning))
+        where.extend(w.filename for w in caught if issubclass(w.category, RecorderWarning))
 
+    where: list[str] = []  # (was replay/record/recorder.py: the wait was said at replay's line)
     disks[0].open.clear()
     stalled = time.monotonic()
     trainer = threading.Thread(target=train)
@@ -95,6 +97,7 @@ def test_training_waits_for_a_stalled_writer_once_the_backlog_is_both_long_and_o
     rec.close()
     assert done == list(range(1, steps))
     assert len(said) == 1 and "training waited for the recorder's writer" in said[0], said
+    assert where == [__file__], where  # the program's own line, rec.step's
     with open_recording(path) as r:  # the ring keeps the last 150 steps, all of them written
         assert list(r.steps()) == list(range(steps - 150, steps))
 
