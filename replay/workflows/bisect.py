@@ -122,30 +122,24 @@ def bisect_engine(
     return report
 
 
-class _Healthy(Exception):
-    """The recorded health shows nothing to look for: ``report`` says so, and no user code ran."""
-
-    def __init__(self, report: BisectReport) -> None:
-        self.report = report
-
-
 def _healthy_as_recorded(
     rec: Recording, criterion: Criterion | None, options: ReplayOptions
-) -> None:
-    """Raise :class:`_Healthy` when the recorded health shows no symptom: the program is not run
-    again (minutes of its start-up, its imports and side effects) to learn nothing. A rank file
-    (judged by its own values) and a file with nothing replayable go the engine's way."""
+) -> BisectReport | None:
+    """The report of a recording whose health shows no symptom, from the file alone: the
+    program is not run again (minutes of its start-up, its imports and side effects) to learn
+    nothing. ``None`` otherwise; a rank file (judged by its own values) and a file with nothing
+    replayable go the engine's way too."""
     from ..bisect import auto_criterion
     from ..engine.device import choose_device
     from ..ranks.files import is_rank_recording
 
     window = rec.replayable_window()
     if window is None or is_rank_recording(rec.meta):
-        return
+        return None
     rows = rec.health_rows()
     crit = criterion if criterion is not None else auto_criterion(rows)
     if crit.first_symptom(rows) is not None:
-        return
+        return None
     recorded = rec.snapshot_devices(window.first).get("model", "cpu")
     ended, writer = rec.ended(), writer_state(rec.path)
     last = int(rows[-1]["step"]) if rows else None
@@ -156,17 +150,14 @@ def _healthy_as_recorded(
         )
     elif ended is None and not rec.closed_cleanly:
         ended = Ended.killed(last, _memory(rows))
-    raise _Healthy(
-        BisectReport(
-            healthy=True,
-            kind=crit.kind,
-            criterion=crit.describe(),
-            window=[window.first, window.last],
-            device=choose_device(recorded, options.device, lambda _: None),
-            checked=[int(rows[0]["step"]), int(rows[-1]["step"])] if rows else None,
-            recording=rec.path,
-            ended=ended,
-        )
+    return BisectReport(
+        healthy=True,
+        kind=crit.kind,
+        criterion=crit.describe(),
+        window=[window.first, window.last],
+        device=choose_device(recorded, options.device, lambda _: None),
+        checked=[int(rows[0]["step"]), int(rows[-1]["step"])] if rows else None,
+        ended=ended,
     )
 
 
@@ -198,12 +189,10 @@ def _bisect_one(
         report.rank_set = rank_set
         return report
 
-    def check(rec: Recording) -> None:
-        if rank_set is None:
-            _healthy_as_recorded(rec, criterion, options)
+    def healthy(rec: Recording) -> BisectReport | None:
+        report = _healthy_as_recorded(rec, criterion, options) if rank_set is None else None
+        if report is not None:
+            report.recording = run
+        return report
 
-    try:
-        return with_engine(run, work, options, check=check)
-    except _Healthy as h:
-        h.report.recording = run
-        return h.report
+    return with_engine(run, work, options, check=healthy)

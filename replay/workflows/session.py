@@ -61,7 +61,7 @@ def with_engine(
     work: Callable[[Recording, Engine], T],
     options: ReplayOptions = AS_RECORDED,
     *,
-    check: Callable[[Recording], None] | None = None,
+    check: Callable[[Recording], T | None] | None = None,
     pin_steps: int | None = None,
     pin_from: int | None = None,
 ) -> T:
@@ -70,8 +70,9 @@ def with_engine(
     The engine's objects come from the recorded program run again up to its Recorder
     (re-entry: a recording without ``build_fn``, or ``options.reenter``), or from the recorded
     ``build_fn`` (``--entry`` names another). ``work`` then runs inside the re-run program,
-    which ends before any training. ``check(recording)`` runs before any user code does (to
-    refuse a request the file alone shows wrong). ``pin_steps``: replay only the first steps
+    which ends before any training. ``check(recording)`` runs before any user code does: it
+    refuses a request the file alone shows wrong (it raises), or answers one the file alone
+    can (what it returns, unless ``None``, is the result, and nothing runs). ``pin_steps``: replay only the first steps
     of the window, read into memory at once (a live run's ring moves on); ``pin_from``: the
     first steps from the oldest kept snapshot at or after that step. The recording and the
     engine are closed afterwards.
@@ -89,8 +90,9 @@ def with_engine(
     with hands_off(), open_recording(run) as rec:
         if pin_steps is not None:
             rec.pin(pin_steps, pin_from)
-        if check is not None:
-            check(rec)
+        answer = check(rec) if check is not None else None
+        if answer is not None:
+            return answer
         if override is None and (options.reenter or "build_fn" not in rec.entry):
             return _reentered(rec, work, options)
         engine = Engine(rec, device=options.device, entry=override, trust=options.trust)
