@@ -31,7 +31,8 @@ demo: setup
 JOBS ?= 2
 XDIST = $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadfile)
 
-# Every claim once, in 9 to 10 minutes on 2 cores from a fresh clone (8.9 of pytest, 9.6 in all): the
+# Every claim once, in about 10 minutes on 2 cores from a fresh clone (532, 583, 641 s of pytest in
+# three runs of one afternoon, the same suite on a machine slowing; 9.6 to 11.5 min in all): the
 # default tier (tests/tiers.py says what the matrix repeats), no coverage, mypy --strict beside
 # pytest rather than before it, niced: its ~45 s of CPU fill the moments the tests wait.
 test: setup
