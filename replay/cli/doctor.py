@@ -67,7 +67,9 @@ def _doctor_rank_set(run: str, scan: RankScan, as_json: bool) -> int:
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
         return EXIT_OK
-    lines = [f"{term_safe(run)}: a rank set of {len(report.ranks)} ranks; {report.first_bad}"]
+    lines = [
+        f"{term_safe(run)}: a rank set of {len(report.ranks)} ranks; {term_safe(report.first_bad)}"
+    ]
     if report.missing:
         lines.append(f"  missing rank files: {spans(report.missing)}")
     slow = report.slowest

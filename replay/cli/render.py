@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..ranks.first_bad import describe_after
 from ..reports import BisectReport, DivergenceCause, TraceReport, VerifyReport
 from ..reports.ranks import MultiRankRun, RankReplay
 from ..safetext import term_safe, term_safe_tree
@@ -43,13 +44,21 @@ def render_verdict(report: BisectReport) -> str:
     if d.healthy:
         checked = d.checked
         span = f"steps {checked[0]}..{checked[1]}" if checked else "no steps"
-        said = (
-            f"healthy: no step matches {d.criterion!r} in the recorded health ({span}; "
-            f"replayable window steps {w[0]}..{w[1]})"
-        )
+        failure = report.rank_set.first_bad if report.rank_set is not None else None
+        if report.rank_set is None:
+            said = f"healthy: no step matches {d.criterion!r} in the recorded health ({span}; "
+        else:  # (the scan judged every rank by its own values; the span is the culprit's)
+            said = (
+                f"healthy: no rank's own values match {d.criterion!r} (rank "
+                f"{report.rank_set.replayed_rank}'s {span}; "
+            )
+        said += f"replayable window steps {w[0]}..{w[1]})"
         if report.ended is None:
             return said
-        said += f"\n  but the program died: {term_safe(report.ended.describe())}"
+        who = "the program" if failure is None else f"rank {failure.rank}"
+        said += f"\n  but {who} died: {term_safe(report.ended.describe())}"
+        if failure is not None and failure.after is not None:
+            said += f"\n  then {term_safe(describe_after(failure.after))}"
         if report.ended.kind == "killed":  # (no exception: nothing more is kept)
             return said
         return (

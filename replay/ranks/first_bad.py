@@ -15,11 +15,13 @@ from typing import Any
 import numpy as np
 
 from ..reports.ranks import RankFailure
+from ..reports.verdict import Ended
 from ..store.reader import Recording
 from .files import RankFiles
 
 __all__ = [
     "RankEvidence",
+    "describe_after",
     "describe_failure",
     "first_bad_rank",
     "is_collective_error",
@@ -89,6 +91,7 @@ class RankEvidence:
     own: tuple[str, ...]
     seen_step: int | None
     seen: tuple[str, ...]
+    ended: Ended | None = None  # the program raised outside any step (its /ended)
 
 
 def rank_evidence(rec: Recording, h: dict[str, np.ndarray] | None = None) -> RankEvidence:
@@ -110,6 +113,7 @@ def rank_evidence(rec: Recording, h: dict[str, np.ndarray] | None = None) -> Ran
         tuple(own[own_step]) if own_step is not None else (),
         seen_step,
         tuple(seen[seen_step]) if seen_step is not None else (),
+        rec.ended(),
     )
 
 
@@ -124,6 +128,30 @@ def first_bad_rank(
     """
     recs = rank_set.recordings if isinstance(rank_set, RankFiles) else rank_set
     ev = {r: x if isinstance(x, RankEvidence) else rank_evidence(x) for r, x in recs.items()}
+    return _died_first(ev, _first_failure(ev))
+
+
+def _died_first(ev: dict[int, RankEvidence], failure: RankFailure | None) -> RankFailure | None:
+    """``failure``, unless a rank's program died outside any step before it (its ``/ended``):
+    that rank never came to its next step, so the others' next collective failed for want of it
+    (gloo: "Connection closed by peer"; NCCL: a watchdog timeout), which is no failure of
+    theirs. The step a dead rank never entered is the one after its last."""
+    never = {
+        r: (e.ended.last_step + 1 if e.ended.last_step is not None else 0)
+        for r, e in ev.items()
+        if e.ended is not None
+    }
+    if not never:
+        return failure
+    step = min(never.values())
+    if failure is not None and failure.step < step:
+        return failure
+    dead = tuple(sorted(r for r, s in never.items() if s == step))
+    ended = ev[dead[0]].ended
+    return RankFailure(step, dead, "died", True, {r: ["died"] for r in dead}, ended, failure)
+
+
+def _first_failure(ev: dict[int, RankEvidence]) -> RankFailure | None:
     owns = [e.own_step for e in ev.values() if e.own_step is not None]
     if owns:
         step = min(owns)
@@ -144,6 +172,12 @@ def describe_failure(f: RankFailure | None) -> str:
     """One line for people: where the run went bad and on which rank(s)."""
     if f is None:
         return "no rank recorded a NaN/Inf or an exception"
+    if f.kind == "died" and f.ended is not None:
+        who = " and ".join(f"rank {r}" for r in f.ranks)
+        said = f"{who} died: {f.ended.describe()}"
+        if f.after is not None:
+            said += f"; then {describe_after(f.after)}"
+        return said
     who = ", ".join(f"rank {r} ({'+'.join(f.evidence[r])})" for r in f.ranks)
     if f.local:
         return f"first bad at step {f.step} on {who}"
@@ -151,3 +185,11 @@ def describe_failure(f: RankFailure | None) -> str:
         f"step {f.step} went bad on {who} after the all-reduce, but no rank's own loss or "
         "gradients did (an overflow in the reduction, or ranks recorded without the DDP probe)"
     )
+
+
+def describe_after(f: RankFailure) -> str:
+    """What the other ranks showed once a peer had died."""
+    who = ", ".join(f"rank {r}" for r in f.ranks)
+    if f.kind == "exception" and not f.local:
+        return f"{who} raised at step {f.step} in a collective the dead rank never joined"
+    return describe_failure(f)

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .divergence import Divergence
-from .verdict import JSONObject
+from .verdict import Ended, JSONObject
 
 __all__ = ["MultiRankRun", "RankFailure", "RankReplay", "RankSet", "ranks_from_json"]
 
@@ -19,10 +19,14 @@ __all__ = ["MultiRankRun", "RankFailure", "RankReplay", "RankSet", "ranks_from_j
 class RankFailure:
     """Where a DDP run first went bad: ``step``, the culprit ``ranks`` and what each showed.
 
-    ``kind`` is ``nonfinite`` or ``exception``. ``local`` is False when no rank's own values
-    explain the failure (only post-all-reduce gradients or parameters went bad: an overflow in the
-    reduction itself, or ranks recorded without the DDP gradient probe); ``ranks`` then lists
-    every rank that showed it.
+    ``kind`` is ``nonfinite``, ``exception`` or ``died``. ``local`` is False when no rank's own
+    values explain the failure (only post-all-reduce gradients or parameters went bad: an
+    overflow in the reduction itself, or ranks recorded without the DDP gradient probe);
+    ``ranks`` then lists every rank that showed it.
+
+    ``died``: the culprit ranks' programs raised outside any step (``ended``, the first one's
+    ``/ended``) before ``step``, which they never entered; ``after`` is what the other ranks'
+    files showed from then on (their collectives failing for want of the peer, most often).
     """
 
     step: int
@@ -30,6 +34,8 @@ class RankFailure:
     kind: str
     local: bool
     evidence: dict[int, list[str]] = field(default_factory=dict)  # rank -> what was bad at step
+    ended: Ended | None = None
+    after: RankFailure | None = None
 
     @property
     def rank(self) -> int:
@@ -39,14 +45,26 @@ class RankFailure:
     def to_json(self, *, evidence: bool = False) -> dict[str, Any]:
         out = asdict(self) | {"ranks": list(self.ranks)}
         out["evidence"] = {str(r): v for r, v in self.evidence.items()}
+        out["after"] = None if self.after is None else self.after.to_json(evidence=evidence)
         if not evidence:
             del out["evidence"]
+        if self.kind != "died":  # (the JSON of the other kinds is as it was)
+            del out["ended"], out["after"]
         return out
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> RankFailure:
         ev = {int(r): v for r, v in (d.get("evidence") or {}).items()}
-        return cls(d["step"], tuple(d["ranks"]), d["kind"], d["local"], ev)
+        after = d.get("after")
+        return cls(
+            d["step"],
+            tuple(d["ranks"]),
+            d["kind"],
+            d["local"],
+            ev,
+            Ended.from_json(d.get("ended")),
+            None if after is None else cls.from_json(after),
+        )
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ..bisect.criteria import Criterion
     from ..engine import Engine
+    from ..ranks.scan import RankScan
     from ..reports.ranks import RankSet
     from ..store.reader import Recording
 
@@ -51,6 +52,10 @@ def run_bisect(
     choice = choose_ranks(run, rank, alone)
     if choice.together:
         assert choice.scan is not None
+        if criterion is None:
+            said = _rank_set_as_recorded(choice.scan, options)
+            if said is not None:
+                return said
         job = {"criterion": criterion, "trace": trace, "log": log}
         d = together(choice.scan, "bisect", options, opened, **job)
         return BisectReport.from_json(only_known(BisectReport, d))
@@ -122,19 +127,40 @@ def bisect_engine(
     return report
 
 
+def _rank_set_as_recorded(scan: RankScan, options: ReplayOptions) -> BisectReport | None:
+    """A rank set no rank of which went bad of its own, or whose first failure is a rank that
+    died outside any step (its peers' next collective failing for want of it), from the files
+    alone: no step of any rank shows a failure a replay could find. ``None`` otherwise."""
+    from ..store import open_recording
+
+    failure = scan.first_bad
+    if failure is not None and failure.kind != "died":
+        return None
+    path, rank_set = scan.culprit_file()
+    with open_recording(path) as rec:
+        report = _healthy_as_recorded(rec, None, options, rank_file=True)
+    if report is None:
+        return None
+    report.recording, report.rank_set = scan.spec, rank_set
+    if failure is not None:
+        report.ended, report.rank = failure.ended, failure.rank
+    return report
+
+
 def _healthy_as_recorded(
-    rec: Recording, criterion: Criterion | None, options: ReplayOptions
+    rec: Recording, criterion: Criterion | None, options: ReplayOptions, rank_file: bool = False
 ) -> BisectReport | None:
     """The report of a recording whose health shows no symptom, from the file alone: the
     program is not run again (minutes of its start-up, its imports and side effects) to learn
-    nothing. ``None`` otherwise; a rank file (judged by its own values) and a file with nothing
-    replayable go the engine's way too."""
+    nothing. ``None`` otherwise; a rank file (judged by its own values, unless ``rank_file``:
+    its rank set's scan judged them) and a file with nothing replayable go the engine's way
+    too."""
     from ..bisect import auto_criterion
     from ..engine.device import choose_device
     from ..ranks.files import is_rank_recording
 
     window = rec.replayable_window()
-    if window is None or is_rank_recording(rec.meta):
+    if window is None or (is_rank_recording(rec.meta) and not rank_file):
         return None
     rows = rec.health_rows()
     crit = criterion if criterion is not None else auto_criterion(rows)

@@ -214,6 +214,36 @@ def test_a_torchrun_program_is_replayed_rank_by_rank_by_reentry(tmp_path, elsewh
 
 
 @pytest.mark.slow
+def test_a_rank_that_died_outside_a_step_is_the_culprit_not_the_peer_whose_collective_failed(
+    tmp_path, elsewhere
+):
+    """Rank 1's loader raises before step 4 (outside any step); rank 0's step 4 then raises in
+    DDP's all-reduce (gloo: "Connection closed by peer"). Was: info blamed rank 0's step 4 ("went
+    bad after the all-reduce"), and bisect replayed the ranks together and failed on their
+    windows (rank 0: 0..4, rank 1: 0..3). Now rank 1's death is the culprit, said by info,
+    doctor and bisect, and bisect answers from the files (it runs nothing)."""
+    p = torchrun(tmp_path, 2, "--steps", "8", "--die-rank", "1", "--die-step", "4")
+    assert p.returncode != 0 and "image file is truncated" in p.stderr, p.stderr[-3000:]
+    rc, v, err = replay_json("info", str(tmp_path / "run.h5"), cwd=elsewhere)
+    assert rc == 0, err.stderr[-3000:]
+    f = v["first_bad"]
+    assert (f["kind"], f["ranks"], f["step"]) == ("died", [1], 4), f
+    assert f["ended"]["type"] == "OSError" and f["ended"]["last_step"] == 3
+    assert f["after"]["ranks"] == [0] and f["after"]["kind"] == "exception", f
+    said = (
+        "rank 1 died: OSError: image file is truncated (sample 17), outside any step, after step 3"
+    )
+    assert v["summary"].startswith(said), v["summary"]
+    assert "then rank 0 raised at step 4 in a collective" in v["summary"]
+    p = replay_cli("doctor", str(tmp_path / "run.h5"), cwd=elsewhere)
+    assert said in p.stdout, p.stdout + p.stderr
+    p = replay_cli("bisect", str(tmp_path / "run.h5"), cwd=elsewhere)
+    assert p.returncode == 1, p.stderr[-3000:]  # nothing a replay of a step can find
+    assert f"but {said}" in p.stdout and "then rank 0 raised at step 4" in p.stdout, p.stdout
+    assert "importing" not in p.stderr and "replaying" not in p.stderr, p.stderr  # ran nothing
+
+
+@pytest.mark.slow
 def test_a_compiled_model_replays_bitwise_and_bisects_to_its_op(tmp_path, elsewhere):
     run = record(tmp_path, "compiled_model.py")
     rc, v, p = replay_json("verify", str(run), cwd=elsewhere)

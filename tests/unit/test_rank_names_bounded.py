@@ -74,3 +74,23 @@ def test_missing_ranks_are_listed_as_ranges(tmp_path: Path) -> None:
     assert p.returncode == EXIT_INCOMPLETE_RANKS, p.stderr
     assert "missing ranks   2..5, 7..10" in p.stdout, p.stdout
     assert "no file for rank(s) 2..5, 7..10" in p.stderr, p.stderr
+
+
+def test_a_healthy_rank_set_is_bisected_from_its_files_without_replaying_a_rank(
+    two_ranks: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Was: a rank set no rank of which went bad was replayed, every rank together (their
+    program run again in as many processes), to say "healthy"; a single file is not."""
+    import replay.workflows.bisect as bisect
+
+    def launched(*a: object, **k: object) -> None:
+        raise AssertionError("the ranks were replayed")
+
+    monkeypatch.setattr(bisect, "together", launched)
+    p = replay_here("bisect", str(two_ranks / "run.h5"), "--json")
+    assert p.returncode == 1, p.stderr  # healthy: nothing found
+    d = json.loads(p.stdout)
+    assert d["healthy"] is True and d["checked"] == [0, 2] and d.get("ended") is None
+    assert d["rank_set"]["first_bad"] is None and d["rank_set"]["ranks"] == [0, 1]
+    text = replay_here("bisect", str(two_ranks / "run.h5"))
+    assert text.stdout.startswith("healthy: no rank's own values match"), text.stdout

@@ -1,6 +1,7 @@
 """A torchrun program (pytorch/examples' DDP tutorial shape): the process group and the DDP
 wrapper made in main(), a closure step, no build_fn. `--bad-rank R --bad-step T` puts a NaN into
-rank R's batch at step T."""
+rank R's batch at step T; `--die-rank R --die-step T` makes rank R's data raise before step T
+(a corrupt sample in its loader: outside any step)."""
 
 import argparse
 
@@ -17,6 +18,8 @@ def main():
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--bad-rank", type=int, default=-1)
     p.add_argument("--bad-step", type=int, default=-1)
+    p.add_argument("--die-rank", type=int, default=-1)
+    p.add_argument("--die-step", type=int, default=-1)
     args = p.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -41,6 +44,8 @@ def main():
         ) as rec:
             for t in range(args.steps):
                 x, y = torch.randn(4, 8, generator=g), torch.randn(4, 2, generator=g)
+                if rank == args.die_rank and t == args.die_step:
+                    raise OSError(f"image file is truncated (sample {4 * t + 1})")
                 if rank == args.bad_rank and t == args.bad_step:
                     x[1, 2] = float("nan")
                 rec.step((x, y))
