@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from ..reports.doctor import EvidenceValue
+from ..reports.verdict import Ended
 from .context import Context
 from .registry import Finding, rule
 
@@ -44,4 +46,48 @@ def exception_recorded(ctx: Context) -> Finding | None:
         f"Run `replay bisect {ctx.rec.path}` to get the op, module, source line and samples "
         "that raised, replayed from the recorded state.",
         [step],
+    )
+
+
+@rule
+def died_outside_a_step(ctx: Context) -> Finding | None:
+    """The program died outside any step: an exception between steps (the data loader, a
+    validation or logging line, a callback), a failing ``sys.exit``, Ctrl-C; or, where the file
+    was never closed and nothing writes it, a kill no exception announced."""
+    from ..store.liveness import writer_state
+
+    rec = ctx.rec
+    ended = rec.ended()
+    if ended is None and not rec.closed_cleanly and writer_state(rec.path) is None:
+        ended = Ended.killed(rec.health_rows())
+    if ended is None:
+        return None
+    after = [] if ended.last_step is None else [ended.last_step]
+    evidence: dict[str, EvidenceValue] = {"after_step": ended.last_step, "kind": ended.kind}
+    if ended.kind == "killed":
+        return Finding(
+            "died_outside_a_step",
+            "error",
+            f"the program {ended.describe().removeprefix('it ')}",
+            {**evidence, "memory": ended.message},
+            "Nothing in the file says why: read the kernel's log (`dmesg`, `journalctl -k`: "
+            "'Out of memory: Killed process') and the job scheduler's. Memory that grows step "
+            "after step is a leak (a tensor kept across steps: a loss summed without .item(), "
+            "a list of outputs).",
+            after,
+        )
+    evidence |= {"type": ended.type, "where": ended.where}
+    interrupted = ended.kind == "interrupted"
+    return Finding(
+        "died_outside_a_step",
+        "info" if interrupted else "error",
+        f"the program ended: {ended.describe()}",
+        evidence,
+        "Interrupted by its user (Ctrl-C, SIGINT): nothing failed in training."
+        if interrupted
+        else "No step raised it, so no replay of a step can find it: it came from the code "
+        "between steps (the data loader, a validation or logging line, a callback). "
+        f"`replay info {rec.path} --json` holds its traceback; a DataLoader worker's names the "
+        "line of __getitem__ that raised, and a corrupt sample is fixed or skipped there.",
+        after,
     )

@@ -13,6 +13,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, TypedDict
 
@@ -88,10 +89,12 @@ class Ended:
         return cls(v["kind"], tp, message, where, tb, last)
 
     @classmethod
-    def killed(cls, last_step: int | None, memory: str) -> Ended:
-        """A recording left unclosed by a program that no exception ended: ``memory`` says
-        how much it held at its last steps (the out-of-memory killer is the usual cause)."""
-        return cls("killed", "", memory, None, "", last_step)
+    def killed(cls, rows: list[dict[str, Any]]) -> Ended:
+        """A recording left unclosed by a program that no exception ended, after its last
+        health row of ``rows``; its message says how much memory the process held over them
+        (the out-of-memory killer is the usual cause)."""
+        last = int(rows[-1]["step"]) if rows else None
+        return cls("killed", "", _memory(rows), None, "", last)
 
     def describe(self) -> str:
         """``ValueError: corrupt sample, outside any step, after step 11, at train.py:14 in
@@ -114,6 +117,17 @@ class Ended:
         what = f"{self.type}: {first}" if first and self.kind != "interrupted" else self.type
         what = f"interrupted ({what})" if self.kind == "interrupted" else what
         return f"{what}, outside any step, {after}" + (f", at {self.where}" if self.where else "")
+
+
+def _memory(rows: list[dict[str, Any]]) -> str:
+    """The process's resident memory over the recorded steps, the GPU's where it had one."""
+    said = []
+    for col, what in (("rss", "resident memory"), ("cuda_allocated", "GPU memory allocated")):
+        kept = [(int(r["step"]), r[col]) for r in rows if math.isfinite(r.get(col, math.nan))]
+        if kept:
+            (s0, v0), (s1, v1) = kept[0], kept[-1]
+            said.append(f"{what} {v0 / 2**30:.2f} GiB at step {s0}, {v1 / 2**30:.2f} at {s1}")
+    return "; ".join(said)
 
 
 def exception_info(d: dict[str, Any] | None) -> ExceptionInfo | None:

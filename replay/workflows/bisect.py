@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ..bisect.criteria import Criterion
@@ -175,7 +174,7 @@ def _healthy_as_recorded(
             f"health up to step {last} shows nothing to replay"
         )
     elif ended is None and not rec.closed_cleanly:
-        ended = Ended.killed(last, _memory(rows))
+        ended = Ended.killed(rows)
     return BisectReport(
         healthy=True,
         kind=crit.kind,
@@ -185,17 +184,6 @@ def _healthy_as_recorded(
         checked=[int(rows[0]["step"]), int(rows[-1]["step"])] if rows else None,
         ended=ended,
     )
-
-
-def _memory(rows: list[dict[str, Any]]) -> str:
-    """The process's resident memory over the recorded steps, the GPU's where it had one."""
-    said = []
-    for col, what in (("rss", "resident memory"), ("cuda_allocated", "GPU memory allocated")):
-        kept = [(int(r["step"]), r[col]) for r in rows if math.isfinite(r.get(col, math.nan))]
-        if kept:
-            (s0, v0), (s1, v1) = kept[0], kept[-1]
-            said.append(f"{what} {v0 / 2**30:.2f} GiB at step {s0}, {v1 / 2**30:.2f} at {s1}")
-    return "; ".join(said)
 
 
 def _bisect_one(

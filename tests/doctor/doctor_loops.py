@@ -23,6 +23,7 @@ LR = {
     "decaying_lr": 1e6,  # set by the loop, 0.9x every step: far too high all along
     "grouped_lr": 1e6,  # the first layer's group only, set like decaying_lr; the rest 1e-3
     "ragged_inputs": 3e-3,
+    "died_in_loader": 3e-3,  # plain, until its loader raises between two steps
 }
 CLIP = 1.0
 
@@ -117,6 +118,14 @@ def record(path: str, variant: str, steps: int = 40) -> str:
         x = x * 100.0  # raw-scale inputs: every tanh pinned at +-1
     if variant == "eval_mode":
         model.eval()  # forgotten model.train(): Dropout off for the whole run
+    try:
+        _train(path, variant, steps, model, opt, x, y, g)
+    except ValueError as e:  # died_in_loader: the recording keeps it, as the program dies of it
+        assert variant == "died_in_loader", e
+    return path
+
+
+def _train(path, variant, steps, model, opt, x, y, g) -> None:
     with replay.Recorder(
         path,
         model=model,
@@ -130,6 +139,8 @@ def record(path: str, variant: str, steps: int = 40) -> str:
     ) as rec:
         h = torch.zeros(1, 16, 16)
         for s in range(steps):
+            if variant == "died_in_loader" and s == steps // 2:
+                raise ValueError(f"corrupt sample {s * 16 + 3}")  # between steps
             if variant == "decaying_lr":
                 for group in opt.param_groups:
                     group["lr"] = LR[variant] * 0.9**s
@@ -142,4 +153,3 @@ def record(path: str, variant: str, steps: int = 40) -> str:
                 rec.step((xs, ys, torch.randn(16, 2 + s % 3, generator=g)))
             else:
                 rec.step((xs, ys))
-    return path

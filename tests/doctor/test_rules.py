@@ -42,6 +42,8 @@ CASES = {
     "learning_rate": (["gpt_diverging_lr", "loop:tiny_lr"], ["healthy", "dead_relu"]),
     "nonfinite_recorded": (["gpt_diverging_lr", "where_trap"], ["healthy", "amp_bf16_scaler"]),
     "exception_recorded": (["label_out_of_range"], ["healthy"]),
+    # was: a run whose loader raised between steps read as one with nothing wrong
+    "died_outside_a_step": (["loop:died_in_loader"], ["healthy", "label_out_of_range"]),
 }
 
 

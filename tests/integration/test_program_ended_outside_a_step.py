@@ -168,6 +168,11 @@ def test_a_run_killed_outside_any_step_is_said_to_have_never_closed_its_recordin
     assert re.search(r"; resident memory \d+\.\d\d GiB at step 0, \d+\.\d\d at 11$", said), said
     code, report, _ = replay_json("bisect", run)
     assert report["ended"]["kind"] == "killed" and report["ended"]["last_step"] == 11
+    # and the doctor says it too (was: nothing in the checklist)
+    code, doctor, _ = replay_json("doctor", run)
+    died = [f for f in doctor if f["rule"] == "died_outside_a_step"]
+    assert died and died[0]["severity"] == "error" and died[0]["steps"] == [11], doctor
+    assert died[0]["evidence"]["kind"] == "killed" and "resident memory" in died[0]["title"]
 
 
 def test_an_exception_a_step_raised_is_the_steps_and_not_an_ending(tmp_path):
