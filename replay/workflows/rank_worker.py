@@ -113,17 +113,28 @@ def peer_failed_steps(engine: Engine) -> set[int]:
 
 
 def _same_windows(engine: Engine, group: Any, world: int) -> None:
+    """Every rank replays the same steps: the steps every rank's window holds, from a snapshot
+    every rank has. A rank that died outside any step recorded fewer steps than its peers
+    (whose next step failed in a collective without it): the steps they all completed are the
+    ones replayed together. ``ReplayError`` when no such steps exist."""
     import torch.distributed as dist
 
-    mine = (engine.window.first, engine.window.last, list(engine.window.snapshots))
+    from ..store.reader import Window
+
+    w = engine.window
     every: list[Any] = [None] * world
-    dist.all_gather_object(every, mine, group=group)
-    if any(tuple(w) != tuple(every[0]) for w in every):
-        shown = "; ".join(f"rank {r}: steps {w[0]}..{w[1]}" for r, w in enumerate(every))
+    dist.all_gather_object(every, (w.first, w.last, list(w.snapshots)), group=group)
+    first, last = max(x[0] for x in every), min(x[1] for x in every)
+    common = set(every[0][2]).intersection(*(x[2] for x in every[1:]))
+    snapshots = tuple(sorted(s for s in common if first <= s <= last))
+    if first > last or first not in snapshots:
+        shown = "; ".join(f"rank {r}: steps {x[0]}..{x[1]}" for r, x in enumerate(every))
         raise ReplayError(
             f"the ranks' replayable windows differ ({shown}): the ranks cannot replay the same "
             "steps together; replay one rank alone with --rank N --alone"
         )
+    if (first, last, snapshots) != (w.first, w.last, w.snapshots):
+        engine.window = Window(first, last, snapshots)
 
 
 def _lead(engine: Engine, rec: Recording, spec: dict[str, Any]) -> dict[str, Any]:

@@ -241,6 +241,11 @@ def test_a_rank_that_died_outside_a_step_is_the_culprit_not_the_peer_whose_colle
     assert p.returncode == 1, p.stderr[-3000:]  # nothing a replay of a step can find
     assert f"but {said}" in p.stdout and "then rank 0 raised at step 4" in p.stdout, p.stdout
     assert "importing" not in p.stderr and "replaying" not in p.stderr, p.stderr  # ran nothing
+    # verify replays the steps every rank completed (was: "the ranks' replayable windows
+    # differ (rank 0: steps 0..4; rank 1: steps 0..3)", and nothing was verified)
+    rc, v, err = replay_json("verify", str(tmp_path / "run.h5"), cwd=elsewhere)
+    assert rc == 0 and v["deterministic"] is True, err.stderr[-3000:]
+    assert [r["replayed_steps"] for r in v["ranks"].values()] == [[0, 1, 2, 3]] * 2, v["ranks"]
 
 
 @pytest.mark.slow
