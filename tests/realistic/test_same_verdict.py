@@ -192,9 +192,10 @@ def _differences(a: object, b: object, at: str = "") -> list[str]:
 @pytest.mark.slow
 def test_a_ppo_recording_gives_one_verdict_under_any_hash_seed_at_once_and_under_load(recorded):
     """ppo.py (CleanRL's shape, entropy as -(p * log p), lr 0.3, the update returning nothing):
-    bisect, verify and trace, each three times with its own hash seed (the three commands at
-    once, the second time beside a CPU burner), say the same thing, and the bisect is right."""
-    verdicts = same_every_time(recorded("ppo"), [0, 1, 2])
+    bisect, verify and trace, each twice with its own hash seed (the three commands at once,
+    the second time beside a CPU burner), say the same thing, and the bisect is right (make
+    test-all bisects it 20 times)."""
+    verdicts = same_every_time(recorded("ppo"), [0, 1])
     b = verdicts["bisect"]
     assert (b["first_bad_step"], b["cause"], b["op"]) == (9, "op", "aten::log")
     assert b["nan_from_inf"]["op"] == "aten::mul" and b["reproducible"] is True
