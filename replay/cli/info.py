@@ -306,7 +306,7 @@ def render_rank_set(summary: RankSetSummary) -> str:
         bad = [f"own {'+'.join(own[1])} at {own[0]}"] if own else []
         bad += [f"non-finite at {fb['nonfinite']}"] if fb.get("nonfinite") is not None else []
         bad += [f"exception at {fb['exception']}"] if fb.get("exception") is not None else []
-        died = x.detail.ended if x.detail else None
+        died = x.ended
         if died is not None:  # (raised outside any step: a data loader, a validation loop)
             when = "before step 0" if died.last_step is None else f"after {died.last_step}"
             bad += [f"died {when} ({died.type})"]

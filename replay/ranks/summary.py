@@ -17,7 +17,7 @@ import numpy as np
 
 from ..reports.info import RecordingSteps
 from ..reports.ranks import RankFailure
-from ..reports.verdict import TraceVerdict
+from ..reports.verdict import Ended, TraceVerdict
 from ..safetext import term_safe
 from ..store.reader import Recording
 from .files import open_rank_set
@@ -42,6 +42,7 @@ class RankRow:
     median_step_s: float | None
     trace: str | None = None  # what this rank's forensics sidecar says (replay bisect, all ranks)
     detail: RecordingSteps | None = None  # `replay info`'s own lines of the file
+    ended: Ended | None = None  # its program raised outside any step (the file's /ended)
 
     @property
     def health_steps(self) -> tuple[int, int] | None:
@@ -140,6 +141,7 @@ def summarise(
                     median_step_s=float(np.median(times)) if times.size else None,
                     trace=trace_line(rec.forensics_path, rec.run_id),
                     detail=detail(rec) if detail is not None else None,
+                    ended=rec.ended(),
                 )
             )
     damaged = {r: f.damaged or "" for r, f in scan.damaged.items()}

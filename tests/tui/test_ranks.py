@@ -6,12 +6,14 @@ import os
 import subprocess
 import sys
 
+import torch
 from helpers import press, settle
 from test_snapshots import _snap
 
 from replay_tui import make_app
 from replay_tui.widgets.rank_table import RankTable
 from tests.conftest import RANK_NAN_STEP, run_env
+from tests.unit.test_rank_sets import record_rank
 
 
 async def test_rank_set_opens_the_culprit_and_lists_every_rank(rank_set):
@@ -111,3 +113,34 @@ async def test_every_ranks_trace_is_listed(rank_set, tmp_path):
         assert "per-op traces (replay bisect, every rank):" in head
         assert f"rank 1  step {RANK_NAN_STEP}: aten::log (forward) in enc.layers.0.mlp" in head
         assert f"rank 0  step {RANK_NAN_STEP}: no op of its own made it" in head
+
+
+async def test_a_rank_that_died_outside_a_step_is_the_culprit_in_the_ranks_view(tmp_path):
+    """Rank 1's loop raised between steps 3 and 4 (its ``with`` block kept the ending); rank 0
+    recorded on. Was: no rank was flagged (no step of rank 1 went bad), its row said "-"."""
+    import replay
+    from tests.unit.test_rank_sets import build, train_step
+
+    record_rank(str(tmp_path / "run.rank0.h5"), 0, 2, steps=5)
+    model, opt = build()
+    try:
+        with replay.Recorder(
+            str(tmp_path / "run.rank1.h5"), model=model, optimizer=opt, step_fn=train_step,
+            build_fn=build, snapshot_every=2, rank=1, world_size=2,
+        ) as rec:  # fmt: skip
+            for s in range(5):
+                if s == 4:
+                    raise OSError("image file is truncated (sample 17)")
+                rec.step(torch.full((3, 4), float(s + 1)))
+    except OSError:
+        pass
+    app = make_app(str(tmp_path / "run.h5"), poll=False)
+    async with app.run_test(size=(160, 30)) as pilot:
+        await settle(pilot)
+        assert os.path.basename(app.model.path) == "run.rank1.h5"
+        await press(pilot, "8")
+        head = str(app.screen.query_one("#ranks-head").render())
+        assert "culprit rank 1: rank 1 died: OSError: image file is truncated (sample 17)" in head
+        table = app.screen.query_one(RankTable).render().plain
+        rank1 = next(line for line in table.splitlines() if line.startswith("▶"))
+        assert "died after step 3" in rank1, table
