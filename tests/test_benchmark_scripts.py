@@ -54,3 +54,15 @@ def test_bench_batch_refs_records_by_reference_and_by_value():
     for r in rows:
         by_value, by_ref = (float(x) for x in re.findall(r"([\d.]+) KiB", r)[1:3])
         assert by_ref < 16 < by_value, r
+
+
+def test_profile_record_splits_a_recorded_step_into_the_recorders_parts():
+    """The profile names parts by the recorder's own functions: a rename there would leave the
+    part empty and its time under "other", unseen. Sampled here without py-spy."""
+    proc = run_py(
+        str(ROOT / "benchmarks" / "profile_record.py"), "sample", "3", timeout=300, check=True
+    )
+    rows = dict(re.findall(r"^\| ([^|]+?) \| (\d+) \|", proc.stdout, re.M))
+    assert int(proc.stdout.split("less the probe): ")[1].split()[0]) > 100, proc.stdout
+    for part in ("gradient probe (in the step)", "record into the step log", "health row"):
+        assert int(rows.get(part, 0)) > 0, proc.stdout
