@@ -130,7 +130,8 @@ async def test_a_rank_that_died_outside_a_step_is_the_culprit_in_the_ranks_view(
         ) as rec:  # fmt: skip
             for s in range(5):
                 if s == 4:
-                    raise OSError("image file is truncated (sample 17)")
+                    # (a message is the program's own text: a terminal title sequence here)
+                    raise OSError("image file is truncated (sample 17)\x1b]0;owned\x07")
                 rec.step(torch.full((3, 4), float(s + 1)))
     except OSError:
         pass
@@ -141,6 +142,7 @@ async def test_a_rank_that_died_outside_a_step_is_the_culprit_in_the_ranks_view(
         await press(pilot, "8")
         head = str(app.screen.query_one("#ranks-head").render())
         assert "culprit rank 1: rank 1 died: OSError: image file is truncated (sample 17)" in head
+        assert "\x1b" not in head and "\x07" not in head, repr(head)
         table = app.screen.query_one(RankTable).render().plain
         rank1 = next(line for line in table.splitlines() if line.startswith("▶"))
         assert "died after step 3" in rank1, table

@@ -11,6 +11,8 @@ from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import Footer, Header, Static
 
+from replay.safetext import term_safe
+
 from ..widgets.rank_table import RankTable
 from .base import RunScreen
 
@@ -50,7 +52,8 @@ class RanksScreen(RunScreen):
         if s.culprit_ranks:
             who = ", ".join(map(str, s.culprit_ranks))
             t.append(f"culprit rank {who}: ", style="bold red")
-            t.append(s.summary + "\n", style="red")
+            # (a rank that died says its exception's message, from the file: made safe)
+            t.append(term_safe(s.summary) + "\n", style="red")
         else:
             t.append(s.summary + "\n", style="green")
         opened = next((r.rank for r in s.rows if r.path == self.model.path), "?")
