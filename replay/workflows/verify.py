@@ -6,11 +6,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from ..bisect.verify import WindowCheck
     from ..engine import Engine
     from ..store.reader import Recording
 
-from ..reports import VerifyReport
-from ..reports.verdict import only_known
+from ..jsonsafe import json_safe
+from ..reports import DivergenceCause, VerifiedStep, VerifyReport
+from ..reports.verdict import exception_info, only_known
 from .segments import later_segments_note
 from .session import AS_RECORDED, ReplayOptions, together, with_engine
 
@@ -87,9 +89,7 @@ def verify_engine(
     take as long as training them); ``start``: from the snapshot at or before that step;
     ``every_step``: the whole window, each kept snapshot afresh."""
     from ..bisect import verify_window
-    from ..bisect.report import verify_report
     from ..engine.subject import EngineSubject
-    from ..reports.verdict import exception_info
     from .why import explain_divergence
 
     w, notes = engine.window, []
@@ -109,7 +109,42 @@ def verify_engine(
     cause = None
     if fd is not None:
         cause = explain_divergence(engine, fd, exception_info(check.replayed_exception(fd.step)))
-    report = verify_report(check, recording=rec.path, entry_files=engine.entry_files, cause=cause)
+    report = _report(check, recording=rec.path, entry_files=engine.entry_files, cause=cause)
     if notes:
         report.notes = [*(report.notes or []), *notes]
     return report
+
+
+def _report(
+    r: WindowCheck,
+    *,
+    recording: str,
+    entry_files: list[str],
+    cause: DivergenceCause | None = None,
+) -> VerifyReport:
+    """The window's bitwise check as a report; ``cause``: why its first divergence happened."""
+    return VerifyReport(
+        deterministic=r.deterministic,
+        window=list(r.window),
+        device=r.device,
+        replayed_steps=r.replayed_steps,
+        first_divergence=r.first_divergence,
+        steps=[
+            VerifiedStep(
+                step=s["step"],
+                match=s["divergence"] is None,
+                compared=s["compared"],
+                loss=json_safe(s["replayed"]["loss"]),
+                recorded_loss=json_safe(s["recorded"]["loss"]) if s["recorded"] else None,
+                param_fingerprint=json_safe(s["replayed"]["param_fingerprint"]),
+                recorded_param_fingerprint=(
+                    json_safe(s["recorded"]["param_fingerprint"]) if s["recorded"] else None
+                ),
+                exception=exception_info(s["exception"]),
+            )
+            for s in r.steps
+        ],
+        cause=cause,
+        recording=recording,
+        entry_files=list(entry_files),
+    )
