@@ -54,14 +54,13 @@ from typing import Protocol
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from replay.trace.rules import ALLOC_OPS, rule
+from replay.trace.rules import rule
 
 __all__ = [
     "BATCH",
     "PRESENT",
     "UNKNOWN",
     "MASK_BUFFER",
-    "ALLOC_OPS",
     "Origins",
     "Storages",
     "storage_key",

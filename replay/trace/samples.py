@@ -37,7 +37,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from replay.store.tree import map_tree
-from replay.trace.origins import ALLOC_OPS
+from replay.trace.rules import ALLOC_OPS
 
 __all__ = [
     "Failure",
