@@ -58,10 +58,8 @@ def _criterion_spec(criterion: Any) -> dict[str, Any] | None:
         return None
     if isinstance(criterion, Predicate):
         return {"until": criterion.expr.text}
-    if isinstance(criterion, NonFinite):
-        return {"kind": "nonfinite"}
-    if isinstance(criterion, Raised):
-        return {"kind": "exception"}
+    if isinstance(criterion, (NonFinite, Raised)):
+        return {"kind": criterion.kind}
     raise UsageError(f"a multi-rank replay cannot pass the criterion {criterion!r} to its ranks")
 
 
