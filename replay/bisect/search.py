@@ -171,7 +171,6 @@ def find_culprit(
     v.take_row(culprit)
     v.exception = exception_info(culprit.get("exception"))
     if criterion.kind == "exception":
-        v.symptom_step = symptom.step
         want = (subject.recorded_exception(symptom.step) or {}).get("type")
         got = v.exception["type"] if v.exception else None
         if want and got != want:
