@@ -58,9 +58,8 @@ from replay.trace.picture import BatchNonFinite
 from replay.trace.result import TraceException
 from replay.trace.stats import stats_dict
 
-__all__ = ["build_verdict", "PHASE_NAMES"]
+__all__ = ["build_verdict"]
 
-PHASE_NAMES = PHASES  # Phase members, indexed by the phase column
 FINITE, PRODUCER, PROPAGATOR, RAISED, EXEMPT = (s.code for s in OpStatus)
 N_PROPAGATORS = 8
 N_PREVIOUS = 8
@@ -71,7 +70,7 @@ def _op_ref(tr: Tracer, i: int) -> dict[str, Any]:
     return {
         "op_index": i,
         "op": tr.log.name(i),
-        "phase": PHASE_NAMES[tr.log.cols["phase"][i]],
+        "phase": PHASES[tr.log.cols["phase"][i]],
         "module": tr.scope.modules.items[mod] if mod >= 0 else None,
     }
 
