@@ -31,7 +31,6 @@ __all__ = [
     "copy_small",
     "quiet_numpy",
     "Stats",
-    "STATS_COLUMNS",
     "N_BINS",
     "NO_STATS",
     "tensor_stats",
@@ -67,7 +66,6 @@ class Stats(NamedTuple):
     numel: float
 
 
-STATS_COLUMNS = Stats._fields
 #: The row of an op without a tensor output (or one that raised): nothing measured.
 NO_STATS = Stats(NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, 0.0)
 _EMPTY_HIST = np.zeros(N_BINS, dtype=np.float32)
@@ -333,4 +331,4 @@ def kind_of_row(row: Stats) -> str:
 
 def stats_dict(row: Stats) -> dict[str, float]:
     """``{column: value}`` (the JSON form of a row, ``ForensicsReader.op_row``'s ``stats``)."""
-    return dict(zip(STATS_COLUMNS, (float(v) for v in row)))
+    return dict(zip(Stats._fields, (float(v) for v in row)))
