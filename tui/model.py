@@ -65,7 +65,6 @@ class SafeForensics:
         self.run_id = reader.run_id
         self.step = reader.step
         self.n_ops = reader.n_ops
-        self.stats_columns = reader.stats_columns
         self.ops_columns = reader.ops_columns  # numbers only: nothing to make safe
         self.verdict = TraceVerdict.from_json(term_safe_tree(reader.verdict))
         self._strings: dict[str, list[str]] = {}

@@ -302,7 +302,6 @@ def train_step(
     loop = trainer.fit_loop.epoch_loop
     loop.batch_progress.current.ready = int(batch_idx)
     trainer.fit_loop.epoch_progress.current.completed = int(epoch)
-    module = trainer.lightning_module
     losses = []
     n = len(batch)
     for i, (micro, rng) in enumerate(zip(batch, micro_rng)):
@@ -321,5 +320,4 @@ def train_step(
     for cfg, times in zip(trainer.lr_scheduler_configs, sched_steps):
         for _ in range(int(times)):
             call._call_lightning_module_hook(trainer, "lr_scheduler_step", cfg.scheduler, None)
-    del module
     return total_loss(losses)
