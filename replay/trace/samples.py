@@ -37,6 +37,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from replay.store.tree import map_tree
+from replay.trace.picture import batch_leaves
 from replay.trace.rules import ALLOC_OPS
 
 __all__ = [
@@ -75,8 +76,6 @@ def _flat_size(t: torch.Tensor, others: list[torch.Tensor]) -> tuple[int, ...] |
 def _per_sample_leaves(batch: object) -> list[torch.Tensor]:
     """The leaves that hold samples: those whose dim 0 has the most common dim-0 size, leaving
     out targets flattened from the others (``_flat_size``)."""
-    from replay.trace.picture import batch_leaves
-
     leaves = [t for _, t in batch_leaves(batch) if t.dim() >= 1]
     flat = {id(t) for t in leaves if _flat_size(t, [u for u in leaves if u is not t])}
     leaves = [t for t in leaves if id(t) not in flat] or leaves
@@ -98,8 +97,6 @@ def sample_list(batch: object) -> bool:
     first = batch[0]
     if not isinstance(first, (tuple, list, dict)) or any(type(b) is not type(first) for b in batch):
         return False
-    from replay.trace.picture import batch_leaves
-
     for item in batch[:4]:
         leaves = [t for _, t in batch_leaves(item)]
         if not leaves:
@@ -121,8 +118,6 @@ def micro_list(batch: object, least: int = 2) -> bool:
         type(b) is not type(items[0]) for b in items
     ):
         return False
-    from replay.trace.picture import batch_leaves
-
     shape = None  # micro-batches hold the same tensors (not images beside their targets)
     for item in items[:4]:
         found = batch_leaves(item)
@@ -320,8 +315,6 @@ def _shared_axis(batch: object, cands: list[tuple[int, int]]) -> int | None:
     target sentences padded to their own lengths, ``src[Ts, B]``, ``tgt[Tt, B]`` (the
     language_translation example's). No probe can tell the axes apart when the step raises
     or its loss is not finite, and these lengths can: time is the axis that differs."""
-    from replay.trace.picture import batch_leaves
-
     leaves = [t for _, t in batch_leaves(batch) if t.dim() >= 2]
     if len(leaves) < 2 or len({t.shape[0] for t in leaves}) < 2:
         return None
