@@ -22,13 +22,36 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..bisect.compare import same_bits
+from ..bisect.criteria import is_nonfinite
+from ..capture.objects import gather_state
 from ..engine import Engine
 from ..jsonsafe import json_safe
 from ..reports import BisectReport, TracedOp, TraceVerdict
+from ..store.tree import leaf_path, leaves
+from ..trace import trace_step
+from ..trace.dispatch import compiled_frames
+from ..trace.picture import batch_leaves
+from ..trace.result import TraceResult
+from ..trace.samples import (
+    Failure,
+    FailureProbe,
+    batch_size_of,
+    candidate_axes,
+    choose_sample_axes,
+    find_culprit_samples,
+    has_batch_coupling,
+    micro_list,
+    no_dropout,
+    sample_layout,
+    sample_list,
+    slice_batch,
+    zipped,
+)
+from ..trace.step import CompiledDuringTrace, stderr_progress
 
 if TYPE_CHECKING:
     from ..store.reader import Recording
-    from ..trace.result import TraceResult
 
 __all__ = ["trace_culprit", "sample_axes", "no_culprit_note"]
 
@@ -55,7 +78,6 @@ def no_culprit_note(what: str, picked: list[int], size: int, dim: int) -> str:
 def _probe(engine: Engine, step: int) -> Callable[[Any], tuple[float | None, int]]:
     """``probe(batch) -> (loss, forward calls)``: step ``step`` replayed on ``batch`` from the
     state before it, without dropout (``choose_sample_axes``)."""
-    from replay.trace.samples import no_dropout
 
     def probe(batch: Any) -> tuple[float | None, int]:
         calls = []
@@ -74,8 +96,6 @@ def _probe(engine: Engine, step: int) -> Callable[[Any], tuple[float | None, int
 def _probe_step(engine: Engine, step: int, batch: Any) -> tuple[int, Any]:
     """The step whose batch the axis probe replays: the one before the failure when it is
     replayable and its batch has the same layout (its loss is finite), else the failing one."""
-    from replay.trace.samples import candidate_axes
-
     prev = step - 1
     if prev in engine.window:
         b = engine.batch(prev)
@@ -86,9 +106,6 @@ def _probe_step(engine: Engine, step: int, batch: Any) -> tuple[int, Any]:
 
 def _data_samples(batch: Any, axes: list[int]) -> list[Any]:
     """Positions along ``axes`` of the batch's non-finite values (pairs for two axes)."""
-    from replay.trace.picture import batch_leaves
-    from replay.trace.samples import batch_size_of, micro_list, sample_list, slice_batch, zipped
-
     if axes == [0, 1] and micro_list(batch):  # (micro-batch, row): each one's rows
         return [[j, r] for j, item in enumerate(batch) for r in _data_samples(item, [0])]
     if axes == [0] and (sample_list(batch) or zipped(batch)):  # samples that hold a NaN/Inf
@@ -164,9 +181,6 @@ def trace_verdict(
 def _nonfinite_state(engine: Engine) -> set[str]:
     """The paths of the live objects' non-finite tensors (parameters, buffers, gradients,
     optimizer state, the other named objects')."""
-    from ..capture.objects import gather_state
-    from ..store.tree import leaf_path, leaves
-
     with torch.no_grad():
         return {
             leaf_path(k)
@@ -205,8 +219,6 @@ def trace_culprit(
     ``samples=False``: no culprit samples are searched (a step whose failure shows only in
     state no health column measures: replaying it on part of the batch tells nothing).
     ``reproducible``: bisect's finding at ``step``, kept in the sidecar's verdict."""
-    from replay.trace import trace_step
-    from replay.trace.step import CompiledDuringTrace, stderr_progress
 
     def traced(direct: bool) -> TraceResult:
         engine.state_before(step, keep=True)
@@ -272,10 +284,6 @@ def compiled_disagreement(
     and the eager one does not, or their losses differ bitwise; ``None`` when they agree or
     nothing compiled ran. Was: a trace that named no op, and a samples search that found none,
     for a NaN only the compiled code made."""
-    from replay.trace.dispatch import compiled_frames
-
-    from ..bisect.compare import same_bits
-
     row = next((r for r in engine.recorded_rows() if r["step"] == step), None)
     if not compiled_frames() or row is None:
         return None
@@ -341,16 +349,12 @@ def sample_axes(engine: Engine, step: int, batch: Any) -> tuple[list[int], list[
     found: the step function's ``batch_axis`` when it fits, else ``choose_sample_axes`` (which
     may replay the step, or the one before it, to tell candidate axes apart). The diagnosis and
     ``replay whatif --drop-samples`` slice along the same axes."""
-    from replay.trace.samples import choose_sample_axes
-
     pstep, pbatch = _probe_step(engine, step, batch)
     hint = getattr(engine.step_fn, "batch_axis", None)
     return choose_sample_axes(pbatch, _probe(engine, pstep), hint)
 
 
 def _samples(engine: Engine, step: int, kind: str, batch: Any, result: TraceResult) -> None:
-    from replay.trace.samples import has_batch_coupling, sample_layout
-
     axes, notes = sample_axes(engine, step, batch)
     result.add_notes(notes)
     if not axes:
@@ -376,15 +380,6 @@ def _search(
 ) -> None:
     """Delta debugging along the sample axis (for micro-batches: the micro-batches first, then
     the rows within those). Sets the samples, or leaves a note why there are none."""
-    from replay.trace.samples import (
-        Failure,
-        FailureProbe,
-        batch_size_of,
-        find_culprit_samples,
-        slice_batch,
-    )
-
-    from ..bisect.criteria import is_nonfinite
 
     def failure_of(sub: Any) -> Failure | None:
         engine.state_before(step, keep=True)
