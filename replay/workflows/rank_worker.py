@@ -20,20 +20,37 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import sys
 import traceback
 from contextlib import nullcontext
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from ..bisect.criteria import criterion_named
+from ..capture.sharded import mesh_of, shard_like
+from ..engine import Engine
 from ..errors import EXIT_USAGE, ReplayError, exit_code_of, first_line
+from ..jsonsafe import json_safe
+from ..multirank.lockstep import Leader, StepLog, follow, rank_summary, run_own_step
+from ..ranks.ddp_hook import LocalGradProbe
+from ..ranks.first_bad import is_collective_error
 from ..reports.divergence import Divergence
 from ..reports.ranks import RankReplay
-
-if TYPE_CHECKING:
-    from ..engine import Engine
-    from ..store.reader import Recording
+from ..store import open_recording
+from ..store.reader import Recording, Window
+from ..trace import trace_step
+from .bisect import bisect_engine
+from .export import export_work
+from .session import ReplayOptions, with_engine
+from .trace import trace_engine
+from .verify import verify_engine
+from .whatif import parse_change, replay_range, whatif_work
 
 __all__ = ["main"]
 
@@ -48,12 +65,6 @@ def _wrap_ddp(engine: Engine, device: str, rec: Recording) -> set[int]:
     then have the recorded lengths, and with three or more ranks the backend sums every
     element in the recorded order (a longer bucket moves the chunks a ring all-reduce sums).
     """
-    import math
-
-    from torch.nn.parallel import DistributedDataParallel
-
-    from ..ranks.ddp_hook import LocalGradProbe
-
     ids = [device] if device.startswith("cuda") else None
     ddp = engine.wrapper  # a re-run program's own wrapper
     if not isinstance(ddp, DistributedDataParallel):
@@ -86,8 +97,6 @@ def _shard(engine: Engine, spec: dict[str, Any]) -> set[int]:
     (``meta.distributed.fsdp``), its optimizer over the sharded parameters; each rank then
     loads its own shards from its own snapshot. Its collectives (all-gather in the forward,
     reduce-scatter in the backward) run in the step itself, on every rank in lockstep."""
-    from ..capture.sharded import shard_like
-
     engine.shard_model(lambda model: shard_like(model, spec, engine.device))
     # A peer that raised before joining a collective: replaying the step without the
     # collective is DDP's no_sync; FSDP2 all-gathers the parameters in the forward, so there
@@ -97,8 +106,6 @@ def _shard(engine: Engine, spec: dict[str, Any]) -> set[int]:
 
 def peer_failed_steps(engine: Engine) -> set[int]:
     """Steps at which this rank recorded a collective error (a peer failed), not its own."""
-    from ..ranks.first_bad import is_collective_error
-
     out = set()
     for row in engine.recorded_rows():
         t = int(row["step"])
@@ -117,10 +124,6 @@ def _same_windows(engine: Engine, group: Any, world: int) -> None:
     every rank has. A rank that died outside any step recorded fewer steps than its peers
     (whose next step failed in a collective without it): the steps they all completed are the
     ones replayed together. ``ReplayError`` when no such steps exist."""
-    import torch.distributed as dist
-
-    from ..store.reader import Window
-
     w = engine.window
     every: list[Any] = [None] * world
     dist.all_gather_object(every, (w.first, w.last, list(w.snapshots)), group=group)
@@ -139,11 +142,6 @@ def _same_windows(engine: Engine, group: Any, world: int) -> None:
 
 def _lead(engine: Engine, rec: Recording, spec: dict[str, Any]) -> dict[str, Any]:
     """The leader's workflow, the one a single-process replay runs, on this rank's engine."""
-    from ..bisect.criteria import criterion_named
-    from .bisect import bisect_engine
-    from .trace import trace_engine
-    from .verify import verify_engine
-
     mode = spec["mode"]
     if mode == "verify":
         return verify_engine(rec, engine).to_json()
@@ -161,8 +159,6 @@ def _export(
     engine: Engine, rec: Recording, spec: dict[str, Any], rank: int, group: Any
 ) -> dict[str, Any]:
     """This rank's state before the step, into ``rank<r>/`` of the staged export folder."""
-    from .export import export_work
-
     out = os.path.join(spec["export_dir"], f"rank{rank}")
     shown = os.path.join(spec["shown_out"], f"rank{rank}")
     work = export_work(
@@ -177,10 +173,6 @@ def _whatif(
     """The experiments on this rank, with the same changes as on every other rank, over the
     steps the leader chose (each rank's own default range follows from its own health, which
     may show the failure a step later than the leader's)."""
-    import torch.distributed as dist
-
-    from .whatif import parse_change, replay_range, whatif_work
-
     changes = [parse_change(kind, arg) for kind, arg in spec["changes"]]
     lo, hi = spec.get("from_step"), spec.get("to_step")
     leader = int(spec["leader"])
@@ -202,15 +194,11 @@ def _tracer(engine: Engine, rec: Recording, traced: dict[str, Any]) -> Any:
     """A follower's answer to the leader tracing its culprit step: trace its own step the same
     way, into its own forensics sidecar (``replay tui`` shows every rank's). Only the first
     call is traced (the leader's later ones probe sliced batches)."""
-    from ..jsonsafe import json_safe
-    from ..multirank.lockstep import run_own_step
 
     def on_call(t: int) -> None:
         if traced:
             run_own_step(engine, t)
             return
-        from replay.trace import trace_step
-
         result = trace_step(
             engine.model,
             engine.optimizer,
@@ -233,19 +221,12 @@ def _reenters(path: str, spec: dict[str, Any]) -> bool:
         return False
     if spec.get("reenter"):
         return True
-    from ..store import open_recording
-
     with open_recording(path) as rec:
         return "build_fn" not in rec.entry
 
 
 def run(spec: dict[str, Any]) -> dict[str, Any]:
     """Replay this rank (``RANK`` in the environment); returns what ``rank<r>.json`` holds."""
-    import torch
-    import torch.distributed as dist
-
-    from .session import ReplayOptions, with_engine
-
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local = int(os.environ.get("LOCAL_RANK", rank))
     backend = spec.get("backend") or "gloo"
@@ -272,11 +253,6 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
 def _replay_rank(
     rec: Recording, engine: Engine, spec: dict[str, Any], rank: int, world: int, timeout: Any
 ) -> dict[str, Any]:
-    import torch.distributed as dist
-
-    from ..capture.sharded import mesh_of
-    from ..multirank.lockstep import Leader, StepLog, follow, rank_summary
-
     if not dist.is_initialized():
         raise ReplayError(
             "the recorded program reached its Recorder without a process group "
@@ -355,8 +331,6 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     rank = int(os.environ.get("RANK", "-1"))
     out = os.path.join(spec["out"], f"rank{rank}.json")
-    from ..jsonsafe import json_safe
-
     try:
         result = run(spec)
         code = 0
