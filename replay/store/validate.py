@@ -153,18 +153,17 @@ def resolve(f: h5py.File, name: str, where: str) -> Any:
 
 def _check_storage(ds: h5py.Dataset, where: str, name: str) -> None:
     try:
-        _storage(ds, where, name)
+        virtual = ds.is_virtual
+        dcpl = ds.id.get_create_plist()
+        external = dcpl.get_external_count()
+        filters = dcpl.get_nfilters()
     except H5_ERRORS as e:
         raise _fail(where, f"/{name}: unreadable layout ({first_line(e)})") from None
-
-
-def _storage(ds: h5py.Dataset, where: str, name: str) -> None:
-    if ds.is_virtual:
+    if virtual:
         raise _fail(where, f"/{name} is a virtual dataset (data from other files), refused")
-    dcpl = ds.id.get_create_plist()
-    if dcpl.get_external_count() > 0:
+    if external > 0:
         raise _fail(where, f"/{name} keeps its data in external files, refused")
-    if dcpl.get_nfilters() > 0:
+    if filters > 0:
         raise _fail(where, f"/{name} is filtered (compressed); the format uses no filters")
 
 
