@@ -7,15 +7,21 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ..bisect.criteria import Criterion
+    from ..bisect.subject import Subject
     from ..engine import Engine
     from ..ranks.scan import RankScan
     from ..reports.ranks import RankSet
     from ..store.reader import Recording
 
+from ..bisect import SearchError, auto_criterion, find_culprit
+from ..bisect.compare import HINT_RAISED
 from ..errors import ReplayError
+from ..multirank.choice import APPROXIMATE, choose_ranks
+from ..ranks.files import is_rank_recording
 from ..reports import BisectReport
 from ..reports.verdict import Ended, only_known
 from ..safetext import say
+from ..store import open_recording
 from ..store.liveness import writer_state
 from .segments import failing_segment
 from .session import AS_RECORDED, ReplayOptions, together, with_engine
@@ -46,8 +52,6 @@ def run_bisect(
     led by the rank whose own values went bad first; ``alone`` replays one rank in this process
     (``rank``, or that culprit rank), labelled ``"approximate": true``.
     """
-    from ..multirank.choice import APPROXIMATE, choose_ranks
-
     choice = choose_ranks(run, rank, alone)
     if choice.together:
         assert choice.scan is not None
@@ -93,12 +97,8 @@ def bisect_engine(
     ``together``: every rank is replayed with its peers (``replay.multirank``), the rows as
     recorded. ``reraise``: the tracer's errors that must still end the replay (a lockstep
     failure)."""
-    from ..bisect import SearchError, auto_criterion, find_culprit
-    from ..bisect.compare import HINT_RAISED
-    from ..bisect.subject import Subject
     from ..engine.subject import EngineSubject
     from ..multirank.alone import RankSubject, adjust_verdict
-    from ..ranks.files import is_rank_recording
     from .culprit import trace_verdict
     from .why import buffers_hint, explain_divergence, read_buffers
 
@@ -130,8 +130,6 @@ def _rank_set_as_recorded(scan: RankScan, options: ReplayOptions) -> BisectRepor
     """A rank set no rank of which went bad of its own, or whose first failure is a rank that
     died outside any step (its peers' next collective failing for want of it), from the files
     alone: no step of any rank shows a failure a replay could find. ``None`` otherwise."""
-    from ..store import open_recording
-
     failure = scan.first_bad
     if failure is not None and failure.kind != "died":
         return None
@@ -154,9 +152,7 @@ def _healthy_as_recorded(
     nothing. ``None`` otherwise; a rank file (judged by its own values, unless ``rank_file``:
     its rank set's scan judged them) and a file with nothing replayable go the engine's way
     too."""
-    from ..bisect import auto_criterion
     from ..engine.device import choose_device
-    from ..ranks.files import is_rank_recording
 
     window = rec.replayable_window()
     if window is None or (is_rank_recording(rec.meta) and not rank_file):

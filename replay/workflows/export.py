@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from ..errors import RecordingError, ReplayError, UsageError
+from ..ranks.scan import rank_set
 from ..store.hparams import Groups, step_hparams
 from .export_state import NotReached, finite, reach
 from .outdir import check_out, staged_dir
@@ -165,8 +166,6 @@ def run_export(
     the report is rank 0's, with every rank's in ``ranks``.
     """
     check_out(out)
-    from ..ranks.scan import rank_set
-
     scan = rank_set(run)
     if scan is not None:
         return _export_ranks(scan, out, step, options)

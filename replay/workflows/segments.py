@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..bisect import auto_criterion
 from ..errors import RecordingError
 from ..store.reader import open_recording
 from ..store.segments import later_segments
@@ -22,8 +23,6 @@ __all__ = ["failing_segment", "later_segments_note"]
 
 def _symptom_step(path: str, criterion: Criterion | None) -> int | None:
     """The step where ``path``'s recorded health first shows the failure, or ``None``."""
-    from ..bisect import auto_criterion
-
     with open_recording(path, health_only=True) as rec:
         rows = rec.health_rows()
     symptom = (criterion or auto_criterion(rows)).first_symptom(rows)

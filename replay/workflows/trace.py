@@ -9,6 +9,7 @@ if TYPE_CHECKING:
     from ..store.reader import Recording
 
 from ..errors import UsageError
+from ..ranks.scan import rank_set
 from ..reports import TraceReport
 from ..reports.verdict import only_known
 from .session import AS_RECORDED, ReplayOptions, together, with_engine
@@ -25,8 +26,6 @@ def run_trace(
     ``source``, ``forensics``...) plus ``step`` and ``window``; on a healthy step
     ``op`` is ``None`` and the sidecar holds every op of the step for ``replay tui``.
     """
-    from ..ranks.scan import rank_set
-
     files = rank_set(run)
     if files is not None:  # a DDP rank set: every rank together, each traced into its sidecar
         d = together(files, "trace", options, step=step)

@@ -10,7 +10,9 @@ if TYPE_CHECKING:
     from ..engine import Engine
     from ..store.reader import Recording
 
+from ..bisect import verify_window
 from ..jsonsafe import json_safe
+from ..multirank.choice import APPROXIMATE, RankChoice, choose_ranks
 from ..reports import DivergenceCause, VerifiedStep, VerifyReport
 from ..reports.verdict import exception_info, only_known
 from .segments import later_segments_note
@@ -44,8 +46,6 @@ def run_verify(
     live run, whose ring moves on); with ``start``, the first steps from the oldest kept
     snapshot at or after ``start`` (the self-check's later steps).
     """
-    from ..multirank.choice import APPROXIMATE, RankChoice, choose_ranks
-
     choice = choose_ranks(run, rank, alone)
     if choice.together:
         assert choice.scan is not None
@@ -88,7 +88,6 @@ def verify_engine(
     ``keep_snapshots`` snapshots (a run's reach holds up to 10,000 steps, whose replay would
     take as long as training them); ``start``: from the snapshot at or before that step;
     ``every_step``: the whole window, each kept snapshot afresh."""
-    from ..bisect import verify_window
     from ..engine.subject import EngineSubject
     from .why import explain_divergence
 
