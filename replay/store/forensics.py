@@ -115,11 +115,6 @@ class NotAForensicsFile(RecordingError, ValueError):
     (a ``RecordingError``: exit code 3; a ``ValueError`` for older callers)."""
 
 
-def _json_bytes(value: Any) -> np.ndarray:
-    text = json.dumps(json_safe(value), allow_nan=False, separators=(",", ":"))
-    return np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
-
-
 def _group(parent: h5py.Group, name: str, encoding: str) -> h5py.Group:
     g = parent.create_group(name)
     g.attrs["encoding-type"] = encoding
@@ -128,7 +123,8 @@ def _group(parent: h5py.Group, name: str, encoding: str) -> h5py.Group:
 
 
 def _blob(g: h5py.Group, name: str, value: Any) -> None:
-    g.create_dataset(name, data=_json_bytes(value))
+    text = json.dumps(json_safe(value), allow_nan=False, separators=(",", ":"))
+    g.create_dataset(name, data=np.frombuffer(text.encode("utf-8"), dtype=np.uint8))
 
 
 def _columns(g: h5py.Group, spec: dict[str, Any], data: Any, where: str, chunked: bool) -> None:
