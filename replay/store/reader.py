@@ -521,15 +521,11 @@ class Recording:
         V.check_markers(markers, self.path, f"{ring}/step", modulo=ring != "snapshots")
         return markers
 
-    def _slot_of(self, ring: str, step: int) -> int | None:
-        hits = np.flatnonzero(self._markers(ring) == step)
-        return int(hits[0]) if hits.size else None
-
     def _slot_or_raise(self, ring: str, step: int) -> int:
-        slot = self._slot_of(ring, step)
-        if slot is None:
+        hits = np.flatnonzero(self._markers(ring) == step)
+        if not hits.size:
             raise KeyError(f"step {step} is not in the {ring} ring of {self.path}")
-        return slot
+        return int(hits[0])
 
     def _marker(self, ring: str, slot: int) -> int:
         return int(self._read(f"{ring}/step", slot))
