@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from ..errors import RecordingError, ReplayError, UsageError
+from ..jsonsafe import json_safe
 from ..ranks.scan import rank_set
 from ..store.hparams import Groups, step_hparams
 from .export_state import NotReached, finite, reach
@@ -310,8 +311,6 @@ def _save(obj: Any, path: str) -> None:
 def _values(engine: Engine, t: int, notes: list[str]) -> dict[str, Any] | None:
     """Step ``t``'s recorded per-step values (the loop's iteration number, its batch's indices)
     as JSON, where the loop passed any; they identify the batch to skip."""
-    from ..jsonsafe import json_safe
-
     try:
         values = engine.values(t)
     except Exception as e:  # noqa: BLE001 - the step to skip is named by its number anyway

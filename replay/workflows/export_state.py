@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..bisect.compare import compare_rows, with_exception_type
 from ..errors import ReplayError, UsageError
+from ..store.tree import as_record, map_tree
 
 if TYPE_CHECKING:
     from ..engine import Engine
@@ -38,8 +39,6 @@ def _others(objs: Any) -> dict[str, Any]:
 
 def _plain(x: Any) -> Any:
     """A state dict with its tensors as bytes: comparable with ``==``, bit for bit."""
-    from ..store.tree import as_record, map_tree
-
     return map_tree(_plain_leaf, x, as_record)
 
 

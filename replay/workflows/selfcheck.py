@@ -39,7 +39,12 @@ from typing import Any
 from ..child import SELF_CHECK, python_module
 from ..errors import EntryPointError, RecordingError, ReplayError, first_line
 from ..reports import VerifyReport
+from ..safetext import term_safe
+from ..store import open_recording
+from ..store.liveness import writer_state
 from ..store.selfcheck import RTOL, SelfCheck, write_selfcheck
+from .session import ReplayOptions
+from .verify import run_verify
 
 __all__ = ["run_selfcheck", "judge", "main"]
 
@@ -52,8 +57,6 @@ def _checkable(run: str, after: int, steps: int, start: int | None = None) -> in
     """The last step to check once the writer has committed step ``after``: ``steps`` steps
     from the oldest kept snapshot, or from the oldest at or after ``start`` (a short run may be
     over, its ring moved on, by now; ``run_verify`` pins them when it opens the file)."""
-    from ..store import open_recording
-
     try:
         rec = open_recording(run)
     except ReplayError:
@@ -75,8 +78,6 @@ def _run_over(run: str, training_pid: int, unheld: list[float]) -> bool:
     caller). Was: the check waited its full 300 s for steps that would never come, an orphan
     outliving the run; and a later check waited for a snapshot of a closed recording for as
     long as its process lived."""
-    from ..store.liveness import writer_state
-
     if writer_state(run) is not None:
         unheld.clear()
         return False
@@ -152,9 +153,6 @@ def run_selfcheck(
         free, _ = torch.cuda.mem_get_info(torch.device(device))
         if free < gpu_bytes:
             raise NoRoom(free, gpu_bytes)
-    from .session import ReplayOptions
-    from .verify import run_verify
-
     t0 = time.monotonic()
     try:
         report = run_verify(run, options=ReplayOptions(device), first_steps=steps, start=start)
@@ -247,8 +245,6 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.suppress(OSError):
         write_selfcheck(args.run, verdict)
     if verdict.failed:
-        from ..safetext import term_safe
-
         line = term_safe(f"replay: warning: {args.run} {verdict.line()}; training goes on")
         os.write(err, (line + "\n").encode("utf-8", "replace"))
     elif verdict.status == "ok" and args.later is not None and verdict.steps is not None:

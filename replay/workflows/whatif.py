@@ -35,8 +35,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ..bisect import auto_criterion, newest_healthy
+from ..bisect.compare import compare_rows, with_exception_type
+from ..bisect.criteria import is_nonfinite
 from ..errors import ReplayError, UsageError
+from ..ranks.scan import rank_set
 from ..reports.whatif import CHANGES, Experiment, StepResult, WhatIfReport
+from ..store.tree import TensorLeaf, map_tree
 from .session import AS_RECORDED, ReplayOptions, together, with_engine
 
 if TYPE_CHECKING:
@@ -168,8 +173,6 @@ def _unmeasured_norm(row: dict[str, Any]) -> bool:
 
 
 def _result(row: dict[str, Any]) -> StepResult:
-    from ..bisect.criteria import is_nonfinite
-
     exc = row.get("exception")
     raised = exc is not None or row.get("raised") == 1.0
     return StepResult(
@@ -247,8 +250,6 @@ class _Plan:
 
 
 def _numeric_leaf(v: Any) -> bool:
-    from ..store.tree import TensorLeaf
-
     return isinstance(v, TensorLeaf) or (isinstance(v, (int, float)) and not isinstance(v, bool))
 
 
@@ -359,8 +360,6 @@ def _float32(batch: Any) -> Any:
     """The batch with its floating tensors in float32 (the rest as it is)."""
     import torch
 
-    from ..store.tree import map_tree
-
     def f(x: Any) -> Any:
         return x.float() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
 
@@ -465,8 +464,6 @@ def _range(
 ) -> tuple[int, int, int, str, int | None]:
     """``(snapshot, from, to, kind, first bad step recorded)`` for the replay; a default that
     needs saying goes to ``notes``."""
-    from ..bisect import auto_criterion, newest_healthy
-
     w = engine.window
     criterion = auto_criterion(rows)
     symptom = criterion.first_symptom(rows)
@@ -531,8 +528,6 @@ def run_whatif(
     """
     if not changes:
         raise UsageError("name at least one change (--set, --scale, --clip, --skip-step, ...)")
-    from ..ranks.scan import rank_set
-
     scan = rank_set(run)
     if scan is not None:  # a DDP rank set: every rank runs every experiment, together
         if any(c.kind == "drop-samples" for c in changes):
@@ -561,7 +556,6 @@ def whatif_work(
     opened: Callable[[], None] | None = None,
 ) -> Callable[[Recording, Engine], WhatIfReport]:
     """What :func:`run_whatif` does with the engine up (each rank of a multi-rank one runs it)."""
-    from ..bisect.compare import compare_rows, with_exception_type
 
     def work(rec: Recording, engine: Engine) -> WhatIfReport:
         if opened is not None:
