@@ -15,7 +15,6 @@ from ..safetext import term_safe
 
 if TYPE_CHECKING:
     from ..ranks.scan import RankScan
-    from ..ranks.summary import RankSetSummary
 
 __all__ = ["doctor"]
 
@@ -39,31 +38,26 @@ def render(report: DoctorReport) -> str:
     return "\n".join(lines).rstrip()
 
 
-def _rank_set_report(s: RankSetSummary) -> RankSetDoctorReport:
+def _doctor_rank_set(run: str, scan: RankScan, as_json: bool) -> int:
     """Every rank's checklist, and across the ranks: which went bad first (the scan's), which
     is slow (median step wall time)."""
     from ..doctor import diagnose
+    from ..ranks.scan import spans
+    from ..ranks.summary import summarise
 
-    slow = s.slowest
-    return RankSetDoctorReport(
+    s = summarise(scan)
+    slowest = s.slowest
+    report = RankSetDoctorReport(
         world_size=s.world_size,
         missing=list(s.missing),
         first_bad=s.summary,
         first_bad_step=s.culprit_step,
         first_bad_ranks=list(s.culprit_ranks),
         slowest=None
-        if slow is None
-        else SlowestRank(slow[0].rank, slow[0].median_step_s or 0.0, slow[1]),
+        if slowest is None
+        else SlowestRank(slowest[0].rank, slowest[0].median_step_s or 0.0, slowest[1]),
         ranks={str(r.rank): DoctorReport(r.path, diagnose(r.path)) for r in s.rows},
     )
-
-
-def _doctor_rank_set(run: str, scan: RankScan, as_json: bool) -> int:
-    """Every rank's checklist, and across the ranks: who went bad first, who is slow."""
-    from ..ranks.scan import spans
-    from ..ranks.summary import summarise
-
-    report = _rank_set_report(summarise(scan))
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
         return EXIT_OK
