@@ -6,13 +6,13 @@ from collections.abc import Callable
 
 import torch
 
+from ..errors import ReplayError, UsageError, first_line
+
 __all__ = ["choose_device"]
 
 
 def choose_device(recorded: str, override: str | None, log: Callable[[str], None]) -> str:
     if override:
-        from ..errors import ReplayError, UsageError, first_line
-
         try:
             dev = torch.device(override)
         except (RuntimeError, ValueError) as e:

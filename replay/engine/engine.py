@@ -34,6 +34,7 @@ from ..capture.numerics import apply_numerics, current_env, differences
 from ..capture.objects import RunObjects, StepCall, apply_layout, run_params
 from ..capture.probe import GradProbe
 from ..capture.rng import restore_rng
+from ..capture.sharded import rebind_optimizer
 from ..capture.tensors import from_leaves, leaf_finite
 from ..capture.watch import ObjectWatch
 from ..errors import RecordingError, ReplayError, first_line
@@ -251,8 +252,6 @@ class Engine(ObservedCalls):
         ``fully_shard`` replaces the parameters with DTensor ones: the optimizer ``build_fn``
         made is pointed at them by name, and the fingerprint and gradient probe measure them.
         """
-        from ..capture.sharded import rebind_optimizer
-
         model = self.objs.model
         before = dict(model.named_parameters())
         shard(model)

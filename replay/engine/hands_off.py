@@ -37,6 +37,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import errno
+import getpass
 import io
 import os
 import shutil
@@ -194,8 +195,6 @@ def _cache_roots() -> tuple[str, ...]:
     roots = [os.environ.get("TRITON_CACHE_DIR") or os.path.expanduser("~/.triton")]
     inductor = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     if inductor is None:
-        import getpass
-
         try:
             user = getpass.getuser()
         except (KeyError, OSError):

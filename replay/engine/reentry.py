@@ -23,6 +23,7 @@ from ..capture.guard import LiveProgram, ReplayFinished, reentering
 from ..errors import EntryPointError, first_line
 from .entry import recorded_process, source_changed
 from .foreign import command_of
+from .hands_off import TouchedError, active_guard
 
 __all__ = ["run_program", "program_of"]
 
@@ -65,8 +66,6 @@ def _check_source(
 
 def _kept_from(e: BaseException) -> str | None:
     """What the program was kept from doing, when that is why it stopped (hands_off.py)."""
-    from .hands_off import TouchedError, active_guard
-
     guard = active_guard()
     if not isinstance(e, OSError) or guard is None or not guard.refused:
         return None

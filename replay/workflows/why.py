@@ -34,6 +34,7 @@ from ..bisect.compare import (
 from ..capture.suspects import Suspect, buffers, candidates, changed_by, same_tensor
 from ..capture.tensors import from_leaves
 from ..engine import Engine
+from ..engine.entry import source_changed
 from ..engine.state import _int_keys
 from ..reports import Divergence, DivergenceCause, ExceptionInfo, StateDrift
 
@@ -142,8 +143,6 @@ def state_diff(engine: Engine, s: int) -> list[StateDrift]:
 
 def _changed_sources(engine: Engine) -> list[str]:
     """The recorded entry points' files whose source changed since the recording."""
-    from ..engine.entry import source_changed
-
     entries = engine.rec.entry.values()
     changed = [
         e["path"]
