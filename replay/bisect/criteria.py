@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ..store.layout import HEALTH_COLUMNS
 from .predicate import Expression, History, object_columns_in
 
 __all__ = [
@@ -147,8 +148,6 @@ def criterion_named(kind: str = "auto", until: str | None = None) -> Criterion |
     """The criterion ``--kind`` names (``None`` for ``auto``: :func:`auto_criterion` decides
     from the recorded health), or the predicate ``until`` over the health columns and the object
     columns it names (a :class:`PredicateError` when it does not parse)."""
-    from ..store.layout import HEALTH_COLUMNS
-
     if until is not None:
         return Predicate(Expression.parse(until, (*HEALTH_COLUMNS, *object_columns_in(until))))
     if kind == "nonfinite":

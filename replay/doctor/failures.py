@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..reports.doctor import EvidenceValue
 from ..reports.verdict import Ended
+from ..store.liveness import writer_state
 from .context import Context
 from .registry import Finding, rule
 
@@ -54,8 +55,6 @@ def died_outside_a_step(ctx: Context) -> Finding | None:
     """The program died outside any step: an exception between steps (the data loader, a
     validation or logging line, a callback), a failing ``sys.exit``, Ctrl-C; or, where the file
     was never closed and nothing writes it, a kill no exception announced."""
-    from ..store.liveness import writer_state
-
     rec = ctx.rec
     ended = rec.ended()
     if ended is None and not rec.closed_cleanly and writer_state(rec.path) is None:

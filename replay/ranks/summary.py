@@ -19,6 +19,7 @@ from ..reports.info import RecordingSteps
 from ..reports.ranks import RankFailure
 from ..reports.verdict import Ended, TraceVerdict
 from ..safetext import term_safe
+from ..store.forensics import ForensicsReader, NotAForensicsFile
 from ..store.reader import Recording
 from .files import open_rank_set
 from .first_bad import describe_failure
@@ -159,8 +160,6 @@ def trace_line(path: str, run_id: str) -> str | None:
     """
     if not os.path.exists(path):
         return None
-    from ..store.forensics import ForensicsReader, NotAForensicsFile
-
     try:
         with ForensicsReader.open(path) as f:
             if f.run_id != run_id:
