@@ -9,18 +9,16 @@ import math
 import os
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from ..store.contracts import ModuleMeta, ParamMeta
+from ..store.forensics import ForensicsReader
 from ..store.hparams import step_hparams
 from ..store.reader import DamagedSlot, Recording
 from ..store.tree import iter_leaves
 from .arrays import as_array, as_float
-
-if TYPE_CHECKING:
-    from ..store.forensics import ForensicsReader
 
 __all__ = ["Context", "Snapshot", "per_step_ratio"]
 
@@ -235,8 +233,6 @@ class Context:
         if not os.path.exists(path):
             return None
         try:
-            from ..store.forensics import ForensicsReader
-
             return ForensicsReader.open(path)
         except Exception:  # noqa: BLE001 - an unreadable sidecar only costs its evidence
             return None

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from ..bisect import NonFinite, Predicate, Raised
 from ..child import RANK_WORKER, free_port, python_module
 from ..errors import RecordingError, ReplayError, UsageError, error_of_exit_code
 from ..ranks.scan import RankScan
@@ -52,8 +53,6 @@ def _backend(recorded: str | None, world: int) -> str:
 
 
 def _criterion_spec(criterion: Any) -> dict[str, Any] | None:
-    from ..bisect import NonFinite, Predicate, Raised
-
     if criterion is None:
         return None
     if isinstance(criterion, Predicate):

@@ -14,6 +14,7 @@ them, and nothing is guessed over the gap.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
@@ -203,8 +204,6 @@ def _read_all(files: list[str], workers: int | None) -> Iterable[RankFileScan]:
     n = workers if workers is not None else len(os.sched_getaffinity(0))
     if n <= 1 or (workers is None and len(files) < _PARALLEL_FROM):
         return [scan_file(p) for p in files]
-    import multiprocessing
-
     # forkserver: the workers start from a clean interpreter (never a fork of a process that
     # has torch's threads), importing only this module, h5py and numpy.
     ctx = multiprocessing.get_context("forkserver")
