@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 from ..reports.doctor import EvidenceValue
-from ..reports.verdict import Ended
-from ..store.liveness import writer_state
 from .context import Context
 from .registry import Finding, rule
 
@@ -56,9 +54,7 @@ def died_outside_a_step(ctx: Context) -> Finding | None:
     validation or logging line, a callback), a failing ``sys.exit``, Ctrl-C; or, where the file
     was never closed and nothing writes it, a kill no exception announced."""
     rec = ctx.rec
-    ended = rec.ended()
-    if ended is None and not rec.closed_cleanly and writer_state(rec.path) is None:
-        ended = Ended.killed(rec.health_rows())
+    ended = rec.ending()
     if ended is None:
         return None
     after = [] if ended.last_step is None else [ended.last_step]

@@ -44,6 +44,7 @@ from .layout import (
     STATUS_FIELDS,
     split_object_column,
 )
+from .liveness import writer_state
 from .tree import decode
 
 __all__ = ["Recording", "open_recording", "Window", "sidecar_path", "claimed_size"]
@@ -509,6 +510,15 @@ class Recording:
             return Ended.from_json(V.parse_json(raw, f"{self.path}: /ended")) if raw else None
         except RecordingError:
             return None
+
+    def ending(self) -> Ended | None:
+        """How the program ended outside any step: :meth:`ended`; else, for a file never
+        closed that no process writes any more, a kill no exception announced
+        (:meth:`Ended.killed`, with the memory the process held). ``None``: neither."""
+        ended = self.ended()
+        if ended is None and not self.closed_cleanly and writer_state(self.path) is None:
+            return Ended.killed(self.health_rows())
+        return ended
 
     @property
     def closed_cleanly(self) -> bool:

@@ -19,7 +19,7 @@ from ..errors import ReplayError
 from ..multirank.choice import APPROXIMATE, choose_ranks
 from ..ranks.files import is_rank_recording
 from ..reports import BisectReport
-from ..reports.verdict import Ended, only_known
+from ..reports.verdict import only_known
 from ..safetext import say
 from ..store import open_recording
 from ..store.liveness import writer_state
@@ -139,8 +139,8 @@ def _rank_set_as_recorded(scan: RankScan, options: ReplayOptions) -> BisectRepor
     if report is None:
         return None
     report.recording, report.rank_set = scan.spec, rank_set
-    if failure is not None:
-        report.ended, report.rank = failure.ended, failure.rank
+    if failure is not None:  # (the culprit file's ending is the failure's)
+        report.rank = failure.rank
     return report
 
 
@@ -162,15 +162,12 @@ def _healthy_as_recorded(
     if crit.first_symptom(rows) is not None:
         return None
     recorded = rec.snapshot_devices(window.first).get("model", "cpu")
-    ended, writer = rec.ended(), writer_state(rec.path)
-    last = int(rows[-1]["step"]) if rows else None
+    writer, last = writer_state(rec.path), int(rows[-1]["step"]) if rows else None
     if writer is not None:  # (its training goes on: what it has written so far)
         say(
             f"replay: {rec.path} is still being written (training process {writer.pid}); its "
             f"health up to step {last} shows nothing to replay"
         )
-    elif ended is None and not rec.closed_cleanly:
-        ended = Ended.killed(rows)
     return BisectReport(
         healthy=True,
         kind=crit.kind,
@@ -178,7 +175,7 @@ def _healthy_as_recorded(
         window=[window.first, window.last],
         device=choose_device(recorded, options.device, lambda _: None),
         checked=[int(rows[0]["step"]), int(rows[-1]["step"])] if rows else None,
-        ended=ended,
+        ended=rec.ending(),
     )
 
 
