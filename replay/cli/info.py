@@ -306,10 +306,8 @@ def render_rank_set(summary: RankSetSummary) -> str:
         bad = [f"own {'+'.join(own[1])} at {own[0]}"] if own else []
         bad += [f"non-finite at {fb['nonfinite']}"] if fb.get("nonfinite") is not None else []
         bad += [f"exception at {fb['exception']}"] if fb.get("exception") is not None else []
-        died = x.ended
-        if died is not None:  # (raised outside any step: a data loader, a validation loop)
-            when = "before step 0" if died.last_step is None else f"after {died.last_step}"
-            bad += [f"died {when} ({died.type})"]
+        if x.ended is not None:  # (raised outside any step: a data loader, a validation loop)
+            bad += [f"died {x.ended.when} ({x.ended.type})"]
         hs, w = x.health_steps, x.window
         loss = f"{x.last_loss:.4g}" if x.last_loss is not None else "-"
         lines.append(

@@ -96,13 +96,16 @@ class Ended:
         last = int(rows[-1]["step"]) if rows else None
         return cls("killed", "", _memory(rows), None, "", last)
 
+    @property
+    def when(self) -> str:
+        """``after step 11``, or ``before the first step``."""
+        return "before the first step" if self.last_step is None else f"after step {self.last_step}"
+
     def describe(self) -> str:
         """``ValueError: corrupt sample, outside any step, after step 11, at train.py:14 in
         <module>`` (the message's first line; a DataLoader worker's exception, which the main
         process raises again with the worker's traceback as its message, by its last)."""
-        after = (
-            "before the first step" if self.last_step is None else f"after step {self.last_step}"
-        )
+        after = self.when
         if self.kind == "killed":
             return (
                 f"it never closed its recording, {after}: no exception ended it (a kill such as "

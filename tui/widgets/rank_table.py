@@ -43,10 +43,7 @@ def sparkline(
 def _own_bad(row: Any) -> str:
     if row.own_bad is None:
         died = row.ended  # (raised outside any step: its loader, a validation loop)
-        if died is not None and died.kind != "killed":
-            when = "before step 0" if died.last_step is None else f"after step {died.last_step}"
-            return f"died {when}"
-        return "-"
+        return f"died {died.when}" if died is not None else "-"
     step, reasons = row.own_bad
     return f"step {step} ({'+'.join(reasons)})"
 
