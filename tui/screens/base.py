@@ -14,8 +14,8 @@ __all__ = ["RunScreen", "ForensicsScreen"]
 
 
 class RunScreen(Screen[None]):
-    """A view of one run. Subclasses implement ``update_from_model`` (called when the view is
-    shown and whenever a live recording grew)."""
+    """A view of one run: its header, ``compose_body`` and footer. Subclasses implement
+    ``update_from_model`` (called when the view is shown and whenever a live recording grew)."""
 
     TITLE_SUFFIX = ""
 
@@ -24,6 +24,14 @@ class RunScreen(Screen[None]):
         self.model = model
         # False: nothing shown yet (None means "shown without forensics")
         self._shown_for: SafeForensics | None | bool = False
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield from self.compose_body()
+        yield Footer()
+
+    def compose_body(self) -> ComposeResult:
+        return ()
 
     def on_screen_resume(self) -> None:
         self.sub_title = f"{self.model.name} · {self.TITLE_SUFFIX}"
@@ -51,10 +59,8 @@ class ForensicsScreen(RunScreen):
 
     BODY_ID = "body"
 
-    def compose(self) -> ComposeResult:
-        yield Header()
+    def compose_body(self) -> ComposeResult:
         yield Vertical(id=self.BODY_ID)
-        yield Footer()
 
     def update_from_model(self) -> None:
         if self.new_forensics():

@@ -11,7 +11,7 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal
-from textual.widgets import DataTable, Footer, Header, Static
+from textual.widgets import DataTable, Static
 
 from replay.safetext import term_safe
 
@@ -41,13 +41,11 @@ class BatchScreen(RunScreen):
         self.leaves: list[LeafStats] = []
         self.leaf = 0
 
-    def compose(self) -> ComposeResult:
-        yield Header()
+    def compose_body(self) -> ComposeResult:
         yield Static(id="batch-title")
         with Horizontal():
             yield DataTable(id="leaves", cursor_type="row")
             yield DataTable(id="samples", cursor_type="row", zebra_stripes=True)
-        yield Footer()
 
     def on_mount(self) -> None:
         leaves = self.query_one("#leaves", DataTable)

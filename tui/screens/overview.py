@@ -12,7 +12,7 @@ from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.widgets import Footer, Header, Static
+from textual.widgets import Static
 
 from replay.child import run_replay
 from replay.errors import EXIT_NOTHING_FOUND, EXIT_OK, RecordingError
@@ -53,8 +53,7 @@ class OverviewScreen(RunScreen):
         Binding("w", "whatif", "what-if"),
     ]
 
-    def compose(self) -> ComposeResult:
-        yield Header()
+    def compose_body(self) -> ComposeResult:
         with Horizontal():
             with Vertical(id="plots"):
                 for key, title, log in PLOTS:
@@ -70,7 +69,6 @@ class OverviewScreen(RunScreen):
             with VerticalScroll(id="side"):
                 yield Static(id="cursor-info")
                 yield Static(id="run-info")
-        yield Footer()
 
     def update_from_model(self) -> None:
         h = self.model.health

@@ -9,7 +9,7 @@ import os
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import VerticalScroll
-from textual.widgets import Footer, Header, Static
+from textual.widgets import Static
 
 from replay.safetext import term_safe
 
@@ -24,12 +24,10 @@ class RanksScreen(RunScreen):
     DEFAULT_CSS = "#ranks-head { padding: 0 1; margin-bottom: 1; }"
     BINDINGS = []
 
-    def compose(self) -> ComposeResult:
-        yield Header()
+    def compose_body(self) -> ComposeResult:
         with VerticalScroll():
             yield Static(id="ranks-head")
             yield RankTable(id="rank-table")
-        yield Footer()
 
     def update_from_model(self) -> None:
         s = self.model.ranks

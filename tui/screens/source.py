@@ -12,7 +12,7 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
-from textual.widgets import Footer, Header, OptionList, Static
+from textual.widgets import OptionList, Static
 
 from ..model import RunModel, shorten_path
 from ..widgets.op_detail import split_location
@@ -76,13 +76,11 @@ class SourceScreen(RunScreen):
         self.op_index: int | None = None
         self._sources: dict[str, dict[int, str]] = {}
 
-    def compose(self) -> ComposeResult:
-        yield Header()
+    def compose_body(self) -> ComposeResult:
         yield Static(id="source-title")
         with Horizontal():
             yield OptionList(id="frames")
             yield VerticalScroll(Static(id="code"), id="code-box")
-        yield Footer()
 
     def update_from_model(self) -> None:
         if not self.new_forensics():
