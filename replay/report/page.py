@@ -9,19 +9,10 @@ neither run nor load anything.
 from __future__ import annotations
 
 from .. import __version__
+from . import sections
 from .assets import SCRIPT, STYLE
 from .escape import esc, script_hash
 from .facts import RunFacts
-from .sections import (
-    doctor_section,
-    health_section,
-    layers_section,
-    ops_section,
-    params_section,
-    ranks_section,
-    run_section,
-    verdict_section,
-)
 
 __all__ = ["render", "csp"]
 
@@ -44,14 +35,14 @@ def render(f: RunFacts, name: str) -> str:
             f'<p class="note">run {esc(f.run_id)} · made by replay {esc(__version__)} from the '
             "recording alone: it ran no recorded code</p></header>",
             '<nav class="note">verdict · health · layers · ops · doctor · run</nav>',
-            verdict_section(f, name),
-            ranks_section(f),
-            health_section(f),
-            layers_section(f),
-            ops_section(f),
-            params_section(f),
-            doctor_section(f),
-            run_section(f),
+            sections.verdict_section(f, name),
+            sections.ranks_section(f),
+            sections.health_section(f),
+            sections.layers_section(f),
+            sections.ops_section(f),
+            sections.params_section(f),
+            sections.doctor_section(f),
+            sections.run_section(f),
             "<footer>Opened as a file, this page fetches nothing (its Content-Security-Policy "
             "forbids it) and needs no JavaScript but to sort and filter the ops table.</footer>",
         ]

@@ -75,11 +75,10 @@ def _source(src: Any, sources: dict[str, dict[int, str]], context: int = 3) -> s
 
 def _reproducible(f: RunFacts) -> str:
     b = f.bisect
-    if (b is None or b.reproducible is None) and f.verdict is not None:
-        kept = f.verdict.reproducible  # what bisect found, kept in the sidecar
-        if kept is not None:
-            return _said_reproducible(kept)
     if b is None or b.reproducible is None:
+        kept = f.verdict.reproducible if f.verdict is not None else None
+        if kept is not None:  # what bisect found, kept in the sidecar
+            return _said_reproducible(kept)
         return (
             '<span class="note">not kept beside the recording: <code>replay bisect</code> '
             "prints it (give its <code>--json</code> to <code>replay report --bisect</code>)"
@@ -106,21 +105,15 @@ def _commands(f: RunFacts, name: str) -> str:
     argv = [str(a) for a in env.get("argv") or [] if isinstance(a, (str, int, float))]
     rows = [("find it again", f"<code>replay bisect {esc(shlex.quote(name))}</code>")]
     if f.traced_step is not None:
-        rows.append(
-            (
-                "trace the step",
-                f"<code>replay trace {esc(shlex.quote(name))} --step {f.traced_step}</code>",
-            )
-        )
+        trace = f"<code>replay trace {esc(shlex.quote(name))} --step {f.traced_step}</code>"
+        rows.append(("trace the step", trace))
     if argv:
-        rows.append(
-            (
-                "which runs again",
-                f"<code>python {esc(shlex.join(argv))}</code> in <code>{esc(env.get('cwd'))}</code>"
-                " (the recorded program, up to its Recorder; only with your trust: "
-                "<code>replay trust</code>)",
-            )
+        again = (
+            f"<code>python {esc(shlex.join(argv))}</code> in <code>{esc(env.get('cwd'))}</code>"
+            " (the recorded program, up to its Recorder; only with your trust: "
+            "<code>replay trust</code>)"
         )
+        rows.append(("which runs again", again))
     return _kv(rows)
 
 
@@ -305,19 +298,9 @@ def ops_section(f: RunFacts) -> str:
             "<code>replay bisect</code> (or <code>replay trace --step N</code>) traces one per "
             "op.</p></section>"
         )
-    heads = [
-        ("#", "num"),
-        ("phase", "text"),
-        ("op", "text"),
-        ("module", "text"),
-        ("part", "text"),
-        ("output", "text"),
-        *((s, "num") for s in _STATS),
-        ("NaN", "num"),
-        ("Inf", "num"),
-        ("source", "text"),
-    ]
-    th = "".join(f'<th data-sort="{k}">{esc(h)}</th>' for h, k in heads)
+    heads = ("#", "phase", "op", "module", "part", "output", *_STATS, "NaN", "Inf", "source")
+    nums = {"#", *_STATS, "NaN", "Inf"}  # the columns the script sorts as numbers
+    th = "".join(f'<th data-sort="{"num" if h in nums else "text"}">{esc(h)}</th>' for h in heads)
     rows = []
     for r in ops.rows:
         i = int(r["index"])
@@ -451,11 +434,6 @@ def run_section(f: RunFacts) -> str:
     ]
     for role, e in (m.get("entry") or {}).items():
         if isinstance(e, dict):
-            rows.append(
-                (
-                    str(role),
-                    f"<code>{esc(e.get('module'))}:{esc(e.get('qualname'))}</code> "
-                    f"(<code>{esc(e.get('path'))}</code>)",
-                )
-            )
+            where = f"<code>{esc(e.get('module'))}:{esc(e.get('qualname'))}</code>"
+            rows.append((str(role), f"{where} (<code>{esc(e.get('path'))}</code>)"))
     return f'<section id="run"><h2>Run</h2>{_kv(rows)}</section>'
