@@ -9,13 +9,13 @@ from .registry import Finding, rule
 
 
 def _scaler(ctx: Context) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """``(steps, scale, skipped)`` of a run with a GradScaler (a finite scale recorded), else
-    None; ``skipped`` is a bool mask."""
+    """``(steps, finite scales, skipped)`` of a run with a GradScaler (a finite scale
+    recorded), else None; ``skipped`` is a bool mask over ``steps``."""
     h = ctx.health
     scale = h["scale"]
     if not np.isfinite(scale).any():
         return None
-    return h["step"], scale, h["scaler_skipped"] == 1
+    return h["step"], scale[np.isfinite(scale)], h["scaler_skipped"] == 1
 
 
 @rule
@@ -24,7 +24,7 @@ def amp_steps_skipped(ctx: Context) -> Finding | None:
     s = _scaler(ctx)
     if s is None:
         return None
-    steps, scale, skipped = s
+    steps, finite, skipped = s
     n = int(skipped.sum())
     if n == 0 or n / len(steps) > 0.25:
         return None  # none, or too many: amp_scale_collapse speaks then
@@ -37,8 +37,8 @@ def amp_steps_skipped(ctx: Context) -> Finding | None:
             "skipped": n,
             "steps": len(steps),
             "skipped_steps": [int(x) for x in steps[skipped][:20]],
-            "scale_first": float(scale[np.isfinite(scale)][0]),
-            "scale_last": float(scale[np.isfinite(scale)][-1]),
+            "scale_first": float(finite[0]),
+            "scale_last": float(finite[-1]),
         },
         "Nothing to do: GradScaler halves the scale and skips the update when the scaled "
         "gradients overflow, then grows it again every growth_interval good steps. Worry only "
@@ -53,8 +53,7 @@ def amp_scale_collapse(ctx: Context) -> Finding | None:
     s = _scaler(ctx)
     if s is None:
         return None
-    steps, scale, skipped = s
-    finite = scale[np.isfinite(scale)]
+    steps, finite, skipped = s
     frac = float(skipped.mean())
     if not (frac > 0.25 or float(finite[-1]) < 1.0):
         return None

@@ -79,12 +79,6 @@ class Context:
             m for m in self.modules if m.name and not any(o.startswith(m.name + ".") for o in names)
         ]
 
-    @cached_property
-    def n_outputs(self) -> int | None:
-        """out_features of the model's last Linear (the last 2-D weight), if any."""
-        weights = (p for p in reversed(self.params) if p.name.endswith("weight"))
-        return next((p.shape[0] for p in weights if len(p.shape) == 2), None)
-
     # -- batches -------------------------------------------------------------------------------
 
     def batch_leaves(self, step: int) -> list[tuple[str, np.ndarray]]:
@@ -102,18 +96,17 @@ class Context:
         return self.rec.steps()
 
     @cached_property
-    def first_batch(self) -> list[tuple[str, np.ndarray]]:
-        s = self.batch_steps
-        return self.batch_leaves(int(s[0])) if s.size else []
-
-    @cached_property
     def n_classes(self) -> int | None:
-        """Classes of a classification run: the last Linear's out_features, when an integer leaf
-        of the batch holds labels inside it (else ``None``: not a classifier we can recognise)."""
-        c = self.n_outputs
+        """Classes of a classification run: the last Linear's out_features (its last 2-D weight),
+        when an integer leaf of the first batch holds labels inside it (else ``None``: not a
+        classifier we can recognise)."""
+        weights = (p for p in reversed(self.params) if p.name.endswith("weight"))
+        c = next((p.shape[0] for p in weights if len(p.shape) == 2), None)
         if c is None or c < 2:
             return None
-        labels = (a for _, a in self.first_batch if a.dtype.kind in "iu")
+        s = self.batch_steps
+        first = self.batch_leaves(int(s[0])) if s.size else []
+        labels = (a for _, a in first if a.dtype.kind in "iu")
         return c if any(a.min() >= 0 and a.max() < c for a in labels) else None
 
     # -- snapshots -----------------------------------------------------------------------------

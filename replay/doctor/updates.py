@@ -148,9 +148,8 @@ def params_without_grad(ctx: Context) -> Finding | None:
         if not rg.get(name, True):
             continue
         v = as_float(st.get("exp_avg_sq")) if isinstance(st, dict) and st else None
-        if not st:
-            none.append(name)  # Adam/AdamW create their state at the first gradient
-        elif v is not None and not np.any(v):
+        # no state yet (Adam/AdamW create it at the first gradient), or a zero second moment
+        if not st or (v is not None and not np.any(v)):
             none.append(name)
     has_adam = any(isinstance(st, dict) and "exp_avg_sq" in st for st in state.values())
     if not none or not has_adam:
