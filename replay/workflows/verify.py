@@ -6,14 +6,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..bisect.verify import WindowCheck
     from ..engine import Engine
     from ..store.reader import Recording
 
 from ..bisect import verify_window
 from ..jsonsafe import json_safe
 from ..multirank.choice import APPROXIMATE, RankChoice, choose_ranks
-from ..reports import DivergenceCause, VerifiedStep, VerifyReport
+from ..reports import VerifiedStep, VerifyReport
 from ..reports.verdict import exception_info, only_known
 from .segments import later_segments_note
 from .session import AS_RECORDED, ReplayOptions, together, with_engine
@@ -108,26 +107,12 @@ def verify_engine(
     cause = None
     if fd is not None:
         cause = explain_divergence(engine, fd, exception_info(check.replayed_exception(fd.step)))
-    report = _report(check, recording=rec.path, entry_files=engine.entry_files, cause=cause)
-    if notes:
-        report.notes = [*(report.notes or []), *notes]
-    return report
-
-
-def _report(
-    r: WindowCheck,
-    *,
-    recording: str,
-    entry_files: list[str],
-    cause: DivergenceCause | None = None,
-) -> VerifyReport:
-    """The window's bitwise check as a report; ``cause``: why its first divergence happened."""
     return VerifyReport(
-        deterministic=r.deterministic,
-        window=list(r.window),
-        device=r.device,
-        replayed_steps=r.replayed_steps,
-        first_divergence=r.first_divergence,
+        deterministic=check.deterministic,
+        window=list(check.window),
+        device=check.device,
+        replayed_steps=check.replayed_steps,
+        first_divergence=fd,
         steps=[
             VerifiedStep(
                 step=s["step"],
@@ -141,9 +126,10 @@ def _report(
                 ),
                 exception=exception_info(s["exception"]),
             )
-            for s in r.steps
+            for s in check.steps
         ],
         cause=cause,
-        recording=recording,
-        entry_files=list(entry_files),
+        recording=rec.path,
+        entry_files=list(engine.entry_files),
+        notes=notes or None,
     )
