@@ -29,6 +29,7 @@ __all__ = [
 ]
 
 JSONObject = dict[str, Any]  # a nested part of a report kept as its JSON
+_ENDED_KINDS = ("exception", "interrupted", "exit", "killed")  # Ended.kind
 
 
 class SourceLine(TypedDict):
@@ -72,12 +73,7 @@ class Ended:
     @classmethod
     def from_json(cls, v: Any) -> Ended | None:
         """``None`` for anything else: this part only informs, so a damaged one is no ending."""
-        if not isinstance(v, dict) or v.get("kind") not in (
-            "exception",
-            "interrupted",
-            "exit",
-            "killed",
-        ):
+        if not isinstance(v, dict) or v.get("kind") not in _ENDED_KINDS:
             return None
         tp, message, tb = (v.get(k) for k in ("type", "message", "traceback"))
         last, where = v.get("last_step"), v.get("where")
