@@ -97,6 +97,8 @@ _CMPOPS: dict[type, Callable[[float, float], bool]] = {
     ast.Eq: operator.eq,
     ast.NotEq: operator.ne,
 }
+# The nodes allowed as they are: the operators above and the ones that only join them.
+_PLAIN = (ast.BoolOp, ast.And, ast.Or, ast.Load, *_BINOPS, *_CMPOPS, ast.USub, ast.UAdd, ast.Not)
 
 
 @dataclass(frozen=True)
@@ -170,15 +172,7 @@ class Expression:
             elif isinstance(node, ast.Compare):
                 if any(type(op) not in _CMPOPS for op in node.ops):
                     raise PredicateError("comparisons are < <= > >= == !=")
-            elif isinstance(node, (ast.BoolOp, ast.And, ast.Or, ast.Load)) or type(node) in (
-                *_BINOPS,
-                *_CMPOPS,
-                ast.USub,
-                ast.UAdd,
-                ast.Not,
-            ):
-                pass
-            else:
+            elif not isinstance(node, _PLAIN):
                 raise PredicateError(f"{type(node).__name__} is not allowed in an expression")
         return cls(text.strip(), tree, frozenset(used), frozenset(aggs))
 
