@@ -93,17 +93,6 @@ def _probe(engine: Engine, step: int) -> Callable[[Any], tuple[float | None, int
     return probe
 
 
-def _probe_step(engine: Engine, step: int, batch: Any) -> tuple[int, Any]:
-    """The step whose batch the axis probe replays: the one before the failure when it is
-    replayable and its batch has the same layout (its loss is finite), else the failing one."""
-    prev = step - 1
-    if prev in engine.window:
-        b = engine.batch(prev)
-        if candidate_axes(b) == candidate_axes(batch):
-            return prev, b
-    return step, batch
-
-
 def _data_samples(batch: Any, axes: list[int]) -> list[Any]:
     """Positions along ``axes`` of the batch's non-finite values (pairs for two axes)."""
     if axes == [0, 1] and micro_list(batch):  # (micro-batch, row): each one's rows
@@ -349,7 +338,13 @@ def sample_axes(engine: Engine, step: int, batch: Any) -> tuple[list[int], list[
     found: the step function's ``batch_axis`` when it fits, else ``choose_sample_axes`` (which
     may replay the step, or the one before it, to tell candidate axes apart). The diagnosis and
     ``replay whatif --drop-samples`` slice along the same axes."""
-    pstep, pbatch = _probe_step(engine, step, batch)
+    # The probe replays the step before the failure when it is replayable and its batch has the
+    # same layout (its loss is finite), else the failing one.
+    pstep, pbatch = step, batch
+    if step - 1 in engine.window:
+        prev = engine.batch(step - 1)
+        if candidate_axes(prev) == candidate_axes(batch):
+            pstep, pbatch = step - 1, prev
     hint = getattr(engine.step_fn, "batch_axis", None)
     return choose_sample_axes(pbatch, _probe(engine, pstep), hint)
 
