@@ -71,12 +71,6 @@ cli.add_command(trust)
 cli.add_command(report)
 
 
-def _wants_json(argv: list[str]) -> bool:
-    """Whether the command line asks for JSON (before ``--``: preflight's own command follows),
-    read from the raw arguments, since a usage error can come before click parsed them."""
-    return "--json" in (argv[: argv.index("--")] if "--" in argv else argv)
-
-
 def fail(message: str, code: int, as_json: bool, line: str | None = None) -> NoReturn:
     """Every error of every command ends here: one line on stderr, ``replay: error: ...`` (made
     safe for the terminal) or ``line``, and, with ``--json``, one JSON document on stdout."""
@@ -90,7 +84,10 @@ def main(argv: list[str] | None = None) -> None:
     """Console entry point: every error is one line on stderr with its exit code (see ``fail``)."""
     if argv is None:
         own_process()  # (see _process.py: garbage collection over torch's heap)
-    as_json = _wants_json(sys.argv[1:] if argv is None else argv)
+    # JSON asked for (before ``--``: preflight's own command follows), read from the raw
+    # arguments, since a usage error can come before click parsed them
+    args = sys.argv[1:] if argv is None else argv
+    as_json = "--json" in (args[: args.index("--")] if "--" in args else args)
     try:
         rv = cli.main(args=argv, prog_name="replay", standalone_mode=False)
     except (click.exceptions.Abort, KeyboardInterrupt) as e:
@@ -104,20 +101,16 @@ def main(argv: list[str] | None = None) -> None:
         fail(str(e), exit_code_of(e), as_json)
     except BrokenPipeError:
         sys.exit(0)
-    except Exception as e:  # noqa: BLE001 - the catch-all: one line and its own exit code
-        internal_error(e, as_json)
+    except Exception as e:  # noqa: BLE001 - the catch-all: one line and exit code 6 (never a
+        # traceback, whose locals and messages could hold raw strings from a file)
+        if os.environ.get("REPLAY_TRACEBACK"):
+            trace = "".join(traceback.format_exception(e))
+            click.echo(term_safe(trace, multiline=True), err=True)
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        message = (
+            f"{type(e).__name__}{': ' + first if first else ''} "
+            "(a bug in replay; REPLAY_TRACEBACK=1 shows where. Please report it)"
+        )
+        line = f"replay: internal error: {term_safe(message)}"
+        fail(f"internal error: {message}", EXIT_INTERNAL, as_json, line)
     sys.exit(rv if isinstance(rv, int) else 0)
-
-
-def internal_error(e: BaseException, as_json: bool = False) -> None:
-    """Any exception no command expected: one line on stderr and exit code 6 (never a
-    traceback, whose locals and messages could hold raw strings from a file)."""
-    if os.environ.get("REPLAY_TRACEBACK"):
-        click.echo(term_safe("".join(traceback.format_exception(e)), multiline=True), err=True)
-    first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-    message = (
-        f"{type(e).__name__}{': ' + first if first else ''} "
-        "(a bug in replay; REPLAY_TRACEBACK=1 shows where. Please report it)"
-    )
-    line = f"replay: internal error: {term_safe(message)}"
-    fail(f"internal error: {message}", EXIT_INTERNAL, as_json, line)
