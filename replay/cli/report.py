@@ -15,17 +15,6 @@ from ..safetext import term_safe
 __all__ = ["report"]
 
 
-def _bisect_report(path: str | None) -> BisectReport | None:
-    """``replay bisect --json``'s report read back (untrusted too: escaped on the page)."""
-    if path is None:
-        return None
-    try:
-        with open(path, encoding="utf-8") as fh:
-            return BisectReport.from_json(json.load(fh))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        raise RecordingError(f"{path}: not a `replay bisect --json` report ({e})") from None
-
-
 @click.command()
 @click.argument("run", type=click.Path(path_type=str))
 @click.option(
@@ -59,7 +48,14 @@ def report(run: str, out: str, bisect_json: str | None) -> int:
         os.path.exists(out) and os.path.exists(run) and os.path.samefile(out, run)
     ):
         raise UsageError(f"{out}: refusing to write the report over a recording")
-    bisect = _bisect_report(bisect_json)
+    bisect = None
+    if bisect_json is not None:  # (untrusted too: escaped on the page)
+        try:
+            with open(bisect_json, encoding="utf-8") as fh:
+                bisect = BisectReport.from_json(json.load(fh))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            said = f"{bisect_json}: not a `replay bisect --json` report ({e})"
+            raise RecordingError(said) from None
     size = write_report(run, out, bisect=bisect)
     click.echo(f"wrote {term_safe(out)} ({size:,} bytes)")
     return EXIT_OK
