@@ -89,9 +89,6 @@ class SafeForensics:
     def sources(self) -> dict[str, Any]:
         return term_safe_tree(self._r.sources())
 
-    def batch(self) -> dict[str, Any]:
-        return term_safe_tree(self._r.batch())
-
     def close(self) -> None:
         self._r.close()
 
