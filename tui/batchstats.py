@@ -64,9 +64,7 @@ def _per_sample(keys: tuple[Key, ...], leaf: Any) -> LeafStats:
     clean = np.where(bad, np.nan, rows)
     with np.errstate(all="ignore"):
         has = (~bad).any(axis=1)
-        mean = np.full(len(rows), np.nan)
-        std = np.full(len(rows), np.nan)
-        absmax = np.full(len(rows), np.nan)
+        mean, std, absmax = (np.full(len(rows), np.nan) for _ in range(3))
         if has.any():
             mean[has] = np.nanmean(clean[has], axis=1)
             std[has] = np.nanstd(clean[has], axis=1)

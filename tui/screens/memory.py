@@ -107,6 +107,5 @@ class MemoryScreen(ForensicsScreen):
     @on(DataTable.RowSelected, "#mem-table")
     def _row_selected(self, event: DataTable.RowSelected) -> None:
         if self.info:
-            self.post_message(
-                OpChosen(int(self.info["largest"][event.cursor_row]["op_index"]), "ops")
-            )
+            op = self.info["largest"][event.cursor_row]["op_index"]
+            self.post_message(OpChosen(int(op), "ops"))

@@ -193,10 +193,8 @@ class OpsScreen(ForensicsScreen):
     def action_same_module(self, direction: int) -> None:
         if self.full is None or self.selected is None:
             return
-        module = self.full["module"][self.selected]
-        self._jump(
-            self._visible_mask(self.full["module"] == module), direction, "op of this module"
-        )
+        same = self.full["module"] == self.full["module"][self.selected]
+        self._jump(self._visible_mask(same), direction, "op of this module")
 
     # -- filters -------------------------------------------------------------------------------
 

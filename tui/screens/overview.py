@@ -297,12 +297,8 @@ class OverviewScreen(RunScreen):
         t.append(f"  model {model.get('class')} ({n_params:,} params)\n")
         opt = (meta.get("optimizer") or {}).get("class")
         sched = (meta.get("scheduler") or {}).get("class")
-        t.append(
-            f"  optim {opt}"
-            + (f" + {sched}" if sched else "")
-            + (" + GradScaler" if meta.get("scaler") else "")
-            + "\n"
-        )
+        scaler = " + GradScaler" if meta.get("scaler") else ""
+        t.append(f"  optim {opt}" + (f" + {sched}" if sched else "") + f"{scaler}\n")
         env = m.env
         t.append(f"  torch {env.get('torch')}, {env.get('num_threads')} threads\n")
         t.append("entry points\n", style="bold underline")

@@ -87,19 +87,15 @@ class SourceScreen(RunScreen):
             return
         reader = self.model.forensics
         self._sources = self.model.sources()
-        if reader is None:
-            self._set_frames(
-                entry_frames(self.model),
-                None,
-                "entry points (no forensics: run `replay bisect "
-                f"{self.model.name}` for the culprit's stack)",
-            )
+        if reader is not None and reader.verdict.op_index is not None:
+            self.show_op(int(reader.verdict.op_index))
             return
-        idx = reader.verdict.op_index
-        if idx is not None:
-            self.show_op(int(idx))
-        else:
-            self._set_frames(entry_frames(self.model), None, "entry points (no culprit op)")
+        why = (
+            f"no forensics: run `replay bisect {self.model.name}` for the culprit's stack"
+            if reader is None
+            else "no culprit op"
+        )
+        self._set_frames(entry_frames(self.model), None, f"entry points ({why})")
 
     @work(thread=True, exclusive=True, group="source")
     def show_op(self, op_index: int) -> None:

@@ -34,9 +34,7 @@ def column_ranges(y: np.ndarray, columns: int) -> tuple[np.ndarray, np.ndarray, 
     yl = np.where(finite, y, np.inf)
     yh = np.where(finite, y, -np.inf)
     for c in range(columns):
-        a, b = edges[c], max(edges[c + 1], edges[c] + 1)
-        a = min(a, n - 1)
-        b = min(b, n)
+        a, b = min(edges[c], n - 1), min(max(edges[c + 1], edges[c] + 1), n)
         seg_lo, seg_hi = yl[a:b].min(), yh[a:b].max()
         if np.isfinite(seg_lo):
             lo[c], hi[c] = seg_lo, seg_hi
