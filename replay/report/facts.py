@@ -99,16 +99,10 @@ def _update_ratios(rec: Recording) -> tuple[np.ndarray, np.ndarray, LayerMap | N
     names = [p.name for p in ctx.params]
     finite = [col[np.isfinite(col)] for col in values.T]
     med = [float(np.median(ok)) if ok.size else np.nan for ok in finite]
-    layer_map = None
     rows = [i for i in range(len(names)) if np.isfinite(values[i]).any()][:_MAX_LAYERS]
-    if rows:
-        layer_map = LayerMap(
-            "update ratio per weight tensor, between kept snapshots",
-            [names[i] for i in rows],
-            s,
-            values[rows],
-            np.zeros((len(rows), len(s)), dtype=bool),
-        )
+    title = "update ratio per weight tensor, between kept snapshots"
+    bad = np.zeros((len(rows), len(s)), dtype=bool)
+    layer_map = LayerMap(title, [names[i] for i in rows], s, values[rows], bad) if rows else None
     return s, np.asarray(med, dtype=np.float64), layer_map
 
 

@@ -238,23 +238,15 @@ def health_section(f: RunFacts) -> str:
         )
     else:
         plots.append('<p class="note">update ratio: fewer than two kept snapshots</p>')
-    focus = f.first_bad
-    at = ""
-    if focus is not None:
-        i = np.flatnonzero(steps == focus)
-        if i.size:
-            cells = [
-                (label, fmt_num(float(h[key][i[0]])))
-                for key, label in (("loss", "loss"), ("grad_norm", "grad norm"), ("lr", "lr"))
-            ]
-            at = (
-                f'<p id="health-at-bad">at step {focus}: '
-                + ", ".join(
-                    f'{esc(k)} <span class="mono" data-key="{esc(k)}">{esc(x)}</span>'
-                    for k, x in cells
-                )
-                + "</p>"
-            )
+    focus, at = f.first_bad, ""
+    i = np.flatnonzero(steps == focus) if focus is not None else np.zeros(0, dtype=np.int64)
+    if i.size:
+        cells = ", ".join(
+            f'{esc(label)} <span class="mono" data-key="{esc(label)}">'
+            f"{esc(fmt_num(float(h[key][i[0]])))}</span>"
+            for key, label in (("loss", "loss"), ("grad_norm", "grad norm"), ("lr", "lr"))
+        )
+        at = f'<p id="health-at-bad">at step {focus}: {cells}</p>'
     legend = (
         '<p class="legend"><span><span class="sw" style="background:#e3f0ff"></span>replayable '
         f"window{esc(f' (steps {w[0]}..{w[1]})') if w else ': none'}</span>"
@@ -357,15 +349,14 @@ def doctor_section(f: RunFacts) -> str:
             '<section id="doctor"><h2>Doctor</h2><p>No findings: nothing in the recorded '
             "health looks wrong.</p></section>"
         )
-    items = []
-    for x in f.findings:
-        ev = x.evidence_text(fmt_num)
-        items.append(
-            f'<li><span class="sev-{esc(x.severity)}">{esc(x.severity)}</span> '
-            f"[<code>{esc(x.rule)}</code>] {esc(x.title)}<br>"
-            f'<span class="note">evidence: {esc(ev)}</span><br>advice: {esc(x.advice)}</li>'
-        )
-    return f'<section id="doctor"><h2>Doctor</h2><ul>{"".join(items)}</ul></section>'
+    items = "".join(
+        f'<li><span class="sev-{esc(x.severity)}">{esc(x.severity)}</span> '
+        f"[<code>{esc(x.rule)}</code>] {esc(x.title)}<br>"
+        f'<span class="note">evidence: {esc(x.evidence_text(fmt_num))}</span><br>'
+        f"advice: {esc(x.advice)}</li>"
+        for x in f.findings
+    )
+    return f'<section id="doctor"><h2>Doctor</h2><ul>{items}</ul></section>'
 
 
 def ranks_section(f: RunFacts) -> str:
