@@ -103,22 +103,15 @@ class BisectReport(Culprit):
             "entry_files": list(self.entry_files),
         }
         # in the order each replay adds them: one process, or every rank together (led by rank)
-        optional = (
-            {
-                "rank_set": json_of(self.rank_set),
-                "traced_loss": self.traced_loss,
-                "approximate": self.approximate or None,
-            }
-            if self.rank is None
-            else {
-                "traced_loss": self.traced_loss,
-                "approximate": self.approximate or None,
+        optional = {"rank_set": json_of(self.rank_set)} if self.rank is None else {}
+        optional |= {"traced_loss": self.traced_loss, "approximate": self.approximate or None}
+        if self.rank is not None:
+            optional |= {
                 "rank": self.rank,
                 "rank_set": json_of(self.rank_set),
                 "multi_rank": json_of(self.multi_rank),
                 "ranks": ranks_json(self.ranks),
             }
-        )
         out.update({k: v for k, v in optional.items() if v is not None})
         if self.ended is not None:  # (present only when the program raised outside any step)
             out["ended"] = asdict(self.ended)
