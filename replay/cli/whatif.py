@@ -58,11 +58,7 @@ def _spark(steps: list[StepResult], key: str, lo: float, hi: float, width: int) 
 def _num(x: object) -> str:
     if x is None:
         return "-"
-    if isinstance(x, str):  # json_safe's "nan", "inf"
-        return x
-    if isinstance(x, (int, float)):
-        return f"{x:.4g}"
-    return str(x)
+    return f"{x:.4g}" if isinstance(x, (int, float)) else str(x)  # (json_safe's "nan", "inf")
 
 
 def render_whatif(r: WhatIfReport) -> str:
