@@ -17,11 +17,11 @@ if TYPE_CHECKING:
 _BARS = "▁▂▃▄▅▆▇█"
 
 
-def sparkline(values: list[float], width: int = 60) -> str:
-    """The curve in block characters (log scale when it spans decades); '×' for non-finite."""
+def sparkline(values: list[float]) -> str:
+    """The curve in at most 60 block characters (log scale over decades); '×' for non-finite."""
     if not values:
         return ""
-    step = max(1, math.ceil(len(values) / width))
+    step = max(1, math.ceil(len(values) / 60))
     pts = [values[i] for i in range(0, len(values), step)]
     fin = [v for v in pts if math.isfinite(v)]
     if not fin:

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 __all__ = ["overfit_batch", "judge", "CLOSE"]
 
 
+TARGET = 0.01  # the goal: the loss below this, or below this times a first loss over 1
 CLOSE = 1.15  # within 15% of the goal: a healthy model that needs a few more iterations
 PLATEAU_DROP = 0.05  # the last quarter of the iterations lowered the loss by less than 5%
 
@@ -62,12 +63,11 @@ def overfit_batch(
     step: int | None = None,
     iters: int = 200,
     lr: float | None = None,
-    target: float = 0.01,
     options: ReplayOptions = AS_RECORDED,
 ) -> OverfitReport:
     """Train on step ``step``'s recorded batch; report whether the loss reaches ~0 and how fast.
 
-    "Overfits" means the loss falls below ``target`` (absolute), or below ``target`` times its
+    "Overfits" means the loss falls below ``TARGET`` (absolute), or below ``TARGET`` times its
     first value when that is large (a loss in the thousands going to 1% of itself).
     """
     from ..capture.fingerprint import loss_of
@@ -102,7 +102,7 @@ def overfit_batch(
                 break
         eng.invalidate()
         first = losses[0] if losses else math.nan
-        goal = target * max(1.0, first) if math.isfinite(first) else target
+        goal = TARGET * max(1.0, first) if math.isfinite(first) else TARGET
         reached = next((i + 1 for i, v in enumerate(losses) if v <= goal), None)
         final = losses[-1] if losses else math.nan
         verdict, progress, recent_drop = judge(losses, goal, reached, error)
