@@ -152,14 +152,13 @@ def verdict_section(f: RunFacts, name: str) -> str:
             f"{check}{_commands(f, name)}</section>"
         )
     healthy = v.kind == "none"
-    rows: list[tuple[str, str]] = []
+    rows: list[tuple[str, str]] = [("kind", esc(v.kind))]
     if healthy:
         head = f"step {f.traced_step} traced: no op made a non-finite value"
     else:
         head = f'first bad step: <b id="first-bad">{esc(f.traced_step)}</b>'
         if f.symptom is not None and f.symptom != f.traced_step:
             head += f" (the symptom was recorded at step {esc(f.symptom)})"
-    rows.append(("kind", esc(v.kind)))
     if v.exception:
         rows.append(
             ("exception", f"{esc(v.exception.get('type'))}: {esc(v.exception.get('message'))}")
@@ -402,6 +401,12 @@ def run_section(f: RunFacts) -> str:
     model = m.get("model") or {}
     opt = (m.get("optimizer") or {}).get("class")
     sched = (m.get("scheduler") or {}).get("class")
+    scaler = " + GradScaler" if m.get("scaler") else ""
+    optim = esc(opt or "none") + (f" + {esc(sched)}" if sched else "") + scaler
+    where = (
+        f"python {env.get('python')}, torch {env.get('torch')}, "
+        f"{env.get('num_threads')} threads, host {env.get('hostname')}"
+    )
     rows = [
         ("recording", f"<code>{esc(f.path)}</code> (run {esc(f.run_id[:8])})"),
         ("status", "closed cleanly" if f.status.get("closed") else "not closed"),
@@ -409,19 +414,8 @@ def run_section(f: RunFacts) -> str:
         ("replayable", esc(f"steps {f.window[0]}..{f.window[1]}" if f.window else "nothing")),
         ("snapshots", esc(", ".join(map(str, f.snapshots[-20:])) or "none")),
         ("model", f"{esc(model.get('class'))} ({f.n_params:,} parameters)"),
-        (
-            "optimizer",
-            esc(opt or "none")
-            + (f" + {esc(sched)}" if sched else "")
-            + (" + GradScaler" if m.get("scaler") else ""),
-        ),
-        (
-            "environment",
-            esc(
-                f"python {env.get('python')}, torch {env.get('torch')}, "
-                f"{env.get('num_threads')} threads, host {env.get('hostname')}"
-            ),
-        ),
+        ("optimizer", optim),
+        ("environment", esc(where)),
     ]
     for role, e in (m.get("entry") or {}).items():
         if isinstance(e, dict):
