@@ -168,12 +168,8 @@ def run_export(
     """
     check_out(out)
     scan = rank_set(run)
-    if scan is not None:
-        return _export_ranks(scan, out, step, options)
-    return with_engine(run, export_work(run, out, step), options)
-
-
-def _export_ranks(scan: Any, out: str, step: int | None, options: ReplayOptions) -> ExportReport:
+    if scan is None:
+        return with_engine(run, export_work(run, out, step), options)
     with staged_dir(out) as tmp:  # every rank's folder, or none
         d = together(scan, "export", options, step=step, export_dir=tmp, shown_out=out)
     ranks = {r: x["export"] for r, x in d["ranks"].items()}
