@@ -73,7 +73,9 @@ def staged_dir(out: str) -> Iterator[str]:
         raise ExportWriteError(f"--out {out}: its folder cannot be written ({_why(e)})") from None
     try:
         yield tmp
-        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; the user's umask decides
+        mask = os.umask(0)  # (read by setting it: put back at once)
+        os.umask(mask)
+        os.chmod(tmp, 0o777 & ~mask)  # mkdtemp makes 0700; the user's umask decides
         _rename_into_place(tmp, out)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -96,9 +98,3 @@ def _rename_into_place(tmp: str, out: str) -> None:
     if os.path.islink(out):
         raise OSError(errno.EEXIST, "a link appeared at --out")
     os.rename(tmp, out)
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
