@@ -154,11 +154,7 @@ class BatchScreen(RunScreen):
         culprits = culprit_parts(lf, *self._culprits())[1]
         for i in range(min(lf.n, MAX_SAMPLE_ROWS)):
             bad = int(lf.nonfinite[i])
-            flag = []
-            if bad:
-                flag.append("NaN/Inf")
-            if i in culprits:
-                flag.append("culprit")
+            flag = [word for word, on in (("NaN/Inf", bad), ("culprit", i in culprits)) if on]
             style = "bold red" if flag else ""
             table.add_row(
                 Text(str(i), style=style),

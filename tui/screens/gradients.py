@@ -92,11 +92,10 @@ class GradientsScreen(ForensicsScreen):
             rows = [p for p in rows if warnings_of(p)]
         for p in rows:
             signs = warnings_of(p)
-            bad = bool(signs)
             table.add_row(
                 Text(p["name"] or "?", style="bold red" if "NaN/Inf" in signs else ""),
                 f"{p['numel']:,}",
-                Text(fmt_num(p["grad_norm"]), style="red" if bad else ""),
+                Text(fmt_num(p["grad_norm"]), style="red" if signs else ""),
                 Text(str(int(p["grad_nan"] or 0)), style="red" if p["grad_nan"] else "dim"),
                 Text(str(int(p["grad_inf"] or 0)), style="red" if p["grad_inf"] else "dim"),
                 fmt_num(p["update_ratio"]),

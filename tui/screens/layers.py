@@ -67,8 +67,7 @@ class LayersScreen(ForensicsScreen):
         for i, row in enumerate(rows):
             parent = nodes.get(row["parent"], tree.root)
             is_culprit = culprit is not None and row["name"] == culprit
-            node = parent.add(module_label(row, is_culprit), data=row["name"] or "")
-            nodes[i] = node
+            nodes[i] = node = parent.add(module_label(row, is_culprit), data=row["name"] or "")
             if is_culprit:
                 self.culprit_node = node
         for node in nodes.values():

@@ -36,6 +36,14 @@ PLOTS = (
     ("lr", "learning rate", False),
     ("scale", "GradScaler scale", True),
 )
+# the health columns that flag a step (1), and how the cursor's panel names them
+HEALTH_FLAGS = (
+    ("loss_nonfinite", "loss NaN/Inf"),
+    ("grad_nonfinite", "grad NaN/Inf"),
+    ("param_nonfinite", "param NaN/Inf"),
+    ("scaler_skipped", "AMP skipped"),
+    ("raised", "raised"),
+)
 
 
 class OverviewScreen(RunScreen):
@@ -257,17 +265,7 @@ class OverviewScreen(RunScreen):
         for label, v in rows:
             t.append(f"  {label:<10}", style="dim")
             t.append(fmt_num(v) + "\n", style="bold red" if not np.isfinite(v) else "")
-        flags = [
-            name
-            for key, name in (
-                ("loss_nonfinite", "loss NaN/Inf"),
-                ("grad_nonfinite", "grad NaN/Inf"),
-                ("param_nonfinite", "param NaN/Inf"),
-                ("scaler_skipped", "AMP skipped"),
-                ("raised", "raised"),
-            )
-            if h[key][i] == 1
-        ]
+        flags = [name for key, name in HEALTH_FLAGS if h[key][i] == 1]
         if flags:
             t.append("  " + ", ".join(flags) + "\n", style="bold red")
         return t

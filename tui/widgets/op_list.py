@@ -174,8 +174,7 @@ class OpList(ScrollView, can_focus=True):
         segments = list(text.render(self.app.console, end=""))
         strip = Strip(segments).crop_extend(0, width, None)
         if row == self.cursor:
-            style = self.get_component_rich_style("oplist--cursor")
-            strip = strip.apply_style(style)
+            strip = strip.apply_style(self.get_component_rich_style("oplist--cursor"))
         return strip
 
     # -- moving ----------------------------------------------------------------------------------
