@@ -10,7 +10,6 @@ if TYPE_CHECKING:
     from ..bisect.subject import Subject
     from ..engine import Engine
     from ..ranks.scan import RankScan
-    from ..reports.ranks import RankSet
     from ..store.reader import Recording
 
 from ..bisect import SearchError, auto_criterion, find_culprit
@@ -71,7 +70,21 @@ def run_bisect(
         path, moved = failing_segment(path, criterion)
         if moved is not None and log is not None:
             log(moved)
-    report = _bisect_one(path, rank_set, criterion, trace, options, progress, opened)
+
+    def work(rec: Recording, engine: Engine) -> BisectReport:
+        if opened is not None:
+            opened()
+        report = bisect_engine(rec, engine, criterion, trace=trace, progress=progress)
+        report.recording, report.rank_set = path, rank_set
+        return report
+
+    def healthy(rec: Recording) -> BisectReport | None:
+        report = _healthy_as_recorded(rec, criterion, options) if rank_set is None else None
+        if report is not None:
+            report.recording = path
+        return report
+
+    report = with_engine(path, work, options, check=healthy)
     if moved is not None:
         report.notes.append(moved)
     if choice.approximate:
@@ -177,29 +190,3 @@ def _healthy_as_recorded(
         checked=[int(rows[0]["step"]), int(rows[-1]["step"])] if rows else None,
         ended=rec.ending(),
     )
-
-
-def _bisect_one(
-    run: str,
-    rank_set: RankSet | None,
-    criterion: Criterion | None,
-    trace: bool,
-    options: ReplayOptions,
-    progress: Callable[[int, int], None] | None,
-    opened: Callable[[], None] | None,
-) -> BisectReport:
-    def work(rec: Recording, engine: Engine) -> BisectReport:
-        if opened is not None:
-            opened()
-        report = bisect_engine(rec, engine, criterion, trace=trace, progress=progress)
-        report.recording = run
-        report.rank_set = rank_set
-        return report
-
-    def healthy(rec: Recording) -> BisectReport | None:
-        report = _healthy_as_recorded(rec, criterion, options) if rank_set is None else None
-        if report is not None:
-            report.recording = run
-        return report
-
-    return with_engine(run, work, options, check=healthy)
