@@ -143,17 +143,13 @@ def state_diff(engine: Engine, s: int) -> list[StateDrift]:
 
 def _changed_sources(engine: Engine) -> list[str]:
     """The recorded entry points' files whose source changed since the recording."""
-    entries = engine.rec.entry.values()
-    changed = [
-        e["path"]
-        for e in entries
-        if e.get("path") and source_changed(e["path"], e.get("sha256"), None)
-    ]
+    entries = [e for e in engine.rec.entry.values() if e.get("path")]
+    changed = [e["path"] for e in entries if source_changed(e["path"], e.get("sha256"), None)]
     return list(dict.fromkeys(changed))
 
 
 def explain_divergence(
-    engine: Engine, divergence: Divergence, replayed_exception: ExceptionInfo | None = None
+    engine: Engine, divergence: Divergence, replayed_exception: ExceptionInfo | None
 ) -> DivergenceCause:
     """Tell why step ``divergence.step`` differs from the recording (see the module doc)."""
     out = _explain(engine, divergence, replayed_exception)
