@@ -10,10 +10,10 @@ __all__ = ["Progress"]
 
 
 class Progress:
-    def __init__(self, label: str, stream: TextIO | None = None, width: int = 30) -> None:
-        self.stream = stream if stream is not None else sys.stderr
+    def __init__(self, label: str) -> None:
+        self.stream: TextIO = sys.stderr
         self.enabled = bool(getattr(self.stream, "isatty", lambda: False)())
-        self.label, self.width = label, width
+        self.label, self.width = label, 30
         self._t0 = time.perf_counter()
         self._drawn = False
 

@@ -189,19 +189,19 @@ _HEADLINES = {
 }
 
 
-def render_cause(c: DivergenceCause | None, indent: str = "  ") -> list[str]:
-    """The ``cause`` lines shared by the verify and bisect reports."""
+def render_cause(c: DivergenceCause | None) -> list[str]:
+    """The ``cause`` lines shared by the verify, bisect and preflight reports."""
     if not c:
         return []
-    lines = [f"{indent}why differs   {c.kind}: {c.summary}"]
+    lines = [f"  why differs   {c.kind}: {c.summary}"]
     for d in c.differs or []:
         size = d.max_abs_diff
         more = f" (+{d.count - len(d.names)} more)" if d.count > len(d.names) else ""
         lines.append(
-            f"{indent}  differs     {d.object}: {', '.join(d.names)}{more}"
+            f"    differs     {d.object}: {', '.join(d.names)}{more}"
             + (f", max |diff| {size:.3g}" if isinstance(size, float) else "")
         )
-    lines.append(f"{indent}what to do    {c.hint}")
+    lines.append(f"  what to do    {c.hint}")
     return lines
 
 
