@@ -54,12 +54,9 @@ class big_imports:  # noqa: N801 - used as a context manager, like contextlib's
 
 
 @contextlib.contextmanager
-def user_stdout_to_stderr(when: bool = True) -> Iterator[None]:
+def user_stdout_to_stderr(when: bool) -> Iterator[None]:
     """While replay runs user code for a command that prints JSON: whatever that code prints
     (a parameter count at import, a loss per step) goes to stderr, so stdout holds the JSON
     alone."""
-    if not when:
-        yield
-        return
-    with contextlib.redirect_stdout(sys.stderr):
+    with contextlib.redirect_stdout(sys.stderr) if when else contextlib.nullcontext():
         yield

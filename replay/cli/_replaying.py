@@ -60,13 +60,12 @@ def engine_options(body: Any) -> Any:
 
         return body(*args, options=ReplayOptions(device, entry, trust, reenter), **kw)
 
-    fn = command
     fn = click.option(
         "--device",
         default=None,
         metavar="DEVICE",
         help="Replay on DEVICE (cpu, cuda, cuda:1). Default: where it was recorded if present.",
-    )(fn)
+    )(command)
     fn = click.option(
         "--trust",
         is_flag=True,
