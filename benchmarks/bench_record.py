@@ -15,6 +15,10 @@ time of an empty flush (the latency of one round trip to the writer): the cost o
 the writer has to keep up, as in a long run on saturated cores, where the backlog would
 otherwise grow until training waits for it (``max_pending_steps``/``max_pending_seconds``).
 
+"recorder, no self-check" is the same Recorder made with ``self_check=False``: the background
+self-check (a child replaying the first steps, started after the first ones) shares the machine
+with training while it runs; the two columns side by side give its share separately.
+
 Two more columns say how far the recorder's figures can be trusted and where its cost lies.
 "bare, again" trains a second bare copy exactly like the first: its ratio is the benchmark's own
 noise (the copies' memory lands in different places). "training thread only" is a recorder whose
@@ -64,10 +68,16 @@ def build():
     return model, torch.optim.AdamW(model.parameters(), lr=1e-4)
 
 
-def recorder_for(path, model, optimizer):
+def recorder_for(path, model, optimizer, **settings):
     """The Recorder every benchmark measures: default settings, the shared step and build."""
     return replay.Recorder(
-        path, model=model, optimizer=optimizer, step_fn=step, build_fn=build, handle_signals=False
+        path,
+        model=model,
+        optimizer=optimizer,
+        step_fn=step,
+        build_fn=build,
+        handle_signals=False,
+        **settings,
     )
 
 
@@ -168,6 +178,7 @@ COLUMNS = {  # variant -> table header, in table order
     "bare_again": "bare, again",
     "thread_only": "training thread only",
     "recorder": "recorder",
+    "no_self_check": "recorder, no self-check",
     "committed": "recorder, committed",
     "detect_anomaly": "detect_anomaly",
     "nan_hooks": "NaN hooks (every module)",
@@ -224,8 +235,12 @@ def make_variants(name, tmp, wanted):
         torch.manual_seed(0)
         states[v] = build()
     recs = {
-        v: recorder_for(os.path.join(tmp, f"{name[:3]}-{v}.h5"), *states[v])
-        for v in ("recorder", "committed", "thread_only")
+        v: recorder_for(
+            os.path.join(tmp, f"{name[:3]}-{v}.h5"),
+            *states[v],
+            **({"self_check": False} if v == "no_self_check" else {}),
+        )
+        for v in ("recorder", "no_self_check", "committed", "thread_only")
         if v in wanted
     }
     if "thread_only" in recs:
@@ -254,6 +269,7 @@ def make_variants(name, tmp, wanted):
         "bare_again": plain,
         "nan_hooks": plain,
         "recorder": recorded,
+        "no_self_check": recorded,
         "committed": recorded,
         "thread_only": recorded,
         "detect_anomaly": lambda v: anomaly,
@@ -289,7 +305,7 @@ def bench(name, rounds, steps, tmp, wanted):
             else:
                 elapsed = time.perf_counter() - t0
             per_round[k].append(elapsed / steps)
-            if k == "recorder":
+            if k in ("recorder", "no_self_check"):
                 recs[k].flush()  # its backlog, off the clock
     for rec in recs.values():
         rec.close()
