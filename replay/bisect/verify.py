@@ -34,8 +34,7 @@ class WindowCheck:
 
     @property
     def first_divergence(self) -> Divergence | None:
-        d = self.divergences
-        return d[0] if d else None
+        return next(iter(self.divergences), None)
 
     def replayed_exception(self, step: int) -> dict[str, Any] | None:
         return next((s["exception"] for s in self.steps if s["step"] == step), None)
