@@ -30,8 +30,7 @@ def diagnose(path: str | os.PathLike[str]) -> list[Finding]:
         found: list[Finding] = []
         for r in RULES.values():
             out = r.check(ctx)
-            if out is None:
-                continue
-            found.extend([out] if isinstance(out, Finding) else out)
+            if out is not None:
+                found.extend([out] if isinstance(out, Finding) else out)
     order = {s: i for i, s in enumerate(SEVERITIES)}
     return sorted(found, key=lambda f: (order[f.severity], f.rule))
