@@ -171,9 +171,9 @@ def _reach_line(r: dict[str, Any]) -> str:
     )
 
 
-def _steps_list(steps: list[int], most: int = 12) -> str:
-    return ", ".join(map(str, steps[:most])) + (
-        f" (+{len(steps) - most} more)" if len(steps) > most else ""
+def _steps_list(steps: list[int]) -> str:
+    return ", ".join(map(str, steps[:12])) + (
+        f" (+{len(steps) - 12} more)" if len(steps) > 12 else ""
     )
 
 
