@@ -164,7 +164,7 @@ def run_export(
     failure) to the new directory ``out``; see the module's docstring for what is in it.
 
     A DDP rank set: every rank replayed together, each rank's state into ``out/rank<r>/``;
-    the report is rank 0's, with every rank's in ``ranks``.
+    the report is the leader's (the rank the workflow runs on), with every rank's in ``ranks``.
     """
     check_out(out)
     scan = rank_set(run)
