@@ -29,7 +29,8 @@ _ELEMENTWISE: dict[str, Callable[[np.ndarray], np.ndarray]] = {
 
 def forward_chain(ctx: Context) -> list[tuple[str, str, np.ndarray]]:
     """``(module, class, output)`` for the leading Linear/element-wise modules, in numpy."""
-    snaps = [s for s in ctx.snapshots if s.step in set(int(x) for x in ctx.batch_steps)]
+    held = {int(x) for x in ctx.batch_steps}  # (once: built per snapshot, it was quadratic)
+    snaps = [s for s in ctx.snapshots if s.step in held]
     if not snaps:
         return []
     snap = snaps[-1]
