@@ -27,9 +27,25 @@ MATRIX: dict[str, str] = {
     # kill -9 at any moment: the 16 kills of the step-in-flight test check every file and the
     # steps it holds; the older loop of fresh interpreters checks every batch (2 min on 2 cores)
     "tests/integration/test_crash_safety.py::test_sigkill_at_random_moments_leaves_every_flushed_step_intact": "test_sigkill_loses_at_most_the_step_in_flight",
-    # a rank named with its op: DDP's bisect proves it in the default tier; FSDP2's shards
-    # replaying together stay there too
+    # a rank named with its op: a torchrun program's bisect names the rank and step (re-entry,
+    # the way fresh programs replay) and the rank set's trace names each rank's op; FSDP2's
+    # shards replaying together stay in the default tier too
     "tests/integration/test_fsdp.py::test_fsdp2_bisect_names_the_rank_and_the_op_a_nan_came_from": "test_fsdp2_ranks_record_their_own_shards_and_replay_together_bitwise",
+    "tests/integration/test_distributed.py::test_bisect_replays_every_rank_and_names_the_rank_step_and_op": "tests/reentry/test_reentry.py::test_a_torchrun_program_is_replayed_rank_by_rank_by_reentry[2] and tests/reentry/test_rank_set_names.py::test_trace_replays_every_rank_together_and_traces_each",
+    # every framework's resume: a plain loop's resume proves the segments and step numbers
+    "tests/integration/test_resumed_runs.py::test_a_lightning_fit_from_a_checkpoint_numbers_from_its_global_step": "test_a_resumed_plain_loop_keeps_the_first_recording_and_its_step_numbers",
+    "tests/integration/test_resumed_runs.py::test_a_hugging_face_resume_keeps_the_checkpoint_step_numbers": "test_a_resumed_plain_loop_keeps_the_first_recording_and_its_step_numbers",
+    # activation checkpointing's two flavours: the non-reentrant one (torch's default) stays
+    "tests/realistic/test_real_programs.py::test_an_lm_trained_with_activation_checkpointing_is_bisected_and_its_recompute_placed[reentrant]": "[non_reentrant]",
+    # a batch prefetched into a global by the previous step is one global the loop changes
+    "tests/selfcheck/test_selfcheck.py::test_a_batch_the_previous_step_prefetched_into_a_global_is_flagged": "test_a_global_the_loop_changes_is_flagged_on_stderr_while_the_run_trains",
+    # a Trainer subclass with model_init is another spelling of a Hugging Face train
+    "tests/integrations/test_transformers.py::test_model_init_and_a_trainer_subclass_replay_bitwise": "test_a_healthy_train_replays_bitwise[fp32]",
+    # the benchmark scripts still run: the recorder's own benchmark stays, the others (the rank
+    # scan's, the batch references', the profile's) run in make test-all
+    "tests/test_benchmark_scripts.py::test_bench_rankscan_finds_the_first_step_and_rank_with_every_variant": "test_bench_record_runs_every_recorder_variant",
+    "tests/test_benchmark_scripts.py::test_bench_batch_refs_records_by_reference_and_by_value": "test_bench_record_runs_every_recorder_variant",
+    "tests/test_benchmark_scripts.py::test_profile_record_splits_a_recorded_step_into_the_recorders_parts": "test_bench_record_runs_every_recorder_variant",
     # preflight: a failing program checked, kept and bisected; its torchrun spelling repeats it
     "tests/selfcheck/test_preflight.py::test_a_torchrun_command_is_checked_with_its_whole_rank_set": "test_a_program_that_fails_within_the_preflight_steps_is_reported_bisected_and_kept",
     # upstream classes (tests/realistic/test_upstream_classes.py): gat's bisect and hogwild's
