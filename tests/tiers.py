@@ -14,7 +14,10 @@ from __future__ import annotations
 # node id prefix -> the case of the same claim that `make test` keeps
 MATRIX: dict[str, str] = {
     # every rank count: two ranks prove re-entry rank by rank, and every rank replayed together
-    "tests/reentry/test_reentry.py::test_a_torchrun_program_is_replayed_rank_by_rank_by_reentry[4]": "[2]",
+    "tests/reentry/test_reentry.py::test_a_torchrun_programs_bad_rank_is_bisected_by_reentry[4]": "[2]",
+    # a torchrun set verified by re-entry: the set whose rank died verifies the steps every rank
+    # completed, bitwise on both ranks
+    "tests/reentry/test_reentry.py::test_a_torchrun_program_is_replayed_rank_by_rank_by_reentry[": "test_a_rank_that_died_outside_a_step_is_the_culprit_not_the_peer_whose_collective_failed",
     "tests/integration/test_distributed.py::test_four_ranks_replay_together_bitwise": "test_verify_replays_every_rank_together_bitwise",
     # the stop votes over other failures: a NaN on one rank stops every rank at the same step
     "tests/integration/test_distributed.py::test_nonfinite_loss_with_finite_gradients_stops_every_rank_one_step_later": "test_nan_on_one_rank_stops_every_rank_at_the_same_step",
@@ -31,7 +34,7 @@ MATRIX: dict[str, str] = {
     # the way fresh programs replay) and the rank set's trace names each rank's op; FSDP2's
     # shards replaying together stay in the default tier too
     "tests/integration/test_fsdp.py::test_fsdp2_bisect_names_the_rank_and_the_op_a_nan_came_from": "test_fsdp2_ranks_record_their_own_shards_and_replay_together_bitwise",
-    "tests/integration/test_distributed.py::test_bisect_replays_every_rank_and_names_the_rank_step_and_op": "tests/reentry/test_reentry.py::test_a_torchrun_program_is_replayed_rank_by_rank_by_reentry[2] and tests/reentry/test_rank_set_names.py::test_trace_replays_every_rank_together_and_traces_each",
+    "tests/integration/test_distributed.py::test_bisect_replays_every_rank_and_names_the_rank_step_and_op": "tests/reentry/test_reentry.py::test_a_torchrun_programs_bad_rank_is_bisected_by_reentry[2] and tests/reentry/test_rank_set_names.py::test_trace_replays_every_rank_together_and_traces_each",
     # every framework's resume: a plain loop's resume proves the segments and step numbers
     "tests/integration/test_resumed_runs.py::test_a_lightning_fit_from_a_checkpoint_numbers_from_its_global_step": "test_a_resumed_plain_loop_keeps_the_first_recording_and_its_step_numbers",
     "tests/integration/test_resumed_runs.py::test_a_hugging_face_resume_keeps_the_checkpoint_step_numbers": "test_a_resumed_plain_loop_keeps_the_first_recording_and_its_step_numbers",

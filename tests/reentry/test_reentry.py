@@ -203,8 +203,13 @@ def test_a_torchrun_program_is_replayed_rank_by_rank_by_reentry(tmp_path, elsewh
     rc, v, err = replay_json("verify", str(tmp_path / "run.h5"), cwd=elsewhere)
     assert rc == 0 and v["deterministic"] is True, err.stderr[-3000:]
     assert len(v["ranks"]) == nproc
-    for f in tmp_path.glob("run.rank*.h5"):
-        f.unlink()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_a_torchrun_programs_bad_rank_is_bisected_by_reentry(tmp_path, elsewhere, nproc):
+    """The rank whose data went bad, its step and its sample, found by replaying every rank
+    together, each by running the program again under torchrun's environment."""
     p = torchrun(tmp_path, nproc, "--steps", "8", "--bad-rank", "1", "--bad-step", "5")
     assert p.returncode != 0
     rc, v, err = replay_json("bisect", str(tmp_path / "run.h5"), cwd=elsewhere)
