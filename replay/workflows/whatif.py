@@ -41,6 +41,7 @@ from ..bisect.criteria import is_nonfinite
 from ..errors import ReplayError, UsageError
 from ..ranks.scan import rank_set
 from ..reports.whatif import CHANGES, Experiment, StepResult, WhatIfReport
+from ..store import open_recording
 from ..store.tree import TensorLeaf, map_tree
 from .session import AS_RECORDED, ReplayOptions, together, with_engine
 
@@ -202,7 +203,7 @@ def _check_hparam(engine: Engine, change: Change, step: int) -> None:
     key = change.key
     assert key is not None  # set and scale are parsed with one
     if not groups or any(key not in g for g in groups):
-        known = sorted({k for g in groups for k, v in g.items() if _number_hparam(v)})
+        known = sorted({k for g in groups for k, v in g.items() if _numeric_leaf(v)})
         raise UsageError(
             f"{change.text}: no hyper-parameter {key!r} in every param group; the recorded "
             f"ones: {', '.join(known) or 'none'}"
@@ -535,6 +536,9 @@ def run_whatif(
                 f"--drop-samples: {run} is a DDP rank set, whose ranks each hold their own batch "
                 "(dropping samples on a rank set is not supported)"
             )
+        for path in scan.paths.values():  # refused from the files, before any rank runs code
+            with open_recording(path) as rec:
+                _check_file(rec, changes)
         kinds = [(c.kind, c.arg) for c in changes]
         d = together(scan, "whatif", options, changes=kinds, from_step=from_step, to_step=to_step)
         d["reproduces"] = bool(d["reproduces"]) and bool(d["deterministic"])

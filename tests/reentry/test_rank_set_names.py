@@ -98,6 +98,16 @@ def test_whatif_runs_each_experiment_on_every_rank(rank_set: Path, elsewhere: Pa
     assert all(x["removed_by"] == ["--skip-step 5"] for x in d["ranks"].values())
     p = replay_cli("whatif", str(rank_set), "--drop-samples", "5:1", cwd=elsewhere)
     assert p.returncode == 2 and "rank set" in p.stderr
+    # Was: a change the files refuse started every rank, which imported the program, and each
+    # refused it there. Now refused from the files, as for one recording: nothing runs.
+    for change, said in (
+        (("--set", "nosuch=1"), "the recording has no hyper-parameter 'nosuch'"),
+        (("--skip-step", "999"), "--skip-step 999: step 999"),
+    ):
+        p = replay_cli("whatif", str(rank_set), *change, cwd=elsewhere)
+        assert p.returncode == 2 and said in p.stderr, p.stderr[-2000:]
+        assert "it has: " in p.stderr or "nosuch" not in said
+        assert "replaying" not in p.stderr and "importing" not in p.stderr, p.stderr
 
 
 def test_export_writes_each_ranks_state(rank_set: Path, elsewhere: Path) -> None:
