@@ -31,10 +31,11 @@ demo: setup
 JOBS ?= 2
 XDIST = $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadfile)
 
-# Every claim once, in about 10 minutes on 2 cores from a fresh clone (532, 583, 641 s of pytest in
-# three runs of one afternoon, the same suite on a machine slowing; 9.6 to 11.5 min in all): the
-# default tier (tests/tiers.py says what the matrix repeats), no coverage, mypy --strict beside
-# pytest rather than before it, niced: its ~45 s of CPU fill the moments the tests wait.
+# Every claim once, in 10-12 minutes on 2 cores from a fresh clone (2026-12-07: 635 s of pytest,
+# 698 s in all, on a machine a third slower than the day before, whose runs of a larger suite took
+# 532-641 s): the default tier (tests/tiers.py says what the matrix repeats), no coverage, mypy
+# --strict beside pytest rather than before it, niced. The suite is bound by CPU (a third worker
+# gains 4%: benchmarks/RESULTS.md), so only running less makes it faster.
 test: setup
 	@log=$$(mktemp); nice -n 15 $(VENV)/bin/mypy > $$log 2>&1 & mypy=$$!; \
 	$(PY) -m pytest -q $(XDIST) -m "not matrix"; rc=$$?; \
