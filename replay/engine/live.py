@@ -10,18 +10,18 @@ whose steps were all read. Nothing of the live file is read for the window after
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from ..errors import RecordingError
+from ..limits import env_number
 from ..store.liveness import writer_state
 from ..store.reader import Recording, Window
 from ..store.tree import TensorLeaf, leaves
 
-__all__ = ["LiveCopy", "pin_live_window", "env_number"]
+__all__ = ["LiveCopy", "pin_live_window"]
 
 BUDGET = 2 << 30  # bytes of records held in memory; REPLAY_LIVE_BUDGET overrides
 
@@ -37,18 +37,6 @@ class LiveCopy:
 
 def _nbytes(tree: Any) -> int:
     return sum(x.nbytes for _, x in leaves(tree) if isinstance(x, TensorLeaf))
-
-
-_N = TypeVar("_N", int, float)
-
-
-def env_number(name: str, default: _N) -> _N:
-    """The environment variable ``name`` read as a number of ``default``'s type, or ``default``
-    when it is unset or no such number (a limit the user may raise: never a failure)."""
-    try:
-        return type(default)(os.environ.get(name, default))
-    except ValueError:
-        return default
 
 
 def pin_live_window(

@@ -32,6 +32,7 @@ from typing import Any
 from ..bisect import NonFinite, Predicate, Raised
 from ..child import RANK_WORKER, free_port, python_module
 from ..errors import RecordingError, ReplayError, UsageError, error_of_exit_code
+from ..limits import env_number
 from ..ranks.scan import RankScan
 from ..reports.ranks import MultiRankRun, RankFailure, RankReplay
 from ..store.tmpdirs import private_dir
@@ -106,8 +107,6 @@ def _run_ranks(
         json.dump(spec, fh)
     port = free_port()
     procs: dict[int, subprocess.Popen[bytes]] = {}
-    from ..engine.live import env_number
-
     deadline = time.monotonic() + env_number("REPLAY_RANKS_TIMEOUT", DEADLINE)
     try:
         for r in sorted(paths):
@@ -195,8 +194,6 @@ def replay_rank_set(
     ``export`` and ``whatif`` run their workflow on every rank (each writes or changes its own
     state); the others run it on the leader, which every other rank follows.
     """
-    from ..engine.live import env_number
-
     scan.check()
     scan.check_one_run(trust or entry is not None)
     paths, world = scan.paths, scan.world_size

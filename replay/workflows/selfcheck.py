@@ -38,6 +38,7 @@ from typing import Any
 
 from ..child import SELF_CHECK, python_module
 from ..errors import EntryPointError, RecordingError, ReplayError, first_line
+from ..limits import env_number
 from ..reports import VerifyReport
 from ..safetext import term_safe
 from ..store import open_recording
@@ -222,8 +223,6 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not _dies_with(args.training_pid):
         return 0  # the run is over already: nothing to check for anyone
-    from ..engine.live import env_number
-
     with contextlib.suppress(OSError):  # the training's cores come first (how much: 0..19)
         os.nice(min(19, max(0, env_number("REPLAY_SELF_CHECK_NICE", 19))))
     err = _quiet(args.report_fd)

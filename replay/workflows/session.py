@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import RecordingError
+from ..limits import env_number
 from ..safetext import say
 from ..store.liveness import WriterState, wait_for_drain
 
@@ -45,8 +46,6 @@ def wait_until_drained(run: str) -> None:
     def waiting(state: WriterState) -> None:
         more = f" ({state.steps_to_come} steps to come)" if state.steps_to_come else ""
         say(f"replay: {run}: its training died; waiting for its writer to finish{more}")
-
-    from ..engine.live import env_number
 
     timeout = env_number("REPLAY_DRAIN_WAIT", DRAIN_WAIT)
     if not wait_for_drain(run, timeout=timeout, on_wait=waiting):

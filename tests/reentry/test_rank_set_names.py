@@ -110,6 +110,24 @@ def test_whatif_runs_each_experiment_on_every_rank(rank_set: Path, elsewhere: Pa
         assert "replaying" not in p.stderr and "importing" not in p.stderr, p.stderr
 
 
+def test_the_process_that_replays_the_ranks_together_loads_no_torch(
+    rank_set: Path, elsewhere: Path
+) -> None:
+    """The command's own process only starts the ranks and gathers what they say. Was: it read
+    two timeouts through the engine's package, which imports torch (~2 s of CPU a command,
+    before any rank started)."""
+    code = (
+        "import atexit, sys\n"
+        "atexit.register(lambda: print('torch loaded:', 'torch' in sys.modules, file=sys.stderr))\n"
+        "from replay.cli import main\n"
+        f"main(['verify', {str(rank_set)!r}, '--from', '8', '--json'])\n"
+    )
+    env = {"REPLAY_RANKS_TIMEOUT": "200", "REPLAY_PG_TIMEOUT": "150"}
+    p = run_py("-c", code, cwd=elsewhere, env=env, timeout=300, fresh=True)
+    assert p.returncode == 0 and json.loads(p.stdout)["deterministic"] is True, p.stderr[-3000:]
+    assert "torch loaded: False" in p.stderr, p.stderr[-3000:]
+
+
 def test_export_writes_each_ranks_state(rank_set: Path, elsewhere: Path) -> None:
     out = elsewhere / "ckpt"
     rc, d, err = _json("export", str(rank_set), "--out", str(out), "--step", "5", cwd=elsewhere)

@@ -26,6 +26,7 @@ LAYERS = {
     "words": 0,  # the words for an op's part in a failure: no imports
     "safetext": 0,
     "thresholds": 0,  # judgements doctor and the TUI share: no imports
+    "limits": 0,  # limits a user raises through the environment: the standard library only
     "jsonsafe": 0,  # NaN/inf as strings in JSON: one rule  # strings from a file made safe for the terminal
     "trust": 0,  # the user's key and what it vouches for: the standard library only
     "reports": 0,  # the reports' dataclasses, JSON in and out: the standard library only
