@@ -507,9 +507,11 @@ class Recording:
             return None
         raw = bytes(self._read("ended")).split(b"\0", 1)[0]
         try:
-            return Ended.from_json(V.parse_json(raw, f"{self.path}: /ended")) if raw else None
+            ended = Ended.from_json(V.parse_json(raw, f"{self.path}: /ended")) if raw else None
         except RecordingError:
             return None
+        # "killed" is inferred by ending() from a file left unclosed, never written (format.md)
+        return None if ended is None or ended.kind == "killed" else ended
 
     def ending(self) -> Ended | None:
         """How the program ended outside any step: :meth:`ended`; else, for a file never

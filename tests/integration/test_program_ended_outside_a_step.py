@@ -219,7 +219,15 @@ def test_a_huge_message_and_traceback_are_cut_to_fit_the_files_ended_dataset():
 
 @pytest.mark.parametrize(
     "planted",
-    [b'{"kind": "exception"}', b"\xff\xfe", b'{"kind": "x", "type": "a"}', b"[" * 5000],
+    [
+        b'{"kind": "exception"}',
+        b"\xff\xfe",
+        b'{"kind": "x", "type": "a"}',
+        b"[" * 5000,
+        # a kill is what a reader infers from a file left unclosed (Recording.ending), never
+        # what a file says: was read as the program having been killed
+        b'{"kind": "killed", "type": "", "message": "planted", "traceback": ""}',
+    ],
 )
 def test_a_planted_or_damaged_ended_reads_as_no_ending_never_as_a_failure(tmp_path, planted):
     p, run = _record(tmp_path, "exit0")
