@@ -23,6 +23,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, cast
@@ -216,10 +217,15 @@ def _open_swmr(path: str) -> h5py.File:
     return h5py.File(fid)
 
 
+# A writer holds HDF5's own file lock from the moment it opens the new file until it has turned
+# SWMR on (``StoreWriter._open``: milliseconds); a reader arriving then waits this long for it.
+LOCK_WAIT_S = 5.0
+
+
 def _open_h5(path: str, probe: bool = True) -> h5py.File:
     _check_signature(path, probe)
     try:
-        return _open_swmr(path)
+        return _open_swmr_when_unlocked(path)
     except OSError as e:
         msg = str(e)
         with contextlib.suppress(OSError):  # files not written in SWMR mode open normally
@@ -230,6 +236,21 @@ def _open_h5(path: str, probe: bool = True) -> h5py.File:
                 "the copy is incomplete); nothing in it can be recovered"
             ) from None
         raise RecordingError(f"{path}: HDF5 cannot open it ({first_line(e)})") from None
+
+
+def _open_swmr_when_unlocked(path: str) -> h5py.File:
+    """``_open_swmr``, waiting up to ``LOCK_WAIT_S`` while HDF5's file lock is held."""
+    deadline = time.monotonic() + LOCK_WAIT_S
+    while True:
+        try:
+            return _open_swmr(path)
+        except BlockingIOError as e:
+            if time.monotonic() >= deadline:
+                raise RecordingError(
+                    f"{path}: another process holds it open for writing and has not let readers "
+                    f"in for {LOCK_WAIT_S:g} s ({first_line(e)})"
+                ) from None
+            time.sleep(0.02)
 
 
 class _SharedFile:

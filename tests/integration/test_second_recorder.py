@@ -9,8 +9,6 @@ import subprocess
 import sys
 import time
 
-import h5py
-
 from replay.store import open_recording
 from replay.store.writer import lock_path
 from tests.conftest import SCRIPTS, run_env, run_py
@@ -42,8 +40,8 @@ def test_second_recorder_on_a_live_path_warns_and_leaves_the_first_alone(tmp_pat
             assert first.poll() is None, first.communicate()
             assert time.monotonic() < deadline, "the first recorder never created its file"
             time.sleep(0.1)
-        with h5py.File(out, "r", swmr=True) as f:
-            first_id = str(f.attrs["run_id"])
+        with open_recording(str(out)) as rec:  # (it waits out the writer's open-to-SWMR moment)
+            first_id = rec.run_id
         second = run_py(str(SCRIPTS / "mlp_train.py"), str(out), "--steps", "20", timeout=120)
         assert second.returncode == 0, second.stderr  # training went on
         warnings = [ln for ln in second.stderr.splitlines() if "RecorderWarning" in ln]
