@@ -98,6 +98,7 @@ class Guard:
         self.copies: dict[str, str] = {}  # real path -> its private copy
         self.refused: list[str] = []  # one line each
         self.created: list[str] = []  # paths the re-run made, removed at the end
+        self.read: dict[str, None] = {}  # files user code opened to read (the first READ_KEPT)
         self._lib = _roots(("torch", "numpy", "h5py"))
         self.caches = _cache_roots()  # (read once: the audit hook must import nothing)
         self._lock = threading.Lock()
@@ -175,6 +176,35 @@ class Guard:
         made = set(self.created)
         return any(str(p) in made for p in (PurePath(real), *PurePath(real).parents))
 
+    def note_read(self, path: Any) -> None:
+        """A file user code opened to read, kept by name: not code (an import's ``.py``), nor
+        anything of Python's, the libraries' or replay's own."""
+        if len(self.read) >= READ_KEPT or not isinstance(path, (str, bytes, os.PathLike)):
+            return
+        try:
+            name = os.path.abspath(os.fsdecode(os.fspath(path)))
+        except (TypeError, ValueError, OSError):
+            return
+        if not name.endswith(_CODE) and not name.startswith(_NOT_DATA):
+            self.read.setdefault(name, None)
+
+    def read_since(self, t: float) -> list[tuple[str, float]]:
+        """The files user code read here, regular and not this re-run's own, that changed after
+        ``t`` (a time.time()): ``(path, mtime)``, oldest change first. A program that resumes
+        from its own checkpoint at start-up reads the one the run wrote after it began."""
+        out = []
+        for path in list(self.read):
+            real = _real(path)
+            if real is None or self.made_here(real) or real in self.copies:
+                continue
+            try:
+                st = os.stat(real)
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode) and st.st_mtime > t:
+                out.append((path, st.st_mtime))
+        return sorted(out, key=lambda r: r[1])
+
     # -- the end ------------------------------------------------------------------------------
     def clean_up(self) -> None:
         """Remove what the re-run created (a folder whole: nothing in it existed before) and the
@@ -226,6 +256,13 @@ def _mode_writes(mode: Any) -> tuple[bool, bool]:
     return writes, writes and ("a" in m or "+" in m and "w" not in m)
 
 
+_CODE = (".py", ".pyc", ".so", ".pth")
+_NOT_DATA = (
+    tuple({os.path.abspath(p) + os.sep for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)})
+    + _OWN
+    + _STDLIB
+)
+READ_KEPT = 256  # files read, kept by name to say later which changed (a data set's: the first)
 _ACTIVE: Guard | None = None
 _HOOKED = False
 
@@ -251,6 +288,7 @@ def _on_open(g: Guard, args: tuple[Any, ...]) -> None:
         return
     writes = _mode_writes(mode)[0] if isinstance(mode, str) else bool((flags or 0) & _WRITE_FLAGS)
     if not writes:
+        g.note_read(path)
         return
     real = _real(path)
     if real is None or real in g.copies.values() or real.startswith(g.scratch + os.sep):
@@ -336,9 +374,14 @@ def _wrap_open(real_open: Callable[..., Any]) -> Callable[..., Any]:
         g = _ACTIVE
         if g is not None:
             writes, keeps = _mode_writes(mode)
-            # a read, with nothing redirected yet (a data loader's thousands of files): as is
-            if (writes or g.copies) and g.users_code(sys._getframe(1), file):
-                file = g.target(file, write=writes, append=keeps)
+            # a read, with nothing redirected yet, once READ_KEPT reads are named (a data
+            # loader's thousands of files): as is
+            redirect = writes or bool(g.copies)
+            if (redirect or len(g.read) < READ_KEPT) and g.users_code(sys._getframe(1), file):
+                if not writes:
+                    g.note_read(file)
+                if redirect:
+                    file = g.target(file, write=writes, append=keeps)
         return real_open(file, mode, *args, **kwargs)
 
     open.__doc__ = real_open.__doc__

@@ -76,6 +76,38 @@ def _kept_from(e: BaseException) -> str | None:
     return guard.refused[-1]
 
 
+def _changed_since_the_run(env: dict[str, Any]) -> str:
+    """What the re-run read before its Recorder that the run changed after it began, as a
+    clause of the error (empty when nothing): a program that resumes from its own checkpoint at
+    start-up reads the one written since, and its resume code may fail on it."""
+    guard, began = active_guard(), env.get("started")
+    if guard is None or not isinstance(began, (int, float)):
+        return ""
+    changed = guard.read_since(float(began))
+    if not changed:
+        return ""
+    cwd = env.get("cwd") if isinstance(env.get("cwd"), str) else os.getcwd()
+    shown = []
+    for path, mtime in changed[:3]:
+        rel = os.path.relpath(path, cwd)
+        name = path if rel.startswith("..") else rel
+        shown.append(f"{name} (changed {_span(mtime - float(began))} after the run began)")
+    more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+    return (
+        f". Before that it read {', '.join(shown)}{more}: files the run wrote while it "
+        "trained, which a program that resumes from its own checkpoint at start-up now resumes "
+        "from; put that resume under `if not replay.replaying():` (docs/reentry.md)"
+    )
+
+
+def _span(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
 def run_program(
     meta: dict[str, Any],
     env: dict[str, Any],
@@ -133,5 +165,6 @@ def run_program(
             f"the recorded program {command_of(program, env)} {ended} before it "
             "constructed a replay.Recorder; replay takes over at the program's first Recorder "
             "(or framework callback), so it must construct one as it did when it recorded"
+            + _changed_since_the_run(env)
         )
     return out.value  # type: ignore[return-value]

@@ -339,3 +339,22 @@ def test_a_step_that_compiles_on_its_first_call_is_traced_with_its_compiled_ops(
     assert v["op"] == "aten::log" and v["reproducible"] is True, v
     rc, v, p = replay_json("trace", str(run), "--step", "4", cwd=elsewhere)
     assert rc in (0, 1) and v.get("op") == "aten::log", (rc, v, p.stderr[-3000:])
+
+
+def test_a_resume_that_fails_on_the_checkpoint_the_run_wrote_names_that_checkpoint(
+    tmp_path, elsewhere
+):
+    """The run wrote checkpoint.pt while it trained; replay runs the start-up again, whose
+    resume reads it and raises before the Recorder. Was: only the KeyError, with nothing to say
+    that the file it read is one the run itself wrote since it began (the DDP tutorial's
+    resume failing on a CUDA checkpoint read the same way)."""
+    run = record(tmp_path, "resumes_from_checkpoint.py", "12")
+    ckpt = tmp_path / "checkpoint.pt"
+    before = digest(ckpt)
+    p = replay_cli("verify", str(run), cwd=elsewhere)
+    assert p.returncode == 4 and "Traceback" not in p.stderr, p.stderr[-3000:]
+    last = p.stderr.strip().splitlines()[-1]
+    assert "raised KeyError: 'state_dict' before it constructed a replay.Recorder" in last, last
+    assert "it read checkpoint.pt (changed " in last and "after the run began" in last, last
+    assert "if not replay.replaying():" in last
+    assert digest(ckpt) == before  # read, never written
