@@ -213,6 +213,10 @@ def changed_capture(before: Any, after: Any, depth: int = 0) -> str | None:
     return None
 
 
+def _qualname(fn: Any) -> str:
+    return str(getattr(fn, "__qualname__", None) or type(fn).__name__)[:200]
+
+
 class StepFunction:
     """The step function a Recorder runs (``fn``, the one the last step was handed) and how it
     is called: a closure made again each epoch is the same step (the same code)."""
@@ -221,6 +225,9 @@ class StepFunction:
         self.fn, self.call = fn, StepCall(fn, objects) if fn is not None else None
         self._code, self._said = _code_of(fn), False  # the first step function's code
         self._said_capture = False
+        # the step function of step t, where it is not the one the step before was handed
+        # (step record's ``step_fn``: what verify names when that step does not replay)
+        self.changed: dict[str, Any] | None = None
 
     def use(
         self, fn: Callable[..., Any], objects: RunObjects, entry: dict[str, Any], t: int
@@ -244,6 +251,7 @@ class StepFunction:
         self.call = call
         if not self._said:
             self._said = True
+            self.changed = {"qualname": _qualname(fn), "over": None}
             first = entry.get("step_fn", {}).get("qualname", "the first")
             warn_at_user_line(
                 f"replay: step {t} was handed another step function "
@@ -257,6 +265,7 @@ class StepFunction:
         if name is None:
             return
         self._said_capture = True
+        self.changed = {"qualname": _qualname(fn), "over": name}
         warn_at_user_line(
             f"replay: step {t} was handed {getattr(fn, '__qualname__', 'the step function')} "
             f"over another {name} than the step before; a replay runs every step with the "

@@ -43,6 +43,7 @@ class PendingStep:
     scale: Any  # the scaler's scale before the step
     trainable: np.ndarray | None  # the parameters' requires_grad, when changed
     t0: float = 0.0
+    step_fn: dict[str, Any] | None = None  # another step function than the step before's
     direct: bool = False  # its record is in the step log (``Transport.capture``)
     job: StepJob = None  # type: ignore[assignment]  # (set by Transport.capture)
     loss: Any = None  # the loss as the step returned it, and this rank's own gradient norm

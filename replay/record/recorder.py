@@ -463,7 +463,8 @@ class Recorder:
         if self._capture is not None:
             self._capture.ranks.before_step()
         cap = self._ready()
-        p = cap.begin(self.next_step, batch, values) if cap is not None else None
+        changed, steps.changed = steps.changed, None
+        p = cap.begin(self.next_step, batch, values, changed) if cap is not None else None
         if p is None or cap is None:
             return self._unrecorded_step(batch, values)
         try:

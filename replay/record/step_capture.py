@@ -134,9 +134,12 @@ class StepCapture:
             self._opt_params = now
             self.probe.watch(now)
 
-    def begin(self, t: int, batch: Any, values: dict[str, Any]) -> PendingStep | None:
+    def begin(
+        self, t: int, batch: Any, values: dict[str, Any], step_fn: dict[str, Any] | None = None
+    ) -> PendingStep | None:
         """Step ``t`` of ``Recorder.step`` is about to run: captured, its probes begun;
-        ``None`` when capturing failed (recording stopped: the step runs unrecorded)."""
+        ``None`` when capturing failed (recording stopped: the step runs unrecorded).
+        ``step_fn``: the step was handed another step function than the step before's."""
         try:
             kept = self.bounded(values) if values else values  # what the record holds
             ref = self.refs.reference(batch) if self.refs is not None else None
@@ -145,6 +148,7 @@ class StepCapture:
                     tree_nbytes(kept)
                 )
             p = self.before(t, values.get("lr"))
+            p.step_fn = step_fn
             self.transport.capture(p, None if ref else batch, kept, ref, self.hparams.others)
         except Exception as e:  # noqa: BLE001 - the recorder must never take training down
             self.give_up("capturing the step", e)

@@ -144,6 +144,7 @@ class StepLogWriter:
         batch_ref: dict[str, Any] | None = None,
         trainable: np.ndarray | None = None,
         object_hparams: dict[str, Any] | None = None,
+        step_fn: dict[str, Any] | None = None,
     ) -> bool | None:
         """Copy the step's record into the log; ``False``: the caller hands the step to the
         writer thread instead (a record too large for the log, or the writer process gone) and
@@ -177,6 +178,8 @@ class StepLogWriter:
         if object_hparams is not None:  # the other optimizers' (capture/hparams.py)
             record["object_hparams"], more = self._object_hparams.take(object_hparams)
             hp_text += more
+        if step_fn is not None:  # another step function than the step before's
+            record["step_fn"] = step_fn
         # The step number changes every step and nothing else in the layout usually does.
         parts, mlen = self._packer.pack(record, (f'{{"t":"int","v":{int(step)}}}', *hp_text))
         ncols = self._ncols

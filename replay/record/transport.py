@@ -108,7 +108,7 @@ class Transport:
         copied = p.copied
         log = self.log if self._host_run() else None
         record = (p.t, p.rng, p.hparams, p.modes, batch, values, batch_ref, p.trainable)
-        logged = log.begin(*record, object_hparams) if log is not None else None
+        logged = log.begin(*record, object_hparams, p.step_fn) if log is not None else None
         loggable = logged is not None  # (None: a tensor on a device)
         p.direct = direct = bool(logged)
         # A CPU step the log could not take (larger than the log, or its writer process gone)
@@ -118,6 +118,7 @@ class Transport:
         p.job = job = StepJob(p.t, p.rng, batch, p.hparams, p.modes, p.health, batch_ref=batch_ref)
         job.values = copy_tree(values, stats=copied) if values and not direct else None
         job.trainable, job.object_hparams = p.trainable, object_hparams
+        job.step_fn = p.step_fn
         if self._cuda_built and copied.cuda:
             # after the batch's copies from the device: the step goes to the writer thread
             # once this event (and its health's, ``inflight.py``) says they are done

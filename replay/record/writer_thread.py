@@ -49,6 +49,7 @@ class StepJob:
     batch_ref: dict[str, Any] | None = None  # the batch by reference (batch is None then)
     trainable: np.ndarray | None = None  # requires_grad of every parameter, where it changed
     object_hparams: dict[str, list[dict[str, Any]]] | None = None  # the other optimizers' groups
+    step_fn: dict[str, Any] | None = None  # another step function than the step before's
     # The whole record, already leaves: a step that began in the step log and then raised
     # (its batch as it was before the step, read back from the log).
     record: StepRecord | None = None
@@ -359,6 +360,8 @@ class BackgroundWriter:
                 record["trainable"] = job.trainable
             if job.object_hparams is not None and job.record is None:
                 record["object_hparams"] = to_leaves(job.object_hparams)
+            if job.step_fn is not None and job.record is None:
+                record["step_fn"] = job.step_fn
             payload, mlen = pack_parts(record)
             steps.append(StepFrame(job.step, payload, mlen))
             health.append(HealthFrame(job.step, health_row(job.health, self._watched)))

@@ -146,6 +146,9 @@ class StepRecord(TypedDict):
     trainable: NotRequired[np.ndarray]
     # MAY: {optimizer name: groups, like hparams} of every other named optimizer of the run
     object_hparams: NotRequired[dict[str, Any]]
+    # MAY: {"qualname", "over"}: the step was handed another step function than the step before
+    # ("over": null), or the same code over another object of its closure (its name)
+    step_fn: NotRequired[dict[str, Any]]
 
 
 class _StrEnum(str, Enum):

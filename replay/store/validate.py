@@ -719,6 +719,13 @@ def check_record(rec: object, ring: str, step: int, where: str) -> None:
             and len(ref["sha256"]) == 64
         ):
             raise _BAD(f"{w}: batch_ref is not {{indices, batched, sha256}}")
+        fn = rec.get("step_fn")
+        if fn is not None and not (
+            isinstance(fn, dict)
+            and isinstance(fn.get("qualname"), str)
+            and isinstance(fn.get("over"), (str, type(None)))
+        ):
+            raise _BAD(f"{w}: step_fn is not {{qualname, over}}")
     else:
         for key in ("model", "optimizer", "scheduler", "scaler"):
             if rec.get(key) is not None and not isinstance(rec[key], dict):

@@ -36,6 +36,7 @@ from ..capture.tensors import from_leaves
 from ..engine import Engine
 from ..engine.entry import source_changed
 from ..engine.state import _int_keys
+from ..errors import RecordingError
 from ..reports import Divergence, DivergenceCause, ExceptionInfo, StateDrift
 
 __all__ = ["explain_divergence", "state_diff"]
@@ -48,6 +49,11 @@ HINT_NUMERICS = (
 HINT_ENVIRON = (
     "replay with the recorded run's environment variables (those named): a program that reads "
     "one into its step (a clip value, a scale, a flag) computes otherwise without it"
+)
+
+HINT_STEP_FN = (
+    "hand what differs to the step as its batch or a per-step value (rec.step(batch, "
+    "name=value)), not through its closure; or record each phase to a Recorder of its own"
 )
 
 _NAMES = 5  # names listed per drifted object
@@ -169,6 +175,20 @@ def _explain(
     t = divergence.step
     changed = _changed_sources(engine)
     out = DivergenceCause(step=t, changed_files=changed)
+    handed = _step_fn_changed(engine, t)
+    if handed is not None:
+        # Not state, nor numerics: the program handed its step another function (or the same
+        # one over other objects) at step c, and a replay runs the first one it is handed.
+        c, fn = handed
+        what = f"over another {fn['over']}" if fn.get("over") else "another step function"
+        out.kind = "outside_state"
+        out.summary = (
+            f"step {c} was handed {fn['qualname']} {what} than the step before (the recorder "
+            f"said so while the run trained): a replay runs every step with the function the "
+            f"program hands its first step, so steps from {c} on do not replay as recorded"
+        )
+        out.hint = HINT_STEP_FN
+        return out
     if divergence.column == "exception":
         rec_type, got = divergence.recorded, divergence.replayed
         if got is not None:
@@ -273,6 +293,17 @@ def _explain(
     out.kind, out.summary, out.hint = "outside_state", summary, HINT_OUTSIDE
     _name_suspects(engine, t, out, memories=True)
     return out
+
+
+def _step_fn_changed(engine: Engine, t: int) -> tuple[int, dict[str, Any]] | None:
+    """``(t, what its record says)`` when step ``t`` was handed another step function than the
+    step before (format.md: ``step_fn``). Only ``t`` itself: the steps before it replayed as
+    recorded, so a change at one of them was not what made the replay differ."""
+    try:
+        fn = engine.rec.read_step_entries(t, ("step_fn",)).get("step_fn")
+    except (KeyError, RecordingError):
+        return None
+    return (t, fn) if isinstance(fn, dict) else None
 
 
 def _name_suspects(engine: Engine, t: int, out: DivergenceCause, memories: bool = False) -> None:

@@ -134,7 +134,8 @@ def test_a_layer_local_run_whose_network_holds_no_parameters_is_healthy_not_non_
 )
 def test_every_layers_steps_of_a_layer_local_run_replay_bitwise(tmp_path, elsewhere):
     """Layer 0's steps (0..11) replay bitwise; layer 1's (12..23) do not. Was: nothing said so
-    while the run trained; now the recorder says so at step 12 (above)."""
+    while the run trained; now the recorder says so at step 12 (above), and verify names step
+    12's closure as the cause (test_step_fn_changes.py)."""
     run, p = record(tmp_path, "layer_local.py")
     assert p.returncode == 0, p.stderr[-2000:]
     rc, v, err = verify_json(run, elsewhere)
