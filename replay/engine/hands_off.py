@@ -257,8 +257,16 @@ def _mode_writes(mode: Any) -> tuple[bool, bool]:
 
 
 _CODE = (".py", ".pyc", ".so", ".pth")
+# Python's own files and the installed packages' (not sys.prefix: a system Python's is /usr,
+# under which a program may live, /usr/src/app)
 _NOT_DATA = (
-    tuple({os.path.abspath(p) + os.sep for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)})
+    tuple(
+        {
+            os.path.abspath(p) + os.sep
+            for k in ("purelib", "platlib")
+            if (p := sysconfig.get_paths().get(k))
+        }
+    )
     + _OWN
     + _STDLIB
 )

@@ -149,3 +149,27 @@ def test_the_guard_is_off_outside_a_replay(mine):
         fh.write("the training's own write\n")
     assert mine.read_text() == "the training's own write\n"
     assert open is __builtins__["open"] if isinstance(__builtins__, dict) else True
+
+
+def test_the_files_the_program_read_are_named_when_they_changed_since_a_time(tmp_path):
+    import sys
+    import time
+
+    ckpt, config = tmp_path / "checkpoint.pt", tmp_path / "config.json"
+    config.write_text("{}")
+    began = time.time()
+    os.utime(config, (began - 60, began - 60))  # older than the run
+    torch.save({"step": 3}, ckpt)
+    with hands_off() as g:
+        torch.load(ckpt)
+        with open(config) as fh:
+            fh.read()
+        # a program living under the interpreter's prefix (a system Python's /usr, the program
+        # in /usr/src/app) is no library: its files are kept too (was: every path under it
+        # was taken for Python's own)
+        under_prefix = os.path.join(sys.prefix, "src", "app", "checkpoint.pt")
+        g.note_read(under_prefix)
+        g.note_read(torch.__file__)  # the libraries' own and code are never named
+        g.note_read(str(tmp_path / "model.py"))
+        assert list(g.read) == [str(ckpt), str(config), under_prefix]
+        assert [p for p, _ in g.read_since(began - 1)] == [str(ckpt)]
