@@ -201,8 +201,9 @@ class Guard:
                 st = os.stat(real)
             except OSError:
                 continue
-            if stat.S_ISREG(st.st_mode) and st.st_mtime > t:
-                out.append((path, st.st_mtime))
+            m = st.st_mtime  # (a file system keeping whole seconds truncates it)
+            if stat.S_ISREG(st.st_mode) and (m > t or (m == int(m) and m >= int(t))):
+                out.append((path, m))
         return sorted(out, key=lambda r: r[1])
 
     # -- the end ------------------------------------------------------------------------------

@@ -91,7 +91,9 @@ def _changed_since_the_run(env: dict[str, Any]) -> str:
     for path, mtime in changed[:3]:
         rel = os.path.relpath(path, cwd)
         name = path if rel.startswith("..") else rel
-        shown.append(f"{name} (changed {_span(mtime - float(began))} after the run began)")
+        shown.append(
+            f"{name} (changed {_span(max(0.0, mtime - float(began)))} after the run began)"
+        )
     more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
     return (
         f". Before that it read {', '.join(shown)}{more}: files the run wrote while it "
