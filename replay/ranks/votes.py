@@ -84,6 +84,7 @@ class _Stop:
         self.device = device
         self._readback = Readback()
         self._pending: collections.deque[tuple[int, Ticket | None]] = collections.deque()
+        self.stopped_at: int | None = None  # the step the first verdict read stopped the ranks at
 
     @property
     def deferred(self) -> bool:
@@ -98,6 +99,8 @@ class _Stop:
             if ticket is not None:
                 ticket.wait()
                 verdict = verdict or self._verdict(step, ticket.values())
+        if verdict is not None and self.stopped_at is None:
+            self.stopped_at = verdict.stopped_at
         return verdict
 
     def _verdict(self, step: int, v: list[float]) -> Verdict | None:
@@ -118,7 +121,12 @@ class BucketVotes(_Stop):
         k = float(self.probe.late_loss)
         if k <= 0 or self._last_step is None:
             return None
-        return self._last_step - round(k) + 1
+        step = self._last_step - round(k) + 1
+        # A verdict already stopped every rank there (the step's gradients went non-finite
+        # too, and voted): its loss has nothing left to tell anyone.
+        if self.stopped_at is not None and step <= self.stopped_at:
+            return None
+        return step
 
     def post(self, step: int, loss: Any, local_grad_norm: torch.Tensor | None) -> None:
         """Step ``step`` is over: take the votes its reduction carried, queue this rank's loss."""
