@@ -228,6 +228,8 @@ class Recorder:
             self._start_self_check(self._capture)
         except Exception as e:  # noqa: BLE001 - the recorder must never take training down
             self._off_from_the_start(path, e)
+        if step_fn is not None:  # (one handed to rec.step is looked at there)
+            self._say_unheld(step_fn)
         active.opened(self)  # replay.step reaches it (active.py)
 
     def _describe_entry(

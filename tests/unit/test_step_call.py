@@ -148,3 +148,37 @@ def test_a_recorder_warning_is_shown_at_the_programs_line_however_deep_it_was_fo
         ns["outer"]()
     assert [(w.filename, w.lineno, str(w.message)) for w in seen] == [(__file__, line, "said")]
     assert seen[0].category is errors.RecorderWarning
+
+
+def test_state_a_step_given_to_the_recorder_reads_and_it_does_not_hold_is_named_when_made(tmp_path):
+    """minGPT-ddp's Trainer: ``Recorder(..., step_fn=lambda batch: self._run_batch(*batch))``,
+    its GradScaler on ``self`` and not among the objects. Was: said only of a step function
+    handed to ``rec.step``; one given to the Recorder itself was never looked at, so a replay
+    from a later snapshot would start with a fresh scaler and nobody was told."""
+    from tests.conftest import run_py
+
+    script = tmp_path / "trainer.py"
+    script.write_text(
+        "import torch, replay\n"
+        "class Trainer:\n"
+        "    def __init__(self):\n"
+        "        self.model = torch.nn.Linear(2, 1)\n"
+        "        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1)\n"
+        "        self.scaler = torch.amp.GradScaler('cpu')\n"
+        "        self.rec = replay.Recorder('run.h5', model=self.model, optimizer=self.optimizer,\n"
+        "                                   step_fn=lambda batch: self._run_batch(batch))\n"
+        "    def _run_batch(self, x):\n"
+        "        self.optimizer.zero_grad()\n"
+        "        self.scaler.scale(self.model(x).sum()).backward()\n"
+        "        self.scaler.step(self.optimizer)\n"
+        "        self.scaler.update()\n"
+        "t = Trainer()\n"
+        "for i in range(2):\n"
+        "    t.rec.step(torch.ones(4, 2))\n"
+        "t.rec.close()\n"
+    )
+    p = run_py(str(script), cwd=tmp_path, env={"REPLAY_SELF_CHECK": "0"}, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    said = [ln for ln in p.stderr.splitlines() if "the Recorder does not hold" in ln]
+    assert len(said) == 1 and "self.scaler (GradScaler" in said[0], p.stderr[-2000:]
+    assert said[0].startswith(f"{script}:7:"), said  # the line that made the Recorder
