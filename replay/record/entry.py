@@ -233,43 +233,44 @@ class StepFunction:
         self, fn: Callable[..., Any], objects: RunObjects, entry: dict[str, Any], t: int
     ) -> bool:
         """``fn`` was handed to step ``t``. The first one is described in ``entry`` (then
-        ``True``: the recorder names the state it reaches); another function is said once, and
-        so, once, is the same function over other objects or values than the step before."""
+        ``True``: the recorder names the state it reaches). Every step handed another function
+        than the step before, or the same code over other objects, is noted in ``changed``
+        (for its record); another function than the first is said once, and so, once, is the
+        same function over other objects or values than the step before."""
         code = _code_of(fn)
         before, self.fn = self.fn, fn
-        if self.call is not None and code is not None and code is self._code:
-            self.call = self.call.with_step(fn)
-            if not self._said_capture and _code_of(before) is code:
-                self._say_changed(changed_capture(before, fn), fn, t)
-            return False
-        call = StepCall(fn, objects)  # (a step that takes no batch: EntryPointError)
         if self.call is None:
-            self.call, self._code = call, code
+            self.call, self._code = StepCall(fn, objects), code
             if "build_fn" not in entry:
                 entry["step_fn"] = describe_step(fn)
             return True
-        self.call = call
-        if not self._said:
-            self._said = True
+        if code is not None and code is self._code:
+            self.call = self.call.with_step(fn)
+        else:
+            self.call = StepCall(fn, objects)  # (a step that takes no batch: EntryPointError)
+        if _code_of(before) is not code:
             self.changed = {"qualname": _qualname(fn), "over": None}
-            first = entry.get("step_fn", {}).get("qualname", "the first")
+            if code is not self._code and not self._said:
+                self._said = True
+                first = entry.get("step_fn", {}).get("qualname", "the first")
+                warn_at_user_line(
+                    f"replay: step {t} was handed another step function ({_qualname(fn)}) than "
+                    f"the first step ({first}); a replay runs every step with the one its first "
+                    "step is handed, so steps made by another function will not replay",
+                )
+            return False
+        name = changed_capture(before, fn)
+        if name is None:
+            return False
+        self.changed = {"qualname": _qualname(fn), "over": name}
+        if not self._said_capture:
+            self._said_capture = True
             warn_at_user_line(
-                f"replay: step {t} was handed another step function "
-                f"({getattr(fn, '__qualname__', type(fn).__name__)}) than the first step "
-                f"({first}); a replay runs every step with the one its first step is handed, so "
-                "steps made by another function will not replay",
+                f"replay: step {t} was handed {_qualname(fn)} over another {name} than the step "
+                "before; a replay runs every step with the closure its first step is handed, "
+                "so steps from here on will not replay: hand what differs to the step, as its "
+                "batch or a per-step value (rec.step(batch, name=value)), instead of through "
+                "its closure",
             )
         return False
 
-    def _say_changed(self, name: str | None, fn: Callable[..., Any], t: int) -> None:
-        if name is None:
-            return
-        self._said_capture = True
-        self.changed = {"qualname": _qualname(fn), "over": name}
-        warn_at_user_line(
-            f"replay: step {t} was handed {getattr(fn, '__qualname__', 'the step function')} "
-            f"over another {name} than the step before; a replay runs every step with the "
-            "closure its first step is handed, so steps from here on will not replay: hand "
-            f"what differs to the step, as its batch or a per-step value (rec.step(batch, "
-            f"name=value)), instead of through its closure",
-        )

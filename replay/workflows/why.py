@@ -57,6 +57,7 @@ HINT_STEP_FN = (
 )
 
 _NAMES = 5  # names listed per drifted object
+_LOOK_BACK = 2048  # step records read back for a change of step function (manifests only)
 
 
 def _max_diff(a: Any, b: Any) -> float | None:
@@ -296,14 +297,20 @@ def _explain(
 
 
 def _step_fn_changed(engine: Engine, t: int) -> tuple[int, dict[str, Any]] | None:
-    """``(t, what its record says)`` when step ``t`` was handed another step function than the
-    step before (format.md: ``step_fn``). Only ``t`` itself: the steps before it replayed as
-    recorded, so a change at one of them was not what made the replay differ."""
-    try:
-        fn = engine.rec.read_step_entries(t, ("step_fn",)).get("step_fn")
-    except (KeyError, RecordingError):
-        return None
-    return (t, fn) if isinstance(fn, dict) else None
+    """The latest step ``c <= t`` (of the window, at most ``_LOOK_BACK`` back) whose record
+    says it was handed another step function than the step before, or the same code over
+    other objects (format.md: ``step_fn``), with what it says. From ``c`` on the run ran
+    another function than the one a replay runs (the program's first), so step ``t`` does not
+    replay; the recorder keeps a change only where the objects differ, so one that made no
+    difference is rare."""
+    for s in range(t, max(engine.window.first, t - _LOOK_BACK) - 1, -1):
+        try:
+            fn = engine.rec.read_step_entries(s, ("step_fn",)).get("step_fn")
+        except (KeyError, RecordingError):
+            return None
+        if isinstance(fn, dict):
+            return s, fn
+    return None
 
 
 def _name_suspects(engine: Engine, t: int, out: DivergenceCause, memories: bool = False) -> None:

@@ -43,9 +43,11 @@ def _phases(path: str, rows: int) -> list:
         for t in range(5):
             rec.step(torch.randn(rows, 4), phase(a if t < 2 else b))
         rec.step(torch.randn(rows, 4), lambda x: a(x).sum())  # another function
+        rec.step(torch.randn(rows, 4), phase(a))  # back to the first code: a change again
+        rec.step(torch.randn(rows, 4), phase(b))  # and over another layer once more
     rec.close()
     with open_recording(path) as r:
-        return [r.read_step(t).get("step_fn") for t in range(6)]
+        return [r.read_step(t).get("step_fn") for t in range(8)]
 
 
 # 8 rows: the record goes through the step log; 3.3M rows (53 MB, over half the 64 MiB log):
@@ -54,11 +56,13 @@ def _phases(path: str, rows: int) -> list:
 def test_the_step_where_the_step_function_changed_is_in_its_record(tmp_path, rows):
     got = _phases(str(tmp_path / "run.h5"), rows)
     over = {"qualname": "_phases.<locals>.phase.<locals>.step", "over": "layer"}
-    # the same code over another layer at step 2 (said once); another function at step 5
+    # the same code over another layer at step 2; another function at step 5
     assert got[:5] == [None, None, over, None, None], got
     assert (
         got[5] is not None and got[5]["over"] is None and got[5]["qualname"].endswith("<lambda>")
     ), got
+    # every change is kept, not only the first one said (a bisect of a later phase names its own)
+    assert got[6] == {**over, "over": None} and got[7] == over, got
 
 
 def test_verify_names_the_step_whose_closure_changed_as_the_cause(tmp_path, elsewhere):
