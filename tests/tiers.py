@@ -58,7 +58,6 @@ MATRIX: dict[str, str] = {
     "tests/realistic/test_upstream_classes.py::test_a_sparse_graph_handed_to_the_step_as_its_batch_replays_bitwise": "tests/unit/test_tree_roundtrip.py",
     "tests/realistic/test_upstream_classes.py::test_a_full_batch_graph_run_whose_lr_explodes_is_bisected_to_the_overflowing_op[gcn": "[gat",
     "tests/realistic/test_upstream_classes.py::test_a_layer_local_run_whose_network_holds_no_parameters_is_healthy_not_non_finite": "tests/unit/test_health_flags_overflow.py",
-    "tests/realistic/test_upstream_classes.py::test_every_layers_steps_of_a_layer_local_run_replay_bitwise": "(a strict xfail: the open bug)",
     "tests/realistic/test_upstream_classes.py::test_a_seq2seq_token_out_of_the_vocabulary_is_blamed_on_its_sample_along_dim_1": "tests/unit/test_trace_samples.py",
     "tests/realistic/test_upstream_classes.py::test_a_seq2seq_batch_with_an_all_padding_sentence_is_healthy_and_replays_bitwise": "test_a_sparse_graph_handed_to_the_step_as_its_batch_replays_bitwise",
     "tests/realistic/test_upstream_classes.py::test_a_siamese_pair_holding_a_nan_image_is_blamed_on_the_data_when_bce_raises": "tests/unit/test_trace_verdict.py",

@@ -33,6 +33,7 @@ from ..capture.loader import check_drawn, draw, kept_rng
 from ..capture.numerics import apply_numerics, current_env, differences
 from ..capture.objects import RunObjects, StepCall, apply_layout, run_params
 from ..capture.probe import GradProbe
+from ..capture.remake import remake
 from ..capture.rng import restore_rng
 from ..capture.sharded import rebind_optimizer
 from ..capture.tensors import from_leaves, leaf_finite
@@ -56,6 +57,11 @@ __all__ = ["Engine"]
 
 _CHECKPOINTS = 2  # in-memory states kept (the culprit's, and one spare): bounded memory
 _RECORDS = 4  # step records cached (a re-run of the culprit reads its record again)
+_LOOK_BACK = 2048  # step records read back (manifests) for a change of step function
+
+
+def _code_of(fn: Any) -> Any:
+    return getattr(getattr(fn, "__func__", fn), "__code__", None)
 
 
 def _num(x: Any) -> float | None:
@@ -170,6 +176,10 @@ class Engine(ObservedCalls):
         self._classes = OwnClasses(files, log)
         self.step_fn = step_fn
         self.call = StepCall(step_fn, self.objs)
+        # where the run handed its step another function (format.md: step_fn): the latest
+        # such step at or before each step, and the call made again for it (_call_at)
+        self._changes: dict[int, int | None] = {}
+        self._made: tuple[int | None, StepCall] = (None, self.call)
         self._modules = [m for _, m in self.objs.model.named_modules()]
         self._run_params = run_params(self.objs, self.objs.model)
         recorded_modules = rec.run_meta.model.modules
@@ -244,6 +254,7 @@ class Engine(ObservedCalls):
         module ``build_fn`` made (what the recorder kept)."""
         self.wrapper = wrapper
         self.call = self.call.with_objects(model=wrapper)
+        self._made = (None, self.call)
 
     def shard_model(self, shard: Callable[[torch.nn.Module], None]) -> None:
         """Shard :attr:`model` in place with ``shard`` (FSDP2's ``fully_shard``, as the recorded
@@ -375,7 +386,7 @@ class Engine(ObservedCalls):
         )
         for name, value in values.items():
             why = is_unrecorded(value)
-            if why is not None and self.call.takes(name):
+            if why is not None and self._call_at(t).takes(name):
                 raise ReplayError(
                     f"step {t}: the per-step value {name!r} the step function takes was not "
                     f"recorded ({why}, beyond replay.capture.bounded.VALUE_LIMITS): pass a "
@@ -394,7 +405,8 @@ class Engine(ObservedCalls):
             if wrapper is not None and model is self.objs.model:
                 model = wrapper  # (a multi-rank replay: the step gets the DDP wrapper)
             with self._calling("call", (int(t),)), self._around(t):
-                return self.call.with_objects(model=model, optimizer=optimizer)(batch, values)
+                call = self._call_at(t).with_objects(model=model, optimizer=optimizer)
+                return call(batch, values)
 
         return run
 
@@ -564,6 +576,54 @@ class Engine(ObservedCalls):
         with self._calling("invalidate", ()):
             self._pos = None
 
+    # -- the step function of a step ---------------------------------------------------------
+
+    def _call_at(self, t: int) -> StepCall:
+        """How step ``t`` is called: with the program's first step function, or with the one
+        the run changed to at or before ``t``, made again as its record says
+        (``capture/remake.py``); where it cannot be, with the first (verify names the step
+        whose function changed as why it differs)."""
+        c = self._change_at(t)
+        if c == self._made[0]:
+            return self._made[1]
+        call = self.call
+        if c is not None:
+            spec = self.record(c).get("step_fn") or {}
+            how = spec.get("remake") if isinstance(spec, dict) else None
+            fn = None
+            if isinstance(how, dict):
+                fn = remake(self.step_fn, from_leaves(how, self._leaf_device), self.objs.named)
+            if fn is not None and _code_of(fn) is _code_of(self.step_fn):
+                call = self.call.with_step(fn)
+            elif fn is not None:
+                call = StepCall(fn, self.objs)
+                if self.wrapper is not None:
+                    call = call.with_objects(model=self.wrapper)
+        self._made = (c, call)
+        return call
+
+    def _change_at(self, t: int) -> int | None:
+        """The latest step at or before ``t`` whose record says the run handed it another step
+        function (``None``: none, the first's), reading back at most ``_LOOK_BACK`` steps."""
+        if t in self._changes:
+            return self._changes[t]
+        if isinstance(self.record(t).get("step_fn"), dict):
+            c: int | None = t
+        elif t - 1 in self._changes:
+            c = self._changes[t - 1]
+        else:
+            c = None
+            for s in range(t - 1, max(self.window.first, t - _LOOK_BACK) - 1, -1):
+                try:
+                    found = self.rec.read_step_entries(s, ("step_fn",)).get("step_fn")
+                except (KeyError, RecordingError):
+                    break
+                if isinstance(found, dict):
+                    c = s
+                    break
+        self._changes[t] = c
+        return c
+
     # -- a step ------------------------------------------------------------------------------
 
     def run_step(self, t: int, batch: Any = None) -> StepOutcome:
@@ -598,7 +658,7 @@ class Engine(ObservedCalls):
         self._watch.begin()
         try:
             with self._around(t):
-                ret = self.call(b, values)
+                ret = self._call_at(t)(b, values)
         except Exception as e:  # noqa: BLE001 - the step's own failure is a result, not a replay failure
             self._probe.end(measure=False)
             self._watch.end(measure=False)

@@ -25,6 +25,7 @@ import torch
 
 from ..capture.installed import installed
 from ..capture.objects import RunObjects, StepCall
+from ..capture.remake import remake_spec
 from ..errors import EntryPointError, warn_at_user_line
 
 __all__ = ["describe_entry", "describe_program", "describe_step", "read_source", "StepFunction"]
@@ -223,11 +224,31 @@ class StepFunction:
 
     def __init__(self, fn: Callable[..., Any] | None, objects: RunObjects) -> None:
         self.fn, self.call = fn, StepCall(fn, objects) if fn is not None else None
+        self.first = fn  # the program's first: the one a replay by re-entry is handed
         self._code, self._said = _code_of(fn), False  # the first step function's code
         self._said_capture = False
         # the step function of step t, where it is not the one the step before was handed
         # (step record's ``step_fn``: what verify names when that step does not replay)
         self.changed: dict[str, Any] | None = None
+        # the last change, with the step it was made at: repeated in the record of each step a
+        # snapshot is taken before, so that a replay from any snapshot knows the function
+        self.in_effect: dict[str, Any] | None = None
+
+    def _note(
+        self, fn: Callable[..., Any], over: str | None, objects: RunObjects, t: int, reentry: bool
+    ) -> bool:
+        """The step record's ``step_fn``: what changed, and how a replay makes it again
+        (``capture/remake.py``) where it can; whether it can (a replay by re-entry: one from
+        ``build_fn`` is handed the entry's function, which no record changes)."""
+        self.changed = {"qualname": _qualname(fn), "over": over}
+        try:
+            spec = remake_spec(self.first, fn, objects.named) if reentry else None
+        except Exception:  # noqa: BLE001 - a step function it cannot describe stays changed
+            spec = None
+        if spec is not None:
+            self.changed["remake"] = spec
+        self.in_effect = {**self.changed, "since": t}
+        return spec is not None
 
     def use(
         self, fn: Callable[..., Any], objects: RunObjects, entry: dict[str, Any], t: int
@@ -235,12 +256,13 @@ class StepFunction:
         """``fn`` was handed to step ``t``. The first one is described in ``entry`` (then
         ``True``: the recorder names the state it reaches). Every step handed another function
         than the step before, or the same code over other objects, is noted in ``changed``
-        (for its record); another function than the first is said once, and so, once, is the
-        same function over other objects or values than the step before."""
+        (for its record, with how a replay makes it again: ``capture/remake.py``); one a
+        replay cannot make again is said once: another function than the first, and the same
+        function over other objects or values than the step before."""
         code = _code_of(fn)
         before, self.fn = self.fn, fn
         if self.call is None:
-            self.call, self._code = StepCall(fn, objects), code
+            self.call, self._code, self.first = StepCall(fn, objects), code, fn
             if "build_fn" not in entry:
                 entry["step_fn"] = describe_step(fn)
             return True
@@ -248,9 +270,10 @@ class StepFunction:
             self.call = self.call.with_step(fn)
         else:
             self.call = StepCall(fn, objects)  # (a step that takes no batch: EntryPointError)
+        reentry = "build_fn" not in entry
         if _code_of(before) is not code:
-            self.changed = {"qualname": _qualname(fn), "over": None}
-            if code is not self._code and not self._said:
+            remade = self._note(fn, None, objects, t, reentry)
+            if code is not self._code and not self._said and not remade:
                 self._said = True
                 first = entry.get("step_fn", {}).get("qualname", "the first")
                 warn_at_user_line(
@@ -262,8 +285,7 @@ class StepFunction:
         name = changed_capture(before, fn)
         if name is None:
             return False
-        self.changed = {"qualname": _qualname(fn), "over": name}
-        if not self._said_capture:
+        if not self._note(fn, name, objects, t, reentry) and not self._said_capture:
             self._said_capture = True
             warn_at_user_line(
                 f"replay: step {t} was handed {_qualname(fn)} over another {name} than the step "
@@ -273,4 +295,3 @@ class StepFunction:
                 "its closure",
             )
         return False
-

@@ -466,7 +466,11 @@ class Recorder:
             self._capture.ranks.before_step()
         cap = self._ready()
         changed, steps.changed = steps.changed, None
-        p = cap.begin(self.next_step, batch, values, changed) if cap is not None else None
+        p = (
+            cap.begin(self.next_step, batch, values, changed, steps.in_effect)
+            if cap is not None
+            else None
+        )
         if p is None or cap is None:
             return self._unrecorded_step(batch, values)
         try:

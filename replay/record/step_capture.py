@@ -135,11 +135,17 @@ class StepCapture:
             self.probe.watch(now)
 
     def begin(
-        self, t: int, batch: Any, values: dict[str, Any], step_fn: dict[str, Any] | None = None
+        self,
+        t: int,
+        batch: Any,
+        values: dict[str, Any],
+        step_fn: dict[str, Any] | None = None,
+        in_effect: dict[str, Any] | None = None,
     ) -> PendingStep | None:
         """Step ``t`` of ``Recorder.step`` is about to run: captured, its probes begun;
         ``None`` when capturing failed (recording stopped: the step runs unrecorded).
-        ``step_fn``: the step was handed another step function than the step before's."""
+        ``step_fn``: the step was handed another step function than the step before's;
+        ``in_effect``: the last such change, recorded again where a snapshot is taken."""
         try:
             kept = self.bounded(values) if values else values  # what the record holds
             ref = self.refs.reference(batch) if self.refs is not None else None
@@ -147,8 +153,9 @@ class StepCapture:
                 self.snapshots.step_hint = (tree_nbytes(batch) if ref is None else 0) + (
                     tree_nbytes(kept)
                 )
+            due = self.snapshots.due(t)
             p = self.before(t, values.get("lr"))
-            p.step_fn = step_fn
+            p.step_fn = step_fn if step_fn is not None else in_effect if due else None
             self.transport.capture(p, None if ref else batch, kept, ref, self.hparams.others)
         except Exception as e:  # noqa: BLE001 - the recorder must never take training down
             self.give_up("capturing the step", e)

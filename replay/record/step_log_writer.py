@@ -179,7 +179,7 @@ class StepLogWriter:
             record["object_hparams"], more = self._object_hparams.take(object_hparams)
             hp_text += more
         if step_fn is not None:  # another step function than the step before's
-            record["step_fn"] = step_fn
+            record["step_fn"] = host_leaves(step_fn)  # (its tensors: in host memory)
         # The step number changes every step and nothing else in the layout usually does.
         parts, mlen = self._packer.pack(record, (f'{{"t":"int","v":{int(step)}}}', *hp_text))
         ncols = self._ncols

@@ -118,7 +118,7 @@ class Transport:
         p.job = job = StepJob(p.t, p.rng, batch, p.hparams, p.modes, p.health, batch_ref=batch_ref)
         job.values = copy_tree(values, stats=copied) if values and not direct else None
         job.trainable, job.object_hparams = p.trainable, object_hparams
-        job.step_fn = p.step_fn
+        job.step_fn = copy_tree(p.step_fn) if p.step_fn and not direct else None
         if self._cuda_built and copied.cuda:
             # after the batch's copies from the device: the step goes to the writer thread
             # once this event (and its health's, ``inflight.py``) says they are done

@@ -361,7 +361,7 @@ class BackgroundWriter:
             if job.object_hparams is not None and job.record is None:
                 record["object_hparams"] = to_leaves(job.object_hparams)
             if job.step_fn is not None and job.record is None:
-                record["step_fn"] = job.step_fn
+                record["step_fn"] = to_leaves(job.step_fn)
             payload, mlen = pack_parts(record)
             steps.append(StepFrame(job.step, payload, mlen))
             health.append(HealthFrame(job.step, health_row(job.health, self._watched)))

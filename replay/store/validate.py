@@ -724,6 +724,8 @@ def check_record(rec: object, ring: str, step: int, where: str) -> None:
             isinstance(fn, dict)
             and isinstance(fn.get("qualname"), str)
             and isinstance(fn.get("over"), (str, type(None)))
+            and isinstance(fn.get("since", 0), int)
+            and isinstance(fn.get("remake", {}), dict)
         ):
             raise _BAD(f"{w}: step_fn is not {{qualname, over}}")
     else:

@@ -308,8 +308,9 @@ def _step_fn_changed(engine: Engine, t: int) -> tuple[int, dict[str, Any]] | Non
             fn = engine.rec.read_step_entries(s, ("step_fn",)).get("step_fn")
         except (KeyError, RecordingError):
             return None
-        if isinstance(fn, dict):
-            return s, fn
+        if isinstance(fn, dict):  # (a snapshot step repeats the change made at "since")
+            since = fn.get("since")
+            return (since if isinstance(since, int) else s), fn
     return None
 
 

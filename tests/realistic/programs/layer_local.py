@@ -11,9 +11,10 @@ network and every layer and optimizer among its objects; the body of the layer's
 a step handed over with ``replay.step(i, step)`` (the epoch number; the data in the closure).
 
 A healthy run: no NaN anywhere. ``replay info`` and ``replay bisect`` must say so (a network
-that holds no parameters is no non-finite one).
+that holds no parameters is no non-finite one), and every step replays bitwise, layer 1's too
+(their closure, over layer 1 and layer 0's outputs, is made again from the records).
 
-    python layer_local.py [--epochs 12] [--train-size 200]
+    python layer_local.py [--epochs 12] [--train-size 200] [--snapshot-every 50]
 """
 
 import argparse
@@ -96,6 +97,7 @@ def main():
     p.add_argument("--lr", type=float, default=0.03)
     p.add_argument("--threshold", type=float, default=2.0)
     p.add_argument("--train-size", type=int, default=200)
+    p.add_argument("--snapshot-every", type=int, default=50)
     args = p.parse_args()
     torch.manual_seed(1)
     g = torch.Generator().manual_seed(0)
@@ -106,7 +108,7 @@ def main():
     objects = {"model": net}
     for i, layer in enumerate(net.layers):
         objects[f"layer{i}"], objects[f"opt{i}"] = layer, layer.opt
-    replay.Recorder("run.h5", objects=objects)
+    replay.Recorder("run.h5", objects=objects, snapshot_every=args.snapshot_every)
     net.train(x_pos, x_neg)
     print("train error:", 1.0 - net.predict(x).eq(y).float().mean().item())
 
