@@ -1,4 +1,4 @@
-"""Which tests prove a claim once (`make test`, 10-12 minutes on 2 cores from a fresh clone)
+"""Which tests prove a claim once (`make test`, about 9 minutes on 2 cores from a fresh clone)
 and which repeat it over a matrix (`make test-all`, which CI runs too).
 
 `make test` runs one case of every claim: one rank count, one framework of each kind, one
