@@ -26,12 +26,14 @@ import torch
 
 from .bounded import value_excess
 
-__all__ = ["remake_spec", "remake"]
+__all__ = ["remake_spec", "remake", "code_of"]
 
 _PLAIN = (int, float, bool, str, type(None))
 
 
-def _code(fn: Any) -> types.CodeType | None:
+def code_of(fn: Any) -> types.CodeType | None:
+    """The code object that makes ``fn`` the step it is: a closure made again each epoch has
+    the same one (``None`` for a callable without one: a partial, an object with __call__)."""
     fn = fn.__func__ if isinstance(fn, types.MethodType) else fn
     return fn.__code__ if isinstance(fn, types.FunctionType) else None
 

@@ -33,7 +33,7 @@ from ..capture.loader import check_drawn, draw, kept_rng
 from ..capture.numerics import apply_numerics, current_env, differences
 from ..capture.objects import RunObjects, StepCall, apply_layout, run_params
 from ..capture.probe import GradProbe
-from ..capture.remake import remake
+from ..capture.remake import code_of, remake
 from ..capture.rng import restore_rng
 from ..capture.sharded import rebind_optimizer
 from ..capture.tensors import from_leaves, leaf_finite
@@ -58,10 +58,6 @@ __all__ = ["Engine"]
 _CHECKPOINTS = 2  # in-memory states kept (the culprit's, and one spare): bounded memory
 _RECORDS = 4  # step records cached (a re-run of the culprit reads its record again)
 _LOOK_BACK = 2048  # step records read back (manifests) for a change of step function
-
-
-def _code_of(fn: Any) -> Any:
-    return getattr(getattr(fn, "__func__", fn), "__code__", None)
 
 
 def _num(x: Any) -> float | None:
@@ -593,7 +589,7 @@ class Engine(ObservedCalls):
             fn = None
             if isinstance(how, dict):
                 fn = remake(self.step_fn, from_leaves(how, self._leaf_device), self.objs.named)
-            if fn is not None and _code_of(fn) is _code_of(self.step_fn):
+            if fn is not None and code_of(fn) is code_of(self.step_fn):
                 call = self.call.with_step(fn)
             elif fn is not None:
                 call = StepCall(fn, self.objs)

@@ -25,7 +25,7 @@ import torch
 
 from ..capture.installed import installed
 from ..capture.objects import RunObjects, StepCall
-from ..capture.remake import remake_spec
+from ..capture.remake import code_of, remake_spec
 from ..errors import EntryPointError, warn_at_user_line
 
 __all__ = ["describe_entry", "describe_program", "describe_step", "read_source", "StepFunction"]
@@ -154,14 +154,6 @@ def started_by_multiprocessing() -> str | None:
     )
 
 
-def _code_of(fn: Callable[..., Any] | None) -> Any:
-    """The code object that makes ``fn`` the step it is: a closure made again each epoch has
-    the same one (``None`` for a callable without one: a partial, an object with __call__)."""
-    if isinstance(fn, types.MethodType):
-        fn = fn.__func__
-    return fn.__code__ if isinstance(fn, types.FunctionType) else None
-
-
 def _torch_state(x: Any) -> bool:
     """What a step computes with: a tensor, a module, an optimizer (a dict of meters it only
     appends to, a timer, a counter for its logs: not looked at)."""
@@ -225,7 +217,7 @@ class StepFunction:
     def __init__(self, fn: Callable[..., Any] | None, objects: RunObjects) -> None:
         self.fn, self.call = fn, StepCall(fn, objects) if fn is not None else None
         self.first = fn  # the program's first: the one a replay by re-entry is handed
-        self._code, self._said = _code_of(fn), False  # the first step function's code
+        self._code, self._said = code_of(fn), False  # the first step function's code
         self._said_capture = False
         # the step function of step t, where it is not the one the step before was handed
         # (step record's ``step_fn``: what verify names when that step does not replay)
@@ -259,7 +251,7 @@ class StepFunction:
         (for its record, with how a replay makes it again: ``capture/remake.py``); one a
         replay cannot make again is said once: another function than the first, and the same
         function over other objects or values than the step before."""
-        code = _code_of(fn)
+        code = code_of(fn)
         before, self.fn = self.fn, fn
         if self.call is None:
             self.call, self._code, self.first = StepCall(fn, objects), code, fn
@@ -271,7 +263,7 @@ class StepFunction:
         else:
             self.call = StepCall(fn, objects)  # (a step that takes no batch: EntryPointError)
         reentry = "build_fn" not in entry
-        if _code_of(before) is not code:
+        if code_of(before) is not code:
             remade = self._note(fn, None, objects, t, reentry)
             if code is not self._code and not self._said and not remade:
                 self._said = True
