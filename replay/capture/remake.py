@@ -72,8 +72,9 @@ def _object(named: dict[str, Any], name: str) -> Any:
 
 def remake_spec(first: Any, fn: Any, named: dict[str, Any]) -> dict[str, Any] | None:
     """What a replay needs to make ``fn`` again from the program's ``first`` step function and
-    the run objects ``named``; ``None`` when it cannot."""
-    names = _names(named)
+    the run objects ``named``; ``None`` when it cannot. On the training thread, at each change
+    (a loop alternating two functions: every step), so the objects' modules are walked only
+    when a cell differs."""
     if isinstance(fn, types.MethodType) or isinstance(first, types.MethodType):
         return None
     if not isinstance(fn, types.FunctionType) or not isinstance(first, types.FunctionType):
@@ -85,6 +86,7 @@ def remake_spec(first: Any, fn: Any, named: dict[str, Any]) -> dict[str, Any] | 
             return None
         return {"function": fn.__qualname__}
     cells: dict[str, Any] = {}
+    names: dict[int, str] | None = None
     for name, a, b in zip(fn.__code__.co_freevars, first.__closure__ or (), fn.__closure__ or ()):
         try:
             x, y = a.cell_contents, b.cell_contents
@@ -92,6 +94,7 @@ def remake_spec(first: Any, fn: Any, named: dict[str, Any]) -> dict[str, Any] | 
             return None
         if x is y:
             continue
+        names = _names(named) if names is None else names
         kept = _cell_value(y, names)
         if kept is None:
             return None
