@@ -598,6 +598,20 @@ class Engine(ObservedCalls):
         self._made = (c, call)
         return call
 
+    def unmade_step_fn(self, t: int) -> tuple[int, dict[str, Any]] | None:
+        """``(c, its record's step_fn)`` when step ``t`` runs with the program's first step
+        function though the run changed it at step ``c <= t`` and it could not be made again
+        (why.py names it as the cause); ``None`` otherwise. A snapshot step repeating the
+        change names the step it was made at (``since``)."""
+        c = self._change_at(t)
+        if c is None or self._call_at(t) is not self.call:
+            return None
+        fn = self.rec.read_step_entries(c, ("step_fn",)).get("step_fn")
+        if not isinstance(fn, dict):
+            return None
+        since = fn.get("since")
+        return (since if isinstance(since, int) else c), fn
+
     def _change_at(self, t: int) -> int | None:
         """The latest step at or before ``t`` whose record says the run handed it another step
         function (``None``: none, the first's), reading back at most ``_LOOK_BACK`` steps."""

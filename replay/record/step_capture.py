@@ -153,9 +153,10 @@ class StepCapture:
                 self.snapshots.step_hint = (tree_nbytes(batch) if ref is None else 0) + (
                     tree_nbytes(kept)
                 )
-            due = self.snapshots.due(t)
+            if step_fn is None and in_effect is not None and self.snapshots.due(t):
+                step_fn = in_effect  # (looked at only once the function changed)
             p = self.before(t, values.get("lr"))
-            p.step_fn = step_fn if step_fn is not None else in_effect if due else None
+            p.step_fn = step_fn
             self.transport.capture(p, None if ref else batch, kept, ref, self.hparams.others)
         except Exception as e:  # noqa: BLE001 - the recorder must never take training down
             self.give_up("capturing the step", e)

@@ -36,7 +36,6 @@ from ..capture.tensors import from_leaves
 from ..engine import Engine
 from ..engine.entry import source_changed
 from ..engine.state import _int_keys
-from ..errors import RecordingError
 from ..reports import Divergence, DivergenceCause, ExceptionInfo, StateDrift
 
 __all__ = ["explain_divergence", "state_diff"]
@@ -57,7 +56,6 @@ HINT_STEP_FN = (
 )
 
 _NAMES = 5  # names listed per drifted object
-_LOOK_BACK = 2048  # step records read back for a change of step function (manifests only)
 
 
 def _max_diff(a: Any, b: Any) -> float | None:
@@ -176,10 +174,11 @@ def _explain(
     t = divergence.step
     changed = _changed_sources(engine)
     out = DivergenceCause(step=t, changed_files=changed)
-    handed = _step_fn_changed(engine, t)
+    handed = engine.unmade_step_fn(t)
     if handed is not None:
         # Not state, nor numerics: the program handed its step another function (or the same
-        # one over other objects) at step c, and a replay runs the first one it is handed.
+        # one over other objects) at step c that a replay could not make again, and ran the
+        # first one it is handed.
         c, fn = handed
         what = f"over another {fn['over']}" if fn.get("over") else "another step function"
         out.kind = "outside_state"
@@ -294,24 +293,6 @@ def _explain(
     out.kind, out.summary, out.hint = "outside_state", summary, HINT_OUTSIDE
     _name_suspects(engine, t, out, memories=True)
     return out
-
-
-def _step_fn_changed(engine: Engine, t: int) -> tuple[int, dict[str, Any]] | None:
-    """The latest step ``c <= t`` (of the window, at most ``_LOOK_BACK`` back) whose record
-    says it was handed another step function than the step before, or the same code over
-    other objects (format.md: ``step_fn``), with what it says. From ``c`` on the run ran
-    another function than the one a replay runs (the program's first), so step ``t`` does not
-    replay; the recorder keeps a change only where the objects differ, so one that made no
-    difference is rare."""
-    for s in range(t, max(engine.window.first, t - _LOOK_BACK) - 1, -1):
-        try:
-            fn = engine.rec.read_step_entries(s, ("step_fn",)).get("step_fn")
-        except (KeyError, RecordingError):
-            return None
-        if isinstance(fn, dict):  # (a snapshot step repeats the change made at "since")
-            since = fn.get("since")
-            return (since if isinstance(since, int) else s), fn
-    return None
 
 
 def _name_suspects(engine: Engine, t: int, out: DivergenceCause, memories: bool = False) -> None:
