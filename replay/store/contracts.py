@@ -310,15 +310,14 @@ class RunMeta:
         def named(c: str | None) -> dict[str, str] | None:
             return {"class": c} if c is not None else None
 
-        extra: dict[str, Any] = {"build_kwargs": self.build_kwargs} if self.build_kwargs else {}
-        if self.not_replayable is not None:
-            extra["not_replayable"] = self.not_replayable
-        if self.program is not None:
-            extra["program"] = self.program
+        def given(**parts: Any) -> dict[str, Any]:  # the keys written only when set
+            return {k: v for k, v in parts.items() if v is not None}
+
         return {
             "config": dict(self.config),
             "entry": self.entry,
-            **extra,
+            **given(build_kwargs=self.build_kwargs or None),
+            **given(not_replayable=self.not_replayable, program=self.program),
             "env": self.env,
             "model": self.model.to_json(),
             "optimizer": named(self.optimizer),
@@ -326,8 +325,7 @@ class RunMeta:
             "scheduler": named(self.scheduler),
             "scaler": named(self.scaler),
             "distributed": self.distributed,
-            **({"reach": self.reach} if self.reach is not None else {}),
-            **({"signature": self.signature} if self.signature is not None else {}),
+            **given(reach=self.reach, signature=self.signature),
         }
 
     @classmethod

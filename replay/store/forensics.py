@@ -117,8 +117,7 @@ class NotAForensicsFile(RecordingError, ValueError):
 
 def _group(parent: h5py.Group, name: str, encoding: str) -> h5py.Group:
     g = parent.create_group(name)
-    g.attrs["encoding-type"] = encoding
-    g.attrs["encoding-version"] = 1
+    g.attrs["encoding-type"], g.attrs["encoding-version"] = encoding, 1
     return g
 
 
@@ -255,7 +254,6 @@ class ForensicsReader:
         self.path = path
         self._strings: dict[str, list[str]] = {}
         self._stacks: list[list[int]] = []
-        self._json: dict[str, Any] = {}
         self._absent: set[str] = set()  # optional /ops columns an older sidecar lacks
 
     @classmethod
@@ -272,6 +270,7 @@ class ForensicsReader:
                 f"{path} is not an HDF5 file ({str(e).splitlines()[0]}); a forensics sidecar is "
                 "written by `replay bisect` or `replay trace` as RUN.forensics.h5"
             ) from None
+        opened = False
         try:
             fmt = V.attr_str(f, "format", path, required=False)
             if fmt != FORMAT:
@@ -287,19 +286,17 @@ class ForensicsReader:
                 )
             reader = cls(f, path)
             reader._validate()
+            opened = True
         except NotAForensicsFile:
-            f.close()
             raise
         except RecordingError as e:
-            f.close()
             raise NotAForensicsFile(str(e)) from None
         except V.H5_ERRORS as e:  # the HDF5 library failed on damaged metadata
-            f.close()
             why = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise NotAForensicsFile(f"{path}: damaged forensics sidecar ({why})") from None
-        except BaseException:
-            f.close()
-            raise
+        finally:
+            if not opened:  # whatever failed, the file is not left open
+                f.close()
         return reader
 
     # -- validation ---------------------------------------------------------------------------
@@ -332,10 +329,12 @@ class ForensicsReader:
             n = ds.shape[0]
         return int(n or 0)
 
-    def _index_range(self, column: np.ndarray, lo: int, hi: int, what: str) -> None:
+    def _index_range(self, name: str, lo: int, hi: int, rows: Any = ()) -> None:
+        """The indices in ``rows`` of column ``name`` lie in ``lo..hi - 1``."""
+        column = self._f[name][rows]
         if column.size and (int(column.min()) < lo or int(column.max()) >= hi):
             raise self._bad(
-                f"{what} holds {int(column.min())}..{int(column.max())}, not {lo}..{hi - 1}"
+                f"/{name} holds {int(column.min())}..{int(column.max())}, not {lo}..{hi - 1}"
             )
 
     def _json_blob(self, name: str, path: str) -> Any:
@@ -349,8 +348,8 @@ class ForensicsReader:
     def _validate(self) -> None:
         f, path = self._f, self.path
         self._json_total = 0
-        self._run_id = V.attr_str(f, "run_id", path) or ""
-        self._step = V.attr_int(f, "step", path, lo=0, hi=V.MAX_STEP)
+        self.run_id = V.attr_str(f, "run_id", path) or ""
+        self.step = V.attr_int(f, "step", path, lo=0, hi=V.MAX_STEP)
         for name in STRING_TABLES:
             table = self._json_blob(f"strings/{name}", path)
             if not isinstance(table, list) or not all(isinstance(x, str) for x in table):
@@ -367,7 +366,7 @@ class ForensicsReader:
         stats_columns = V.attr_json(V.resolve(f, "ops", path), "stats_columns", path)
         if stats_columns != list(STATS_COLUMNS):
             raise self._bad("/ops stats_columns is not the list of statistics")
-        self._n_ops = n_ops = self._columns(
+        self.n_ops = n_ops = self._columns(
             "ops", OPS_COLUMNS, V.LIMITS["ops_rows"], OPTIONAL_OPS_COLUMNS
         )
         refs = {
@@ -379,24 +378,20 @@ class ForensicsReader:
             "inputs": "shapes",
             "outputs": "shapes",
         }
+        bounds = {col: (-1, len(self._strings[table])) for col, table in refs.items()}
+        bounds.update(phase=(0, len(PHASES)), status=(0, len(STATUSES)))
+        if "closure" not in self._absent:
+            bounds["closure"] = (-1, 1 << 30)
         step = 1 << 20  # rows at a time: the check's memory stays small for any table
         for a in range(0, n_ops, step):
-            for col, table in refs.items():
-                self._index_range(
-                    f[f"ops/{col}"][a : a + step], -1, len(self._strings[table]), f"/ops/{col}"
-                )
-            self._index_range(f["ops/phase"][a : a + step], 0, len(PHASES), "/ops/phase")
-            self._index_range(f["ops/status"][a : a + step], 0, len(STATUSES), "/ops/status")
-            if "closure" not in self._absent:
-                self._index_range(f["ops/closure"][a : a + step], -1, 1 << 30, "/ops/closure")
+            for col, (lo, hi) in bounds.items():
+                self._index_range(f"ops/{col}", lo, hi, np.s_[a : a + step])
         n_mod = self._columns("modules", MODULE_COLUMNS, V.LIMITS["table_rows"])
-        self._index_range(f["modules/name"][()], -1, len(self._strings["modules"]), "/modules/name")
-        self._index_range(
-            f["modules/kind"][()], -1, len(self._strings["module_kinds"]), "/modules/kind"
-        )
-        self._index_range(f["modules/parent"][()], -1, n_mod, "/modules/parent")
+        self._index_range("modules/name", -1, len(self._strings["modules"]))
+        self._index_range("modules/kind", -1, len(self._strings["module_kinds"]))
+        self._index_range("modules/parent", -1, n_mod)
         self._columns("params", PARAM_COLUMNS, V.LIMITS["table_rows"])
-        self._index_range(f["params/name"][()], -1, len(self._strings["params"]), "/params/name")
+        self._index_range("params/name", -1, len(self._strings["params"]))
         mem = V.resolve(f, "memory", path)
         self._peak_bytes = V.attr_int(mem, "peak_bytes", path, lo=-1, hi=2**62)
         self._peak_op = V.attr_int(mem, "peak_op", path, lo=-1, hi=max(n_ops - 1, -1))
@@ -413,8 +408,8 @@ class ForensicsReader:
             for x in largest
         ):
             raise self._bad("/memory/largest is not a list of {bytes, shape, dtype, op_index, op}")
-        self._json["largest"] = largest
-        self._json["verdict"] = self._check_verdict(self._json_blob("verdict/json", path))
+        self._largest: list[dict[str, Any]] = largest
+        self.verdict: dict[str, Any] = self._check_verdict(self._json_blob("verdict/json", path))
         sources = self._json_blob("sources/json", path)
         if not isinstance(sources, dict) or not all(
             isinstance(e, dict)
@@ -426,18 +421,18 @@ class ForensicsReader:
             for e in sources.values()
         ):
             raise self._bad("/sources/json is not {path: {'lines': {number: text}}}")
-        self._json["sources"] = sources
+        self._sources: dict[str, Any] = sources
         batch = self._json_blob("batch/json", path)
         if not isinstance(batch, dict) or not isinstance(batch.get("leaves", []), list):
             raise self._bad("/batch/json is not an object with a list of leaves")
-        self._json["batch"] = batch
+        self._batch: dict[str, Any] = batch
 
     def _check_verdict(self, v: Any) -> dict[str, Any]:
         if not isinstance(v, dict):
             raise self._bad("/verdict/json is not an object")
 
         idx = v.get("op_index")
-        if idx is not None and not (V.is_int(idx) and 0 <= idx < self._n_ops):
+        if idx is not None and not (V.is_int(idx) and 0 <= idx < self.n_ops):
             raise self._bad(f"the verdict's op_index {str(idx)[:20]} is not a row of /ops")
         step = v.get("step")
         if step is not None and not (V.is_int(step) and 0 <= step <= V.MAX_STEP):
@@ -485,27 +480,6 @@ class ForensicsReader:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    @property
-    def run_id(self) -> str:
-        return self._run_id
-
-    @property
-    def step(self) -> int:
-        return self._step
-
-    @property
-    def verdict(self) -> dict[str, Any]:
-        out: dict[str, Any] = self._json["verdict"]
-        return out
-
-    @property
-    def n_ops(self) -> int:
-        return self._n_ops
-
-    @property
-    def stats_columns(self) -> list[str]:
-        return list(STATS_COLUMNS)
-
     def strings(self, name: str) -> list[str]:
         return self._strings[name]
 
@@ -543,15 +517,11 @@ class ForensicsReader:
     ) -> list[dict[str, Any]]:
         g = self._f[group]
         cols = {k: g[k][()] for k in spec}  # lengths and indices checked in open()
-        n = len(cols["name"])
         out = []
-        for i in range(n):
-            row: dict[str, Any] = {}
-            for k in spec:
-                v = cols[k][i].item()
-                if k in string_cols:
-                    v = self.strings(string_cols[k])[v] if v >= 0 else None
-                row[k] = v
+        for i in range(len(cols["name"])):
+            row: dict[str, Any] = {k: cols[k][i].item() for k in spec}
+            for k, table in string_cols.items():
+                row[k] = self.strings(table)[row[k]] if row[k] >= 0 else None
             out.append(row)
         return out
 
@@ -567,16 +537,14 @@ class ForensicsReader:
         return {
             "peak_bytes": self._peak_bytes,
             "peak_op": self._peak_op,
-            "largest": self._json["largest"],
+            "largest": self._largest,
         }  # the curve itself: ops_columns(a, b, ("mem_bytes",))
 
     def sources(self) -> dict[str, Any]:
-        out: dict[str, Any] = self._json["sources"]
-        return out
+        return self._sources
 
     def batch(self) -> dict[str, Any]:
-        out: dict[str, Any] = self._json["batch"]
-        return out
+        return self._batch
 
 
 def source_lines(kept: dict[str, Any], recorded: Mapping[str, str]) -> dict[str, dict[int, str]]:

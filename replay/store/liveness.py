@@ -89,16 +89,14 @@ def wait_for_drain(path: str, *, timeout: float, on_wait: object = None) -> bool
     """Wait while the writer of ``path`` drains after its training died. Returns ``False`` if it
     was still draining after ``timeout`` seconds. ``on_wait(state)`` is called once, first."""
     state = writer_state(path)
-    if state is None or not state.draining:
-        return True
-    if callable(on_wait):
+    if state is not None and state.draining and callable(on_wait):
         on_wait(state)
     deadline = time.monotonic() + timeout
     delay = 0.02
-    while time.monotonic() < deadline:
+    while state is not None and state.draining:
+        if time.monotonic() >= deadline:
+            return False
         time.sleep(delay)
         delay = min(delay * 2, 0.5)
         state = writer_state(path)
-        if state is None or not state.draining:
-            return True
-    return False
+    return True

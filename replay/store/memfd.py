@@ -21,12 +21,9 @@ def create_shared(
     (not Linux) or the memory cannot be had. The descriptor is inheritable on purpose (the
     writer process is given it). ``allocate``: its pages are allocated now, so that a write
     into it can never fail later (a shared page that cannot be allocated is a SIGBUS)."""
-    create = getattr(os, "memfd_create", None)
-    if create is None:
-        return None
     try:
-        fd = create(name, 0)
-    except OSError:
+        fd = os.memfd_create(name, 0)
+    except (AttributeError, OSError):  # (no os.memfd_create: not Linux)
         return None
     try:
         os.ftruncate(fd, size)

@@ -81,9 +81,7 @@ class Window:
     def from_snapshot(self, step: int) -> Window | None:
         """The part of this window from its oldest snapshot at or after ``step``, or ``None``."""
         later = [s for s in self.snapshots if s >= step]
-        if not later:
-            return None
-        return Window(min(later), self.last, tuple(later))
+        return Window(min(later), self.last, tuple(later)) if later else None
 
 
 def _check_signature(path: str, probe: bool = True) -> None:
@@ -339,7 +337,6 @@ class Recording:
         except BaseException:
             self.close()
             raise
-        self._sources: dict[str, str] | None = None
         # what pin() read of a live file, served from memory from then on
         self._pinned: dict[tuple[str, int], dict[str, Any]] = {}
         self._pinned_devices: dict[int, dict[str, str]] = {}
@@ -476,14 +473,12 @@ class Recording:
 
     # -- metadata ----------------------------------------------------------------------------
 
-    @property
+    @functools.cached_property
     def sources(self) -> dict[str, str]:
         """Source text of the entry points' files, as recorded (never read from disk)."""
-        if self._sources is None:
-            sources = self._blob("meta/sources")
-            V.check_sources(sources, self.path)
-            self._sources = sources
-        return self._sources
+        sources: dict[str, str] = self._blob("meta/sources")
+        V.check_sources(sources, self.path)
+        return sources
 
     @functools.cached_property
     def run_meta(self) -> RunMeta:
@@ -580,8 +575,7 @@ class Recording:
 
     def _payload(self, ring: str, slot: int, n: int) -> np.ndarray:
         V.check_payload_stored(self._ds(f"{ring}/arena"), n, self.file, f"{ring}/arena")
-        payload: np.ndarray = self._read(f"{ring}/arena", np.s_[slot, :n])
-        return payload
+        return cast("np.ndarray", self._read(f"{ring}/arena", np.s_[slot, :n]))
 
     def _manifest(self, ring: str, step: int, raw: bytes, arena_bytes: int) -> dict[str, Any]:
         where = f"{self.path}: /{ring} step {step}"
@@ -670,8 +664,7 @@ class Recording:
 
     def read_step(self, step: int) -> dict[str, Any]:
         """The record of ``step``: ``rng``, ``hparams``, ``modes``, ``batch``, ``exception``."""
-        pinned = self._pinned.get(("steps", step))
-        return pinned if pinned is not None else self._record("steps", step)
+        return self._pinned.get(("steps", step)) or self._record("steps", step)
 
     def read_step_entries(self, step: int, keys: tuple[str, ...]) -> dict[str, Any]:
         """Those entries of ``step``'s record that it has, decoded from its manifest alone
@@ -691,8 +684,7 @@ class Recording:
 
     def read_snapshot(self, step: int) -> dict[str, Any]:
         """State before ``step``: ``model``, ``optimizer``, ``scheduler``, ``scaler`` trees."""
-        pinned = self._pinned.get(("snapshots", step))
-        return pinned if pinned is not None else self._record("snapshots", step)
+        return self._pinned.get(("snapshots", step)) or self._record("snapshots", step)
 
     def pin(self, steps: int, start: int | None = None) -> Window | None:
         """Read the first ``steps`` steps of the replayable window, with the snapshots they
@@ -831,8 +823,7 @@ class Recording:
         r = self.meta.get("reach")
         if isinstance(r, dict):
             return dict(r)
-        config = self.meta.get("config") or {}
-        every = int(config.get("snapshot_every") or 1)
+        every = int(self.config.get("snapshot_every") or 1)
         slots = self._slots["snapshots"]
         return {
             "tiers": [[every, 0]],
@@ -857,9 +848,7 @@ class Recording:
         present = set(int(s) for s in steps) - set(self.damaged_steps())
         best: Window | None = None
         for s in snaps:
-            if s not in present:
-                continue
-            if best is not None and best.first <= s <= best.last:
+            if s not in present or (best is not None and s in best):
                 continue
             end = s
             while end + 1 in present:

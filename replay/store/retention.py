@@ -178,14 +178,11 @@ def plan(
 
 def describe_tiers(tiers: list[list[int]] | tuple[tuple[int, int], ...]) -> str:
     """``every 50 steps for the last 150, every 500 for the last 5,000, every 5,000 beyond``."""
-    parts = []
-    for i, (every, span) in enumerate(tiers):
-        unit = " steps" if i == 0 else ""
-        parts.append(
-            f"every {every:,}{unit} for the last {span:,}"
-            if span
-            else f"every {every:,}{unit} beyond"
-        )
+    parts = [
+        f"every {every:,}{' steps' if i == 0 else ''} "
+        + (f"for the last {span:,}" if span else "beyond")
+        for i, (every, span) in enumerate(tiers)
+    ]
     if len(parts) == 1:
         return parts[0].replace(" beyond", "")
     return ", ".join(parts)

@@ -19,7 +19,8 @@ __all__ = ["UnsafePath", "create_new", "open_lock", "refuse_non_regular", "repla
 
 # Every file the store creates beside a recording is made with these flags: a name someone
 # planted first (a symlink to a victim file, a device) is an error, never followed (issue 32).
-_NEW = os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+_NEW = os.O_CREAT | os.O_EXCL | _NOFOLLOW
 
 
 class UnsafePath(OSError):
@@ -27,17 +28,14 @@ class UnsafePath(OSError):
 
 
 def _kind(mode: int) -> str:
-    for test, name in (
-        (stat.S_ISLNK, "a symbolic link"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISSOCK, "a socket"),
-        (stat.S_ISDIR, "a directory"),
-    ):
-        if test(mode):
-            return name
-    return "not a regular file"
+    return {
+        stat.S_IFLNK: "a symbolic link",
+        stat.S_IFCHR: "a character device",
+        stat.S_IFBLK: "a block device",
+        stat.S_IFIFO: "a FIFO",
+        stat.S_IFSOCK: "a socket",
+        stat.S_IFDIR: "a directory",
+    }.get(stat.S_IFMT(mode), "not a regular file")
 
 
 def refuse_non_regular(path: str, what: str = "the recording path") -> None:
@@ -106,10 +104,7 @@ def open_lock(name: str) -> int:
     with contextlib.suppress(FileExistsError):
         return create_new(name)
     try:
-        fd = os.open(
-            name,
-            os.O_RDWR | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0),
-        )
+        fd = os.open(name, os.O_RDWR | os.O_NONBLOCK | _NOFOLLOW)
     except OSError as e:
         if e.errno == errno.ELOOP:
             raise UnsafePath(

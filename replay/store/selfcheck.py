@@ -178,9 +178,6 @@ def _checking(pid: int) -> bool:
 def _read(path: str) -> SelfCheck | None:
     try:
         fd = os.open(selfcheck_path(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return None
-    try:
         with os.fdopen(fd, "rb") as fh:
             if not os.path.isfile(selfcheck_path(path)):
                 return None

@@ -116,11 +116,9 @@ class StepLog:
         if start != self.head:
             self.data[self.head % self.size : self.head % self.size + 8].view(np.uint64)[0] = 0
         pos = start % self.size + _HEAD.size + 8 * ncols
-        data = self.data
         for p in parts:
-            end = pos + p.size
-            data[pos:end] = p
-            pos = end
+            self.data[pos : pos + p.size] = p
+            pos += p.size
         self._open = (start, step, slot, mlen, n, ncols)
         self.head = start
         return True
@@ -202,7 +200,6 @@ class StepLog:
     def close(self) -> None:
         """Close the descriptor (once: a second call must not close a number reused since)."""
         fd, self.fd = self.fd, -1
-        if fd < 0:
-            return
-        with contextlib.suppress(OSError):
-            os.close(fd)
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(fd)

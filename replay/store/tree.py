@@ -224,13 +224,9 @@ class _Encoder:
         if isinstance(obj, np.ndarray):
             if obj.dtype.hasobject:
                 return {"t": "opaque", "type": "numpy.ndarray[object]", "repr": repr(obj)[:200]}
-            d = self.leaf_array(obj)
-            d["t"] = "ndarray"
-            return d
+            return {**self.leaf_array(obj), "t": "ndarray"}
         if isinstance(obj, np.generic):
-            d = self.leaf_array(np.asarray(obj))
-            d["t"] = "npscalar"
-            return d
+            return {**self.leaf_array(np.asarray(obj)), "t": "npscalar"}
         if isinstance(obj, bool):
             return {"t": "bool", "v": obj}
         if isinstance(obj, int):
@@ -268,7 +264,7 @@ class _Encoder:
         if isinstance(obj, Opaque):
             return {"t": "opaque", "type": obj.type, "repr": obj.repr}
         if not isinstance(obj, ObjectRecord):
-            obj = record_of(obj, lambda v: v) or obj
+            obj = record_of(obj, _same) or obj
         if isinstance(obj, ObjectRecord):
             return {
                 "t": "object",
@@ -350,19 +346,16 @@ _NT_CACHE: dict[tuple[str, tuple[str, ...]], type] = {}
 
 def _namedtuple_type(name: str, fields: list[str], module: str, qualname: str) -> type:
     key = (f"{module}:{qualname}", tuple(fields))
-    cached = _NT_CACHE.get(key)
-    if cached is not None:
-        return cached
-    cls = collections.namedtuple(name if name.isidentifier() else "Record", fields, rename=True)  # type: ignore[misc]
-    _NT_CACHE[key] = cls
-    return cls
+    if key not in _NT_CACHE:
+        _NT_CACHE[key] = collections.namedtuple(
+            name if name.isidentifier() else "Record", fields, rename=True
+        )
+    return _NT_CACHE[key]
 
 
 def _array(node: dict[str, Any], data: memoryview | bytes) -> np.ndarray:
-    dtype = np.dtype(node["dtype"])
-    off, n = node["off"], node["n"]
-    raw = np.frombuffer(data, dtype=np.uint8, count=n, offset=off)
-    out: np.ndarray = raw.view(dtype).reshape(node["shape"]).copy()
+    raw = np.frombuffer(data, dtype=np.uint8, count=node["n"], offset=node["off"])
+    out: np.ndarray = raw.view(np.dtype(node["dtype"])).reshape(node["shape"]).copy()
     return out
 
 

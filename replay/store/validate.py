@@ -107,15 +107,12 @@ def check_regular_file(path: str, what: str = "recording") -> os.stat_result:
     if stat.S_ISDIR(st.st_mode):
         raise _BAD(f"{path}: is a directory, not a {what}")
     if not stat.S_ISREG(st.st_mode):
-        kind = (
-            "a FIFO"
-            if stat.S_ISFIFO(st.st_mode)
-            else "a device"
-            if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)
-            else "a socket"
-            if stat.S_ISSOCK(st.st_mode)
-            else "not a regular file"
-        )
+        kind = {
+            stat.S_IFIFO: "a FIFO",
+            stat.S_IFCHR: "a device",
+            stat.S_IFBLK: "a device",
+            stat.S_IFSOCK: "a socket",
+        }.get(stat.S_IFMT(st.st_mode), "not a regular file")
         raise _BAD(f"{path}: is {kind}, not a {what} (only regular files are opened)")
     return st
 
@@ -223,18 +220,14 @@ def dataset(
 def _attr(obj: Any, key: str, where: str, required: bool) -> Any:
     """Attribute ``key`` of ``obj`` as a scalar (a 0-d array unwrapped), None when it is
     missing and not ``required``."""
-    try:
-        if key not in obj.attrs:
-            if required:
-                raise _fail(where, f"attribute {key!r} of {obj.name} is missing")
-            return None
-        v = obj.attrs[key]
-    except RecordingError:
-        raise
+    try:  # (not .get: it takes a damaged attribute's KeyError for a missing attribute)
+        v = obj.attrs[key] if key in obj.attrs else None  # noqa: SIM401
     except H5_ERRORS as e:
         raise _fail(
             where, f"attribute {key!r} of {obj.name} is unreadable ({first_line(e)})"
         ) from None
+    if v is None and required:
+        raise _fail(where, f"attribute {key!r} of {obj.name} is missing")
     if isinstance(v, np.ndarray):
         if v.shape != ():
             raise _fail(where, f"attribute {key!r} of {obj.name} is an array, expected a scalar")
@@ -662,9 +655,7 @@ def check_meta(meta: Any, where: str, *, slots: dict[str, int] | None = None) ->
         if not (isinstance(m, list) and len(m) == 2 and all(isinstance(x, str) for x in m)):
             raise _BAD(f"{w}.model.modules holds {str(m)[:60]!r}, not [name, class]")
     for part in ("optimizer", "scheduler", "scaler"):
-        v = _opt(meta, part, dict, w)
-        if v is not None:
-            _opt(v, "class", str, f"{w}.{part}")
+        _opt(_opt(meta, part, dict, w) or {}, "class", str, f"{w}.{part}")
     dist = _opt(meta, "distributed", dict, w)
     if dist is not None:
         size = dist.get("world_size")

@@ -113,17 +113,6 @@ def _holder(fd: int) -> str:
     return text
 
 
-def _release_lock(path: str, fd: int | None) -> None:
-    """Unlink the lock file while still holding it, then let go (see ``_take_lock``)."""
-    if fd is None:
-        return
-    try:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(lock_path(path))
-    finally:
-        os.close(fd)
-
-
 def json_blob(value: Any) -> np.ndarray:
     """UTF-8 JSON as a uint8 array (the format's way to hold text: no vlen, no pickle)."""
     return np.frombuffer(json.dumps(value, sort_keys=False).encode(), dtype=np.uint8)
@@ -334,8 +323,7 @@ class StoreWriter:
         self._ring_slots = {ring: int(self.f[ring].attrs["slots"]) for ring in self._ring_ds}
         self._markers = {r: np.full(n, -1, np.int64) for r, n in self._ring_slots.items()}
         self._lengths = {
-            r: (np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, np.int64))
-            for r, n in self._ring_slots.items()
+            r: tuple(np.zeros(n, np.int64) for _ in range(3)) for r, n in self._ring_slots.items()
         }
         self._hmarkers = np.full(health_slots, -1, np.int64)
         self._status = self.f["status"]
@@ -366,9 +354,8 @@ class StoreWriter:
         g.attrs["encoding-type"], g.attrs["encoding-version"] = RING_ENCODING
         g.attrs["slots"] = spec.slots
         g.create_dataset("step", data=np.full(spec.slots, -1, np.int64))
-        g.create_dataset("nbytes", data=np.zeros(spec.slots, np.int64))
-        g.create_dataset("mlen", data=np.zeros(spec.slots, np.int64))
-        g.create_dataset("crc", data=np.zeros(spec.slots, np.int64))
+        for k in ("nbytes", "mlen", "crc"):
+            g.create_dataset(k, data=np.zeros(spec.slots, np.int64))
         cap = _round_up(spec.capacity, spec.chunk)
         arena = g.create_dataset(
             "arena",
@@ -477,7 +464,7 @@ class StoreWriter:
                 gone.add(int(smarkers[snap.slot]))
             if not old or old - gone:
                 return step, snap
-        return candidates[0] if candidates else None
+        return candidates[0]
 
     def _commit(
         self,
@@ -523,9 +510,8 @@ class StoreWriter:
             self._lengths[ring][1][slot] = mlen
             self._lengths[ring][2][slot] = slot_crc(step, payload)
         for ring, slots in touched.items():
-            self._write_spans(self._ring_ds[ring]["nbytes"], self._lengths[ring][0], slots)
-            self._write_spans(self._ring_ds[ring]["mlen"], self._lengths[ring][1], slots)
-            self._write_spans(self._ring_ds[ring]["crc"], self._lengths[ring][2], slots)
+            for k, values in zip(("nbytes", "mlen", "crc"), self._lengths[ring]):
+                self._write_spans(self._ring_ds[ring][k], values, slots)
         if hitems:
             latest = {slot: (step, row) for slot, step, row in hitems}
             block = np.stack([latest[s][1] for s in hslots])
@@ -554,8 +540,7 @@ class StoreWriter:
             self._write_spans(self._ring_ds[ring]["step"], self._markers[ring], slots)
         if last_step is not None:
             self.status[1] = max(self.status[1], last_step)
-        self.status[2] += counts[0]
-        self.status[3] += counts[1]
+        self.status[2:4] += counts  # steps_total, snapshots_total
         self._status[:] = self.status
         f.flush()
 
@@ -590,19 +575,23 @@ class StoreWriter:
         """Training died without closing: say so in the lock file (``liveness.writer_state``)."""
         if self._lock is None:
             return
-        try:
+        with contextlib.suppress(OSError, ValueError):  # the lock alone still tells a writer lives
             info = lock_info(self._lock)
             info.update(state="draining", steps_to_come=int(steps_to_come), since=time.time())
             blob = json.dumps(info).encode()
             os.pwrite(self._lock, blob, 0)
             os.ftruncate(self._lock, len(blob))
-        except (OSError, ValueError):
-            pass  # the lock itself still tells that a writer lives
 
     def drop_lock(self) -> None:
         """A writer that failed leaves its HDF5 file as it is (closing it may crash), and no lock
         file beside it: nobody writes that file after it."""
-        _release_lock(self.path, self._lock)
+        if self._lock is None:
+            return
+        try:  # unlink the lock file while still holding it, then let go (see ``_take_lock``)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(lock_path(self.path))
+        finally:
+            os.close(self._lock)
         self._lock = None
 
     def close(self, *, clean: bool = True, ended: dict[str, Any] | None = None) -> None:

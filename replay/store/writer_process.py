@@ -208,23 +208,17 @@ class WriterClient:
         (``pack_parts``), sent one after the other without being joined first. On the wire a
         frame is a list in the header (``[step, mlen, n]``, ``[slot, step, mlen, n]``, ``step``)
         and its bytes in the body; ``_Server.commit_pending`` turns them back into frames."""
-        parts: list[np.ndarray] = []
+        parts: list[np.ndarray] = []  # the body: the steps', the snapshots', the health rows
         header: dict[str, Any] = {
             "op": "commit",
             "last_step": last_step,
-            "steps": [],
-            "snapshots": [],
-            "health": [],
+            "steps": [[int(s.step), int(s.mlen), _add(parts, s.payload)] for s in steps],
+            "snapshots": [
+                [int(s.slot), int(s.step), int(s.mlen), _add(parts, s.payload)] for s in snapshots
+            ],
+            "health": [int(h.step) for h in health],
         }
-        for s in steps:
-            header["steps"].append([int(s.step), int(s.mlen), _add(parts, s.payload)])
-        for snap in snapshots:
-            header["snapshots"].append(
-                [int(snap.slot), int(snap.step), int(snap.mlen), _add(parts, snap.payload)]
-            )
-        for h in health:
-            header["health"].append(int(h.step))
-            parts.append(np.asarray(h.row, dtype=np.float64))
+        parts += [np.asarray(h.row, dtype=np.float64) for h in health]
         if self.ring is not None:
             placed = self.ring.put(parts, sum(int(p.nbytes) for p in parts))
             if placed is not None:  # else the body goes through the pipe
@@ -408,15 +402,13 @@ class _Server:
         """Whether what is pending should be committed now."""
         if not self.pending and not self.log_items:
             return False
-        if time.monotonic() - self.last_commit >= COMMIT_INTERVAL:
-            return True
-        if self.pending_bytes + self.log_bytes >= COMMIT_BYTES:
-            return True
-        if self.log is not None and self.log_bytes >= self.log.size // 4:
-            return True
-        if len(self.log_items) >= COMMIT_RECORDS:
-            return True
-        return self.ring is not None and self.ring_pending >= self.ring.size // 2
+        return (
+            time.monotonic() - self.last_commit >= COMMIT_INTERVAL
+            or self.pending_bytes + self.log_bytes >= COMMIT_BYTES
+            or (self.log is not None and self.log_bytes >= self.log.size // 4)
+            or len(self.log_items) >= COMMIT_RECORDS
+            or (self.ring is not None and self.ring_pending >= self.ring.size // 2)
+        )
 
     def drain(self) -> None:
         """Training is gone without closing: say so beside the file (``replay info`` shows it,
@@ -432,7 +424,7 @@ class _Server:
             self.store = None
 
     def handle(self, header: dict[str, Any], body: memoryview) -> bool:
-        op = header["op"]
+        op: str = header["op"]
         if op == "commit":
             self.take_log()  # what the log published before this frame was sent goes first
             if "ring" in header:
@@ -461,19 +453,14 @@ class _Server:
             self.store = StoreWriter.reopen(header["path"])
             if self.log is not None:
                 self.log_pos = self.log.released()
-        elif op == "sync":
+        elif op in ("sync", "close"):
             self.take_log()
             self.commit_pending()
-        elif op == "close":
-            self.take_log()
-            self.commit_pending()
-            if self.store is not None:
-                self.store.close(clean=bool(header.get("clean", True)), ended=header.get("ended"))
-                self.store = None
-            self.reply("ok")
-            return False
+        if op == "close" and self.store is not None:
+            self.store.close(clean=bool(header.get("clean", True)), ended=header.get("ended"))
+            self.store = None
         self.reply("ok")
-        return True
+        return op != "close"  # False: the last frame
 
     def serve(self) -> int:
         while True:
