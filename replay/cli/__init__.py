@@ -17,7 +17,7 @@ from typing import NoReturn
 
 import click
 
-from ..errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE, ReplayError, exit_code_of
+from ..errors import EXIT_INTERNAL, EXIT_INTERRUPTED, ReplayError, exit_code_of
 from ..safetext import term_safe
 from ._process import own_process
 from .bisect import bisect
@@ -93,9 +93,7 @@ def main(argv: list[str] | None = None) -> None:
     except (click.exceptions.Abort, KeyboardInterrupt) as e:
         said = "aborted" if isinstance(e, click.exceptions.Abort) else "interrupted"
         fail(said, EXIT_INTERRUPTED, as_json, f"replay: {said}")
-    except click.UsageError as e:  # click's misuse (a bad option value, a missing argument)
-        fail(e.format_message(), EXIT_USAGE, as_json)
-    except click.ClickException as e:
+    except click.ClickException as e:  # a UsageError (a bad option value, a missing argument): 2
         fail(e.format_message(), e.exit_code, as_json)
     except ReplayError as e:
         fail(str(e), exit_code_of(e), as_json)

@@ -26,21 +26,21 @@ R = TypeVar("R", bound=_Report)
 
 def replaying(
     as_json: bool,
-    work: Callable[[Callable[[], None], Callable[[int, int], None] | None], R],
+    work: Callable[..., R],
     render: Callable[[R], str],
     *,
     progress: str | None = None,
 ) -> R:
-    """The body of every replaying command: runs ``work(opened, progress)`` (the workflow:
-    ``opened`` once its engine is up; a progress bar named ``progress``, if any) with whatever
-    the user's code prints sent to stderr under ``--json``, then prints the report as JSON or
-    in words (``render``) and returns it (each command's exit code follows from it)."""
+    """The body of every replaying command: runs the workflow ``work()`` (with a progress bar
+    named ``progress``: ``work(opened=..., progress=bar)``, ``opened`` once its engine is up)
+    with whatever the user's code prints sent to stderr under ``--json``, then prints the report
+    as JSON or in words (``render``) and returns it (each command's exit code follows from it)."""
     from ..bisect.progress import Progress
 
     bar = Progress(progress) if progress is not None else None
     try:
         with user_stdout_to_stderr(as_json), big_imports() as phase:
-            report = work(phase.end, bar)
+            report = work() if bar is None else work(opened=phase.end, progress=bar)
     finally:
         if bar is not None:
             bar.close()
@@ -62,7 +62,6 @@ def engine_options(body: Any) -> Any:
 
     fn = click.option(
         "--device",
-        default=None,
         metavar="DEVICE",
         help="Replay on DEVICE (cpu, cuda, cuda:1). Default: where it was recorded if present.",
     )(command)
@@ -78,13 +77,11 @@ def engine_options(body: Any) -> Any:
         help="Run the recorded program again up to its Recorder and replay on its objects, "
         "even when the recording names a build_fn (the default without one).",
     )(fn)
-    fn = click.option(
+    return click.option(
         "--entry",
-        default=None,
         metavar="MODULE_OR_FILE:build,step",
         help="Import build_fn and step_fn from here instead of where the recording says.",
     )(fn)
-    return fn
 
 
 def rank_options(fn: Any) -> Any:
@@ -95,11 +92,9 @@ def rank_options(fn: Any) -> Any:
         help="With a DDP rank set: replay one rank in this process, without its peers "
         "(approximate after the first step from a snapshot: no all-reduce).",
     )(fn)
-    fn = click.option(
+    return click.option(
         "--rank",
         type=click.IntRange(min=0),
-        default=None,
         metavar="N",
         help="With --alone: the rank to replay (default: the first that went bad).",
     )(fn)
-    return fn

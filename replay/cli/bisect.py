@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import TYPE_CHECKING
 
 import click
@@ -10,7 +11,9 @@ if TYPE_CHECKING:
     from ..bisect.criteria import Criterion
     from ..workflows.session import ReplayOptions
 
-from ..errors import EXIT_NOTHING_FOUND, EXIT_OK
+from ..errors import EXIT_NOTHING_FOUND, EXIT_OK, RecordingError
+from ..safetext import term_safe
+from ..store import open_recording
 from ._replaying import engine_options, rank_options, replaying
 
 __all__ = ["bisect"]
@@ -85,14 +88,13 @@ def bisect(
     _quote_self_check(run)
     report = replaying(
         as_json,
-        lambda opened, progress: run_bisect(
+        partial(
+            run_bisect,
             run,
             criterion=criterion,
             trace=not no_trace,
             options=options,
-            progress=progress,
             log=None if as_json else lambda m: click.echo(m, err=True),
-            opened=opened,
             rank=rank,
             alone=alone,
         ),
@@ -104,9 +106,6 @@ def bisect(
 
 def _quote_self_check(run: str) -> None:
     """A recording whose self-check failed while it trained: say so first (docs/selfcheck.md)."""
-    from ..errors import RecordingError
-    from ..safetext import term_safe
-    from ..store.reader import open_recording
     from ..store.selfcheck import read_selfcheck
 
     try:  # (not a single file: a rank set is checked with its ranks together, never quoted)

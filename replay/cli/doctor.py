@@ -5,16 +5,14 @@ from __future__ import annotations
 import json
 import os
 import textwrap
-from typing import TYPE_CHECKING
 
 import click
 
 from ..errors import EXIT_OK
+from ..ranks.scan import RankScan, rank_set, spans
+from ..ranks.summary import summarise
 from ..reports.doctor import DoctorReport, RankSetDoctorReport, SlowestRank
 from ..safetext import term_safe
-
-if TYPE_CHECKING:
-    from ..ranks.scan import RankScan
 
 __all__ = ["doctor"]
 
@@ -42,8 +40,6 @@ def _doctor_rank_set(run: str, scan: RankScan, as_json: bool) -> int:
     """Every rank's checklist, and across the ranks: which went bad first (the scan's), which
     is slow (median step wall time)."""
     from ..doctor import diagnose
-    from ..ranks.scan import spans
-    from ..ranks.summary import summarise
 
     s = summarise(scan)
     slowest = s.slowest
@@ -58,9 +54,6 @@ def _doctor_rank_set(run: str, scan: RankScan, as_json: bool) -> int:
         else SlowestRank(slowest[0].rank, slowest[0].median_step_s or 0.0, slowest[1]),
         ranks={str(r.rank): DoctorReport(r.path, diagnose(r.path)) for r in s.rows},
     )
-    if as_json:
-        click.echo(json.dumps(report.to_json(), indent=2))
-        return EXIT_OK
     lines = [
         f"{term_safe(run)}: a rank set of {len(report.ranks)} ranks; {term_safe(report.first_bad)}"
     ]
@@ -75,7 +68,7 @@ def _doctor_rank_set(run: str, scan: RankScan, as_json: bool) -> int:
         )
     for r, per in report.ranks.items():
         lines += ["", f"== rank {r} ==", render(per)]
-    click.echo("\n".join(lines))
+    click.echo(json.dumps(report.to_json(), indent=2) if as_json else "\n".join(lines))
     return EXIT_OK
 
 
@@ -93,7 +86,6 @@ def doctor(run: str, as_json: bool) -> int:
     first and the slowest rank.
     """
     from ..doctor import diagnose
-    from ..ranks.scan import rank_set
 
     if not os.path.isfile(run):
         scan = rank_set(run)  # a DDP rank set: run.h5 for run.rank<N>.h5 (or a glob)

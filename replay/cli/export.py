@@ -28,7 +28,6 @@ __all__ = ["export"]
 @click.option(
     "--step",
     type=int,
-    default=None,
     help="Export the state right before this step (replayed from the snapshot before it, "
     "every step checked bitwise). Default: the state right before the first failure, after "
     "the last healthy step (the newest snapshot when nothing failed).",
@@ -56,11 +55,7 @@ def export(
     """
     from ..workflows import run_export
 
-    replaying(
-        as_json,
-        lambda _opened, _progress: run_export(run, out, step=step, options=options),
-        render_export,
-    )
+    replaying(as_json, lambda: run_export(run, out, step=step, options=options), render_export)
     return EXIT_OK
 
 

@@ -29,6 +29,7 @@ from ..store.hparams import step_hparams
 from ..store.liveness import writer_state
 from ..store.reader import claimed_size
 from ..store.segments import segment_files
+from ..trust import standing
 
 if TYPE_CHECKING:
     from ..store.reader import Recording
@@ -41,6 +42,7 @@ def _steps_summary(rec: Recording) -> RecordingSteps:
     h = rec.health()
     window = rec.replayable_window()
     status = rec.status()
+    w = writer_state(rec.path)
     losses = h["loss"][np.isfinite(h["loss"])]
     return RecordingSteps(
         steps_recorded=status["steps_total"] or len(h["step"]),
@@ -55,7 +57,7 @@ def _steps_summary(rec: Recording) -> RecordingSteps:
         last_loss=float(losses[-1]) if losses.size else None,
         closed_cleanly=bool(status["closed"]),
         ended=rec.ended(),
-        writer=_writer(rec.path),
+        writer=None if w is None else Writer(w.draining, w.steps_to_come, w.pid, w.writer_pid),
         damaged_steps=rec.damaged_steps(),
         damaged_health=sorted(rec.damaged_health),
         self_check=_self_check(rec.path, rec.run_id),
@@ -95,15 +97,8 @@ def _segment(path: str) -> Segment:
     return Segment(path, steps)
 
 
-def _writer(path: str) -> Writer | None:
-    s = writer_state(path)
-    return None if s is None else Writer(s.draining, s.steps_to_come, s.pid, s.writer_pid)
-
-
 def _trust(rec: Recording) -> Trust:
     """Read only: no key is made."""
-    from ..trust import standing
-
     try:
         got = standing(rec.meta, rec.sources, rec.run_id, rec.format_version)
     except RecordingError as e:  # its sources unreadable: shown, and never run

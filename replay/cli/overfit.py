@@ -7,8 +7,9 @@ from typing import TYPE_CHECKING
 
 import click
 
-from ..errors import EXIT_NOTHING_FOUND, EXIT_OK
+from ..errors import EXIT_NOTHING_FOUND, EXIT_OK, RecordingError
 from ..reports import OverfitReport
+from ..store import open_recording
 from ._replaying import engine_options, replaying
 
 if TYPE_CHECKING:
@@ -51,24 +52,23 @@ def render(r: OverfitReport) -> str:
     lines.append("  " + ", ".join(pts))
     if r.error:
         lines.append(f"  ✗ stopped: {r.error}")
-    verdict = r.verdict
     how_far = (
         f" ({100 * r.progress:.0f}% of the way from {r.first_loss:.4g} to the goal)"
         if r.progress is not None
         else ""
     )
-    if verdict == "overfits":
+    if r.verdict == "overfits":
         lines.append(
             f"  ✓ overfits: the loss reached {r.goal:.3g} at iteration {r.reached_at} "
             f"(from {r.first_loss:.4g}); the data, forward, loss and update path can learn"
         )
-    elif verdict == "close":
+    elif r.verdict == "close":
         lines.append(
             f"  ✓ nearly overfits: lowest loss {r.min_loss:.4g}, within "
             f"{100 * (CLOSE - 1):.0f}% of the goal {r.goal:.3g}{how_far}; the model learns "
             "this batch (more --iters would get there)"
         )
-    elif verdict == "still_falling":
+    elif r.verdict == "still_falling":
         lines.append(
             f"  ~ not there yet: lowest loss {r.min_loss:.4g} (goal {r.goal:.3g}){how_far}, "
             f"and still falling ({100 * (r.recent_drop or 0.0):.0f}% over the last quarter): run "
@@ -92,9 +92,7 @@ __all__ = ["overfit"]
 @click.argument("run", type=click.Path(dir_okay=False, path_type=str))
 @click.option(
     "--step",
-    "step",
     type=int,
-    default=None,
     help="Whose batch to overfit (default: the first replayable step).",
 )
 @click.option(
@@ -104,7 +102,7 @@ __all__ = ["overfit"]
     show_default=True,
     help="Training iterations on that batch.",
 )
-@click.option("--lr", type=float, default=None, help="Override the learning rate of every group.")
+@click.option("--lr", type=float, help="Override the learning rate of every group.")
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 @engine_options
 def overfit(
@@ -121,22 +119,15 @@ def overfit(
     to about zero has a bug in its data, forward, loss or update path, whatever its size.
     Exit 0 when the loss gets there, 1 when it does not.
     """
-    from ..store import open_recording
     from ..workflows.overfit import overfit_batch
 
     with open_recording(run) as rec:
         if rec.replayable_window() is None:
-            from ..errors import RecordingError
-
             raise RecordingError(
                 f"{run}: no replayable state (no kept snapshot with its batches), so there is "
                 "nothing to rebuild the model from"
             )
     result = replaying(
-        as_json,
-        lambda _opened, _progress: overfit_batch(
-            run, step=step, iters=iters, lr=lr, options=options
-        ),
-        render,
+        as_json, lambda: overfit_batch(run, step=step, iters=iters, lr=lr, options=options), render
     )
     return EXIT_OK if result.overfits else EXIT_NOTHING_FOUND

@@ -8,7 +8,8 @@ import shlex
 import click
 
 from ..errors import EXIT_NOTHING_FOUND, EXIT_OK
-from ..preflight import PreflightReport
+from ..preflight import PreflightReport, run_preflight
+from ..safetext import term_safe, term_safe_tree
 from .render import render_cause
 
 __all__ = ["preflight", "render_preflight"]
@@ -60,8 +61,6 @@ def render_preflight(rep: PreflightReport) -> str:
 
 def _failure_lines(rep: PreflightReport) -> list[str]:
     """The run failed within the preflight steps: that failure, bisected, is the finding."""
-    from ..safetext import term_safe, term_safe_tree
-
     f = term_safe_tree(rep.failure.to_json() if rep.failure is not None else {})
     v = rep.verify
     out = [f"  verdict       FAILED: {rep.reason}"]
@@ -127,8 +126,6 @@ def preflight(
     step (which objects), or real non-determinism; and what to change. The run's own output goes to stderr.
     Exit codes: 0 replayable, 1 not replayable, 2 usage error.
     """
-    from ..preflight import run_preflight
-
     rep = run_preflight(
         list(command),
         steps=steps,

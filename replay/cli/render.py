@@ -42,8 +42,7 @@ def render_verdict(report: BisectReport) -> str:
     d: BisectReport = term_safe_tree(report)
     w = d.window
     if d.healthy:
-        checked = d.checked
-        span = f"steps {checked[0]}..{checked[1]}" if checked else "no steps"
+        span = f"steps {d.checked[0]}..{d.checked[1]}" if d.checked else "no steps"
         failure = report.rank_set.first_bad if report.rank_set is not None else None
         if report.rank_set is None:
             said = f"healthy: no step matches {d.criterion!r} in the recorded health ({span}; "
@@ -65,16 +64,14 @@ def render_verdict(report: BisectReport) -> str:
             f"{said}\n  no step raised it, so no replay of a step can: "
             f"`replay info {d.recording} --json` holds its traceback"
         )
-    lines = []
     first, sym = d.first_bad_step, d.symptom_step
     head = f"first bad step: {first}"
     if sym is not None and sym != first:
         head += f"  (the symptom was recorded at step {sym})"
-    lines.append(head)
+    lines = [head]
     lines.append(f"  kind          {d.kind}: {d.criterion}")
     if d.exception:
-        e = d.exception
-        lines.append(f"  exception     {e['type']}: {e['message']}")
+        lines.append(f"  exception     {d.exception['type']}: {d.exception['message']}")
     if d.loss is not None and not d.exception:
         lines.append(f"  loss          {d.loss}   grad norm {d.grad_norm}")
     cause = cause_text(d)
@@ -111,13 +108,12 @@ def render_verdict(report: BisectReport) -> str:
         lines += _source_lines(conv.get("source"))
     if d.samples:
         lines.append(f"  samples       {samples_text(d)}")
-    rep = d.reproducible
     why = d.divergence_cause
     lines.append(
         "  reproducible  "
         + (
             "yes (two replays and the recording agree bitwise)"
-            if rep
+            if d.reproducible
             else "NO: the environment differs from the recorded run's (why it differs, below)"
             if why is not None and why.changed_environ
             else "NO: suspect non-determinism, hardware, or state no snapshot holds"
@@ -139,8 +135,7 @@ def render_verdict(report: BisectReport) -> str:
     if d.forensics:
         lines.append(f"  forensics     {d.forensics}  (replay tui shows them)")
     lines.extend(render_ranks(d.multi_rank, d.ranks))
-    for n in d.notes:
-        lines.append(f"  note: {n}")
+    lines += [f"  note: {n}" for n in d.notes]
     return "\n".join(lines)
 
 
@@ -212,17 +207,15 @@ def render_verify(report: VerifyReport) -> str:
     bad = [s for s in d.steps if not s.match]
     extra = render_ranks(d.multi_rank, d.ranks)
     extra += [f"  note: {note}" for note in d.notes or []]
-    if not bad and d.deterministic:
+    if not bad:
         every = " on every rank" if d.multi_rank else ""
-        return "\n".join(
-            [
-                f"deterministic: all {n} steps of the window ({w[0]}..{w[1]}) replay bitwise "
-                f"(loss and parameter fingerprint){every} on {d.device}",
-                *extra,
-            ]
+        head = (
+            f"deterministic: all {n} steps of the window ({w[0]}..{w[1]}) replay bitwise "
+            f"(loss and parameter fingerprint){every} on {d.device}"
+            if d.deterministic
+            else "NOT bitwise on every rank"  # the leading rank matched, another did not
         )
-    if not bad:  # the leading rank matched, another did not
-        return "\n".join(["NOT bitwise on every rank", *extra])
+        return "\n".join([head, *extra])
     fd = d.first_divergence
     assert fd is not None  # (a step differs)
     cause = d.cause

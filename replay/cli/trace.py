@@ -17,7 +17,7 @@ __all__ = ["trace"]
 
 @click.command()
 @click.argument("run", type=click.Path(dir_okay=False, path_type=str))
-@click.option("--step", type=int, default=None, help="The step to trace (default: the last).")
+@click.option("--step", type=int, help="The step to trace (default: the last).")
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 @engine_options
 def trace(
@@ -37,5 +37,5 @@ def trace(
     from ..workflows.trace import run_trace
     from .render import render_trace
 
-    replaying(as_json, lambda _opened, _progress: run_trace(run, step, options), render_trace)
+    replaying(as_json, lambda: run_trace(run, step, options), render_trace)
     return EXIT_OK

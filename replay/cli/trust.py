@@ -7,6 +7,7 @@ import click
 from ..errors import EXIT_OK, ReplayError
 from ..safetext import term_safe
 from ..store import open_recording
+from ..trust import KeyUnusable, remember, standing
 
 __all__ = ["trust"]
 
@@ -23,8 +24,6 @@ def trust(runs: tuple[str, ...]) -> int:
     edited afterwards is foreign again. The trust store is beside your key
     ($REPLAY_HOME, else $XDG_DATA_HOME/replay or ~/.local/share/replay).
     """
-    from ..trust import KeyUnusable, remember, standing
-
     for run in runs:
         with open_recording(run) as rec:
             got = standing(rec.meta, rec.sources, rec.run_id, rec.format_version)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import TYPE_CHECKING
 
 import click
@@ -22,7 +23,7 @@ __all__ = ["verify"]
     "--all", "every_step", is_flag=True, help="Replay the whole window, each snapshot afresh."
 )
 @click.option(
-    "--from", "start", type=int, default=None, metavar="STEP",
+    "--from", "start", type=int, metavar="STEP",
     help="Replay from the newest snapshot at or before STEP to the end of the window.",
 )  # fmt: skip
 @engine_options
@@ -50,20 +51,18 @@ def verify(
     is replayed together, one process each, and checked against its own file.
     --rank N --alone replays one rank in this process (approximate: no all-reduce).
 
-    Exit codes: 0 every step
-    matches, 1 some step differs, 3 unusable recording, 4 unusable entry point,
-    5 replay failed, 6 internal error.
+    Exit codes: 0 every step matches, 1 some step differs, 3 unusable recording, 4 unusable
+    entry point, 5 replay failed, 6 internal error.
     """
     from ..workflows import run_verify
     from .render import render_verify
 
     report = replaying(
         as_json,
-        lambda opened, progress: run_verify(
+        partial(
+            run_verify,
             run,
             options=options,
-            progress=progress,
-            opened=opened,
             rank=rank,
             alone=alone,
             start=start,

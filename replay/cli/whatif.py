@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import TYPE_CHECKING, Any, TypeGuard
 
 import click
@@ -110,10 +111,9 @@ def render_whatif(r: WhatIfReport) -> str:
         )
     lines.append(
         f"  (log scale per column, one character {'a step' if per == 1 else f'per {per} steps'} "
-        f"from {lo}; {_BAD} non-finite or raised, "
-        f"{_SKIPPED} skipped, blank not measured; param dist: |params - baseline's| / "
-        "|baseline's| at the end, - when "
-        "the baseline's are not finite)"
+        f"from {lo}; {_BAD} non-finite or raised, {_SKIPPED} skipped, blank not measured; "
+        "param dist: |params - baseline's| / |baseline's| at the end, - when the baseline's "
+        "are not finite)"
     )
     lines.append("")
     for e in r.experiments:
@@ -160,11 +160,13 @@ class _InOrder(click.Command):
         return super().parse_args(ctx, args)
 
 
-def _changes(given: dict[str, tuple[str, ...]]) -> list[Any]:
-    """The changes in command-line order (checked before torch is imported)."""
+def _changes(given: dict[str, tuple[str, ...]], no_autocast: int) -> list[Any]:
+    """The changes in command-line order (checked before torch is imported); ``given``: each
+    flag's values, by click's name for it (``skip_step``)."""
     from ..workflows.whatif import parse_change
 
-    grouped = [(kind, a) for kind in (*_FLAGS, "no-autocast") for a in given[kind]]
+    grouped = [(kind, a) for kind in _FLAGS for a in given[kind.replace("-", "_")]]
+    grouped += [("no-autocast", "")] * no_autocast
     order = click.get_current_context().meta.get(_ORDER) or []
     if sorted(order, key=str) != sorted(grouped, key=str):
         order = grouped  # an option's value looked like a flag: keep click's reading
@@ -173,19 +175,15 @@ def _changes(given: dict[str, tuple[str, ...]]) -> list[Any]:
 
 @click.command(cls=_InOrder)
 @click.argument("run", type=click.Path(dir_okay=False, path_type=str))
-@click.option("--from-step", type=int, default=None, metavar="S", help="First step changed.")
-@click.option("--to-step", type=int, default=None, metavar="T", help="Last step replayed.")
-@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Set a hyper-parameter.")
-@click.option(
-    "--scale", "scales", multiple=True, metavar="KEY=FACTOR", help="Scale a hyper-parameter."
-)
-@click.option("--clip", "clips", multiple=True, metavar="MAXNORM", help="Clip the grad norm.")
-@click.option("--skip-step", "skips", multiple=True, metavar="N", help="Do not run step N.")
-@click.option(
-    "--drop-samples", "drops", multiple=True, metavar="N:I,J", help="Drop samples of step N."
-)
-@click.option("--seed", "seeds", multiple=True, metavar="K", help="Another RNG draw.")
-@click.option("--dtype", "dtypes", multiple=True, metavar="float32", help="The step in float32.")
+@click.option("--from-step", type=int, metavar="S", help="First step changed.")
+@click.option("--to-step", type=int, metavar="T", help="Last step replayed.")
+@click.option("--set", multiple=True, metavar="KEY=VALUE", help="Set a hyper-parameter.")
+@click.option("--scale", multiple=True, metavar="KEY=FACTOR", help="Scale a hyper-parameter.")
+@click.option("--clip", multiple=True, metavar="MAXNORM", help="Clip the grad norm.")
+@click.option("--skip-step", multiple=True, metavar="N", help="Do not run step N.")
+@click.option("--drop-samples", multiple=True, metavar="N:I,J", help="Drop samples of step N.")
+@click.option("--seed", multiple=True, metavar="K", help="Another RNG draw.")
+@click.option("--dtype", multiple=True, metavar="float32", help="The step in float32.")
 @click.option("--no-autocast", count=True, help="The step with autocast turned off.")
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 @engine_options
@@ -193,16 +191,10 @@ def whatif(
     run: str,
     from_step: int | None,
     to_step: int | None,
-    sets: tuple[str, ...],
-    scales: tuple[str, ...],
-    clips: tuple[str, ...],
-    skips: tuple[str, ...],
-    drops: tuple[str, ...],
-    seeds: tuple[str, ...],
-    dtypes: tuple[str, ...],
     no_autocast: int,
     as_json: bool,
     options: ReplayOptions,
+    **given: tuple[str, ...],  # each change flag's values: set=(...), skip_step=(...)
 ) -> int:
     """Replay RUN's failing steps as recorded, then once per change: does the failure go away?
 
@@ -229,31 +221,12 @@ def whatif(
     """
     from ..workflows.whatif import run_whatif
 
-    changes = _changes(
-        {
-            "set": sets,
-            "scale": scales,
-            "clip": clips,
-            "skip-step": skips,
-            "drop-samples": drops,
-            "seed": seeds,
-            "dtype": dtypes,
-            "no-autocast": ("",) * no_autocast,
-        }
-    )
+    changes = _changes(given, no_autocast)
     if not changes:
         raise click.UsageError("name at least one change: " + ", ".join(f"--{k}" for k in CHANGES))
     report = replaying(
         as_json,
-        lambda opened, progress: run_whatif(
-            run,
-            changes,
-            from_step=from_step,
-            to_step=to_step,
-            options=options,
-            progress=progress,
-            opened=opened,
-        ),
+        partial(run_whatif, run, changes, from_step=from_step, to_step=to_step, options=options),
         render_whatif,
         progress="replay whatif",
     )

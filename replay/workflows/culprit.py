@@ -406,21 +406,6 @@ def _search(
             others[f] = None
         return f == reference
 
-    def inconsistent() -> bool:
-        """Sub-batches broke in another way than the batch: the cut left its tensors
-        inconsistent (a leaf cut that should not be, or one left whole)."""
-        if not others:
-            return False
-        seen = ", ".join(f.describe() for f in list(others)[:3])
-        result.add_notes(
-            [
-                f"the batch's tensors could not be cut consistently along dim {outer}: "
-                f"sub-batches failed differently ({seen}) than the whole batch "
-                f"({reference.describe()}): no sample named"
-            ]
-        )
-        return True
-
     picked, exact = find_culprit_samples(
         lambda ix: fails_on(slice_batch(batch, ix, outer)), size, coupled=coupled
     )
@@ -428,7 +413,17 @@ def _search(
     # Only an answer when those samples matter: if the rest of the batch fails as well
     # (a NaN injected in the gradient, a bad learning rate) no sample is to blame.
     if len(picked) == size or (rest and fails_on(slice_batch(batch, rest, outer))):
-        if inconsistent():
+        # Sub-batches broke in another way than the batch: the cut left its tensors
+        # inconsistent (a leaf cut that should not be, or one left whole).
+        if others:
+            seen = ", ".join(f.describe() for f in list(others)[:3])
+            result.add_notes(
+                [
+                    f"the batch's tensors could not be cut consistently along dim {outer}: "
+                    f"sub-batches failed differently ({seen}) than the whole batch "
+                    f"({reference.describe()}): no sample named"
+                ]
+            )
             return
         what = "micro-batch" if len(axes) > 1 else "sample"
         result.add_notes([no_culprit_note(what, picked, size, outer)])

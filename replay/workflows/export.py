@@ -67,26 +67,11 @@ class ExportReport:
         return out
 
 
-def _last_healthy_snapshot(engine: Engine, first_bad: int | None, notes: list[str]) -> int:
-    """The newest snapshot before the first failure whose weights are all finite, or the newest
-    snapshot of the window when nothing failed."""
-    window = engine.window
-    limit = window.last if first_bad is None else first_bad
-    for s in sorted((s for s in window.snapshots if s <= limit), reverse=True):
-        if engine.snapshot_finite(s):
-            return int(s)
-        notes.append(f"the snapshot before step {s} holds NaN/Inf: not exported")
-    raise ReplayError(
-        f"{engine.rec.path}: no kept snapshot before the failure at step {first_bad} is healthy; "
-        "name a step with --step"
-    )
-
-
 def _default_state(engine: Engine, first_bad: int | None, notes: list[str]) -> tuple[int, int]:
     """``(step, verified)``: the state right before the first failure (after the last healthy
     step), replayed from the snapshot before it and checked bitwise on the way; when that
-    cannot be the recorded state, the last healthy snapshot's. Nothing failed: the newest
-    snapshot."""
+    cannot be the recorded state, the newest snapshot before it whose weights are all finite.
+    Nothing failed: the newest snapshot."""
     if first_bad is not None and first_bad in engine.window:
         try:
             verified = reach(engine, first_bad)
@@ -95,8 +80,16 @@ def _default_state(engine: Engine, first_bad: int | None, notes: list[str]) -> t
             notes.append(f"the parameters before step {first_bad} hold NaN/Inf")
         except NotReached as e:
             notes.append(f"the state right before step {first_bad} is not exported: {e}")
-    step = _last_healthy_snapshot(engine, first_bad, notes)
-    return step, reach(engine, step)
+    window = engine.window
+    limit = window.last if first_bad is None else first_bad
+    for s in sorted((s for s in window.snapshots if s <= limit), reverse=True):
+        if engine.snapshot_finite(s):
+            return int(s), reach(engine, int(s))
+        notes.append(f"the snapshot before step {s} holds NaN/Inf: not exported")
+    raise ReplayError(
+        f"{engine.rec.path}: no kept snapshot before the failure at step {first_bad} is healthy; "
+        "name a step with --step"
+    )
 
 
 def _rng_state() -> dict[str, Any]:
@@ -244,17 +237,13 @@ def export_work(
                 for name in states
                 if name != "model"
             )
-            why = (
-                f", the last healthy state kept before the failure at step {first_bad_step}"
-                if first_bad_step is not None and first_bad_step >= step
-                else ""
-            )
+            why = f", the last healthy state kept before the failure at step {first_bad_step}"
             with open(os.path.join(tmp, "README.md"), "x") as fh:
                 fh.write(
                     _README.format(
                         step=step,
                         run=os.path.basename(run),
-                        why=why,
+                        why=why if skip else "",
                         out=shown or out,
                         loads=loads,
                         files="\n".join(f"- `{f}`" for f in files.values()),

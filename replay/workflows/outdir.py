@@ -52,8 +52,7 @@ def check_out(out: str) -> None:
         if not stat.S_ISDIR(st.st_mode) or os.listdir(out):
             raise UsageError(f"--out {out}: exists and is not an empty directory; name a new one")
         return
-    parent = os.path.dirname(os.path.abspath(out))
-    probe = parent
+    probe = os.path.dirname(os.path.abspath(out))
     while not os.path.lexists(probe):
         probe = os.path.dirname(probe)
     if not os.path.isdir(probe):

@@ -104,7 +104,6 @@ def overfit_batch(
         first = losses[0] if losses else math.nan
         goal = TARGET * max(1.0, first) if math.isfinite(first) else TARGET
         reached = next((i + 1 for i, v in enumerate(losses) if v <= goal), None)
-        final = losses[-1] if losses else math.nan
         verdict, progress, recent_drop = judge(losses, goal, reached, error)
         g0 = opt.param_groups[0] if opt is not None and opt.param_groups else eng.values(t)
         lr0 = g0.get("lr")
@@ -114,7 +113,7 @@ def overfit_batch(
             iters=len(losses),
             lr=float(lr0) if isinstance(lr0, (int, float)) else None,
             first_loss=first,
-            final_loss=final,
+            final_loss=losses[-1] if losses else math.nan,
             min_loss=min(losses) if losses else math.nan,
             goal=goal,
             overfits=verdict in ("overfits", "close", "still_falling"),

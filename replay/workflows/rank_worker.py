@@ -55,7 +55,7 @@ from .whatif import parse_change, replay_range, whatif_work
 __all__ = ["main"]
 
 
-def _wrap_ddp(engine: Engine, device: str, rec: Recording) -> set[int]:
+def _wrap_ddp(engine: Engine, rec: Recording) -> set[int]:
     """The model in ``DistributedDataParallel``, as the recorded loop had it.
 
     The recorder's per-rank gradient probe (``local_grad_norm``) averaged the buckets as DDP's
@@ -65,7 +65,7 @@ def _wrap_ddp(engine: Engine, device: str, rec: Recording) -> set[int]:
     then have the recorded lengths, and with three or more ranks the backend sums every
     element in the recorded order (a longer bucket moves the chunks a ring all-reduce sums).
     """
-    ids = [device] if device.startswith("cuda") else None
+    ids = [engine.device] if engine.device.startswith("cuda") else None
     ddp = engine.wrapper  # a re-run program's own wrapper
     if not isinstance(ddp, DistributedDataParallel):
         ddp = DistributedDataParallel(engine.model, device_ids=ids)
@@ -73,14 +73,13 @@ def _wrap_ddp(engine: Engine, device: str, rec: Recording) -> set[int]:
     probed = "local_grad_norm" in h and any(not math.isnan(float(x)) for x in h["local_grad_norm"])
     if probed:
         dist_meta = rec.meta.get("distributed") or {}
-        probe = LocalGradProbe(
+        why = LocalGradProbe(
             ddp,
             engine.objs.trained_params(),
             rank=int(dist_meta.get("rank", 0)),
             world_size=int(dist_meta.get("world_size", 1)),
             votes=bool((rec.meta.get("config") or {}).get("raise_on_nonfinite", True)),
-        )
-        why = probe.install()
+        ).install()
         if why is not None:
             raise ReplayError(f"the recorded DDP communication hook cannot be installed: {why}")
     engine.use_wrapper(ddp)
@@ -176,9 +175,7 @@ def _whatif(
     changes = [parse_change(kind, arg) for kind, arg in spec["changes"]]
     lo, hi = spec.get("from_step"), spec.get("to_step")
     leader = int(spec["leader"])
-    box: list[Any] = [None]
-    if rank == leader:
-        box = [replay_range(engine, lo, hi)]
+    box: list[Any] = [replay_range(engine, lo, hi) if rank == leader else None]
     dist.broadcast_object_list(box, src=leader, group=group)
     if rank != leader:  # (the leader keeps its defaults, and the notes that explain them)
         lo, hi = box[0]
@@ -267,7 +264,7 @@ def _replay_rank(
         # (a re-run program sharded its model itself)
         peer_failed = set() if mesh_of(engine.model) is not None else _shard(engine, fsdp)
     else:
-        peer_failed = _wrap_ddp(engine, engine.device, rec)
+        peer_failed = _wrap_ddp(engine, rec)
     # Not compared on this rank: the recording holds the collective's failure.
     engine.not_compared |= peer_failed
     log = StepLog()
@@ -303,8 +300,7 @@ def _replay_rank(
     trace: dict[str, Any] | None = traced or None
     if rank == leader and report is not None and report.get("forensics"):
         trace = {k: report.get(k) for k in _TRACE_KEYS}
-        step = report.get("first_bad_step", report.get("step"))
-        trace.update(step=step, kind=report.get("kind"))
+        trace.update(step=report.get("first_bad_step", report.get("step")), kind=report.get("kind"))
     summary = replace(
         summary,
         export=own if mode == "export" else None,

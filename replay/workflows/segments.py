@@ -56,5 +56,4 @@ def later_segments_note(path: str) -> str | None:
     later = later_segments(path)
     if not later:
         return None
-    names = ", ".join(later)
-    return f"the run goes on in {names} (resumed): `replay verify {later[0]}` replays it"
+    return f"the run goes on in {', '.join(later)} (resumed): `replay verify {later[0]}` replays it"

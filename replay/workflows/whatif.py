@@ -283,11 +283,9 @@ def _check_change(engine: Engine, change: Change, lo: int, hi: int) -> _Plan:
             "optimizer.step(), so it needs one"
         )
     elif change.kind == "dtype":
-        import torch
-
         narrow = sorted(
             {str(p.dtype) for p in engine.model.parameters() if p.is_floating_point()}
-            - {str(torch.float32)}
+            - {"torch.float32"}
         )
         if narrow:
             raise UsageError(

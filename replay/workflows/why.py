@@ -124,9 +124,7 @@ def state_diff(engine: Engine, s: int) -> list[StateDrift]:
             )
 
     with torch.no_grad():
-        live_model = model.state_dict()
-        kept_model = from_leaves(snap["model"], dev)
-        diffs = _diff_paths(dict(live_model), dict(kept_model))
+        diffs = _diff_paths(dict(model.state_dict()), dict(from_leaves(snap["model"], dev)))
         report("model parameters", [d for d in diffs if d[0] in params])
         report("module buffers", [d for d in diffs if d[0] not in params])
         if objs.optimizer is not None and snap.get("optimizer") is not None:
