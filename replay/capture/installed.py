@@ -13,11 +13,9 @@ __all__ = ["installed", "installed_dirs", "under"]
 
 def installed_dirs() -> list[str]:
     """The standard library's and the installed packages' folders (real paths)."""
-    dirs = set()
-    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
-        p = sysconfig.get_paths().get(key)
-        if p:
-            dirs.add(os.path.realpath(p))
+    paths = sysconfig.get_paths()
+    keys = ("stdlib", "platstdlib", "purelib", "platlib")
+    dirs = {os.path.realpath(paths[k]) for k in keys if paths.get(k)}
     with contextlib.suppress(AttributeError, TypeError):  # a virtualenv's old site module
         dirs.update(os.path.realpath(p) for p in site.getsitepackages())
         dirs.add(os.path.realpath(site.getusersitepackages()))

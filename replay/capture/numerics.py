@@ -94,8 +94,7 @@ def warn_unless_bitwise(model: torch.nn.Module | None) -> None:
         "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
         **numerics_env(),
     }
-    blockers = cuda_blockers(now)
-    if blockers:
+    if blockers := cuda_blockers(now):
         warnings.warn(
             f"replay: this CUDA run will not replay bitwise: {'; '.join(blockers)}; "
             "torch.use_deterministic_algorithms(True), cudnn.benchmark off and "

@@ -196,7 +196,11 @@ class StepCall:
             else:
                 slots = _slots(params)
                 named_batch = any(p.name == "batch" for p in params)
-                if _takes_batch_alone(slots) or (slots and len(slots) < 3 and not named_batch):
+                # Not callable step_fn(model, optimizer, batch): it names its own objects (a
+                # closure, a bound method), its batch first or among fewer than three
+                # positional parameters (not a keyword-only one)
+                kw_batch = named_batch and all(p.name != "batch" for p in slots)
+                if slots and (slots[0].name == "batch" or (len(slots) < 3 and not kw_batch)):
                     if not named_batch:
                         self._batch = slots[0].name  # step(real), step(data, scale=2.0)
                     self._by_name = True
@@ -290,16 +294,6 @@ class StepCall:
         return self.step_fn(**kw)
 
 
-def _takes_batch_alone(slots: list[inspect.Parameter]) -> bool:
-    """A step that cannot be called ``step_fn(model, optimizer, batch)``: it names its own
-    objects (a closure, a bound method) and takes the batch by name (``slots``: ``_slots``)."""
-    return (
-        bool(slots)
-        and (slots[0].name == "batch" or len(slots) < 3)
-        and any(p.name == "batch" for p in slots)
-    )
-
-
 def _slots(params: list[inspect.Parameter]) -> list[inspect.Parameter]:
     """The parameters an argument can fill by position (none where ``*args`` takes any)."""
     if any(p.kind is p.VAR_POSITIONAL for p in params):
@@ -326,8 +320,7 @@ def gather_state(objects: RunObjects, model: torch.nn.Module | None = None) -> d
     state["grads"] = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
     # The other models' pending gradients too (a GAN's netG): a replay from this state must
     # not see a previous replay's gradients there.
-    other = other_models(objects, model)
-    if other:
+    if other := other_models(objects, model):
         state["object_grads"] = {
             name: {n: p.grad for n, p in m.named_parameters() if p.grad is not None}
             for name, m in other.items()
@@ -435,12 +428,11 @@ def load_state(
     model = objects.model
     model.load_state_dict(convert("model", state["model"]))
     apply_layout(objects, model, state.get("layout"))
-    if objects.optimizer is not None and state.get("optimizer") is not None:
-        objects.optimizer.load_state_dict(int_keys(convert("optimizer", state["optimizer"])))
-    for role in ROLES[2:]:
+    for role in ROLES[1:]:
         obj = objects.named.get(role)
         if obj is not None and state.get(role) is not None:
-            obj.load_state_dict(convert(role, state[role]))
+            sd = convert(role, state[role])
+            obj.load_state_dict(int_keys(sd) if role == "optimizer" else sd)
     kept = state.get("objects") or {}
     for name, obj in objects.extras.items():
         if name in kept:

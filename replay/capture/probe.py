@@ -80,8 +80,7 @@ def _install() -> None:
     _clip_grad._clip_grads_with_norm_ = _watching(_clip_grad._clip_grads_with_norm_)
     # clip_grad_norm_ reaches the global above; these are called directly by users.
     for mod in (_clip_grad, torch.nn.utils):
-        if hasattr(mod, "clip_grad_value_"):
-            mod.clip_grad_value_ = _watching(mod.clip_grad_value_)  # type: ignore[attr-defined]  # torch stubs: not re-exported
+        mod.clip_grad_value_ = _watching(mod.clip_grad_value_)  # type: ignore[attr-defined]  # torch stubs: not re-exported
     if hasattr(torch.nn.utils, "clip_grads_with_norm_"):
         torch.nn.utils.clip_grads_with_norm_ = _watching(torch.nn.utils.clip_grads_with_norm_)
 

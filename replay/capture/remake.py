@@ -75,10 +75,8 @@ def remake_spec(first: Any, fn: Any, named: dict[str, Any]) -> dict[str, Any] | 
     the run objects ``named``; ``None`` when it cannot. On the training thread, at each change
     (a loop alternating two functions: every step), so the objects' modules are walked only
     when a cell differs."""
-    if isinstance(fn, types.MethodType) or isinstance(first, types.MethodType):
-        return None
     if not isinstance(fn, types.FunctionType) or not isinstance(first, types.FunctionType):
-        return None
+        return None  # (a bound method is not a FunctionType)
     if fn.__code__ is not first.__code__:
         if fn.__closure__ or "<locals>" in fn.__qualname__ or fn.__module__ != first.__module__:
             return None

@@ -71,29 +71,22 @@ def _placement_json(p: Any) -> list[Any]:
     )
 
 
-def _placement(j: list[Any]) -> Any:
-    from torch.distributed.tensor import Replicate, Shard
-
-    return Shard(int(j[1])) if j[0] == "shard" else Replicate()
-
-
 def localize(tree: Any) -> tuple[Any, list[dict[str, Any]]]:
     """``tree`` with each DTensor replaced by its local tensor, and the list of what they were:
     ``{"path": [key, ...], "shape": global shape, "stride": global stride, "placements":
     [["shard", dim] | ["replicate"], ...]}``."""
-    specs: list[dict[str, Any]] = []
     if "torch.distributed.tensor" not in sys.modules:
-        return tree, specs
-    for keys, leaf in leaves(tree):
-        if is_dtensor(leaf):
-            specs.append(
-                {
-                    "path": [k for _, k in keys],
-                    "shape": list(leaf.shape),
-                    "stride": list(leaf.stride()),
-                    "placements": [_placement_json(p) for p in leaf.placements],
-                }
-            )
+        return tree, []
+    specs: list[dict[str, Any]] = [
+        {
+            "path": [k for _, k in keys],
+            "shape": list(leaf.shape),
+            "stride": list(leaf.stride()),
+            "placements": [_placement_json(p) for p in leaf.placements],
+        }
+        for keys, leaf in leaves(tree)
+        if is_dtensor(leaf)
+    ]
     return (map_tree(local, tree) if specs else tree), specs
 
 
@@ -116,7 +109,7 @@ def _get(tree: Any, key: Any) -> tuple[Any, Any]:
 def globalize(tree: Any, specs: list[dict[str, Any]], mesh: Any) -> Any:
     """Put DTensors back at the paths ``specs`` name (paths relative to ``tree``), each built
     from its local tensor on ``mesh`` (no collective). Changes ``tree`` in place; returns it."""
-    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import DTensor, Replicate, Shard
 
     for spec in specs:
         path = spec["path"]
@@ -127,7 +120,7 @@ def globalize(tree: Any, specs: list[dict[str, Any]], mesh: Any) -> Any:
         parent[k] = DTensor.from_local(
             t,
             mesh,
-            [_placement(p) for p in spec["placements"]],
+            [Shard(int(p[1])) if p[0] == "shard" else Replicate() for p in spec["placements"]],
             run_check=False,
             shape=torch.Size(spec["shape"]),
             stride=tuple(spec["stride"]),
@@ -153,13 +146,11 @@ def layout(model: torch.nn.Module) -> dict[str, Any] | None:
         return None
     from torch.distributed.fsdp import FSDPModule
 
-    names = [n for n, m in model.named_modules() if isinstance(m, FSDPModule)]
-    if not names:
+    sharded = {n: m for n, m in model.named_modules() if isinstance(m, FSDPModule)}
+    if not sharded:
         return None
     policies = {}
-    for n, m in model.named_modules():
-        if n not in names:
-            continue
+    for n, m in sharded.items():
         state = m._get_fsdp_state()
         mp = getattr(state, "_mp_policy", None)  # what fully_shard was given (torch 2.13)
         if mp is None:
@@ -175,7 +166,7 @@ def layout(model: torch.nn.Module) -> dict[str, Any] | None:
     mesh = mesh_of(model)
     return {
         "kind": "fully_shard",
-        "modules": names,
+        "modules": list(sharded),
         "mesh": None
         if mesh is None
         else {

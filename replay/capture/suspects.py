@@ -206,9 +206,8 @@ def _training_state(obj: object) -> str | None:
     or buffers (not a loss function), an optimizer, a scheduler, anything else that saves and
     loads a state (a GradScaler, an EMA helper)."""
     if isinstance(obj, torch.nn.Module):
-        if next(obj.parameters(), None) is None and next(obj.buffers(), None) is None:
-            return None
-        return type(obj).__name__
+        empty = next(obj.parameters(), None) is None and next(obj.buffers(), None) is None
+        return None if empty else type(obj).__name__
     if isinstance(obj, (torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler)):
         return _stateful(obj)
     if isinstance(obj, (type, types.ModuleType)):

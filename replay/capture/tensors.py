@@ -28,7 +28,7 @@ __all__ = [
 ]
 
 # dtypes numpy cannot hold natively travel as a same-width integer view.
-_VIEW_AS: dict[torch.dtype, torch.dtype] = {torch.bfloat16: torch.int16}
+_VIEW_AS = {torch.bfloat16: torch.int16, torch.complex32: torch.int32}
 for _name in (
     "float8_e4m3fn",
     "float8_e5m2",
@@ -38,8 +38,6 @@ for _name in (
 ):
     if hasattr(torch, _name):
         _VIEW_AS[getattr(torch, _name)] = torch.uint8
-if hasattr(torch, "complex32"):
-    _VIEW_AS[torch.complex32] = torch.int32
 
 
 _NAMES: dict[torch.dtype, str] = {}

@@ -105,10 +105,8 @@ class ObjectWatch:
         """A gradient norm measured this step is NaN/Inf (read where it is in host memory only,
         ``readback.value_now``: a device's is never waited for)."""
         for gn, _ in self._grads:
-            if isinstance(gn, float) and not math.isfinite(gn):
-                return True
-            value = value_now(gn) if isinstance(gn, torch.Tensor) else None
-            if value is not None and not math.isfinite(value):
+            value = value_now(gn) if isinstance(gn, torch.Tensor) else gn
+            if isinstance(value, float) and not math.isfinite(value):
                 return True
         return False
 

@@ -49,7 +49,7 @@ class NonFinite:
     role: str  # producer | converter | propagator | exempt (see origins.py)
     klass: str
     origins: frozenset[int]
-    output: TensorInfo | None  # its first floating output (None unless ``detailed``)
+    output: TensorInfo | None = None  # its first floating output (None unless ``detailed``)
     # Filled for the first MAX_DETAILED of them, and for every producer (``detailed``): the
     # inputs with their statistics, and the location of the code that ran the op.
     inputs: list[InputInfo] = field(default_factory=list)
@@ -112,9 +112,7 @@ class Findings:
         self.origins.mask_keys = mask_keys
         # every non-finite op, a few bytes each (spool.NonFiniteTable); full records for the
         # first MAX_DETAILED and every producer
-        self.nonfinite = NonFiniteTable(
-            lambda role, klass, origins: NonFinite(role, klass, origins, None)
-        )
+        self.nonfinite = NonFiniteTable(NonFinite)
         self.raised: list[RaisedOp] = []
         self.noticed: list[Noticed] = []
         self._sets: dict[frozenset[int], frozenset[int]] = {}
@@ -163,7 +161,7 @@ class Findings:
         origins = self._sets.setdefault(origins, origins)
         for t, k in zip(floats, kinds):
             self.origins.set_output(t, origins if k != "finite" else None)
-        nf = NonFinite(role, klass, origins, None)
+        nf = NonFinite(role, klass, origins)
         if len(self.nonfinite) < MAX_DETAILED or role == "producer":
             nf.output = _tensor_info(floats[0])
             nf.inputs = [input_info(t) for t in ins]

@@ -73,12 +73,13 @@ class BatchPicture(TypedDict):
 
 
 class _GradStats(NamedTuple):
-    """A parameter's gradient when the optimizer started (or at the end of the step)."""
+    """A parameter's gradient when the optimizer started (or at the end of the step): its
+    columns of ``/params``."""
 
     has_grad: bool
-    norm: float  # of its finite part; NaN when nothing is finite
-    nan: float
-    inf: float
+    grad_norm: float  # of its finite part; NaN when nothing is finite
+    grad_nan: float
+    grad_inf: float
 
 
 _NO_GRAD = _GradStats(False, NAN, NAN, NAN)
@@ -154,9 +155,7 @@ def present_keys(
         ts += list(m.parameters()) + list(m.buffers())
         ts += [p.grad for p in m.parameters() if p.grad is not None]
     for opt in opts:
-        if opt is None:
-            continue
-        for state in opt.state.values():
+        for state in opt.state.values() if opt is not None else ():
             ts += [v for v in state.values() if isinstance(v, torch.Tensor)]
     return storages(ts)
 
@@ -193,8 +192,7 @@ def batch_picture(
 
 
 def _norm(t: torch.Tensor) -> float:
-    norm: float = torch.linalg.vector_norm(t.detach().double()).item()
-    return norm
+    return float(torch.linalg.vector_norm(t.detach().double()))
 
 
 class ParamPicture:
@@ -260,18 +258,15 @@ class ParamPicture:
                 w = b.double()  # weight statistics: the weights this step started from
                 cols["numel"].append(p.numel())
                 cols["requires_grad"].append(p.requires_grad)
-                cols["has_grad"].append(g.has_grad)
-                cols["grad_norm"].append(g.norm)
-                cols["grad_nan"].append(g.nan)
-                cols["grad_inf"].append(g.inf)
+                for k, v in zip(g._fields, g):
+                    cols[k].append(v)
                 wn = _norm(b)
                 cols["weight_norm"].append(wn)
                 cols["weight_mean"].append(w.mean().item() if p.numel() else NAN)
                 cols["weight_std"].append(w.std(correction=0).item() if p.numel() else NAN)
                 un = _norm(p.detach().double() - w)
                 cols["update_norm"].append(un)
-                ratio = un / wn if wn > 0 and math.isfinite(wn) else NAN
-                cols["update_ratio"].append(ratio)
+                cols["update_ratio"].append(un / wn if wn > 0 and math.isfinite(wn) else NAN)
         return {k: np.asarray(v) for k, v in cols.items()}
 
     def release(self) -> None:

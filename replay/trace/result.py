@@ -74,14 +74,10 @@ class TraceResult:
         """Record the culprit samples: positions along the sample axis ``axes[0]`` (default
         dim 0), or ``[micro-batch, row]`` pairs when ``axes`` names two (micro-batches)."""
         axes = [0] if axes is None else [int(a) for a in axes]
-        norm: list[int] | list[list[int]]
-        if len(axes) == 1:
-            norm = [int(s) for s in samples]
-        else:
-            norm = [[int(i) for i in s] for s in samples]
-        self.verdict["samples"] = norm
-        self.verdict["samples_exact"] = bool(exact)
-        self.verdict["sample_axes"] = axes
+        norm: list[int] | list[list[int]] = (
+            [int(s) for s in samples] if len(axes) == 1 else [[int(i) for i in s] for s in samples]
+        )
+        self.verdict.update(samples=norm, samples_exact=bool(exact), sample_axes=axes)
         if self.verdict.get("data") is not None:
             self.verdict["data"]["sample_axes"] = axes
         # the batch picture is per dim-0 sample: it marks culprits only when those are samples

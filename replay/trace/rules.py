@@ -93,13 +93,9 @@ def op_info(func: OpOverload[..., object], names: Interner) -> OpInfo:
     """``func``'s ``OpInfo``, its name numbered in ``names`` (a skipped op's is not)."""
     schema: torch._C.FunctionSchema = func._schema
     name = schema.name if "::" in schema.name else f"aten::{schema.name}"
-    pos: list[int] = []
-    kw: list[str] = []
-    for i, a in enumerate(schema.arguments):
-        if a.alias_info is not None and a.alias_info.is_write:
-            if a.kwarg_only:
-                kw.append(a.name)
-            else:
-                pos.append(i)
+    args = schema.arguments
+    written = [i for i, a in enumerate(args) if a.alias_info is not None and a.alias_info.is_write]
+    pos = tuple(i for i in written if not args[i].kwarg_only)
+    kw = tuple(args[i].name for i in written if args[i].kwarg_only)
     r = rule(name)
-    return OpInfo(name, -1 if r.skip else names(name), tuple(pos), tuple(kw), r)
+    return OpInfo(name, -1 if r.skip else names(name), pos, kw, r)

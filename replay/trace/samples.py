@@ -23,6 +23,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import Counter
 from collections.abc import Callable, Collection, Sequence
@@ -362,8 +363,7 @@ def choose_sample_axes(
         ]
     if len(cands) == 1:
         return [cands[0][0]], hint_notes
-    shared = _shared_axis(batch, cands)
-    if shared is not None:
+    if (shared := _shared_axis(batch, cands)) is not None:
         return [shared], [
             *hint_notes,
             f"samples are positions along dim {shared}: the batch's tensors have lengths of "
@@ -471,12 +471,11 @@ class FailureProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch
 
 def has_batch_coupling(model: torch.nn.Module) -> bool:
     """True when a layer mixes samples: BatchNorm in training mode (or without running stats)."""
-    for m in model.modules():
-        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and (
-            m.training or not m.track_running_stats
-        ):
-            return True
-    return False
+    return any(
+        isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
+        and (m.training or not m.track_running_stats)
+        for m in model.modules()
+    )
 
 
 def find_culprit_samples(
@@ -484,16 +483,13 @@ def find_culprit_samples(
 ) -> tuple[list[int], bool]:
     """Smallest set of sample indices (sorted) for which ``fails`` still holds, and whether the
     answer is exact. If the full batch does not fail, returns ``(all indices, False)``."""
-    cache: dict[tuple[int, ...], bool] = {}
 
-    def test(ix: list[int]) -> bool:
-        key = tuple(ix)
-        if key not in cache:
-            cache[key] = bool(fails(list(ix)))
-        return cache[key]
+    @functools.cache  # (ddmin asks again for subsets it tried)
+    def test(ix: tuple[int, ...]) -> bool:
+        return bool(fails(list(ix)))
 
     current = list(range(batch_size))
-    if not current or not test(current):
+    if not current or not test(tuple(current)):
         return current, False
     n = 2
     while len(current) >= 2:
@@ -501,13 +497,13 @@ def find_culprit_samples(
         parts = [current[round(i * chunk) : round((i + 1) * chunk)] for i in range(n)]
         parts = [p for p in parts if p]
         for p in parts:  # reduce to a subset
-            if test(p):
+            if test(tuple(p)):
                 current, n = p, 2
                 break
         else:
             for p in parts:  # reduce to a complement
                 rest = [i for i in current if i not in set(p)]
-                if n > 2 and rest and test(rest):
+                if n > 2 and rest and test(tuple(rest)):
                     current, n = rest, max(n - 1, 2)
                     break
             else:

@@ -30,10 +30,8 @@ MAX_STACK = 16
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _REPLAY_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-_STDLIB_DIRS = tuple(
-    {os.path.realpath(p) + os.sep for p in (sysconfig.get_paths()["stdlib"],)}
-    | {sysconfig.get_paths()["stdlib"] + os.sep}
-)
+_STDLIB = sysconfig.get_paths()["stdlib"]
+_STDLIB_DIRS = tuple({os.path.realpath(_STDLIB) + os.sep, _STDLIB + os.sep})
 _SKIP_PREFIXES = (_TORCH_DIR, _REPLAY_DIR, *_STDLIB_DIRS)
 _SKIP_PARTS = (os.sep + "_pytest" + os.sep, os.sep + "pluggy" + os.sep)
 
@@ -159,10 +157,7 @@ def snapshot_sources(locations: list[str]) -> dict[str, SourceFile]:
                 digest: str | None = hashlib.sha256(fh.read()).hexdigest()
         except OSError:
             digest = None
-        text: dict[str, str] = {}
-        for n in sorted(lines):
-            s = linecache.getline(filename, n)
-            if s:
-                text[str(n)] = s.rstrip("\n")
+        got = ((n, linecache.getline(filename, n)) for n in sorted(lines))
+        text = {str(n): s.rstrip("\n") for n, s in got if s}
         out[filename] = {"sha256": digest, "lines": text}
     return out

@@ -76,10 +76,6 @@ class OpSpool:
             self.buf[k] = []
         self.flushed += n
 
-    def _row_bytes(self, col: str) -> int:
-        dt, tail = _SPEC[col]
-        return int(dt.itemsize * int(np.prod(tail, dtype=np.int64)))
-
     def set_rows(self, col: str, rows: np.ndarray, value: Any) -> None:
         """``value`` in column ``col`` at every one of ``rows`` (sorted), in one stroke: the
         verdict sets the status of millions of ops that carried a NaN on this way. Single-row
@@ -105,12 +101,10 @@ class OpSpool:
         return row.item() if row.ndim == 0 else row  # a Python number, as in the buffer
 
     def set(self, col: str, i: int, value: Any) -> None:
-        if self._overlays[col]:
-            self._patch[col][i] = value  # over the overlays
-        elif i >= self.flushed:
+        if i >= self.flushed and not self._overlays[col]:
             self.buf[col][i - self.flushed] = value
         else:
-            self._patch[col][i] = value
+            self._patch[col][i] = value  # a row in the files, or one over the overlays
 
     def read(self, col: str, start: int, stop: int) -> np.ndarray:
         """Rows ``[start, stop)`` of one column, patches applied."""
@@ -119,7 +113,7 @@ class OpSpool:
         parts = []
         if start < self.flushed:
             end = min(stop, self.flushed)
-            size = self._row_bytes(col)
+            size = int(dt.itemsize * int(np.prod(tail, dtype=np.int64)))
             raw = os.pread(self._files[col].fileno(), (end - start) * size, start * size)
             parts.append(np.frombuffer(raw, dtype=dt).reshape((end - start, *tail)))
         if stop > self.flushed:
@@ -252,12 +246,5 @@ class NonFiniteTable(Mapping[int, Any]):
 
     def rows_where(self, set_ids: set[int]) -> np.ndarray:
         """Rows of the ops whose origin set is one of ``set_ids``."""
-        ids = (
-            np.frombuffer(self.set_id, dtype=np.int32)
-            if len(self.set_id)
-            else np.zeros(0, np.int32)
-        )
-        rows = (
-            np.frombuffer(self.index, dtype=np.int64) if len(self.index) else np.zeros(0, np.int64)
-        )
-        return rows[np.isin(ids, list(set_ids))]
+        ids = np.asarray(self.set_id, dtype=np.int32)  # (views of the arrays' buffers)
+        return np.asarray(self.index, dtype=np.int64)[np.isin(ids, list(set_ids))]

@@ -53,9 +53,6 @@ class Stage:
         self.aliases: list[tuple[int, int]] = []
         self.values = 0
 
-    def __len__(self) -> int:
-        return len(self.rows) + len(self.aliases)
-
     def add(self, row: int, a: np.ndarray) -> None:
         """Stage the finite values ``a`` (a flat copy) of op row ``row``."""
         self.rows.append(row)

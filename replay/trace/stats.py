@@ -248,11 +248,10 @@ def np_stats(a: np.ndarray, hist: bool) -> tuple[Stats, np.ndarray]:
     n_nan = n_pos = n_neg = 0.0
     good = a
     if not (math.isfinite(lo) and math.isfinite(hi)):
-        fin = np.isfinite(a)
         n_nan = float(np.count_nonzero(np.isnan(a)))
         n_pos = float(np.count_nonzero(a == math.inf))
         n_neg = float(np.count_nonzero(a == -math.inf))
-        good = a[fin]
+        good = a[np.isfinite(a)]
         if good.size == 0:
             return Stats(NAN, NAN, NAN, NAN, NAN, n_nan, n_pos, n_neg, zeros, float(n)), _EMPTY_HIST
         lo, hi = float(good.min()), float(good.max())

@@ -96,9 +96,7 @@ def _state_tensors(
     buffers), by name: what a step changes besides parameters and gradients."""
     out: dict[str, torch.Tensor] = {}
     for prefix, m in modules:
-        for n, b in m.named_buffers():
-            if b.is_floating_point():
-                out[f"{prefix}{n}"] = b
+        out |= {f"{prefix}{n}": b for n, b in m.named_buffers() if b.is_floating_point()}
     for prefix, opt in opts:
         index = {id(p): i for i, p in enumerate(p for g in opt.param_groups for p in g["params"])}
         for p, st in opt.state.items():
@@ -153,23 +151,22 @@ def trace_step(
         print(r.verdict["kind"], r.verdict["op"], r.verdict["module"], r.verdict["source"])
     """
     eager, run = _eager(model, step_fn)
-    bsize = batch_size_of(batch)
-    batch_pic, batch_bad = batch_picture(batch, bsize)
+    batch_pic, batch_bad = batch_picture(batch, batch_size_of(batch))
     data = batch_nonfinite(batch) if batch_bad else []
     other = [
         (n, o)
         for n, o in (others or {}).items()
         if isinstance(o, (torch.nn.Module, torch.optim.Optimizer))
     ]
-    params = ParamPicture(eager, [(n, o) for n, o in other if isinstance(o, torch.nn.Module)])
+    other_models = [(n, o) for n, o in other if isinstance(o, torch.nn.Module)]
+    params = ParamPicture(eager, other_models)
     batch_keys = storages(t for _, t in batch_leaves(batch))
-    cuda = any(p.is_cuda for p in eager.parameters())
     tracer = Tracer(
         eager,
         optimizer,
         batch_keys,
         present_keys(eager, optimizer, [o for _, o in other]),
-        cuda=cuda,
+        cuda=any(p.is_cuda for p in eager.parameters()),
         mask_keys=mask_buffer_keys(eager),
         others=other,
         direct_dispatch=direct_dispatch,
@@ -177,7 +174,6 @@ def trace_step(
     )
     sinks: list[tuple[str, frozenset[int]]] = []
     notes: list[str] = []
-    ran_optimizer: list[bool] = []
 
     def sink(what: str, bad: list[tuple[str, torch.Tensor]]) -> None:
         """``bad``'s tensors, by name, are non-finite where the step ends up: a sink."""
@@ -189,20 +185,14 @@ def trace_step(
         params.take_grads()
         sink("gradients", params.bad_grads())
 
-    def at_optimizer() -> None:
-        ran_optimizer.append(True)
-        grad_sink()
-
     # Buffers and optimizer state: a sink too when the step makes them non-finite (a running
     # statistic or an Adam moment that overflows while the parameters stay finite), so the step
     # that broke them is the one blamed, not the later step that reads them.
-    state_modules = [("", eager)] + [
-        (f"{n}.", o) for n, o in other if isinstance(o, torch.nn.Module)
-    ]
+    state_modules = [("", eager)] + [(f"{n}.", o) for n, o in other_models]
     state_opts = [("optimizer.", optimizer)] if optimizer is not None else []
     state_opts += [(f"{n}.", o) for n, o in other if isinstance(o, torch.optim.Optimizer)]
     finite_before = {n: _finite(t) for n, t in _state_tensors(state_modules, state_opts).items()}
-    tracer.phase.on_optimizer_pre = at_optimizer
+    tracer.phase.on_optimizer_pre = grad_sink
     loss_value: float | None = None
     exc_info: Exception | None = None
     try:
@@ -226,28 +216,27 @@ def trace_step(
             # a Python float carries no storage: any op origin may have made it
             sinks.insert(0, ("the loss", frozenset(tracer.findings.origins.klass)))
     del loss
-    if exc_info is None and not ran_optimizer:
-        if scaler is not None:
-            notes.append(
-                "the GradScaler skipped the optimizer step (non-finite gradients); "
-                "under AMP that is normal, not a failure"
-            )
-            params.take_grads()
-        else:
-            grad_sink()
     if exc_info is None:
+        if params.grads is None:  # no optimizer step started (grad_sink takes them there)
+            if scaler is not None:
+                notes.append(
+                    "the GradScaler skipped the optimizer step (non-finite gradients); "
+                    "under AMP that is normal, not a failure"
+                )
+                params.take_grads()
+            else:
+                grad_sink()
         sink("parameters", params.bad_params())
         state = _state_tensors(state_modules, state_opts).items()
         sink("state", [(n, t) for n, t in state if finite_before.get(n, True) and not _finite(t)])
 
     exception: TraceException | None = None
     if exc_info is not None:
-        index = _match_raise(tracer, exc_info)
         loc, _ = tracer.sites.locs.from_traceback(exc_info.__traceback__)
         exception = {
             "type": type(exc_info).__name__,
             "message": str(exc_info),
-            "op_index": index,
+            "op_index": _match_raise(tracer, exc_info),
             "source": tracer.sites.locs.describe(loc),
             "traceback": "".join(traceback.format_exception(exc_info)),
         }
@@ -285,21 +274,14 @@ def _result(
     for a in range(0, ops.rows, CHUNK_ROWS):  # in row ranges: the table may not fit in memory
         m = ops.read("module", a, a + CHUNK_ROWS)
         counts += np.bincount(m[m >= 0], minlength=len(names))[: len(names)]
+    index = tracer.scope.modules.index
     for i, name in enumerate(names):
-        parent = name.rpartition(".")[0] if name else None
         rows["name"].append(i)
         rows["kind"].append(kinds(type(mods[name]).__name__ if name in mods else "?"))
-        rows["parent"].append(
-            tracer.scope.modules.index.get(parent, -1) if parent is not None else -1
-        )
-        act = tracer.scope.acts.get(i, _NO_ACTIVATION)
-        for k, v in zip(
-            ("act_mean", "act_std", "act_absmax", "act_zero_frac", "act_nonfinite"), act
-        ):
-            rows[k].append(v)
-        rows["n_ops"].append(int(counts[i]) if i < len(counts) else 0)
-    modules = {k: np.asarray(v) for k, v in rows.items()}
-    param_table = params.table()
+        rows["parent"].append(index.get(name.rpartition(".")[0], -1) if name else -1)
+        for k, v in zip(Activation._fields, tracer.scope.acts.get(i, _NO_ACTIVATION)):
+            rows[f"act_{k}"].append(v)
+        rows["n_ops"].append(int(counts[i]))
     strings: dict[str, list[str]] = {
         "ops": tracer.log.op_names.items,
         "modules": names,
@@ -314,8 +296,8 @@ def _result(
         verdict=verdict,
         ops=ops,
         strings=strings,
-        modules=modules,
-        params=param_table,
+        modules={k: np.asarray(v) for k, v in rows.items()},
+        params=params.table(),
         memory=tracer.log.memory.picture(),
         sources=snapshot_sources(tracer.sites.locs.locations.items),
         batch=batch_pic,

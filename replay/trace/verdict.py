@@ -38,8 +38,7 @@ NaN/Inf: ``data`` lists its non-finite tensors, the op named only read it first)
 finite inputs.
 
 Statuses: producers whose values reached a sink are 1, ops carrying those values (converters
-included) 2,
-every other non-finite op is exempt (4), ops that raised are 3.
+included) 2, every other non-finite op is exempt (4), ops that raised are 3.
 """
 
 from __future__ import annotations
@@ -96,11 +95,8 @@ def _closure_of(tr: Tracer, i: int) -> int | None:
 
 
 def _surfaced(tr: Tracer, i: int, how: str) -> dict[str, Any]:
-    ref = _op_ref(tr, i)
-    ref.update(
-        source=tr.sites.locs.describe(tr.log.cols["source"][i]), closure=_closure_of(tr, i), how=how
-    )
-    return ref
+    src = tr.sites.locs.describe(tr.log.cols["source"][i])
+    return {**_op_ref(tr, i), "source": src, "closure": _closure_of(tr, i), "how": how}
 
 
 def _first_real(tr: Tracer, origins: frozenset[int]) -> int | None:
@@ -120,24 +116,20 @@ def _first_consumer(tr: Tracer, origin: int) -> int | None:
 
 def _nan_from_inf(tr: Tracer, culprit: int, first: frozenset[int]) -> dict[str, Any] | None:
     """The first converter that turned the culprit's infinity into NaN, on the way to the sink."""
-    if tr.findings.origins.kind.get(culprit) not in ("inf", "neginf"):
+    origins = tr.findings.origins
+    if origins.kind.get(culprit) not in ("inf", "neginf"):
         return None
     for i in sorted(o for o in first if o >= 0):
-        if (
-            tr.findings.origins.klass.get(i) == "nan"
-            and culprit in tr.findings.nonfinite[i].origins
-        ):
-            ref = _op_ref(tr, i)
-            ref["source"] = tr.sites.locs.describe(tr.log.cols["source"][i])
-            ref["from"] = "+inf" if tr.findings.origins.kind[culprit] == "inf" else "-inf"
-            return ref
+        if origins.klass.get(i) == "nan" and culprit in tr.findings.nonfinite[i].origins:
+            src = tr.sites.locs.describe(tr.log.cols["source"][i])
+            made = "+inf" if origins.kind[culprit] == "inf" else "-inf"
+            return {**_op_ref(tr, i), "source": src, "from": made}
     return None
 
 
 def _blame_data(v: dict[str, Any], data: list[BatchNonFinite] | None, then: str) -> None:
     """Cause ``data``: the batch held the NaN/Inf, ``data`` its non-finite tensors."""
-    v["cause"] = "data"
-    v["data"] = {"tensors": list(data or []), "sample_axes": None}
+    v.update(cause="data", data={"tensors": list(data or []), "sample_axes": None})
     names = ", ".join(d["name"] for d in data or []) or "the batch"
     v["notes"].append(
         f"the input batch is non-finite ({names}): it is a data bug; no op produced it, {then}"
@@ -173,28 +165,29 @@ def build_verdict(
     if exception is not None:
         v["kind"] = "exception"
         at = exception["op_index"]
-        if at is not None:
-            raised = next(r for r in tr.findings.raised if r.index == at)
-            v["previous"] = [_op_ref(tr, j) for j in range(max(0, at - N_PREVIOUS), at)]
-            v["closure"] = _closure_of(tr, at)
-            producer = _first_real(tr, raised.bad_origins)
-            if producer is not None:
-                # it raised on a value a producer of this step made: that producer is named
-                _blame_producer(tr, v, producer, raised.bad_origins)
-                status[producer] = PRODUCER
-                v["surfaced"] = _surfaced(tr, at, f"raised {exception['type']} on it")
-                v["notes"].append(
-                    f"{v['op']} (op {producer}) made {v['made']} from finite inputs; "
-                    f"{tr.log.name(at)} (op {at}) raised on it"
-                )
-                return v
-            v.update(_describe_op(tr, at, raised.inputs, raised.executed_at))
-            if BATCH in raised.bad_origins:  # no producer: it raised on what the batch held
-                _blame_data(v, data, f"{tr.log.name(at)} (op {at}) raised on what it became")
-        else:
+        end = len(status) if at is None else at  # raised in Python: after the last op
+        v["previous"] = [_op_ref(tr, j) for j in range(max(0, end - N_PREVIOUS), end)]
+        if at is None:
             v["source"] = exception["source"]
-            n = len(status)
-            v["previous"] = [_op_ref(tr, j) for j in range(max(0, n - N_PREVIOUS), n)]
+            return v
+        raised = next(r for r in tr.findings.raised if r.index == at)
+        v["closure"] = _closure_of(tr, at)
+        producer = _first_real(tr, raised.bad_origins)
+        if producer is not None:
+            # it raised on a value a producer of this step made: that producer is named
+            v["cause"] = "op"
+            _describe_culprit(tr, v, producer, producer)
+            v["nan_from_inf"] = _nan_from_inf(tr, producer, raised.bad_origins)
+            status[producer] = PRODUCER
+            v["surfaced"] = _surfaced(tr, at, f"raised {exception['type']} on it")
+            v["notes"].append(
+                f"{v['op']} (op {producer}) made {v['made']} from finite inputs; "
+                f"{tr.log.name(at)} (op {at}) raised on it"
+            )
+            return v
+        v.update(_describe_op(tr, at, raised.inputs, raised.executed_at))
+        if BATCH in raised.bad_origins:  # no producer: it raised on what the batch held
+            _blame_data(v, data, f"{tr.log.name(at)} (op {at}) raised on what it became")
         return v
     if not sinks:
         if tr.findings.nonfinite:
@@ -227,9 +220,8 @@ def build_verdict(
             "this step began"
         )
         culprit = _first_consumer(tr, PRESENT)
-    elif (earliest := _first_real(tr, reached)) is not None:
+    elif (culprit := _first_real(tr, reached)) is not None:
         v["cause"] = "op"
-        culprit = earliest
         if real and real[0] != culprit:
             v["surfaced"] = _surfaced(tr, real[0], f"first producer of what reached {sinks[0][0]}")
             v["notes"].append(
@@ -264,10 +256,8 @@ def build_verdict(
         v["cause"] = "uninitialised"
         culprit = _first_consumer(tr, ops[0])
         v["notes"].append(
-            "only uninitialised buffers ("
-            + tr.log.name(ops[0])
-            + f", op {ops[0]}) reached {sinks[0][0]}: the op named "
-            "read memory it never wrote"
+            f"only uninitialised buffers ({tr.log.name(ops[0])}, op {ops[0]}) reached "
+            f"{sinks[0][0]}: the op named read memory it never wrote"
         )
     if culprit is None:
         v["notes"].append(f"{sinks[0][0]} is non-finite but no traced op explains it")
@@ -300,10 +290,3 @@ def _describe_culprit(tr: Tracer, v: dict[str, Any], culprit: int, origin: int) 
         for i, later in sorted(tr.findings.nonfinite.items())
         if i > culprit and later.role in ("propagator", "converter") and origin in later.origins
     ][:N_PROPAGATORS]
-
-
-def _blame_producer(tr: Tracer, v: dict[str, Any], producer: int, origins: frozenset[int]) -> None:
-    """An exception's verdict naming the producer of the non-finite value the op raised on."""
-    v["cause"] = "op"
-    _describe_culprit(tr, v, producer, producer)
-    v["nan_from_inf"] = _nan_from_inf(tr, producer, origins)
