@@ -61,8 +61,6 @@ class SafeForensics:
 
     def __init__(self, reader: ForensicsReader) -> None:
         self._r = reader
-        self.path = reader.path
-        self.run_id = reader.run_id
         self.step = reader.step
         self.n_ops = reader.n_ops
         self.ops_columns = reader.ops_columns  # numbers only: nothing to make safe

@@ -63,8 +63,7 @@ class OpFilter:
 
     def rows(self, columns: dict[str, np.ndarray], strings: dict[str, list[str]]) -> np.ndarray:
         """Op indices passing the filter, from whole ``phase``/``module``/``name`` columns."""
-        n = len(columns["phase"])
-        mask = np.ones(n, dtype=bool)
+        mask = np.ones(len(columns["phase"]), dtype=bool)
         if self.phase is not None:
             mask &= columns["phase"] == self.phase
         if self.module is not None:

@@ -21,8 +21,7 @@ def _scaler(ctx: Context) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
 @rule
 def amp_steps_skipped(ctx: Context) -> Finding | None:
     """The GradScaler skipped some steps (inf/NaN in the scaled gradients): normal in moderation."""
-    s = _scaler(ctx)
-    if s is None:
+    if (s := _scaler(ctx)) is None:
         return None
     steps, finite, skipped = s
     n = int(skipped.sum())
@@ -50,8 +49,7 @@ def amp_steps_skipped(ctx: Context) -> Finding | None:
 @rule
 def amp_scale_collapse(ctx: Context) -> Finding | None:
     """The loss scale shrinks to tiny values, or most steps are skipped."""
-    s = _scaler(ctx)
-    if s is None:
+    if (s := _scaler(ctx)) is None:
         return None
     steps, finite, skipped = s
     frac = float(skipped.mean())

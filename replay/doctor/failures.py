@@ -10,8 +10,7 @@ from .registry import Finding, rule
 @rule
 def nonfinite_recorded(ctx: Context) -> Finding | None:
     """A NaN/Inf loss, gradient or weight was recorded (AMP-skipped steps excluded)."""
-    step = ctx.rec.first_bad()["nonfinite"]
-    if step is None:
+    if (step := ctx.rec.first_bad()["nonfinite"]) is None:
         return None
     h = ctx.health
     i = int((h["step"] == step).nonzero()[0][0])
@@ -30,8 +29,7 @@ def nonfinite_recorded(ctx: Context) -> Finding | None:
 @rule
 def exception_recorded(ctx: Context) -> Finding | None:
     """A step raised an exception."""
-    step = ctx.rec.first_bad()["exception"]
-    if step is None:
+    if (step := ctx.rec.first_bad()["exception"]) is None:
         return None
     try:
         exc = ctx.rec.read_step(step).get("exception") or {}
@@ -54,8 +52,7 @@ def died_outside_a_step(ctx: Context) -> Finding | None:
     validation or logging line, a callback), a failing ``sys.exit``, Ctrl-C; or, where the file
     was never closed and nothing writes it, a kill no exception announced."""
     rec = ctx.rec
-    ended = rec.ending()
-    if ended is None:
+    if (ended := rec.ending()) is None:
         return None
     after = [] if ended.last_step is None else [ended.last_step]
     evidence: dict[str, EvidenceValue] = {"after_step": ended.last_step, "kind": ended.kind}

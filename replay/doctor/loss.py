@@ -58,11 +58,9 @@ def initial_loss(ctx: Context) -> Finding | None:
 @rule
 def loss_rising(ctx: Context) -> Finding | None:
     """The loss ends much higher than it started."""
-    t = _ends(ctx)
-    h = ctx.health
-    went_nonfinite = bool(np.any(h["loss_nonfinite"] == 1))
-    if t is None:
+    if (t := _ends(ctx)) is None:
         return None
+    went_nonfinite = bool(np.any(ctx.health["loss_nonfinite"] == 1))
     s0, a, s1, b = t
     if not (b > 1.5 * a and b - a > 0.1):
         return None
@@ -90,8 +88,7 @@ def loss_rising(ctx: Context) -> Finding | None:
 @rule
 def loss_flat(ctx: Context) -> Finding | None:
     """The loss does not move."""
-    t = _ends(ctx)
-    if t is None:
+    if (t := _ends(ctx)) is None:
         return None
     s0, a, s1, b = t
     if a <= 1e-3 or (a - b) / abs(a) > 0.03 or b > 1.5 * a:

@@ -12,8 +12,7 @@ from .updates import update_ratios
 @rule
 def learning_rate(ctx: Context) -> Finding | None:
     """The learning rate looks too high (diverging, oscillating) or too low (flat, tiny updates)."""
-    lr = ctx.lr
-    if lr is None:
+    if (lr := ctx.lr) is None:
         return None
     # Tensors that never move (dead units, no gradient) are other rules' business.
     moving = sorted(v for v in update_ratios(ctx).values() if v > 0)

@@ -80,8 +80,7 @@ def optimizer_never_stepped(ctx: Context) -> Finding | None:
         return None
     h = ctx.health
     stepped = h["optimizer_stepped"][np.isfinite(h["optimizer_stepped"])]
-    skipped = h["scaler_skipped"] == 1
-    if stepped.size < 3 or np.any(stepped == 1) or np.all(skipped):
+    if stepped.size < 3 or np.any(stepped == 1) or np.all(h["scaler_skipped"] == 1):
         return None
     return Finding(
         "optimizer_never_stepped",

@@ -109,8 +109,7 @@ def _update_ratios(rec: Recording) -> tuple[np.ndarray, np.ndarray, LayerMap | N
 def _object_grads(rec: Recording, h: dict[str, np.ndarray]) -> LayerMap | None:
     """The watched objects' own gradient norms per step (``<object>__grad_norm``), where the
     recording has them (a GAN's generator and discriminator, a second model)."""
-    names = rec.watched_objects
-    labels = [n for n in names if f"{n}__grad_norm" in h]
+    labels = [n for n in rec.watched_objects if f"{n}__grad_norm" in h]
     if not labels:
         return None
     values = np.stack([h[f"{n}__grad_norm"] for n in labels])

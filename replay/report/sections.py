@@ -33,15 +33,10 @@ __all__ = [
 _STATS = ("min", "max", "mean", "absmax")
 
 
-def _value(x: Any) -> Any:
-    """A str enum's value (``Phase.BACKWARD`` -> ``"backward"``); anything else as it is."""
-    return getattr(x, "value", x)
-
-
-def _kv(rows: list[tuple[str, str]], cls: str = "kv") -> str:
+def _kv(rows: list[tuple[str, str]]) -> str:
     """A two-column table; ``rows`` are ``(label, html)`` with the html already escaped."""
     body = "".join(f"<tr><th>{esc(k)}</th><td>{v}</td></tr>" for k, v in rows)
-    return f'<table class="{cls}">{body}</table>'
+    return f'<table class="kv">{body}</table>'
 
 
 def _op_where(o: dict[str, Any]) -> str:
@@ -213,6 +208,7 @@ def health_section(f: RunFacts) -> str:
     w = f.window
     plot = partial(line_plot, marks=_marks(f), window=w)  # every plot: the same marks, window
     never = np.zeros(len(steps), dtype=bool)
+    ratio = "update ratio (median over weight tensors, per step, between snapshots)"
     plots = [
         plot(steps, h["loss"], title="loss", bad=h["loss_nonfinite"] == 1, plot_id="plot-loss"),
         plot(
@@ -224,19 +220,10 @@ def health_section(f: RunFacts) -> str:
             plot_id="plot-grad-norm",
         ),
         plot(steps, h["lr"], title="learning rate (param group 0)", bad=never, plot_id="plot-lr"),
+        plot(f.update_steps, f.update_ratio, title=ratio, log=True, plot_id="plot-update-ratio")
+        if len(f.update_steps)
+        else '<p class="note">update ratio: fewer than two kept snapshots</p>',
     ]
-    if len(f.update_steps):
-        plots.append(
-            plot(
-                f.update_steps,
-                f.update_ratio,
-                title="update ratio (median over weight tensors, per step, between snapshots)",
-                log=True,
-                plot_id="plot-update-ratio",
-            )
-        )
-    else:
-        plots.append('<p class="note">update ratio: fewer than two kept snapshots</p>')
     focus, at = f.first_bad, ""
     i = np.flatnonzero(steps == focus) if focus is not None else np.zeros(0, dtype=np.int64)
     if i.size:
@@ -295,14 +282,14 @@ def ops_section(f: RunFacts) -> str:
     rows = []
     for r in ops.rows:
         i = int(r["index"])
-        status = str(_value(r["status"]))
+        status = str(r["status"])
         word = op_role(f.verdict, i, status)[0]
         st = r.get("stats") or {}
         cls = "culprit" if i == ops.culprit else status
         inf = (st.get("posinf") or 0) + (st.get("neginf") or 0)
         rows.append(
             f'<tr class="{esc(cls)}" id="op-{i}"><td class="num" data-v="{i}">{i}</td>'
-            f"<td>{esc(_value(r['phase']))}</td><td>{esc(r['op'])}</td>"
+            f"<td>{esc(r['phase'])}</td><td>{esc(r['op'])}</td>"
             f"<td>{esc(r['module'] if r['module'] is not None else '')}</td><td>{esc(word)}</td>"
             f"<td>{esc(r.get('outputs') or '')}</td>"
             + "".join(_num_cell(st.get(k)) for k in _STATS)

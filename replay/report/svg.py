@@ -138,8 +138,7 @@ def line_plot(
     parts += _nonfinite_ticks(x[went_bad], kx, cx, y1)
     parts.append(f'<text class="axis step" x="{x0}" y="{_H - 6}">step {int(lo_x)}</text>')
     parts.append(f'<text class="axis step end" x="{x1}" y="{_H - 6}">{int(hi_x)}</text>')
-    order = sorted(marks, key=lambda m: m.kind == "bad")
-    for i, m in enumerate(order):
+    for i, m in enumerate(sorted(marks, key=lambda m: m.kind == "bad")):
         if not lo_x <= m.step <= hi_x:
             continue
         mx = kx * m.step + cx
@@ -166,18 +165,9 @@ def _nonfinite_ticks(xs: np.ndarray, kx: float, cx: float, top: int) -> list[str
     ]
 
 
-# A perceptually ordered ramp (viridis, 9 stops): dark for small values, yellow for large.
-_RAMP = (
-    (68, 1, 84),
-    (71, 44, 122),
-    (59, 81, 139),
-    (44, 113, 142),
-    (33, 144, 141),
-    (39, 173, 129),
-    (92, 200, 99),
-    (170, 220, 50),
-    (253, 231, 37),
-)
+# A perceptually ordered ramp (viridis, 9 stops, rrggbb): dark for small values, yellow for large.
+_VIRIDIS = bytes.fromhex("440154 472c7a 3b518b 2c718e 21908d 27ad81 5cc863 aadc32 fde725")
+_RAMP = tuple(tuple(_VIRIDIS[i : i + 3]) for i in range(0, len(_VIRIDIS), 3))
 
 
 def color_of(t: float) -> str:

@@ -6,6 +6,7 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
+from textual.keys import format_key
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
@@ -13,20 +14,8 @@ __all__ = ["HelpScreen", "key_table"]
 
 
 def _keys(binding: Binding) -> str:
-    names = {
-        "left": "←",
-        "right": "→",
-        "up": "↑",
-        "down": "↓",
-        "question_mark": "?",
-        "slash": "/",
-        "escape": "esc",
-        "pageup": "pgup",
-        "pagedown": "pgdn",
-        "left_square_bracket": "[",
-        "right_square_bracket": "]",
-    }
-    return ",".join(names.get(k, k) for k in binding.key.split(","))
+    """The binding's keys as the footer shows them (``left`` as ``←``, ``slash`` as ``/``)."""
+    return ",".join(format_key(k) for k in binding.key.split(","))
 
 
 def key_table(sections: list[tuple[str, list[Binding]]]) -> Text:

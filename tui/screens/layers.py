@@ -29,16 +29,14 @@ def module_label(row: dict[str, Any], culprit: bool) -> Text:
     t.append(f" {row.get('kind') or ''}", style="dim")
     if not np.isfinite(row["act_nonfinite"]):  # never called (a ModuleList): no output to show
         t.append("  not called", style="dim")
-        t.append(f"  {row['n_ops']} ops", style="dim")
-        return t
-    t.append(f"  mean {fmt_num(row['act_mean'])} std {fmt_num(row['act_std'])}")
-    t.append(f" |max| {fmt_num(row['act_absmax'])}")
-    zf = row["act_zero_frac"]
-    if np.isfinite(zf):
-        t.append(f" zero {zf:.0%}", style="yellow" if zf > 0.5 else "")
-    bad = row["act_nonfinite"]
-    if np.isfinite(bad) and bad > 0:
-        t.append(f"  {int(bad)} NaN/Inf", style="bold red")
+    else:
+        t.append(f"  mean {fmt_num(row['act_mean'])} std {fmt_num(row['act_std'])}")
+        t.append(f" |max| {fmt_num(row['act_absmax'])}")
+        zf = row["act_zero_frac"]
+        if np.isfinite(zf):
+            t.append(f" zero {zf:.0%}", style="yellow" if zf > 0.5 else "")
+        if row["act_nonfinite"] > 0:
+            t.append(f"  {int(row['act_nonfinite'])} NaN/Inf", style="bold red")
     t.append(f"  {row['n_ops']} ops", style="dim")
     return t
 

@@ -73,8 +73,7 @@ class MemoryScreen(ForensicsScreen):
         if self.mem is None or not len(self.mem):
             return
         self.cursor = max(0, min(len(self.mem) - 1, self.cursor))
-        plot = self.query_one("#mem-plot", SeriesPlot)
-        plot.cursor = self.cursor
+        self.query_one("#mem-plot", SeriesPlot).cursor = self.cursor
         peak = self.info["peak_op"]
         self.query_one("#mem-info", Static).update(
             f"peak {fmt_bytes(self.info['peak_bytes'])} after op {peak} (marked ┴) · "
@@ -96,8 +95,7 @@ class MemoryScreen(ForensicsScreen):
             self._apply_cursor()
 
     def action_open_op(self) -> None:
-        tables = self.query("#mem-table").results(DataTable)
-        table = next(iter(tables), None)
+        table = next(iter(self.query("#mem-table").results(DataTable)), None)
         if table is not None and table.has_focus and self.info and self.info["largest"]:
             row = table.cursor_row
             self.post_message(OpChosen(int(self.info["largest"][row]["op_index"]), "ops"))

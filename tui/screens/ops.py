@@ -179,9 +179,7 @@ class OpsScreen(ForensicsScreen):
     def _visible_mask(self, mask: np.ndarray) -> np.ndarray:
         ol = self.op_list
         assert ol is not None
-        keep = np.zeros_like(mask)
-        keep[ol.rows] = True
-        return np.flatnonzero(mask & keep)
+        return np.intersect1d(ol.rows, np.flatnonzero(mask))
 
     def action_nonfinite(self, direction: int) -> None:
         if self.full is None:

@@ -308,11 +308,10 @@ class OverviewScreen(RunScreen):
             t.append("  " + m.no_forensics_message + "\n", style="yellow")
         else:
             v = m.forensics.verdict
-            kind = v.kind
-            if kind == "none":  # a healthy step, traced with t or `replay trace`
+            if v.kind == "none":  # a healthy step, traced with t or `replay trace`
                 t.append(f"  step {v.step} traced: no op made a non-finite value\n")
             else:
-                t.append(f"  step {v.step}: {kind}\n")
+                t.append(f"  step {v.step}: {v.kind}\n")
             cause = cause_text(v)
             if cause:
                 t.append(f"  {cause}\n")

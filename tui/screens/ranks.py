@@ -48,8 +48,7 @@ class RanksScreen(RunScreen):
             t.append(f" · missing ranks {', '.join(map(str, s.missing))}", style="bold yellow")
         t.append("\n")
         if s.culprit_ranks:
-            who = ", ".join(map(str, s.culprit_ranks))
-            t.append(f"culprit rank {who}: ", style="bold red")
+            t.append(f"culprit rank {', '.join(map(str, s.culprit_ranks))}: ", style="bold red")
             # (a rank that died says its exception's message, from the file: made safe)
             t.append(term_safe(s.summary) + "\n", style="red")
         else:

@@ -91,10 +91,7 @@ class OpDetail(Static):
             _field(t, "mean±std", f"{fmt_num(st['mean'])} ± {fmt_num(st['std'])}")
             _field(t, "absmax", fmt_num(st["absmax"]))
             bad = f"nan {int(st['nan'])}  +inf {int(st['posinf'])}  -inf {int(st['neginf'])}"
-            t.append("  non-fin  ", style="dim")
-            t.append(
-                bad + "\n", style="bold red" if st["nan"] + st["posinf"] + st["neginf"] else ""
-            )
+            _field(t, "non-fin", bad, "bold red" if st["nan"] + st["posinf"] + st["neginf"] else "")
             _field(t, "zeros", f"{int(st['zeros'])} of {int(st['numel'])}")
         hist = row.get("hist") or []
         if hist:
@@ -105,14 +102,13 @@ class OpDetail(Static):
         loc = split_location(row.get("source"))
         if loc:
             path, lineno, func = loc
-            t.append("  source   ", style="dim")
-            t.append(f"{shorten_path(path, base)}:{lineno} in {func}\n", style="bold")
+            _field(t, "source", f"{shorten_path(path, base)}:{lineno} in {func}", "bold")
             code = sources.get(path, {}).get(lineno)
             if code is not None:
                 t.append(f"    {code.strip()}\n", style="yellow")
         self.update(t)
 
 
-def _field(t: Text, name: str, value: str) -> None:
+def _field(t: Text, name: str, value: str, style: str = "") -> None:
     t.append(f"  {name:<8} ", style="dim")
-    t.append(f"{value}\n")
+    t.append(f"{value}\n", style=style)

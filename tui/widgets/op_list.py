@@ -93,14 +93,13 @@ class OpList(ScrollView, can_focus=True):
             self.cursor = 0
         self.refresh()
 
-    def select_op(self, op_index: int, *, center: bool = True) -> bool:
-        """Move to ``op_index``; False when the current rows do not contain it."""
+    def select_op(self, op_index: int) -> bool:
+        """Move to ``op_index`` (centred); False when the current rows do not contain it."""
         i = int(np.searchsorted(self.rows, op_index))
         if i >= len(self.rows) or self.rows[i] != op_index:
             return False
         self.cursor = i
-        if center:
-            self.scroll_to(y=max(0, i - self.scrollable_content_region.height // 2), animate=False)
+        self.scroll_to(y=max(0, i - self.scrollable_content_region.height // 2), animate=False)
         return True
 
     def _row(self, op: int) -> dict[str, Any] | None:

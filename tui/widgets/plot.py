@@ -37,7 +37,6 @@ class SeriesPlot(Widget):
 
     def __init__(self, title: str, *, log: bool = False, id: str | None = None) -> None:
         super().__init__(id=id)
-        self.title = title
         self.log_scale = log
         self.values = np.zeros(0)
         self.marks: dict[int, str] = {}
