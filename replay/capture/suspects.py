@@ -215,12 +215,13 @@ def _training_state(obj: object) -> str | None:
     return type(obj).__name__ if saves_state(obj) else None
 
 
-def unheld_state(step_fn: Callable[..., Any], objects: RunObjects) -> list[Suspect]:
+def unheld_state(step_fn: Callable[..., Any], objects: RunObjects) -> list[tuple[Suspect, Lookup]]:
     """The models, optimizers, schedulers and other ``state_dict`` holders ``step_fn``'s code
     reaches (its closures, its globals, the user's functions it calls) that ``objects`` does not
-    hold: said once when recording begins, since no snapshot can hold them (an EMA or a
-    GradScaler the step updates, left out of ``objects=``)."""
-    return [s for s, _ in candidates(step_fn, objects, _training_state)]
+    hold, each with a way to find it again: said while the run trains, since no snapshot can
+    hold them (an EMA or a GradScaler the step updates, left out of ``objects=``;
+    ``record/unheld.py``)."""
+    return candidates(step_fn, objects, _training_state)
 
 
 def candidates(

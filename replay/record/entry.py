@@ -27,6 +27,7 @@ from ..capture.installed import installed
 from ..capture.objects import RunObjects, StepCall
 from ..capture.remake import code_of, remake_spec
 from ..errors import EntryPointError, warn_at_user_line
+from .unheld import UnheldState
 
 __all__ = ["describe_entry", "describe_program", "describe_step", "read_source", "StepFunction"]
 
@@ -225,6 +226,7 @@ class StepFunction:
         # the last change, with the step it was made at: repeated in the record of each step a
         # snapshot is taken before, so that a replay from any snapshot knows the function
         self.in_effect: dict[str, Any] | None = None
+        self.unheld = UnheldState()  # the state its code reaches that the Recorder does not hold
 
     def _note(
         self, fn: Callable[..., Any], over: str | None, objects: RunObjects, t: int, reentry: bool

@@ -464,6 +464,8 @@ class Recorder:
             self._lifecycle.start(self.config.handle_signals)
         if self._capture is not None:
             self._capture.ranks.before_step()
+        if steps.unheld.look_again_at is not None and self.next_step >= steps.unheld.look_again_at:
+            steps.unheld.look_again()  # (a frozen-looking module the steps changed: said now)
         cap = self._ready()
         changed, steps.changed = steps.changed, None
         p = (
@@ -483,23 +485,10 @@ class Recorder:
 
     def _say_unheld(self, fn: Callable[..., Any]) -> None:
         """Once, when the step function is known: the models, optimizers and other state its
-        code reaches that ``objects=`` does not hold, named in one warning (no snapshot holds
-        them, so no replay can start from one)."""
-        if self.not_replayable is not None or not self.enabled:
-            return
-        from ..capture.suspects import unheld_state
-
-        try:
-            found = unheld_state(fn, self.objects)
-        except Exception:  # noqa: BLE001 - naming them helps; it must not stop training
-            return
-        if found:
-            warn_at_user_line(
-                "replay: the step reads state the Recorder does not hold: "
-                + ", ".join(s.describe() for s in found[:6])
-                + ("; ..." if len(found) > 6 else "")
-                + "; give it to objects= (no snapshot holds it, so a replay cannot start from one)"
-            )
+        code reaches that ``objects=`` does not hold (``unheld.py``)."""
+        if self.not_replayable is None and self.enabled:
+            every = self.config.snapshot_every
+            self._steps.unheld.say(fn, self.objects, self.next_step + every)
 
     # -- steps a framework runs (replay.integrations) ---------------------------------------
 
