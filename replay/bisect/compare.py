@@ -158,8 +158,6 @@ def compare_replays(carried: dict[str, Any], fresh: dict[str, Any]) -> Divergenc
     got = (fresh.get("exception") or {}).get("type")
     if (carried.get("exception") is None) != (fresh.get("exception") is None) or want != got:
         return Divergence(step, "exception", want, got)
-    for col in (*VERIFIED_COLUMNS, "grad_norm"):
-        differs = _column_differs(step, col, carried.get(col), fresh.get(col))
-        if differs is not None:
-            return differs
-    return None
+    cols = (*VERIFIED_COLUMNS, "grad_norm")
+    diffs = (_column_differs(step, c, carried.get(c), fresh.get(c)) for c in cols)
+    return next((d for d in diffs if d is not None), None)

@@ -7,7 +7,7 @@ replayed row fails (``watcher``). Rows come from the recording or from a replay 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -26,6 +26,7 @@ __all__ = [
 ]
 
 Row = dict[str, Any]
+Watcher = Callable[[Row], bool]  # whether a replayed row fails
 
 
 def _flag(row: Row, col: str) -> bool:
@@ -56,10 +57,6 @@ class Symptom:
 
     bound: int
     step: int
-
-
-class Watcher(Protocol):
-    def __call__(self, row: Row) -> bool: ...
 
 
 class Criterion(Protocol):

@@ -229,8 +229,8 @@ class _Running:
         self.n = 0
         self.mean = 0.0
         self.m2 = 0.0
-        self.lo = math.inf
-        self.hi = -math.inf
+        self.min = math.inf
+        self.max = -math.inf
         self._low: list[float] = []  # max-heap (negated): the lower half
         self._high: list[float] = []  # min-heap: the upper half
         self.prev = math.nan
@@ -243,7 +243,7 @@ class _Running:
         d = x - self.mean
         self.mean += d / self.n
         self.m2 += d * (x - self.mean)
-        self.lo, self.hi = min(self.lo, x), max(self.hi, x)
+        self.min, self.max = min(self.min, x), max(self.max, x)
         if not self._low or x <= -self._low[0]:
             heapq.heappush(self._low, -x)
         else:
@@ -258,12 +258,8 @@ class _Running:
             return self.prev
         if self.n == 0:
             return math.nan
-        if fn == "mean":
-            return self.mean
-        if fn == "min":
-            return self.lo
-        if fn == "max":
-            return self.hi
+        if fn in ("mean", "min", "max"):
+            return float(getattr(self, fn))
         if fn == "std":
             return math.sqrt(self.m2 / self.n)
         if len(self._low) > len(self._high):

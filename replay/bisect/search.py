@@ -142,9 +142,7 @@ def find_culprit(
         if progress is not None:
             progress(i + 1, total)
         recorded = with_exception_type(by_step.get(t), subject.recorded_exception)
-        diff = compare_rows(recorded, replayed)
-        if diff is not None and v.divergence is None:
-            v.divergence = diff
+        v.divergence = v.divergence or compare_rows(recorded, replayed)
         # Columns a replay does not reproduce (wall time, memory) keep their recorded values.
         row = {**(recorded or {}), **replayed}
         if fails(row):

@@ -92,13 +92,10 @@ class OwnClasses:
 
     def __init__(self, files: Iterable[str], log: Callable[[str], None] | None = None) -> None:
         self.roots = sorted({_package_root(os.path.realpath(f)) for f in files if f})
-        excluded = set(installed_dirs())
-        for name in ("replay", "torch", "numpy"):
-            mod = sys.modules.get(name)
-            where = getattr(mod, "__file__", None)
-            if isinstance(where, str):
-                excluded.add(os.path.dirname(os.path.realpath(where)))
-        self.excluded = sorted(excluded)
+        libs = ("replay", "torch", "numpy")
+        wheres = [getattr(sys.modules.get(m), "__file__", None) for m in libs]
+        dirs = {os.path.dirname(os.path.realpath(w)) for w in wheres if isinstance(w, str)}
+        self.excluded = sorted({*installed_dirs(), *dirs})
         self.log = log
         self._said: set[tuple[str, str]] = set()
 

@@ -69,16 +69,12 @@ def _num(x: Any) -> float | None:
     return float(x)
 
 
-def _owned(tree: Any) -> Any:
-    """``tree`` with every CPU tensor and array copied, in an object batch too. On the CPU,
-    tensors rebuilt from a record share memory with the record the engine caches
+def _own(x: Any) -> Any:
+    """``x`` copied if it is a CPU tensor or array (``map_tree(_own, batch)``, object batches too).
+    On the CPU, tensors rebuilt from a record share memory with the record the engine caches
     (torch.from_numpy): a step that changes its batch in place (``x.mul_(0.5)``) changed the
     cache, and the next replay of that step (bisect's re-check, a whatif experiment) ran on the
     changed batch. Tensors moved to another device are copies already."""
-    return map_tree(_own, tree)
-
-
-def _own(x: Any) -> Any:
     if isinstance(x, torch.Tensor) and x.device.type == "cpu":
         return x.detach().clone().requires_grad_(x.requires_grad)
     return x.copy() if isinstance(x, np.ndarray) else x
@@ -344,7 +340,7 @@ class Engine(ObservedCalls):
         ref = r.get("batch_ref")
         if ref is not None:
             return self._drawn(t, ref)
-        return _owned(from_leaves(r["batch"], self._leaf_device, self._classes))
+        return map_tree(_own, from_leaves(r["batch"], self._leaf_device, self._classes))
 
     def batch_indices(self, t: int) -> list[int] | None:
         """The dataset indices of step ``t``'s samples, one per row of a batch recorded by
@@ -378,7 +374,7 @@ class Engine(ObservedCalls):
         """The per-step values the loop passed to ``rec.step(batch, **values)`` at step ``t``."""
         v = self.record(t).get("values")
         values: dict[str, Any] = (
-            _owned(from_leaves(v, self._leaf_device, self._classes)) if v else {}
+            map_tree(_own, from_leaves(v, self._leaf_device, self._classes)) if v else {}
         )
         for name, value in values.items():
             why = is_unrecorded(value)

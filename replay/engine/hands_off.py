@@ -69,14 +69,13 @@ def _roots(names: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(os.path.dirname(os.path.abspath(f)) + os.sep for f in files if f)
 
 
+def _install_dirs(*keys: str) -> tuple[str, ...]:
+    """The folders ``sysconfig`` names under ``keys`` (``stdlib``, ``purelib``...)."""
+    return tuple({os.path.abspath(p) + os.sep for k in keys if (p := sysconfig.get_paths().get(k))})
+
+
 _OWN = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,)
-_STDLIB = tuple(
-    {
-        os.path.abspath(p) + os.sep
-        for k in ("stdlib", "platstdlib")
-        if (p := sysconfig.get_paths().get(k))
-    }
-)
+_STDLIB = _install_dirs("stdlib", "platstdlib")
 
 
 def _stdlib(filename: str) -> bool:
@@ -143,10 +142,8 @@ class Guard:
             except OSError:
                 self.created.append(real)
                 return path
-            if self.made_here(real):
-                return path
-            if not stat.S_ISREG(st.st_mode):
-                return path  # /dev/null, a FIFO, a terminal: no bytes of the user's to keep
+            if self.made_here(real) or not stat.S_ISREG(st.st_mode):
+                return path  # this re-run's, /dev/null, a FIFO, a terminal: no bytes of the user's
             copy = os.path.join(self.scratch, f"{len(self.copies)}-{os.path.basename(real)}")
             if append:
                 shutil.copyfile(real, copy)
@@ -164,9 +161,7 @@ class Guard:
         """Whether ``path`` is one of the user's (it existed before and is no copy or creation
         of this re-run)."""
         real = _real(path)
-        if real is None or self.made_here(real):
-            return False
-        return os.path.lexists(real)
+        return real is not None and not self.made_here(real) and os.path.lexists(real)
 
     def made_here(self, real: str) -> bool:
         """Whether ``real`` is this re-run's: its copy, something it created, or anything in a
@@ -223,7 +218,7 @@ class Guard:
 def _cache_roots() -> tuple[str, ...]:
     """torch's compile caches: inductor's (``TORCHINDUCTOR_CACHE_DIR``, else
     ``/tmp/torchinductor_<user>``) and Triton's (``TRITON_CACHE_DIR``, else ``~/.triton``)."""
-    roots = [os.environ.get("TRITON_CACHE_DIR") or os.path.expanduser("~/.triton")]
+    triton = os.environ.get("TRITON_CACHE_DIR") or os.path.expanduser("~/.triton")
     inductor = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     if inductor is None:
         try:
@@ -231,8 +226,7 @@ def _cache_roots() -> tuple[str, ...]:
         except (KeyError, OSError):
             user = f"uid_{os.getuid()}" if hasattr(os, "getuid") else "unknown_user"
         inductor = os.path.join(tempfile.gettempdir(), "torchinductor_" + user)
-    roots.append(inductor)
-    return tuple(os.path.realpath(r) + os.sep for r in roots)
+    return tuple(os.path.realpath(r) + os.sep for r in (triton, inductor))
 
 
 def _real(path: Any) -> str | None:
@@ -260,17 +254,7 @@ def _mode_writes(mode: Any) -> tuple[bool, bool]:
 _CODE = (".py", ".pyc", ".so", ".pth")
 # Python's own files and the installed packages' (not sys.prefix: a system Python's is /usr,
 # under which a program may live, /usr/src/app)
-_NOT_DATA = (
-    tuple(
-        {
-            os.path.abspath(p) + os.sep
-            for k in ("purelib", "platlib")
-            if (p := sysconfig.get_paths().get(k))
-        }
-    )
-    + _OWN
-    + _STDLIB
-)
+_NOT_DATA = _install_dirs("purelib", "platlib") + _OWN + _STDLIB
 READ_KEPT = 256  # files read, kept by name to say later which changed (a data set's: the first)
 _ACTIVE: Guard | None = None
 _HOOKED = False
@@ -284,11 +268,9 @@ def _audit(event: str, args: tuple[Any, ...]) -> None:
     g = _ACTIVE
     if g is None or event not in _EVENTS:
         return
-    frame = sys._getframe(1)
     path = args[1] if event == "os.rename" and len(args) > 1 else args[0] if args else None
-    if not g.users_code(frame, path):
-        return
-    _EVENTS[event](g, args)
+    if g.users_code(sys._getframe(1), path):
+        _EVENTS[event](g, args)
 
 
 def _on_open(g: Guard, args: tuple[Any, ...]) -> None:

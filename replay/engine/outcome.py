@@ -49,7 +49,7 @@ class StepOutcome:
         row["lr"] = _f(self.lr)
         row["scale"] = _f(self.scale)
         if self.exception is not None:
-            for k in (
+            not_measured = (
                 "loss",
                 "grad_norm",
                 "param_fingerprint",
@@ -58,11 +58,9 @@ class StepOutcome:
                 "param_nonfinite",
                 "optimizer_stepped",
                 "scaler_skipped",
-            ):
-                row[k] = math.nan
-            for col in object_columns(self.watched):
-                row[col] = math.nan
-            return row
+                *object_columns(self.watched),
+            )
+            return row | dict.fromkeys(not_measured, math.nan)
         row["loss"] = _f(self.loss)
         row["grad_norm"] = _f(self.grad_norm)
         row["param_fingerprint"] = _f(self.param_fingerprint)

@@ -50,30 +50,13 @@ def program_of(meta: dict[str, Any], path: str) -> dict[str, Any]:
     return program
 
 
-def _check_source(
-    program: dict[str, Any], sources: dict[str, str], log: Callable[[str], None]
-) -> None:
-    path = str(program["path"])
-    if not os.path.isfile(path):
-        raise EntryPointError(
-            f"cannot run the recorded program: {path} does not exist here; pass --entry, or "
-            "replay where it was recorded"
-        )
-    msg = source_changed(path, program.get("sha256"), sources.get(path))
-    if msg is not None:
-        log(msg)
-
-
 def _kept_from(e: BaseException) -> str | None:
     """What the program was kept from doing, when that is why it stopped (hands_off.py)."""
     guard = active_guard()
     if not isinstance(e, OSError) or guard is None or not guard.refused:
         return None
-    if not isinstance(e, TouchedError) and not any(
-        isinstance(c, TouchedError) for c in (e.__cause__, e.__context__)
-    ):
-        return None
-    return guard.refused[-1]
+    touched = any(isinstance(c, TouchedError) for c in (e, e.__cause__, e.__context__))
+    return guard.refused[-1] if touched else None
 
 
 def _changed_since_the_run(env: dict[str, Any]) -> str:
@@ -124,7 +107,15 @@ def run_program(
     raised). A program that ends, exits or raises before its Recorder is an ``EntryPointError``
     (exit 4) that says so."""
     program = program_of(meta, recording)
-    _check_source(program, sources, log)
+    path = str(program["path"])
+    if not os.path.isfile(path):
+        raise EntryPointError(
+            f"cannot run the recorded program: {path} does not exist here; pass --entry, or "
+            "replay where it was recorded"
+        )
+    msg = source_changed(path, program.get("sha256"), sources.get(path))
+    if msg is not None:
+        log(msg)
     log(f"replay: running {command_of(program, env)} again, up to its replay.Recorder")
     out: _Outcome[T] = _Outcome()
 
@@ -142,7 +133,7 @@ def run_program(
             if program.get("kind") == "module":
                 runpy.run_module(str(program["module"]), run_name="__main__", alter_sys=True)
             else:
-                runpy.run_path(str(program["path"]), run_name="__main__")
+                runpy.run_path(path, run_name="__main__")
         except ReplayFinished:
             pass
         except SystemExit as e:

@@ -50,17 +50,14 @@ def build_objects(
 
 
 def _shape(style: Any, names: list[str]) -> str:
-    if style == "named":
-        return "a dict of " + ", ".join(names)
-    return "(" + ", ".join(names) + ")"
+    return f"a dict of {', '.join(names)}" if style == "named" else f"({', '.join(names)})"
 
 
 def _int_keys(sd: dict[str, Any]) -> dict[str, Any]:
     """Optimizer state is keyed by parameter index; make sure the indices are ints again."""
     state = sd.get("state", {})
     if any(not isinstance(k, int) for k in state):
-        sd = dict(sd)
-        sd["state"] = {int(k): v for k, v in state.items()}
+        return {**sd, "state": {int(k): v for k, v in state.items()}}
     return sd
 
 

@@ -48,13 +48,11 @@ class RankSubject(EngineSubject):
         return {**row, **{c: None for c in _NOT_COMPARABLE}}
 
     def replay(self, step: int, *, keep: bool = True, fresh: bool = False) -> dict[str, Any]:
-        row = self._local(super().replay(step, keep=keep, fresh=fresh))
-        self.replayed[step] = row
+        self.replayed[step] = row = self._local(super().replay(step, keep=keep, fresh=fresh))
         return row
 
     def replay_again(self, step: int) -> dict[str, Any]:
-        row = self._local(super().replay_again(step))
-        self.again[step] = row
+        self.again[step] = row = self._local(super().replay_again(step))
         return row
 
 

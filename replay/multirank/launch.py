@@ -27,6 +27,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from ..bisect import NonFinite, Predicate, Raised
@@ -83,8 +84,7 @@ def _tail(path: str, lines: int = 3) -> str:
 
 def _failure(rank: int, tmp: str, code: int | None) -> ReplayError:
     try:
-        with open(os.path.join(tmp, f"rank{rank}.json")) as fh:
-            res = json.load(fh)
+        res = json.loads(Path(tmp, f"rank{rank}.json").read_text())
     except (OSError, ValueError):
         res = None
     if res is not None and not res.get("ok"):
@@ -159,16 +159,11 @@ def _run_ranks(
         raise
     # What the leader said (the engine's notes and warnings: a changed entry file...) is what
     # a single-process replay would have printed; the followers say the same for their ranks.
-    with open(os.path.join(tmp, f"rank{spec['leader']}.err"), errors="replace") as fh:
-        said = fh.read()
+    said = Path(tmp, f"rank{spec['leader']}.err").read_text(errors="replace")
     if said.strip():
         sys.stderr.write(said if said.endswith("\n") else said + "\n")
         sys.stderr.flush()
-    results = {}
-    for r in sorted(paths):
-        with open(os.path.join(tmp, f"rank{r}.json")) as fh:
-            results[r] = json.load(fh)
-    return results
+    return {r: json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in sorted(paths)}
 
 
 def replay_rank_set(

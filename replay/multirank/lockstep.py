@@ -132,8 +132,7 @@ def follow(
         if op == "state_before":
             engine.state_before(cmd[1], keep=cmd[2], fresh=cmd[3])
         elif op == "run_step":
-            t = cmd[1]
-            engine.run_step(t, None if cmd[2] else engine.batch(t))
+            engine.run_step(cmd[1], None if cmd[2] else engine.batch(cmd[1]))
         elif op == "replay_through":
             engine.replay_through(cmd[1])
         elif op == "invalidate":
@@ -171,9 +170,7 @@ def rank_summary(engine: Engine, log: StepLog, rank: int) -> RankReplay:
         if recorded is None:
             continue
         compared.add(t)
-        diff = compare_rows(recorded, row)
-        if diff is not None and first is None:
-            first = diff
+        first = first or compare_rows(recorded, row)
     return RankReplay(
         rank=rank,
         recording=engine.rec.path,

@@ -48,8 +48,7 @@ def detect(rank: int | None = None, world_size: int | None = None) -> DistContex
     rank, but there is nobody to agree a stop with).
     """
     dist = torch.distributed
-    live = dist.is_available() and dist.is_initialized()
-    if live:
+    if dist.is_available() and dist.is_initialized():
         r = dist.get_rank() if rank is None else rank
         w = dist.get_world_size() if world_size is None else world_size
         if w > 1:
@@ -70,8 +69,7 @@ def detect(rank: int | None = None, world_size: int | None = None) -> DistContex
 
 def device_of(group: Any) -> torch.device:
     """Where a rank's collectives' tensors live: the current GPU under NCCL, else the CPU."""
-    backend = str(torch.distributed.get_backend(group))
-    if backend == "nccl":
+    if str(torch.distributed.get_backend(group)) == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 

@@ -57,14 +57,6 @@ def is_collective_error(exc: dict[str, Any] | None) -> bool:
     return any(p in msg for p in _PEER_GONE)
 
 
-def _is_collective_exception(rec: Recording, step: int) -> bool:
-    try:
-        exc = rec.read_step(step).get("exception") or {}  # (a dict of strings: check_record)
-    except KeyError:  # its record left the ring: judge it by its health alone
-        return False
-    return is_collective_error(exc)
-
-
 def _own_failures(rec: Recording, h: dict[str, np.ndarray]) -> dict[int, list[str]]:
     """Steps at which this rank's *own* values went bad (``loss``, ``local_grad``, ``exception``).
 
@@ -76,7 +68,11 @@ def _own_failures(rec: Recording, h: dict[str, np.ndarray]) -> dict[int, list[st
         for s in h["step"][h[col] == 1]:
             out.setdefault(int(s), []).append(reason)
     for s in h["step"][h["raised"] == 1]:
-        if not _is_collective_exception(rec, int(s)):
+        try:
+            exc = rec.read_step(int(s)).get("exception")  # (a dict of strings: check_record)
+        except KeyError:  # its record left the ring: judge it by its health alone
+            exc = None
+        if not is_collective_error(exc):
             out.setdefault(int(s), []).append("exception")
     return out
 
