@@ -108,7 +108,6 @@ class NonFiniteLossError(FloatingPointError):
         # agreed on at the next gradient all-reduce).
         self.step, self.loss, self.path, self.ranks = step, loss, path, ranks
         self.stopped_at = step if stopped_at is None else stopped_at
-        target = bisect_path or path
         if ranks is None:
             what = f"loss is {loss} at step {step}"
         else:
@@ -123,7 +122,7 @@ class NonFiniteLossError(FloatingPointError):
                 )
         super().__init__(
             f"{what}; the step is recorded in {path}. "
-            f"Run `replay bisect {target}` to find the first op that produced it."
+            f"Run `replay bisect {bisect_path or path}` to find the first op that produced it."
         )
 
 

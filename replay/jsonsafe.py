@@ -34,15 +34,9 @@ def json_safe(value: Any) -> Any:
         return {str(k): json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [json_safe(v) for v in value]
-    if hasattr(value, "shape") and hasattr(value, "dtype") and hasattr(value, "tolist"):
-        return _array(value)
-    if isinstance(value, complex):
-        return str(value)
-    return f"<{type(value).__name__}>"
-
-
-def _array(value: Any) -> Any:
-    """A tensor's or numpy array's (or numpy scalar's) number, list or summary."""
+    if not (hasattr(value, "shape") and hasattr(value, "dtype") and hasattr(value, "tolist")):
+        return str(value) if isinstance(value, complex) else f"<{type(value).__name__}>"
+    # a tensor's or numpy array's (or numpy scalar's) number, list or summary
     shape = [int(n) for n in value.shape]
     if math.prod(shape) <= SMALL:
         try:

@@ -139,18 +139,6 @@ def _replay_child(verb: str, path: str, timeout: float | None) -> ChildRun:
     return run_replay(verb, path, "--json", timeout=timeout, env=env)
 
 
-def check_keep(keep: str) -> None:
-    """``--keep PATH`` names a regular file (replaced) or nothing yet: never a device, a FIFO,
-    a socket or a link (as root, ``--keep /dev/full`` replaced the machine's /dev/full)."""
-    from .errors import UsageError
-    from .store.safefile import UnsafePath, refuse_non_regular
-
-    try:
-        refuse_non_regular(keep, "--keep")
-    except UnsafePath as e:
-        raise UsageError(str(e).replace("Record to", "Name")) from None
-
-
 def run_preflight(
     command: list[str],
     *,
@@ -162,7 +150,15 @@ def run_preflight(
     """Record ``steps`` steps of ``command`` and replay them in a fresh process."""
     rep = PreflightReport(list(command), steps)
     if keep:
-        check_keep(keep)
+        # ``--keep PATH`` names a regular file (replaced) or nothing yet: never a device, a FIFO,
+        # a socket or a link (as root, ``--keep /dev/full`` replaced the machine's /dev/full)
+        from .errors import UsageError
+        from .store.safefile import UnsafePath, refuse_non_regular
+
+        try:
+            refuse_non_regular(keep, "--keep")
+        except UnsafePath as e:
+            raise UsageError(str(e).replace("Record to", "Name")) from None
     # Removed on every path (a failed run, a timeout, an error), unless the recording is kept.
     tmp = private_dir("preflight")
     try:
@@ -190,8 +186,7 @@ def _record_and_verify(
     tmp: str,
 ) -> None:
     path = os.path.abspath(keep) if keep else os.path.join(tmp, "preflight.h5")
-    env = dict(os.environ)
-    env[PREFLIGHT_ENV] = json.dumps({"path": path, "steps": steps})
+    env = {**os.environ, PREFLIGHT_ENV: json.dumps({"path": path, "steps": steps})}
     t0 = time.perf_counter()
     try:
         rep.run_exit, rep.run_tail = _run_streaming(command, env, timeout, echo)
@@ -248,13 +243,11 @@ def _health_failed(path: str) -> bool:
     from .errors import ReplayError
     from .store import open_recording
 
-    try:
+    with contextlib.suppress(ReplayError):  # (an unreadable recording shows nothing)
         for f in _recorded_files(path):
             with open_recording(f) as rec:
                 if any(s is not None for s in rec.first_bad().values()):
                     return True
-    except ReplayError:
-        return False
     return False
 
 
@@ -279,8 +272,7 @@ def _bisect_failure(
     if keep:
         rep.kept = os.path.abspath(keep)
         return
-    rep.kept = _keep_out_of_tmp(path)
-    rep.recording = rep.kept
+    rep.recording = rep.kept = _keep_out_of_tmp(path)
 
 
 def _keep_out_of_tmp(path: str) -> str:

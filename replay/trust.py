@@ -13,6 +13,7 @@ No torch here: the recorder's writer thread signs, and ``replay info`` says who 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import hmac
@@ -49,8 +50,7 @@ class KeyUnusable(OSError):
 
 def data_dir() -> str:
     """``$REPLAY_HOME``, else ``$XDG_DATA_HOME/replay``, else ``~/.local/share/replay``."""
-    home = os.environ.get("REPLAY_HOME")
-    if home:
+    if home := os.environ.get("REPLAY_HOME"):
         return os.path.abspath(home)
     xdg = os.environ.get("XDG_DATA_HOME")
     base = xdg if xdg and os.path.isabs(xdg) else os.path.expanduser("~/.local/share")
@@ -128,16 +128,12 @@ def _make_key(directory: str, path: str) -> None:
             os.fsync(fh.fileno())
         try:
             os.link(tmp, path)  # atomic, and never replaces a key another process made
-        except FileExistsError:
-            pass
         except OSError as e:
-            if e.errno != errno.EEXIST:
+            if e.errno != errno.EEXIST:  # (the key another process made is read next)
                 raise KeyUnusable(f"cannot make {path}: {e.strerror or e}") from None
     finally:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
 
 
 def signed_payload(meta: dict[str, Any], sources: Any, run_id: str, format_version: int) -> bytes:
@@ -194,13 +190,9 @@ class Standing:
         }.get(self.kind, f"foreign ({self.why})")
 
 
-def _store_path() -> str:
-    return os.path.join(data_dir(), _STORE_FILE)
-
-
 def _trusted_digests() -> set[str]:
     try:
-        raw = _read_private(_store_path(), _STORE_MOST)
+        raw = _read_private(os.path.join(data_dir(), _STORE_FILE), _STORE_MOST)
     except OSError:
         return set()
     return {line.strip() for line in raw.decode("ascii", "replace").splitlines() if line.strip()}
@@ -231,8 +223,7 @@ def standing(meta: dict[str, Any], sources: Any, run_id: str, format_version: in
 
 def remember(digest: str) -> str:
     """Add ``digest`` to the trust store (made 0600); returns the store's path."""
-    d = _private_dir()
-    path = os.path.join(d, _STORE_FILE)
+    path = os.path.join(_private_dir(), _STORE_FILE)
     if digest in _trusted_digests():
         return path
     flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0)

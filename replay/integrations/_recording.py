@@ -43,8 +43,7 @@ class RecordingCallback:
         """A started :class:`Recorder` as ``rec``, its steps numbered from ``start_step``, or
         ``None`` (said once) when it cannot start: the recorder never takes training down. A
         run whose steps replay cannot rebuild (``not_replayable``: why) is said so once first."""
-        why = kwargs.get("not_replayable")
-        if why is not None:
+        if (why := kwargs.get("not_replayable")) is not None:
             warnings.warn(
                 f"replay: {why}: replay cannot rebuild this run's steps; ReplayCallback records "
                 "their health, batches and RNG states (no snapshots): replay info, doctor and "

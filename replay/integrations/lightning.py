@@ -62,13 +62,6 @@ __all__ = ["ReplayCallback", "build", "train_step"]
 _SINGLE = ("SingleDeviceStrategy",)
 
 
-def _sharded(trainer: pl.Trainer) -> str | None:
-    """A strategy whose parameters are sharded across ranks: measuring them (the gradient norm)
-    would take collectives, so nothing is recorded there."""
-    name = type(trainer.strategy).__name__
-    return f"the {name} strategy" if "FSDP" in name or "DeepSpeed" in name else None
-
-
 def _why_not(trainer: pl.Trainer, module: pl.LightningModule) -> str | None:
     if not module.automatic_optimization:
         return "manual optimisation (automatic_optimization = False)"
@@ -80,13 +73,6 @@ def _why_not(trainer: pl.Trainer, module: pl.LightningModule) -> str | None:
     return None
 
 
-def _namespace(trainer: Any) -> str:
-    """``lightning.pytorch`` or ``pytorch_lightning``: the package the user's Trainer is from
-    (its hooks are called through that package's own ``trainer.call``)."""
-    root = type(trainer).__module__.split(".")[0]
-    return "pytorch_lightning" if root == "pytorch_lightning" else "lightning.pytorch"
-
-
 def _objects(module: pl.LightningModule, trainer: pl.Trainer) -> dict[str, Any]:
     """The objects a recorded step touches, by the names recording and replay share."""
     objects: dict[str, Any] = {"model": module, "trainer": trainer}
@@ -94,8 +80,7 @@ def _objects(module: pl.LightningModule, trainer: pl.Trainer) -> dict[str, Any]:
         objects["optimizer" if i == 0 else f"optimizer_{i}"] = opt
     for i, cfg in enumerate(trainer.lr_scheduler_configs):
         objects["scheduler" if i == 0 else f"scheduler_{i}"] = cfg.scheduler
-    scaler = getattr(trainer.precision_plugin, "scaler", None)
-    if scaler is not None:
+    if (scaler := getattr(trainer.precision_plugin, "scaler", None)) is not None:
         objects["scaler"] = scaler
     return objects
 
@@ -136,16 +121,15 @@ class ReplayCallback(RecordingCallback, Callback):
                 cb.overwrite = True
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        sharded = _sharded(trainer)
-        if sharded is not None:
+        name = type(trainer.strategy).__name__
+        if "FSDP" in name or "DeepSpeed" in name:  # parameters sharded across ranks
             warnings.warn(
-                f"replay: {sharded} shards the parameters; ReplayCallback records nothing of "
-                "this run (measuring them would take collectives)",
+                f"replay: the {name} strategy shards the parameters; ReplayCallback records "
+                "nothing of this run (measuring them would take collectives)",
                 RecorderWarning,
                 stacklevel=2,
             )
             return
-        why = _why_not(trainer, pl_module)
         # Under replay this is where the re-run script is taken over (the Recorder hands these
         # live objects to replay and ends fit()); the step is this module's train_step.
         # A run resumed with fit(ckpt_path=...) numbers its steps from the checkpoint's
@@ -154,7 +138,7 @@ class ReplayCallback(RecordingCallback, Callback):
             int(trainer.global_step),
             objects=_objects(pl_module, trainer),
             step_fn=train_step,
-            not_replayable=why,
+            not_replayable=_why_not(trainer, pl_module),
         )
 
     # -- one optimisation step -------------------------------------------------------------
@@ -188,8 +172,7 @@ class ReplayCallback(RecordingCallback, Callback):
         if self.rec is not None:
             self.rec.measure_grads()
             return
-        probe = running_probe()  # replaying: measured where the recording measured
-        if probe is not None:
+        if (probe := running_probe()) is not None:  # replaying: where the recording measured
             probe.measure_now()
 
     def on_train_batch_end(
@@ -230,8 +213,7 @@ class _MeasureGrads(Callback):
     """On replay, where the callback measured when recording: the gradients are complete."""
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
-        probe = running_probe()
-        if probe is not None:
+        if (probe := running_probe()) is not None:
             probe.measure_now()
 
 
@@ -296,8 +278,7 @@ def train_step(
     sched_steps: list[int],
 ) -> Any:
     """One recorded optimisation step through Lightning's own automatic-optimisation code."""
-    probe = running_probe()
-    if probe is not None:
+    if (probe := running_probe()) is not None:
         probe.measure_at_hooks()  # as when recording: at on_before_optimizer_step
     loop = trainer.fit_loop.epoch_loop
     loop.batch_progress.current.ready = int(batch_idx)
@@ -316,7 +297,10 @@ def train_step(
             out = loop.automatic_optimization.run(trainer.optimizers[0], idx, kwargs)
         if out.get("loss") is not None:
             losses.append(out["loss"])
-    call = importlib.import_module(f"{_namespace(trainer)}.trainer.call")
+    # through ``trainer.call`` of the package the user's Trainer is from (either namespace)
+    root = type(trainer).__module__.split(".")[0]
+    package = "pytorch_lightning" if root == "pytorch_lightning" else "lightning.pytorch"
+    call = importlib.import_module(f"{package}.trainer.call")
     for cfg, times in zip(trainer.lr_scheduler_configs, sched_steps):
         for _ in range(int(times)):
             call._call_lightning_module_hook(trainer, "lr_scheduler_step", cfg.scheduler, None)

@@ -123,8 +123,7 @@ def _objects(trainer: Any) -> dict[str, Any]:
         "scheduler": trainer.lr_scheduler,
         "trainer": trainer,
     }
-    scaler = getattr(trainer.accelerator, "scaler", None)
-    if scaler is not None:
+    if (scaler := getattr(trainer.accelerator, "scaler", None)) is not None:
         objects["scaler"] = scaler
     return objects
 
@@ -189,20 +188,18 @@ class ReplayCallback(RecordingCallback, TrainerCallback):
             # Sharded parameters: measuring them (the gradient norm) would take collectives.
             self._refuse("DeepSpeed or FSDP (sharded parameters)")
             return
-        # Step t of the recording is the optimisation step that makes the Trainer's global_step
-        # t + 1, in a resumed run too. Under replay this is where the re-run script is taken
-        # over (docs/reentry.md): the Recorder hands the live model, optimizer, scheduler and
-        # Trainer to replay, and train() ends before its loop runs.
+        # Steps numbered from global_step (the class docstring). Under replay this is where the
+        # re-run script is taken over (docs/reentry.md): the Recorder hands the live model,
+        # optimizer, scheduler and Trainer to replay, and train() ends before its loop runs.
         self._start(
             int(state.global_step),
             objects=_objects(trainer),
             step_fn=train_step,
             not_replayable=_why_not(trainer),
         )
-        if self.rec is None:
-            return
-        self._trainer = trainer
-        self._wrap(trainer)
+        if self.rec is not None:
+            self._trainer = trainer
+            self._wrap(trainer)
 
     def _wrap(self, trainer: Any) -> None:
         """Instance attributes over the Trainer's methods (its class is left alone), removed
@@ -234,12 +231,6 @@ class ReplayCallback(RecordingCallback, TrainerCallback):
                 raise
 
         trainer._run_epoch = run_epoch
-
-    def _unwrap(self) -> None:
-        trainer, self._trainer = self._trainer, None
-        if trainer is not None:
-            for name in ("training_step", "_run_epoch"):
-                trainer.__dict__.pop(name, None)
 
     # -- one optimisation step -------------------------------------------------------------
 
@@ -276,7 +267,10 @@ class ReplayCallback(RecordingCallback, TrainerCallback):
         self._close()
 
     def _close(self, ended_by: BaseException | None = None) -> None:
-        self._unwrap()
+        trainer, self._trainer = self._trainer, None
+        if trainer is not None:  # (what _wrap put over the Trainer's methods comes off)
+            for name in ("training_step", "_run_epoch"):
+                trainer.__dict__.pop(name, None)
         super()._close(ended_by)
 
 
@@ -345,9 +339,7 @@ def train_step(
     for i, inputs in enumerate(batch):
         acc.gradient_state._set_sync_gradients(i == len(batch) - 1)
         losses.append(trainer.training_step(model, inputs, num_items_in_batch))
-    grad_norm = None
-    if trainer.args.max_grad_norm > 0:
-        grad_norm = trainer._clip_grad_norm(model)
+    grad_norm = trainer._clip_grad_norm(model) if trainer.args.max_grad_norm > 0 else None
     trainer._get_grad_norm(model, grad_norm=grad_norm)
     trainer.optimizer.step()
     for _ in range(int(sched_steps)):

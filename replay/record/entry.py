@@ -129,14 +129,13 @@ def describe_program() -> tuple[dict[str, Any] | None, str | None]:
             f"the program's main file {path} belongs to an installed package (run by a tool, "
             "not as `python your_script.py`)"
         )
-    source = read_source(path)
     program: dict[str, Any] = {
         "kind": "module" if isinstance(name, str) and name and name != "__main__" else "script",
         "path": path,
     }
     if program["kind"] == "module":
         program["module"] = name
-    if source is not None:
+    if (source := read_source(path)) is not None:
         program["sha256"] = hashlib.sha256(source.encode()).hexdigest()
     return program, None
 

@@ -201,8 +201,6 @@ class Recorder:
             path = self.preflight.path
         self.config = RecorderConfig.of(config, settings).for_preflight(self.preflight)
         self.objects = self._objects(objects, model, optimizer, scheduler, scaler)
-        # The step function: given here, or at each step (rec.step(batch, step_fn)), where a
-        # closure made again each epoch is the same step (the same code) as the first one.
         self._steps = StepFunction(step_fn, self.objects)
         self._describe_entry(step_fn, build_fn, build_kwargs, not_replayable)
         warn_unless_bitwise(self.model)  # once, at start: a CUDA run's settings
@@ -241,8 +239,6 @@ class Recorder:
     ) -> None:
         """How replay runs this program again (``meta.entry``): re-entry, or ``build_fn`` and
         ``step_fn`` imported by name; and why it cannot (``not_replayable``)."""
-        # Without build_fn, replay runs the program again and takes over here (re-entry); with
-        # it, replay imports build_fn and step_fn by name (no program set-up to redo).
         self.program, no_program = describe_program()
         if build_fn is None:
             # (without a step function yet: described at the first step, which brings it)
@@ -417,8 +413,7 @@ class Recorder:
     ) -> RunObjects:
         named = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "scaler": scaler}
         if objects is not None:
-            given = [n for n, v in named.items() if v is not None]
-            if given:
+            if given := [n for n, v in named.items() if v is not None]:
                 raise TypeError(
                     f"Recorder: pass either objects= or {'/'.join(given)}=, not both "
                     "(objects= holds every named object, model and optimizer included)"
@@ -487,8 +482,7 @@ class Recorder:
         """Once, when the step function is known: the models, optimizers and other state its
         code reaches that ``objects=`` does not hold (``unheld.py``)."""
         if self.not_replayable is None and self.enabled:
-            every = self.config.snapshot_every
-            self._steps.unheld.say(fn, self.objects, self.next_step + every)
+            self._steps.unheld.say(fn, self.objects, self.next_step + self.config.snapshot_every)
 
     # -- steps a framework runs (replay.integrations) ---------------------------------------
 
@@ -589,17 +583,6 @@ class Recorder:
             self._raise_if_bad()
         return ret
 
-    def _end_preflight(self) -> None:
-        """``replay preflight`` asked for this many steps: close the file and end the run."""
-        self.close()
-        print(
-            f"replay preflight: recorded {self.preflight.steps} steps to {self.path}; "  # type: ignore[union-attr]
-            "ending the run",
-            file=sys.stderr,
-            flush=True,
-        )
-        raise PreflightStop()
-
     def _give_up(self, what: str, e: Exception) -> None:
         """Recording fails on the training thread: stop it, say so once, keep training."""
         self._stop(
@@ -648,7 +631,16 @@ class Recorder:
         if self.preflight is not None and self.next_step >= self.preflight.steps + (
             self.config.start_step
         ):
-            self._end_preflight()  # (also when recording stopped: preflight ends the run anyway)
+            # ``replay preflight`` asked for this many steps: close the file and end the run
+            # (also when recording stopped: preflight ends the run anyway)
+            self.close()
+            print(
+                f"replay preflight: recorded {self.preflight.steps} steps to {self.path}; "
+                "ending the run",
+                file=sys.stderr,
+                flush=True,
+            )
+            raise PreflightStop()
         cap = self._capture
         if not self.enabled or cap is None:
             return None
@@ -723,8 +715,7 @@ class Recorder:
             reach=plan.meta(),
         )
         paths = [e["path"] for e in self.entry.values()] + [(self.program or {}).get("path")]
-        texts = {path: read_source(path) for path in paths if path}
-        sources = {path: text for path, text in texts.items() if text is not None}
+        sources = {p: text for p in paths if p and (text := read_source(p)) is not None}
         meta = self._signed(meta, sources)
         # A step's record: the batch (sized at the first step, when the loop handed one over)
         # and about 16 KiB of RNG states and manifest. Chunks of about a quarter of it: each

@@ -198,8 +198,7 @@ def _child_env(cpu_only: bool = False) -> dict[str, str]:
     GPU; replay maps the recorded state onto the CPU). A torchrun job of one process is left
     its own port: the re-run's ``init_process_group`` makes a group of its own, never joining
     the job's rendezvous."""
-    env = dict(os.environ)
-    env[ENV] = "0"
+    env = {**os.environ, ENV: "0"}
     env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = "1"
     if cpu_only:
         env["CUDA_VISIBLE_DEVICES"] = ""

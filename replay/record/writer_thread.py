@@ -292,13 +292,11 @@ class BackgroundWriter:
         the file. ``taken_over`` says what was saved, or exactly what was lost."""
         self._abandon()
         waiting = self._pending_in_log() if self._pending_in_log is not None else []
-        unsynced = self._unsynced
-        self._unsynced = []
+        unsynced, self._unsynced = self._unsynced, []
         said = []
         if waiting:
             said.append(f"{_count(len(waiting))} in the shared step log ({_span(waiting)})")
-        jsteps = [j.step for j in jobs if isinstance(j, StepJob)]
-        if jsteps:
+        if jsteps := [j.step for j in jobs if isinstance(j, StepJob)]:
             said.append(f"{_count(len(jsteps))} handed to it ({_span(jsteps)})")
         what = " and ".join(said) or "no step that was still waiting"
         if self._take_over is None or not self._created:

@@ -81,8 +81,7 @@ class Ended:
             return None
         if not (last is None or (type(last) is int and last >= 0)):
             return None
-        where = where if isinstance(where, str) else None
-        return cls(v["kind"], tp, message, where, tb, last)
+        return cls(v["kind"], tp, message, where if isinstance(where, str) else None, tb, last)
 
     @classmethod
     def killed(cls, rows: list[dict[str, Any]]) -> Ended:
@@ -144,8 +143,7 @@ def known(cls: type, d: dict[str, Any]) -> dict[str, Any]:
 def only_known(cls: type, d: dict[str, Any]) -> dict[str, Any]:
     """``d``, when every key is a field of the dataclass ``cls``; else a ``ValueError`` naming
     the others (a report built by this version: a key its type lacks would be lost)."""
-    names = {f.name for f in fields(cls)}
-    unknown = sorted(k for k in d if k not in names)
+    unknown = sorted(d.keys() - known(cls, d).keys())
     if unknown:
         raise ValueError(f"{cls.__name__} has no field for {', '.join(unknown)}")
     return d
