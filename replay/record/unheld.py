@@ -36,8 +36,11 @@ def _fingerprint(obj: object) -> float | None:
     if not isinstance(obj, torch.nn.Module):
         return None
     tensors = [t for t in itertools.chain(obj.parameters(), obj.buffers()) if t.is_floating_point()]
-    fp = param_fingerprint(tensors)
-    return float(fp) if fp is not None else None
+    try:
+        fp = param_fingerprint(tensors)
+        return float(fp) if fp is not None else None
+    except Exception:  # noqa: BLE001 - (a sparse or meta tensor): then it cannot be told
+        return None
 
 
 def _frozen(obj: object) -> bool:
@@ -45,8 +48,9 @@ def _frozen(obj: object) -> bool:
     return isinstance(obj, torch.nn.Module) and not any(p.requires_grad for p in obj.parameters())
 
 
-def _same(a: float | None, b: float) -> bool:
-    return a is not None and (a == b or (math.isnan(a) and math.isnan(b)))
+def _changed(now: float | None, then: float) -> bool:
+    """``now``: ``None`` when it cannot be told (no module there any more): not said."""
+    return now is not None and now != then and not (math.isnan(now) and math.isnan(then))
 
 
 def _say(described: list[str], why: str = "") -> None:
@@ -94,7 +98,7 @@ class UnheldState:
         changed are said now (the others never are)."""
         frozen, self._frozen, self.look_again_at = self._frozen, [], None
         try:
-            changed = [d for d, at, fp in frozen if not _same(_fingerprint(at()), fp)]
+            changed = [d for d, at, fp in frozen if _changed(_fingerprint(at()), fp)]
         except Exception:  # noqa: BLE001 - naming them helps; it must not stop training
             return
         _say(changed, " (its parameters do not train, but the steps changed it)")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import warnings
+from typing import Any
+
 import pytest
 import torch
 
@@ -182,3 +185,37 @@ def test_state_a_step_given_to_the_recorder_reads_and_it_does_not_hold_is_named_
     said = [ln for ln in p.stderr.splitlines() if "the Recorder does not hold" in ln]
     assert len(said) == 1 and "self.scaler (GradScaler" in said[0], p.stderr[-2000:]
     assert said[0].startswith(f"{script}:7:"), said  # the line that made the Recorder
+
+
+def test_a_frozen_module_whose_fingerprint_cannot_be_taken_is_said_at_once() -> None:
+    """A module none of whose parameters trains is said only if the steps change it
+    (record/unheld.py); one that cannot be fingerprinted (a meta tensor) cannot be compared
+    later, so it is said at once, as any other state; one that can is compared at the step
+    given, and said then only when it changed."""
+    from replay.record.unheld import UnheldState
+
+    frozen = torch.nn.Linear(2, 2).requires_grad_(False)
+    odd = torch.nn.Linear(2, 2, device="meta").requires_grad_(False)
+
+    def step(batch: Any) -> Any:
+        with torch.no_grad():
+            frozen(batch), odd(batch.to("meta"))
+        return model(batch).sum()
+
+    unheld = UnheldState()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        unheld.say(step, OBJECTS, 50)
+        assert unheld.look_again_at == 50
+        unheld.look_again()  # unchanged: nothing more
+        assert unheld.look_again_at is None
+    said = [str(w.message) for w in seen]
+    assert len(said) == 1 and "odd (Linear" in said[0] and "frozen (Linear" not in said[0], said
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        unheld.say(step, OBJECTS, 50)  # (odd, said again: a new step function)
+        with torch.no_grad():
+            frozen.weight.add_(1.0)  # what an EMA does under no_grad
+        unheld.look_again()
+        said = [str(w.message) for w in seen][1:]
+    assert len(said) == 1 and "frozen (Linear" in said[0] and "the steps changed it" in said[0]
