@@ -9,6 +9,13 @@ and a replayed one come from the same place in the step. Once per step, at the f
 * the end of the step, when neither happened (a GradScaler skip, accumulation, a loop that
   updates the parameters itself).
 
+Under a GradScaler, an optimizer that unscales inside its own step (``fused=True`` Adam, AdamW,
+SGD: ``_step_supports_amp_scaling``) is handed gradients that are still scaled, and the scale as
+``optimizer.grad_scale`` for the step's length: the norm measured at its pre-hook is divided by
+it, so it is the norm the update sees, as with every other optimizer (``scaler.step`` unscales
+those before their step). It recorded the scaled norm, 65,536 times too large at the default
+scale and moving with the scale.
+
 Measuring after a clip recorded the clip value (or 0.0 when an infinite norm made the clip zero
 the gradients), so an exploding gradient never showed in a clipped run.
 
@@ -143,10 +150,14 @@ class GradProbe:
         if self._on:
             self._measure()
 
-    def _measure(self) -> None:
+    def _measure(self, scale: Any = None) -> None:
         if not self._measured and self.enabled:
             self._measured = True
             self._norm, self._absmax = self.meter()
+            if isinstance(scale, torch.Tensor) and self._norm is not None:  # (see the docstring)
+                self._norm = self._norm / scale.to(self._norm.device)
+                if self._absmax is not None:
+                    self._absmax = self._absmax / scale.to(self._absmax.device)
 
     def watches(self, tensors: Any) -> bool:
         """Whether any of ``tensors`` is one of this probe's parameters."""
@@ -167,7 +178,7 @@ class GradProbe:
             return None
         closure = kwargs.get("closure") if "closure" in kwargs else (args[1:2] or [None])[0]
         if closure is None:
-            self._measure()
+            self._measure(getattr(optimizer, "grad_scale", None))
             return None
 
         def measured_closure(*a: Any, **k: Any) -> Any:

@@ -80,3 +80,47 @@ def test_clip_grad_value_is_measured_before_it_clamps(tmp_path):
     for recorded, seen in zip(h["grad_norm"], SEEN):
         assert math.isclose(recorded, seen, rel_tol=1e-5), (recorded, seen)
     assert min(h["grad_norm"]) > 1.0  # clamped to 0.01 per element, the norm would be < 0.1
+
+
+def build_fused_amp():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    return {
+        "model": model,
+        "optimizer": torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True),
+        "scaler": torch.amp.GradScaler("cpu", init_scale=1024.0),
+    }
+
+
+def fused_amp_step(model, optimizer, scaler, batch):
+    optimizer.zero_grad()
+    loss = F.mse_loss(model(batch), torch.zeros(len(batch), 3))
+    scaler.scale(loss).backward()
+    grads = [p.grad for p in model.parameters()]
+    norm = float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))))
+    SEEN.append(norm / scaler.get_scale())  # the norm of the gradients the update sees
+    scaler.step(optimizer)  # the fused step unscales inside its own kernel
+    scaler.update()
+    return loss
+
+
+def test_a_fused_optimizer_under_a_grad_scaler_records_the_unscaled_gradient_norm(tmp_path):
+    """It recorded the scaled norm (1024x here, 65,536x at GradScaler's default scale): a fused
+    optimizer is handed scaled gradients and unscales them inside its step."""
+    SEEN.clear()
+    g = torch.Generator().manual_seed(1)
+    with replay.Recorder(
+        tmp_path / "run.h5",
+        objects=build_fused_amp(),
+        step_fn=fused_amp_step,
+        build_fn=build_fused_amp,
+        self_check=False,
+    ) as rec:
+        for _ in range(3):
+            rec.step(torch.randn(8, 4, generator=g))
+    with open_recording(tmp_path / "run.h5") as r:
+        h = r.health()
+    assert len(SEEN) == 3 and all(0 < v < 100 for v in SEEN)
+    for recorded, seen in zip(h["grad_norm"], SEEN):
+        assert math.isclose(recorded, seen, rel_tol=1e-6), (recorded, seen)
+    assert list(h["scale"]) == [1024.0] * 3 and not any(h["scaler_skipped"])
