@@ -95,6 +95,8 @@ def _stateful(obj: object) -> str | None:
         return "random generator numpy RandomState"
     if isinstance(obj, random.Random) and obj is not _PYTHON_GLOBAL:
         return f"random generator {type(obj).__module__}.{type(obj).__qualname__}"
+    if isinstance(obj, torch.Generator) and obj is not torch.default_generator:
+        return "random generator torch.Generator"  # (noise drawn with generator=)
     if isinstance(obj, np.ndarray) and obj.nbytes <= _ARRAY_BYTES and not obj.dtype.hasobject:
         return f"array {obj.dtype}{list(obj.shape)}"  # an environment's state
     return None
@@ -366,6 +368,8 @@ def _state(obj: object) -> _State:
         text = hashlib.blake2b(repr(obj.get_state()).encode()).hexdigest()
     elif isinstance(obj, random.Random):
         text = hashlib.blake2b(repr(obj.getstate()).encode()).hexdigest()
+    elif isinstance(obj, torch.Generator):
+        text = hashlib.blake2b(obj.get_state().numpy().tobytes()).hexdigest()
     elif isinstance(obj, np.ndarray):
         text = f"{obj.dtype}{obj.shape}:{hashlib.blake2b(obj.tobytes()).hexdigest()}"
     ts = _tensors(obj)

@@ -327,11 +327,21 @@ def _name_suspects(engine: Engine, t: int, out: DivergenceCause, memories: bool 
         s for s in named if s.kind.startswith(plain) and not (rngs and s.kind.startswith("array"))
     ]
     says = []
-    if rngs:
+    # a generator the program made and keeps at one name can be held (capture/generators.py);
+    # an environment's, which reset(seed=...) makes anew, is seeded from the batch instead
+    own = [s for s in rngs if "." not in s.name]
+    if own:
+        given = ", ".join(f'"{_key(s.name)}": {s.name}' for s in own[:3])
         says.append(
-            f"seed {_names(rngs)} from the step's batch when the step starts (an environment's "
-            "reset(seed=...) with the episode's seed as the batch), or draw from torch's, "
-            "numpy's global or python's generator, whose states the Recorder keeps"
+            f"give the Recorder {_names(own)} (objects={{..., {given}}}): snapshots keep a "
+            "generator's state"
+        )
+    if rngs and len(own) < len(rngs):
+        says.append(
+            f"seed {_names([s for s in rngs if s not in own])} from the step's batch when the "
+            "step starts (an environment's reset(seed=...) with the episode's seed as the "
+            "batch), or draw from torch's, numpy's global or python's generator, whose states "
+            "the Recorder keeps"
         )
     if objs:
         given = ", ".join(f'"{_key(s.name)}": {s.name}' for s in objs[:3])
