@@ -94,6 +94,8 @@ def render_verdict(report: BisectReport) -> str:
     if d.op and d.closure is not None:
         lines.append(f"  closure call  {d.closure + 1} (the step's optimizer called it)")
     lines += _source_lines(d.source, "source")
+    if d.phase == "backward" and d.executed_at and d.executed_at != d.source:
+        lines += _source_lines(d.executed_at, "ran at")  # a custom Function's own backward
     surf = d.surfaced
     if surf:
         where = _op_where(surf)

@@ -22,6 +22,9 @@ class Culprit:
     phase: str | None = None
     module: str | None = None
     source: SourceLine | None = None
+    # where a backward op ran when that was the program's own code (a custom
+    # autograd.Function's backward); ``source`` is then the forward line that made its node
+    executed_at: SourceLine | None = None
     made: str | None = None
     made_from: str | None = None
     nan_from_inf: JSONObject | None = None

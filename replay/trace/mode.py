@@ -152,7 +152,7 @@ class Tracer:
             out = func(*args, **kwargs)
         except Exception as e:
             with self.off:
-                at = self.sites.locs.here(sys._getframe(_OP_CALLER))[0]
+                at = self.sites.locs.here(sys._getframe(_OP_CALLER), ran=True)[0]
                 self.findings.raised_op(site.index, e, ins, at)
                 self.log.append(site, _RAISED, self.log.shapes_of(ins), -1, NO_STATS, NO_HIST, 0)
             raise
@@ -187,7 +187,7 @@ class Tracer:
                 )
                 status = STATUS[nf.role]
                 if nf.detailed:  # a non-finite op described in full: where it ran, too
-                    nf.executed_at = self.sites.locs.here(sys._getframe(_OP_CALLER))[0]
+                    nf.executed_at = self.sites.locs.here(sys._getframe(_OP_CALLER), ran=True)[0]
             else:
                 self.findings.finite(floats)
             ins_at, outs_at = log.shapes_of(ins), log.shapes_of(outs)

@@ -102,12 +102,19 @@ class Locations:
         """``(location, stack)`` of the innermost of ``locs`` (outermost first), or ``(-1, -1)``."""
         return (locs[-1], self._stack(tuple(locs))) if locs else (-1, -1)
 
-    def here(self, frame: FrameType | None = None) -> tuple[int, int]:
-        """``(location, stack)`` indices of the calling user code; ``(-1, -1)`` if none."""
+    def here(self, frame: FrameType | None = None, *, ran: bool = False) -> tuple[int, int]:
+        """``(location, stack)`` indices of the calling user code; ``(-1, -1)`` if none.
+
+        ``ran``: where an op ran, the walk stopping at the autograd engine's entry, so that a
+        backward op run by autograd's own formulas has none (on the CPU the engine runs on the
+        thread that called ``backward()``, whose line says nothing of the op; on CUDA it runs
+        on a thread of its own) and one a custom ``Function.backward`` ran has that line."""
         f: FrameType | None = frame if frame is not None else sys._getframe(1)
         locs: list[int] = []
         while f is not None and f is not self.outer and len(locs) < MAX_STACK:
             code = f.f_code
+            if ran and code.co_name == "_engine_run_backward":  # (torch/autograd/graph.py)
+                break
             if self._is_user(code):
                 locs.append(self._loc(code.co_filename, f.f_lineno, code.co_name))
             f = f.f_back

@@ -32,6 +32,7 @@ CULPRIT = {
     "phase": "forward",
     "module": "head",
     "source": SOURCE,
+    "executed_at": None,
     "made": "-inf",
     "made_from": "finite",
     "nan_from_inf": {
@@ -104,6 +105,7 @@ BISECT = {
             "phase",
             "module",
             "source",
+            "executed_at",
             "made",
             "made_from",
             "nan_from_inf",
@@ -271,6 +273,7 @@ def test_verify_and_trace_reports_read_back_as_written():
                 "phase",
                 "module",
                 "source",
+                "executed_at",
                 "made",
                 "made_from",
                 "nan_from_inf",

@@ -125,6 +125,9 @@ def test_hand_written_norm_at_zero_fails_in_backward_with_a_finite_loss():
     assert (v["op"], v["phase"], v["module"]) == ("aten::div", "backward", "norm")
     assert v["autograd_node"] == "SqrtBackward0"
     assert v["created_at"]["line"] == line_of(HandNorm.forward, "NORM")
+    # autograd's own formula ran it: no line of the program did (was: the loss.backward()
+    # line, on the CPU only, where the engine runs on the thread that called backward)
+    assert v["executed_at"] is None
     assert r.loss is not None and r.loss == r.loss  # finite loss
 
     # torch.linalg.vector_norm has a zero gradient at zero: no failure
@@ -216,6 +219,15 @@ def test_custom_function_backward_is_attributed_to_its_apply_line():
     assert v["source"]["line"] == line_of(Act.forward, "APPLY")
     assert v["autograd_node"] == "BadGradBackward"
     assert v["executed_at"]["line"] == line_of(BadGrad.backward, "BADDIV")
+    from replay.cli.render import render_verdict
+    from replay.reports import BisectReport
+    from replay.reports.verdict import known
+
+    # what `replay bisect` prints: the Function's backward line under the forward one
+    text = render_verdict(
+        BisectReport.from_json(known(BisectReport, {**v, "first_bad_step": 0, "window": [0, 0]}))
+    )
+    assert f"ran at        {__file__}:{line_of(BadGrad.backward, 'BADDIV')} in backward" in text
 
 
 # ---------------------------------------------------------------- divergence with a huge lr
