@@ -17,7 +17,7 @@ from replay.store.contracts import OpStatus
 from replay.trace.origins import Origins, Storages
 from replay.trace.sites import OpSite
 from replay.trace.spool import NonFiniteTable
-from replay.trace.stats import finite_kind, tensor_stats
+from replay.trace.stats import finite_kind, floating, tensor_stats
 
 __all__ = ["Findings", "NonFinite", "Noticed", "RaisedOp", "TensorInfo", "InputInfo", "STATUS"]
 
@@ -125,7 +125,7 @@ class Findings:
 
     def notice(self, t: torch.Tensor, what: str, at: int, closure: int) -> None:
         """Record that the step looked at ``t`` (``Noticed``) if it holds NaN/Inf."""
-        if not t.is_floating_point() or finite_kind(t) == "finite":
+        if not floating(t) or finite_kind(t) == "finite":
             return
         if closure >= 0:
             what += f" in closure call {closure}"
@@ -147,7 +147,7 @@ class Findings:
         mutated_ids = {id(t) for t in mutated}
         checked: list[tuple[torch.Tensor, str]] = []
         for t in ins:
-            if not t.is_floating_point():
+            if not floating(t):
                 continue
             if id(t) in mutated_ids:
                 k = "nan" if pre_bad.get(id(t)) else "finite"  # its value before the op
@@ -178,6 +178,6 @@ class Findings:
     def raised_op(self, index: int, exc: BaseException, ins: list[torch.Tensor], at: int) -> None:
         """An op that raised (``at``: the location of the code that ran it)."""
         inputs = [input_info(t) for t in ins]
-        bad = [t for t in ins if t.is_floating_point() and finite_kind(t) != "finite"]
+        bad = [t for t in ins if floating(t) and finite_kind(t) != "finite"]
         origins: frozenset[int] = frozenset().union(*(self.origins.of(t) for t in bad))
         self.raised.append(RaisedOp(index, exc, inputs, at, origins))

@@ -28,6 +28,7 @@ from replay.trace.stats import (
     Stats,
     copy_small,
     finite_kind,
+    floating,
     kind_of_row,
     np_stats,
     tensor_stats,
@@ -167,7 +168,7 @@ class OpLog:
             for t in ts:
                 if id(t) not in seen:
                     see(t, site.index, site.op.name)
-        floats = [t for t in outs if t.is_floating_point()]
+        floats = [t for t in outs if floating(t)]
         main = floats[0] if floats else (outs[0] if outs else None)
         staged: np.ndarray | None = None
         alias = -1

@@ -13,7 +13,7 @@ import torch
 from replay.store.forensics import PARAM_COLUMNS
 from replay.store.tree import Key, leaf_path, leaves
 from replay.trace.origins import Storages, storage_key, storages
-from replay.trace.stats import stored_values
+from replay.trace.stats import floating, real_parts, stored_values
 
 __all__ = [
     "ParamPicture",
@@ -104,21 +104,24 @@ def batch_nonfinite(batch: object) -> list[BatchNonFinite]:
     out: list[BatchNonFinite] = []
     with torch.no_grad():
         for p, t in leaves(batch):
-            if not isinstance(t, torch.Tensor) or not t.is_floating_point() or not t.numel():
+            if not isinstance(t, torch.Tensor) or not floating(t) or not t.numel():
                 continue
             bad = ~torch.isfinite(t.detach())
             if not bad.any():
                 continue
             pos = torch.nonzero(bad)
+            nan = torch.isnan(t)  # (a complex element: NaN, else +inf, else -inf by its parts)
+            x = real_parts(t.detach())
+            posinf = (x == math.inf).any(-1) & ~nan if t.is_complex() else x == math.inf
             out.append(
                 {
                     "name": _name(p),
                     "path": leaf_path(p),
                     "shape": list(t.shape),
                     "dtype": str(t.dtype)[6:],
-                    "nan": int(torch.isnan(t).sum()),
-                    "posinf": int((t == math.inf).sum()),
-                    "neginf": int((t == -math.inf).sum()),
+                    "nan": int(nan.sum()),
+                    "posinf": int(posinf.sum()),
+                    "neginf": int((bad & ~nan & ~posinf).sum()),
                     "count": int(pos.shape[0]),
                     "positions": pos[:N_POSITIONS].tolist(),
                 }
@@ -185,7 +188,7 @@ def batch_picture(
                 idx = torch.nonzero(nonfinite).flatten().tolist()
                 if idx:
                     bad[path] = idx
-            elif t.is_floating_point() and not torch.isfinite(t).all():
+            elif floating(t) and not torch.isfinite(t).all():
                 bad[path] = []
             leaves_out.append(leaf)
     return {"batch_size": batch_size, "leaves": leaves_out, "culprits": []}, bad
@@ -226,7 +229,9 @@ class ParamPicture:
                 if g is None:
                     rows.append(_NO_GRAD)
                     continue
-                f = stored_values(g.detach()).double()  # (a sparse gradient's stored values)
+                # (a sparse gradient's stored values; a complex one's real and imaginary parts:
+                # .double() dropped the imaginary part, with a warning in the user's output)
+                f = real_parts(stored_values(g.detach())).double()
                 nan, inf = float(torch.isnan(f).sum()), float(torch.isinf(f).sum())
                 # The norm of the finite part; NaN when nothing is finite (0 would read "dead").
                 norm = _norm(torch.nan_to_num(f, 0.0, 0.0, 0.0)) if nan + inf < f.numel() else NAN
@@ -238,7 +243,7 @@ class ParamPicture:
             (n, p.grad)
             for n, p in zip(self.names, self.params)
             if p.grad is not None
-            and p.grad.is_floating_point()
+            and floating(p.grad)
             and not torch.isfinite(stored_values(p.grad)).all()
         ]
 
@@ -246,7 +251,7 @@ class ParamPicture:
         return [
             (n, p)
             for n, p in zip(self.names, self.params)
-            if p.is_floating_point() and not torch.isfinite(p).all()
+            if floating(p) and not torch.isfinite(p).all()
         ]
 
     def table(self) -> dict[str, np.ndarray]:
@@ -255,16 +260,16 @@ class ParamPicture:
         cols: dict[str, list[float]] = {k: [] for k in PARAM_COLUMNS if k != "name"}
         with torch.no_grad():
             for p, b, g in zip(self.params, self.before, self.grads or []):
-                w = b.double()  # weight statistics: the weights this step started from
+                w = real_parts(b).double()  # weight statistics: the weights it started from
                 cols["numel"].append(p.numel())
                 cols["requires_grad"].append(p.requires_grad)
                 for k, v in zip(g._fields, g):
                     cols[k].append(v)
-                wn = _norm(b)
+                wn = _norm(w)
                 cols["weight_norm"].append(wn)
                 cols["weight_mean"].append(w.mean().item() if p.numel() else NAN)
                 cols["weight_std"].append(w.std(correction=0).item() if p.numel() else NAN)
-                un = _norm(p.detach().double() - w)
+                un = _norm(real_parts(p.detach()).double() - w)
                 cols["update_norm"].append(un)
                 cols["update_ratio"].append(un / wn if wn > 0 and math.isfinite(wn) else NAN)
         return {k: np.asarray(v) for k, v in cols.items()}

@@ -40,6 +40,7 @@ from torch.utils._pytree import tree_flatten
 from replay.store.tree import map_tree
 from replay.trace.picture import batch_leaves
 from replay.trace.rules import ALLOC_OPS
+from replay.trace.stats import floating
 
 __all__ = [
     "Failure",
@@ -450,9 +451,9 @@ class FailureProbe(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch
             raise
         if self.check and self.producer is None:
             outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
-            if any(t.is_floating_point() and not bool(torch.isfinite(t).all()) for t in outs):
+            if any(floating(t) and not bool(torch.isfinite(t).all()) for t in outs):
                 ins = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
-                if all(not t.is_floating_point() or bool(torch.isfinite(t).all()) for t in ins):
+                if all(not floating(t) or bool(torch.isfinite(t).all()) for t in ins):
                     name = func._schema.name
                     if name not in ALLOC_OPS:
                         self.producer = name

@@ -31,7 +31,7 @@ from torch.utils.hooks import RemovableHandle
 from replay.capture.objects import inner_optimizer
 from replay.trace.dispatch import Off, tensors
 from replay.trace.source import Interner
-from replay.trace.stats import tensor_stats
+from replay.trace.stats import floating, tensor_stats
 
 __all__ = ["ModuleScope", "StepPhase", "Activation"]
 
@@ -104,7 +104,7 @@ class ModuleScope:
                 self.on_recompute(False)
         if self.off.on:
             return
-        ts = [t for t in tensors(out) if t.is_floating_point()]
+        ts = [t for t in tensors(out) if floating(t)]
         if not ts:
             return
         try:

@@ -37,6 +37,8 @@ __all__ = [
     "np_stats",
     "stats_dict",
     "finite_kind",
+    "floating",
+    "real_parts",
     "kind_of_row",
 ]
 
@@ -171,6 +173,18 @@ def _device_stats(f: torch.Tensor, n: int, hist: bool) -> tuple[Stats, np.ndarra
 _wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 
 
+def floating(t: torch.Tensor) -> bool:
+    """Whether ``t`` holds values that can be NaN/Inf: a floating or a complex tensor (a
+    spectral layer's ``rfft``, an STFT loss; a complex value is non-finite when a part is)."""
+    return t.is_floating_point() or t.is_complex()
+
+
+def real_parts(t: torch.Tensor) -> torch.Tensor:
+    """A complex tensor's real and imaginary parts as a real tensor (a view, a copy where the
+    conjugate bit is set): its statistics are theirs. Any other tensor as it is."""
+    return torch.view_as_real(t.resolve_conj()) if t.is_complex() else t
+
+
 def physical(t: torch.Tensor) -> torch.Tensor:
     """The tensor holding ``t``'s values: ``t`` itself, or under a torch.func transform
     (``vmap``, ``grad``: per-sample gradients, DP-SGD) the tensor inside its wrappers, which
@@ -267,13 +281,16 @@ def np_stats(a: np.ndarray, hist: bool) -> tuple[Stats, np.ndarray]:
 
 def tensor_stats(t: torch.Tensor, *, hist: bool = True) -> tuple[Stats, np.ndarray]:
     """``(row, hist)``: the tensor's :class:`Stats` and histogram; non-floating tensors get
-    min/max/mean over their values and zero NaN counts.
+    min/max/mean over their values and zero NaN counts; a complex tensor's are over its real
+    and imaginary parts (twice its numel values; it was all NaN, and its NaN went unseen).
     """
     if _wrapped(t):  # inside a torch.func transform: the values of every sample
         with torch._C._DisableFuncTorch():
             return tensor_stats(physical(t), hist=hist)
     if t.layout is not torch.strided:
         return tensor_stats(stored_values(t), hist=hist)
+    if t.is_complex():
+        return tensor_stats(real_parts(t), hist=hist)
     a = _small_array(t)
     if a is not None:
         if np.geterr()["over"] != "ignore":  # called outside a traced step
@@ -289,21 +306,22 @@ def tensor_stats(t: torch.Tensor, *, hist: bool = True) -> tuple[Stats, np.ndarr
     if t.dtype == torch.bool:
         z = float(n - _read([torch.count_nonzero(t)], t, False)[0][0])
         return Stats(0.0, 1.0, 1.0 - z / n, NAN, 1.0, 0.0, 0.0, 0.0, z, float(n)), _EMPTY_HIST
-    if t.is_complex():
-        return Stats(NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, float(n)), _EMPTY_HIST
     return _device_stats(_flat(t), n, hist)
 
 
 def finite_kind(t: torch.Tensor) -> str:
     """ "finite", "neginf" (the non-finite values are all -inf), "inf" (+inf, no NaN) or "nan".
 
-    One ``aminmax`` (NaN propagates through it); non-floating tensors are "finite".
+    One ``aminmax`` (NaN propagates through it); non-floating tensors are "finite", complex
+    ones are classified by their real and imaginary parts.
     """
     if _wrapped(t):
         with torch._C._DisableFuncTorch():
             return finite_kind(physical(t))
     if t.layout is not torch.strided:
         return finite_kind(stored_values(t))
+    if t.is_complex():
+        return finite_kind(real_parts(t))
     a = _small_array(t)
     if a is not None:
         lo, hi = float(a.min()), float(a.max())

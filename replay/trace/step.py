@@ -30,6 +30,7 @@ from replay.trace.samples import batch_size_of
 from replay.trace.scope import Activation
 from replay.trace.source import Interner, snapshot_sources
 from replay.trace.spool import CHUNK_ROWS, OpColumns
+from replay.trace.stats import floating
 from replay.trace.verdict import build_verdict
 
 __all__ = ["trace_step", "StepFn", "stderr_progress", "CompiledDuringTrace", "TraceFailed"]
@@ -96,12 +97,12 @@ def _state_tensors(
     buffers), by name: what a step changes besides parameters and gradients."""
     out: dict[str, torch.Tensor] = {}
     for prefix, m in modules:
-        out |= {f"{prefix}{n}": b for n, b in m.named_buffers() if b.is_floating_point()}
+        out |= {f"{prefix}{n}": b for n, b in m.named_buffers() if floating(b)}
     for prefix, opt in opts:
         index = {id(p): i for i, p in enumerate(p for g in opt.param_groups for p in g["params"])}
         for p, st in opt.state.items():
             for k, v in st.items():
-                if isinstance(v, torch.Tensor) and v.is_floating_point() and v.numel():
+                if isinstance(v, torch.Tensor) and floating(v) and v.numel():
                     out[f"{prefix}state[{index.get(id(p), '?')}].{k}"] = v
     return out
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import math
 from pathlib import Path
 
 import pytest
@@ -228,6 +229,42 @@ def test_custom_function_backward_is_attributed_to_its_apply_line():
         BisectReport.from_json(known(BisectReport, {**v, "first_bad_step": 0, "window": [0, 0]}))
     )
     assert f"ran at        {__file__}:{line_of(BadGrad.backward, 'BADDIV')} in backward" in text
+
+
+# ---------------------------------------------------------------- complex tensors (a spectral layer)
+class SpectralMix(nn.Module):
+    """A Fourier layer (neuraloperator's SpectralConv): rfft, a complex weight per mode, irfft."""
+
+    def __init__(self, scale: float):
+        super().__init__()
+        self.w = nn.Parameter(torch.full((1, 4, 5), scale * (1 + 1j), dtype=torch.cfloat))
+
+    def forward(self, x):
+        x_ft = torch.fft.rfft(x) * self.w  # MIX
+        return torch.fft.irfft(x_ft, n=x.shape[-1])
+
+
+def test_a_nan_made_in_a_complex_op_is_named_there_not_at_the_irfft_downstream():
+    """The constant input's one mode, 16 + 0i, times 3e38 + 3e38i overflows float32 in the
+    complex multiply; the irfft makes NaN of it. Was: complex tensors were not checked (not
+    floating point), so the irfft that carried the overflow into a real tensor was named, "from
+    finite inputs"; and the weight and gradient statistics cast the complex values to real,
+    with torch's warning."""
+    torch.manual_seed(0)
+    x = torch.full((2, 4, 8), 2.0)
+    r = run(SpectralMix(3e38), (x, torch.zeros(2, 4, 8)))
+    v = r.verdict
+    assert (v["op"], v["phase"], v["module"]) == ("aten::mul", "forward", ""), v["op"]
+    assert v["source"]["line"] == line_of(SpectralMix.forward, "MIX")
+    assert (v["made"], v["made_from"]) == ("+inf", "finite")
+
+
+def test_a_healthy_complex_layer_is_healthy_and_its_parameters_are_measured_whole():
+    torch.manual_seed(0)
+    r = run(SpectralMix(0.5), (torch.randn(2, 4, 8), torch.zeros(2, 4, 8)))
+    assert r.verdict["kind"] == "none"
+    # the weight's statistics count its imaginary parts (a cast to real dropped them)
+    assert r.params["weight_norm"][0] == pytest.approx(0.5 * math.sqrt(2 * 20), rel=1e-6)
 
 
 # ---------------------------------------------------------------- divergence with a huge lr
