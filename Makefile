@@ -63,7 +63,7 @@ soak: setup
 # On a machine with a CUDA device, in at most 10 minutes: re-entry with a CPU batch moved inside
 # the step, bf16 autocast, cuDNN, attention, torch.compile, a NaN bisected on the GPU, the
 # self-check, sync debug mode around rec.step, DDP over NCCL on two GPUs, a sparse batch on the
-# GPU. Each check's result and time in gpu-check-report.md (and .json, and the failed commands'
+# GPU, a fused AdamW under fp16 and a GradScaler, a complex (cuFFT) layer's overflow. Each check's result and time in gpu-check-report.md (and .json, and the failed commands'
 # output in .log); exit 1 if one failed, 3 where there is no CUDA.
 # `$(PY) tests/gpu/gpu_check.py --device cpu` runs the same checks on the CPU.
 # GPU_PY=python3: a Python that already holds torch with CUDA, h5py, numpy and click (a GPU

@@ -10,7 +10,11 @@ bf16 autocast), ``compile`` (``torch.compile``), ``nan`` (log of a softmax that 
 ``sync`` (``torch.cuda.set_sync_debug_mode("error")`` around each ``rec.step``: exit 3 and one
 ``SYNC:`` line on stderr when the recorder synchronises), ``ddp`` (DDP over NCCL, under
 ``torchrun --nproc-per-node 2``; gloo on the CPU), ``sparse`` (a graph's sparse adjacency made on
-the device, handed to the step as its batch: gcn's shape).
+the device, handed to the step as its batch: gcn's shape), ``fused`` (``AdamW(fused=True)`` under
+fp16 autocast and a GradScaler, no clip: nanoGPT's spelling on a GPU without bf16; the recorded
+gradient norms must be the unscaled ones the program measures: exit 4 and one ``NORM:`` line
+when not), ``spectral`` (a Fourier layer: ``cfloat`` weights, cuFFT; its complex product
+overflows at step 7).
 """
 
 import argparse
@@ -25,8 +29,21 @@ import torch.nn.functional as F
 
 import replay
 
-CASES = ("reentry", "autocast", "conv", "sdpa", "compile", "nan", "sync", "ddp", "sparse")
+CASES = (
+    "reentry",
+    "autocast",
+    "conv",
+    "sdpa",
+    "compile",
+    "nan",
+    "sync",
+    "ddp",
+    "sparse",
+    "fused",
+    "spectral",
+)
 SYNC_EXIT = 3
+NORM_EXIT = 4
 
 parser = argparse.ArgumentParser()
 parser.add_argument("case", choices=CASES)
@@ -69,6 +86,20 @@ class Attention(nn.Module):
         return self.head(y.mean(1))
 
 
+class Spectral(nn.Module):
+    """neuraloperator's SpectralConv1d in miniature: complex weights on an rfft's modes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lift = nn.Linear(32, 32)
+        self.weights = nn.Parameter(8 * torch.randn(1, 32 // 2 + 1, dtype=torch.cfloat))
+        self.head = nn.Linear(32, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.fft.irfft(torch.fft.rfft(self.lift(x)) * self.weights, n=x.shape[-1])
+        return self.head(F.gelu(h))
+
+
 def build_model() -> nn.Module:
     torch.manual_seed(0)
     if CASE == "conv":
@@ -82,6 +113,8 @@ def build_model() -> nn.Module:
         )
     if CASE == "sdpa":
         return Attention()
+    if CASE == "spectral":
+        return Spectral()
     return nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Dropout(0.1), nn.Linear(64, 10))
 
 
@@ -97,6 +130,8 @@ def make_batch(g: torch.Generator, it: int) -> tuple[torch.Tensor, ...]:
     x = torch.randn(*shape, generator=g)
     if CASE == "nan" and it == 7:
         x *= 1e4  # the softmax underflows to 0: its log is -inf, times a 0 of the one-hot NaN
+    if CASE == "spectral" and it == 7:
+        x *= 1e37  # the rfft's modes times the weights overflow float32 in the complex multiply
     y = torch.randint(0, 10, (shape[0],), generator=g)
     if CASE == "sync":
         return x.to(DEV), y.to(DEV)
@@ -116,8 +151,14 @@ else:
 if CASE == "compile":
     # inductor on a GPU; on the CPU dry run aot_eager (no C++ compiler, seconds not minutes)
     model = torch.compile(model, backend="inductor" if CUDA else "aot_eager")  # type: ignore[assignment]
-optimizer = torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)
+if CASE == "fused":
+    optimizer: torch.optim.Optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+else:
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)
 AUTOCAST = CASE in ("autocast", "sdpa")
+# fp16 under a GradScaler: a fused optimizer unscales inside its own step
+SCALER = torch.amp.GradScaler(DEV.type, init_scale=2.0**12) if CASE == "fused" else None
+NORMS: list[float] = []  # the fused case's own unscaled gradient norms, step by step
 
 
 def train_step(batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
@@ -126,6 +167,18 @@ def train_step(batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
     if adj:  # one step of message passing (dense: the sparse kernels may use atomics)
         x = adj[0].to_dense() @ x + x
     optimizer.zero_grad(set_to_none=True)
+    if SCALER is not None:
+        with torch.autocast(DEV.type, dtype=torch.float16):
+            loss = F.cross_entropy(model(x).float(), y)
+        SCALER.scale(loss).backward()
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        norm = torch.linalg.vector_norm(
+            torch.stack(torch._foreach_norm(grads)), dtype=torch.float64
+        )
+        NORMS.append(float(norm) / SCALER.get_scale())  # (the program's own reads: it may sync)
+        SCALER.step(optimizer)
+        SCALER.update()
+        return loss
     with torch.autocast(DEV.type, dtype=torch.bfloat16, enabled=AUTOCAST):
         logits = model(x).float()
         if CASE == "nan":  # cross-entropy written out, as many a program does
@@ -156,8 +209,9 @@ def main() -> int:
     synced: list[str] = []
     with replay.Recorder(
         args.out,
-        model=model,
-        optimizer=optimizer,
+        objects={"model": model, "optimizer": optimizer}
+        if SCALER is None
+        else {"model": model, "optimizer": optimizer, "scaler": SCALER},
         step_fn=train_step,
         # with the self-check on, no later check within the run (its snapshot would be at step
         # 30,000): the run trains until the first verdict, and nothing outlives it
@@ -187,6 +241,18 @@ def main() -> int:
     if synced:
         print(f"SYNC: rec.step synchronised {len(synced)} times; {synced[0]}", file=sys.stderr)
         return SYNC_EXIT
+    if NORMS:
+        from replay.store import open_recording
+
+        with open_recording(args.out) as r:
+            recorded = [float(v) for v in r.health()["grad_norm"]]
+        off = [(i, a, b) for i, (a, b) in enumerate(zip(recorded, NORMS)) if abs(a - b) > 1e-4 * b]
+        if len(recorded) != len(NORMS) or off:
+            print(
+                f"NORM: recorded {recorded[:3]}, the program's {NORMS[:3]}; off {off[:2]}",
+                file=sys.stderr,
+            )
+            return NORM_EXIT
     return 0
 
 

@@ -94,10 +94,11 @@ def test_no_command_runs_past_the_budget(tmp_path: Path) -> None:
 def test_the_kernel_checks_run_on_the_cpu(tmp_path: Path) -> None:
     """A convolution, attention, torch.compile (aot_eager on the CPU), bf16 autocast, a sparse
     batch: the programs a GPU runs with cuDNN, flash attention and inductor record and replay
-    bitwise; and the sync check's loop runs."""
+    bitwise; the sync check's loop runs; a fused AdamW under a GradScaler records unscaled
+    norms; a complex layer's overflow is named at its multiply."""
     report = tmp_path / "r.md"
     p = run_py(
-        str(SCRIPT), "--device", "cpu", "--only", "conv,sdpa,compile,autocast,sparse,sync", "--report",
+        str(SCRIPT), "--device", "cpu", "--only", "conv,sdpa,compile,autocast,sparse,sync,fused,spectral", "--report",
         str(report), cwd=tmp_path, timeout=400,
     )  # fmt: skip
     assert p.returncode == 0, (p.stdout[-3000:], p.stderr[-3000:])
