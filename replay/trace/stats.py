@@ -122,6 +122,15 @@ def _sumsq(f: torch.Tensor) -> torch.Tensor:
     return torch.dot(f, f) if f.dtype == torch.float32 else (f * f).sum()
 
 
+def _sumsq_past(f: torch.Tensor, sq: float, absmax: float) -> float:
+    """``sq`` (``f``'s sum of squares), or where float32's overflowed (values past 1.8e19: an
+    exploding activation, the std read as inf) that of ``f / absmax`` times ``absmax**2`` on
+    the host (one more read, only then)."""
+    if math.isfinite(sq) or not 0 < absmax < math.inf:
+        return sq
+    return float(_sumsq(f / absmax)) * absmax * absmax
+
+
 def _moments(n: int, s: float, sq: float) -> tuple[float, float]:
     mean = s / n
     var = max(0.0, sq / n - mean * mean)
@@ -144,7 +153,7 @@ def _device_stats(f: torch.Tensor, n: int, hist: bool) -> tuple[Stats, np.ndarra
     )
     zeros = float(n - nz)
     if math.isfinite(lo) and math.isfinite(hi):
-        mean, std = _moments(n, s, sq)
+        mean, std = _moments(n, s, _sumsq_past(f, sq, max(-lo, hi)))
         row = Stats(lo, hi, mean, std, max(abs(lo), abs(hi)), 0.0, 0.0, 0.0, zeros, float(n))
         return row, (_sample_hist(np.asarray(sample), n, lo, hi) if hist else _EMPTY_HIST)
     finite = torch.isfinite(f)
@@ -162,7 +171,7 @@ def _device_stats(f: torch.Tensor, n: int, hist: bool) -> tuple[Stats, np.ndarra
     (m, n_nan, n_pos, n_neg, lo, hi, s, sq), sample = _read(parts, f, hist)
     if m == 0:
         return Stats(NAN, NAN, NAN, NAN, NAN, n_nan, n_pos, n_neg, zeros, float(n)), _EMPTY_HIST
-    mean, std = _moments(int(m), s, sq)
+    mean, std = _moments(int(m), s, _sumsq_past(good, sq, max(-lo, hi)))
     row = Stats(lo, hi, mean, std, max(abs(lo), abs(hi)), n_nan, n_pos, n_neg, zeros, float(n))
     if not hist:
         return row, _EMPTY_HIST
@@ -274,7 +283,9 @@ def np_stats(a: np.ndarray, hist: bool) -> tuple[Stats, np.ndarray]:
     # floating-point warnings off (quiet_numpy)
     mean = float(good.sum(dtype=np.float64)) / m
     sq = float(np.dot(good, good)) / m
-    std = math.sqrt(max(0.0, sq - mean * mean)) if math.isfinite(sq) else math.inf
+    if not math.isfinite(sq) and (big := max(-lo, hi)) > 0:  # float32's overflowed: rescaled
+        sq = float(np.dot(good / big, good / big)) / m * big * big
+    std = math.sqrt(max(0.0, sq - mean * mean))
     row = Stats(lo, hi, mean, std, max(abs(lo), abs(hi)), n_nan, n_pos, n_neg, zeros, float(n))
     return row, (_sample_hist(good[:: _sample_step(m)], m, lo, hi) if hist else _EMPTY_HIST)
 

@@ -198,3 +198,16 @@ def test_nonfinite_values_are_counted_and_left_out_of_the_moments_on_the_device(
     assert empty.numel == 0.0
     b, _ = tensor_stats(CASES["bool"])
     assert b.zeros == 200.0 and b.mean == pytest.approx(1 / 3)
+
+
+@pytest.mark.parametrize("n", [64, NUMPY_MAX * 4], ids=["numpy", "device"])
+@pytest.mark.parametrize("with_nan", [False, True], ids=["finite", "some_nan"])
+def test_the_std_of_values_past_float32s_square_root_is_finite(n: int, with_nan: bool) -> None:
+    """An exploding activation (values ~1e25, every one finite) showed std inf: the float32
+    sum of squares overflowed. It is rescaled by the largest |value| where it overflows."""
+    t = torch.randn(n, generator=torch.Generator().manual_seed(0)) * 1e25
+    if with_nan:
+        t[3] = math.nan
+    want = float(t[~t.isnan()].double().std(unbiased=False))
+    row, _ = tensor_stats(t)
+    assert math.isclose(row.std, want, rel_tol=1e-5), (row.std, want)
