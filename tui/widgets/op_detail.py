@@ -106,6 +106,14 @@ class OpDetail(Static):
             code = sources.get(path, {}).get(lineno)
             if code is not None:
                 t.append(f"    {code.strip()}\n", style="yellow")
+        # the culprit's line in a custom autograd.Function's backward, under the forward line
+        # that made its node (``replay bisect``'s "ran at")
+        ran = verdict.executed_at if verdict and verdict.op_index == row["index"] else None
+        if ran and row["phase"] == "backward" and verdict and ran != verdict.source:
+            where = f"{shorten_path(ran['file'], base)}:{ran['line']} in {ran['function']}"
+            _field(t, "ran at", where, "bold")
+            if ran["code"]:
+                t.append(f"    {ran['code'].strip()}\n", style="yellow")
         self.update(t)
 
 
