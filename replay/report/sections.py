@@ -170,6 +170,8 @@ def verdict_section(f: RunFacts, name: str) -> str:
         rows.append(("closure call", f"{esc(v.closure + 1)} (the step's optimizer called it)"))
     if v.source:
         rows.append(("source", _source(v.source, f.sources)))
+    if v.phase == "backward" and v.executed_at and v.executed_at != v.source:
+        rows.append(("ran at", _source(v.executed_at, f.sources)))  # a custom Function's backward
     if v.surfaced:
         s = v.surfaced
         rows.append(("surfaced at", f"{_op_where(s)}: {esc(s.get('how'))}"))

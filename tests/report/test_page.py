@@ -11,7 +11,7 @@ from replay.report.assets import SCRIPT
 from replay.report.escape import script_hash
 from replay.store import open_recording
 from replay.store.forensics import ForensicsReader
-from tests.conftest import replay_here, run_py
+from tests.conftest import ROOT, replay_here, run_py
 
 
 def _page(tmp_path, *args: str) -> str:
@@ -32,6 +32,7 @@ def test_the_page_holds_the_verdict_and_fetches_nothing(example, tmp_path):
     assert '<span id="samples">7</span>' in html and b["samples"] == [7]
     assert "two replays and the recording agree bitwise" in html
     assert "replay bisect sqrt_at_zero.h5" in html
+    assert "ran at" not in html  # sqrt's backward is autograd's own formula: no line of ours
     # one self-contained file: one inline script, allowed by its hash, no URL of any kind
     assert html.count("<script") == 1 and SCRIPT in html
     assert script_hash(SCRIPT).replace("'", "&#x27;") in html
@@ -117,3 +118,23 @@ def test_report_imports_no_torch(example, tmp_path):
     r = run_py("-c", code, "report", example.traced, "-o", str(out), fresh=True)
     assert r.returncode == 0, r.stderr[-2000:]
     assert out.exists() and sys.executable
+
+
+def test_a_custom_functions_culprit_shows_the_backward_line_that_ran_it(tmp_path):
+    """examples/custom_function_nan.py: the exp of a hand-written backward overflows. The page
+    says the forward line that applied the Function and, under it, the backward line that ran
+    the op, as ``replay bisect`` does; an op of autograd's own formulas (sqrt_at_zero's) has
+    no such row (test above)."""
+    rec = tmp_path / "cf.h5"
+    example = str(ROOT / "examples" / "custom_function_nan.py")
+    assert run_py(example, str(rec), cwd=tmp_path, timeout=300).returncode == 0
+    b = run_py("-m", "replay", "bisect", str(rec), "--json", cwd=tmp_path, timeout=300)
+    d = json.loads(b.stdout)
+    assert (d["op"], d["phase"]) == ("aten::exp", "backward"), b.stderr[-2000:]
+    assert (d["executed_at"]["function"], d["executed_at"]["code"]) == (
+        "backward",
+        "e = torch.exp(x)",
+    )
+    html = _page(tmp_path, str(rec))
+    ran = html[html.index("<th>ran at</th>") :]
+    assert f"custom_function_nan.py:{d['executed_at']['line']}</code> in <code>backward" in ran
