@@ -37,6 +37,8 @@ def main():
 
     def step(batch):
         x, y = batch
+        if os.path.exists("slow"):  # made once the check runs: its replayed steps last 1 s each,
+            time.sleep(1.0)  # so the signal 2 s on finds it still checking however fast it is
         optimizer.zero_grad()
         loss = F.cross_entropy(model(x), y)
         loss.backward()
@@ -54,6 +56,7 @@ def main():
             v = verdict()
             if pid is None and v.get("status") == "running" and v.get("pid"):
                 pid = v["pid"]
+                open("slow", "w").close()
                 time.sleep(2)  # past the child's first lines (it asks to die with its run)
                 os.kill(pid, getattr(signal, "SIG" + args.signal))
                 print(f"sent SIG{args.signal} to {pid}", flush=True)
