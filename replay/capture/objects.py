@@ -183,6 +183,8 @@ class StepCall:
         self.step_fn = step_fn
         self.objects = objects
         self._takes: list[str] = []
+        # parameters without a default that only a per-step value can fill (named style)
+        self._wanted: list[str] = []
         self._batch = "batch"  # the parameter the batch goes to
         self._var_kw = False
         self._by_name = objects.style == "named"
@@ -241,18 +243,40 @@ class StepCall:
                 )
             else:
                 self._takes.append(p.name)
-        if self._batch in self._takes:
-            return
-        # No parameter named 'batch': the batch goes to the first one not named after an
-        # object (an RL step's episode(seed), a step(model, optimizer, data)).
-        free = [n for n in self._takes if n not in self.objects.named]
-        if free:
-            self._batch = free[0]
-        elif not self._var_kw:
-            raise EntryPointError(
-                f"step_fn {name}{sig} takes no batch: with named objects "
-                f"({', '.join(self.objects.named)}), step_fn receives them by parameter name, "
-                "and the batch in a parameter named 'batch' (or its first other one)"
+        if self._batch not in self._takes:
+            # No parameter named 'batch': the batch goes to the first one not named after an
+            # object (an RL step's episode(seed), a step(model, optimizer, data)).
+            free = [n for n in self._takes if n not in self.objects.named]
+            if free:
+                self._batch = free[0]
+            elif not self._var_kw:
+                raise EntryPointError(
+                    f"step_fn {name}{sig} takes no batch: with named objects "
+                    f"({', '.join(self.objects.named)}), step_fn receives them by parameter "
+                    "name, and the batch in a parameter named 'batch' (or its first other one)"
+                )
+        self._wanted = [
+            p.name
+            for p in sig.parameters.values()
+            if p.name in self._takes
+            and p.default is p.empty
+            and p.name != self._batch
+            and p.name not in self.objects.named
+        ]
+
+    def _unfilled(self, values: Mapping[str, Any] | None) -> None:
+        """Raise, naming what to do, when a parameter only a per-step value fills has none (a
+        GAN's ``step(D, G, ...)`` with its discriminator given as ``model``: was Python's
+        "missing 1 required positional argument: 'D'" from inside the recorder)."""
+        missing = [n for n in self._wanted if values is None or n not in values]
+        if missing:
+            fn = getattr(self.step_fn, "__qualname__", "step_fn")
+            n = missing[0]
+            raise TypeError(
+                f"{fn}() parameter {n!r} is given nothing: it names no object the Recorder "
+                f"holds ({', '.join(self.objects.present())}), it is not the batch "
+                f"({self._batch!r}), and rec.step passed no {n}=; name the object {n!r} in "
+                f"objects= (objects={{..., {n!r}: ...}}) or pass rec.step(batch, {n}=...)"
             )
 
     def takes(self, name: str) -> bool:
@@ -280,6 +304,8 @@ class StepCall:
         if not self._by_name:
             given = {k: v for k, v in (values or {}).items() if self._var_kw or k in self._takes}
             return self.step_fn(objs.model, objs.optimizer, batch, **given)
+        if self._wanted:
+            self._unfilled(values)
         kw: dict[str, Any] = {}
         for n in self._takes:
             if n == self._batch:

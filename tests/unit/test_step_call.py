@@ -86,6 +86,22 @@ def test_named_objects_and_a_step_without_a_batch_parameter_gets_it_in_its_first
         StepCall(objects_only, named)
 
 
+def test_a_parameter_nothing_fills_is_named_with_what_fills_it():
+    """A GAN's ``step(D, G, opt_d, opt_g, batch)`` with its discriminator given as ``model``.
+    Was: Python's "missing 1 required positional argument: 'D'", from inside the recorder."""
+    named = RunObjects({"model": model, "optimizer": opt}, "named")
+
+    def step(D, optimizer, batch, it):
+        return (D, optimizer, batch, it)
+
+    call = StepCall(step, named)
+    with pytest.raises(TypeError, match=r"parameter 'D' is given nothing: .*objects=\{\.\.\., 'D'"):
+        call(1, {"it": 0})
+    assert call(1, {"it": 0, "D": "d"}) == ("d", opt, 1, 0)  # a per-step value fills it
+    with pytest.raises(TypeError, match=r"parameter 'it' is given nothing: .*rec.step\(batch, it="):
+        StepCall(lambda model, batch, it: it, named)(1, {})
+
+
 def test_a_step_closure_over_another_module_than_the_step_before_is_named():
     """Layer-local training (mnist_forward_forward): each layer's ``train()`` hands
     ``replay.step`` a closure of the same code over itself and its own inputs. Was: taken for
