@@ -595,11 +595,9 @@ class Recorder:
         self.enabled = False
         if not self._warned:
             self._warned = True
-            warnings.warn(
-                f"replay: recording to {self.path} stopped ({why}); {after}",
-                RecorderWarning,
-                stacklevel=4,
-            )
+            # at the program's line (a fixed stacklevel named recorder.py when the writer's
+            # failure was found by rec.step's check of it)
+            warn_at_user_line(f"replay: recording to {self.path} stopped ({why}); {after}")
 
     def _unrecorded_step(self, batch: Any, values: dict[str, Any]) -> Any:
         """Recording stopped (write failure): train on, but still join the ranks' agreement,

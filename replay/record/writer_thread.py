@@ -27,7 +27,13 @@ from ..capture.rng import rng_to_tree
 from ..capture.tensors import to_leaves
 from ..store.contracts import HealthFrame, SnapshotFrame, StepException, StepFrame, StepRecord
 from ..store.writer import pack_parts
-from ..store.writer_process import WriterClient, WriterDied, WriterError, lower_priority
+from ..store.writer_process import (
+    WriterClient,
+    WriterDied,
+    WriterError,
+    failure_words,
+    lower_priority,
+)
 
 __all__ = ["BackgroundWriter", "StepJob", "SnapshotJob"]
 
@@ -78,6 +84,12 @@ def _span(steps: list[int]) -> str:
     """``step 7`` or ``steps 3..9``."""
     lo, hi = min(steps), max(steps)
     return f"step {lo}" if lo == hi else f"steps {lo}..{hi}"
+
+
+def _words(e: Exception) -> str:
+    """A writer's failure as the recorder's warning quotes it: the writer process's own line
+    (already short), else ``failure_words`` (a full disk in a few words)."""
+    return str(e) if isinstance(e, WriterError) else failure_words(e)
 
 
 def _count(n: int) -> str:
@@ -236,7 +248,7 @@ class BackgroundWriter:
 
     def _fail(self, e: Exception) -> None:
         """Recording stops (training never does): a writer's error in its own words."""
-        self.error = str(e) if isinstance(e, WriterError) else f"{type(e).__name__}: {e}"
+        self.error = _words(e)
         self._abandon()
 
     def _run(self) -> None:
@@ -281,7 +293,7 @@ class BackgroundWriter:
             except WriterDied as e:
                 self._died(str(e), [])
             except Exception as e:  # noqa: BLE001
-                self.error = self.error or f"{type(e).__name__}: {e}"
+                self.error = self.error or _words(e)  # (found at close: a full disk, say)
         with self._drained:
             self._drained.notify_all()
 

@@ -27,6 +27,7 @@ sync. Pickle is not used.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import select
@@ -507,6 +508,17 @@ def lower_priority() -> None:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
 
 
+def failure_words(e: BaseException) -> str:
+    """A write failure in one short line: a full disk (or a file size limit) said as such
+    (HDF5's own message for it runs to 300 characters of times, descriptors and offsets before
+    the reason)."""
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        what = "the file reached its size limit" if e.errno == errno.EFBIG else "the disk is full"
+        return f"{what}: {os.strerror(e.errno)}, {type(e).__name__} errno {e.errno}"
+    said = " ".join(f"{type(e).__name__}: {e}".split())
+    return said if len(said) <= 300 else said[:297] + "..."
+
+
 def main() -> int:
     # Ctrl-C and a scheduler's SIGTERM reach the whole process group; the parent decides when
     # recording ends (it closes our input), so the child outlives it long enough to commit.
@@ -520,7 +532,7 @@ def main() -> int:
     try:
         return server.serve()
     except Exception as e:  # noqa: BLE001 - reported to the parent, which stops recording
-        server.reply("error " + " ".join(f"{type(e).__name__}: {e}".split()))
+        server.reply("error " + failure_words(e))
         # HDF5 may be in a state where closing crashes: leave without touching it (a failed
         # write, a full disk, left its lock file beside the recording).
         if server.store is not None:

@@ -38,6 +38,12 @@ def test_a_full_disk_stops_recording_not_training_and_leaves_no_lock_file(tmp_pa
     assert p.returncode == 0, p.stderr[-3000:]
     assert len(json.loads(p.stdout.strip().splitlines()[-1])) == 200  # every step trained
     assert p.stderr.count("RecorderWarning") == 1 and "File too large" in p.stderr, p.stderr
+    # one short line at the program's rec.step (was: HDF5's 300 characters, and recorder.py's
+    # line when rec.step's check of the writer found the failure)
+    said = next(ln for ln in p.stderr.splitlines() if "RecorderWarning" in ln)
+    where = said.split(": RecorderWarning")[0]
+    assert where.endswith(("file_size_limit.py:42", "file_size_limit.py:44")), said  # (or close)
+    assert "stopped (the file reached its size limit: File too large, " in said, said
     assert sorted(x.name for x in tmp_path.iterdir()) == ["file_size_limit.py", "run.h5"]
     rc, info, err = replay_json("info", "run.h5", cwd=tmp_path)
     assert rc == 0 and info["steps_recorded"] > 0, (info, err)
@@ -57,3 +63,20 @@ def test_a_full_disk_while_bisect_writes_its_sidecar_is_a_note_not_a_crash(tmp_p
     assert d["first_bad_step"] == 7, d
     assert any("File too large" in n for n in d["notes"]), d["notes"]
     assert sorted(x.name for x in tmp_path.iterdir()) == before  # no sidecar, no .tmp
+
+
+def test_a_full_disk_is_said_in_a_few_words_not_hdf5s_hundreds() -> None:
+    import errno
+
+    from replay.store.writer_process import failure_words
+
+    hdf5 = OSError(
+        errno.ENOSPC,
+        "Can't write unprocessed chunk data (file write failed: time = Tue Dec 8 02:30:07 2026, "
+        "filename = 'run.h5', file descriptor = 8, errno = 28, error message = 'No space left "
+        "on device', buf = 0x55d0c0a8b000, total write size = 1048576, bytes this sub-write = "
+        "1048576, bytes actually written = 18446744073709551615, offset = 5234688)",
+    )
+    assert failure_words(hdf5) == "the disk is full: No space left on device, OSError errno 28"
+    long = failure_words(RuntimeError("x" * 1000))
+    assert len(long) == 300 and long.startswith("RuntimeError: xxx") and long.endswith("...")
