@@ -194,7 +194,7 @@ def render(report: InfoReport) -> str:
     elif w:
         state = f"being written (training process {w.pid})"
     else:
-        state = "not closed (its training or its writer died)"
+        state = "not closed (its training or its writer died, or a write failed: a full disk)"
     lines.append(f"  status          {state}")
     lines.append(f"  trust           {d.trust.line}")
     lines.append(f"  steps recorded  {s.steps_recorded}  (health for {_fmt_range(s.health_steps)})")
