@@ -258,10 +258,11 @@ class Transport:
         if failed and w is not None and w.error is not None:
             self._said_stop = True
             out.stopped = w.error
-            # A path the store refuses to write (a device, a FIFO, a planted link) held nothing.
+            # A path the store refuses to write (a device, a FIFO, a planted link), or one it
+            # could not make (a folder it cannot write in), held nothing.
             out.after = (
                 "training goes on unrecorded"
-                if w.error.startswith("UnsafePath")
+                if w.error.startswith("UnsafePath") or w.wrote_nothing
                 else "training goes on, and the steps flushed before the failure stay readable"
             )
             if w.taken_over is not None:

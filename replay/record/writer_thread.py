@@ -132,6 +132,7 @@ class BackgroundWriter:
         self._take_over = take_over
         self._pending_in_log = pending_in_log
         self._created = False  # the file exists: a successor can reopen it
+        self.wrote_nothing = True  # no file was made (a folder it cannot write in)
         self._ended: dict[str, Any] | None = None  # (close's)
         self.taken_over: str | None = None  # what the successor saved, or could not save
         self._unsynced: list[int] = []  # [first, last, count] of steps sent since the last sync
@@ -257,7 +258,7 @@ class BackgroundWriter:
             # At once: the steps and snapshots the training thread puts in the step log wait
             # there until the writer process has the file.
             self._store = self._make_store()
-            self._created = True
+            self._created, self.wrote_nothing = True, False
         except Exception as e:  # noqa: BLE001 - any failure must stop recording, not training
             self._fail(e)
         stop = False

@@ -65,6 +65,19 @@ def test_a_full_disk_while_bisect_writes_its_sidecar_is_a_note_not_a_crash(tmp_p
     assert sorted(x.name for x in tmp_path.iterdir()) == before  # no sidecar, no .tmp
 
 
+def test_a_recording_that_could_not_be_made_says_training_goes_on_unrecorded(tmp_path: Path):
+    """A path whose folder cannot be written (here a file stands where the folder would be).
+    Was: "the steps flushed before the failure stay readable", of a file never made."""
+    shutil.copy(SCRIPT, tmp_path / SCRIPT.name)
+    (tmp_path / "notadir").write_text("a file, not a folder")
+    p = run_py(SCRIPT.name, "notadir/run.h5", "100000000", cwd=tmp_path, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert len(json.loads(p.stdout.strip().splitlines()[-1])) == 200  # every step trained
+    said = [ln for ln in p.stderr.splitlines() if "RecorderWarning" in ln]
+    assert len(said) == 1 and said[0].endswith("; training goes on unrecorded"), p.stderr
+    assert (tmp_path / "notadir").read_text() == "a file, not a folder"
+
+
 def test_a_full_disk_is_said_in_a_few_words_not_hdf5s_hundreds() -> None:
     import errno
 
