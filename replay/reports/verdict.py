@@ -113,8 +113,10 @@ class Ended:
             worker = first.removeprefix(f"Caught {self.type} in ").rstrip(".")
             first = f"{lines[-1].removeprefix(f'{self.type}: ')} (in {worker})"
         what = f"{self.type}: {first}" if first and self.kind != "interrupted" else self.type
-        what = f"interrupted ({what})" if self.kind == "interrupted" else what
-        return f"{what}, outside any step, {after}" + (f", at {self.where}" if self.where else "")
+        at = f", at {self.where}" if self.where else ""
+        if self.kind == "interrupted":  # (a Ctrl-C lands between steps or inside one, unrecorded)
+            return f"interrupted ({what}), {after}{at}"
+        return f"{what}, outside any step, {after}{at}"
 
 
 def _memory(rows: list[dict[str, Any]]) -> str:
