@@ -48,6 +48,7 @@ from ..trace.samples import (
     slice_batch,
     zipped,
 )
+from ..trace.stats import floating
 from ..trace.step import CompiledDuringTrace, stderr_progress
 
 if TYPE_CHECKING:
@@ -102,14 +103,14 @@ def _data_samples(batch: Any, axes: list[int]) -> list[Any]:
             i
             for i in range(batch_size_of(batch) or 0)
             if any(
-                t.is_floating_point() and not bool(torch.isfinite(t.detach()).all())
+                floating(t) and not bool(torch.isfinite(t.detach()).all())
                 for _, t in batch_leaves(slice_batch(batch, [i]))
             )
         ]
     sizes = [batch_size_of(batch, a) for a in axes]
     found: set[tuple[int, ...]] = set()
     for _, t in batch_leaves(batch):
-        if not t.is_floating_point() or t.dim() <= max(axes):
+        if not floating(t) or t.dim() <= max(axes):
             continue
         if any(t.shape[a] != n for a, n in zip(axes, sizes)):
             continue
@@ -174,9 +175,7 @@ def _nonfinite_state(engine: Engine) -> set[str]:
         return {
             leaf_path(k)
             for k, t in leaves(gather_state(engine.objs))
-            if isinstance(t, torch.Tensor)
-            and (t.is_floating_point() or t.is_complex())
-            and not bool(torch.isfinite(t).all())
+            if isinstance(t, torch.Tensor) and floating(t) and not bool(torch.isfinite(t).all())
         }
 
 

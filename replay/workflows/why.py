@@ -37,6 +37,7 @@ from ..engine import Engine
 from ..engine.entry import source_changed
 from ..engine.state import _int_keys
 from ..reports import Divergence, DivergenceCause, ExceptionInfo, StateDrift
+from ..trace.stats import floating, real_parts
 
 __all__ = ["explain_divergence", "state_diff"]
 
@@ -60,8 +61,11 @@ _NAMES = 5  # names listed per drifted object
 
 def _max_diff(a: Any, b: Any) -> float | None:
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape:
-        if a.is_floating_point() and b.is_floating_point():
-            d = (a.detach().double() - b.detach().to(a.device).double()).abs()
+        if floating(a) and floating(b) and a.is_complex() == b.is_complex():
+            # (a complex tensor by its real and imaginary parts: .double() dropped the latter)
+            d = (
+                real_parts(a.detach()).double() - real_parts(b.detach()).to(a.device).double()
+            ).abs()
             d = d[torch.isfinite(d)]
             return float(d.max()) if d.numel() else None
     return None

@@ -284,3 +284,23 @@ def test_a_tuple_of_per_sample_lists_is_cut_by_position_not_by_channel():
     assert not zipped(([torch.rand(3)] * 4, [torch.rand(3)] * 3))
     targets[3]["boxes"][0, 2] = float("-inf")
     assert _data_samples(batch, [0]) == [3]
+
+
+def test_a_nan_in_a_complex_batch_is_named_by_its_sample():
+    """MRI reconstruction's k-space, an STFT handed over as the batch: complex tensors. Was:
+    looked at only when floating point, so a NaN in one was named by no sample."""
+    from replay.workflows.culprit import _data_samples
+
+    kspace = torch.randn(5, 8, dtype=torch.cfloat)
+    kspace[2, 3] = complex(float("nan"), 0.0)
+    assert _data_samples((kspace, torch.zeros(5)), [0]) == [2]
+
+
+def test_two_complex_states_differ_by_their_imaginary_parts_too():
+    """Was: compared through .double(), which dropped the imaginary parts (and warned)."""
+    from replay.workflows.why import _max_diff
+
+    a = torch.randn(4, 3, dtype=torch.cfloat)
+    b = a.clone()
+    b[1, 2] += 0.5j
+    assert _max_diff(a, b) == 0.5
