@@ -31,11 +31,15 @@ __all__ = ["UnheldState"]
 
 
 def _fingerprint(obj: object) -> float | None:
-    """A module's floating-point parameters and buffers in one number (read once to the host);
+    """A module's floating-point (and complex) parameters and buffers in one number (read once to the host);
     ``None`` for anything else."""
     if not isinstance(obj, torch.nn.Module):
         return None
-    tensors = [t for t in itertools.chain(obj.parameters(), obj.buffers()) if t.is_floating_point()]
+    tensors = [
+        t
+        for t in itertools.chain(obj.parameters(), obj.buffers())
+        if t.is_floating_point() or t.is_complex()
+    ]
     try:
         fp = param_fingerprint(tensors)
         return float(fp) if fp is not None else None
