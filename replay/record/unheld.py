@@ -31,8 +31,8 @@ __all__ = ["UnheldState"]
 
 
 def _fingerprint(obj: object) -> float | None:
-    """A module's floating-point (and complex) parameters and buffers in one number (read once to the host);
-    ``None`` for anything else."""
+    """A module's floating-point (and complex) parameters and buffers in one number (read once
+    to the host); ``None`` for anything else."""
     if not isinstance(obj, torch.nn.Module):
         return None
     tensors = [
