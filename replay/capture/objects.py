@@ -46,6 +46,8 @@ __all__ = [
     "other_models",
     "gather_state",
     "load_state",
+    "state_of",
+    "load_into",
 ]
 
 # Objects known by name: the recorder measures and records their hyper-parameters (optimizer),
@@ -327,6 +329,37 @@ def _slots(params: list[inspect.Parameter]) -> list[inspect.Parameter]:
     return [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
 
 
+def _zero_shard(obj: Any) -> Any:
+    """The optimizer over this rank's shard of a ``ZeroRedundancyOptimizer`` (ZeRO-1), else
+    ``None``."""
+    cls = type(obj)
+    if cls.__name__ == "ZeroRedundancyOptimizer" and cls.__module__.startswith("torch.distributed"):
+        return obj.optim
+    return None
+
+
+def state_of(obj: Any) -> Any:
+    """``obj.state_dict()``, what a snapshot keeps of a named object. A
+    ``ZeroRedundancyOptimizer``'s own raises unless every rank first gathered the whole state
+    on one (``consolidate_state_dict``, a collective): recording stopped at the first snapshot.
+    Each rank keeps the shard it holds instead, in its own file, as under FSDP2."""
+    shard = _zero_shard(obj)
+    return {"zero_shard": shard.state_dict()} if shard is not None else obj.state_dict()
+
+
+def load_into(obj: Any, sd: Any, int_keys: Callable[[Any], Any] = lambda sd: sd) -> None:
+    """``obj.load_state_dict(int_keys(sd))`` for what :func:`state_of` took (``int_keys``: an
+    optimizer's state keys made ints again); a ZeRO shard's hyper-parameters go back into the
+    optimizer's groups too (each rank's shard has one group per group)."""
+    shard = _zero_shard(obj)
+    if shard is None:
+        obj.load_state_dict(int_keys(sd))
+        return
+    shard.load_state_dict(int_keys(sd["zero_shard"]))
+    for group, mine in zip(obj.param_groups, shard.param_groups):
+        group.update({k: v for k, v in mine.items() if k != "params"})
+
+
 def gather_state(objects: RunObjects, model: torch.nn.Module | None = None) -> dict[str, Any]:
     """What a snapshot holds, as live references (the caller copies): every object's
     ``state_dict`` and the gradients that are not ``None`` (accumulation across ``rec.step``
@@ -339,9 +372,9 @@ def gather_state(objects: RunObjects, model: torch.nn.Module | None = None) -> d
     for role in ROLES[1:]:
         obj = objects.named.get(role)
         if obj is not None:
-            state[role] = obj.state_dict()
+            state[role] = state_of(obj)
     if objects.extras:
-        state["objects"] = {k: v.state_dict() for k, v in objects.extras.items()}
+        state["objects"] = {k: state_of(v) for k, v in objects.extras.items()}
     state["layout"] = param_layout(objects, model)
     state["grads"] = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
     # The other models' pending gradients too (a GAN's netG): a replay from this state must
@@ -458,11 +491,11 @@ def load_state(
         obj = objects.named.get(role)
         if obj is not None and state.get(role) is not None:
             sd = convert(role, state[role])
-            obj.load_state_dict(int_keys(sd) if role == "optimizer" else sd)
+            load_into(obj, sd, int_keys) if role == "optimizer" else load_into(obj, sd)
     kept = state.get("objects") or {}
     for name, obj in objects.extras.items():
         if name in kept:
-            obj.load_state_dict(convert("objects", kept[name]))
+            load_into(obj, convert("objects", kept[name]))
     owners = [(model, convert("grads", state.get("grads") or {}))]
     kept_grads = state.get("object_grads") or {}
     other = convert("object_grads", kept_grads) if kept_grads else {}

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .objects import RunObjects, saves_state
+from .objects import RunObjects, saves_state, state_of
 
 __all__ = ["Suspect", "candidates", "changed_by", "buffers", "unheld_state", "same_tensor"]
 
@@ -360,7 +360,7 @@ def _state(obj: object) -> _State:
     even where the values stay (an EMA of weights already NaN), a new tensor in the ids."""
     text = ""
     if isinstance(obj, (torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler)):
-        sd = obj.state_dict()
+        sd = state_of(obj)
         text = repr(sd.get("param_groups") if isinstance(obj, torch.optim.Optimizer) else sd)
     elif isinstance(obj, np.random.Generator):
         text = repr(obj.bit_generator.state)

@@ -193,7 +193,7 @@ def export_work(
     README (a multi-rank export writes into a staged folder)."""
 
     def work(rec: Recording, engine: Engine, step: int | None = step) -> ExportReport:
-        from ..capture.objects import ROLES
+        from ..capture.objects import ROLES, state_of
 
         first_bad_step = rec.first_failure() if first_bad is None else first_bad
         notes: list[str] = []
@@ -211,7 +211,7 @@ def export_work(
         for name in (*ROLES, *objs.extras):
             obj = objs.named.get(name)
             if obj is not None and hasattr(obj, "state_dict"):
-                states[name] = obj.state_dict()
+                states[name] = state_of(obj)  # (a ZeRO optimizer: this rank's shard)
         grads = {n: p.grad for n, p in objs.model.named_parameters()}
         rng = _rng_state()  # step's recorded states, which state_before put in place
         skip: list[dict[str, Any]] = []

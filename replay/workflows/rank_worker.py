@@ -143,7 +143,8 @@ def _lead(engine: Engine, rec: Recording, spec: dict[str, Any]) -> dict[str, Any
     """The leader's workflow, the one a single-process replay runs, on this rank's engine."""
     mode = spec["mode"]
     if mode == "verify":
-        return verify_engine(rec, engine).to_json()
+        start, every = spec.get("start"), bool(spec.get("every_step"))
+        return verify_engine(rec, engine, start=start, every_step=every).to_json()
     if mode == "trace":
         return trace_engine(rec, engine, rec.path, spec.get("step")).to_json()
     criterion = criterion_named(**spec["criterion"]) if spec.get("criterion") else None

@@ -48,7 +48,10 @@ def run_verify(
     choice = choose_ranks(run, rank, alone)
     if choice.together:
         assert choice.scan is not None
-        d = together(choice.scan, "verify", options, opened, log=log)
+        # (--from and --all reach the leader, whose replay every other rank follows: they were
+        # dropped, and a rank set's verify replayed the newest snapshots' steps whatever asked)
+        job = {"start": start, "every_step": every_step}
+        d = together(choice.scan, "verify", options, opened, log=log, **job)
         return VerifyReport.from_json(only_known(VerifyReport, d))
     if choice.scan is not None and choice.path == run:  # --alone without --rank: rank 0
         files = choice.scan.paths

@@ -31,6 +31,7 @@ from ..bisect.compare import (
     compare_replays,
     same_bits,
 )
+from ..capture.objects import state_of
 from ..capture.suspects import Suspect, buffers, candidates, changed_by, same_tensor
 from ..capture.tensors import from_leaves
 from ..engine import Engine
@@ -133,15 +134,15 @@ def state_diff(engine: Engine, s: int) -> list[StateDrift]:
         report("module buffers", [d for d in diffs if d[0] not in params])
         if objs.optimizer is not None and snap.get("optimizer") is not None:
             kept = _int_keys(from_leaves(snap["optimizer"], dev))
-            report("optimizer", _diff_paths(objs.optimizer.state_dict(), kept))
+            report("optimizer", _diff_paths(state_of(objs.optimizer), kept))
         for role in ("scheduler", "scaler"):
             obj = objs.named.get(role)
             if obj is not None and snap.get(role) is not None:
-                report(role, _diff_paths(obj.state_dict(), from_leaves(snap[role], dev)))
+                report(role, _diff_paths(state_of(obj), from_leaves(snap[role], dev)))
         kept_objects = snap.get("objects") or {}
         for name, obj in objs.extras.items():
             if name in kept_objects:
-                report(name, _diff_paths(obj.state_dict(), from_leaves(kept_objects[name], dev)))
+                report(name, _diff_paths(state_of(obj), from_leaves(kept_objects[name], dev)))
         if "grads" in snap:
             live_grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
             report("gradients", _diff_paths(live_grads, from_leaves(snap["grads"], dev)))
