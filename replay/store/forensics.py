@@ -430,7 +430,6 @@ class ForensicsReader:
     def _check_verdict(self, v: Any) -> dict[str, Any]:
         if not isinstance(v, dict):
             raise self._bad("/verdict/json is not an object")
-
         idx = v.get("op_index")
         if idx is not None and not (V.is_int(idx) and 0 <= idx < self.n_ops):
             raise self._bad(f"the verdict's op_index {str(idx)[:20]} is not a row of /ops")

@@ -85,6 +85,10 @@ class Window:
 
 
 def _check_signature(path: str, probe: bool = True) -> None:
+    """Refuse what is not an HDF5 file; with ``probe``, also a file that ends before the end its
+    superblock claims, unless HDF5 still opens it in time: HDF5 opening a truncated file in SWMR
+    mode retries its metadata reads for minutes instead of failing. (One that opens is read, and
+    ``replay info`` calls it truncated.)"""
     V.check_regular_file(path)  # before any open: a FIFO would block, a device never end
     try:
         with open(path, "rb") as fh:
@@ -96,8 +100,12 @@ def _check_signature(path: str, probe: bool = True) -> None:
             f"{path}: not an HDF5 file, so not a replay recording "
             "(recordings are written by replay.Recorder)"
         )
-    if probe:
-        _check_not_truncated(path)
+    size, claimed = (claimed_size(path) if probe else None) or (0, 0)  # (0, 0): not checked
+    if claimed > size and not _opens_in_time(path):
+        raise RecordingError(
+            f"{path}: the file is truncated ({size} of {claimed} bytes: the copy is "
+            "incomplete, or the writer died before its first flush); it cannot be opened"
+        )
 
 
 def claimed_size(path: str) -> tuple[int, int] | None:
@@ -119,21 +127,6 @@ def claimed_size(path: str) -> tuple[int, int] | None:
     base = struct.unpack_from(fmt, sb, 12)[0]
     eof = struct.unpack_from(fmt, sb, 12 + 2 * width)[0]
     return size, int(base + eof)
-
-
-def _check_not_truncated(path: str) -> None:
-    """Refuse a file that ends before the end its superblock claims, unless HDF5 still opens it
-    in time: HDF5 opening a truncated file in SWMR mode retries its metadata reads for minutes
-    instead of failing. (One that opens is read, and ``replay info`` calls it truncated.)"""
-    extent = claimed_size(path)
-    if extent is None:
-        return
-    size, claimed = extent
-    if claimed > size and not _opens_in_time(path):
-        raise RecordingError(
-            f"{path}: the file is truncated ({size} of {claimed} bytes: the copy is "
-            "incomplete, or the writer died before its first flush); it cannot be opened"
-        )
 
 
 def _opens_in_time(path: str, timeout: float = 10.0) -> bool:
@@ -205,11 +198,9 @@ def _hdf5_library() -> ctypes.CDLL | None:
 def _open_swmr(path: str) -> h5py.File:
     """``h5py.File(path, "r", swmr=True)`` with at most ``SWMR_READ_ATTEMPTS`` metadata reads."""
     lib = _hdf5_library()
-    if lib is None:
-        return h5py.File(path, "r", swmr=True)
     fapl = h5py.h5p.create(h5py.h5p.FILE_ACCESS)
     fapl.set_libver_bounds(h5py.h5f.LIBVER_EARLIEST, h5py.h5f.LIBVER_LATEST)
-    if lib.H5Pset_metadata_read_attempts(fapl.id, SWMR_READ_ATTEMPTS) < 0:
+    if lib is None or lib.H5Pset_metadata_read_attempts(fapl.id, SWMR_READ_ATTEMPTS) < 0:
         return h5py.File(path, "r", swmr=True)
     fid = h5py.h5f.open(os.fsencode(path), h5py.h5f.ACC_RDONLY | h5py.h5f.ACC_SWMR_READ, fapl=fapl)
     return h5py.File(fid)
@@ -221,23 +212,9 @@ LOCK_WAIT_S = 5.0
 
 
 def _open_h5(path: str, probe: bool = True) -> h5py.File:
+    """``_check_signature``, then ``_open_swmr``, waiting up to ``LOCK_WAIT_S`` while HDF5's file
+    lock is held."""
     _check_signature(path, probe)
-    try:
-        return _open_swmr_when_unlocked(path)
-    except OSError as e:
-        msg = str(e)
-        with contextlib.suppress(OSError):  # files not written in SWMR mode open normally
-            return h5py.File(path, "r")
-        if "truncated" in msg or "addr overflow" in msg or "eof" in msg.lower():
-            raise RecordingError(
-                f"{path}: the file is truncated (its writer died before the first flush, or "
-                "the copy is incomplete); nothing in it can be recovered"
-            ) from None
-        raise RecordingError(f"{path}: HDF5 cannot open it ({first_line(e)})") from None
-
-
-def _open_swmr_when_unlocked(path: str) -> h5py.File:
-    """``_open_swmr``, waiting up to ``LOCK_WAIT_S`` while HDF5's file lock is held."""
     deadline = time.monotonic() + LOCK_WAIT_S
     while True:
         try:
@@ -249,6 +226,16 @@ def _open_swmr_when_unlocked(path: str) -> h5py.File:
                     f"in for {LOCK_WAIT_S:g} s ({first_line(e)})"
                 ) from None
             time.sleep(0.02)
+        except OSError as e:
+            msg = str(e)
+            with contextlib.suppress(OSError):  # files not written in SWMR mode open normally
+                return h5py.File(path, "r")
+            if "truncated" in msg or "addr overflow" in msg or "eof" in msg.lower():
+                raise RecordingError(
+                    f"{path}: the file is truncated (its writer died before the first flush, or "
+                    "the copy is incomplete); nothing in it can be recovered"
+                ) from None
+            raise RecordingError(f"{path}: HDF5 cannot open it ({first_line(e)})") from None
 
 
 class _SharedFile:
@@ -606,12 +593,10 @@ class Recording:
     def _read_manifest(self, ring: str, step: int) -> dict[str, Any]:
         slot = self._slot_or_raise(ring, step)
         lengths = self._lengths(ring, step, slot)
-        if lengths is None:
+        raw = b"" if lengths is None else self._payload(ring, slot, lengths[1]).tobytes()
+        if lengths is None or self._marker(ring, slot) != step:
             raise KeyError(f"step {step} of the {ring} ring was rewritten while being read")
         n, mlen = lengths
-        raw = self._payload(ring, slot, mlen).tobytes()
-        if self._marker(ring, slot) != step:
-            raise KeyError(f"step {step} of the {ring} ring was rewritten while being read")
         return self._manifest(ring, step, raw, n - mlen)
 
     def damaged_steps(self) -> list[int]:

@@ -35,11 +35,6 @@ def _recording_there(path: str) -> bool:
         return False
 
 
-def _segment(base: str, n: int) -> str:
-    root, ext = os.path.splitext(base)
-    return base if n == 0 else f"{root}.{n}{ext}"
-
-
 def segment_path(path: str, rank_path: Callable[[str], str] | None = None) -> str:
     """The file a new Recorder of ``path`` writes: ``path`` itself when no recording is there
     (or a live writer holds it), else the next free segment. ``rank_path``: ``fn(base) -> the
@@ -53,8 +48,9 @@ def segment_path(path: str, rank_path: Callable[[str], str] | None = None) -> st
     if live is not None and not live.draining:
         return first  # another run is recording there: its writer's lock refuses this one
     # (a draining writer's training is dead: a run restarted at once gets its own segment)
+    root, ext = os.path.splitext(path)
     for n in range(1, MAX_SEGMENTS):
-        candidate = own(_segment(path, n))
+        candidate = own(f"{root}.{n}{ext}")
         if not os.path.lexists(candidate):
             print(
                 f"replay: {first} holds an earlier recording, kept; this run records to "

@@ -40,8 +40,6 @@ __all__ = ["StepLog", "LogRecord", "LOG_BYTES"]
 LOG_BYTES = 64 << 20
 _CTRL = 64
 _HEAD = struct.Struct("<QqqQQQQ")  # length, step, slot, seq, mlen, payload length, columns
-
-
 _heads: dict[int, struct.Struct] = {}  # the header and a health row of so many columns
 
 

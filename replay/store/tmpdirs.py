@@ -34,15 +34,10 @@ def private_dir(kind: str) -> str:
     of this namespace that is gone."""
     root = tempfile.gettempdir()
     prefix = f"replay-{kind}-{_namespace()}-"
-    _sweep(root, prefix)
-    return tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=root)
-
-
-def _sweep(root: str, prefix: str) -> None:
     try:
         names = os.listdir(root)
     except OSError:
-        return
+        names = []
     for name in names:
         pid = name[len(prefix) :].partition("-")[0] if name.startswith(prefix) else ""
         if not (pid.isascii() and pid.isdigit()) or alive(int(pid)):
@@ -56,6 +51,7 @@ def _sweep(root: str, prefix: str) -> None:
         # rmtree does not follow links inside it.
         if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid():
             shutil.rmtree(path, ignore_errors=True)
+    return tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=root)
 
 
 def alive(pid: int) -> bool:

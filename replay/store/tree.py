@@ -8,9 +8,8 @@ arena; ``decode`` rebuilds the tree from the manifest and the arena bytes, bit f
 A dataclass instance, a ``collections.UserDict`` (Hugging Face's ``BatchEncoding``) or a plain
 object whose attributes are all data (tensors, arrays, numbers, strings, containers of them) is
 an :class:`ObjectRecord`: its class's module and qualified name and its attributes. It comes
-back as that record; ``capture.tensors.from_leaves`` makes it the object again in a replay,
-from its class where the replayed program has it loaded (never importing a module a file
-names).
+back as that record; ``capture.tensors.from_leaves`` makes it the object again in a replay, from
+its class where the replayed program has it loaded (never importing a module a file names).
 
 No pickle: an object of any other type is stored as :class:`Opaque` (its type name and ``repr``)
 and comes back as such, never as the object.

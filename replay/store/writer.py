@@ -216,13 +216,11 @@ class StoreWriter:
         watched: tuple[str, ...] = (),
     ) -> None:
         self.path = path
-        # The health columns: the run's own, then each watched object's (capture/watch.py).
         self.health_columns = HEALTH_COLUMNS + object_columns(watched)
         # Before anything is created: another live writer of this path keeps its file.
         with self._locked(meta):
             ncols = len(self.health_columns)
-            # Readers refuse larger rings (validate.LIMITS): never write a file they would
-            # refuse.
+            # Readers refuse larger rings (validate.LIMITS): never write a file they would refuse.
             for what, n, most in (
                 ("step slots (reach)", steps.slots, LIMITS["ring_slots"]),
                 ("snapshot slots (the tiers of reach)", snapshots.slots, LIMITS["ring_slots"]),

@@ -18,10 +18,9 @@ process group) loses what was not committed yet, which the training thread bound
 Protocol over the child's stdin (parent -> child): frames of ``u64 header length``, a JSON header,
 then ``u64 body length`` and the body bytes. A ``commit`` frame's body may instead be in the
 shared ring (``frame_ring.py``): its header then says where (``"ring": [offset, n, end]``) and the
-pipe body is empty. ``commit`` frames are not answered; ``create``,
-``sync`` and ``close`` are answered with one line on stdout, ``ok`` or ``error <message>``. A
-failing child writes its ``error`` line and exits, which the parent sees at its next write or
-sync. Pickle is not used.
+pipe body is empty. ``commit`` frames are not answered; ``create``, ``sync`` and ``close`` are
+answered with one line on stdout, ``ok`` or ``error <message>``. A failing child writes its
+``error`` line and exits, which the parent sees at its next write or sync. Pickle is not used.
 """
 
 from __future__ import annotations
@@ -94,9 +93,8 @@ def _add(parts: list[np.ndarray], payload: Payload) -> int:
 
 
 def _grow_pipe(stream: Any) -> None:
-    """Ask for a pipe of up to ``PIPE_BYTES``: the writer thread then rarely blocks, and the
-    child can take several frames per wake-up (see ``_Server.serve``). Linux only; harmless
-    elsewhere."""
+    """Ask for a pipe of up to ``PIPE_BYTES``: the writer thread then rarely blocks, and the child
+    can take several frames per wake-up (see ``_Server.serve``). Linux only; harmless elsewhere."""
     with contextlib.suppress(OSError, ImportError, ValueError, AttributeError):
         import fcntl
 
@@ -252,8 +250,7 @@ class _FrameReader:
     Bodies are read straight from the pipe into an arena that is reused from one commit to the
     next (``release``): a fresh buffer per frame meant fresh pages, a page fault per 4 KiB,
     which was 30% of this process's CPU on the benchmark MLP. A body that does not fit gets its
-    own buffer, and the arena grows to what the last commit window needed (up to
-    ``COMMIT_BYTES``).
+    own buffer, and the arena grows to what the last commit window needed (up to ``COMMIT_BYTES``).
     """
 
     def __init__(self, fd: int) -> None:
