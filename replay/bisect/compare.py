@@ -88,10 +88,6 @@ def _is_float32(x: float) -> bool:
         return False
 
 
-def _measured(flag: Any) -> bool:
-    return flag is not None and not math.isnan(float(flag))
-
-
 def compare_rows(recorded: dict[str, Any] | None, replayed: dict[str, Any]) -> Divergence | None:
     """``None`` when the replayed step matches the recording, else what differs and by how much.
 
@@ -111,9 +107,8 @@ def compare_rows(recorded: dict[str, Any] | None, replayed: dict[str, Any]) -> D
     # The watched objects' fingerprints too (netG__param_fingerprint: capture/watch.py).
     watched = [c for c in recorded if c.endswith("__param_fingerprint") and c in replayed]
     for col in (*VERIFIED_COLUMNS, *watched):
-        if col.endswith("param_fingerprint") and not _measured(
-            recorded.get(col.removesuffix("param_fingerprint") + "param_nonfinite")
-        ):
+        flag = recorded.get(col.removesuffix("param_fingerprint") + "param_nonfinite")
+        if col.endswith("param_fingerprint") and (flag is None or math.isnan(float(flag))):
             continue  # the recorder measures it every `fingerprint_every` steps only
         differs = _column_differs(step, col, recorded.get(col), replayed.get(col))
         if differs is not None:

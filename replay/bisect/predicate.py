@@ -129,19 +129,16 @@ class Expression:
         aggs: set[_Agg] = set()
 
         def name_ok(n: str) -> None:
+            fn, _, col = n.partition("_")
             if n in known:
                 used.add(n)
-                return
-            if n in _CONSTS:
-                return
-            fn, _, col = n.partition("_")
-            if fn in AGGREGATES and col in known and col != "step":
+            elif fn in AGGREGATES and col in known and col != "step":
                 aggs.add(_Agg(fn, col))
-                return
-            raise PredicateError(
-                f"unknown name {n!r}; use a health column ({', '.join(sorted(known))}), "
-                f"an aggregate {'/'.join(AGGREGATES)}_COLUMN (e.g. median_loss), nan or inf"
-            )
+            elif n not in _CONSTS:
+                raise PredicateError(
+                    f"unknown name {n!r}; use a health column ({', '.join(sorted(known))}), "
+                    f"an aggregate {'/'.join(AGGREGATES)}_COLUMN (e.g. median_loss), nan or inf"
+                )
 
         called = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
         for node in ast.walk(tree):

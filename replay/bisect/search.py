@@ -179,7 +179,6 @@ def find_culprit(
     again = subject.replay_again(t)
     v.rechecked_steps = 1
     same = compare_replays(culprit, again) is None
-    # Reproducible: the two replays agree with each other and with the recording.
     v.reproducible = same and v.deterministic
     if not same:
         v.notes.append(

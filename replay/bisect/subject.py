@@ -18,22 +18,17 @@ class Subject(Protocol):
 
     def recorded_rows(self) -> list[Row]:
         """Every recorded health row, ascending by step (may start before the window)."""
-        ...
 
     def recorded_exception(self, step: int) -> dict[str, Any] | None:
         """The exception recorded at ``step`` ({type, message, ...}) or None."""
-        ...
 
     def snapshot_healthy(self, step: int) -> bool:
         """Whether every tensor of the snapshot at ``step`` is finite."""
-        ...
 
     def replay(self, step: int, *, keep: bool = True, fresh: bool = False) -> Row:
         """Replay ``step`` from the state right before it (reached as cheaply as possible); with
         ``keep``, remember that state so ``replay_again(step)`` can start from it; with
         ``fresh``, from the newest snapshot at or before it, never from a replay carried on."""
-        ...
 
     def replay_again(self, step: int) -> Row:
         """Replay ``step`` a second time from the same state as the last ``replay(step)``."""
-        ...

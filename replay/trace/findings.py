@@ -146,9 +146,7 @@ class Findings:
         out_kind = "nan" if "nan" in kinds else "inf" if "inf" in kinds else "neginf"
         mutated_ids = {id(t) for t in mutated}
         checked: list[tuple[torch.Tensor, str]] = []
-        for t in ins:
-            if not floating(t):
-                continue
+        for t in filter(floating, ins):
             if id(t) in mutated_ids:
                 k = "nan" if pre_bad.get(id(t)) else "finite"  # its value before the op
             else:

@@ -81,7 +81,7 @@ class MemoryTracker:
         # a weak reference to each tensor alive that is counted, by id; dropped when the tensor
         # dies (a ``weakref.finalize`` each cost several times more: millions of small ops)
         self._refs: dict[int, _Ref] = {}
-        self.on_free: Callable[[int], None] | None = None  # told each storage key let go
+        self.on_free: Callable[[int], object] | None = None  # told each storage key let go
         self.seen: Collection[int] = self._refs  # ids of the tensors counted
 
     def see(self, t: torch.Tensor, op_index: int, op_name: str) -> None:
@@ -154,8 +154,7 @@ class MemoryTracker:
 
     def close(self) -> None:
         """List the largest storages of a peak not listed yet, then stop accounting and drop the
-        weak references (their callbacks go with them: tensors that outlive the trace owe us
-        nothing)."""
+        weak references and their callbacks (tensors that outlive the trace owe us nothing)."""
         if self._peak_dirty:
             self._snapshot()
         self._refs.clear()

@@ -23,7 +23,7 @@ from replay.trace.source import Interner
 from replay.trace.spool import OpSpool
 from replay.trace.staged import STAGE_MAX, Stage, quick_finite
 from replay.trace.stats import (
-    N_BINS,
+    NO_HIST,
     NO_STATS,
     Stats,
     copy_small,
@@ -38,7 +38,6 @@ __all__ = ["OpLog", "PROGRESS_ROWS", "NO_HIST"]
 
 PROGRESS_ROWS = 1 << 12  # ops between two progress calls (and checks of the spool's buffer)
 SINGLE_THREAD_NUMEL = 1 << 20
-NO_HIST = np.zeros(N_BINS, dtype=np.float32)
 _ShapeKey = tuple[tuple[torch.dtype, torch.Size, int], ...]  # int: get_device(), -1 the CPU
 #: What ``measure`` found: the statistics row and histogram of the op's main output, the kinds
 #: of its floating outputs (``finite_kind``), those outputs, its values to stage (or None) and
@@ -90,7 +89,7 @@ class OpLog:
         # go (the memory tracker's count of its tensors fell to 0) drops it too, before its
         # address can be reused.
         self._values: dict[int, dict[int, tuple[int, int, torch.dtype, int]]] = {}
-        self.memory.on_free = self._forget
+        self.memory.on_free = lambda key: self._values.pop(key, None)
 
     def __len__(self) -> int:
         return len(self.cols)
@@ -208,18 +207,14 @@ class OpLog:
         return row, hist, kinds, floats, staged, alias
 
     def _remember(self, t: torch.Tensor, row: int) -> None:
-        """``t``'s values are measured in row ``row`` (finite: staged, or measured at once)
-        (``t`` is one the memory tracker counts: its storage's entry goes when the storage is
-        let go)."""
+        """``t``'s values are measured in row ``row`` (finite: staged, or measured at once), if
+        the memory tracker counts ``t``: its storage's entry goes when the storage is let go."""
         key = storage_key(t)
         # An inference tensor (made under torch.inference_mode()) has no version counter: an
         # in-place change to it would not show, so its values are never taken as measured.
         if key is not None and self.memory.counts(key) and not t.is_inference():
             at = self._values.setdefault(key, {})
             at[t.data_ptr()] = (t.numel(), t._version, t.dtype, row)
-
-    def _forget(self, key: int) -> None:
-        self._values.pop(key, None)
 
     def _measured(self, t: torch.Tensor) -> int:
         """The row of finite values measured that ``t`` holds now, else -1."""

@@ -66,13 +66,12 @@ class Patches:
 
         def apply(cls: type[torch.autograd.Function], /, *args: object, **kwargs: object) -> object:
             out = original.__func__(cls, *args, **kwargs)
-            if off.on:
-                return out
-            with off:  # grad_fn lookups go through torch functions too
-                for t in tensors(out):
-                    if t.grad_fn is not None:
-                        sites.tag(t.grad_fn, sys._getframe(1), function=cls.__name__)
-                        break
+            if not off.on:
+                with off:  # grad_fn lookups go through torch functions too
+                    for t in tensors(out):
+                        if t.grad_fn is not None:
+                            sites.tag(t.grad_fn, sys._getframe(1), function=cls.__name__)
+                            break
             return out
 
         return apply

@@ -206,15 +206,12 @@ class ParamPicture:
     ) -> None:
         """``others``: the run's other models by name (a GAN's ``netG``); their parameters are
         named ``netG.<parameter>``."""
-        self.names = [n for n, _ in model.named_parameters()]
-        self.params = [p for _, p in model.named_parameters()]
-        seen = {id(p) for p in self.params}
+        named = {id(p): (n, p) for n, p in model.named_parameters()}
         for prefix, mod in others:
             for n, p in mod.named_parameters():
-                if id(p) not in seen:
-                    seen.add(id(p))
-                    self.names.append(f"{prefix}.{n}")
-                    self.params.append(p)
+                named.setdefault(id(p), (f"{prefix}.{n}", p))
+        self.names = [n for n, _ in named.values()]
+        self.params = [p for _, p in named.values()]
         with torch.no_grad():
             self.before = [p.detach().clone() for p in self.params]
         self.grads: list[_GradStats] | None = None

@@ -65,8 +65,6 @@ _Batch = TypeVar("_Batch")
 def _flat_size(t: torch.Tensor, others: list[torch.Tensor]) -> tuple[int, ...] | None:
     """The leading shape of another leaf that ``t``'s dim 0 flattens (``[T*B]`` from ``[T, B]``),
     or None."""
-    if t.dim() < 1:
-        return None
     for u in others:
         for k in range(2, u.dim() + 1):
             lead = tuple(u.shape[:k])
@@ -113,12 +111,11 @@ def micro_list(batch: object, least: int = 2) -> bool:
     """The batch is a list (or plain tuple) of at least ``least`` micro-batches: containers of
     the same type whose tensors share a leading size over 1 (open_clip's ``--accum-freq``
     batches handed over as one step). Axis 0 is then the list, axis 1 each one's rows."""
-    if type(batch) not in (list, tuple) or len(cast(list[object], batch)) < least:
+    items = cast(list[object], batch)  # (when it is a list or a tuple)
+    if type(batch) not in (list, tuple) or len(items) < least:
         return False
-    items = cast(list[object], batch)
-    if not isinstance(items[0], (tuple, list, dict)) or any(
-        type(b) is not type(items[0]) for b in items
-    ):
+    first = items[0]
+    if not isinstance(first, (tuple, list, dict)) or any(type(b) is not type(first) for b in items):
         return False
     shape = None  # micro-batches hold the same tensors (not images beside their targets)
     for item in items[:4]:
@@ -223,12 +220,7 @@ def slice_batch(batch: _Batch, indices: Sequence[int], axis: int = 0) -> _Batch:
     ref = tuple(leaves[0].shape) if leaves else ()
     take = list(indices)
     # each container rebuilt as it was (a mapping: a dict): the result has the batch's type
-    return cast(
-        _Batch,
-        map_tree(
-            lambda t: _take(t, take, axis, size, ref) if isinstance(t, torch.Tensor) else t, batch
-        ),
-    )
+    return cast(_Batch, map_tree(lambda t: _take(t, take, axis, size, ref), batch))
 
 
 def permute_batch(batch: _Batch, axis: int) -> _Batch:
@@ -238,9 +230,9 @@ def permute_batch(batch: _Batch, axis: int) -> _Batch:
 
 
 def _take(
-    x: torch.Tensor, indices: list[int], axis: int, size: int | None, ref: tuple[int, ...] = ()
-) -> torch.Tensor:
-    if size is None:
+    x: object, indices: list[int], axis: int, size: int | None, ref: tuple[int, ...] = ()
+) -> object:
+    if size is None or not isinstance(x, torch.Tensor):
         return x
     ix = torch.as_tensor(indices, dtype=torch.long, device=x.device)
     if x.dim() > axis and x.shape[axis] == size:

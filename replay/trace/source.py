@@ -92,15 +92,15 @@ class Locations:
             i = self._loc_key[key] = self.locations(f"{filename}:{line}:{func}")
         return i
 
-    def _stack(self, locs: tuple[int, ...]) -> int:
-        i = self._stack_key.get(locs)
-        if i is None:
-            i = self._stack_key[locs] = self.stacks(json.dumps(list(locs)))
-        return i
-
     def _site(self, locs: list[int]) -> tuple[int, int]:
         """``(location, stack)`` of the innermost of ``locs`` (outermost first), or ``(-1, -1)``."""
-        return (locs[-1], self._stack(tuple(locs))) if locs else (-1, -1)
+        if not locs:
+            return -1, -1
+        key = tuple(locs)
+        i = self._stack_key.get(key)
+        if i is None:
+            i = self._stack_key[key] = self.stacks(json.dumps(locs))
+        return locs[-1], i
 
     def here(self, frame: FrameType | None = None, *, ran: bool = False) -> tuple[int, int]:
         """``(location, stack)`` indices of the calling user code; ``(-1, -1)`` if none.
@@ -122,11 +122,10 @@ class Locations:
 
     def user_frame(self, frame: FrameType | None) -> FrameType | None:
         """The innermost user frame at or outside ``frame`` (inside the traced step), or None."""
-        f = frame
-        while f is not None and f is not self.outer:
-            if self._is_user(f.f_code):
-                return f
-            f = f.f_back
+        while frame is not None and frame is not self.outer:
+            if self._is_user(frame.f_code):
+                return frame
+            frame = frame.f_back
         return None
 
     def from_traceback(self, tb: TracebackType | None) -> tuple[int, int]:

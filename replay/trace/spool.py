@@ -123,15 +123,13 @@ class OpSpool:
         out = np.concatenate(parts) if len(parts) > 1 else (parts[0] if parts else
                                                               np.zeros((0, *tail), dt))  # fmt: skip
         patches = {i: v for i, v in self._patch[col].items() if start <= i < stop}
-        if self._overlays[col]:
+        if self._overlays[col] or patches:
             out = out.copy()
-            for rows, value in self._overlays[col]:
-                sel = rows[(rows >= start) & (rows < stop)]
-                out[sel - start] = value
-        if patches:
-            out = out.copy()
-            for i, v in patches.items():
-                out[i - start] = v
+        for rows, value in self._overlays[col]:
+            sel = rows[(rows >= start) & (rows < stop)]
+            out[sel - start] = value
+        for i, v in patches.items():
+            out[i - start] = v
         return out
 
     def close(self) -> None:

@@ -37,9 +37,8 @@ def quick_finite(a: np.ndarray) -> bool:
 
 
 class Stage:
-    """Rows waiting for their statistics. ``write(rows, stats, hists)`` stores a batch:
-    ``stats`` an ``(n, 10)`` float64 array in ``Stats`` column order, ``hists`` ``(n, N_BINS)``
-    float32."""
+    """Rows waiting for their statistics. ``write(rows, stats, hists)`` stores a batch: ``stats``
+    an ``(n, 10)`` float64 array in ``Stats`` column order, ``hists`` an ``(n, N_BINS)`` float32."""
 
     def __init__(
         self,
@@ -73,8 +72,7 @@ class Stage:
         if self.rows:
             rows, arrays = self.rows, self.arrays
             self.rows, self.arrays, self.values = [], [], 0
-            stats, hists = measure(arrays)
-            self._write(rows, stats, hists)
+            self._write(rows, *measure(arrays))
         aliases, self.aliases = self.aliases, []
         for row, src in aliases:
             self._copy(row, src)

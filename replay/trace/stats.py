@@ -70,7 +70,7 @@ class Stats(NamedTuple):
 
 #: The row of an op without a tensor output (or one that raised): nothing measured.
 NO_STATS = Stats(NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, 0.0)
-_EMPTY_HIST = np.zeros(N_BINS, dtype=np.float32)
+NO_HIST = np.zeros(N_BINS, dtype=np.float32)
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
@@ -155,7 +155,7 @@ def _device_stats(f: torch.Tensor, n: int, hist: bool) -> tuple[Stats, np.ndarra
     if math.isfinite(lo) and math.isfinite(hi):
         mean, std = _moments(n, s, _sumsq_past(f, sq, max(-lo, hi)))
         row = Stats(lo, hi, mean, std, max(abs(lo), abs(hi)), 0.0, 0.0, 0.0, zeros, float(n))
-        return row, (_sample_hist(np.asarray(sample), n, lo, hi) if hist else _EMPTY_HIST)
+        return row, (_sample_hist(np.asarray(sample), n, lo, hi) if hist else NO_HIST)
     finite = torch.isfinite(f)
     good = torch.where(finite, f, 0.0)  # a mask-sized copy, not a compaction: no sync
     parts = [
@@ -170,11 +170,11 @@ def _device_stats(f: torch.Tensor, n: int, hist: bool) -> tuple[Stats, np.ndarra
     ]
     (m, n_nan, n_pos, n_neg, lo, hi, s, sq), sample = _read(parts, f, hist)
     if m == 0:
-        return Stats(NAN, NAN, NAN, NAN, NAN, n_nan, n_pos, n_neg, zeros, float(n)), _EMPTY_HIST
+        return Stats(NAN, NAN, NAN, NAN, NAN, n_nan, n_pos, n_neg, zeros, float(n)), NO_HIST
     mean, std = _moments(int(m), s, _sumsq_past(good, sq, max(-lo, hi)))
     row = Stats(lo, hi, mean, std, max(abs(lo), abs(hi)), n_nan, n_pos, n_neg, zeros, float(n))
     if not hist:
-        return row, _EMPTY_HIST
+        return row, NO_HIST
     a = np.asarray(sample)  # the sample's finite values (the scale counts only those)
     return row, _sample_hist(a[np.isfinite(a)], int(m), lo, hi)
 
@@ -276,7 +276,7 @@ def np_stats(a: np.ndarray, hist: bool) -> tuple[Stats, np.ndarray]:
         n_neg = float(np.count_nonzero(a == -math.inf))
         good = a[np.isfinite(a)]
         if good.size == 0:
-            return Stats(NAN, NAN, NAN, NAN, NAN, n_nan, n_pos, n_neg, zeros, float(n)), _EMPTY_HIST
+            return Stats(NAN, NAN, NAN, NAN, NAN, n_nan, n_pos, n_neg, zeros, float(n)), NO_HIST
         lo, hi = float(good.min()), float(good.max())
     m = good.size
     # no np.errstate here (it costs more than these reductions): the tracer runs with numpy's
@@ -287,7 +287,7 @@ def np_stats(a: np.ndarray, hist: bool) -> tuple[Stats, np.ndarray]:
         sq = float(np.dot(good / big, good / big)) / m * big * big
     std = math.sqrt(max(0.0, sq - mean * mean))
     row = Stats(lo, hi, mean, std, max(abs(lo), abs(hi)), n_nan, n_pos, n_neg, zeros, float(n))
-    return row, (_sample_hist(good[:: _sample_step(m)], m, lo, hi) if hist else _EMPTY_HIST)
+    return row, (_sample_hist(good[:: _sample_step(m)], m, lo, hi) if hist else NO_HIST)
 
 
 def tensor_stats(t: torch.Tensor, *, hist: bool = True) -> tuple[Stats, np.ndarray]:
@@ -313,10 +313,10 @@ def tensor_stats(t: torch.Tensor, *, hist: bool = True) -> tuple[Stats, np.ndarr
     t = local(t)
     n = t.numel()
     if n == 0:
-        return Stats(NAN, NAN, NAN, NAN, NAN, 0.0, 0.0, 0.0, 0.0, 0.0), _EMPTY_HIST
+        return Stats(NAN, NAN, NAN, NAN, NAN, 0.0, 0.0, 0.0, 0.0, 0.0), NO_HIST
     if t.dtype == torch.bool:
         z = float(n - _read([torch.count_nonzero(t)], t, False)[0][0])
-        return Stats(0.0, 1.0, 1.0 - z / n, NAN, 1.0, 0.0, 0.0, 0.0, z, float(n)), _EMPTY_HIST
+        return Stats(0.0, 1.0, 1.0 - z / n, NAN, 1.0, 0.0, 0.0, 0.0, z, float(n)), NO_HIST
     return _device_stats(_flat(t), n, hist)
 
 

@@ -115,8 +115,7 @@ def _finite(t: torch.Tensor) -> bool:
 def _match_raise(tracer: Tracer, exc: BaseException) -> int | None:
     text = str(exc)
     for r in reversed(tracer.findings.raised):
-        raised = r.exc
-        if raised is exc or (str(raised) and (str(raised) in text or text in str(raised))):
+        if r.exc is exc or (str(r.exc) and (str(r.exc) in text or text in str(r.exc))):
             return r.index
     return None
 
@@ -161,11 +160,10 @@ def trace_step(
     ]
     other_models = [(n, o) for n, o in other if isinstance(o, torch.nn.Module)]
     params = ParamPicture(eager, other_models)
-    batch_keys = storages(t for _, t in batch_leaves(batch))
     tracer = Tracer(
         eager,
         optimizer,
-        batch_keys,
+        storages(t for _, t in batch_leaves(batch)),
         present_keys(eager, optimizer, [o for _, o in other]),
         cuda=any(p.is_cuda for p in eager.parameters()),
         mask_keys=mask_buffer_keys(eager),

@@ -274,11 +274,8 @@ def _describe_culprit(tr: Tracer, v: dict[str, Any], culprit: int, origin: int) 
     nf = tr.findings.nonfinite[culprit]
     v.update(_describe_op(tr, culprit, nf.inputs, nf.executed_at))
     v["closure"] = _closure_of(tr, culprit)
-    v["output"] = {
-        **(nf.output or {"shape": None, "dtype": None, "device": None}),
-        "stats": stats_dict(tr.log.cols.get("stats", culprit)),
-    }
-    st = v["output"]["stats"]
+    st = stats_dict(tr.log.cols.get("stats", culprit))
+    v["output"] = {**(nf.output or {"shape": None, "dtype": None, "device": None}), "stats": st}
     made = [w for k, w in (("nan", "NaN"), ("posinf", "+inf"), ("neginf", "-inf")) if st[k] > 0]
     v["made"] = "/".join(made) or None
     if v["cause"] == "op":
