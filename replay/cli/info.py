@@ -141,29 +141,12 @@ def describe(path: str) -> InfoReport:
             distributed=meta.get("distributed"),
             trust=_trust(rec),
         )
-    out.steps.truncated = _truncated(path, out.steps.writer)
+    # A cut copy, a disk that filled up: the status dataset may still say "closed cleanly", and
+    # what lies past the cut is gone. A file still being written is not judged (it grows).
+    extent = claimed_size(path) if out.steps.writer is None else None
+    if extent is not None and extent[0] < extent[1]:
+        out.steps.truncated = Truncation(extent[0], extent[1])
     return out
-
-
-def _truncated(path: str, writer: Writer | None) -> Truncation | None:
-    """A cut copy, a disk that filled up: the status dataset may still say "closed cleanly",
-    and what lies past the cut is gone. A file still being written is not judged (it grows)."""
-    if writer is not None:
-        return None
-    extent = claimed_size(path)
-    if extent is None or extent[0] >= extent[1]:
-        return None
-    return Truncation(extent[0], extent[1])
-
-
-def _reach_line(r: dict[str, Any]) -> str:
-    """``any step of the last 10,000 (snapshots every 50 steps for the last 150, ...)``."""
-    from ..store.retention import describe_tiers
-
-    return (
-        f"any step of the last {r['reach']:,} (snapshots {describe_tiers(r['tiers'])}; "
-        f"{r['step_slots']:,} steps kept)"
-    )
 
 
 def _steps_list(steps: list[int]) -> str:
@@ -212,7 +195,13 @@ def render(report: InfoReport) -> str:
     window = s.replayable_window
     lines.append(f"  replayable      {_fmt_range(window) if window else nothing}")
     if s.reach and not s.not_replayable:
-        lines.append(f"  reach           {_reach_line(s.reach)}")
+        from ..store.retention import describe_tiers
+
+        r = s.reach  # any step of the last 10,000 (snapshots every 50 steps for the last 150, ...)
+        lines.append(
+            f"  reach           any step of the last {r['reach']:,} (snapshots "
+            f"{describe_tiers(r['tiers'])}; {r['step_slots']:,} steps kept)"
+        )
     if s.self_check:
         lines.append(f"  self-check      {s.self_check['line']}")
     if s.damaged_steps or s.damaged_health:
@@ -289,8 +278,7 @@ def render_rank_set(summary: RankSetSummary) -> str:
     lines = [f"{d.spec}  (rank set of {d.world_size or len(d.rows)})"]
     if d.missing:
         lines.append(f"  missing ranks   {spans(list(d.missing))}")
-    for r, why in list(d.damaged.items())[:20]:
-        lines.append(f"  DAMAGED         rank {r}: {why}")
+    lines += [f"  DAMAGED         rank {r}: {why}" for r, why in list(d.damaged.items())[:20]]
     if len(d.damaged) > 20:
         lines.append(f"  DAMAGED         ... ({len(d.damaged) - 20} more ranks)")
     lines.append(

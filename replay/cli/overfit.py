@@ -15,6 +15,8 @@ from ._replaying import engine_options, replaying
 if TYPE_CHECKING:
     from ..workflows.session import ReplayOptions
 
+__all__ = ["overfit"]
+
 _BARS = "▁▂▃▄▅▆▇█"
 
 
@@ -83,9 +85,6 @@ def render(r: OverfitReport) -> str:
             "learning rate (try --lr), and run `replay doctor`."
         )
     return "\n".join(lines)
-
-
-__all__ = ["overfit"]
 
 
 @click.command()

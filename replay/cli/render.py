@@ -68,8 +68,7 @@ def render_verdict(report: BisectReport) -> str:
     head = f"first bad step: {first}"
     if sym is not None and sym != first:
         head += f"  (the symptom was recorded at step {sym})"
-    lines = [head]
-    lines.append(f"  kind          {d.kind}: {d.criterion}")
+    lines = [head, f"  kind          {d.kind}: {d.criterion}"]
     if d.exception:
         lines.append(f"  exception     {d.exception['type']}: {d.exception['message']}")
     if d.loss is not None and not d.exception:

@@ -73,15 +73,6 @@ def _kill(procs: dict[int, subprocess.Popen[bytes]]) -> None:
         p.wait()
 
 
-def _tail(path: str, lines: int = 3) -> str:
-    try:
-        with open(path, errors="replace") as fh:
-            text = [ln.rstrip() for ln in fh.read().splitlines() if ln.strip()]
-    except OSError:
-        return ""
-    return " | ".join(text[-lines:])
-
-
 def _failure(rank: int, tmp: str, code: int | None) -> ReplayError:
     try:
         res = json.loads(Path(tmp, f"rank{rank}.json").read_text())
@@ -91,7 +82,11 @@ def _failure(rank: int, tmp: str, code: int | None) -> ReplayError:
         return error_of_exit_code(
             int(res.get("exit_code") or 5), f"rank {rank}: {res.get('error')}"
         )
-    why = _tail(os.path.join(tmp, f"rank{rank}.err"))
+    try:  # the last lines its stderr holds
+        said = Path(tmp, f"rank{rank}.err").read_text(errors="replace").splitlines()
+    except OSError:
+        said = []
+    why = " | ".join([ln.rstrip() for ln in said if ln.strip()][-3:])
     return ReplayError(
         f"rank {rank}'s replay process exited with code {code}" + (f" ({why})" if why else "")
     )
@@ -141,12 +136,10 @@ def _run_ranks(
                 # Name a rank's own error before a follower's "the leader failed".
                 errors = {r: _failure(r, tmp, codes[r]) for r in bad}
                 own = [r for r in bad if "(leading the replay)" not in str(errors[r])]
-                _kill(procs)
                 raise errors[(own or bad)[0]]
             if all(c == 0 for c in codes.values()):
                 break
             if time.monotonic() > deadline:
-                _kill(procs)
                 waiting = [r for r, c in codes.items() if c is None]
                 raise ReplayError(
                     f"the multi-rank replay did not finish in time (ranks {waiting} still "
@@ -154,7 +147,7 @@ def _run_ranks(
                     "REPLAY_RANKS_TIMEOUT for a longer run, or replay one rank with --rank N --alone"
                 )
             time.sleep(0.05)
-    except BaseException:
+    except BaseException:  # (a rank failed, the deadline passed, an interrupt): end them all
         _kill(procs)
         raise
     # What the leader said (the engine's notes and warnings: a changed entry file...) is what

@@ -120,7 +120,6 @@ def follow(
     the step function on the recorded batch, its exception swallowed as the tracer does).
     Raises :class:`ReplayError` when the leader failed.
     """
-
     run_call = on_call or (lambda t: run_own_step(engine, t))
     while True:
         cmd = _send(None, leader, group)

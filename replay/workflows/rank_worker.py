@@ -149,10 +149,9 @@ def _lead(engine: Engine, rec: Recording, spec: dict[str, Any]) -> dict[str, Any
         return trace_engine(rec, engine, rec.path, spec.get("step")).to_json()
     criterion = criterion_named(**spec["criterion"]) if spec.get("criterion") else None
     trace = bool(spec.get("trace", True))
-    report = bisect_engine(
+    return bisect_engine(
         rec, engine, criterion, trace=trace, reraise=(ReplayError,), together=True
-    )
-    return report.to_json()
+    ).to_json()
 
 
 def _export(

@@ -6,12 +6,11 @@ priority, one thread::
     python -m replay.workflows.selfcheck RUN --after T --steps K [--later S] [--device D]
                                          [--rtol R]
 
-It waits until the writer process has committed step ``T``, replays ``K`` steps from the
-oldest kept snapshot as
-``replay verify`` would (by re-entry, or through ``build_fn``), and writes its verdict beside the
-recording (``run.selfcheck.json``, ``replay/store/selfcheck.py``). When the steps do not
-replay it writes **one line** to the training's stderr at once; everything else it (and the
-re-run program) prints goes nowhere: the training's output stays the training's.
+It waits until the writer process has committed step ``T``, replays ``K`` steps from the oldest kept
+snapshot as ``replay verify`` would (by re-entry, or through ``build_fn``), and writes its verdict
+beside the recording (``run.selfcheck.json``, ``replay/store/selfcheck.py``). When the steps do not
+replay it writes **one line** to the training's stderr at once; everything else it (and the re-run
+program) prints goes nowhere: the training's output stays the training's.
 
 ``--later S``: when the first steps replay, the check then becomes (by ``exec``: a fresh
 interpreter, since the re-run program's own modules keep their state) the *later* check, which
@@ -272,14 +271,12 @@ def _exec_check(
     cmd += ["--training-pid", str(a["training_pid"] or os.getppid())]
     for flag, key in (
         ("--from", "start"), ("--later", "later"), ("--run-id", "run_id"),
-        ("--device", "device"), ("--gpu-bytes", "gpu_bytes"),
+        ("--device", "device"), ("--gpu-bytes", "gpu_bytes"), ("--rtol", "rtol"),
     ):  # fmt: skip
         if a[key] is not None:
-            cmd += [flag, str(a[key])]
+            cmd += [flag, str(a[key])]  # (--rtol: a float's str is its repr, every digit)
     if a["earlier"] is not None:
         cmd += ["--earlier", *map(str, a["earlier"])]
-    if a["rtol"] is not None:
-        cmd += ["--rtol", repr(a["rtol"])]
     if args.report_fd is not None:
         cmd += ["--report-fd", str(err)]
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="") if cpu_only else None

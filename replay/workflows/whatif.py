@@ -134,9 +134,6 @@ def parse_change(kind: str, arg: str) -> Change:
     raise UsageError(f"unknown change --{kind}; the changes are: " + ", ".join(CHANGES))
 
 
-# -- the run -----------------------------------------------------------------------------------
-
-
 def _opt(x: Any) -> float | None:
     return None if x is None else float(x)
 
