@@ -52,14 +52,12 @@ class OpFilter:
         return self.phase is not None or self.module is not None or bool(self.name)
 
     def describe(self) -> str:
-        parts = []
-        if self.phase is not None:
-            parts.append(f"phase:{_PHASE_LABEL[self.phase]}")
-        if self.module is not None:
-            parts.append(f"module:{self.module or 'root'}")
-        if self.name:
-            parts.append(f"op:{self.name}")
-        return " ".join(parts)
+        parts = (
+            f"phase:{_PHASE_LABEL[self.phase]}" if self.phase is not None else "",
+            f"module:{self.module or 'root'}" if self.module is not None else "",
+            f"op:{self.name}" if self.name else "",
+        )
+        return " ".join(p for p in parts if p)
 
     def rows(self, columns: dict[str, np.ndarray], strings: dict[str, list[str]]) -> np.ndarray:
         """Op indices passing the filter, from whole ``phase``/``module``/``name`` columns."""

@@ -104,7 +104,6 @@ def dead_relu(ctx: Context) -> Finding | None:
         "the bias far negative), a bad initialisation (negative biases, huge weights), "
         "unnormalised inputs. Use Kaiming init with zero bias, a lower learning rate, "
         "LeakyReLU/GELU, or normalisation before the activation.",
-        [],
     )
 
 
@@ -127,7 +126,6 @@ def activations_saturated(ctx: Context) -> Finding | None:
         {"saturated_fraction": layers},
         "Saturated sigmoid/tanh units have a gradient near 0: normalise the inputs, use a "
         "smaller initialisation (Xavier for tanh), or switch to ReLU-family activations.",
-        [],
     )
 
 
@@ -152,5 +150,4 @@ def softmax_before_cross_entropy(ctx: Context) -> Finding | None:
         "the Softmax from the model (apply it only at inference), or end with LogSoftmax and "
         "use nll_loss. (Likewise: BCELoss wants a sigmoid output, BCEWithLogitsLoss must not "
         "get one.)",
-        [],
     )

@@ -204,8 +204,7 @@ class Context:
         return {}
 
     def modes_at(self, steps: list[int]) -> dict[int, np.ndarray]:
-        """``module.training`` per module (``modules`` order) at each of ``steps`` whose record
-        is kept."""
+        """``module.training`` per module (``modules`` order) at each kept step of ``steps``."""
         out: dict[int, np.ndarray] = {}
         for s in steps:
             try:

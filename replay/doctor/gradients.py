@@ -100,19 +100,14 @@ def grad_accumulating(ctx: Context) -> Finding | None:
     )
 
 
-def _layer_grad_rms(ctx: Context) -> dict[str, float]:
-    """Per-parameter gradient RMS from Adam's second moment in the newest snapshot."""
-    if not ctx.snapshots:
-        return {}
-    state = ctx.optimizer_state(ctx.snapshots[-1])
-    second = {k: as_float(st.get("exp_avg_sq")) for k, st in state.items() if isinstance(st, dict)}
-    return {k: float(np.sqrt(np.mean(v))) for k, v in second.items() if v is not None}
-
-
 @rule
 def layer_grad_vanishing(ctx: Context) -> Finding | None:
     """Some layers get gradients orders of magnitude smaller than the largest (per layer)."""
-    rms = {k: v for k, v in _layer_grad_rms(ctx).items() if k.endswith("weight")}
+    # per weight tensor: its gradient RMS from Adam's second moment in the newest snapshot
+    state = ctx.optimizer_state(ctx.snapshots[-1]) if ctx.snapshots else {}
+    weights = {k: st for k, st in state.items() if k.endswith("weight") and isinstance(st, dict)}
+    second = {k: as_float(st.get("exp_avg_sq")) for k, st in weights.items()}
+    rms = {k: float(np.sqrt(np.mean(v))) for k, v in second.items() if v is not None}
     source = "Adam's second moment (exp_avg_sq) in the newest snapshot"
     f = ctx.forensics
     if not rms and f is not None:
@@ -139,5 +134,4 @@ def layer_grad_vanishing(ctx: Context) -> Finding | None:
         "Gradients vanish on the way to these layers: dead ReLUs or saturated sigmoid/tanh in "
         "front of them, a detach(), or a very deep stack without residual connections or "
         "normalisation. Check the activations feeding them.",
-        [],
     )

@@ -68,7 +68,6 @@ def params_frozen(ctx: Context) -> Finding | None:
         "Frozen parameters never learn. If they are a pretrained backbone, that is intended; "
         "if they are freshly initialised, unfreeze them (requires_grad_(True)) or the model "
         "learns on top of random features.",
-        [],
     )
 
 

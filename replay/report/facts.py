@@ -23,7 +23,6 @@ from ..store.selfcheck import SelfCheck, read_selfcheck
 
 if TYPE_CHECKING:
     from ..ranks.summary import RankSetSummary
-    from ..store.forensics import ForensicsReader
     from ..store.reader import Recording
 
 __all__ = ["RunFacts", "OpsAround", "LayerMap", "read_facts", "OPS_AROUND"]
@@ -119,16 +118,6 @@ def _object_grads(rec: Recording, h: dict[str, np.ndarray]) -> LayerMap | None:
     )
 
 
-def _ops_around(f: ForensicsReader, verdict: TraceVerdict) -> OpsAround:
-    culprit = verdict.op_index
-    if culprit is None and verdict.exception is not None:
-        culprit = verdict.exception.get("op_index")
-    n = f.n_ops
-    center = culprit if culprit is not None else 0
-    first, last = max(0, center - OPS_AROUND), min(n, center + OPS_AROUND + 1)
-    return OpsAround(culprit, n, [f.op_row(i) for i in range(first, last)])
-
-
 def _forensics(facts: RunFacts, rec: Recording) -> None:
     """The sidecar's verdict, ops around the culprit, parameters and source lines; or why
     there is none (absent, another run's, refused)."""
@@ -147,9 +136,14 @@ def _forensics(facts: RunFacts, rec: Recording) -> None:
         if f.run_id != rec.run_id:
             facts.forensics_missing = "it belongs to another run"
             return
-        facts.verdict = TraceVerdict.from_json(f.verdict)
+        v = facts.verdict = TraceVerdict.from_json(f.verdict)
         facts.traced_step = int(f.step)
-        facts.ops = _ops_around(f, facts.verdict)
+        culprit = v.op_index
+        if culprit is None and v.exception is not None:
+            culprit = v.exception.get("op_index")
+        center = culprit if culprit is not None else 0
+        first, last = max(0, center - OPS_AROUND), min(f.n_ops, center + OPS_AROUND + 1)
+        facts.ops = OpsAround(culprit, f.n_ops, [f.op_row(i) for i in range(first, last)])
         facts.params = f.params()
         try:
             recorded = rec.sources

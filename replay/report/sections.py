@@ -158,8 +158,7 @@ def verdict_section(f: RunFacts, name: str) -> str:
         rows.append(
             ("exception", f"{esc(v.exception.get('type'))}: {esc(v.exception.get('message'))}")
         )
-    cause = cause_text(v)
-    if cause:
+    if cause := cause_text(v):
         rows.append(("cause", esc(cause)))
     if v.op:
         word = op_role(v, v.op_index, "producer")[0]
@@ -172,11 +171,9 @@ def verdict_section(f: RunFacts, name: str) -> str:
         rows.append(("source", _source(v.source, f.sources)))
     if v.phase == "backward" and v.executed_at and v.executed_at != v.source:
         rows.append(("ran at", _source(v.executed_at, f.sources)))  # a custom Function's backward
-    if v.surfaced:
-        s = v.surfaced
+    if s := v.surfaced:
         rows.append(("surfaced at", f"{_op_where(s)}: {esc(s.get('how'))}"))
-    if v.nan_from_inf:
-        c = v.nan_from_inf
+    if c := v.nan_from_inf:
         rows.append(("NaN from", f"{_op_where(c)} turned its {esc(c.get('from'))} into NaN"))
     if v.samples:
         rows.append(("samples", f'<span id="samples">{esc(samples_text(v))}</span>'))

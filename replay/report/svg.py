@@ -126,16 +126,21 @@ def line_plot(
             else:
                 pts = " ".join(f"{a},{b}" for a, b in xy)
                 parts.append(f'<polyline class="line" points="{pts}"/>')
-        top = 10**hi_y if log else hi_y
-        bottom = 10**lo_y if log else lo_y
-        parts.append(f'<text class="axis" x="{x0 - 4}" y="{y1 + 10}">{esc(fmt_num(top))}</text>')
-        parts.append(f'<text class="axis" x="{x0 - 4}" y="{y0}">{esc(fmt_num(bottom))}</text>')
+        for ty, v in ((y1 + 10, hi_y), (y0, lo_y)):  # the top and bottom of the y axis
+            label = esc(fmt_num(10**v if log else v))
+            parts.append(f'<text class="axis" x="{x0 - 4}" y="{ty}">{label}</text>')
     else:
         zeros = log and bool(np.any(y == 0))  # (no change between snapshots: ratio 0)
         say = "every value is 0: nothing to draw on a log scale" if zeros else "no finite values"
         parts.append(f'<text class="empty" x="{x0 + 8}" y="{(y0 + y1) // 2}">{say}</text>')
-    went_bad = ~np.isfinite(y) if bad is None else np.asarray(bad, dtype=bool)
-    parts += _nonfinite_ticks(x[went_bad], kx, cx, y1)
+    bad_steps = x[~np.isfinite(y) if bad is None else np.asarray(bad, dtype=bool)]
+    if bad_steps.size:
+        px = np.unique(np.round(kx * bad_steps + cx, 1))[:MAX_NONFINITE_TICKS]
+        ticks = "".join(f'<line x1="{p:.1f}" x2="{p:.1f}" y1="{y1}" y2="{y1 + 6}"/>' for p in px)
+        parts.append(
+            f'<g class="nonfinite"><title>NaN/Inf from step {int(bad_steps.min())} '
+            f"({bad_steps.size} steps)</title>{ticks}</g>"
+        )
     parts.append(f'<text class="axis step" x="{x0}" y="{_H - 6}">step {int(lo_x)}</text>')
     parts.append(f'<text class="axis step end" x="{x1}" y="{_H - 6}">{int(hi_x)}</text>')
     for i, m in enumerate(sorted(marks, key=lambda m: m.kind == "bad")):
@@ -151,18 +156,6 @@ def line_plot(
             f'<text x="{_fmt(mx + dx)}" y="{ty}" text-anchor="{anchor}">{esc(m.label)}</text></g>'
         )
     return "".join(parts) + "</svg>"
-
-
-def _nonfinite_ticks(xs: np.ndarray, kx: float, cx: float, top: int) -> list[str]:
-    if xs.size == 0:
-        return []
-    px = np.unique(np.round(kx * xs + cx, 1))[:MAX_NONFINITE_TICKS]
-    ticks = "".join(f'<line x1="{p:.1f}" x2="{p:.1f}" y1="{top}" y2="{top + 6}"/>' for p in px)
-    first = int(xs.min())
-    return [
-        f'<g class="nonfinite"><title>NaN/Inf from step {first} ({xs.size} steps)</title>'
-        f"{ticks}</g>"
-    ]
 
 
 # A perceptually ordered ramp (viridis, 9 stops, rrggbb): dark for small values, yellow for large.
@@ -259,8 +252,7 @@ def heat_map(
 
 
 def _bucket(block: np.ndarray) -> np.ndarray:
-    """Per row of ``block``: an infinity if any (it stays visible), else the largest finite
-    value, else NaN."""
+    """Per row: an infinity if any (it stays visible), else the largest finite value, else NaN."""
     with np.errstate(all="ignore"):
         inf = np.where(np.isinf(block), block, np.nan)
         first_inf = np.nanmax(np.abs(inf), axis=1, initial=-np.inf)

@@ -138,14 +138,12 @@ class RankReplay:
 def ranks_from_json(d: dict[str, Any]) -> dict[str, Any]:
     """The rank-set parts of a report's JSON (``rank_set``, ``multi_rank``, ``ranks``), typed,
     for the report's ``from_json``; absent keys are left out (the report keeps its defaults)."""
-    out: dict[str, Any] = {}
-    if d.get("rank_set") is not None:
-        out["rank_set"] = RankSet.from_json(d["rank_set"])
-    if d.get("multi_rank") is not None:
-        out["multi_rank"] = MultiRankRun.from_json(d["multi_rank"])
-    if d.get("ranks") is not None:
-        out["ranks"] = {str(r): RankReplay.from_json(x) for r, x in d["ranks"].items()}
-    return out
+    readers: dict[str, Any] = {
+        "rank_set": RankSet.from_json,
+        "multi_rank": MultiRankRun.from_json,
+        "ranks": lambda ranks: {str(r): RankReplay.from_json(x) for r, x in ranks.items()},
+    }
+    return {k: read(d[k]) for k, read in readers.items() if d.get(k) is not None}
 
 
 def json_of(value: RankFailure | RankSet | MultiRankRun | Divergence | None) -> Any:

@@ -30,8 +30,6 @@ CHANGES = {
 
 def _number(x: Any) -> float | None:
     """A number as the JSON holds it back as a float ("nan", "inf", "-inf" included)."""
-    if x is None:
-        return None
     if isinstance(x, str):
         return {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}.get(x)
     return x if isinstance(x, (int, float)) else None

@@ -13,17 +13,14 @@ from textual.widgets import Static
 __all__ = ["HelpScreen", "key_table"]
 
 
-def _keys(binding: Binding) -> str:
-    """The binding's keys as the footer shows them (``left`` as ``←``, ``slash`` as ``/``)."""
-    return ",".join(format_key(k) for k in binding.key.split(","))
-
-
 def key_table(sections: list[tuple[str, list[Binding]]]) -> Text:
     t = Text()
     for title, bindings in sections:
         t.append(f"{title}\n", style="bold underline")
         for b in bindings:
-            t.append(f"  {_keys(b):<18}", style="bold cyan")
+            # the keys as the footer shows them (``left`` as ``←``, ``slash`` as ``/``)
+            keys = ",".join(format_key(k) for k in b.key.split(","))
+            t.append(f"  {keys:<18}", style="bold cyan")
             t.append(f"{b.description or b.action}\n")
         t.append("\n")
     return t

@@ -78,12 +78,11 @@ class LayersScreen(ForensicsScreen):
         self.call_after_refresh(self.action_culprit)
 
     def action_culprit(self) -> None:
-        node = self.culprit_node
-        trees = self.query(Tree)
-        if not trees:
+        tree = next(iter(self.query(Tree).results(Tree)), None)
+        if tree is None:
             return
-        tree = trees.first()
         tree.focus()
+        node = self.culprit_node
         if node is None:
             return
         parent = node.parent

@@ -151,8 +151,7 @@ class OpsScreen(ForensicsScreen):
         if v.op_index is not None:
             word, _ = op_role(v, v.op_index, "producer")
             parts.append(f"{word} #{v.op_index} {v.op}")
-        conv = v.nan_from_inf
-        if conv:
+        if conv := v.nan_from_inf:
             parts.append(f"NaN from #{conv['op_index']} {conv.get('op')}")
         self.query_one("#ops-status", Static).update(Text(" · ".join(parts)))
 
@@ -165,34 +164,29 @@ class OpsScreen(ForensicsScreen):
             return
         self.select_op(int(idx))
 
-    def _jump(self, candidates: np.ndarray, direction: int, what: str) -> None:
+    def _jump(self, mask: np.ndarray, direction: int, what: str) -> None:
         ol = self.op_list
         if ol is None or ol.op_index is None:
             return
         cur = ol.op_index
+        candidates = np.intersect1d(ol.rows, np.flatnonzero(mask))
         ahead = candidates[candidates > cur] if direction > 0 else candidates[candidates < cur]
         if not ahead.size:
             self.notify(f"no {'later' if direction > 0 else 'earlier'} {what}")
             return
         self.select_op(int(ahead[0] if direction > 0 else ahead[-1]))
 
-    def _visible_mask(self, mask: np.ndarray) -> np.ndarray:
-        ol = self.op_list
-        assert ol is not None
-        return np.intersect1d(ol.rows, np.flatnonzero(mask))
-
     def action_nonfinite(self, direction: int) -> None:
         if self.full is None:
             self.notify("still reading the op table…")
             return
-        mask = np.isin(self.full["status"], NONFINITE)
-        self._jump(self._visible_mask(mask), direction, "non-finite op")
+        self._jump(np.isin(self.full["status"], NONFINITE), direction, "non-finite op")
 
     def action_same_module(self, direction: int) -> None:
         if self.full is None or self.selected is None:
             return
         same = self.full["module"] == self.full["module"][self.selected]
-        self._jump(self._visible_mask(same), direction, "op of this module")
+        self._jump(same, direction, "op of this module")
 
     # -- filters -------------------------------------------------------------------------------
 

@@ -312,8 +312,7 @@ class OverviewScreen(RunScreen):
                 t.append(f"  step {v.step} traced: no op made a non-finite value\n")
             else:
                 t.append(f"  step {v.step}: {v.kind}\n")
-            cause = cause_text(v)
-            if cause:
+            if cause := cause_text(v):
                 t.append(f"  {cause}\n")
             if v.op:
                 word, _ = op_role(v, v.op_index, "producer")

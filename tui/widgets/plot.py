@@ -54,21 +54,17 @@ class SeriesPlot(Widget):
             self.border_subtitle = fmt_num(float(self.values[self.cursor]))
         self.refresh()
 
-    def _scaled(self) -> np.ndarray:
-        y = self.values
-        if self.log_scale:
-            with np.errstate(all="ignore"):
-                y = np.where(y > 0, np.log10(np.where(y > 0, y, 1.0)), np.nan)
-                y = np.where(np.isfinite(self.values) | np.isnan(self.values), y, np.inf)
-        return y
-
     def render(self) -> Text:
         width, height = self.content_size.width, self.content_size.height
         cells = max(1, width - GUTTER)
         n = len(self.values)
         if n == 0 or height <= 0:
             return Text("no data yet", style="dim")
-        y = self._scaled()
+        y = self.values
+        if self.log_scale:
+            with np.errstate(all="ignore"):
+                y = np.where(y > 0, np.log10(np.where(y > 0, y, 1.0)), np.nan)
+                y = np.where(np.isfinite(self.values) | np.isnan(self.values), y, np.inf)
         lo, hi, bad = column_ranges(y, cells * 2)
         finite = y[np.isfinite(y)]
         if self.shared_range is not None:
