@@ -268,8 +268,7 @@ class StepCall:
 
     def _unfilled(self, values: Mapping[str, Any] | None) -> None:
         """Raise, naming what to do, when a parameter only a per-step value fills has none (a
-        GAN's ``step(D, G, ...)`` with its discriminator given as ``model``: was Python's
-        "missing 1 required positional argument: 'D'" from inside the recorder)."""
+        GAN's ``step(D, G, ...)`` with its discriminator given as ``model``)."""
         missing = [n for n in self._wanted if values is None or n not in values]
         if missing:
             fn = getattr(self.step_fn, "__qualname__", "step_fn")
@@ -330,8 +329,7 @@ def _slots(params: list[inspect.Parameter]) -> list[inspect.Parameter]:
 
 
 def _zero_shard(obj: Any) -> Any:
-    """The optimizer over this rank's shard of a ``ZeroRedundancyOptimizer`` (ZeRO-1), else
-    ``None``."""
+    """The optimizer over this rank's shard of a ``ZeroRedundancyOptimizer``, else ``None``."""
     cls = type(obj)
     if cls.__name__ == "ZeroRedundancyOptimizer" and cls.__module__.startswith("torch.distributed"):
         return obj.optim

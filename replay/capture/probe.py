@@ -12,9 +12,7 @@ and a replayed one come from the same place in the step. Once per step, at the f
 Under a GradScaler, an optimizer that unscales inside its own step (``fused=True`` Adam, AdamW,
 SGD: ``_step_supports_amp_scaling``) is handed gradients that are still scaled, and the scale as
 ``optimizer.grad_scale`` for the step's length: the norm measured at its pre-hook is divided by
-it, so it is the norm the update sees, as with every other optimizer (``scaler.step`` unscales
-those before their step). It recorded the scaled norm, 65,536 times too large at the default
-scale and moving with the scale.
+it, the norm the update sees (``scaler.step`` unscales the others' before their step).
 
 Measuring after a clip recorded the clip value (or 0.0 when an infinite norm made the clip zero
 the gradients), so an exploding gradient never showed in a clipped run.

@@ -258,8 +258,7 @@ class Transport:
         if failed and w is not None and w.error is not None:
             self._said_stop = True
             out.stopped = w.error
-            # A path the store refuses to write (a device, a FIFO, a planted link), or one it
-            # could not make (a folder it cannot write in), held nothing.
+            # A path the store refuses (a device, a FIFO, a link) or cannot make held nothing.
             out.after = (
                 "training goes on unrecorded"
                 if w.error.startswith("UnsafePath") or w.wrote_nothing
