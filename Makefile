@@ -31,10 +31,10 @@ demo: setup
 JOBS ?= 2
 XDIST = $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadfile)
 
-# Every claim once, in about 9 minutes on 2 cores from a fresh clone (stop 57: 504 s of pytest,
-# 553 s in all; stop 56: 481 s and 526 s; a machine a third slower took 554-635 s and 610-698 s): the
-# default tier (tests/tiers.py says what the matrix repeats), no coverage, mypy --strict beside
-# pytest rather than before it, niced. The suite is bound by CPU (a third worker
+# Every claim once, in about 9 minutes on 2 cores from a fresh clone (stop 58: 446 s of pytest,
+# 484 s in all; stop 57: 504 s and 553 s; a machine a third slower took 554-635 s and 610-698 s):
+# the default tier (tests/tiers.py says what the matrix repeats), no coverage, mypy --strict
+# beside pytest rather than before it, niced. The suite is bound by CPU (a third worker
 # gains 4%: benchmarks/RESULTS.md), so only running less makes it faster.
 test: setup
 	@log=$$(mktemp); nice -n 15 $(VENV)/bin/mypy > $$log 2>&1 & mypy=$$!; \
