@@ -31,6 +31,7 @@ __all__ = [
     "role_text",
     "cause_text",
     "samples_text",
+    "ran_at",
     "fmt_num",
     "STATUS_WORDS",
 ]
@@ -54,6 +55,19 @@ class Blame(Protocol):
     def made_from(self) -> str | None: ...
     @property
     def nan_from_inf(self) -> dict[str, Any] | None: ...
+    @property
+    def phase(self) -> str | None: ...
+    @property
+    def source(self) -> Any: ...  # ``SourceLine`` dicts, as ``executed_at``
+    @property
+    def executed_at(self) -> Any: ...
+
+
+def ran_at(v: Blame) -> Any:
+    """The line a custom ``autograd.Function``'s backward ran the op at ("ran at", under the
+    forward line that made its node); ``None`` for a forward op or one of autograd's formulas."""
+    ran = v.executed_at
+    return ran if ran and v.phase == "backward" and ran != v.source else None
 
 
 STATUS_WORDS = {  # status in the op table -> what it means

@@ -1,16 +1,11 @@
 """A random generator the program made itself, kept in every snapshot when given to ``objects=``.
 
-The Recorder keeps the states of torch's, numpy's global and python's generators at every step.
-A generator of the program's own (``torch.randn(..., generator=gen)`` for a diffusion's noise,
-``np.random.default_rng(seed)`` or ``random.Random(seed)`` in an augmentation) moves at every
-step too; no snapshot held it, so a replay from any snapshot but the first drew other numbers
-and differed. Given by name (``objects={"model": ..., "noise": gen}``) it is held like any other
-named object: :func:`generator_view` gives it the ``state_dict``/``load_state_dict`` pair that
-snapshots keep.
-
-torch's state is its bytes (a uint8 tensor, the device's generator's too); numpy's and
-python's are JSON text, since a PCG64 state holds 128-bit integers and MT19937's a uint32 array
-(``{"ndarray": [...], "dtype": ...}`` there).
+The Recorder keeps torch's, numpy's global and python's generators at every step. One of the
+program's own (``generator=gen`` for a diffusion's noise, ``np.random.default_rng(seed)``,
+``random.Random(seed)``) moves at every step too, so a replay from a later snapshot drew other
+numbers. Given by name (``objects={..., "noise": gen}``), :func:`generator_view` gives it the
+``state_dict`` pair snapshots keep: torch's bytes (a uint8 tensor), numpy's and python's state as
+JSON text (a PCG64 state holds 128-bit integers; an array is ``{"ndarray": [...], "dtype": ...}``).
 """
 
 from __future__ import annotations

@@ -337,10 +337,9 @@ def _zero_shard(obj: Any) -> Any:
 
 
 def state_of(obj: Any) -> Any:
-    """``obj.state_dict()``, what a snapshot keeps of a named object. A
-    ``ZeroRedundancyOptimizer``'s own raises unless every rank first gathered the whole state
-    on one (``consolidate_state_dict``, a collective): recording stopped at the first snapshot.
-    Each rank keeps the shard it holds instead, in its own file, as under FSDP2."""
+    """``obj.state_dict()``, what a snapshot keeps; a ``ZeroRedundancyOptimizer``'s raises unless
+    every rank first gathered the whole state on one (a collective), so each rank keeps the shard
+    it holds, in its own file, as under FSDP2 (recording stopped at the first snapshot)."""
     shard = _zero_shard(obj)
     return {"zero_shard": shard.state_dict()} if shard is not None else obj.state_dict()
 
@@ -489,7 +488,7 @@ def load_state(
         obj = objects.named.get(role)
         if obj is not None and state.get(role) is not None:
             sd = convert(role, state[role])
-            load_into(obj, sd, int_keys) if role == "optimizer" else load_into(obj, sd)
+            load_into(obj, sd, int_keys if role == "optimizer" else lambda sd: sd)
     kept = state.get("objects") or {}
     for name, obj in objects.extras.items():
         if name in kept:

@@ -14,7 +14,7 @@ from ..ranks.first_bad import describe_after
 from ..reports import BisectReport, DivergenceCause, TraceReport, VerifyReport
 from ..reports.ranks import MultiRankRun, RankReplay
 from ..safetext import term_safe, term_safe_tree
-from ..words import cause_text, op_role, role_text, samples_text
+from ..words import cause_text, op_role, ran_at, role_text, samples_text
 
 __all__ = ["render_cause", "render_ranks", "render_trace", "render_verdict", "render_verify"]
 
@@ -93,8 +93,7 @@ def render_verdict(report: BisectReport) -> str:
     if d.op and d.closure is not None:
         lines.append(f"  closure call  {d.closure + 1} (the step's optimizer called it)")
     lines += _source_lines(d.source, "source")
-    if d.phase == "backward" and d.executed_at and d.executed_at != d.source:
-        lines += _source_lines(d.executed_at, "ran at")  # a custom Function's own backward
+    lines += _source_lines(ran_at(d), "ran at")
     surf = d.surfaced
     if surf:
         where = _op_where(surf)

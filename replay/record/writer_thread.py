@@ -87,8 +87,7 @@ def _span(steps: list[int]) -> str:
 
 
 def _words(e: Exception) -> str:
-    """A writer's failure as the recorder's warning quotes it: the writer process's own line
-    (already short), else ``failure_words`` (a full disk in a few words)."""
+    """A writer's failure as the warning quotes it: the writer process's line, or its words."""
     return str(e) if isinstance(e, WriterError) else failure_words(e)
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ..words import cause_text, fmt_num, op_role, samples_text
+from ..words import cause_text, fmt_num, op_role, ran_at, samples_text
 from .escape import esc, esc_code
 from .facts import LayerMap, RunFacts
 from .svg import Mark, heat_map, line_plot
@@ -169,8 +169,8 @@ def verdict_section(f: RunFacts, name: str) -> str:
         rows.append(("closure call", f"{esc(v.closure + 1)} (the step's optimizer called it)"))
     if v.source:
         rows.append(("source", _source(v.source, f.sources)))
-    if v.phase == "backward" and v.executed_at and v.executed_at != v.source:
-        rows.append(("ran at", _source(v.executed_at, f.sources)))  # a custom Function's backward
+    if ran := ran_at(v):
+        rows.append(("ran at", _source(ran, f.sources)))
     if s := v.surfaced:
         rows.append(("surfaced at", f"{_op_where(s)}: {esc(s.get('how'))}"))
     if c := v.nan_from_inf:

@@ -506,9 +506,8 @@ def lower_priority() -> None:
 
 
 def failure_words(e: BaseException) -> str:
-    """A write failure in one short line: a full disk (or a file size limit) said as such
-    (HDF5's own message for it runs to 300 characters of times, descriptors and offsets before
-    the reason)."""
+    """A write failure in one short line: a full disk (or a size limit) said as such, where
+    HDF5's message runs to 300 characters of times, descriptors and offsets before the reason."""
     if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
         what = "the file reached its size limit" if e.errno == errno.EFBIG else "the disk is full"
         return f"{what}: {os.strerror(e.errno)}, {type(e).__name__} errno {e.errno}"

@@ -9,7 +9,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from replay.reports import TraceVerdict
-from replay.words import op_role
+from replay.words import op_role, ran_at
 
 from ..model import shorten_path
 from .op_list import PHASE_SHORT, STATUS_GLYPHS
@@ -106,10 +106,7 @@ class OpDetail(Static):
             code = sources.get(path, {}).get(lineno)
             if code is not None:
                 t.append(f"    {code.strip()}\n", style="yellow")
-        # the culprit's line in a custom autograd.Function's backward, under the forward line
-        # that made its node (``replay bisect``'s "ran at")
-        ran = verdict.executed_at if verdict and verdict.op_index == row["index"] else None
-        if ran and row["phase"] == "backward" and verdict and ran != verdict.source:
+        if verdict and verdict.op_index == row["index"] and (ran := ran_at(verdict)):
             where = f"{shorten_path(ran['file'], base)}:{ran['line']} in {ran['function']}"
             _field(t, "ran at", where, "bold")
             if ran["code"]:
