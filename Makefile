@@ -31,8 +31,8 @@ demo: setup
 JOBS ?= 2
 XDIST = $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadfile)
 
-# Every claim once, in about 9 minutes on 2 cores from a fresh clone (stop 58: 446 s of pytest,
-# 484 s in all; stop 57: 504 s and 553 s; a machine a third slower took 554-635 s and 610-698 s):
+# Every claim once, in about 9 minutes on 2 cores from a fresh clone (stop 58: 458 s of pytest,
+# 499 s in all; stop 57: 504 s and 553 s; a machine a third slower took 554-635 s and 610-698 s):
 # the default tier (tests/tiers.py says what the matrix repeats), no coverage, mypy --strict
 # beside pytest rather than before it, niced. The suite is bound by CPU (a third worker
 # gains 4%: benchmarks/RESULTS.md), so only running less makes it faster.
